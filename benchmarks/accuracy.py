@@ -136,6 +136,21 @@ def run_key(method: str, dataset: str, clients: int, beta: float, seed: int, hpa
     return json.dumps([method, dataset, clients, beta, seed, hp], sort_keys=True)
 
 
+def upgrade_keys(runs: dict) -> dict:
+    """Re-key stored runs with today's resolved hyper-parameters, so that a hyper-parameter added to
+    :mod:`fedgat.methods` since a run does not invalidate it. This assumes additions default to the
+    old behaviour (true so far: the DP options default to off); runs whose settings no longer
+    resolve (a removed hyper-parameter) are dropped."""
+    out = {}
+    for key, value in runs.items():
+        method, dataset, clients, beta, seed, hp = json.loads(key)
+        try:
+            out[run_key(method, dataset, clients, beta, seed, hp)] = value
+        except ValueError:
+            continue
+    return out
+
+
 class Runner:
     """Runs (or recalls) single training runs and keeps every result in ``self.runs``."""
 
@@ -414,6 +429,7 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "accuracy.json"
     data = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    data["runs"] = upgrade_keys(data["runs"])
 
     def save() -> None:
         path.write_text(json.dumps(data, indent=1) + "\n")
