@@ -122,6 +122,19 @@ def basis_attack(enc: Encodings) -> Recovery:
     return Recovery("basis", targets, guesses)
 
 
+def prior_knowledge(targets: dict[int, list[int]], own_feats: dict[int, np.ndarray]) -> Recovery:
+    """The no-attack baseline: per target, the features of the target's neighbours the client owns.
+
+    Every attack is graded with an oracle choice among its guesses (:func:`score_recovery` keeps, per
+    victim, the guess closest to the truth), and a client's own neighbours are similar to its foreign
+    ones (homophily), so a blind attacker already scores above ``1 / #candidates``. This is what
+    "at chance" means for an attack: no better than guessing with what the client knew anyway.
+    """
+    d = len(next(iter(own_feats.values()))) if own_feats else 0
+    guesses = [np.asarray([own_feats[j] for j in nbrs if j in own_feats]).reshape(-1, d) for nbrs in targets.values()]
+    return Recovery("prior_knowledge", list(targets), guesses)
+
+
 def recover_basis_from_tensor(T: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     """Jennrich's algorithm: the ``u_j`` of ``T = sum_j u_j (x) u_j (x) u_j`` (orthonormal ``u_j``).
 

@@ -24,6 +24,7 @@ from fedgat.attacks import (
     basis_attack,
     m1_trace_attack,
     neighbour_sum_attack,
+    prior_knowledge,
     score_recovery,
     spectral_attack,
 )
@@ -67,27 +68,35 @@ class ClientAudit:
         return {name: s.as_dict() for name, s in self.scores.items()}
 
 
-def client_features(graph: Graph, mitigation: Mitigation, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(clean, shared)`` float64 features: what owners use and what other clients' encodings use."""
+def client_features(graph: Graph, mitigation: Mitigation, seed: int,
+                    null_release: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(clean, shared)`` float64 features: what owners use and what other clients' encodings use.
+
+    ``null_release`` shares the features of a random permutation of the nodes instead (released
+    through the same mechanism): a release with the same distribution that carries no information on
+    which node has which features. Attacks scored on it measure chance under the same scoring.
+    """
+    x = graph.x
+    if null_release:
+        x = x[torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed + 7919))]
+    clean = graph.x.double() if mitigation.dp is None else mitigation.dp.project(graph.x).double()
     if mitigation.dp is None:
-        x = graph.x.double()
-        return x, x
-    clean = mitigation.dp.project(graph.x).double()
-    shared = mitigation.dp.release(graph.x, torch.Generator().manual_seed(seed)).double()
-    return clean, shared
+        return clean, x.double()
+    return clean, mitigation.dp.release(x, torch.Generator().manual_seed(seed)).double()
 
 
 def audit_clients(graph: Graph, variant: str, num_clients: int = 10, beta: float = 1.0, seed: int = 0,
                   mitigation: Mitigation = Mitigation(), clients: Iterable[int] | None = None,
-                  partition: Partition | None = None) -> ClientAudit:
+                  partition: Partition | None = None, null_release: bool = False) -> ClientAudit:
     """Run every applicable attack on every client's view and pool the scores.
 
     Ground truth is what the attacker wants: the *clean* features of foreign nodes (projected when
-    the DP release projects, since that is all any party's model ever uses).
+    the DP release projects, since that is all any party's model ever uses). ``null_release``: the
+    chance reference of :func:`client_features`.
     """
     part = partition or make_partition(graph, num_clients, beta=beta, seed=seed,
                                        min_cross=mitigation.min_cross, neighbour_cap=mitigation.neighbour_cap)
-    clean, shared = client_features(graph, mitigation, seed)
+    clean, shared = client_features(graph, mitigation, seed, null_release)
     truth = clean.numpy()
     csr = part.neighbourhoods
     result = ClientAudit()
@@ -100,8 +109,11 @@ def audit_clients(graph: Graph, variant: str, num_clients: int = 10, beta: float
                      shared_x=shared, owner=part.owner, viewer=cid)
         own_feats = {i: truth[i] for i in owned}
         others = np.flatnonzero(part.owner != cid)
-        neighbours = {int(i): [int(j) for j in csr.row(i) if int(j) not in owned] for i in c.needed}
+        full = {int(i): [int(j) for j in csr.row(i)] for i in c.needed}
+        neighbours = {i: [j for j in v if j not in owned] for i, v in full.items()}
         owned_targets = {i: v for i, v in neighbours.items() if i in owned}
+        prior = prior_knowledge({i: v for i, v in full.items() if neighbours[i]}, own_feats)
+        result.add(score_recovery(prior, truth, neighbours, others))
         result.add(score_recovery(neighbour_sum_attack(enc, own_feats), truth, owned_targets, others))
         if variant == "matrix":
             result.add(score_recovery(spectral_attack(enc, seed=seed), truth, neighbours, others))

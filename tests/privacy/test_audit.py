@@ -34,3 +34,29 @@ def test_each_mitigation_reduces_recovery(graph):
     assert dp.scores["basis"].recovered_fraction == 0.0
     part = make_partition(graph, 4, seed=0)
     assert dp.scores["basis"].reidentification_rate < 10 * chance_reidentification(graph, part) + 0.05
+
+
+def _at_chance(score, null) -> bool:
+    """Re-identification not above the null release's by more than 3 binomial standard errors."""
+    p = null.reidentification_rate
+    return score.reidentification_rate <= p + 3 * (max(p, 1.0 / score.victims) * (1 - p) / score.victims) ** 0.5
+
+
+def test_null_release_defines_chance_and_dp_reaches_it(graph):
+    def audit(eps, null):
+        dp = None if eps is None else FeatureDP(epsilon=eps, dim=None)
+        return audit_clients(graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(min_cross=2, dp=dp),
+                             null_release=null).scores
+    clear, clear_null = audit(None, False), audit(None, True)
+    strong, strong_null = audit(1.0, False), audit(1.0, True)
+    weak, weak_null = audit(256.0, False), audit(256.0, True)
+    # the null release carries no information: the basis attack falls to chance on it (a shuffled row
+    # can land on a victim's own features, so chance is small but not zero) ...
+    assert clear["basis"].reidentification_rate == 1.0 > 20 * clear_null["basis"].reidentification_rate
+    # ... the check is not blind (weak DP is far above its null) and strong DP is at its null
+    assert not _at_chance(clear["basis"], clear_null["basis"])
+    assert not _at_chance(weak["basis"], weak_null["basis"])
+    assert _at_chance(strong["basis"], strong_null["basis"])
+    assert _at_chance(strong["neighbour_sum"], strong_null["neighbour_sum"])
+    # the prior-knowledge baseline uses only the client's own nodes: identical with or without a release
+    assert strong["prior_knowledge"].reidentified == strong_null["prior_knowledge"].reidentified

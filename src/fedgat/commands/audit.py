@@ -103,7 +103,11 @@ def run(args: argparse.Namespace) -> int:
             point_dp = FeatureDP(eps, args.dp_delta, args.dp_dim, seed=args.seed)
             scores = audit_clients(graph, args.variant, args.clients, args.beta, args.seed,
                                    Mitigation(args.min_cross, cap, point_dp), clients=clients, partition=part)
-            point = {"epsilon": eps, "sigma": point_dp.sigma, "client_attacks": scores.as_dict()}
+            null = audit_clients(graph, args.variant, args.clients, args.beta, args.seed,
+                                 Mitigation(args.min_cross, cap, point_dp), clients=clients, partition=part,
+                                 null_release=True)
+            point = {"epsilon": eps, "sigma": point_dp.sigma, "client_attacks": scores.as_dict(),
+                     "null_release_attacks": null.as_dict()}
             if not args.no_training:
                 point["test_accuracy"] = _accuracy(graph, args, variant=args.variant, min_cross=args.min_cross,
                                                    neighbour_cap=cap, dp_epsilon=eps, dp_delta=args.dp_delta,
@@ -162,13 +166,19 @@ def render_markdown(report: dict) -> str:
                       f"(DistGAT, no sharing: {report['distgat_test_accuracy']:.3f}).")]
     if report.get("epsilon_sweep"):
         lines += ["", "## Epsilon sweep (DP release of shared features)", "",
-                  "| epsilon | sigma | attack | recovered | mean cosine | re-identified | FedGAT accuracy |",
-                  "|---|---|---|---|---|---|---|"]
+                  ("Null release: the same attacks and scoring on a release of *shuffled* features (same "
+                   "mechanism, no information on who has which features): the chance level of the oracle "
+                   "scoring, which keeps each victim's best guess. `prior_knowledge` guesses with the "
+                   "client's own nodes only."), "",
+                  ("| epsilon | sigma | attack | recovered | mean cosine | re-identified | re-identified, "
+                   "null release | FedGAT accuracy |"), "|---|---|---|---|---|---|---|---|"]
         for p in report["epsilon_sweep"]:
             for name, s in p["client_attacks"].items():
                 acc = f"{p['test_accuracy']:.3f}" if "test_accuracy" in p else "-"
+                null = p.get("null_release_attacks", {}).get(name)
+                null_reid = f"{null['reidentification_rate']:.3f}" if null else "-"
                 lines.append(f"| {p['epsilon']:g} | {p['sigma']:.2f} | {name} | {s['recovered_fraction']:.3f} | "
-                             f"{s['mean_cosine']:.3f} | {s['reidentification_rate']:.3f} | {acc} |")
+                             f"{s['mean_cosine']:.3f} | {s['reidentification_rate']:.3f} | {null_reid} | {acc} |")
     return "\n".join(lines) + "\n"
 
 
@@ -185,7 +195,10 @@ def plot_sweep(report: dict, path: Path) -> None:
     attack = "basis" if report["variant"] == "vector" else "spectral"
     ax.plot(eps, [p["client_attacks"][attack]["reidentification_rate"] for p in sweep], "o-",
             label=f"{attack} attack: re-identified")
-    ax.axhline(report["chance_reidentification"], color="grey", ls=":", label="chance re-identification")
+    if all("null_release_attacks" in p for p in sweep):
+        ax.plot(eps, [p["null_release_attacks"][attack]["reidentification_rate"] for p in sweep], "x:",
+                color="grey", label=f"{attack} on a null release (chance for this scoring)")
+    ax.axhline(report["chance_reidentification"], color="grey", ls=":", label="blind guess")
     if all("test_accuracy" in p for p in sweep):
         ax.plot(eps, [p["test_accuracy"] for p in sweep], "s-", label="FedGAT test accuracy")
     if "distgat_test_accuracy" in report:
