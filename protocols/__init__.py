@@ -16,13 +16,16 @@ State machines never touch sockets: they take bytes and return messages, raise a
 change nothing when a message is rejected.
 """
 
-from .driver import Driver, run_parties
+from .driver import Clock, Driver, ManualClock, MonotonicClock, run_parties
 from .errors import (
     AuthError,
+    FaultError,
     FrameError,
     KeyFingerprintError,
+    MissingPartyError,
     PayloadError,
     ProtocolError,
+    QuorumError,
     ReplayError,
     SignatureError,
     SizeLimitError,
@@ -31,7 +34,7 @@ from .errors import (
     VersionError,
     WrongRecipientError,
 )
-from .fedavg import ClientRounds, RoundsState, ServerRounds
+from .fedavg import ClientRounds, RoundsState, RoundTimeouts, ServerRounds
 from .messages import (
     MESSAGE_TYPES,
     Abort,
@@ -62,6 +65,8 @@ from .pretrain import (
     ClientState,
     DealerSide,
     PretrainConfig,
+    PretrainLimits,
+    PretrainTimeouts,
     ServerPretrain,
     ServerState,
     validate_features,
@@ -77,6 +82,7 @@ __all__ = [
     "ClientPretrain",
     "ClientRounds",
     "ClientState",
+    "Clock",
     "DealerSide",
     "Delivery",
     "Driver",
@@ -85,6 +91,7 @@ __all__ = [
     "EncodingsDone",
     "EvaluateRequest",
     "EvaluationReport",
+    "FaultError",
     "FeatureUpload",
     "FrameError",
     "GlobalModel",
@@ -95,15 +102,22 @@ __all__ = [
     "KeyFingerprintError",
     "Link",
     "LocalUpdate",
+    "ManualClock",
     "Message",
+    "MissingPartyError",
+    "MonotonicClock",
     "Party",
     "PayloadError",
     "PretrainConfig",
+    "PretrainLimits",
+    "PretrainTimeouts",
     "ProtocolError",
     "PublicContext",
+    "QuorumError",
     "ReplayError",
     "ResultItem",
     "Roster",
+    "RoundTimeouts",
     "RoundsState",
     "ServerPretrain",
     "ServerRounds",

@@ -25,16 +25,31 @@ PayloadError           bad field values: shapes disagreeing with the announced d
                        infinite values, features that are not unit-norm, node ids the sender does
                        not own, duplicates, malformed ciphertexts
 =====================  ====================================================================
+
+Faults are not about a message but about messages that did *not* come: a party's deadline for a
+phase passed (time is an input, :meth:`fedgat.protocols.party.Party.tick`). They are raised by
+:meth:`~fedgat.protocols.party.Party.raise_for_failure` (and the driver) once the party gave up;
+the party is then aborted and has told its peers (:class:`~fedgat.protocols.messages.Abort`).
+
+=====================  ====================================================================
+FaultError             base class; ``phase`` and ``missing`` (party ids that did not answer)
+MissingPartyError      a party whose contribution others need did not answer in time (e.g. a
+                       client whose ciphertexts are needed by other clients' encodings)
+QuorumError            fewer clients answered a FedAvg round than the minimum participation
+=====================  ====================================================================
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AuthError",
+    "FaultError",
     "FrameError",
     "KeyFingerprintError",
+    "MissingPartyError",
     "PayloadError",
     "ProtocolError",
+    "QuorumError",
     "ReplayError",
     "SignatureError",
     "SizeLimitError",
@@ -91,3 +106,36 @@ class StateError(ProtocolError):
 
 class PayloadError(ProtocolError):
     """Field values are invalid (shapes, non-finite values, ownership, duplicates, ciphertexts)."""
+
+
+class FaultError(ProtocolError):
+    """A phase timed out: the parties in :attr:`missing` did not answer before the deadline.
+
+    Attributes:
+        phase: the protocol phase that timed out (e.g. "keys", "upload", "download", "fit", "evaluate").
+        missing: ids of the parties that did not answer, sorted.
+    """
+
+    def __init__(self, message: str, *, phase: str, missing: tuple[int, ...] | list[int] = ()) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.missing = tuple(sorted(int(p) for p in missing))
+
+
+class MissingPartyError(FaultError):
+    """A party whose contribution other parties need did not answer in time (the session stops)."""
+
+
+class QuorumError(FaultError):
+    """Fewer clients than the minimum participation answered a FedAvg round (the run stops).
+
+    Attributes:
+        round: the FedAvg round; answered: the clients that answered; required: the minimum.
+    """
+
+    def __init__(self, message: str, *, phase: str, missing: tuple[int, ...] | list[int] = (), round: int = 0,
+                 answered: tuple[int, ...] | list[int] = (), required: int = 0) -> None:
+        super().__init__(message, phase=phase, missing=missing)
+        self.round = round
+        self.answered = tuple(sorted(int(p) for p in answered))
+        self.required = required

@@ -16,21 +16,51 @@ stopping), the round-``t`` updates already under way are received and dropped.
 
 Privacy: model weights and updates travel **in plaintext**; the server sees every client's update
 and its number of training nodes (secure aggregation is out of scope), as in plain FedAvg.
+
+Faults (:class:`RoundTimeouts`, time given by :meth:`~fedgat.protocols.party.Party.tick`): when the
+``fit`` deadline of a round passes, the server aggregates the updates that arrived -- FedAvg over
+the clients that answered, weights renormalised over them -- provided at least
+``min_participation`` of the sampled clients answered; the ``evaluate`` deadline pools the reports
+that arrived under the same rule. Below the minimum the run stops with a
+:class:`~fedgat.protocols.errors.QuorumError` naming the round, the phase and the missing clients.
+The history row of a round records the clients that did not answer (``missing_fit``,
+``missing_eval``). A late answer of a dropped client is rejected with a typed error.
+
+Restarts: the server's resume points are the moments it has just sent a round's GlobalModel
+(checkpoint label = that round); a client's are after it handled a GlobalModel (label = the round
+it awaits next). Restoring every party from the same label (:meth:`ServerRounds.restore`,
+:meth:`ClientRounds.restore`, in fresh objects) and starting them again continues the run exactly
+as if it had not stopped (tested): the server re-sends the round's GlobalModel. Exact continuation
+needs each client's randomness (dropout) to be its own (``seed``), as it is in separate processes.
+
+Limits: a frame longer than the model's weights plus :data:`FRAME_OVERHEAD` is refused from its
+length alone, and an update or report announcing more than ``max_nodes`` nodes is refused.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fedgat.checkpoint import (
+    Checkpoint,
+    CheckpointMismatchError,
+    arrays_to_tensors,
+    optimizer_from_checkpoint,
+    optimizer_to_checkpoint,
+    tensors_to_arrays,
+)
 from fedgat.federated import Client, Counts, FedAvg, FitResult, StateDict, Strategy
 
-from .errors import AuthError, PayloadError, ReplayError, StateError
+from .errors import AuthError, PayloadError, QuorumError, ReplayError, SizeLimitError, StateError
 from .messages import (
+    MAX_NODES,
     Abort,
+    AbortCode,
     EvaluateRequest,
     EvaluationReport,
     GlobalModel,
@@ -41,7 +71,25 @@ from .messages import (
 from .party import Handler, Party
 from .roster import Identity, Roster
 
-__all__ = ["ClientRounds", "RoundsState", "ServerRounds", "state_to_arrays"]
+__all__ = ["ClientRounds", "RoundTimeouts", "RoundsState", "ServerRounds", "state_to_arrays"]
+
+#: frame bytes allowed above the model's weights (header, names, shapes, signature)
+FRAME_OVERHEAD = 64 * 1024
+SERVER_KIND = "fedgat.fedavg.server"
+CLIENT_KIND = "fedgat.fedavg.client"
+
+
+@dataclass(frozen=True)
+class RoundTimeouts:
+    """Seconds the server waits for the sampled clients' updates (``fit``) and for the evaluation
+    reports (``evaluate``) of a round, counted from when it sent the request (None: forever)."""
+
+    fit: float | None = None
+    evaluate: float | None = None
+
+
+def _model_frame_limit(state: StateDict) -> int:
+    return sum(t.numel() * 4 + 4 * t.dim() + 256 for t in state.values()) + FRAME_OVERHEAD
 
 
 class RoundsState(enum.Enum):
@@ -83,13 +131,24 @@ class ServerRounds(Party):
         fraction, seed: client sampling as :class:`fedgat.federated.Server`.
         test_every_round: evaluate the test split every round, not only on a new best.
         fingerprint: the session's CKKS key fingerprint when rounds follow an encrypted pre-training.
+        timeouts: deadlines of the fit and evaluate phases (default: none, wait forever).
+        min_participation: share of the asked clients that must answer a phase before its deadline
+            (at least one client); below it the run stops with a QuorumError.
+        max_nodes: largest ``num_train`` or evaluation ``count`` a client may announce.
     """
 
     def __init__(self, party_id: int, roster: Roster, session: int, identity: Identity, *,
                  initial_state: StateDict, rounds: int, patience: int | None = None,
                  strategy: Strategy | None = None, fraction: float = 1.0, seed: int = 0,
-                 test_every_round: bool = False, fingerprint: bytes | None = None) -> None:
+                 test_every_round: bool = False, fingerprint: bytes | None = None,
+                 timeouts: RoundTimeouts | None = None, min_participation: float = 0.5,
+                 max_nodes: int = MAX_NODES) -> None:
         super().__init__(party_id, roster, session, identity.signer)
+        if not 0 < min_participation <= 1:
+            raise ValueError(f"min_participation must lie in (0, 1], got {min_participation!r}")
+        self.timeouts = timeouts if timeouts is not None else RoundTimeouts()
+        self.min_participation = float(min_participation)
+        self.max_nodes = int(max_nodes)
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         if patience is not None and patience < 1:
@@ -119,6 +178,11 @@ class ServerRounds(Party):
         self._metrics: dict | None = None  # the round under evaluation
         self._improved = False
         self.result: FitResult | None = None
+        self._asked: list[int] = []  # clients whose reports are awaited
+        self._missing = {"fit": [], "eval": []}  # clients dropped in the phases under way
+        self._boundary: tuple[int, list[int], tuple[str, ...]] | None = None  # resume point
+        self._restored = False
+        self.max_frame_bytes = _model_frame_limit(self.global_state)
 
     @property
     def done(self) -> bool:
@@ -144,27 +208,82 @@ class ServerRounds(Party):
     def _snapshot(self) -> dict:
         return {"fit_round": self._fit_round, "eval": (self._eval_round, self._eval_splits),
                 "updates": tuple(sorted(self._updates)), "reports": tuple(sorted(self._reports)),
+                "sampled": tuple(self._sampled), "asked": tuple(self._asked),
                 "history": len(self.history),
                 "weights": tuple(float(v.double().sum()) for v in self.global_state.values())}
 
     # --- sending ----------------------------------------------------------------------------------
     def start(self) -> list[Message]:
+        """Round 1's GlobalModel -- or, after :meth:`restore`, the checkpointed round's again."""
         if self.state is not RoundsState.NEW:
             raise StateError("start() was already called")
         self.state = RoundsState.RUNNING
+        if self._restored:
+            assert self._boundary is not None
+            return self._send_round(*self._boundary)
         return self._send_round(1, self._sample(), ())
 
     def _send_round(self, t: int, fit: list[int], splits: tuple[str, ...]) -> list[Message]:
         arrays = state_to_arrays(self.global_state)
         out = [self._new(GlobalModel, c, round=t, fit=c in fit, splits=splits, arrays=arrays)
                for c in self.clients if c in fit or splits]
-        self._fit_round, self._sampled, self._updates = (t, fit, {}) if fit else (0, [], {})
+        self._fit_round, self._sampled, self._updates = (t, list(fit), {}) if fit else (0, [], {})
+        self._missing["fit"] = []
+        if fit:
+            self._arm("fit", self.timeouts.fit)
         if splits:
             self._expect(t, splits)
+        self._boundary = (t, list(fit), tuple(splits))
         return out
 
     def _expect(self, t: int, splits: tuple[str, ...]) -> None:
         self._eval_round, self._eval_splits, self._reports = t, splits, {}
+        self._asked, self._missing["eval"] = list(self.clients), []
+        self._arm("evaluate", self.timeouts.evaluate)
+
+    def _sync_deadlines(self) -> None:
+        """Disarm the deadlines of phases that no longer wait for anyone."""
+        if self.state is not RoundsState.RUNNING or not self._fit_round or len(self._updates) == len(self._sampled):
+            self._disarm("fit")
+        if self.state is not RoundsState.RUNNING or not self._eval_round or len(self._reports) == len(self._asked):
+            self._disarm("evaluate")
+
+    def _quorum(self, asked: int) -> int:
+        return max(1, math.ceil(self.min_participation * asked - 1e-9))
+
+    def _expired(self, phase: str) -> list[Message]:
+        """A phase's deadline passed: go on with the clients that answered, or stop (QuorumError)."""
+        if self.state is not RoundsState.RUNNING:
+            return []
+        fit = phase == "fit"
+        asked, got = (self._sampled, self._updates) if fit else (self._asked, self._reports)
+        t = self._fit_round if fit else self._eval_round
+        answered = [c for c in asked if c in got]
+        missing = [c for c in asked if c not in got]
+        if not missing or not t:
+            return []
+        required = self._quorum(len(asked))
+        if len(answered) < required:
+            return self._fail(QuorumError(
+                f"round {t}: {len(answered)} of {len(asked)} clients answered the {phase} phase before its "
+                f"deadline, {required} required; missing clients {missing}",
+                phase=phase, missing=missing, round=t, answered=answered, required=required))
+        self._boundary = None
+        if fit:
+            self._sampled = answered
+        else:
+            self._asked = answered
+        self._missing["fit" if fit else "eval"] = missing
+        out = self._advance()
+        self._sync_deadlines()
+        return out
+
+    def _fail(self, error: QuorumError) -> list[Message]:
+        self.state = RoundsState.ABORTED
+        self.failure = error
+        self.abort_reason = str(error)
+        self._disarm("fit", "evaluate")
+        return [self._new(Abort, c, code=int(AbortCode.TIMEOUT), reason=str(error)[:1000]) for c in self.clients]
 
     # --- intake -------------------------------------------------------------------------------------
     def _handler(self, msg: Message) -> Handler | None:
@@ -184,23 +303,38 @@ class ServerRounds(Party):
         if msg.round != self._fit_round or self._fit_round == 0:
             raise ReplayError(f"update for round {msg.round}; the server awaits round {self._fit_round}")
         if msg.sender not in self._sampled:
-            raise StateError(f"party {msg.sender} was not sampled in round {msg.round}")
+            why = "was dropped after the deadline" if msg.sender in self._missing["fit"] else "was not sampled"
+            raise StateError(f"party {msg.sender} {why} in round {msg.round}")
         if msg.sender in self._updates:
             raise ReplayError(f"party {msg.sender} already sent its round-{msg.round} update")
+        if msg.num_train > self.max_nodes:
+            raise SizeLimitError(f"party {msg.sender} announces {msg.num_train} training nodes; "
+                                 f"the limit is {self.max_nodes}")
         state = _check_arrays(msg.arrays, self.global_state, "LocalUpdate") if msg.num_train else None
+        self._boundary = None
         self._updates[msg.sender] = (state, msg.num_train, msg.loss)
-        return self._advance()
+        return self._progress()
 
     def _on_report(self, msg: EvaluationReport) -> list[Message]:
         self._from_client(msg)
         if msg.round != self._eval_round or self._eval_round == 0:
             raise ReplayError(f"report for round {msg.round}; the server awaits round {self._eval_round}")
+        if msg.sender not in self._asked:
+            raise StateError(f"party {msg.sender} was dropped after the deadline of round {msg.round}")
         if msg.sender in self._reports:
             raise ReplayError(f"party {msg.sender} already reported round {msg.round}")
         if tuple(s.split for s in msg.splits) != self._eval_splits:
             raise PayloadError(f"the report must cover the splits {self._eval_splits}")
+        if any(s.count > self.max_nodes for s in msg.splits):
+            raise SizeLimitError(f"party {msg.sender} reports more than {self.max_nodes} nodes")
+        self._boundary = None
         self._reports[msg.sender] = {s.split: Counts(s.correct, s.count, s.loss_sum) for s in msg.splits}
-        return self._advance()
+        return self._progress()
+
+    def _progress(self) -> list[Message]:
+        out = self._advance()
+        self._sync_deadlines()
+        return out
 
     def _on_late(self, msg: LocalUpdate) -> list[Message]:
         """After the last round: drop the updates of the round that does not happen."""
@@ -214,6 +348,7 @@ class ServerRounds(Party):
         self._from_client(msg)
         self.state = RoundsState.ABORTED
         self.abort_reason = f"client {msg.sender} aborted (code {msg.code}): {msg.reason}"
+        self._disarm("fit", "evaluate")
         return []
 
     # --- rounds ---------------------------------------------------------------------------------------
@@ -226,7 +361,7 @@ class ServerRounds(Party):
                 nxt = self._sample() if t < self.rounds else []
                 out += self._send_round(t + 1, nxt, ("val", "test") if self.test_every_round else ("val",))
                 continue
-            if self._metrics is not None and self._eval_round and len(self._reports) == len(self.clients):
+            if self._metrics is not None and self._eval_round and len(self._reports) == len(self._asked):
                 label, splits = self._eval_round, self._eval_splits
                 self._metrics.update(self._pooled(splits))
                 self._eval_round, self._eval_splits = 0, ()
@@ -251,14 +386,19 @@ class ServerRounds(Party):
         if total > 0:
             self.global_state = self.strategy.aggregate(states, weights)
         loss = sum(self._updates[c][2] * self._updates[c][1] for c in ids) / total if total else float("nan")
-        return {"train_loss": loss, "clients": [self.clients.index(c) for c in ids]}
+        out = {"train_loss": loss, "clients": [self.clients.index(c) for c in ids]}
+        if self._missing["fit"]:
+            out["missing_fit"] = [self.clients.index(c) for c in self._missing["fit"]]
+        return out
 
-    def _pooled(self, splits: tuple[str, ...]) -> dict[str, float]:
+    def _pooled(self, splits: tuple[str, ...]) -> dict:
         """:meth:`fedgat.federated.Server.evaluate` from the reports (summed in client order)."""
-        out = {}
+        out: dict = {}
+        if self._missing["eval"]:
+            out[f"missing_eval_{'_'.join(splits)}"] = [self.clients.index(c) for c in self._missing["eval"]]
         for s in splits:
             totals = [0, 0, 0.0]
-            for c in self.clients:
+            for c in self._asked:
                 totals = [a + b for a, b in zip(totals, self._reports[c][s])]
             correct, count, loss_sum = totals
             out[f"{s}_accuracy"] = correct / count if count else float("nan")
@@ -280,8 +420,73 @@ class ServerRounds(Party):
             stop = True
         if stop:
             self.state = RoundsState.DONE
+            self._disarm("fit", "evaluate")
             self.result = FitResult(self._best[0], self._best_test, self._best_round, len(self.history),
                                     self.history)
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    def _config(self) -> dict:
+        return {"clients": self.clients, "rounds": self.rounds, "patience": self.patience,
+                "fraction": self.fraction, "test_every_round": self.test_every_round,
+                "weights": {k: list(v.shape) for k, v in self.global_state.items()}}
+
+    @property
+    def checkpoint_label(self) -> int | None:
+        """The round whose GlobalModel was just sent (None between resume points)."""
+        if self.state is not RoundsState.RUNNING or self._boundary is None:
+            return None
+        return self._boundary[0]
+
+    def checkpoint(self) -> Checkpoint:
+        """The server's state at its resume point (see the module docstring)."""
+        if self.checkpoint_label is None:
+            raise StateError("the server is not at a resume point (just after sending a round)")
+        assert self._boundary is not None
+        t, fit, splits = self._boundary
+        meta = {**self._checkpoint_base(), "config": self._config(), "boundary": [t, fit, list(splits)],
+                "history": self.history, "metrics": self._metrics, "best": list(self._best),
+                "best_round": self._best_round, "best_test": self._best_test, "improved": self._improved,
+                "best_is_global": self.best_state is self.global_state,
+                "rng": self.rng.bit_generator.state, "timings": dict(self.timings)}
+        arrays = tensors_to_arrays(self.global_state, "global/")
+        if self.best_state is not self.global_state:
+            arrays.update(tensors_to_arrays(self.best_state, "best/"))
+        return Checkpoint(SERVER_KIND, meta, arrays)
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Load a :meth:`checkpoint` into this fresh server (built with the same arguments); then
+        :meth:`start` re-sends the checkpointed round.
+
+        Raises:
+            CheckpointMismatchError: another kind, party, session or configuration.
+            StateError: the server has already started.
+        """
+        if self.state is not RoundsState.NEW:
+            raise StateError("restore() needs a server that has not started")
+        ckpt.require(SERVER_KIND, party=self.party_id, session=self.session)
+        meta = ckpt.meta
+        if meta["config"] != self._config():
+            raise CheckpointMismatchError("the checkpoint is of a server with another configuration")
+        self._restore_base(meta)
+        t, fit, splits = meta["boundary"]
+        self._boundary = (int(t), [int(c) for c in fit], tuple(splits))
+        self.history, self._metrics = list(meta["history"]), meta["metrics"]
+        self._best = (float(meta["best"][0]), float(meta["best"][1]))
+        self._best_round, self._best_test = int(meta["best_round"]), float(meta["best_test"])
+        self._improved = bool(meta["improved"])
+        self.rng.bit_generator.state = meta["rng"]
+        self.global_state = _exact(arrays_to_tensors(ckpt.arrays, "global/"), self.global_state)
+        self.best_state = (self.global_state if meta["best_is_global"]
+                           else _exact(arrays_to_tensors(ckpt.arrays, "best/"), self.global_state))
+        self._restored = True
+
+
+def _exact(loaded: StateDict, reference: StateDict) -> StateDict:
+    """Checkpointed weights, checked against the model's names, shapes and dtypes."""
+    if list(loaded) != list(reference) or any(loaded[k].shape != reference[k].shape
+                                              or loaded[k].dtype != reference[k].dtype for k in reference):
+        raise CheckpointMismatchError("checkpointed weights do not match the model")
+    return loaded
 
 
 class ClientRounds(Party):
@@ -292,10 +497,14 @@ class ClientRounds(Party):
         client: the in-process client (model replica, optimiser, local tasks).
         strategy: the strategy's local penalty (FedProx); default FedAvg.
         fingerprint: the session's CKKS key fingerprint when rounds follow an encrypted pre-training.
+        seed: give the client its own torch random stream (dropout) seeded so, as a separate process
+            would have; checkpoints then carry it and a restored client continues exactly. None: the
+            process-wide stream (bit-identical to :class:`fedgat.federated.Server` in one process).
     """
 
     def __init__(self, party_id: int, roster: Roster, session: int, identity: Identity, *, client: Client,
-                 strategy: Strategy | None = None, fingerprint: bytes | None = None) -> None:
+                 strategy: Strategy | None = None, fingerprint: bytes | None = None,
+                 seed: int | None = None) -> None:
         super().__init__(party_id, roster, session, identity.signer)
         self.client = client
         self.strategy = strategy if strategy is not None else FedAvg()
@@ -305,6 +514,9 @@ class ClientRounds(Party):
         self._weights: StateDict | None = None  # the last global weights received
         self._evaluated: set[str] = set()
         self._reference = {k: v.detach() for k, v in client.model.state_dict().items()}
+        self._rng: torch.Tensor | None = (None if seed is None
+                                          else torch.Generator().manual_seed(int(seed)).get_state())
+        self.max_frame_bytes = _model_frame_limit(self._reference)
 
     @property
     def done(self) -> bool:
@@ -348,7 +560,7 @@ class ClientRounds(Party):
             if msg.splits:
                 out.append(self._report(msg.round, msg.splits))
             if msg.fit:
-                update = self.client.fit(weights, self.strategy)
+                update = self._fit(weights)
                 arrays = state_to_arrays(update.state) if update.num_train else {}
                 out.append(self._new(LocalUpdate, self.roster.server, round=msg.round,
                                      num_train=update.num_train, loss=update.loss, arrays=arrays))
@@ -363,3 +575,59 @@ class ClientRounds(Party):
                               "were already reported")
         with self.clock("training"):
             return [self._report(msg.round, msg.splits)]
+
+    def _fit(self, weights: StateDict):
+        """Local training, drawing from the client's own random stream when it has one."""
+        if self._rng is None:
+            return self.client.fit(weights, self.strategy)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._rng)
+            update = self.client.fit(weights, self.strategy)
+            self._rng = torch.get_rng_state()
+        return update
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    @property
+    def checkpoint_label(self) -> int | None:
+        """The round this client awaits next, once it has handled a GlobalModel."""
+        if self.state is not RoundsState.RUNNING or self.last_round == 0:
+            return None
+        return self.last_round + 1
+
+    def checkpoint(self) -> Checkpoint:
+        """Model replica, optimiser, random stream, last global weights and round state."""
+        if self.checkpoint_label is None:
+            raise StateError("the client has no state to checkpoint yet")
+        opt_meta, arrays = optimizer_to_checkpoint(self.client.optimizer)
+        arrays.update(tensors_to_arrays(self.client.model.state_dict(), "model/"))
+        if self._weights is not None:
+            arrays.update(tensors_to_arrays(self._weights, "weights/"))
+        if self._rng is not None:
+            arrays["rng"] = self._rng.numpy().copy()
+        meta = {**self._checkpoint_base(), "last_round": self.last_round, "evaluated": sorted(self._evaluated),
+                "optimizer": opt_meta, "has_weights": self._weights is not None,
+                "shapes": {k: list(v.shape) for k, v in self._reference.items()}}
+        return Checkpoint(CLIENT_KIND, meta, arrays)
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Load a :meth:`checkpoint` into this fresh client (same model architecture and optimiser).
+
+        Raises:
+            CheckpointMismatchError: another kind, party, session or model.
+            StateError: the client has already handled a message.
+        """
+        if self.last_round != 0 or self.state is not RoundsState.RUNNING:
+            raise StateError("restore() needs a client that has handled no message")
+        ckpt.require(CLIENT_KIND, party=self.party_id, session=self.session,
+                     shapes={k: list(v.shape) for k, v in self._reference.items()})
+        meta, arrays = ckpt.meta, ckpt.arrays
+        if ("rng" in arrays) != (self._rng is not None):
+            raise CheckpointMismatchError("the checkpoint and this client disagree on a private random stream")
+        self._restore_base(meta)
+        self.client.model.load_state_dict(_exact(arrays_to_tensors(arrays, "model/"), self._reference))
+        optimizer_from_checkpoint(self.client.optimizer, meta["optimizer"], arrays)
+        self._weights = (_exact(arrays_to_tensors(arrays, "weights/"), self._reference)
+                         if meta["has_weights"] else None)
+        if self._rng is not None:
+            self._rng = torch.from_numpy(np.array(arrays["rng"]))
+        self.last_round, self._evaluated = int(meta["last_round"]), set(meta["evaluated"])

@@ -100,6 +100,7 @@ from .errors import (
 __all__ = [
     "HEADER",
     "MAGIC",
+    "MAX_NODES",
     "MESSAGE_TYPES",
     "SIGNATURE_SIZE",
     "VERSION",
@@ -534,6 +535,7 @@ class AbortCode(IntEnum):
     PROTOCOL_ERROR = 1
     GRAPH_INCONSISTENT = 2
     CANCELLED = 3
+    TIMEOUT = 4  # a phase's deadline passed (a party missing, or below the minimum participation)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -13,6 +13,21 @@ handler validates the payload *completely* before it changes anything. Only afte
 returns is the sequence number recorded. So a rejected message leaves the party exactly as it was:
 :meth:`Party.snapshot` is equal before and after (tested for every rejection in
 ``tests/protocols``).
+
+Time is an input, never read inside a state machine: the driver calls :meth:`Party.tick` with the
+current time (any monotonic clock, or a simulated one in tests). A party arms a deadline per phase
+(:meth:`Party._arm`, relative to the last tick) and, when a tick finds it passed, decides in
+:meth:`Party._expired` whether to go on without the parties that did not answer or to give up:
+then :attr:`Party.failure` holds a typed :class:`~fedgat.protocols.errors.FaultError`, the party is
+aborted and the returned messages tell its peers (:meth:`Party.raise_for_failure` raises it).
+
+Limits: ``max_frame_bytes`` (set by a subclass or the caller) refuses an oversized frame from its
+length alone, before it is decoded (:class:`~fedgat.protocols.errors.SizeLimitError`).
+
+Restarts: :meth:`Party._checkpoint_base` / :meth:`Party._restore_base` carry the sequence number and
+the verifier's view (last sequence number per sender, key fingerprint) through a checkpoint; a
+restored party's sequence numbers skip ahead by :data:`SEQ_RESTART_GAP`, so messages it sent after
+its checkpoint and before the crash can never make its new ones look like replays.
 """
 
 from __future__ import annotations
@@ -25,7 +40,7 @@ from typing import Any
 
 from fedgat.crypto import SigningIdentity
 
-from .errors import StateError
+from .errors import FaultError, SizeLimitError, StateError
 from .messages import (
     Abort,
     EncodingBases,
@@ -47,7 +62,10 @@ from .messages import (
 )
 from .roster import Roster, Verifier
 
-__all__ = ["PHASES", "Party"]
+__all__ = ["PHASES", "SEQ_RESTART_GAP", "Party"]
+
+#: how far a restored party's sequence numbers jump past its checkpoint's
+SEQ_RESTART_GAP = 1 << 32
 
 #: Timing phase each message type's framing, decoding and checking is charged to.
 PHASES: dict[type[Message], str] = {
@@ -83,6 +101,13 @@ class Party:
         #: CPU seconds of this process per phase (``time.process_time``; worker processes not included)
         self.cpu_timings: dict[str, float] = defaultdict(float)
         self._clock_stack: list[list[float]] = []
+        #: the latest time given to :meth:`tick` (seconds on the driver's clock)
+        self.now = 0.0
+        self._deadlines: dict[str, float] = {}
+        #: the fault that made this party give up (None while it has not)
+        self.failure: FaultError | None = None
+        #: frames longer than this are refused before decoding (None: the message types' own limits)
+        self.max_frame_bytes: int | None = None
 
     # --- driver interface ----------------------------------------------------------------------
     def start(self) -> list[Message]:
@@ -100,6 +125,10 @@ class Party:
         self._clock_stack.append([0.0, 0.0])
         phase = "setup"
         try:
+            if not isinstance(data, Message) and self.max_frame_bytes is not None \
+                    and len(data) > self.max_frame_bytes:
+                raise SizeLimitError(f"frame of {len(data)} bytes exceeds party {self.party_id}'s "
+                                     f"limit of {self.max_frame_bytes}")
             msg = data if isinstance(data, Message) else decode_message(data)
             phase = PHASES.get(type(msg), "setup")
             self.verifier.check(msg)
@@ -114,6 +143,39 @@ class Party:
             return out
         finally:
             self._stop_clock(phase, start, cpu)
+
+    def tick(self, now: float) -> list[Message]:
+        """Advance this party's clock to ``now``; handle every deadline that passed (earliest first)
+        and return the messages that produces. Time never goes backwards (an earlier ``now`` is
+        ignored)."""
+        self.now = max(self.now, float(now))
+        out: list[Message] = []
+        while self._deadlines:
+            phase, due = min(self._deadlines.items(), key=lambda kv: kv[1])
+            if due > self.now:
+                break
+            del self._deadlines[phase]
+            out += self._expired(phase)
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest armed deadline (None: none armed)."""
+        return min(self._deadlines.values(), default=None)
+
+    @property
+    def checkpoint_label(self) -> int | None:
+        """The label of the checkpoint this party can write now (None: not at a resume point).
+        A driver with a checkpoint store saves :meth:`checkpoint` whenever the label changes."""
+        return None
+
+    def checkpoint(self) -> Any:
+        """This party's state as a :class:`fedgat.checkpoint.Checkpoint` (at a resume point)."""
+        raise NotImplementedError(f"{type(self).__name__} writes no checkpoints")
+
+    def raise_for_failure(self) -> None:
+        """Raise :attr:`failure` when the party gave up because of a fault."""
+        if self.failure is not None:
+            raise self.failure
 
     def has_work(self) -> bool:
         """True while :meth:`step` has streamed work to do (uploads, homomorphic compute)."""
@@ -141,7 +203,8 @@ class Party:
     def snapshot(self) -> dict:
         """Everything a message could change, as comparable values (tests: unchanged on rejection)."""
         return {"state": self.state, "seq": self._seq, "verifier": self.verifier.snapshot(),
-                "abort": self.abort_reason, **self._snapshot()}
+                "abort": self.abort_reason, "deadlines": tuple(sorted(self._deadlines.items())),
+                **self._snapshot()}
 
     # --- for subclasses ---------------------------------------------------------------------------
     def _handler(self, msg: Message) -> Handler | None:
@@ -150,6 +213,33 @@ class Party:
 
     def _snapshot(self) -> dict:
         return {}
+
+    def _expired(self, phase: str) -> list[Message]:
+        """The deadline of ``phase`` passed (subclasses decide; default: nothing)."""
+        return []
+
+    def _arm(self, phase: str, timeout: float | None) -> None:
+        """Arm ``phase``'s deadline ``timeout`` seconds after the last tick (None: no deadline)."""
+        if timeout is not None:
+            self._deadlines[phase] = self.now + float(timeout)
+
+    def _disarm(self, *phases: str) -> None:
+        for phase in phases:
+            self._deadlines.pop(phase, None)
+
+    def _checkpoint_base(self) -> dict:
+        """Identity, sequence number and verifier view for a checkpoint's meta (JSON values)."""
+        fp = self.verifier.fingerprint
+        return {"party": self.party_id, "session": self.session, "seq": self._seq,
+                "fingerprint": None if fp is None else fp.hex(),
+                "last_seq": {str(k): v for k, v in self.verifier.last_seq().items()}}
+
+    def _restore_base(self, meta: dict) -> None:
+        """Inverse of :meth:`_checkpoint_base` (the caller checked party and session)."""
+        self._seq = int(meta["seq"]) + SEQ_RESTART_GAP
+        fp = meta["fingerprint"]
+        self.verifier.fingerprint = None if fp is None else bytes.fromhex(fp)
+        self.verifier.restore_last_seq({int(k): int(v) for k, v in meta["last_seq"].items()})
 
     def _new(self, cls: type[Message], recipient: int, **fields: Any) -> Message:
         """A new outgoing message with the next sequence number (call only after validation)."""

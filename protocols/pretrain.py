@@ -28,6 +28,25 @@ the feature dimension, node counts, ciphertexts and their sizes. It holds only t
 (:meth:`fedgat.crypto.ServerContext.from_bytes` refuses secret keys), so it cannot decrypt.
 What a client learns from its encodings is *not* hidden by this protocol: see ``SECURITY.md``.
 
+Faults (:class:`PretrainTimeouts`; time is given by :meth:`~fedgat.protocols.party.Party.tick`):
+the server's ``keys`` phase lasts until it holds the public context, every client's graph and every
+wrapped key; its ``upload`` phase until every client reported UploadDone. When a deadline passes, the
+clients that did not finish are dropped *if* no remaining client needs them -- no node in the
+remaining clients' needed sets (their nodes and their neighbours) is owned by a missing client --
+and the round goes on without them (they get an Abort); otherwise the server stops with a
+:class:`~fedgat.protocols.errors.MissingPartyError` naming the missing parties and the phase, and
+tells every client. A missing dealer always stops the round. Clients time out too: ``keys``
+(waiting for the wrapped key) and ``download`` (no bases or results for that long).
+
+Limits (:class:`PretrainLimits`, checked before anything of that size is allocated or computed):
+the server refuses a GraphAnnounce with a feature dimension, node count, neighbourhood size or
+bases memory above its limits; a client refuses bases whose decrypted encodings would exceed its
+memory budget (:class:`~fedgat.protocols.errors.SizeLimitError`, state unchanged).
+
+Restarts: pre-training is one round and is rerun from scratch if interrupted; once it is done a
+client's checkpoint (:meth:`ClientPretrain.checkpoint`) holds its decrypted encodings, so a client
+restarted later (e.g. during training) reloads them (:func:`encodings_from_checkpoint`) instead.
+
 Memory: uploads are validated and spooled to disk as they arrive
 (:class:`~fedgat.crypto.encodings.CiphertextSpool`); results are computed node by node in
 :meth:`ServerPretrain.step` and leave in batches of ~``result_batch_bytes``; clients decrypt each
@@ -45,6 +64,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedgat.checkpoint import Checkpoint, encodings_to_checkpoint
+from fedgat.checkpoint import encodings_from_checkpoint as _encodings_from_arrays
 from fedgat.crypto import (
     DEFAULT_PRESET,
     CiphertextFormatError,
@@ -67,8 +88,17 @@ from fedgat.encodings import VARIANTS, BucketBases, EncodingBucket, Encodings, d
 from fedgat.graph import CSR
 from fedgat.randomness import RandomSource
 
-from .errors import AuthError, KeyFingerprintError, PayloadError, SignatureError, StateError
+from .errors import (
+    AuthError,
+    KeyFingerprintError,
+    MissingPartyError,
+    PayloadError,
+    SignatureError,
+    SizeLimitError,
+    StateError,
+)
 from .messages import (
+    MAX_NODES,
     Abort,
     AbortCode,
     EncodingBases,
@@ -93,9 +123,12 @@ __all__ = [
     "ClientState",
     "DealerSide",
     "PretrainConfig",
+    "PretrainLimits",
+    "PretrainTimeouts",
     "ServerPretrain",
     "ServerState",
     "client_bucket_views",
+    "encodings_from_checkpoint",
     "needed_from_neighbourhoods",
     "validate_features",
 ]
@@ -107,6 +140,46 @@ MAX_BASIS_ABS = 16.0
 AUTO_POOL_MIN_NODES = 256
 #: unit-norm tolerance of feature rows (all-zero rows, e.g. CiteSeer's isolated nodes, are allowed)
 NORM_TOLERANCE = 1e-4
+GiB = 1 << 30
+CLIENT_KIND = "fedgat.pretrain.client"
+
+
+@dataclass(frozen=True)
+class PretrainTimeouts:
+    """Seconds per phase (None: wait forever). Server: ``keys`` from its start until it holds the
+    context, every graph and every wrapped key; ``upload`` from then until every UploadDone. Clients:
+    ``keys`` until the wrapped key arrives; ``download`` without any bases or results message."""
+
+    keys: float | None = None
+    upload: float | None = None
+    download: float | None = None
+
+
+@dataclass(frozen=True)
+class PretrainLimits:
+    """Resource limits, checked before work of that size starts.
+
+    Attributes:
+        max_dim: largest feature dimension a client may announce.
+        max_nodes: most nodes in the session (all clients together).
+        max_neighbours: largest attention neighbourhood (``n``; the matrix variant's encodings grow
+            as ``4 n^2`` rows per node).
+        max_bases_bytes: the server's memory for the bases it draws (``p`` and ``q``, float64).
+        max_encoding_bytes: a client's memory for its decrypted encodings.
+    """
+
+    max_dim: int = 1 << 16
+    max_nodes: int = MAX_NODES
+    max_neighbours: int = 1 << 12
+    max_bases_bytes: int = 4 * GiB
+    max_encoding_bytes: int = 8 * GiB
+
+
+def _bases_bytes(variant: str, sizes: np.ndarray, embed_factor: int) -> int:
+    """Bytes of the float64 bases the server draws for nodes with neighbourhood ``sizes``."""
+    n = sizes.astype(np.float64)
+    m = embed_factor * n if variant == "vector" else 2 * n
+    return int((m * n * 8 * (1 if variant == "vector" else 2)).sum())
 
 
 @dataclass(frozen=True)
@@ -226,12 +299,23 @@ class ServerPretrain(Party):
             the round has at least :data:`AUTO_POOL_MIN_NODES` nodes and the machine more than one
             core, else in this process -- a spawned pool costs seconds to start).
         max_bucket_elems: largest ``p`` array of one EncodingBases message (buckets are split).
+        timeouts: the server's phase deadlines (``keys``, ``upload``).
+        limits: refuse announcements above these (:class:`PretrainLimits`).
     """
 
     def __init__(self, party_id: int, roster: Roster, config: PretrainConfig, identity: Identity, *,
                  bases_rng: RandomSource | None = None, spool_dir: str | None = None,
-                 result_batch_bytes: int = 16 * MiB, workers: int | None = None, max_bucket_elems: int = 1 << 20) -> None:
+                 result_batch_bytes: int = 16 * MiB, workers: int | None = None, max_bucket_elems: int = 1 << 20,
+                 timeouts: PretrainTimeouts | None = None, limits: PretrainLimits | None = None) -> None:
         super().__init__(party_id, roster, config.session, identity.signer)
+        self.timeouts = timeouts if timeouts is not None else PretrainTimeouts()
+        self.limits = limits if limits is not None else PretrainLimits()
+        #: clients still in the round (those dropped after a deadline are removed)
+        self.participants: list[int] = list(roster.clients)
+        #: clients dropped after a deadline, with the phase
+        self.dropped: dict[int, str] = {}
+        self._bases_bytes = 0
+        self._keys_complete = False
         if party_id != roster.server:
             raise ValueError("the server's party id must be the roster's server")
         self.config = config
@@ -298,6 +382,9 @@ class ServerPretrain(Party):
             "spooled_bytes": 0 if self._spool is None else self._spool.bytes_stored,
             "uploaded_done": tuple(sorted(self._uploaded_done)),
             "nodes_computed": self.nodes_computed,
+            "participants": tuple(self.participants),
+            "bases_bytes": self._bases_bytes,
+            "keys_complete": self._keys_complete,
         }
 
     def _handler(self, msg: Message) -> Handler | None:
@@ -311,6 +398,81 @@ class ServerPretrain(Party):
     def _require_client(self, msg: Message) -> None:
         if not self.roster.is_client(msg.sender):
             raise AuthError(f"{msg.type_name} must come from a client, not party {msg.sender}")
+        if msg.sender in self.dropped:
+            raise StateError(f"party {msg.sender} was dropped after the {self.dropped[msg.sender]} deadline")
+
+    # --- deadlines ------------------------------------------------------------------------------------
+    def start(self) -> list[Message]:
+        """Arms the ``keys`` deadline (the server sends nothing first)."""
+        self._arm("keys", self.timeouts.keys)
+        return []
+
+    def _keys_missing(self) -> list[int]:
+        """Parties the keys phase still waits for (the dealer when it holds back the context or a
+        wrapped key of an announced client)."""
+        missing = {c for c in self.participants if c not in self._graphs}
+        others = [c for c in self.participants if c != self.roster.dealer]
+        missing |= {c for c in others if c not in self._relayed_keys}
+        if self.context is None or any(c in self._relayed_keys and c not in self._relayed_wraps for c in others):
+            missing.add(self.roster.dealer)
+        return sorted(missing)
+
+    def _after_key_event(self) -> list[Message]:
+        """Move from the keys phase to the upload phase once nothing is missing."""
+        if not self._keys_complete and not self._keys_missing():
+            self._keys_complete = True
+            self._disarm("keys")
+            self._arm("upload", self.timeouts.upload)
+        return []
+
+    def _expired(self, phase: str) -> list[Message]:
+        if self.state is not ServerState.COLLECTING:
+            return []
+        if phase == "keys":
+            missing = self._keys_missing()
+        else:
+            missing = [c for c in self.participants if c not in self._uploaded_done]
+        if not missing:
+            return []
+        reason = self._unsound_without(missing)
+        if reason is not None:
+            error = MissingPartyError(f"pre-training phase {phase!r} timed out: {reason}", phase=phase,
+                                      missing=missing)
+            self.failure = error
+            return self._abort(AbortCode.TIMEOUT, str(error))
+        out = [self._new(Abort, c, code=int(AbortCode.TIMEOUT),
+                         reason=f"dropped: no answer before the {phase} deadline") for c in missing]
+        self.participants = [c for c in self.participants if c not in missing]
+        self.dropped.update((c, phase) for c in missing)
+        if phase == "keys":
+            self._keys_complete = True
+            self._arm("upload", self.timeouts.upload)
+        if set(self.participants) <= self._uploaded_done:
+            out += self._begin_compute()
+        return out
+
+    def _unsound_without(self, missing: list[int]) -> str | None:
+        """Why the round cannot go on without ``missing`` (None: it can)."""
+        if self.roster.dealer in missing:
+            return f"the dealer (party {self.roster.dealer}) did not provide the key; missing parties {missing}"
+        keep = [c for c in self.participants if c not in missing]
+        if not keep:
+            return f"no client is left; missing parties {missing}"
+        nodes = self._shortfall(keep)
+        if len(nodes):
+            owners = sorted({self._owner[int(n)] for n in nodes if int(n) in self._owner})
+            named = owners if owners else missing
+            return (f"{len(nodes)} nodes needed by the remaining clients (e.g. node {int(nodes[0])}) belong to "
+                    f"missing parties {named}")
+        return None
+
+    def _shortfall(self, keep: list[int]) -> np.ndarray:
+        """Nodes the clients ``keep`` need (their nodes and neighbours) that none of them owns."""
+        graphs = [self._graphs[c] for c in keep if c in self._graphs]
+        if len(graphs) < len(keep):
+            return np.zeros(0, np.int64)  # graphs still to come: judged at the next deadline
+        needed = np.unique(np.concatenate([g.indices for g in graphs]))
+        return np.setdiff1d(needed, np.concatenate([g.owned for g in graphs]))
 
     # --- keys ----------------------------------------------------------------------------------------
     def _on_key_announce(self, msg: KeyAnnounce) -> list[Message]:
@@ -325,6 +487,7 @@ class ServerPretrain(Party):
         if msg.party in self._relayed_keys:
             raise StateError(f"party {msg.party} has already announced its keys")
         self._relayed_keys.add(msg.party)
+        self._after_key_event()
         return [self._new(KeyAnnounce, self.roster.dealer, party=msg.party, x25519=msg.x25519,
                           ed25519=msg.ed25519, binding_signature=msg.binding_signature)]
 
@@ -344,7 +507,7 @@ class ServerPretrain(Party):
         self.context = ctx
         self.verifier.fingerprint = ctx.fingerprint()
         self._maybe_open_spool()
-        return []
+        return self._after_key_event()
 
     def _on_wrapped_key(self, msg: WrappedKeyDelivery) -> list[Message]:
         if msg.sender != self.roster.dealer:
@@ -361,7 +524,10 @@ class ServerPretrain(Party):
             raise PayloadError(f"malformed wrapped key: {exc}") from exc
         if aad != WrapAAD(str(msg.dealer), str(msg.target), self.session, msg.key_fingerprint):
             raise PayloadError("wrapped key is bound to other parties, session or key")
+        if msg.target in self.dropped:
+            raise StateError(f"party {msg.target} was dropped; its wrapped key is not relayed")
         self._relayed_wraps.add(msg.target)
+        self._after_key_event()
         return [self._new(WrappedKeyDelivery, msg.target, dealer=msg.dealer, target=msg.target,
                           key_fingerprint=msg.key_fingerprint, wrapped=msg.wrapped)]
 
@@ -372,14 +538,35 @@ class ServerPretrain(Party):
             raise StateError(f"party {msg.sender} has already announced its graph")
         if self._dim is not None and msg.dim != self._dim:
             raise PayloadError(f"feature dimension {msg.dim} differs from the session's {self._dim}")
+        bases_bytes = self._check_graph_limits(msg)
         clash = [int(n) for n in msg.owned if int(n) in self._owner]
         if clash:
             raise PayloadError(f"nodes {clash[:5]} are already owned by party {self._owner[clash[0]]}")
         self._graphs[msg.sender] = msg
         self._owner.update((int(n), msg.sender) for n in msg.owned)
         self._dim = msg.dim
+        self._bases_bytes += bases_bytes
         self._maybe_open_spool()
-        return []
+        return self._after_key_event()
+
+    def _check_graph_limits(self, msg: GraphAnnounce) -> int:
+        """Refuse a graph above :attr:`limits` before anything is sized by it; returns the bytes of
+        the bases its nodes will need."""
+        lim = self.limits
+        if msg.dim > lim.max_dim:
+            raise SizeLimitError(f"party {msg.sender} announces dimension {msg.dim}; the limit is {lim.max_dim}")
+        if len(self._owner) + len(msg.owned) > lim.max_nodes:
+            raise SizeLimitError(f"party {msg.sender}'s {len(msg.owned)} nodes take the session above "
+                                 f"{lim.max_nodes} nodes")
+        sizes = np.diff(msg.indptr)
+        if sizes.max() > lim.max_neighbours:
+            raise SizeLimitError(f"party {msg.sender} announces a neighbourhood of {int(sizes.max())} nodes; "
+                                 f"the limit is {lim.max_neighbours}")
+        need = _bases_bytes(self.config.variant, sizes, self.config.embed_factor)
+        if self._bases_bytes + need > lim.max_bases_bytes:
+            raise SizeLimitError(f"the bases of party {msg.sender}'s nodes take the server's memory to "
+                                 f"{self._bases_bytes + need} bytes; the limit is {lim.max_bases_bytes}")
+        return need
 
     def _maybe_open_spool(self) -> None:
         if self._spool is None and self.context is not None and self._dim is not None:
@@ -430,7 +617,7 @@ class ServerPretrain(Party):
             raise PayloadError(f"party {msg.sender} reports {msg.nodes} nodes / {msg.ciphertexts} "
                                f"ciphertexts; the server holds {got} of {want}")
         self._uploaded_done.add(msg.sender)
-        if self._uploaded_done == set(self.roster.clients):
+        if set(self.participants) <= self._uploaded_done:
             return self._begin_compute()
         return []
 
@@ -442,34 +629,37 @@ class ServerPretrain(Party):
     def _abort(self, code: AbortCode, reason: str, skip: int | None = None) -> list[Message]:
         self.state = ServerState.ABORTED
         self.abort_reason = reason
+        self._disarm("keys", "upload")
         self._close()
-        return [self._new(Abort, c, code=int(code), reason=reason) for c in self.roster.clients if c != skip]
+        return [self._new(Abort, c, code=int(code), reason=reason[:1000]) for c in self.participants if c != skip]
 
     # --- compute ------------------------------------------------------------------------------------
     def _begin_compute(self) -> list[Message]:
         assert self.context is not None and self.layout is not None and self._spool is not None
-        missing = sorted({int(j) for g in self._graphs.values() for j in g.indices} - set(self._owner))
-        if missing:
+        self._disarm("keys", "upload")
+        missing = self._shortfall(self.participants)
+        if len(missing):
             return self._abort(AbortCode.GRAPH_INCONSISTENT,
-                               f"{len(missing)} neighbours are owned by no client (e.g. node {missing[0]})")
+                               f"{len(missing)} neighbours are owned by no client (e.g. node {int(missing[0])})")
         self.compute_started = time.perf_counter()
         with self.clock("server_compute"):
-            self._needed = {c: needed_from_neighbourhoods(g.owned, g.indices) for c, g in self._graphs.items()}
+            self._needed = {c: needed_from_neighbourhoods(self._graphs[c].owned, self._graphs[c].indices)
+                            for c in self.participants}
             nodes = np.unique(np.concatenate(list(self._needed.values())))
             # neighbourhood rows over positions in `nodes` (ids may be sparse u32 values); the
             # positions keep the ids' order, so the draws equal those over global ids
             rows: list[np.ndarray] = [np.zeros(0, np.int64)] * len(nodes)
-            for g in self._graphs.values():
+            for g in (self._graphs[c] for c in self.participants):
                 for k, pos in enumerate(np.searchsorted(nodes, g.owned)):
                     rows[int(pos)] = g.indices[g.indptr[k] : g.indptr[k + 1]]
             drawn = draw_bases(self.config.variant, CSR.from_rows(rows), np.arange(len(nodes)), self._bases_rng,
                                embed_factor=self.config.embed_factor)
             self.buckets = [BucketBases(b.variant, b.rows, nodes[b.nodes], b.neighbours, b.p, b.q) for b in drawn]
-            for c in self.roster.clients:
+            for c in self.participants:
                 for node in self._needed[c]:
                     self._needers.setdefault(int(node), []).append(c)
             out: list[Message] = []
-            for c in self.roster.clients:
+            for c in self.participants:
                 views = client_bucket_views(self.buckets, self._needed[c], self._max_bucket_elems)
                 route = self._route.setdefault(c, {})
                 for cb, (_, view) in enumerate(views):
@@ -521,7 +711,7 @@ class ServerPretrain(Party):
                 nxt = next(self._results, None)
             if nxt is None:
                 out.extend(self._new(EncodingsDone, c, buckets=self._client_buckets[c],
-                                     nodes=len(self._needed[c])) for c in self.roster.clients)
+                                     nodes=len(self._needed[c])) for c in self.participants)
                 self.state = ServerState.DONE
                 self.compute_finished = time.perf_counter()
                 self._close()
@@ -591,6 +781,9 @@ class ClientPretrain(Party):
             :func:`needed_from_neighbourhoods`).
         dtype: dtype of the decrypted encodings.
         upload_batch: nodes per FeatureUpload message.
+        timeouts: the client's deadlines (``keys``, ``download``).
+        limits: ``max_neighbours`` and ``max_encoding_bytes`` bound what the server's bases may make
+            this client allocate.
 
     Raises:
         PayloadError: invalid features or neighbourhoods (nothing is sent).
@@ -599,8 +792,12 @@ class ClientPretrain(Party):
     def __init__(self, party_id: int, roster: Roster, config: PretrainConfig, identity: Identity, *,
                  owned: np.ndarray, features: np.ndarray, indptr: np.ndarray, indices: np.ndarray,
                  needed: np.ndarray | None = None, dtype: torch.dtype = torch.float32,
-                 upload_batch: int = 32) -> None:
+                 upload_batch: int = 32, timeouts: PretrainTimeouts | None = None,
+                 limits: PretrainLimits | None = None) -> None:
         super().__init__(party_id, roster, config.session, identity.signer)
+        self.timeouts = timeouts if timeouts is not None else PretrainTimeouts()
+        self.limits = limits if limits is not None else PretrainLimits()
+        self._encoding_bytes = 0
         if party_id not in roster.clients:
             raise ValueError(f"party {party_id} is not a client of the roster")
         self.config = config
@@ -650,6 +847,7 @@ class ClientPretrain(Party):
             "filled": tuple(int(a.filled.sum()) for a in self._assemblies),
             "rows_sum": tuple(float(a.rows.double().sum()) for a in self._assemblies),
             "encodings": self.encodings is not None,
+            "encoding_bytes": self._encoding_bytes,
         }
 
     # --- opening ----------------------------------------------------------------------------------
@@ -662,6 +860,7 @@ class ClientPretrain(Party):
         ed = self._signer.public_bytes()
         binding = self._signer.sign(key_binding_bytes(self.session, self.party_id, wrapping.public_bytes(), ed))
         self.state = ClientState.AWAIT_KEY
+        self._arm("keys", self.timeouts.keys)
         return [self._new(KeyAnnounce, self.roster.server, party=self.party_id, x25519=wrapping.public_bytes(),
                           ed25519=ed, binding_signature=binding), self._graph_message()]
 
@@ -691,7 +890,19 @@ class ClientPretrain(Party):
         self._from_server(msg)
         self.state = ClientState.ABORTED
         self.abort_reason = f"server aborted (code {msg.code}): {msg.reason}"
+        self._disarm("keys", "download")
         return []
+
+    def _expired(self, phase: str) -> list[Message]:
+        """The server (or the dealer behind it) went quiet: give up and say so."""
+        if self.state in (ClientState.DONE, ClientState.ABORTED):
+            return []
+        missing = [self.roster.server] + ([self.roster.dealer] if phase == "keys" else [])
+        error = MissingPartyError(f"client {self.party_id}: no {'wrapped key' if phase == 'keys' else 'encodings'} "
+                                  f"from the server before the {phase} deadline", phase=phase, missing=missing)
+        self.state, self.failure, self.abort_reason = ClientState.ABORTED, error, str(error)
+        self._disarm("keys", "download")
+        return [self._new(Abort, self.roster.server, code=int(AbortCode.TIMEOUT), reason=str(error))]
 
     # --- key -----------------------------------------------------------------------------------------
     def _on_wrapped_key(self, msg: WrappedKeyDelivery) -> list[Message]:
@@ -716,6 +927,7 @@ class ClientPretrain(Party):
         self.verifier.fingerprint = holder.fingerprint()
         self.layout = self.config.layout(self.dim, holder.slots)
         self.state = ClientState.UPLOADING
+        self._disarm("keys")
 
     # --- uploads -------------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -739,6 +951,7 @@ class ClientPretrain(Party):
         if stop == len(self.owned):
             out.append(self._new(UploadDone, self.roster.server, nodes=len(self.owned), ciphertexts=self._uploaded))
             self.state = ClientState.AWAIT_ENCODINGS
+            self._arm("download", self.timeouts.download)
         return out
 
     # --- encodings -----------------------------------------------------------------------------------
@@ -753,6 +966,7 @@ class ClientPretrain(Party):
         m = cfg.embed_factor * msg.n if cfg.variant == "vector" else 2 * msg.n
         if msg.p.shape[1] != m:
             raise PayloadError(f"basis dimension {msg.p.shape[1]} is not m = {m} for n = {msg.n}")
+        need = self._check_bases_limits(msg, m)
         if max(np.abs(msg.p).max(), 0.0 if msg.q is None else np.abs(msg.q).max()) > MAX_BASIS_ABS:
             raise PayloadError(f"basis entries above {MAX_BASIS_ABS} would overflow the CKKS headroom")
         nodes = [int(n) for n in msg.nodes]
@@ -772,7 +986,21 @@ class ClientPretrain(Party):
         self._assemblies.append(_Assembly(bases, buf, np.zeros(len(nodes), dtype=bool),
                                           {n: i for i, n in enumerate(nodes)}))
         self._assigned.update(nodes)
+        self._encoding_bytes += need
+        self._arm("download", self.timeouts.download)
         return []
+
+    def _check_bases_limits(self, msg: EncodingBases, m: int) -> int:
+        """Refuse bases whose encodings would exceed this client's budget, before allocating them;
+        returns the bytes they will take."""
+        if msg.n > self.limits.max_neighbours:
+            raise SizeLimitError(f"bases for neighbourhoods of {msg.n} nodes; the limit is {self.limits.max_neighbours}")
+        rows = 1 + m + (m * m if self.config.variant == "matrix" else 0)
+        need = len(msg.nodes) * rows * self.dim * torch.empty((), dtype=self.dtype).element_size()
+        if self._encoding_bytes + need > self.limits.max_encoding_bytes:
+            raise SizeLimitError(f"bucket {msg.bucket} would take the decrypted encodings to "
+                                 f"{self._encoding_bytes + need} bytes; the limit is {self.limits.max_encoding_bytes}")
+        return need
 
     def _on_results(self, msg: EncodingResults) -> list[Message]:
         self._from_server(msg)
@@ -808,6 +1036,7 @@ class ClientPretrain(Party):
                 raise PayloadError(f"results of bucket {msg.bucket}: {exc}") from exc
             asm.rows[torch.from_numpy(sel)] = got.features
         asm.filled[sel] = True
+        self._arm("download", self.timeouts.download)
         self.nodes_decrypted += len(results)
         self.ciphertexts_decrypted += sum(len(r.row_blobs) for r in results)
         return []
@@ -822,7 +1051,21 @@ class ClientPretrain(Party):
         self.encodings = Encodings(self.config.variant, self.needed, buckets)
         self._assemblies = []
         self.state = ClientState.DONE
+        self._disarm("download")
         return []
+
+    # --- checkpoint -----------------------------------------------------------------------------------
+    @property
+    def checkpoint_label(self) -> int | None:
+        """0 once the encodings are decrypted (the only resume point of pre-training)."""
+        return 0 if self.state is ClientState.DONE else None
+
+    def checkpoint(self) -> Checkpoint:
+        """The decrypted encodings with the session, party and key fingerprint (no key material)."""
+        if self.encodings is None:
+            raise StateError("no encodings to checkpoint before the round is done")
+        meta, arrays = encodings_to_checkpoint(self.encodings)
+        return Checkpoint(CLIENT_KIND, {**self._checkpoint_base(), "encodings": meta}, arrays)
 
 
 class DealerSide(ClientPretrain):
@@ -873,3 +1116,13 @@ class DealerSide(ClientPretrain):
         self._wrapped_for.add(msg.party)
         return [self._new(WrappedKeyDelivery, self.roster.server, dealer=self.party_id, target=msg.party,
                           key_fingerprint=self.holder.fingerprint(), wrapped=wrapped)]
+
+
+def encodings_from_checkpoint(ckpt: Checkpoint, *, party: int, session: int) -> Encodings:
+    """The decrypted encodings in a :meth:`ClientPretrain.checkpoint` of ``party`` in ``session``.
+
+    Raises:
+        fedgat.checkpoint.CheckpointMismatchError: another kind, party or session.
+    """
+    ckpt.require(CLIENT_KIND, party=party, session=session)
+    return _encodings_from_arrays(ckpt.meta["encodings"], ckpt.arrays)

@@ -124,3 +124,13 @@ class Verifier:
 
     def snapshot(self) -> tuple:
         return (self.fingerprint, tuple(sorted(self._last_seq.items())))
+
+    def last_seq(self) -> dict[int, int]:
+        """The last accepted sequence number per sender (for checkpoints)."""
+        return dict(self._last_seq)
+
+    def restore_last_seq(self, last: dict[int, int]) -> None:
+        """Restore :meth:`last_seq` from a checkpoint (senders must be in the roster)."""
+        for sender in last:
+            self.roster.signing_key(sender)
+        self._last_seq = dict(last)

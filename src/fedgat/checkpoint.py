@@ -1,0 +1,413 @@
+"""Checkpoints: atomic, integrity-checked, pickle-free files of JSON metadata and numpy arrays.
+
+A checkpoint is one file::
+
+    offset  size  field
+    0       8     magic b"FGCKPT\\0\\n"
+    8       4     format version (u32 big-endian, :data:`FORMAT_VERSION`)
+    12      8     manifest length M (u64 big-endian)
+    20      M     manifest: UTF-8 JSON {"kind", "mac", "meta", "arrays": [{"name", "dtype", "shape",
+                  "offset", "nbytes"}]}
+    20+M    P     the arrays' raw bytes, little-endian, C order, in manifest order
+    20+M+P  32    SHA-256 over bytes [0, 20+M+P) -- or HMAC-SHA256 with a key (``mac`` says which)
+
+:func:`save_checkpoint` writes a temporary file in the target's directory, fsyncs it and renames it
+over the target (:func:`os.replace`), then fsyncs the directory: a crash leaves either the old or
+the new checkpoint, never a torn one. :func:`load_checkpoint` verifies the digest (or HMAC) over
+the whole file *before* parsing the manifest, then checks every array entry (allowed dtype, shape,
+offsets inside the payload, no gaps or overlaps); a truncated, corrupted or tampered file raises a
+:class:`CheckpointError` subclass and nothing is loaded. Arrays are rebuilt with
+:func:`numpy.frombuffer` from plain dtypes -- no pickle, no object arrays, no code execution.
+
+Torch tensors travel through numpy (:func:`tensors_to_arrays`, :func:`arrays_to_tensors`);
+optimiser state through :func:`optimizer_to_checkpoint` / :func:`optimizer_from_checkpoint`;
+decrypted FedGAT encodings through :func:`encodings_to_checkpoint` / :func:`encodings_from_checkpoint`.
+:class:`CheckpointStore` keeps the last few labelled checkpoints of each party in a directory.
+
+Confidentiality is **not** provided: a client's checkpoint holds its decrypted encodings (which
+reveal neighbours' features, see ``SECURITY.md``); store it like the raw data. The HMAC key, when
+given, authenticates the file against tampering by someone who can write the directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointIntegrityError",
+    "CheckpointMismatchError",
+    "CheckpointStore",
+    "arrays_to_tensors",
+    "encodings_from_checkpoint",
+    "encodings_to_checkpoint",
+    "load_checkpoint",
+    "optimizer_from_checkpoint",
+    "optimizer_to_checkpoint",
+    "save_checkpoint",
+    "tensors_to_arrays",
+]
+
+MAGIC = b"FGCKPT\0\n"
+FORMAT_VERSION = 1
+_HEAD = struct.Struct(">8sIQ")
+_DIGEST = 32
+#: dtypes a checkpoint may hold (plain numbers and bools only: nothing that could carry objects)
+ALLOWED_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+                            "float16", "float32", "float64"})
+#: largest manifest accepted (the JSON is parsed only after the digest matched)
+MAX_MANIFEST_BYTES = 64 << 20
+_NAME = re.compile(r"^[A-Za-z0-9_.:/\-]{1,256}$")
+
+
+class CheckpointError(Exception):
+    """Base class: the checkpoint cannot be used (nothing was loaded)."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """Not a checkpoint, another format version, truncated, or an inconsistent manifest."""
+
+
+class CheckpointIntegrityError(CheckpointError):
+    """The SHA-256 digest or HMAC does not match the content (corrupted or tampered)."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A valid checkpoint of another kind, party, session or model than the one restoring it."""
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint holds: a ``kind`` tag, JSON-able ``meta`` and named numpy ``arrays``."""
+
+    kind: str
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def require(self, kind: str, **expected: Any) -> None:
+        """Raise :class:`CheckpointMismatchError` unless the kind and the given meta values match."""
+        if self.kind != kind:
+            raise CheckpointMismatchError(f"checkpoint of kind {self.kind!r}, expected {kind!r}")
+        for key, want in expected.items():
+            if self.meta.get(key) != want:
+                raise CheckpointMismatchError(f"checkpoint {key}={self.meta.get(key)!r}, expected {want!r}")
+
+
+# ------------------------------------------------------------------------------------ file format
+def _mac(data: bytes | memoryview, key: bytes | None) -> bytes:
+    if key is None:
+        return hashlib.sha256(data).digest()
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def _plain_array(name: str, arr: Any) -> np.ndarray:
+    a = np.asarray(arr)
+    if a.dtype.name not in ALLOWED_DTYPES:
+        raise TypeError(f"array {name!r} has dtype {a.dtype}; checkpoints hold plain numeric arrays only")
+    return a.astype(a.dtype.newbyteorder("<"), order="C", copy=False)
+
+
+def encode_checkpoint(ckpt: Checkpoint, hmac_key: bytes | None = None) -> bytes:
+    """The bytes of ``ckpt`` in the format of the module docstring."""
+    entries, blobs, offset = [], [], 0
+    for name, arr in ckpt.arrays.items():
+        if not _NAME.match(name):
+            raise ValueError(f"array name {name!r} is not allowed")
+        a = _plain_array(name, arr)
+        raw = a.tobytes()
+        entries.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape), "offset": offset,
+                        "nbytes": len(raw)})
+        blobs.append(raw)
+        offset += len(raw)
+    manifest = {"kind": ckpt.kind, "mac": "sha256" if hmac_key is None else "hmac-sha256",
+                "meta": ckpt.meta, "arrays": entries}
+    text = json.dumps(manifest, allow_nan=True, separators=(",", ":")).encode()
+    body = b"".join([_HEAD.pack(MAGIC, FORMAT_VERSION, len(text)), text, *blobs])
+    return body + _mac(body, hmac_key)
+
+
+def decode_checkpoint(data: bytes, hmac_key: bytes | None = None) -> Checkpoint:
+    """Verify and parse checkpoint bytes (see :func:`load_checkpoint`)."""
+    view = memoryview(data)
+    if len(view) < _HEAD.size + _DIGEST:
+        raise CheckpointFormatError(f"{len(view)} bytes is too short for a checkpoint")
+    magic, version, mlen = _HEAD.unpack_from(view)
+    if magic != MAGIC:
+        raise CheckpointFormatError("bad magic: not a fedgat checkpoint")
+    if version != FORMAT_VERSION:
+        raise CheckpointFormatError(f"checkpoint format version {version}; this reader knows {FORMAT_VERSION}")
+    if mlen > MAX_MANIFEST_BYTES or _HEAD.size + mlen + _DIGEST > len(view):
+        raise CheckpointFormatError(f"manifest of {mlen} bytes does not fit the file (truncated?)")
+    body, digest = view[:-_DIGEST], bytes(view[-_DIGEST:])
+    if not hmac.compare_digest(_mac(body, hmac_key), digest):
+        raise CheckpointIntegrityError("checkpoint digest does not match its content "
+                                       "(corrupted, truncated, tampered or another HMAC key)")
+    try:
+        manifest = json.loads(bytes(view[_HEAD.size : _HEAD.size + mlen]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointFormatError(f"unreadable manifest: {exc}") from exc
+    payload = body[_HEAD.size + mlen :]
+    return Checkpoint(*_parse_manifest(manifest, hmac_key), arrays=_arrays(manifest["arrays"], payload))
+
+
+def _parse_manifest(manifest: Any, hmac_key: bytes | None) -> tuple[str, dict]:
+    if not isinstance(manifest, dict) or not {"kind", "mac", "meta", "arrays"} <= set(manifest):
+        raise CheckpointFormatError("manifest lacks kind, mac, meta or arrays")
+    if manifest["mac"] != ("sha256" if hmac_key is None else "hmac-sha256"):
+        raise CheckpointIntegrityError(f"checkpoint authenticated with {manifest['mac']!r}, "
+                                       f"expected {'sha256' if hmac_key is None else 'hmac-sha256'}")
+    if not isinstance(manifest["kind"], str) or not isinstance(manifest["meta"], dict) or \
+            not isinstance(manifest["arrays"], list):
+        raise CheckpointFormatError("manifest fields have the wrong types")
+    return manifest["kind"], manifest["meta"]
+
+
+def _arrays(entries: list, payload: memoryview) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    offset = 0
+    for entry in entries:
+        try:
+            name, dtype, shape = entry["name"], entry["dtype"], tuple(entry["shape"])
+            start, nbytes = entry["offset"], entry["nbytes"]
+        except (KeyError, TypeError) as exc:
+            raise CheckpointFormatError(f"bad array entry {entry!r:.100}") from exc
+        if not isinstance(name, str) or not _NAME.match(name) or name in out:
+            raise CheckpointFormatError(f"bad or duplicate array name {name!r:.80}")
+        if dtype not in ALLOWED_DTYPES:
+            raise CheckpointFormatError(f"array {name!r}: dtype {dtype!r} is not allowed")
+        if not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) > 32:
+            raise CheckpointFormatError(f"array {name!r}: bad shape {shape}")
+        dt = np.dtype(dtype).newbyteorder("<")
+        if start != offset or nbytes != math.prod(shape) * dt.itemsize or start + nbytes > len(payload):
+            raise CheckpointFormatError(f"array {name!r}: offset/size do not match the payload")
+        out[name] = np.frombuffer(payload[start : start + nbytes], dtype=dt).reshape(shape).copy()
+        offset += nbytes
+    if offset != len(payload):
+        raise CheckpointFormatError(f"{len(payload) - offset} payload bytes belong to no array")
+    return out
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, hmac_key: bytes | None = None) -> Path:
+    """Write ``ckpt`` to ``path`` atomically: temporary file in the same directory, fsync,
+    :func:`os.replace`, fsync of the directory. Returns the path.
+
+    Raises:
+        TypeError: an array of a non-numeric dtype; ValueError: a bad array name or non-JSON meta.
+    """
+    path = Path(path)
+    data = encode_checkpoint(ckpt, hmac_key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def load_checkpoint(path: str | Path, *, hmac_key: bytes | None = None, kind: str | None = None,
+                    max_bytes: int = 1 << 34) -> Checkpoint:
+    """Read and verify a checkpoint written by :func:`save_checkpoint`.
+
+    Args:
+        hmac_key: the key it was written with (None: plain SHA-256).
+        kind: when given, the checkpoint's kind must equal it.
+        max_bytes: refuse larger files before reading them.
+
+    Raises:
+        CheckpointFormatError: missing file, bad magic or version, truncation, inconsistent manifest.
+        CheckpointIntegrityError: digest or HMAC mismatch (corruption or tampering).
+        CheckpointMismatchError: another ``kind``.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise CheckpointFormatError(f"cannot read checkpoint {path}: {exc}") from exc
+    if size > max_bytes:
+        raise CheckpointFormatError(f"checkpoint of {size} bytes exceeds the limit {max_bytes}")
+    ckpt = decode_checkpoint(path.read_bytes(), hmac_key)
+    if kind is not None:
+        ckpt.require(kind)
+    return ckpt
+
+
+# ------------------------------------------------------------------------------------ torch helpers
+def tensors_to_arrays(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[str, np.ndarray]:
+    """``{prefix + name: numpy copy}`` of CPU tensors (exact: same dtype)."""
+    return {f"{prefix}{name}": t.detach().cpu().contiguous().numpy().copy() for name, t in tensors.items()}
+
+
+def arrays_to_tensors(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`tensors_to_arrays`: the arrays under ``prefix``, in stored order."""
+    return {name[len(prefix):]: torch.from_numpy(np.array(a)) for name, a in arrays.items()
+            if name.startswith(prefix)}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, torch.Tensor):
+        raise TypeError("tensors in optimiser hyper-parameters are not supported")
+    return value
+
+
+def optimizer_to_checkpoint(opt: torch.optim.Optimizer, prefix: str = "opt/") -> tuple[dict, dict]:
+    """An optimiser's ``state_dict`` as (JSON meta, arrays): per-parameter state tensors become arrays,
+    the hyper-parameter groups JSON (tuples as lists)."""
+    sd = opt.state_dict()
+    arrays, slots = {}, {}
+    for idx, state in sd["state"].items():
+        slots[str(idx)] = {}
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                arrays[f"{prefix}{idx}/{key}"] = value.detach().cpu().contiguous().numpy().copy()
+                slots[str(idx)][key] = "tensor"
+            else:
+                slots[str(idx)][key] = {"value": value}
+    groups = [{k: _jsonable(v) for k, v in g.items()} for g in sd["param_groups"]]
+    return {"groups": groups, "slots": slots}, arrays
+
+
+def optimizer_from_checkpoint(opt: torch.optim.Optimizer, meta: dict, arrays: Mapping[str, np.ndarray],
+                              prefix: str = "opt/") -> None:
+    """Load what :func:`optimizer_to_checkpoint` saved into ``opt`` (built over the same parameters)."""
+    current = opt.state_dict()["param_groups"]
+    if len(current) != len(meta["groups"]):
+        raise CheckpointMismatchError("the optimiser has another number of parameter groups")
+    groups = []
+    for now, saved in zip(current, meta["groups"]):
+        if len(now["params"]) != len(saved["params"]):
+            raise CheckpointMismatchError("a parameter group has another number of parameters")
+        groups.append({k: tuple(v) if isinstance(now.get(k), tuple) else v for k, v in saved.items()})
+    state: dict[int, dict] = {}
+    for idx, slots in meta["slots"].items():
+        state[int(idx)] = {key: (torch.from_numpy(np.array(arrays[f"{prefix}{idx}/{key}"])) if kind == "tensor"
+                                 else kind["value"]) for key, kind in slots.items()}
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+# --------------------------------------------------------------------------------- encodings
+def encodings_to_checkpoint(enc: Any, prefix: str = "enc/") -> tuple[dict, dict[str, np.ndarray]]:
+    """Decrypted :class:`fedgat.encodings.Encodings` as (JSON meta, arrays), exactly."""
+    arrays = {f"{prefix}nodes": np.asarray(enc.nodes)}
+    buckets = []
+    for i, b in enumerate(enc.buckets):
+        bb = b.bases
+        parts = {"rows": bb.rows, "nodes": bb.nodes, "neighbours": bb.neighbours, "p": bb.p, "q": bb.q,
+                 "h_self": b.h_self, "K2": b.K2, "M2": b.M2, "cols": b.cols}
+        present = sorted(k for k, v in parts.items() if v is not None)
+        for key in present:
+            value = parts[key]
+            arrays[f"{prefix}{i}/{key}"] = (value.detach().cpu().contiguous().numpy().copy()
+                                            if isinstance(value, torch.Tensor) else np.asarray(value))
+        buckets.append(present)
+    return {"variant": enc.variant, "buckets": buckets}, arrays
+
+
+def encodings_from_checkpoint(meta: dict, arrays: Mapping[str, np.ndarray], prefix: str = "enc/") -> Any:
+    """Inverse of :func:`encodings_to_checkpoint`."""
+    from fedgat.encodings import BucketBases, EncodingBucket, Encodings
+
+    def get(i: int, key: str, tensor: bool = False) -> Any:
+        name = f"{prefix}{i}/{key}"
+        if key not in meta["buckets"][i]:
+            return None
+        try:
+            value = np.array(arrays[name])
+        except KeyError as exc:
+            raise CheckpointFormatError(f"encodings checkpoint lacks {name}") from exc
+        return torch.from_numpy(value) if tensor else value
+
+    buckets = []
+    for i in range(len(meta["buckets"])):
+        bases = BucketBases(meta["variant"], get(i, "rows"), get(i, "nodes"), get(i, "neighbours"), get(i, "p"),
+                            get(i, "q"))
+        buckets.append(EncodingBucket(bases, get(i, "h_self", True), get(i, "K2", True), get(i, "M2", True),
+                                      get(i, "cols", True)))
+    return Encodings(meta["variant"], np.array(arrays[f"{prefix}nodes"]), buckets)
+
+
+# ------------------------------------------------------------------------------------ store
+class CheckpointStore:
+    """Labelled checkpoints of several parties in one directory: ``party-<id>/<label:012d>.ckpt``.
+
+    Each party keeps its ``keep`` most recent labels (older ones are removed after a new one is
+    safely in place). Labels are non-negative integers (for FedAvg: the round a party resumes at).
+
+    Args:
+        directory: where the files live (created on first save).
+        hmac_key: authenticate every file with HMAC-SHA256 under this key (None: SHA-256 only).
+        keep: checkpoints kept per party, ``>= 2`` so a consistent cut one label back exists.
+    """
+
+    def __init__(self, directory: str | Path, *, hmac_key: bytes | None = None, keep: int = 3) -> None:
+        if keep < 2:
+            raise ValueError("keep at least 2 checkpoints per party")
+        self.directory = Path(directory)
+        self.hmac_key = hmac_key
+        self.keep = keep
+
+    def path(self, party: int, label: int) -> Path:
+        return self.directory / f"party-{int(party)}" / f"{int(label):012d}.ckpt"
+
+    def save(self, party: int, label: int, ckpt: Checkpoint) -> Path:
+        """Write atomically, then prune labels beyond ``keep``."""
+        path = save_checkpoint(self.path(party, label), ckpt, hmac_key=self.hmac_key)
+        for old in self.labels(party)[: -self.keep]:
+            self.path(party, old).unlink(missing_ok=True)
+        return path
+
+    def labels(self, party: int) -> list[int]:
+        """Labels present for ``party``, ascending (temporary files are ignored)."""
+        folder = self.directory / f"party-{int(party)}"
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.stem) for p in folder.glob("*.ckpt") if p.stem.isdigit())
+
+    def load(self, party: int, label: int | None = None, kind: str | None = None) -> Checkpoint:
+        """The checkpoint of ``party`` at ``label`` (None: the latest); verified (see
+        :func:`load_checkpoint`)."""
+        if label is None:
+            labels = self.labels(party)
+            if not labels:
+                raise CheckpointFormatError(f"no checkpoint of party {party} in {self.directory}")
+            label = labels[-1]
+        return load_checkpoint(self.path(party, label), hmac_key=self.hmac_key, kind=kind)

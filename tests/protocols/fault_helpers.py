@@ -1,0 +1,108 @@
+"""Helpers for the fault and restart tests: a lossy/stalling transport and a small FedAvg federation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedgat.federated import Client, LocalTask
+from fedgat.pipeline import make_deployment
+from fedgat.protocols import ClientRounds, InProcessTransport, ServerRounds, Transcript
+from fedgat.synthetic import synthetic_graph
+
+#: rule(sender, recipient, frame) -> "drop", "hold" or None
+Rule = Callable[[int, int, bytes], str | None]
+
+
+class FaultyTransport(InProcessTransport):
+    """An in-process transport that loses (``drop``) or delays (``hold`` until :meth:`release`) frames."""
+
+    def __init__(self, transcript: Transcript | None = None) -> None:
+        super().__init__(transcript)
+        self.rules: list[Rule] = []
+        self.held: list[tuple[int, int, bytes]] = []
+        self.lost = 0
+
+    def _send(self, sender: int, to: int, data: bytes) -> None:
+        for rule in self.rules:
+            action = rule(sender, to, data)
+            if action == "drop":
+                self.lost += 1
+                return
+            if action == "hold":
+                self.held.append((sender, to, data))
+                return
+        super()._send(sender, to, data)
+
+    def release(self) -> int:
+        held, self.held = self.held, []
+        for sender, to, data in held:
+            super()._send(sender, to, data)
+        return len(held)
+
+
+def small_clients(seed: int = 3, train_all: bool = True) -> tuple[list[Client], dict]:
+    """3 clients with a dropout + linear model on a 90-node synthetic graph (all with training nodes)."""
+    g = synthetic_graph(num_nodes=90, num_features=12, train_per_class=4, num_val=20, num_test=30, seed=5)
+    owner = np.arange(g.num_nodes) % 3
+    torch.manual_seed(seed)
+
+    def model_fn() -> nn.Module:
+        return nn.Sequential(nn.Dropout(0.3), nn.Linear(12, g.num_classes))
+
+    initial = model_fn().state_dict()
+    clients = []
+    for c in range(3):
+        nodes = np.flatnonzero(owner == c)
+        targets = {}
+        for split in ("train", "val", "test"):
+            mask = getattr(g, f"{split}_mask").numpy()[nodes]
+            if split == "train" and c == 2 and not train_all:
+                mask[:] = False
+            rows = torch.from_numpy(np.flatnonzero(mask))
+            targets[split] = (rows, g.y[nodes][rows])
+        task = LocalTask((g.x[nodes],), targets)
+        clients.append(Client(c, model_fn(), task, task, lr=0.05, local_epochs=2))
+    return clients, initial
+
+
+SESSION = 9
+
+
+class Federation:
+    """Fresh FedAvg state machines over fixed identities (what a restarted process would build)."""
+
+    def __init__(self, rounds: int = 6, fraction: float = 0.67, patience: int | None = None, **server_kw) -> None:
+        self.dep = make_deployment(3)
+        self.roster = self.dep.roster
+        self.sid = self.roster.server
+        self.kw = {"rounds": rounds, "fraction": fraction, "patience": patience, **server_kw}
+
+    def server(self, initial: dict) -> ServerRounds:
+        return ServerRounds(self.sid, self.roster, SESSION, self.dep.identities[self.sid], initial_state=initial,
+                            seed=4, **self.kw)
+
+    def client(self, c: int, member: Client) -> ClientRounds:
+        return ClientRounds(c, self.roster, SESSION, self.dep.identities[c], client=member, seed=100 + c)
+
+    def parties(self) -> dict:
+        members, initial = small_clients()
+        out = {c: self.client(c, members[c]) for c in self.roster.clients}
+        out[self.sid] = self.server(initial)
+        return out
+
+
+def same_state(a: dict, b: dict) -> bool:
+    return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def same_history(a: list[dict], b: list[dict]) -> bool:
+    import math
+
+    def eq(x, y):
+        return (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)) or x == y
+
+    return len(a) == len(b) and all(list(x) == list(y) and all(eq(x[k], y[k]) for k in x) for x, y in zip(a, b))
