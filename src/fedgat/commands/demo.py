@@ -4,8 +4,10 @@
     fedgat demo --variant matrix --json out.json # matrix encodings (neighbour cap 16; slow: see the estimate)
 
 Clients CKKS-encrypt their features, the server computes the FedGAT encodings on ciphertexts (no
-secret key), each client decrypts its own, then FedGAT trains through FedAvg rounds. Everything runs
-in one process over the in-process transport (:mod:`fedgat.protocols.transport`). Printed: time per
+secret key), each client decrypts its own, then FedGAT trains through FedAvg rounds. By default
+everything runs in one process over the in-process transport (:mod:`fedgat.protocols.transport`);
+``--engine ray`` hosts the clients in a pool of Ray actors and runs the server's homomorphic work as
+Ray tasks (:mod:`fedgat.protocols.ray_engine`; a local Ray, or ``--address`` for a cluster). Printed: time per
 phase, bytes each way, slot use, the largest decryption error against the plaintext encodings built
 with the same bases, the test accuracy (with ``--plaintext-training`` also the plaintext twin's, same seed and bases)
 and whether the server's context holds a secret key (it does not).
@@ -20,6 +22,8 @@ import resource
 import sys
 import time
 from pathlib import Path
+
+from ._engine import add_engine_arguments, open_engine
 
 NAME = "demo"
 HELP = "encrypted pre-training + FedGAT training end to end (Cora, 10 clients by default)"
@@ -58,6 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also train on the plaintext twin's encodings (same seed and bases) to compare "
                              "accuracies; doubles the training time")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--force", action="store_true",
@@ -142,19 +147,27 @@ def run(args: argparse.Namespace) -> int:
                          f"{_gb(available)} available; lower --neighbour-cap, use a smaller dataset, or pass "
                          "--force")
 
-    pre = run_encrypted_pretraining(graph, partition, args.variant, args.preset, args.seed, progress=progress,
-                                    workers=args.workers)
-    plain = run_plaintext_pretraining(graph, partition, args.variant, args.seed)
-    error = max_abs_error(pre.encodings, plain)
-    if not args.plaintext_training:
-        del plain
-    hp = {"neighbour_cap": cap, "variant": args.variant}
-    hp.update({k: v for k, v in (("rounds", args.rounds), ("patience", args.patience)) if v is not None})
-    encrypted = train_fedgat(graph, partition, pre.encodings, seed=args.seed, deployment=pre.deployment,
-                             fingerprint=pre.fingerprint, progress=progress, **hp)
-    plaintext = None
-    if args.plaintext_training:
-        plaintext = train_fedgat(graph, partition, plain, seed=args.seed, progress=progress, **hp)
+    engine = open_engine(args, "demo")
+    try:
+        transport = None if engine is None else engine.transport()
+        pre = run_encrypted_pretraining(graph, partition, args.variant, args.preset, args.seed, transport,
+                                        progress=progress, workers=args.workers)
+        plain = run_plaintext_pretraining(graph, partition, args.variant, args.seed)
+        error = max_abs_error(pre.encodings, plain)
+        if not args.plaintext_training:
+            del plain
+        hp = {"neighbour_cap": cap, "variant": args.variant}
+        hp.update({k: v for k, v in (("rounds", args.rounds), ("patience", args.patience)) if v is not None})
+        encrypted = train_fedgat(graph, partition, pre.encodings, seed=args.seed, deployment=pre.deployment,
+                                 transport=transport, fingerprint=pre.fingerprint, progress=progress, **hp)
+        plaintext = None
+        if args.plaintext_training:
+            plaintext = train_fedgat(graph, partition, plain, seed=args.seed, transport=transport,
+                                     progress=progress, **hp)
+        actors = [] if engine is None else engine.memory()
+    finally:
+        if engine is not None:
+            engine.shutdown()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
     fit = encrypted.fit
@@ -182,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
         "plaintext_best_round": None if plaintext is None else plaintext.fit.best_round,
         "total_seconds": round(time.perf_counter() - start, 3),
         "peak_rss_bytes": peak_rss,
+        "engine": args.engine, "actors": len(actors),
+        "actor_peak_rss_bytes": [a["peak_rss"] for a in actors],
     }
     print(format_report(result))
     if args.json is not None:
@@ -210,6 +225,11 @@ def format_report(r: dict) -> str:
     if r["plaintext_test_accuracy"] is not None:
         lines.append(f"FedGAT test accuracy (plaintext twin, same seed): {r['plaintext_test_accuracy']:.3f}")
     lines.append(f"total {r['total_seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
+    if r.get("engine") == "ray":
+        peaks = r["actor_peak_rss_bytes"]
+        lines.append(f"engine ray: clients in {r['actors']} actor(s), peak RSS "
+                     f"{sum(peaks) / 2**30:.2f} GiB together ({sum(peaks) / max(1, r['clients']) / 2**20:.0f} MiB "
+                     "per client)")
     if math.isnan(r["test_accuracy"]):
         lines.append("note: no test node anywhere, accuracy undefined")
     return "\n".join(lines)

@@ -6,6 +6,11 @@
 Seeds are ``first_seed .. first_seed + seeds - 1``; each seeds the split, the encodings' bases, the
 model and dropout. Hyper-parameter flags left out take the method's defaults
 (:func:`fedgat.methods.default_hparams`); a flag the method does not use is an error.
+
+``--engine ray`` (FedGAT only) runs the FedAvg rounds through the protocol state machines with the
+clients hosted in Ray actors (:func:`fedgat.pipeline.run_encrypted_fedgat` with the plaintext twin of
+the pre-training round, same seed; ``fedgat demo --engine ray`` runs the encrypted round too). The
+other methods train in process only (they have no protocol path).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 import math
 import statistics
 from pathlib import Path
+
+from ._engine import add_engine_arguments, open_engine
 
 NAME = "train"
 HELP = "train one method (fedgat, distgat, fedgcn, gat, gcn) over several seeds and summarise"
@@ -62,6 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: these graphs are too small to gain from more, "
                              "and on a busy machine 2 threads ran 30x slower)")
+    add_engine_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -88,6 +96,16 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"fedgat train: {exc}") from None
 
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    if args.engine != "inprocess" and args.method != "fedgat":
+        raise SystemExit(f"fedgat train: --engine {args.engine} runs FedGAT's protocol; {args.method} "
+                         "trains in process only (leave --engine out)")
+    engine = open_engine(args, "train")
+    if engine is not None:
+        try:
+            results = [_run_on_engine(engine, graph, args, seed, overrides) for seed in seeds]
+        finally:
+            engine.shutdown()
+        return _report(args, graph.name, hparams, results)
     rounds = hparams["rounds"]
     results = []
     with tqdm(total=len(seeds) * rounds, desc=f"{args.method}/{graph.name}", unit="round",
@@ -101,8 +119,33 @@ def run(args: argparse.Namespace) -> int:
                                 **overrides)
             bar.update(rounds - result.rounds)  # early stopping skipped these
             results.append(result)
+    return _report(args, graph.name, hparams, results)
 
-    summary = summarise(args, graph.name, hparams, results)
+
+def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides: dict):
+    """One FedGAT seed through the protocol over ``engine``'s transport, as a ``RunResult``."""
+    import time
+
+    from fedgat.methods import RunResult, pretrain_bytes
+    from fedgat.pipeline import run_encrypted_fedgat
+
+    start = time.perf_counter()
+    try:
+        run = run_encrypted_fedgat(graph, args.clients, args.beta, seed, encrypted=False,
+                                   transport=engine.transport(), progress=not args.quiet, **overrides)
+    except ValueError as exc:
+        raise SystemExit(f"fedgat train: {exc}") from None
+    t = run.training
+    return RunResult(method="fedgat", dataset=graph.name, num_clients=args.clients, beta=float(args.beta),
+                     seed=seed, test_accuracy=t.fit.test_accuracy, best_val_accuracy=t.fit.best_val_accuracy,
+                     best_round=t.fit.best_round, rounds=t.fit.rounds,
+                     pretrain_bytes=pretrain_bytes("fedgat", graph, args.clients, args.beta, seed, **overrides),
+                     pretrain_seconds=time.perf_counter() - start - t.seconds, train_seconds=t.seconds,
+                     hparams=t.hparams, history=t.fit.history)
+
+
+def _report(args: argparse.Namespace, dataset: str, hparams: dict, results: list) -> int:
+    summary = summarise(args, dataset, hparams, results)
     print(format_table(summary))
     if args.json is not None:
         per_seed = [r.to_dict(history=args.history) for r in results]

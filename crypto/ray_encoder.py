@@ -1,0 +1,187 @@
+r"""The server's homomorphic encodings as Ray tasks: a drop-in alternative to
+:class:`fedgat.crypto.encodings.ParallelEncoder` for a Ray cluster (``pip install "fedgat[ray]"``).
+
+Same inputs (public context bytes, slot layout, the server's :class:`CiphertextSpool`) and the same
+output (:class:`NodeResult` per node, in bucket order, ciphertexts as bytes). What differs is where
+the work runs and how it gets its data: a :class:`ParallelEncoder` worker reads the spool file from
+the server's disk, which another machine cannot; here
+
+* the public context goes into the object store once (``ray.put``); each worker process loads it
+  into a :class:`ServerContext` once and keeps it (keyed by its SHA-256);
+* each uploaded node's ciphertext bytes go into the object store once, when the first task needs
+  them, and are released when the last node that uses them is computed, so the store never holds
+  much more than the uploads of the nodes in flight and their neighbours;
+* tasks are the batches of :class:`ParallelEncoder` (one node, or a run of result groups of a
+  high-degree node; ~``max_task_cost`` multiply-adds per batch), at most ``window`` in flight,
+  results yielded in order.
+
+TenSEAL objects cannot be pickled: only ``bytes``, numpy arrays and :class:`SlotLayout` cross.
+Ray is imported lazily; :func:`import_ray` raises :class:`RayUnavailableError` (an ``ImportError``)
+with the install hint when it is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any, Self
+
+from fedgat.encodings import BucketBases
+
+from .context import ServerContext
+from .encodings import CiphertextSpool, NodeResult, _batched, _pieces
+from .packing import SlotLayout, deserialize, linear_map_rows, serialize
+
+__all__ = ["RayEncoder", "RayUnavailableError", "import_ray"]
+
+INSTALL_HINT = 'pip install "fedgat[ray]"'
+
+
+class RayUnavailableError(ImportError):
+    """Ray is not installed (it is an optional extra of fedgat)."""
+
+
+def import_ray() -> Any:
+    """``import ray``, or :class:`RayUnavailableError` telling how to install it."""
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise RayUnavailableError(f"the Ray engine needs Ray: {INSTALL_HINT} ({exc})") from exc
+    return ray
+
+
+# ------------------------------------------------------------------------------------ worker side
+#: per worker process: SHA-256 of the public context bytes -> loaded context
+_CONTEXTS: dict[bytes, ServerContext] = {}
+
+
+def _context(key: bytes, public_context: bytes) -> ServerContext:
+    ctx = _CONTEXTS.get(key)
+    if ctx is None:
+        _CONTEXTS.clear()  # one session at a time per worker
+        ctx = _CONTEXTS[key] = ServerContext.from_bytes(public_context)
+    return ctx
+
+
+def encode_batch(key: bytes, public_context: bytes, layout: SlotLayout, tasks: list[tuple],
+                 nodes: list[int], *uploads: list[bytes]) -> list[NodeResult]:
+    """One Ray task: ``tasks`` are :func:`fedgat.crypto.encodings._pieces` tuples, ``uploads[k]`` the
+    chunk ciphertexts of ``nodes[k]`` (every neighbour the tasks use). Plain function, so it can be
+    tested without Ray."""
+    ctx = _context(key, public_context)
+    loaded = {node: [deserialize(ctx, b, level="fresh") for b in blobs] for node, blobs in zip(nodes, uploads)}
+    out = []
+    for node, neighbours, coefficients, _last in tasks:
+        results = linear_map_rows(ctx, layout, [loaded[int(j)] for j in neighbours], coefficients)
+        out.append(NodeResult(int(node), [serialize(ctx, r) for r in results]))
+    return out
+
+
+_REMOTE: dict[str, Any] = {}
+
+
+def _remote_batch(ray: Any) -> Any:
+    if "batch" not in _REMOTE:
+        _REMOTE["batch"] = ray.remote(encode_batch)
+    return _REMOTE["batch"]
+
+
+# ------------------------------------------------------------------------------------ driver side
+class RayEncoder:
+    """The server's homomorphic encodings as Ray tasks (see the module docstring).
+
+    Args:
+        public_context: the server's public context bytes.
+        layout: the slot layout of the uploads.
+        spool: the spool holding every upload (read here, in the server's process).
+        workers: tasks that may run at once; None = the cluster's CPUs (at least 1).
+        chunksize, max_task_cost: batching, as :class:`~fedgat.crypto.encodings.ParallelEncoder`.
+        window: batches in flight at most (default ``2 * workers``).
+        task_options: extra ``.options(...)`` of the Ray task (e.g. ``{"num_cpus": 2}``).
+
+    Raises:
+        RayUnavailableError: Ray is not installed.
+        RuntimeError: Ray is not initialised (start it with :class:`fedgat.protocols.ray_engine.RayEngine`
+            or ``ray.init``).
+    """
+
+    def __init__(self, public_context: bytes, layout: SlotLayout, spool: CiphertextSpool,
+                 workers: int | None = None, chunksize: int = 8, window: int | None = None,
+                 max_task_cost: int = 512, task_options: dict | None = None) -> None:
+        ray = import_ray()
+        if not ray.is_initialized():
+            raise RuntimeError("RayEncoder needs a running Ray (fedgat.protocols.ray_engine.RayEngine "
+                               "or ray.init())")
+        self._ray = ray
+        if workers is None:
+            workers = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = max(1, int(workers))
+        self.chunksize = max(1, chunksize)
+        self.max_task_cost = max(1, max_task_cost)
+        self.window = max(1, 2 * self.workers if window is None else window)
+        self._layout = layout
+        self._spool = spool
+        self._key = hashlib.sha256(public_context).digest()
+        self._context_ref = ray.put(public_context)
+        self._uploads: dict[int, Any] = {}  # node -> ObjectRef of its chunk ciphertexts
+        self._task = _remote_batch(ray).options(**(task_options or {}))
+        #: most batches ever in flight at once (never above ``window``), tasks submitted, uploads put
+        self.max_in_flight = 0
+        self.tasks_submitted = 0
+        self.uploads_put = 0
+
+    def _upload_ref(self, node: int) -> Any:
+        ref = self._uploads.get(node)
+        if ref is None:
+            ref = self._uploads[node] = self._ray.put(self._spool.blobs(node))
+            self.uploads_put += 1
+        return ref
+
+    def map(self, bases_list: Iterable[BucketBases]) -> Iterator[NodeResult]:
+        """Encrypted encodings of every node of every bucket, in bucket order."""
+        bases_list = list(bases_list)
+        uses: dict[int, int] = {}  # node -> computed nodes that still need its upload
+        for b in bases_list:
+            for row in b.neighbours:
+                for j in row.tolist():
+                    uses[j] = uses.get(j, 0) + 1
+        layout = self._layout
+        pieces = _pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
+        pending: deque = deque()
+        partial: list[bytes] = []
+
+        def finished(batch: list[tuple], results: list[NodeResult]) -> Iterator[NodeResult]:
+            for task, result in zip(batch, results):
+                partial.extend(result.row_blobs)
+                if task[3]:  # the node's last piece: its rows are complete, in group order
+                    for j in task[1].tolist():
+                        uses[j] -= 1
+                        if uses[j] == 0:
+                            self._uploads.pop(j, None)  # the store frees it once no task holds it
+                    yield NodeResult(result.node, partial.copy())
+                    partial.clear()
+
+        for batch in _batched(pieces, self.chunksize, self.max_task_cost, layout.chunks):
+            nodes = sorted({int(j) for task in batch for j in task[1]})
+            ref = self._task.remote(self._key, self._context_ref, layout, batch, nodes,
+                                    *[self._upload_ref(j) for j in nodes])
+            self.tasks_submitted += 1
+            pending.append((batch, ref))
+            self.max_in_flight = max(self.max_in_flight, len(pending))
+            if len(pending) >= self.window:
+                done, ref = pending.popleft()
+                yield from finished(done, self._ray.get(ref))
+        while pending:
+            done, ref = pending.popleft()
+            yield from finished(done, self._ray.get(ref))
+
+    def close(self) -> None:
+        self._uploads.clear()
+        self._context_ref = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

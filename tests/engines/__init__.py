@@ -1,0 +1,1 @@
+"""Engine adapters (in-process, Ray, Flower) run against one conformance suite."""

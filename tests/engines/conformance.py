@@ -1,0 +1,202 @@
+"""Transport conformance: the same protocol gives the same results over every engine.
+
+Each check takes ``make_transport``, a zero-argument callable returning a fresh
+:class:`~fedgat.protocols.Transport` (called once per run), runs the pipeline over it and compares
+with the in-process transport on the same partition and seeds. A transport either works with the
+in-process driver (``connect``/``poll``) or hosts parties itself through a
+``run_parties(parties, observer=...)`` method (:func:`fedgat.pipeline.drive` picks); either way the
+party objects handed in must reflect the run's outcome afterwards (e.g. ``client.encodings``).
+
+Engine test files (``test_inprocess.py``, ``test_ray.py``, ``test_flower.py``) only build their
+transport factory and call::
+
+    check_pretraining(make_transport)   # encrypted pre-training round
+    check_training(make_transport)      # FedAvg rounds through the protocol
+    check_rejection(make_transport)     # a forged frame surfaces as the protocol's typed error
+
+What is compared:
+
+* pre-training: identical bases (nodes, rows, coefficients: exactly), decrypted encodings within
+  ``ENCODING_ATOL`` of the in-process run (fresh CKKS keys each run, so equal up to CKKS noise) and
+  of the plaintext twin, the same ciphertext/message/multiply-add counts, no secret key at the
+  server, and -- when the transport keeps ``traffic`` like :class:`~fedgat.protocols.InProcessTransport`
+  -- the same messages per (sender, recipient, type);
+* training (dropout off, so that no engine's RNG stream matters): the same number of rounds, best
+  round, validation and test accuracies, and losses within ``LOSS_RTOL``.
+
+Defaults are small (:func:`federation`: 96 nodes, 4 clients, 3 rounds) so a check takes seconds in
+process; the in-process reference of a federation is computed once per test session and cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from fedgat.graph import Graph
+from fedgat.partition import Partition, make_partition
+from fedgat.pipeline import (
+    PretrainResult,
+    TrainingResult,
+    build_pretrain_parties,
+    drive,
+    max_abs_error,
+    run_encrypted_pretraining,
+    run_plaintext_pretraining,
+    train_fedgat,
+)
+from fedgat.protocols import InProcessTransport, SignatureError, Transport, Verifier
+from fedgat.synthetic import synthetic_graph
+
+__all__ = ["ENCODING_ATOL", "LOSS_RTOL", "Federation", "check_pretraining", "check_rejection",
+           "check_training", "federation", "reference"]
+
+#: largest |difference| between two runs' decrypted encodings (CKKS noise ~1e-7 per value at n4096)
+ENCODING_ATOL = 1e-5
+#: relative tolerance on training losses (torch kernels may use other thread counts elsewhere)
+LOSS_RTOL = 1e-4
+#: training hyper-parameters of the checks: few rounds, no dropout, no early stop
+TRAIN_HPARAMS = {"rounds": 3, "patience": None, "dropout": 0.0, "feature_dropout": 0.0}
+
+MakeTransport = Callable[[], Transport]
+
+
+@dataclasses.dataclass(frozen=True)
+class Federation:
+    """A graph, its 2-layer partition and the seed of the bases and the model."""
+
+    graph: Graph
+    partition: Partition
+    seed: int
+
+
+@lru_cache(maxsize=4)
+def federation(num_nodes: int = 96, clients: int = 4, seed: int = 0) -> Federation:
+    """A small synthetic federation in which every client owns nodes and has cross-client edges."""
+    graph = synthetic_graph(num_nodes=num_nodes, num_features=16, train_per_class=4,
+                            num_val=num_nodes // 5, num_test=num_nodes // 4, seed=seed)
+    partition = make_partition(graph, clients, beta=1.0, seed=seed, num_layers=2)
+    assert all(len(c.owned) for c in partition.clients), "a client owns no node: pick another seed"
+    return Federation(graph, partition, seed)
+
+
+@dataclasses.dataclass
+class Reference:
+    """The in-process results a transport is compared with."""
+
+    pretrain: PretrainResult
+    pretrain_traffic: dict
+    plaintext: dict
+    training: TrainingResult
+    training_traffic: dict
+
+
+_REFERENCES: dict[int, Reference] = {}
+
+
+def _message_counts(transport: Transport) -> dict | None:
+    traffic = getattr(transport, "traffic", None)
+    return None if traffic is None else {key: value[0] for key, value in traffic.items()}
+
+
+def reference(fed: Federation) -> Reference:
+    """In-process pre-training, plaintext twin and training of ``fed`` (cached per federation)."""
+    ref = _REFERENCES.get(id(fed))
+    if ref is None:
+        t_pre = InProcessTransport()
+        pre = run_encrypted_pretraining(fed.graph, fed.partition, seed=fed.seed, transport=t_pre,
+                                        progress=False, workers=0)
+        plain = run_plaintext_pretraining(fed.graph, fed.partition, seed=fed.seed)
+        t_train = InProcessTransport()
+        training = train_fedgat(fed.graph, fed.partition, plain, seed=fed.seed, transport=t_train,
+                                progress=False, **TRAIN_HPARAMS)
+        ref = _REFERENCES[id(fed)] = Reference(pre, _message_counts(t_pre), plain, training,
+                                               _message_counts(t_train))
+    return ref
+
+
+def _same_traffic(got: dict | None, want: dict | None) -> None:
+    """Message counts per (sender, recipient, type), when both transports keep them."""
+    if got is None or want is None:
+        return
+    assert got == want, "messages per (sender, recipient, type) differ from the in-process transport"
+
+
+def check_pretraining(make_transport: MakeTransport, fed: Federation | None = None,
+                      **options) -> PretrainResult:
+    """Encrypted pre-training over ``make_transport()`` equals the in-process round (see the module
+    docstring). ``options`` go to :func:`~fedgat.pipeline.run_encrypted_pretraining`
+    (default ``workers=0``). Returns the transport's result for engine-specific checks."""
+    fed = fed or federation()
+    ref = reference(fed)
+    transport = make_transport()
+    got = run_encrypted_pretraining(fed.graph, fed.partition, seed=fed.seed, transport=transport,
+                                    progress=False, **{"workers": 0, **options})
+    want = ref.pretrain
+    assert got.server_has_secret_key is False
+    assert sorted(got.encodings) == sorted(want.encodings)
+    for c, enc in got.encodings.items():
+        other = want.encodings[c]
+        assert np.array_equal(enc.nodes, other.nodes), f"client {c}: other nodes"
+        assert len(enc.buckets) == len(other.buckets), f"client {c}: other buckets"
+        for a, b in zip(enc.buckets, other.buckets):
+            for name in ("rows", "nodes", "p", "q"):
+                x, y = getattr(a.bases, name), getattr(b.bases, name)
+                assert (x is None and y is None) or np.array_equal(x, y), f"client {c}: other bases ({name})"
+    assert max_abs_error(got.encodings, want.encodings) <= ENCODING_ATOL
+    assert max_abs_error(got.encodings, ref.plaintext) <= ENCODING_ATOL
+    for field in ("ciphertexts_up", "ciphertexts_down", "result_ciphertexts", "multiply_adds",
+                  "messages_up", "messages_down"):
+        assert getattr(got, field) == getattr(want, field), f"{field} differs"
+    assert got.layout == want.layout
+    _same_traffic(_message_counts(transport), ref.pretrain_traffic)
+    assert all(seconds >= 0 for seconds in got.phases.values())
+    return got
+
+
+def check_training(make_transport: MakeTransport, fed: Federation | None = None) -> TrainingResult:
+    """FedAvg rounds over ``make_transport()`` from the plaintext twin's encodings equal the
+    in-process rounds (dropout off). Returns the transport's result."""
+    fed = fed or federation()
+    ref = reference(fed)
+    transport = make_transport()
+    got = train_fedgat(fed.graph, fed.partition, ref.plaintext, seed=fed.seed, transport=transport,
+                       progress=False, **TRAIN_HPARAMS)
+    want = ref.training
+    assert got.fit.rounds == want.fit.rounds and got.fit.best_round == want.fit.best_round
+    assert got.messages == want.messages
+    assert got.fit.best_val_accuracy == want.fit.best_val_accuracy
+    assert got.fit.test_accuracy == want.fit.test_accuracy or (
+        math.isnan(got.fit.test_accuracy) and math.isnan(want.fit.test_accuracy))
+    for mine, theirs in zip(got.fit.history, want.fit.history, strict=True):
+        assert mine.keys() == theirs.keys()
+        assert mine["clients"] == theirs["clients"]
+        for key, value in theirs.items():
+            if key.endswith("_accuracy"):
+                assert mine[key] == value, f"round {theirs['round']}: {key} differs"
+            elif key.endswith("_loss"):
+                assert mine[key] == pytest.approx(value, rel=LOSS_RTOL), f"round {theirs['round']}: {key}"
+    _same_traffic(_message_counts(transport), ref.training_traffic)
+    return got
+
+
+def check_rejection(make_transport: MakeTransport, fed: Federation | None = None) -> None:
+    """A client whose pinned roster holds another key for the server rejects the server's first
+    frame with :class:`~fedgat.protocols.SignatureError`, raised out of the run as the party raised
+    it (not swallowed, not wrapped in an engine error)."""
+    fed = fed or federation()
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    roster = parties.deployment.roster
+    victim = roster.clients[-1]
+    keys = dict(roster.signing_keys)
+    keys[roster.server] = keys[roster.dealer]  # a wrong pin for the server
+    forged = dataclasses.replace(roster, signing_keys=keys)
+    client = parties.clients[victim]
+    client.verifier = Verifier(forged, victim, client.session)
+    with pytest.raises(SignatureError):
+        drive(make_transport(), parties.all())

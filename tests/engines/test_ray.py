@@ -1,0 +1,108 @@
+"""The conformance checks over Ray: 4 clients hosted in 2 actors, the server's homomorphic work as
+Ray tasks; plus what is particular to the Ray engine (placement, bytes only, shutdown)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from fedgat.protocols import Transcript
+from fedgat.protocols.ray_engine import PartyHost, RayEngine, RayTransport
+
+from .conformance import check_pretraining, check_rejection, check_training, federation
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+
+def test_host_refuses_non_bytes():
+    host = PartyHost(threads=None)
+    reply = host.deliver([(0, 1, bytearray(b"x"))], step=False)
+    assert isinstance(reply["error"][1], TypeError)
+
+
+def test_engine_shuts_down_ray_it_started():
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("another test module holds Ray")
+    eng = RayEngine(actors=1, num_cpus=1)
+    eng.ensure_actors(1)
+    eng.shutdown()
+    assert not ray.is_initialized()
+    eng.shutdown()  # idempotent
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = RayEngine(actors=2, num_cpus=2)
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+def test_pretraining_conforms(engine):
+    transports: list[RayTransport] = []
+
+    def make() -> RayTransport:
+        transports.append(engine.transport(server_tasks=True, transcript=Transcript(keep_payloads=False)))
+        return transports[-1]
+
+    result = check_pretraining(make)
+    transport = transports[0]
+    assert len(engine.actors) == 2
+    # every frame was routed by the coordinator, as bytes, and the transcript saw each one
+    assert len(transport.transcript) == transport.messages_sent()
+    assert result.messages_up + result.messages_down == transport.messages_sent()
+    assert transport.placement_seconds > 0
+    # the server's homomorphic work ran as Ray tasks
+    (encoder,) = transport.encoders
+    assert encoder.tasks_submitted > 0 and encoder.uploads_put == result.ciphertexts_up // result.layout.chunks
+    assert encoder.max_in_flight <= encoder.window
+    # hosted parties are dropped from the actors when the run ends
+    assert [m["parties"] for m in engine.memory()] == [0, 0]
+
+
+def test_training_conforms(engine):
+    check_training(engine.transport)
+
+
+def test_rejection_surfaces_typed(engine):
+    check_rejection(engine.transport)
+    assert [m["parties"] for m in engine.memory()] == [0, 0]  # reset after the failure
+
+
+def test_secrets_stay_in_the_actor(engine):
+    """The copied-back clients carry their results but no key material."""
+    from fedgat.pipeline import build_pretrain_parties, drive
+
+    fed = federation()
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    drive(engine.transport(), parties.all())
+    for client in parties.clients.values():
+        assert client.done and client.encodings is not None
+        assert client.holder is None  # the CKKS secret context never left the actor
+
+
+def test_demo_and_train_cli_on_ray(engine, tmp_path, capsys):
+    """``fedgat demo/train --engine ray`` (Ray already up: the engine joins it and leaves it running)."""
+    import json
+
+    from fedgat.cli import main
+
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--dataset", "synthetic", "--nodes", "60", "--clients", "3", "--rounds", "2",
+                 "--patience", "2", "--engine", "ray", "--actors", "2", "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    assert report["engine"] == "ray" and report["actors"] == 2
+    assert report["server_has_secret_key"] is False and report["max_abs_error_vs_plaintext"] <= 1e-5
+    assert "engine ray: clients in 2 actor(s)" in capsys.readouterr().out
+    out = tmp_path / "train.json"
+    assert main(["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--engine", "ray",
+                 "--json", str(out), "--quiet"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["rows"][0]["rounds"] == 2 and 0.0 <= summary["test_accuracy_mean"] <= 1.0
+    import ray
+
+    assert ray.is_initialized()  # not the CLI's to stop
