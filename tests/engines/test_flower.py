@@ -1,0 +1,354 @@
+"""The Flower engine (:mod:`fedgat.protocols.flower_app`) against the in-process reference.
+
+``test_deployment_conforms`` starts Flower's local deployment runtime -- ``flower-superlink
+--insecure`` and one ``flower-supernode`` per client on free localhost ports, each in its own
+process group, with a temporary ``FLWR_HOME`` and telemetry off -- submits the app with
+``flwr run``, and compares what the ServerApp and the ClientApps wrote with the in-process
+reference of :mod:`.conformance` (same federation, seeds and hyper-parameters): identical bases,
+decrypted encodings within ``ENCODING_ATOL``, the same ciphertext, message and multiply-add counts,
+the same rounds, accuracies and (within ``LOSS_RTOL``) losses, and the same final weights.
+``test_grid_conforms`` runs the same ServerApp and ClientApp code without the runtime (a grid that
+calls the ClientApp handler in process), which keeps failures of the app itself quick to read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from fedgat.pipeline import max_abs_error
+
+from .conformance import ENCODING_ATOL, LOSS_RTOL, TRAIN_HPARAMS, federation, reference
+
+pytestmark = pytest.mark.flower
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENTS = 2
+NODES = 96
+SEED = 0
+#: the conformance checks' hyper-parameters with two rounds: every round costs one or two Flower
+#: exchanges, each of which starts a ClientApp process per client (Flower 1.41 runs one per message)
+HPARAMS = {**TRAIN_HPARAMS, "rounds": 2}
+#: the run config of the conformance federation (:func:`.conformance.federation`)
+RUN_CONFIG = {
+    "num-clients": CLIENTS, "dataset": "synthetic", "synthetic-nodes": NODES, "synthetic-features": 16,
+    "synthetic-classes": 4, "synthetic-train-per-class": 4, "synthetic-seed": SEED, "seed": SEED,
+    "bases-seed": SEED, "hparams": json.dumps(HPARAMS), "round-timeout": 180.0,
+}
+DEPLOYMENT_TIMEOUT = 300.0
+
+
+@pytest.fixture(scope="module")
+def fed():
+    return federation(num_nodes=NODES, clients=CLIENTS, seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def training_reference(fed):
+    """In-process FedAvg rounds with :data:`HPARAMS` on the plaintext twin's encodings, and the
+    weights of their last GlobalModel (the final global model)."""
+    from fedgat.pipeline import train_fedgat
+    from fedgat.protocols import GlobalModel, InProcessTransport, Transcript, decode_message
+
+    transcript = Transcript()
+    result = train_fedgat(fed.graph, fed.partition, reference(fed).plaintext, seed=fed.seed,
+                          transport=InProcessTransport(transcript), progress=False, **HPARAMS)
+    last = [e for e in transcript if e.type_name == "GlobalModel"][-1]
+    msg = decode_message(last.data)
+    assert isinstance(msg, GlobalModel)
+    return result, msg.arrays
+
+
+def check_flower_run(fed, training_reference, summary: dict, encodings: dict,
+                     final_weights: dict[str, np.ndarray]) -> None:
+    """The checks of :func:`.conformance.check_pretraining` and :func:`.conformance.check_training`
+    that apply to a run whose parties live in other processes (the engine hosts them itself)."""
+    ref = reference(fed)
+    want = ref.pretrain
+    # --- pre-training: same bases exactly, same encodings up to CKKS noise, same counts --------------
+    assert sorted(encodings) == sorted(want.encodings)
+    for c, enc in encodings.items():
+        other = want.encodings[c]
+        assert np.array_equal(enc.nodes, other.nodes), f"client {c}: other nodes"
+        assert len(enc.buckets) == len(other.buckets), f"client {c}: other buckets"
+        for a, b in zip(enc.buckets, other.buckets):
+            for name in ("rows", "nodes", "p", "q"):
+                x, y = getattr(a.bases, name), getattr(b.bases, name)
+                assert (x is None and y is None) or np.array_equal(x, y), f"client {c}: other bases ({name})"
+    assert max_abs_error(encodings, want.encodings) <= ENCODING_ATOL
+    assert max_abs_error(encodings, ref.plaintext) <= ENCODING_ATOL
+    pre = summary["pretrain"]
+    assert pre["server_has_secret_key"] is False
+    assert pre["ciphertexts_up"] == want.ciphertexts_up
+    assert pre["result_ciphertexts"] == want.result_ciphertexts
+    assert pre["multiply_adds"] == want.multiply_adds
+    assert (pre["messages_up"], pre["messages_down"]) == (want.messages_up, want.messages_down)
+    # --- training: same rounds, accuracies, losses (rtol) and final weights ---------------------------
+    training, want_weights = training_reference
+    fit = training.fit
+    assert summary["rounds"] == fit.rounds and summary["best_round"] == fit.best_round
+    assert summary["training"]["messages"] == training.messages
+    assert summary["best_val_accuracy"] == fit.best_val_accuracy
+    assert summary["test_accuracy"] == fit.test_accuracy or (
+        math.isnan(summary["test_accuracy"]) and math.isnan(fit.test_accuracy))
+    for mine, theirs in zip(summary["history"], fit.history, strict=True):
+        assert mine.keys() == theirs.keys()
+        assert mine["clients"] == theirs["clients"]
+        for key, value in theirs.items():
+            if key.endswith("_accuracy"):
+                assert mine[key] == value, f"round {theirs['round']}: {key} differs"
+            elif key.endswith("_loss"):
+                assert mine[key] == pytest.approx(value, rel=LOSS_RTOL), f"round {theirs['round']}: {key}"
+    assert list(final_weights) == list(want_weights)
+    for name, value in want_weights.items():
+        np.testing.assert_allclose(final_weights[name], value, rtol=0, atol=1e-5, err_msg=name)
+
+
+def _read_outputs(out: Path) -> tuple[dict, dict, dict]:
+    from fedgat.protocols.flower_app import load_encodings
+
+    summary = json.loads((out / "server" / "summary.json").read_text())
+    encodings = {c: load_encodings(out / f"client{c}" / f"encodings-party{c}.npz") for c in range(CLIENTS)}
+    with np.load(out / "server" / "final_model.npz") as z:
+        weights = {k: z[k] for k in z.files}
+    return summary, encodings, weights
+
+
+# ================================================================================ without the runtime
+class _InProcessGrid:
+    """A Grid that hands every message straight to the ClientApp handler (one Context per node,
+    kept across messages like a SuperNode keeps it)."""
+
+    def __init__(self, run_config: dict, node_configs: list[dict]) -> None:
+        from flwr.app import Context, RecordDict
+        from flwr.supercore.task_identity import TaskIdentity
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+        self.contexts = {100 + i: Context(run_id=1, node_id=100 + i, node_config=nc, state=RecordDict(),
+                                          run_config=run_config) for i, nc in enumerate(node_configs)}
+        self._replies: dict = {}
+        self._count = 0
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        from fedgat.protocols.flower_app import handle_message
+
+        ids = []
+        for msg in messages:
+            self._count += 1
+            mid = f"m{self._count}"
+            msg.metadata.__dict__["_message_id"] = mid
+            node = msg.metadata.dst_node_id
+            reply = handle_message(msg, self.contexts[node])
+            reply.metadata.__dict__["_src_node_id"] = node
+            reply.metadata.__dict__["_reply_to_message_id"] = mid
+            self._replies[mid] = reply
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self._replies.pop(i) for i in list(ids) if i in self._replies]
+
+
+def test_grid_conforms(fed, training_reference, tmp_path):
+    from fedgat.protocols.flower_app import FlowerRunConfig, run_server
+
+    out = tmp_path / "out"
+    nodes = [{"partition-id": c, "num-partitions": CLIENTS, "output-dir": str(out / f"client{c}")}
+             for c in range(CLIENTS)]
+    run_config = {**RUN_CONFIG, "output-dir": str(out / "server")}
+    grid = _InProcessGrid(run_config, nodes)
+    run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    check_flower_run(fed, training_reference, *_read_outputs(out))
+
+
+def test_pinned_roster(tmp_path):
+    """With identity files and a pinned roster every party refuses any other key; the run goes
+    through when the roster is the pinned one."""
+    from fedgat.crypto import SigningIdentity
+    from fedgat.protocols.flower_app import (
+        FlowerRunConfig,
+        RosterMismatchError,
+        generate_identity,
+        main,
+        run_server,
+        write_roster,
+    )
+
+    keys = {c: generate_identity(tmp_path / f"client{c}.json")["ed25519"] for c in range(CLIENTS)}
+    assert (tmp_path / "client0.json").stat().st_mode & 0o777 == 0o600
+    assert main(["keygen", str(tmp_path / "server.json"), "--server"]) == 0
+    private = json.loads((tmp_path / "server.json").read_text())["ed25519_private"]
+    keys[CLIENTS] = SigningIdentity.from_private_bytes(bytes.fromhex(private)).public_bytes()
+    good = write_roster(tmp_path / "roster.json", server=CLIENTS, dealer=0, signing_keys=keys)
+    forged = {**keys, 1: keys[0]}
+    write_roster(tmp_path / "forged.json", server=CLIENTS, dealer=0, signing_keys=forged)
+
+    def run(client_roster: str) -> dict:
+        nodes = [{"partition-id": c, "num-partitions": CLIENTS, "identity": str(tmp_path / f"client{c}.json"),
+                  "roster": str(tmp_path / client_roster)} for c in range(CLIENTS)]
+        run_config = {**RUN_CONFIG, "hparams": json.dumps({**HPARAMS, "rounds": 1}),
+                      "roster": str(tmp_path / "roster.json"), "server-identity": str(tmp_path / "server.json")}
+        return run_server(_InProcessGrid(run_config, nodes), FlowerRunConfig.from_run_config(run_config)).summary
+
+    summary = run("roster.json")
+    assert summary["roster_pinned"] is True and summary["roster_fingerprint"] == good
+    with pytest.raises(RosterMismatchError, match="pinned"):
+        run("forged.json")
+
+
+# =================================================================================== the deployment
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before listening on {port}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on port {port} after {timeout:.0f} s")
+
+
+class LocalDeployment:
+    """flower-superlink + one flower-supernode per client on localhost, each in its own process
+    group (so their SuperExec and ClientApp children go down with them); logs under ``root/logs``."""
+
+    def __init__(self, root: Path, clients: int) -> None:
+        self.root = root
+        self.clients = clients
+        self.procs: list[subprocess.Popen] = []
+        self.logs = root / "logs"
+        self.logs.mkdir(parents=True)
+        home = root / "flwr-home"
+        home.mkdir()
+        self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25", "PYTHONUNBUFFERED": "1",
+                    "FEDGAT_DATA": os.environ.get("FEDGAT_DATA", "")}
+        bindir = Path(sys.executable).parent
+        self.env["PATH"] = f"{bindir}{os.pathsep}{self.env.get('PATH', '')}"
+        self.bindir = bindir
+        self.link_port, *self.node_ports = _free_ports(1 + clients)
+        (home / "config.toml").write_text(
+            '[superlink]\ndefault = "fedgat-test"\n\n[superlink.fedgat-test]\n'
+            f'address = "127.0.0.1:{self.link_port}"\ninsecure = true\n')
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(args, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def start(self) -> None:
+        link = self._spawn("superlink", [str(self.bindir / "flower-superlink"), "--insecure",
+                                         "--host", "127.0.0.1", "--port", str(self.link_port)])
+        _wait_port(self.link_port, link)
+        out = self.root / "out"
+        for c, port in enumerate(self.node_ports):
+            config = (f"partition-id={c} num-partitions={self.clients} "
+                      f"output-dir='{out / f'client{c}'}' state-dir='{self.root / f'state{c}'}'")
+            self._spawn(f"supernode{c}", [str(self.bindir / "flower-supernode"), "--insecure",
+                                          "--superlink", f"127.0.0.1:{self.link_port}",
+                                          "--host", "127.0.0.1", "--port", str(port),
+                                          "--node-config", config])
+
+    def run(self, run_config: dict, timeout: float) -> tuple[int | None, str]:
+        """``flwr run`` of the repository's app on this deployment, streaming its logs until the run
+        ends; returns the exit status (None: timed out) and the output."""
+        overrides = self.root / "run-config.toml"  # a file: values with spaces do not survive the CLI string
+        overrides.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in run_config.items()))
+        try:
+            done = subprocess.run([str(self.bindir / "flwr"), "run", str(REPO), "fedgat-test",
+                                   "--run-config", str(overrides), "--stream"], check=False, cwd=self.root,
+                                  env=self.env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            return None, out
+        return done.returncode, done.stdout
+
+    def logs_tail(self, chars: int = 3000) -> str:
+        parts = []
+        for path in sorted(self.logs.glob("*.log")):
+            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-chars:]}")
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs:  # the whole group: SuperExec and ClientApp children too
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def deployment():
+    root = Path(tempfile.mkdtemp(prefix="fedgat-flower-"))
+    dep = LocalDeployment(root, CLIENTS)
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.timeout(420)
+def test_deployment_conforms(fed, training_reference, deployment):
+    out = deployment.root / "out"
+    start = time.monotonic()
+    rc, output = deployment.run({**RUN_CONFIG, "output-dir": str(out / "server")}, DEPLOYMENT_TIMEOUT)
+    elapsed = time.monotonic() - start
+    summary_path = out / "server" / "summary.json"
+    assert summary_path.is_file(), (f"no summary after {elapsed:.0f} s (flwr run: exit status {rc})\n"
+                                    f"{output[-6000:]}\n{deployment.logs_tail()}")
+    summary, encodings, weights = _read_outputs(out)
+    print("\n".join(line for line in output.splitlines() if "fedgat" in line))
+    print(f"flower deployment: {CLIENTS} clients, flwr run {elapsed:.1f} s, app {summary['wall_seconds']:.1f} s, "
+          f"{summary['pretrain']['exchanges']} + {summary['training']['exchanges']} exchanges")
+    assert summary["roster_pinned"] is False and len(summary["party_nodes"]) == CLIENTS
+    check_flower_run(fed, training_reference, summary, encodings, weights)
