@@ -20,6 +20,14 @@ on Cora (10 clients, vector: 4.68 GB vs 3.21 GB; 90 % of its nodes are needed by
 does not own them) for 8 % fewer multiply-adds. The owner ignores its decrypted row 0 and uses its
 own plaintext.
 
+Differential privacy (:mod:`fedgat.dp`): every client uploads two copies of each owned node, the
+clean projection and its noisy release. The spool keeps the clean copy of node ``j`` under key
+``j`` and the release under :func:`release_key` ``(j)`` (ids are u32, so both share the int64 key
+space), and :func:`plan_views` turns the drawn bases into *compute buckets* whose ``neighbours``
+are those spool keys: the encodings of node ``i`` for client ``c`` read the clean copy of each
+source ``c`` owns and the release of every other source. Every encoder (:func:`compute_node`,
+:class:`ParallelEncoder`, any other that maps buckets through the spool) runs them unchanged.
+
 Memory: uploads are validated and spooled to disk (:class:`CiphertextSpool`), results are produced
 node by node (:func:`compute_node`), so the server never holds a dataset's ciphertexts at once.
 """
@@ -143,6 +151,103 @@ class NodeResult:
 
     def nbytes(self) -> int:
         return sum(map(len, self.row_blobs))
+
+
+#: spool-key offset of a node's DP release copy (node ids are u32, spool keys int64)
+RELEASE_OFFSET = 1 << 32
+
+
+def release_key(node: int | np.ndarray) -> int | np.ndarray:
+    """Spool key of the DP release of ``node`` (its clean upload is stored under ``node`` itself)."""
+    return node + RELEASE_OFFSET
+
+
+@dataclass
+class ViewPlan:
+    """What the server computes and whom each result goes to (:func:`plan_views`).
+
+    Attributes:
+        buckets: one compute bucket per drawn bucket, in the same order; ``neighbours`` hold spool
+            keys. Without DP these are the drawn buckets themselves (one result per node).
+        recipients: per computed node, in bucket then slot order (the order every encoder yields
+            results), the clients that receive that result (each client exactly once per node it needs).
+    """
+
+    buckets: list[BucketBases]
+    recipients: list[tuple[int, ...]]
+
+    @property
+    def num_results(self) -> int:
+        return len(self.recipients)
+
+
+def plan_views(buckets: list[BucketBases], pair_nodes: np.ndarray, pair_clients: np.ndarray,
+               owner_ids: np.ndarray | None = None, owners: np.ndarray | None = None) -> ViewPlan:
+    """Plan the server's homomorphic work for the ``(node, client)`` pairs ``pair_nodes[k]`` needed by
+    ``pair_clients[k]`` (every node of ``buckets`` at least once, no pair twice).
+
+    Without ``owners`` every client of a node receives the same result, computed once from the
+    clean uploads. With ``owners[t]`` the client owning node ``owner_ids[t]`` (``owner_ids`` sorted;
+    every source must be listed), a client receives node ``i``'s encodings computed from its own
+    clean copies and every other source's release: the clients of ``i`` that own none of its
+    sources share one result (all releases); each client that owns some source gets its own. A node
+    therefore costs ``1 + (clients owning one of its sources)`` computations at most, instead of one
+    per client that needs it.
+
+    Raises:
+        ValueError: a pair names a node of no bucket, or a source has no owner.
+    """
+    pair_nodes = np.asarray(pair_nodes, dtype=np.int64)
+    pair_clients = np.asarray(pair_clients, dtype=np.int64)
+    if not buckets:
+        return ViewPlan([], [])
+    ids = np.concatenate([b.nodes for b in buckets])
+    where = np.argsort(ids, kind="stable")
+    at = where[np.minimum(np.searchsorted(ids[where], pair_nodes), len(ids) - 1)]
+    if not np.array_equal(ids[at], pair_nodes):
+        raise ValueError("a (node, client) pair names a node of no bucket")
+    bucket_of = np.repeat(np.arange(len(buckets)), [len(b) for b in buckets])
+    slot_of = np.concatenate([np.arange(len(b)) for b in buckets])
+    pg, ps = bucket_of[at], slot_of[at]
+    srt = np.lexsort((pair_clients, ps, pg))  # by bucket, slot, client
+    pg, ps, pc = pg[srt], ps[srt], pair_clients[srt]
+    bounds = np.searchsorted(pg, np.arange(len(buckets) + 1))
+    out, recipients = [], []
+    for g, b in enumerate(buckets):
+        s, c = ps[bounds[g] : bounds[g + 1]], pc[bounds[g] : bounds[g + 1]]
+        if owners is None:
+            own = np.zeros(len(s), dtype=bool)
+            mask = np.zeros((0, b.n), dtype=bool)
+        else:
+            assert owner_ids is not None
+            pos = np.minimum(np.searchsorted(owner_ids, b.neighbours), len(owner_ids) - 1)
+            if not np.array_equal(owner_ids[pos], b.neighbours):
+                raise ValueError("a source node has no owner")
+            mask = owners[pos][s] == c[:, None]  # (pairs, n): sources owned by the pair's client
+            own = mask.any(axis=1)
+        shared = np.flatnonzero(~own)
+        shared_slots, starts = np.unique(s[shared], return_index=True)
+        own_pairs = np.flatnonzero(own)
+        # variants: per slot the shared one first (pair -1), then one per owning client
+        var_slot = np.concatenate([shared_slots, s[own_pairs]])
+        var_pair = np.concatenate([np.full(len(shared_slots), -1), own_pairs])
+        order = np.lexsort((var_pair, var_slot))
+        var_slot, var_pair = var_slot[order], var_pair[order]
+        groups = [tuple(x.tolist()) for x in np.split(c[shared], starts[1:])] if len(shared) else []
+        groups += [(int(c[k]),) for k in own_pairs]
+        recipients += [groups[k] for k in order]
+        if owners is None and np.array_equal(var_slot, np.arange(len(b))):
+            out.append(b)  # no viewer split: the drawn bucket itself
+            continue
+        keys = b.neighbours[var_slot]
+        if owners is not None:
+            clean = np.zeros(keys.shape, dtype=bool)
+            mine = var_pair >= 0
+            clean[mine] = mask[var_pair[mine]]
+            keys = np.where(clean, keys, release_key(keys))
+        out.append(BucketBases(b.variant, b.rows[var_slot], b.nodes[var_slot], keys, b.p[var_slot],
+                               None if b.q is None else b.q[var_slot]))
+    return ViewPlan(out, recipients)
 
 
 def computed_rows(bases: BucketBases) -> np.ndarray:

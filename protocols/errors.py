@@ -24,6 +24,9 @@ StateError             a message that is not valid in the receiver's current sta
 PayloadError           bad field values: shapes disagreeing with the announced dimension, NaN or
                        infinite values, features that are not unit-norm, node ids the sender does
                        not own, duplicates, malformed ciphertexts
+ConfigMismatchError    (a PayloadError) the peer runs the session with other parameters than
+                       the receiver's :class:`~fedgat.protocols.pretrain.PretrainConfig`, e.g.
+                       other differential-privacy terms, or none
 =====================  ====================================================================
 
 Faults are not about a message but about messages that did *not* come: a party's deadline for a
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 __all__ = [
     "AuthError",
+    "ConfigMismatchError",
     "FaultError",
     "FrameError",
     "KeyFingerprintError",
@@ -106,6 +110,10 @@ class StateError(ProtocolError):
 
 class PayloadError(ProtocolError):
     """Field values are invalid (shapes, non-finite values, ownership, duplicates, ciphertexts)."""
+
+
+class ConfigMismatchError(PayloadError):
+    """The peer runs the session with other parameters (e.g. differential-privacy terms)."""
 
 
 class FaultError(ProtocolError):

@@ -51,7 +51,18 @@ id  type                 direction                   fields                     
                                                      loss_sum)
 13  Abort                any                         code, reason (UTF-8 <= 1 KiB)                     2 KiB
 14  EvaluateRequest      server -> client            round, splits (evaluate the last weights again)   1 KiB
+15  ReleaseUpload        client -> server            items: as FeatureUpload (the DP release copies)   64 MiB
+16  PrivacyTerms         client -> server,           epsilon, delta, dim (0: no projection), seed      64 B
+                         server -> client
 ==  ===================  ==========================  ================================================  ========
+
+Differential privacy (sessions whose :class:`~fedgat.protocols.pretrain.PretrainConfig` has ``dp``;
+types 15 and 16 are only used there, so sessions without it keep the exact frames above): a
+client sends PrivacyTerms before its first upload, then for each batch a FeatureUpload of its own
+nodes' *clean* projected rows and a ReleaseUpload of their DP release (:mod:`fedgat.dp`); the
+server answers with its own PrivacyTerms before the first EncodingBases. Each side refuses terms
+other than its configuration's, and the server refuses uploads of a client that announced none
+(:class:`~fedgat.protocols.errors.ConfigMismatchError`).
 
 Relayed messages (KeyAnnounce, WrappedKeyDelivery) are re-framed and re-signed by the server; what
 makes them trustworthy end to end is inside them: the announcing party's ``binding_signature`` over
@@ -118,7 +129,9 @@ __all__ = [
     "KeyAnnounce",
     "LocalUpdate",
     "Message",
+    "PrivacyTerms",
     "PublicContext",
+    "ReleaseUpload",
     "ResultItem",
     "SplitCounts",
     "UploadDone",
@@ -245,6 +258,7 @@ class SplitCounts:
 _U8, _U16, _U32, _U64 = UInt("B"), UInt("H"), UInt("I"), UInt("Q")
 _FP = FixedBytes(32)
 _CT = Bytes(MAX_CIPHERTEXT)
+_UPLOAD_ITEMS = ListOf(Record(UploadItem, (("node", _U32), ("chunk", _U16), ("ciphertext", _CT))), 4096)
 
 
 # ------------------------------------------------------------------------------ message types
@@ -353,14 +367,49 @@ class FeatureUpload(Message):
 
     TYPE: ClassVar[int] = 5
     MAX_PAYLOAD: ClassVar[int] = 64 * MiB
-    SCHEMA: ClassVar = (("items", ListOf(Record(UploadItem, (("node", _U32), ("chunk", _U16),
-                                                              ("ciphertext", _CT))), 4096)),)
+    SCHEMA: ClassVar = (("items", _UPLOAD_ITEMS),)
 
     items: tuple[UploadItem, ...]
 
     def check(self) -> None:
         if not self.items:
             raise PayloadError("an upload batch needs at least one ciphertext")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ReleaseUpload(Message):
+    """A batch of the sender's encrypted *DP release* chunks (:meth:`fedgat.dp.FeatureDP.release_rows`);
+    same items and limits as :class:`FeatureUpload`, which carries the clean copies in a DP session.
+    The server uses them in the encodings it sends to every client but the sender."""
+
+    TYPE: ClassVar[int] = 15
+    MAX_PAYLOAD: ClassVar[int] = 64 * MiB
+    SCHEMA: ClassVar = (("items", _UPLOAD_ITEMS),)
+
+    items: tuple[UploadItem, ...]
+
+    def check(self) -> None:
+        if not self.items:
+            raise PayloadError("a release batch needs at least one ciphertext")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PrivacyTerms(Message):
+    """The differential-privacy terms the sender runs the session with (:class:`fedgat.dp.FeatureDP`):
+    ``epsilon``, ``delta``, projection ``dim`` (0: no projection) and projection ``seed``."""
+
+    TYPE: ClassVar[int] = 16
+    MAX_PAYLOAD: ClassVar[int] = 64
+    SCHEMA: ClassVar = (("epsilon", Float64()), ("delta", Float64()), ("dim", _U32), ("seed", _U64))
+
+    epsilon: float
+    delta: float
+    dim: int
+    seed: int
+
+    def check(self) -> None:
+        if not self.epsilon > 0 or not 0 < self.delta < 1:
+            raise PayloadError(f"DP terms need epsilon > 0 and 0 < delta < 1, got ({self.epsilon}, {self.delta})")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -554,7 +603,7 @@ MESSAGE_TYPES: dict[int, type[Message]] = {
     cls.TYPE: cls
     for cls in (KeyAnnounce, PublicContext, WrappedKeyDelivery, GraphAnnounce, FeatureUpload, UploadDone,
                 EncodingBases, EncodingResults, EncodingsDone, GlobalModel, LocalUpdate, EvaluationReport,
-                Abort, EvaluateRequest)
+                Abort, EvaluateRequest, ReleaseUpload, PrivacyTerms)
 }
 
 

@@ -54,7 +54,9 @@ from .messages import (
     KeyAnnounce,
     LocalUpdate,
     Message,
+    PrivacyTerms,
     PublicContext,
+    ReleaseUpload,
     UploadDone,
     WrappedKeyDelivery,
     decode_message,
@@ -71,13 +73,13 @@ SEQ_RESTART_GAP = 1 << 32
 PHASES: dict[type[Message], str] = {
     KeyAnnounce: "keygen", PublicContext: "keygen", WrappedKeyDelivery: "keygen",
     GraphAnnounce: "setup", Abort: "setup",
-    FeatureUpload: "upload", UploadDone: "upload",
+    FeatureUpload: "upload", UploadDone: "upload", ReleaseUpload: "upload", PrivacyTerms: "setup",
     EncodingBases: "download", EncodingResults: "download", EncodingsDone: "download",
     GlobalModel: "training", LocalUpdate: "training", EvaluationReport: "training",
     EvaluateRequest: "training",
 }
 _KEY_INTRODUCING = (PublicContext, WrappedKeyDelivery)
-_PRE_KEY = (KeyAnnounce, GraphAnnounce, Abort)
+_PRE_KEY = (KeyAnnounce, GraphAnnounce, Abort, PrivacyTerms)
 
 Handler = Callable[[Any], list[Message]]
 

@@ -23,6 +23,14 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
     client  decrypts each batch on arrival into its :class:`~fedgat.encodings.Encodings` (its
             ``needed`` nodes, in ``needed`` order; :math:`h_i` of owned nodes from its own plaintext)
 
+Differential privacy (``PretrainConfig.dp``, :mod:`fedgat.dp`): every client sends PrivacyTerms
+before its GraphAnnounce, and for each batch a FeatureUpload of its nodes' clean *projected* rows
+and a ReleaseUpload of their DP release (noise drawn by the client). The server computes, per
+needed node, one result per distinct view (:func:`fedgat.crypto.encodings.plan_views`): a client's
+result reads the clean ciphertexts of the sources it owns and the released ones of all others; it
+confirms the terms (PrivacyTerms) to each client before the bases. A party refuses other terms, or
+terms in a session without DP (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
+
 What the server learns: the graph structure (owned nodes, neighbour lists, hence who needs what),
 the feature dimension, node counts, ciphertexts and their sizes. It holds only the public CKKS context
 (:meth:`fedgat.crypto.ServerContext.from_bytes` refuses secret keys), so it cannot decrypt.
@@ -83,13 +91,24 @@ from fedgat.crypto import (
 )
 from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import verify as verify_signature
-from fedgat.crypto.encodings import CiphertextSpool, NodeResult, compute_node, decrypt_bucket, multiply_adds
+from fedgat.crypto.encodings import (
+    CiphertextSpool,
+    NodeResult,
+    ViewPlan,
+    compute_node,
+    decrypt_bucket,
+    multiply_adds,
+    plan_views,
+    release_key,
+)
+from fedgat.dp import FeatureDP
 from fedgat.encodings import VARIANTS, BucketBases, EncodingBucket, Encodings, draw_bases
 from fedgat.graph import CSR
 from fedgat.randomness import RandomSource
 
 from .errors import (
     AuthError,
+    ConfigMismatchError,
     KeyFingerprintError,
     MissingPartyError,
     PayloadError,
@@ -108,7 +127,9 @@ from .messages import (
     GraphAnnounce,
     KeyAnnounce,
     Message,
+    PrivacyTerms,
     PublicContext,
+    ReleaseUpload,
     ResultItem,
     UploadDone,
     UploadItem,
@@ -193,6 +214,11 @@ class PretrainConfig:
         chunks: feature chunks per node in the slot layout; None picks
             :meth:`~fedgat.crypto.SlotLayout.for_dimension` (3 chunks for Cora at n4096).
         embed_factor: vector variant's ``m = embed_factor * n``.
+        dp: differential privacy of the features shared across clients (:class:`fedgat.dp.FeatureDP`;
+            None: off). With it every client uploads its nodes' clean projected rows *and* their
+            release, and a client's encodings read its own clean rows and every other node's release.
+            Every party must hold the same terms: they are exchanged (:class:`PrivacyTerms`) and a
+            mismatch is refused (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
     """
 
     session: int
@@ -200,12 +226,38 @@ class PretrainConfig:
     preset: str = DEFAULT_PRESET
     chunks: int | None = None
     embed_factor: int = 1
+    dp: FeatureDP | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}")
         if not 0 <= self.session < 2**64:
             raise ValueError("session must be a u64")
+        if self.dp is not None and not isinstance(self.dp, FeatureDP):
+            raise TypeError(f"dp must be a FeatureDP or None, not {type(self.dp).__name__}")
+
+    @property
+    def copies(self) -> int:
+        """Uploaded copies of each owned node: 2 with DP (clean and release), else 1."""
+        return 1 if self.dp is None else 2
+
+    def dp_fields(self) -> dict:
+        """The :class:`PrivacyTerms` fields of :attr:`dp` (which must be set)."""
+        assert self.dp is not None
+        return {"epsilon": float(self.dp.epsilon), "delta": float(self.dp.delta),
+                "dim": 0 if self.dp.dim is None else int(self.dp.dim), "seed": int(self.dp.seed)}
+
+    def check_terms(self, msg: PrivacyTerms, who: str) -> None:
+        """Refuse announced DP terms that differ from :attr:`dp` (or any terms without DP).
+
+        Raises:
+            ConfigMismatchError: the terms differ.
+        """
+        got = {"epsilon": msg.epsilon, "delta": msg.delta, "dim": msg.dim, "seed": msg.seed}
+        if self.dp is None:
+            raise ConfigMismatchError(f"{who} runs the session with DP terms {got}; this party runs it without DP")
+        if got != self.dp_fields():
+            raise ConfigMismatchError(f"{who} runs the session with DP terms {got}, not {self.dp_fields()}")
 
     def layout(self, d: int, slots: int) -> SlotLayout:
         if self.chunks is None:
@@ -335,11 +387,16 @@ class ServerPretrain(Party):
         self._relayed_wraps: set[int] = set()
         self._received: dict[int, set[tuple[int, int]]] = {c: set() for c in roster.clients}
         self._uploaded_done: set[int] = set()
+        self._terms: set[int] = set()  # clients whose DP terms matched (DP sessions)
         # compute phase
+        #: the drawn bases, one per needed node (what clients receive views of)
+        self.bases: list[BucketBases] = []
+        #: what the encoders compute (:func:`fedgat.crypto.encodings.plan_views`): without DP the
+        #: drawn bases themselves; with DP one result per distinct view of a node, sources as spool keys
         self.buckets: list[BucketBases] = []
         self._results: Iterator[tuple[int, NodeResult]] | None = None
         self._encoder = None
-        self._needers: dict[int, list[int]] = {}
+        self._recipients: list[tuple[int, ...]] = []
         self._route: dict[int, dict[int, int]] = {}  # client -> node -> client bucket index
         self._remaining: dict[tuple[int, int], int] = {}
         self._pending: dict[tuple[int, int], list[ResultItem]] = {}
@@ -381,6 +438,7 @@ class ServerPretrain(Party):
             "received": tuple((c, tuple(sorted(s))) for c, s in sorted(self._received.items())),
             "spooled_bytes": 0 if self._spool is None else self._spool.bytes_stored,
             "uploaded_done": tuple(sorted(self._uploaded_done)),
+            "terms": tuple(sorted(self._terms)),
             "nodes_computed": self.nodes_computed,
             "participants": tuple(self.participants),
             "bases_bytes": self._bases_bytes,
@@ -392,7 +450,8 @@ class ServerPretrain(Party):
             return None
         return {KeyAnnounce: self._on_key_announce, PublicContext: self._on_public_context,
                 WrappedKeyDelivery: self._on_wrapped_key, GraphAnnounce: self._on_graph,
-                FeatureUpload: self._on_upload, UploadDone: self._on_upload_done,
+                FeatureUpload: self._on_upload, ReleaseUpload: self._on_release,
+                UploadDone: self._on_upload_done, PrivacyTerms: self._on_terms,
                 Abort: self._on_abort}.get(type(msg))
 
     def _require_client(self, msg: Message) -> None:
@@ -536,6 +595,12 @@ class ServerPretrain(Party):
         self._require_client(msg)
         if msg.sender in self._graphs:
             raise StateError(f"party {msg.sender} has already announced its graph")
+        dp = self.config.dp
+        if dp is not None and msg.sender not in self._terms:
+            raise ConfigMismatchError(f"party {msg.sender} announces its graph without the session's DP terms")
+        if dp is not None and dp.dim is not None and msg.dim > dp.dim:
+            raise ConfigMismatchError(f"party {msg.sender} announces {msg.dim}-dim features; the session's DP "
+                                      f"release projects to {dp.dim} dims")
         if self._dim is not None and msg.dim != self._dim:
             raise PayloadError(f"feature dimension {msg.dim} differs from the session's {self._dim}")
         bases_bytes = self._check_graph_limits(msg)
@@ -582,36 +647,58 @@ class ServerPretrain(Party):
             raise StateError(f"{msg.type_name} from party {msg.sender} before its graph announcement")
         if msg.sender in self._uploaded_done:
             raise StateError(f"party {msg.sender} has already finished uploading")
+        if self.config.dp is not None and msg.sender not in self._terms:
+            raise ConfigMismatchError(f"party {msg.sender} uploads without the session's DP terms")
         return graph
 
+    def _on_terms(self, msg: PrivacyTerms) -> list[Message]:
+        self._require_client(msg)
+        self.config.check_terms(msg, f"party {msg.sender}")
+        if msg.sender in self._terms:
+            raise StateError(f"party {msg.sender} has already announced its DP terms")
+        self._terms.add(msg.sender)
+        return []
+
+    def _on_release(self, msg: ReleaseUpload) -> list[Message]:
+        if self.config.dp is None:
+            raise ConfigMismatchError(f"party {msg.sender} uploads a DP release; the session runs without DP")
+        return self._store_uploads(msg, release=True)
+
     def _on_upload(self, msg: FeatureUpload) -> list[Message]:
+        return self._store_uploads(msg, release=False)
+
+    def _store_uploads(self, msg: FeatureUpload | ReleaseUpload, release: bool) -> list[Message]:
+        """Check every item of an upload batch, then spool them (a release under
+        :func:`~fedgat.crypto.encodings.release_key`)."""
         self._uploading(msg)
         assert self._spool is not None and self.context is not None and self.layout is not None
         received = self._received[msg.sender]
         keys = set()
+        what = "release" if release else "upload"
         for item in msg.items:
-            key = (item.node, item.chunk)
+            key = (release_key(item.node) if release else item.node, item.chunk)
             if self._owner.get(item.node) != msg.sender:
                 raise PayloadError(f"party {msg.sender} uploads node {item.node}, which it does not own")
             if item.chunk >= self.layout.chunks:
                 raise PayloadError(f"chunk {item.chunk} out of range ({self.layout.chunks} chunks)")
             if key in received or key in keys:
-                raise PayloadError(f"duplicate upload of node {item.node} chunk {item.chunk}")
+                raise PayloadError(f"duplicate {what} of node {item.node} chunk {item.chunk}")
             keys.add(key)
         for item in msg.items:  # every ciphertext is checked before any is stored
             try:
                 deserialize(self.context, item.ciphertext, level="fresh")
             except (CiphertextFormatError, KeyMismatchError) as exc:
-                raise _crypto_error(exc, f"upload of node {item.node} chunk {item.chunk}") from exc
+                raise _crypto_error(exc, f"{what} of node {item.node} chunk {item.chunk}") from exc
         for item in msg.items:  # checked just above: not deserialised a second time
-            self._spool.put(item.node, item.chunk, item.ciphertext, validated=True)
+            node = release_key(item.node) if release else item.node
+            self._spool.put(node, item.chunk, item.ciphertext, validated=True)
         received.update(keys)
         return []
 
     def _on_upload_done(self, msg: UploadDone) -> list[Message]:
         graph = self._uploading(msg)
         assert self.layout is not None
-        want = len(graph.owned) * self.layout.chunks
+        want = len(graph.owned) * self.layout.chunks * self.config.copies
         got = len(self._received[msg.sender])
         if got != want or msg.ciphertexts != got or msg.nodes != len(graph.owned):
             raise PayloadError(f"party {msg.sender} reports {msg.nodes} nodes / {msg.ciphertexts} "
@@ -654,13 +741,14 @@ class ServerPretrain(Party):
                     rows[int(pos)] = g.indices[g.indptr[k] : g.indptr[k + 1]]
             drawn = draw_bases(self.config.variant, CSR.from_rows(rows), np.arange(len(nodes)), self._bases_rng,
                                embed_factor=self.config.embed_factor)
-            self.buckets = [BucketBases(b.variant, b.rows, nodes[b.nodes], b.neighbours, b.p, b.q) for b in drawn]
-            for c in self.participants:
-                for node in self._needed[c]:
-                    self._needers.setdefault(int(node), []).append(c)
+            self.bases = [BucketBases(b.variant, b.rows, nodes[b.nodes], b.neighbours, b.p, b.q) for b in drawn]
+            plan = self._plan()
+            self.buckets, self._recipients = plan.buckets, plan.recipients
             out: list[Message] = []
+            if self.config.dp is not None:  # confirm the terms before anything built on them
+                out += [self._new(PrivacyTerms, c, **self.config.dp_fields()) for c in self.participants]
             for c in self.participants:
-                views = client_bucket_views(self.buckets, self._needed[c], self._max_bucket_elems)
+                views = client_bucket_views(self.bases, self._needed[c], self._max_bucket_elems)
                 route = self._route.setdefault(c, {})
                 for cb, (_, view) in enumerate(views):
                     route.update((int(n), cb) for n in view.nodes)
@@ -668,11 +756,24 @@ class ServerPretrain(Party):
                     out.append(self._new(EncodingBases, c, bucket=cb, variant=view.variant, n=view.n,
                                          nodes=view.nodes, p=view.p, q=view.q))
                 self._client_buckets[c] = len(views)
-            self.nodes_total = len(nodes)
+            self.nodes_total = plan.num_results
             self.multiply_adds = sum(multiply_adds(b, self.layout) for b in self.buckets)
             self._results = self._compute_results()
         self.state = ServerState.COMPUTING
         return out
+
+    def _plan(self) -> ViewPlan:
+        """Which encodings to compute for whom (:func:`fedgat.crypto.encodings.plan_views`): with DP,
+        each client's view reads its own clean uploads and every other client's release."""
+        pair_nodes = np.concatenate([self._needed[c] for c in self.participants])
+        pair_clients = np.repeat(self.participants, [len(self._needed[c]) for c in self.participants])
+        if self.config.dp is None:
+            return plan_views(self.bases, pair_nodes, pair_clients)
+        owned = [self._graphs[c].owned for c in self.participants]
+        ids = np.concatenate(owned)
+        owners = np.repeat(self.participants, [len(o) for o in owned])
+        order = np.argsort(ids, kind="stable")
+        return plan_views(self.bases, pair_nodes, pair_clients, ids[order], owners[order])
 
     @property
     def workers(self) -> int:
@@ -722,7 +823,7 @@ class ServerPretrain(Party):
             self.result_ciphertexts += len(result.row_blobs)
             self.result_rows += self.buckets[g].num_feature_rows()
             item = ResultItem(node, tuple(result.row_blobs))
-            for c in self._needers[node]:
+            for c in self._recipients[self.nodes_computed - 1]:
                 cb = self._route[c][node]
                 key = (c, cb)
                 self._pending.setdefault(key, []).append(item)
@@ -784,6 +885,15 @@ class ClientPretrain(Party):
         timeouts: the client's deadlines (``keys``, ``download``).
         limits: ``max_neighbours`` and ``max_encoding_bytes`` bound what the server's bases may make
             this client allocate.
+        release_rng: with ``config.dp``, the randomness of this client's DP release noise
+            (:meth:`fedgat.dp.FeatureDP.release_rows`): None (default) draws a fresh CSPRNG key; a
+            :class:`~fedgat.randomness.RandomSource` or int seed only for tests and plaintext twins.
+            The release is drawn once, here, by the owner; the server never sees noise or features.
+
+    With ``config.dp`` the client projects its ``features`` (any finite rows), uploads the clean
+    projection in FeatureUpload and the release in ReleaseUpload, announces its
+    :class:`PrivacyTerms` before the first upload and refuses bases before the server confirmed the
+    same terms; its own encodings' :math:`h_i` are its clean projected rows.
 
     Raises:
         PayloadError: invalid features or neighbourhoods (nothing is sent).
@@ -793,7 +903,7 @@ class ClientPretrain(Party):
                  owned: np.ndarray, features: np.ndarray, indptr: np.ndarray, indices: np.ndarray,
                  needed: np.ndarray | None = None, dtype: torch.dtype = torch.float32,
                  upload_batch: int = 32, timeouts: PretrainTimeouts | None = None,
-                 limits: PretrainLimits | None = None) -> None:
+                 limits: PretrainLimits | None = None, release_rng: RandomSource | int | None = None) -> None:
         super().__init__(party_id, roster, config.session, identity.signer)
         self.timeouts = timeouts if timeouts is not None else PretrainTimeouts()
         self.limits = limits if limits is not None else PretrainLimits()
@@ -803,7 +913,14 @@ class ClientPretrain(Party):
         self.config = config
         self._wrapping = identity.wrapping
         owned = np.asarray(owned, dtype=np.int64)
-        self._features = validate_features(features, len(owned))
+        self._release: np.ndarray | None = None
+        self._terms_confirmed = False
+        if config.dp is None:
+            self._features = validate_features(features, len(owned))
+        else:  # any finite rows: the projection normalises them
+            raw = validate_features(features, len(owned), tol=np.inf)
+            clean, self._release = config.dp.release_rows(raw, release_rng)
+            self._features = validate_features(clean, len(owned))
         self._graph = GraphAnnounce(sender=party_id, recipient=roster.server, session=config.session, seq=0,
                                     dim=self._features.shape[1], owned=owned,
                                     indptr=np.asarray(indptr, dtype=np.int64),
@@ -848,6 +965,7 @@ class ClientPretrain(Party):
             "rows_sum": tuple(float(a.rows.double().sum()) for a in self._assemblies),
             "encodings": self.encodings is not None,
             "encoding_bytes": self._encoding_bytes,
+            "terms_confirmed": self._terms_confirmed,
         }
 
     # --- opening ----------------------------------------------------------------------------------
@@ -862,12 +980,16 @@ class ClientPretrain(Party):
         self.state = ClientState.AWAIT_KEY
         self._arm("keys", self.timeouts.keys)
         return [self._new(KeyAnnounce, self.roster.server, party=self.party_id, x25519=wrapping.public_bytes(),
-                          ed25519=ed, binding_signature=binding), self._graph_message()]
+                          ed25519=ed, binding_signature=binding), *self._graph_messages()]
 
-    def _graph_message(self) -> Message:
+    def _graph_messages(self) -> list[Message]:
+        """With DP, this client's :class:`PrivacyTerms` (before anything the server sizes by them);
+        then its GraphAnnounce."""
         g = self._graph
-        return self._new(GraphAnnounce, self.roster.server, dim=g.dim, owned=g.owned, indptr=g.indptr,
-                         indices=g.indices)
+        terms = [] if self.config.dp is None else [
+            self._new(PrivacyTerms, self.roster.server, **self.config.dp_fields())]
+        return [*terms, self._new(GraphAnnounce, self.roster.server, dim=g.dim, owned=g.owned,
+                                  indptr=g.indptr, indices=g.indices)]
 
     def _handler(self, msg: Message) -> Handler | None:
         if isinstance(msg, Abort):
@@ -877,6 +999,7 @@ class ClientPretrain(Party):
     def _handlers(self) -> dict:
         return {
             (ClientState.AWAIT_KEY, WrappedKeyDelivery): self._on_wrapped_key,
+            (ClientState.AWAIT_ENCODINGS, PrivacyTerms): self._on_terms,
             (ClientState.AWAIT_ENCODINGS, EncodingBases): self._on_bases,
             (ClientState.AWAIT_ENCODINGS, EncodingResults): self._on_results,
             (ClientState.AWAIT_ENCODINGS, EncodingsDone): self._on_done,
@@ -934,20 +1057,26 @@ class ClientPretrain(Party):
         return self.state is ClientState.UPLOADING
 
     def step(self) -> list[Message]:
-        """Encrypt and send the next batch of owned rows (then UploadDone)."""
+        """Encrypt and send the next batch of owned rows (then UploadDone); with DP, each batch's
+        release (ReleaseUpload) after its clean rows (FeatureUpload)."""
         if self.state is not ClientState.UPLOADING:
             return []
         assert self.holder is not None and self.layout is not None
         start = self._next_upload
         stop = min(start + self.upload_batch, len(self.owned))
         rows = validate_features(self._features[start:stop], stop - start, self.dim)
-        with self.clock("encrypt"):
-            blobs = list(encrypt_rows(self.holder, rows, self.layout))
+        out: list[Message] = []
+        copies = [(FeatureUpload, rows)]
+        if self._release is not None:
+            copies.append((ReleaseUpload, self._release[start:stop]))
         c = self.layout.chunks
-        items = tuple(UploadItem(int(self.owned[start + k // c]), k % c, blob) for k, blob in enumerate(blobs))
+        for cls, values in copies:
+            with self.clock("encrypt"):
+                blobs = list(encrypt_rows(self.holder, values, self.layout))
+            items = tuple(UploadItem(int(self.owned[start + k // c]), k % c, blob) for k, blob in enumerate(blobs))
+            self._uploaded += len(items)
+            out.append(self._new(cls, self.roster.server, items=items))
         self._next_upload = stop
-        self._uploaded += len(items)
-        out = [self._new(FeatureUpload, self.roster.server, items=items)]
         if stop == len(self.owned):
             out.append(self._new(UploadDone, self.roster.server, nodes=len(self.owned), ciphertexts=self._uploaded))
             self.state = ClientState.AWAIT_ENCODINGS
@@ -955,9 +1084,19 @@ class ClientPretrain(Party):
         return out
 
     # --- encodings -----------------------------------------------------------------------------------
+    def _on_terms(self, msg: PrivacyTerms) -> list[Message]:
+        self._from_server(msg)
+        self.config.check_terms(msg, "the server")
+        if self._terms_confirmed:
+            raise StateError("the server has already confirmed the DP terms")
+        self._terms_confirmed = True
+        return []
+
     def _on_bases(self, msg: EncodingBases) -> list[Message]:
         self._from_server(msg)
         assert self.layout is not None
+        if self.config.dp is not None and not self._terms_confirmed:
+            raise ConfigMismatchError("the server sent bases without confirming the session's DP terms")
         cfg = self.config
         if msg.bucket != len(self._assemblies):
             raise PayloadError(f"bucket {msg.bucket} out of order (expected {len(self._assemblies)})")
@@ -1089,7 +1228,7 @@ class DealerSide(ClientPretrain):
         self._keyed(holder)
         return [self._new(PublicContext, self.roster.server, preset=self.config.preset,
                           context=holder.public_context_bytes(), context_fingerprint=holder.fingerprint()),
-                self._graph_message()]
+                *self._graph_messages()]
 
     def _handler(self, msg: Message) -> Handler | None:
         if isinstance(msg, KeyAnnounce) and self.state not in (ClientState.DONE, ClientState.ABORTED):

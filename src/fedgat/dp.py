@@ -21,6 +21,13 @@ against other clients is :math:`(\varepsilon, \delta)` per node for the whole ru
 composition over rounds. The owner's own encodings use the clean features. Against the server the
 features are protected by encryption, not by this mechanism. Graph structure is not protected.
 
+Encrypted pre-training (:mod:`fedgat.protocols.pretrain`, ``PretrainConfig.dp``): each client
+computes :meth:`FeatureDP.release_rows` of its own nodes -- the clean projection and the release,
+with noise from its own ChaCha20 CSPRNG (:class:`fedgat.randomness.RandomSource`; seedable for
+tests only) -- and uploads both, encrypted. The server builds the encodings a client receives from
+that client's clean ciphertexts for the sources it owns and from the released ciphertexts for every
+other source, so no client ever receives a result that depends on another client's clean copy.
+
 The projection is what makes moderate :math:`\varepsilon` usable: the noise norm grows like
 :math:`\sigma\sqrt{k}`, so on Cora's 1433 dimensions plain Gaussian noise at
 :math:`\varepsilon = 4` is ~90x the feature norm (NOTES), while ``k = 64`` cuts that by ~4.7x.
@@ -34,6 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy.special import ndtr
+
+from fedgat.randomness import RandomSource, as_random_source
 
 SENSITIVITY = 2.0  # L2 distance between two unit vectors
 
@@ -83,6 +92,18 @@ class FeatureDP:
     dim: int | None = 64
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0) or not 0 < self.delta < 1:
+            raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got ({self.epsilon}, {self.delta})")
+        if self.dim is not None and self.dim < 1:
+            raise ValueError(f"projection dimension must be >= 1 or None, got {self.dim}")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"projection seed must be in [0, 2^64), got {self.seed}")
+
+    def projected_dim(self, d: int) -> int:
+        """Dimension of the projected features of ``d``-dimensional inputs."""
+        return d if self.dim is None else min(self.dim, d)
+
     @property
     def sigma(self) -> float:
         return analytic_gaussian_sigma(self.epsilon, self.delta)
@@ -104,6 +125,20 @@ class FeatureDP:
         """The noisy release of features ``x`` ``(N, d)``: projected, unit norm, plus Gaussian noise."""
         y = self.project(x)
         return y + self.sigma * torch.randn(y.shape, generator=generator, dtype=y.dtype)
+
+    def release_rows(self, x: np.ndarray | torch.Tensor,
+                     rng: RandomSource | int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(clean, release)`` float64 ``(N, k)`` rows of the features ``x`` ``(N, d)`` of one owner.
+
+        ``clean`` is :meth:`project` (computed in float64); ``release`` adds ``sigma`` times standard
+        normal noise from ``rng``: a :class:`~fedgat.randomness.RandomSource` (ChaCha20), an int seed
+        (reproducible: tests and plaintext-vs-encrypted comparisons only) or None (a fresh CSPRNG key,
+        the default). The noise is drawn row-major in one call, so the same stream gives the same
+        release whoever computes it.
+        """
+        clean = self.project(torch.as_tensor(np.asarray(x), dtype=torch.float64)).numpy()
+        noise = as_random_source(rng).normal(clean.shape)
+        return clean, clean + self.sigma * noise
 
     def describe(self) -> dict:
         return {"epsilon": self.epsilon, "delta": self.delta, "dim": self.dim, "sigma": self.sigma,

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from fedgat.approx import fit_score
 from fedgat.crypto import SlotLayout
+from fedgat.dp import FeatureDP
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings, draw_bases, encode_bucket
 from fedgat.federated import Client, FedAvg, FedProx, FitResult, LocalTask
 from fedgat.graph import Graph
@@ -44,6 +45,7 @@ from fedgat.protocols import (
     Delivery,
     Identity,
     InProcessTransport,
+    Party,
     PretrainConfig,
     Roster,
     ServerPretrain,
@@ -51,6 +53,7 @@ from fedgat.protocols import (
     Transport,
     run_parties,
 )
+from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, FeatureUpload, peek_type
 from fedgat.protocols.pretrain import client_bucket_views, needed_from_neighbourhoods
 from fedgat.randomness import RandomSource
@@ -61,6 +64,8 @@ __all__ = [
     "PretrainParties",
     "PretrainResult",
     "build_pretrain_parties",
+    "dp_features",
+    "drive",
     "estimate_pretraining",
     "make_deployment",
     "max_abs_error",
@@ -76,9 +81,36 @@ PHASES = ("keygen", "encrypt", "upload", "server_compute", "download", "decrypt"
 COMPACT_TOLERANCE = 1e-5
 
 
+def drive(transport: Transport, parties: Mapping[int, Party], observer: Observer | None = None) -> int:
+    """Run ``parties`` to the end over ``transport``. A transport that hosts parties itself (it has a
+    ``run_parties(parties, observer=...)`` method, e.g. :class:`fedgat.protocols.ray_engine.RayTransport`)
+    runs them; any other goes through the in-process driver :func:`~fedgat.protocols.run_parties`."""
+    hosted = getattr(transport, "run_parties", None)
+    if callable(hosted):
+        return hosted(parties, observer=observer)
+    return run_parties(transport, parties, observer=observer)
+
+
 def _bases_rng(seed: int | str | None) -> RandomSource:
     """The server's basis randomness: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
     return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-pretrain-bases:{seed}")
+
+
+def _release_rng(seed: int | str | None, client: int) -> RandomSource:
+    """Client ``client``'s DP release noise: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
+    return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-dp-release:{seed}:{client}")
+
+
+def dp_features(graph: Graph, partition: Partition, dp: FeatureDP, seed: int | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(clean, release)`` float64 ``(N, k)``: every node's projected features and the DP release its
+    owner draws in :func:`run_encrypted_pretraining` with the same ``seed`` (the plaintext reference
+    of what each client uploads; :meth:`fedgat.dp.FeatureDP.release_rows`)."""
+    x = graph.x.numpy()
+    k = dp.projected_dim(x.shape[1])
+    clean, release = np.zeros((len(x), k)), np.zeros((len(x), k))
+    for c, cp in enumerate(partition.clients):
+        clean[cp.owned], release[cp.owned] = dp.release_rows(x[cp.owned], _release_rng(seed, c))
+    return torch.from_numpy(clean), torch.from_numpy(release)
 
 
 # ----------------------------------------------------------------------------------- deployment
@@ -138,14 +170,17 @@ def build_pretrain_parties(graph: Graph, partition: Partition, *, variant: str =
                            deployment: Deployment | None = None, chunks: int | None = None,
                            dtype: torch.dtype = torch.float64, upload_batch: int = 32,
                            result_batch_bytes: int = 16 << 20, workers: int | None = None,
-                           spool_dir: str | None = None) -> PretrainParties:
-    """Build the server, the dealer and the clients of a pre-training round for ``partition``."""
+                           spool_dir: str | None = None, dp: FeatureDP | None = None) -> PretrainParties:
+    """Build the server, the dealer and the clients of a pre-training round for ``partition``.
+
+    ``dp``: the DP release of shared features (``PretrainConfig.dp``); each client draws its release
+    noise from a CSPRNG, or, with ``seed``, from a stream seeded with it (tests, plaintext twin)."""
     if partition.num_layers != 2:
         raise ValueError("the pre-training protocol ships the 1-hop expansion: build the partition "
                          "with num_layers=2")
     deployment = deployment or make_deployment(partition.num_clients)
     config = PretrainConfig(session=secrets.randbits(63) if session is None else session, variant=variant,
-                            preset=preset, chunks=chunks)
+                            preset=preset, chunks=chunks, dp=dp)
     roster = deployment.roster
     server = ServerPretrain(roster.server, roster, config, deployment.identities[roster.server],
                             bases_rng=_bases_rng(seed), result_batch_bytes=result_batch_bytes,
@@ -160,7 +195,8 @@ def build_pretrain_parties(graph: Graph, partition: Partition, *, variant: str =
         cls = DealerSide if c == roster.dealer else ClientPretrain
         clients[c] = cls(c, roster, config, deployment.identities[c], owned=cp.owned,
                          features=x[cp.owned], indptr=indptr, indices=indices, needed=cp.needed,
-                         dtype=dtype, upload_batch=upload_batch)
+                         dtype=dtype, upload_batch=upload_batch,
+                         release_rng=None if dp is None else _release_rng(seed, c))
     return PretrainParties(deployment, config, server, clients)
 
 
@@ -281,7 +317,8 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
                               transport: Transport | None = None, progress: bool = True, *,
                               deployment: Deployment | None = None, chunks: int | None = None,
                               dtype: torch.dtype = torch.float64, workers: int | None = None,
-                              upload_batch: int = 32, result_batch_bytes: int = 16 << 20) -> PretrainResult:
+                              upload_batch: int = 32, result_batch_bytes: int = 16 << 20,
+                              dp: FeatureDP | None = None) -> PretrainResult:
     """Run the encrypted pre-training round (:mod:`fedgat.protocols.pretrain`) over ``transport``.
 
     Args:
@@ -297,16 +334,20 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
         dtype: dtype of the decrypted encodings.
         workers: processes for the server's homomorphic compute (0: in process; None: every core
             for rounds of :data:`~fedgat.protocols.pretrain.AUTO_POOL_MIN_NODES` nodes or more).
+        dp: DP release of the features shared across clients (:class:`fedgat.dp.FeatureDP`): each
+            client's encodings then read its own clean projected features and every other node's
+            release (:func:`fedgat.encodings.encode` with ``shared_x``, ``owner``, ``viewer``); the
+            release noise is seeded by ``seed`` (None: each client's CSPRNG).
     """
     parties = build_pretrain_parties(graph, partition, variant=variant, preset=preset, seed=seed,
                                      deployment=deployment, chunks=chunks, dtype=dtype,
                                      upload_batch=upload_batch, result_batch_bytes=result_batch_bytes,
-                                     workers=workers)
+                                     workers=workers, dp=dp)
     transport = transport if transport is not None else InProcessTransport()
     bars = _Progress(parties, progress)
     start = time.perf_counter()
     try:
-        run_parties(transport, parties.all(), observer=bars)
+        drive(transport, parties.all(), observer=bars)
     finally:
         bars.close()
     wall = time.perf_counter() - start
@@ -348,9 +389,11 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
 
 def run_plaintext_pretraining(graph: Graph, partition: Partition, variant: str = "vector",
                               seed: int | str = 0, *, dtype: torch.dtype = torch.float64,
-                              embed_factor: int = 1) -> dict[int, Encodings]:
+                              embed_factor: int = 1, dp: FeatureDP | None = None) -> dict[int, Encodings]:
     """The encodings every client would decrypt, computed in plaintext with the same bases as
-    :func:`run_encrypted_pretraining` with the same ``seed`` (a seed is required)."""
+    :func:`run_encrypted_pretraining` with the same ``seed`` (a seed is required) and ``dp`` (then
+    with the same release noise, :func:`dp_features`: a client's own sources read the clean
+    projection, all others the release)."""
     if seed is None:
         raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
     nbh = partition.neighbourhoods
@@ -361,11 +404,15 @@ def run_plaintext_pretraining(graph: Graph, partition: Partition, variant: str =
             raise ValueError("partition.needed is not the 1-hop expansion of the owned nodes")
     nodes = np.unique(np.concatenate(list(needed.values())))
     buckets = draw_bases(variant, nbh, nodes, _bases_rng(seed), embed_factor=embed_factor)
-    x = graph.x.to(dtype)
+    x, shared = graph.x.to(dtype), None
+    if dp is not None:
+        x, shared = (t.to(dtype) for t in dp_features(graph, partition, dp, seed))
     out = {}
     for c in range(partition.num_clients):
         views = [view for _, view in client_bucket_views(buckets, needed[c])]
-        out[c] = Encodings(variant, needed[c], [encode_bucket(view, x) for view in views])
+        out[c] = Encodings(variant, needed[c], [
+            encode_bucket(view, x, shared, None if dp is None else partition.owner[view.neighbours] != c)
+            for view in views])
     return out
 
 
@@ -457,9 +504,10 @@ def train_fedgat(graph: Graph, partition: Partition, encodings: Mapping[int, Enc
             raise ValueError(f"client {c}'s encodings do not cover its needed nodes in order")
         tasks.append(_split_tasks(graph, partition, c, encodings[c], compact_tol))
     score = fit_score(hp["psi"], hp["degree"], hp["domain"], hp["fit"])
+    in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # projected with DP
 
     def model_fn() -> torch.nn.Module:
-        return FedGAT(graph.num_features, graph.num_classes, hidden=hp["hidden"], heads=hp["heads"],
+        return FedGAT(in_dim, graph.num_classes, hidden=hp["hidden"], heads=hp["heads"],
                       dropout=hp["dropout"], feature_dropout=hp["feature_dropout"], score=score)
 
     torch.manual_seed(seed)
@@ -489,7 +537,7 @@ def train_fedgat(graph: Graph, partition: Partition, encodings: Mapping[int, Enc
 
     start = time.perf_counter()
     try:
-        run_parties(transport, parties, observer=observe)
+        drive(transport, parties, observer=observe)
     finally:
         bar.close()
     if server.result is None:
@@ -516,18 +564,22 @@ def run_encrypted_fedgat(graph: Graph, num_clients: int = 10, beta: float = 1.0,
                          transport: Transport | None = None, progress: bool = True,
                          workers: int | None = None, chunks: int | None = None, **hparams) -> FedGATRun:
     """Encrypted pre-training (or, with ``encrypted=False``, its plaintext twin) and FedGAT training
-    through the FedAvg protocol, for the Dirichlet split ``(num_clients, beta, seed)``."""
+    through the FedAvg protocol, for the Dirichlet split ``(num_clients, beta, seed)``. With the
+    ``dp_epsilon`` hyper-parameter (and ``dp_delta``, ``dp_dim``) the pre-training shares the DP
+    release (:class:`fedgat.dp.FeatureDP`, projection seeded by ``seed`` as in :mod:`fedgat.methods`)."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
+    dp = (FeatureDP(hp["dp_epsilon"], hp["dp_delta"], hp["dp_dim"], seed=seed)
+          if hp["dp_epsilon"] is not None else None)
     partition = make_partition(graph, num_clients, beta, seed, num_layers=2, min_cross=hp["min_cross"],
                                neighbour_cap=hp["neighbour_cap"])
     deployment = make_deployment(num_clients)
     pre = None
     if encrypted:
         pre = run_encrypted_pretraining(graph, partition, variant, preset, seed, transport, progress,
-                                        deployment=deployment, workers=workers, chunks=chunks)
+                                        deployment=deployment, workers=workers, chunks=chunks, dp=dp)
         encodings, fingerprint = pre.encodings, pre.fingerprint
     else:
-        encodings, fingerprint = run_plaintext_pretraining(graph, partition, variant, seed), None
+        encodings, fingerprint = run_plaintext_pretraining(graph, partition, variant, seed, dp=dp), None
     training = train_fedgat(graph, partition, encodings, seed=seed, deployment=deployment, transport=transport,
                             fingerprint=fingerprint, progress=progress, **hp)
     return FedGATRun(pre, training, partition)

@@ -11,9 +11,10 @@ from fedgat.protocols import Driver, InProcessTransport, Transcript, encode_mess
 class Harness:
     """Parties of one pre-training round on an in-process transport with a transcript."""
 
-    def __init__(self, graph, partition, variant: str = "vector", seed: int = 1) -> None:
+    def __init__(self, graph, partition, variant: str = "vector", seed: int = 1, **build) -> None:
         self.graph, self.partition = graph, partition
-        self.parties: PretrainParties = build_pretrain_parties(graph, partition, variant=variant, seed=seed)
+        self.parties: PretrainParties = build_pretrain_parties(graph, partition, variant=variant, seed=seed,
+                                                               **build)
         self.transport = InProcessTransport(Transcript())
         self.driver = Driver(self.transport, self.parties.all())
         self.roster = self.parties.deployment.roster

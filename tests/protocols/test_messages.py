@@ -30,8 +30,10 @@ from fedgat.protocols import (
     KeyFingerprintError,
     LocalUpdate,
     PayloadError,
+    PrivacyTerms,
     ProtocolError,
     PublicContext,
+    ReleaseUpload,
     ReplayError,
     ResultItem,
     Roster,
@@ -85,6 +87,8 @@ def samples() -> list:
         EvaluationReport(round=4, splits=(SplitCounts("val", 3, 5, 1.5), SplitCounts("test", 1, 2, 0.25)), **HDR),
         EvaluateRequest(round=4, splits=("test",), **HDR),
         Abort(code=1, reason="stop: ünïcode", **HDR),
+        ReleaseUpload(items=(UploadItem(2, 0, b"rel0"),), **HDR),
+        PrivacyTerms(epsilon=4.0, delta=1e-5, dim=64, seed=7, **HDR),
     ]
 
 
@@ -196,6 +200,16 @@ def test_bad_values_are_payload_errors():
         frame(bad_graph)
     with pytest.raises(KeyFingerprintError):
         frame(PublicContext(preset="n4096", context=b"other", context_fingerprint=FP, **HDR))
+    for eps, delta in ((0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0)):
+        with pytest.raises(PayloadError, match="DP terms"):
+            frame(PrivacyTerms(epsilon=eps, delta=delta, dim=8, seed=0, **HDR))
+    terms = frame(samples()[-1])
+    at = terms.index(np.array(4.0, ">f8").tobytes())
+    for bad in (float("nan"), float("inf"), 0.0):  # received: refused as a whole
+        with pytest.raises(PayloadError):
+            decode_message(terms[:at] + np.array(bad, ">f8").tobytes() + terms[at + 8:])
+    with pytest.raises(PayloadError):
+        frame(ReleaseUpload(items=(), **HDR))
     with pytest.raises(PayloadError):
         frame(EncodingBases(bucket=0, variant="vector", n=4, nodes=np.array([1, 4]),
                             p=np.zeros((2, 3, 3)), **HDR))
