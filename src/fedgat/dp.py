@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.special import ndtr
+from scipy.special import log_ndtr, ndtr
 
 from fedgat.randomness import RandomSource, as_random_source
 
@@ -59,7 +59,8 @@ def _delta_for_sigma(sigma: float, epsilon: float, sensitivity: float) -> float:
     """Exact delta of the Gaussian mechanism (Balle & Wang 2018, Theorem 8)."""
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
-    return float(ndtr(a - b) - math.exp(epsilon) * ndtr(-a - b))
+    # exp(eps) * Phi(-a-b) in log space: exp(eps) alone overflows a float from eps ~ 710
+    return float(ndtr(a - b) - math.exp(min(epsilon + log_ndtr(-a - b), 700.0)))
 
 
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = SENSITIVITY) -> float:

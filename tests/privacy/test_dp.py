@@ -13,7 +13,7 @@ from fedgat.partition import make_partition
 from fedgat.synthetic import synthetic_graph
 
 
-@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, 4.0, 16.0])
+@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, 4.0, 16.0, 64.0, 1024.0, 1e5])
 def test_analytic_sigma_meets_delta_and_is_tight(epsilon):
     sigma = analytic_gaussian_sigma(epsilon, 1e-5)
     assert _delta_for_sigma(sigma, epsilon, 2.0) <= 1e-5
