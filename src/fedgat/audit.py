@@ -160,18 +160,56 @@ def _anchors(x: np.ndarray, dtype: type) -> dict[bytes, int]:
     return out
 
 
-def _scan(blob: bytes, keys: np.ndarray) -> int:
-    """Occurrences of any 8-byte key (sorted uint64) at any byte offset of ``blob``."""
-    hits = 0
+def _anchor_table(x: np.ndarray, dtype: type) -> dict[bytes, list[tuple[int, int]]]:
+    """Anchor bytes -> ``(row, byte offset of the anchor in the row)`` for every row having it."""
+    table: dict[bytes, list[tuple[int, int]]] = {}
+    rows = x.astype(dtype)
+    size = np.dtype(dtype).itemsize
+    width = 8 // size
+    for i, row in enumerate(rows):
+        nz = np.flatnonzero(row)
+        if len(nz) == 0:
+            continue
+        start = min(int(nz[0]), len(row) - width)
+        table.setdefault(row[start : start + width].tobytes(), []).append((i, start * size))
+    return table
+
+
+def _scan_positions(blob: bytes, keys: np.ndarray) -> np.ndarray:
+    """Byte offsets in ``blob`` where any 8-byte key (sorted uint64) occurs."""
     raw = np.frombuffer(blob, dtype=np.uint8)
+    found = []
     for offset in range(8):
         usable = (len(raw) - offset) // 8 * 8
-        if usable <= 0:
+        if usable <= 0 or len(keys) == 0:
             continue
         words = raw[offset : offset + usable].view(np.uint64)
         pos = np.searchsorted(keys, words)
         pos[pos == len(keys)] = 0
-        hits += int((keys[pos] == words).sum())
+        found.append(offset + 8 * np.flatnonzero(keys[pos] == words))
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+
+def _scan(blob: bytes, keys: np.ndarray) -> int:
+    """Occurrences of any 8-byte key (sorted uint64) at any byte offset of ``blob``."""
+    return len(_scan_positions(blob, keys))
+
+
+def _verified_hits(blob: bytes, positions: np.ndarray, table: dict, rows: list[bytes], reach: int = 32) -> int:
+    """Anchor hits that extend to the row's bytes around the anchor (``reach`` bytes each side).
+
+    An 8-byte anchor of a sparse row is weak (its first non-zero value and a zero, shared by every
+    row with as many words), so random ciphertext bytes can contain one by chance; a real copy of
+    the row also matches the bytes around it (zeros before the first non-zero, the values after).
+    """
+    hits = 0
+    for p in positions.tolist():
+        for i, off in table.get(blob[p : p + 8], ()):
+            row = rows[i]
+            lo, hi = max(0, off - reach), min(len(row), off + 8 + reach)
+            if p - (off - lo) >= 0 and hi - lo >= 16 and blob[p - (off - lo) : p + (hi - off)] == row[lo:hi]:
+                hits += 1
+                break
     return hits
 
 
@@ -188,8 +226,9 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
 
     * every message type is in :data:`SERVER_ALLOWED`;
     * every uploaded feature payload parses as a CKKS ciphertext envelope bound to the session key;
-    * no node's feature row occurs in the server-visible bytes as float32 or float64 (exact 8-byte
-      anchors at every byte offset), and no run of zero bytes long enough to hold a sparse feature
+    * no node's feature row occurs in the server-visible bytes as float32 or float64 (8-byte anchors
+      at every byte offset, each candidate verified against the row's bytes around it: a sparse
+      row's anchor alone turns up in ~1 GB of ciphertext by chance), and no run of zero bytes long enough to hold a sparse feature
       row at *any* scale (a Cora row has runs of hundreds of zero bytes; the test is scale-free);
     * the public context the server received has no secret key and cannot decrypt.
     """
@@ -201,10 +240,13 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
     for e in received:
         types[e.type_name] = types.get(e.type_name, 0) + 1
     unexpected = sorted(set(types) - SERVER_ALLOWED)
-    keys32 = np.array(sorted(np.frombuffer(b"".join(_anchors(x, np.float32)), dtype=np.uint64)), dtype=np.uint64)
-    keys64 = np.array(sorted(np.frombuffer(b"".join(_anchors(x, np.float64)), dtype=np.uint64)), dtype=np.uint64)
+    scans = []
+    for dtype in (np.float32, np.float64):
+        table = _anchor_table(x, dtype)
+        keys = np.array(sorted(np.frombuffer(b"".join(table), dtype=np.uint64)), dtype=np.uint64)
+        scans.append((keys, table, [row.tobytes() for row in x.astype(dtype)]))
     ctx = None
-    ciphertexts = bad_ciphertexts = anchor_hits = 0
+    ciphertexts = bad_ciphertexts = anchor_hits = anchor_candidates = 0
     longest_zero_run = 0
     context_checks = {}
     for e in received:
@@ -230,7 +272,10 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
                         context_checks["server_context_cannot_decrypt"] = True
                 longest_zero_run = max(longest_zero_run, _longest_zero_run(item.ciphertext))
         if e.type_name in ("FeatureUpload", "GraphAnnounce", "UploadDone", "WrappedKeyDelivery"):
-            anchor_hits += _scan(e.payload, keys32) + _scan(e.payload, keys64)
+            for keys, table, rows in scans:
+                positions = _scan_positions(e.payload, keys)
+                anchor_candidates += len(positions)
+                anchor_hits += _verified_hits(e.payload, positions, table, rows)
     min_row_zero_run = _min_feature_zero_run(x)
     checks = {
         "message_types": types,
@@ -238,6 +283,7 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
         "unexpected_types": unexpected,
         "uploaded_ciphertexts": ciphertexts,
         "all_uploads_are_ciphertexts_of_the_session_key": ciphertexts > 0 and bad_ciphertexts == 0,
+        "feature_row_anchor_candidates": anchor_candidates,
         "feature_row_anchor_hits": anchor_hits,
         "longest_zero_byte_run_in_ciphertexts": longest_zero_run,
         "shortest_zero_byte_run_in_a_float32_feature_row": min_row_zero_run,

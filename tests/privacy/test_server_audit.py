@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedgat.audit import _anchors, _longest_zero_run, _scan, server_checks
+from fedgat.audit import (
+    _anchor_table,
+    _anchors,
+    _longest_zero_run,
+    _scan,
+    _scan_positions,
+    _verified_hits,
+    server_checks,
+)
 from fedgat.partition import make_partition
 from fedgat.pipeline import run_encrypted_pretraining
 from fedgat.protocols import InProcessTransport, Transcript
@@ -54,3 +62,21 @@ def test_the_scans_find_a_planted_row(run):
     scaled = noise[:999] + (3.7 * x[17]).astype(np.float32).tobytes() + noise[999:]
     assert _longest_zero_run(scaled) >= _longest_zero_run(x[17].astype(np.float32).tobytes()) - 4
     assert _longest_zero_run(noise) < 8
+
+
+def test_anchor_candidates_are_verified_against_the_row(run):
+    """A chance 8-byte anchor match is not a leak; a copied row (or a long stretch of it) is."""
+    graph, _, _ = run
+    x = graph.x.numpy()
+    noise = np.random.default_rng(1).integers(0, 256, 4000, dtype=np.uint8).tobytes()
+    for dtype in (np.float32, np.float64):
+        table = _anchor_table(x, dtype)
+        keys = np.array(sorted(np.frombuffer(b"".join(table), dtype=np.uint64)), dtype=np.uint64)
+        rows = [r.tobytes() for r in x.astype(dtype)]
+        anchor = next(iter(table))
+        chance = noise[:2001] + anchor + noise[2001:]
+        pos = _scan_positions(chance, keys)
+        assert len(pos) >= 1 and _verified_hits(chance, pos, table, rows) == 0
+        planted = noise[:1237] + rows[17] + noise[1237:]
+        pos = _scan_positions(planted, keys)
+        assert _verified_hits(planted, pos, table, rows) >= 1

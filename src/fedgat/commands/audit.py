@@ -148,7 +148,7 @@ def render_markdown(report: dict) -> str:
     if server:
         lines += ["## Server", "", "| check | result |", "|---|---|"]
         for key in ("only_allowed_message_types", "uploaded_ciphertexts", "all_uploads_are_ciphertexts_of_the_session_key",
-                    "feature_row_anchor_hits", "longest_zero_byte_run_in_ciphertexts",
+                    "feature_row_anchor_candidates", "feature_row_anchor_hits", "longest_zero_byte_run_in_ciphertexts",
                     "shortest_zero_byte_run_in_a_float32_feature_row", "no_feature_rows_visible",
                     "server_context_has_secret_key", "server_context_cannot_decrypt", "passed"):
             lines.append(f"| {key.replace('_', ' ')} | {server.get(key)} |")
