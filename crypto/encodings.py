@@ -38,11 +38,11 @@ import multiprocessing
 import os
 import tempfile
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 import tenseal as ts
@@ -353,6 +353,37 @@ def _worker_task(task: tuple) -> NodeResult:
     return NodeResult(int(node), [serialize(w["ctx"], r) for r in results])
 
 
+def run_windowed(encoder, batches: Iterable[list[tuple]], submit: Callable[[list[tuple]], Any],
+                 wait: Callable[[Any], list[NodeResult]],
+                 node_done: Callable[[tuple], None] | None = None) -> Iterator[NodeResult]:
+    """Submit :func:`_batched` batches of :func:`_pieces` tasks with at most ``encoder.window`` in
+    flight (tracking ``encoder.max_in_flight``), and reassemble each node's rows from its pieces, in
+    order. ``submit(batch)`` returns a handle, ``wait(handle)`` the batch's per-piece results;
+    ``node_done(task)`` is called with a node's last piece once its rows are complete. Shared by the
+    process-pool and Ray encoders, which differ only in how a batch runs."""
+    pending: deque = deque()
+    partial: list[bytes] = []
+
+    def finished(batch: list[tuple], results: list[NodeResult]) -> Iterator[NodeResult]:
+        for task, result in zip(batch, results):
+            partial.extend(result.row_blobs)
+            if task[3]:  # the node's last piece: its rows are complete, in group order
+                if node_done is not None:
+                    node_done(task)
+                yield NodeResult(result.node, partial.copy())
+                partial.clear()
+
+    for batch in batches:
+        pending.append((batch, submit(batch)))
+        encoder.max_in_flight = max(encoder.max_in_flight, len(pending))
+        if len(pending) >= encoder.window:
+            done, handle = pending.popleft()
+            yield from finished(done, wait(handle))
+    while pending:
+        done, handle = pending.popleft()
+        yield from finished(done, wait(handle))
+
+
 class ParallelEncoder:
     """The server's homomorphic encodings on every core.
 
@@ -404,25 +435,9 @@ class ParallelEncoder:
             return
         layout = self._layout
         pieces = _pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
-        pending: deque = deque()
-        partial: list[bytes] = []
-
-        def finished(batch: list[tuple], results: list[NodeResult]) -> Iterator[NodeResult]:
-            for task, result in zip(batch, results):
-                partial.extend(result.row_blobs)
-                if task[3]:  # the node's last piece: its rows are complete, in group order
-                    yield NodeResult(result.node, partial.copy())
-                    partial.clear()
-
-        for batch in _batched(pieces, self.chunksize, self.max_task_cost, layout.chunks):
-            pending.append((batch, self._pool.submit(_worker_batch, batch)))
-            self.max_in_flight = max(self.max_in_flight, len(pending))
-            if len(pending) >= self.window:
-                done, future = pending.popleft()
-                yield from finished(done, future.result())
-        while pending:
-            done, future = pending.popleft()
-            yield from finished(done, future.result())
+        batches = _batched(pieces, self.chunksize, self.max_task_cost, layout.chunks)
+        yield from run_windowed(self, batches, lambda batch: self._pool.submit(_worker_batch, batch),
+                                lambda future: future.result())
 
     def close(self) -> None:
         if self._pool is not None:

@@ -23,14 +23,13 @@ with the install hint when it is missing.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Self
 
 from fedgat.encodings import BucketBases
 
 from .context import ServerContext
-from .encodings import CiphertextSpool, NodeResult, _batched, _pieces
+from .encodings import CiphertextSpool, NodeResult, _batched, _pieces, run_windowed
 from .packing import SlotLayout, deserialize, linear_map_rows, serialize
 
 __all__ = ["RayEncoder", "RayUnavailableError", "import_ray"]
@@ -148,33 +147,21 @@ class RayEncoder:
                     uses[j] = uses.get(j, 0) + 1
         layout = self._layout
         pieces = _pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
-        pending: deque = deque()
-        partial: list[bytes] = []
 
-        def finished(batch: list[tuple], results: list[NodeResult]) -> Iterator[NodeResult]:
-            for task, result in zip(batch, results):
-                partial.extend(result.row_blobs)
-                if task[3]:  # the node's last piece: its rows are complete, in group order
-                    for j in task[1].tolist():
-                        uses[j] -= 1
-                        if uses[j] == 0:
-                            self._uploads.pop(j, None)  # the store frees it once no task holds it
-                    yield NodeResult(result.node, partial.copy())
-                    partial.clear()
-
-        for batch in _batched(pieces, self.chunksize, self.max_task_cost, layout.chunks):
+        def submit(batch: list[tuple]) -> Any:
             nodes = sorted({int(j) for task in batch for j in task[1]})
-            ref = self._task.remote(self._key, self._context_ref, layout, batch, nodes,
-                                    *[self._upload_ref(j) for j in nodes])
             self.tasks_submitted += 1
-            pending.append((batch, ref))
-            self.max_in_flight = max(self.max_in_flight, len(pending))
-            if len(pending) >= self.window:
-                done, ref = pending.popleft()
-                yield from finished(done, self._ray.get(ref))
-        while pending:
-            done, ref = pending.popleft()
-            yield from finished(done, self._ray.get(ref))
+            return self._task.remote(self._key, self._context_ref, layout, batch, nodes,
+                                     *[self._upload_ref(j) for j in nodes])
+
+        def node_done(task: tuple) -> None:
+            for j in task[1].tolist():
+                uses[j] -= 1
+                if uses[j] == 0:
+                    self._uploads.pop(j, None)  # the store frees it once no task holds it
+
+        batches = _batched(pieces, self.chunksize, self.max_task_cost, layout.chunks)
+        yield from run_windowed(self, batches, submit, self._ray.get, node_done)
 
     def close(self) -> None:
         self._uploads.clear()
