@@ -108,3 +108,15 @@ def test_bad_variant_rejected(setting):
     csr, x, _, _ = setting
     with pytest.raises(ValueError, match="variant"):
         encode("tensor", x, csr)
+
+
+def test_m2_is_a_feature_free_map_of_k2(setting):
+    """M2 = L K2 with L = A^{M2} (A^{K2})^+ built from the random bases alone: M2 tells whoever holds
+    K2 and the bases nothing more (SECURITY.md), and need not be computed or shipped."""
+    csr, x, _, _ = setting
+    enc = encode("matrix", x.double(), csr, rng=5)
+    for bucket in enc.buckets:
+        coeff = torch.from_numpy(bucket.bases.coefficients())  # (B, 1 + m + m*m, n), no features
+        m = bucket.bases.m
+        L = coeff[:, 1 + m:] @ torch.linalg.pinv(coeff[:, 1:1 + m])  # (B, m*m, m)
+        torch.testing.assert_close(L @ bucket.K2, bucket.M2)

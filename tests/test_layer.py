@@ -8,7 +8,7 @@ import torch
 from graph_helpers import random_csr, unit_rows
 
 from fedgat.approx import fit_score
-from fedgat.encodings import encode
+from fedgat.encodings import EncodingBucket, Encodings, encode
 from fedgat.layer import FedGATConv, output_error_bound
 
 
@@ -124,11 +124,12 @@ def test_on_cora_against_gatconv(cora):
         nodes = np.arange(cora.num_nodes) if variant == "vector" else np.arange(0, cora.num_nodes, 7)
         torch.manual_seed(0)
         layer = FedGATConv(x.shape[1], 8, heads=8, score=fit_score(degree=16)).eval()
-        ours = layer(encode(variant, x, csr, nodes=nodes, rng=0))
+        enc = encode(variant, x, csr, nodes=nodes, rng=0)
         ref = layer.to_gatconv().eval()(x, csr.to_edge_index())[torch.from_numpy(nodes)]
-        err = (ours - ref).abs().max().item()
-        assert err <= output_error_bound(layer)
-        assert err < 0.02 * ref.abs().max().item(), (variant, err)
+        for ours in (layer(enc), layer(enc.compact().factorise())):
+            err = (ours - ref).abs().max().item()
+            assert err <= output_error_bound(layer)
+            assert err < 0.02 * ref.abs().max().item(), (variant, err)
 
 
 @pytest.mark.parametrize("variant", ["matrix"])
@@ -149,3 +150,52 @@ def test_compacted_encodings_give_the_same_output_and_gradients(variant):
     torch.testing.assert_close(small_out, dense_out)
     for a, b in zip(small_grad, dense_grad):
         torch.testing.assert_close(a, b)
+
+
+def _bow_graph(seed=21):
+    csr = random_csr(50, 6, seed=seed)
+    x = torch.relu(unit_rows(50, 40, seed=seed + 1)) * (torch.rand(50, 40, generator=torch.Generator().manual_seed(3)) < 0.2)
+    return csr, torch.nn.functional.normalize(x, dim=1).double()  # sparse, bag-of-words-like
+
+
+def _output_and_grads(layer, enc):
+    out = layer(enc)
+    return [out, *torch.autograd.grad(out.square().sum(), [layer.lin.weight, layer.att_src, layer.att_dst])]
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_factorised_matrix_encodings_give_the_same_output_and_gradients(compact):
+    csr, x = _bow_graph()
+    enc = encode("matrix", x, csr, rng=9)
+    enc = enc.compact() if compact else enc
+    fact = enc.factorise()
+    assert fact.factorised and not enc.factorised
+    assert all(b.factors.residual < 1e-12 for b in fact.buckets)
+    assert all(b.factors.R.shape[1] == b.bases.n for b in fact.buckets)
+    torch.manual_seed(0)
+    layer = FedGATConv(40, 3, heads=2, score=fit_score(degree=16)).double()
+    for a, b in zip(_output_and_grads(layer, fact), _output_and_grads(layer, enc)):
+        torch.testing.assert_close(a, b)
+    vec = encode("vector", x, csr, rng=9)
+    assert vec.factorise().buckets[0] is vec.buckets[0]  # nothing to factorise
+
+
+def test_factorise_tolerates_decryption_noise_and_refuses_foreign_rows():
+    csr, x = _bow_graph(seed=31)
+    enc = encode("matrix", x.float(), csr, rng=4)
+    g = torch.Generator().manual_seed(0)
+    noisy = Encodings(enc.variant, enc.nodes, [
+        EncodingBucket(b.bases, b.h_self + 1e-6 * torch.randn(b.h_self.shape, generator=g),
+                       b.K2 + 1e-6 * torch.randn(b.K2.shape, generator=g),
+                       b.M2 + 1e-6 * torch.randn(b.M2.shape, generator=g)) for b in enc.buckets])
+    torch.manual_seed(0)
+    layer = FedGATConv(40, 3, heads=2).eval()
+    torch.testing.assert_close(layer(noisy.compact(1e-5).factorise()), layer(enc), atol=1e-4, rtol=0)
+    # a row that is not a combination of the neighbours' features cannot be factorised
+    bucket = enc.buckets[-1]
+    M2 = bucket.M2.clone()
+    M2[0, 0] += 0.01 * torch.randn(M2.shape[-1], generator=g)
+    bad = EncodingBucket(bucket.bases, bucket.h_self, bucket.K2, M2)
+    with pytest.raises(ValueError, match="not combinations"):
+        bad.factorise()
+    assert bad.factors is None

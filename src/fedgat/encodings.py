@@ -171,6 +171,36 @@ def draw_bases(
 
 
 @dataclass
+class RowFactors:
+    r"""A bucket's feature-dependent encodings written in one orthonormal basis of their row space.
+
+    Every feature-dependent row is a combination of the ``n`` neighbours' features
+    (:math:`F_i = A_i H_i`), so with :math:`R_i` (``r x d``, orthonormal rows, ``r = min(n, d)``)
+    spanning the row space of :math:`K_2 = \sum_j p_j h_j^\top` (which is that of :math:`H_i`, the
+    :math:`p_j` being independent): :math:`K_2 = \tilde K_2 R_i`, :math:`M_2 = \tilde M_2 R_i`,
+    :math:`h_i = \tilde h_i R_i`. The layer then contracts ``W`` with the ``r = n`` rows of
+    :math:`R_i` instead of the ``m = 2n`` rows of :math:`K_2`, and ``b_2`` with the
+    ``(m^2, n)`` matrix :math:`\tilde M_2` instead of the ``(m^2, d)`` :math:`M_2`.
+
+    :math:`R_i` is *a* basis of the span of the neighbours' features, obtained from :math:`K_2` by an
+    SVD; it is not the features themselves and shows the client nothing :math:`K_2` did not.
+    Note what the factorisation says about the protocol: :math:`\tilde M_2 = A^{M_2}_i (A^{K_2}_i)^+`
+    depends on the random bases only, so :math:`M_2` carries no feature information beyond
+    :math:`K_2` (see SECURITY.md).
+
+    Attributes:
+        R: ``(B, r, d)``; K2: ``(B, m, r)``; M2: ``(B, m*m, r)``; h_self: ``(B, r)``.
+        residual: the largest absolute entry of ``F - F~ R`` over ``K2``, ``M2`` and ``h_self``.
+    """
+
+    R: torch.Tensor
+    K2: torch.Tensor
+    M2: torch.Tensor
+    h_self: torch.Tensor
+    residual: float
+
+
+@dataclass
 class EncodingBucket:
     """Encodings of the ``B`` nodes of one bucket, as the client holds them after decryption.
 
@@ -186,6 +216,8 @@ class EncodingBucket:
         M2: ``(B, m*m, d)``: :math:`M_2(s)` rows ``(x, y)`` row-major, feature index last; matrix only.
         cols: ``(B, k)`` int64 or None. When set (see :meth:`compact`), ``M2`` holds only the
             feature columns ``cols[b]`` of node ``b`` (``(B, m*m, k)``); padding columns carry zeros.
+        factors: matrix only, :class:`RowFactors` when set by :meth:`factorise`; the layer then
+            uses them instead of ``K2``, ``M2`` and ``h_self``.
     """
 
     bases: BucketBases
@@ -193,6 +225,7 @@ class EncodingBucket:
     K2: torch.Tensor
     M2: torch.Tensor | None = None
     cols: torch.Tensor | None = None
+    factors: RowFactors | None = None
 
     @classmethod
     def from_rows(cls, bases: BucketBases, features: torch.Tensor) -> EncodingBucket:
@@ -241,7 +274,40 @@ class EncodingBucket:
         order = torch.sort((~support).to(torch.int8), dim=1, stable=True).indices[:, :k]
         valid = torch.gather(support, 1, order)
         M2 = torch.gather(self.M2, 2, order[:, None, :].expand(-1, self.M2.shape[1], -1)) * valid[:, None, :]
-        return EncodingBucket(self.bases, self.h_self, self.K2, M2, order)
+        return EncodingBucket(self.bases, self.h_self, self.K2, M2, order, self.factors)
+
+    def factorise(self, tol: float = 1e-4) -> EncodingBucket:
+        """A copy with :class:`RowFactors` set (matrix variant; vectors are returned as is).
+
+        Raises ``ValueError`` (and leaves ``self`` unchanged) when an encoding is not a combination of
+        ``n`` feature rows to within ``tol``, e.g. rows that do not come from one neighbourhood.
+        Decrypted CKKS encodings pass with their ~1e-6 error; ``tol`` bounds how far the factored
+        rows may move from the received ones.
+        """
+        if self.variant != "matrix" or self.factors is not None:
+            return self
+        dtype = self.K2.dtype
+        K2, h, M2 = self.K2.double(), self.h_self.double(), self.M2.double()
+        r = min(self.bases.n, K2.shape[-1])
+        R = torch.linalg.svd(K2, full_matrices=False).Vh[:, :r]  # (B, r, d)
+        k2f, hf = K2 @ R.transpose(1, 2), torch.einsum("bd,brd->br", h, R)
+        residual = max(_max_abs(K2 - k2f @ R), _max_abs(h - torch.einsum("br,brd->bd", hf, R)))
+        if self.cols is None:
+            m2f = M2 @ R.transpose(1, 2)
+            residual = max(residual, _max_abs(M2 - m2f @ R))
+        else:
+            kept = torch.gather(R, 2, self.cols[:, None, :].expand(-1, r, -1))  # (B, r, k)
+            m2f = M2 @ kept.transpose(1, 2)
+            # dropped columns of M2 are zero (to the compaction tol); there
+            # |(m2f R)_xc| <= sum_r |m2f_xr| max_c' |R_rc'|, without building the dense (m*m, d) product
+            outside = R.abs().scatter(2, self.cols[:, None, :].expand(-1, r, -1), 0.0).amax(-1)  # (B, r)
+            bound = (m2f.abs() @ outside[:, :, None]).max()
+            residual = max(residual, _max_abs(M2 - m2f @ kept), float(bound))
+        if not residual <= tol:
+            raise ValueError(f"encodings of {len(self.bases)} nodes with n={self.bases.n} are not combinations of "
+                             f"n feature rows: residual {residual:.3g} > tol {tol:g}")
+        factors = RowFactors(R.to(dtype), k2f.to(dtype), m2f.to(dtype), hf.to(dtype), residual)
+        return EncodingBucket(self.bases, self.h_self, self.K2, self.M2, self.cols, factors)
 
     def num_reals(self) -> int:
         """Reals shipped to the client for these nodes (features + feature-free parts)."""
@@ -273,6 +339,40 @@ class Encodings:
         """Column-compacted copy for faster training (see :meth:`EncodingBucket.compact`)."""
         return Encodings(self.variant, self.nodes, [b.compact(tol) for b in self.buckets])
 
+    def factorise(self, tol: float = 1e-4) -> Encodings:
+        """Copy with :class:`RowFactors` on every matrix bucket (see :meth:`EncodingBucket.factorise`)."""
+        return Encodings(self.variant, self.nodes, [b.factorise(tol) for b in self.buckets])
+
+    @property
+    def factorised(self) -> bool:
+        return all(b.factors is not None for b in self.buckets)
+
+    @cached_property
+    def flat_R(self) -> torch.Tensor:
+        """Every bucket's :attr:`RowFactors.R` rows stacked, ``(sum_b B*r, d)`` (factorised matrix only)."""
+        return torch.cat([b.factors.R.reshape(-1, b.factors.R.shape[-1]) for b in self.buckets])
+
+    @cached_property
+    def padded_groups(self) -> list[PaddedGroup]:
+        """Consecutive buckets merged into a few groups zero-padded to a common ``m`` (and ``n``)."""
+        sizes = [b.bases.m for b in self.buckets]
+        counts = [len(b.bases) for b in self.buckets]
+        matrix = self.variant == "matrix"
+        groups = []
+        for start, stop in plan_padded_groups(sizes, counts, power=2 if matrix else 1):
+            chosen = self.buckets[start:stop]
+            m, n, dtype = sizes[stop - 1], chosen[-1].bases.n, chosen[0].K2.dtype
+            if matrix:
+                plain = {"P": torch.cat([pad_last(b.plain["P"].to(dtype), m, 2) for b in chosen]),
+                         "K1": torch.cat([pad_last(b.plain["K1"].to(dtype), m, 1) for b in chosen]),
+                         "K3": torch.cat([pad_last(b.plain["K3"].to(dtype), m, 1) for b in chosen])}
+            else:
+                Q = [torch.nn.functional.pad(b.plain["Q"], [0, n - b.bases.n, 0, m - b.bases.m]) for b in chosen]
+                valid = [torch.arange(n)[None, :].expand(len(b.bases), n) < b.bases.n for b in chosen]
+                plain = {"Q": torch.cat(Q), "valid": torch.cat(valid)}
+            groups.append(PaddedGroup(start, stop, m, plain))
+        return groups
+
     @cached_property
     def order(self) -> torch.Tensor:
         """Permutation taking the buckets' concatenated rows to ``nodes`` order."""
@@ -291,6 +391,64 @@ class Encodings:
     def flat_h_self(self) -> torch.Tensor:
         """Every bucket's ``h_self`` stacked in bucket order, ``(num_nodes, d)``."""
         return torch.cat([b.h_self for b in self.buckets])
+
+
+@dataclass
+class PaddedGroup:
+    """Buckets ``start:stop`` zero-padded to encoding dimension ``m``, their feature-free tensors in
+    ``plain``: matrix ``P (G, m, m)``, ``K1 (G, m)``, ``K3 (G, m)``; vector ``Q (G, m, n)`` (float64)
+    and ``valid (G, n)``, false at padded neighbour positions.
+
+    Zero padding is exact: matrix -- padded coordinates of ``K1`` and padded rows and columns of
+    every ``D`` are zero, so Clenshaw's iterates stay zero there; vector -- padded columns of ``Q``
+    are zero, so padded scores reach neither ``Q s`` nor, masked by ``valid``, the denominator.
+    """
+
+    start: int
+    stop: int
+    m: int
+    plain: dict[str, torch.Tensor]
+
+
+#: Cost of one more group in the padding plan, in padded entries (``m^2`` per node for the matrix
+#: variant, ``m`` for the vector variant): the ~10 small tensor ops per Clenshaw step, or per vector
+#: group, cost about as much as streaming that many entries (tuned on Cora).
+GROUP_CALL_COST = {2: 20_000, 1: 2_000}
+
+
+def plan_padded_groups(sizes: list[int], counts: list[int], call_cost: int | None = None,
+                       power: int = 2) -> list[tuple[int, int]]:
+    """Split buckets (``sizes`` ascending) into consecutive ``[start, stop)`` groups minimising
+    ``sum_g count_g * max_size_g ** power + call_cost * groups`` (exact dynamic programme)."""
+    call_cost = GROUP_CALL_COST[power] if call_cost is None else call_cost
+    n = len(sizes)
+    if list(sizes) != sorted(sizes):
+        raise ValueError("bucket sizes must be ascending")
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for stop in range(1, n + 1):
+        for start in range(stop):
+            cost = best[start] + sum(counts[start:stop]) * sizes[stop - 1] ** power + call_cost
+            if cost < best[stop]:
+                best[stop], cut[stop] = cost, start
+    groups, stop = [], n
+    while stop > 0:
+        groups.append((cut[stop], stop))
+        stop = cut[stop]
+    return groups[::-1]
+
+
+def pad_last(t: torch.Tensor, m: int, dims: int) -> torch.Tensor:
+    """Zero-pad the last ``dims`` dimensions of ``t`` to size ``m`` (no copy when already that size)."""
+    if all(size == m for size in t.shape[t.dim() - dims:]):
+        return t
+    pad = []
+    for size in reversed(t.shape[t.dim() - dims:]):
+        pad += [0, m - size]
+    return torch.nn.functional.pad(t, pad)
+
+
+def _max_abs(t: torch.Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
 
 
 def encode_bucket(bases: BucketBases, x: torch.Tensor, shared_x: torch.Tensor | None = None,

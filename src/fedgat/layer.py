@@ -15,16 +15,20 @@ domain :math:`[-a, a]` (features have unit norm), so the polynomial is never ext
 :math:`\gamma_h = 1` the layer is exactly GAT with :math:`\hat s` in place of :math:`s`.
 
 Matrix variant: :math:`D_i = \gamma_h((b_1\cdot h_i) P_i + \sum_s b_2(s) M_2(s))` and the row vector
-:math:`r^\top = K_1^\top \sum_k c_k D_i^k` (with :math:`D^0 = P_i`) is built by Horner's rule from the
-left, :math:`r \leftarrow D_i^\top r + c_k K_1`: only matrix-vector products, never a matrix power.
-Then numerator :math:`= W_h K_2^\top r` and denominator :math:`= K_3^\top r`.
+:math:`r^\top = K_1^\top \hat s(D_i)` is built from the left by Clenshaw's recurrence (Horner's rule for
+the Chebyshev basis, :mod:`fedgat.matrix_poly`): only matrix-vector products, never a matrix power.
+Then numerator :math:`= W_h K_2^\top r` and denominator :math:`= K_3^\top r`. (:math:`D^0` is taken as
+:math:`I`; :math:`K_1^\top P_i = K_1^\top` since :math:`q_k^\top p_j = 2\delta_{jk}`, so it agrees with
+:math:`D^0 = P_i`.) With :meth:`fedgat.encodings.Encodings.factorise` the contractions with :math:`W` and :math:`b_2`
+run on :class:`~fedgat.encodings.RowFactors` (``n`` basis rows per node instead of :math:`2n + m^2`).
 Vector variant: logits :math:`x_i = \gamma_h(Q_i^\top V_i b_2 + b_1\cdot h_i)`, scores
 :math:`\hat s(x_i)` by scalar Horner, numerator :math:`= W_h V_i^\top Q_i \hat s(x_i)`, denominator
 :math:`\mathbf 1^\top \hat s(x_i)`.
 
 Shapes: ``B`` nodes in a bucket, ``H`` heads, ``F`` = out_channels, ``d`` = in_channels,
-``m`` encoding dimension, ``n`` neighbourhood size. The polynomial is evaluated in float64 because
-power-basis Horner at degree 16 loses ~4e-4 in float32 (measured); the big contractions stay float32.
+``m`` encoding dimension, ``n`` neighbourhood size. Power-basis Horner at degree 16 loses ~4e-4 in
+float32 (measured), so the vector variant's scalar Horner runs in float64; Clenshaw is stable in
+float32, so the matrix variant's recurrence stays float32 like the big contractions.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from torch import nn
 from torch_geometric.nn import GATConv
 
 from fedgat.approx import ScorePolynomial, fit_score, logit_scale
-from fedgat.encodings import Encodings
+from fedgat.encodings import Encodings, pad_last
+from fedgat.matrix_poly import chebyshev_left
 
 
 class _GatherRows(torch.autograd.Function):
@@ -57,6 +62,22 @@ class _GatherRows(torch.autograd.Function):
 
 def _gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return _GatherRows.apply(table, index)
+
+
+def projected_rows(encodings: Encodings) -> torch.Tensor:
+    """The rows :class:`FedGATConv` multiplies by ``W^T`` (its one large GEMM), ``(rows, d)``:
+    ``V`` rows (vector), :class:`~fedgat.encodings.RowFactors` basis rows (factorised matrix), or
+    ``K2`` and ``h_i`` rows (matrix, not factorised)."""
+    if encodings.variant == "vector":
+        return encodings.flat_K2
+    if encodings.factorised:
+        return encodings.flat_R
+    return torch.cat([encodings.flat_K2, encodings.flat_h_self])
+
+
+def _pad_rows(t: torch.Tensor, m: int) -> torch.Tensor:
+    """Zero-pad dimension 1 of ``(B, rows, C)`` to ``m`` rows."""
+    return t if t.shape[1] == m else torch.nn.functional.pad(t, [0, 0, 0, m - t.shape[1]])
 
 
 class FedGATConv(nn.Module):
@@ -124,65 +145,123 @@ class FedGATConv(nn.Module):
             out = out * x + c
         return out
 
-    def _matrix_scores(self, encodings: Encodings, self_logit, b2, gamma) -> list[tuple]:
-        """Per bucket ``(r (B,H,m), den (B,H))``: :math:`r^\\top = K_1^\\top \\hat s(D_i)` by left Horner."""
-        results = []
-        b2t = b2.T.contiguous()  # (d, H)
-        self_logits = self_logit.double().split([len(b.bases) for b in encodings.buckets])
-        for bucket, s1 in zip(encodings.buckets, self_logits):
-            plain = bucket.plain
-            B, m = len(bucket.bases), bucket.bases.m
-            b2b = b2t if bucket.cols is None else _gather_rows(b2t, bucket.cols)  # (d, H) | (B, k, H)
-            m2b = (bucket.M2 @ b2b).double()  # (B, m*m, H): sum_s b2(s) M2(s)
-            D = s1[:, :, None, None] * plain["P"][:, None] + m2b.transpose(1, 2).reshape(B, -1, m, m)
-            D = D * gamma.double()[None, :, None, None]  # (B, H, m, m)
-            K1 = plain["K1"][:, None, :].expand(B, self.heads, m)
-            r = torch.zeros_like(K1)
-            for c in self._power.flip(0):  # r <- D^T r + c_k K1
-                r = (r[:, :, None, :] @ D).squeeze(2) + c * K1
-            results.append((r, (r @ plain["K3"][:, :, None]).squeeze(-1)))
-        return results
+    def _attention_projection(self, rows_W: torch.Tensor) -> torch.Tensor:
+        """``(R, 2, H)``: rows of ``X W^T`` (``(R, H*F)``) dotted with ``a_src`` and ``a_dst`` per head,
+        as one small GEMM with a block-diagonal ``(H*F, 2H)`` matrix."""
+        H, Fo = self.heads, self.out_channels
+        eye = torch.eye(H, dtype=rows_W.dtype, device=rows_W.device)
+        att = torch.stack([self.att_src[0], self.att_dst[0]])  # (2, H, F)
+        block = torch.einsum("shf,hg->hfsg", att, eye).reshape(H * Fo, 2 * H)
+        return (rows_W @ block).view(-1, 2, H)
 
-    def _vector_scores(self, encodings: Encodings, self_logit, KW, gamma) -> list[tuple]:
-        """Per bucket ``(z (B,H,m), den (B,H))`` with :math:`z = Q_i \\hat s(x_i)`; one scalar Horner."""
-        vb = (KW * self.att_src[0]).sum(-1).double()  # (sum m, H): V_i b2, row by row
-        vbs = vb.split([len(b.bases) * b.bases.m for b in encodings.buckets])
-        self_logits = self_logit.double().split([len(b.bases) for b in encodings.buckets])
-        logits = []
-        for bucket, v, s1 in zip(encodings.buckets, vbs, self_logits):
-            x = bucket.plain["Q"].transpose(1, 2) @ v.view(len(bucket.bases), bucket.bases.m, -1)  # (B, n, H)
-            logits.append((x + s1[:, None, :]).reshape(-1, self.heads))
-        scores = self._horner(torch.cat(logits) * gamma.double())
-        results = []
-        for bucket, s in zip(encodings.buckets, scores.split([len(x) for x in logits])):
-            s = s.view(len(bucket.bases), bucket.bases.n, self.heads)
-            results.append(((bucket.plain["Q"] @ s).transpose(1, 2), s.sum(1)))
-        return results
+    def _vector_outputs(self, encodings: Encodings, Wf: torch.Tensor, gamma: torch.Tensor) -> list[torch.Tensor]:
+        r"""Per padded group ``(G, H, F)``: :math:`W V_i^\top Q_i \hat s(x_i) / \mathbf 1^\top \hat s(x_i)`.
+
+        One GEMM ``V W^T`` over every bucket's rows; the logits come from it
+        (:math:`V_i b_2 = (V_i W^\top) a_{src}`), and so does the self term, since
+        :math:`Q_i^\top V_i = H_i` (orthonormal columns) puts :math:`h_i = H_i[0]` at
+        :math:`Q_i[:, 0]^\top V_i`. The scalar Horner runs in float64 (cheap here). Buckets are
+        merged into zero-padded groups (:attr:`Encodings.padded_groups`) to cut per-bucket op calls.
+        """
+        H, Fo = self.heads, self.out_channels
+        KW = encodings.flat_K2 @ Wf.T  # (sum m, H*F)
+        va = self._attention_projection(KW).double()  # (sum m, 2, H): V_i b2, V_i b1
+        sizes = [len(b.bases) * b.bases.m for b in encodings.buckets]
+        kws, vas = KW.split(sizes), va.split(sizes)
+        outs = []
+        for group in encodings.padded_groups:
+            m, chosen = group.m, range(group.start, group.stop)
+            kw = torch.cat([_pad_rows(kws[i].view(-1, encodings.buckets[i].bases.m, H * Fo), m) for i in chosen])
+            v = torch.cat([_pad_rows(vas[i].view(-1, encodings.buckets[i].bases.m, 2 * H), m) for i in chosen])
+            Q, valid = group.plain["Q"], group.plain["valid"]
+            v_src, v_dst = v[:, :, :H], v[:, :, H:]
+            self_logit = torch.einsum("gm,gmh->gh", Q[:, :, 0], v_dst)  # b1 . h_i
+            logits = (Q.transpose(1, 2) @ v_src + self_logit[:, None, :]) * gamma.double()  # (G, n, H)
+            s = self._horner(logits) * valid[:, :, None]
+            z = (Q @ s).to(kw.dtype)  # (G, m, H)
+            num = torch.einsum("gmh,gmhf->ghf", z, kw.view(-1, m, H, Fo))
+            outs.append(num / s.sum(1).to(kw.dtype)[:, :, None])
+        return outs
+
+    def _matrix_parts(self, encodings: Encodings, Wf: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor,
+                      gamma: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        r"""Per bucket ``D (B, H, m, m)`` and ``K2 W^T`` as ``(B, m, H, F)``.
+
+        :math:`D_i = \gamma((b_1\cdot h_i) P_i + \sum_s b_2(s) M_2(s))`. With :class:`RowFactors`
+        the one GEMM is ``R W^T`` over ``n`` rows per node and everything else follows from it:
+        :math:`K_2 W^\top = \tilde K_2 (R W^\top)`, :math:`\sum_s b_2(s) M_2(s) = \tilde M_2 (R b_2)`
+        with :math:`R b_2 = (R W^\top) a_{src}`, and :math:`b_1 \cdot h_i = \tilde h_i \cdot (R b_1)`.
+        """
+        H, Fo = self.heads, self.out_channels
+        buckets = encodings.buckets
+        parts = []
+        if encodings.factorised:
+            RW = encodings.flat_R @ Wf.T  # (sum r, H*F)
+            ra = self._attention_projection(RW)
+            r_src, r_dst, RW = ra[:, 0], ra[:, 1], RW.view(-1, H, Fo)
+            sizes = [b.factors.R.shape[0] * b.factors.R.shape[1] for b in buckets]
+            for bucket, rw, rs, rd in zip(buckets, RW.split(sizes), r_src.split(sizes), r_dst.split(sizes)):
+                f, B, m = bucket.factors, len(bucket.bases), bucket.bases.m
+                r = f.R.shape[1]
+                self_logit = torch.einsum("br,brh->bh", f.h_self, rd.view(B, r, H))
+                m2b = f.M2 @ rs.view(B, r, H)  # (B, m*m, H)
+                kw = (f.K2 @ rw.view(B, r, H * Fo)).view(B, m, H, Fo)
+                parts.append((self_logit, m2b, kw))
+        else:
+            KW = (encodings.flat_K2 @ Wf.T).view(-1, H, Fo)
+            self_logits = (encodings.flat_h_self @ b1.T).split([len(b.bases) for b in buckets])
+            b2t = b2.T.contiguous()  # (d, H)
+            kws = KW.split([len(b.bases) * b.bases.m for b in buckets])
+            for bucket, self_logit, kw in zip(buckets, self_logits, kws):
+                B, m = len(bucket.bases), bucket.bases.m
+                b2b = b2t if bucket.cols is None else _gather_rows(b2t, bucket.cols)  # (d, H) | (B, k, H)
+                parts.append((self_logit, bucket.M2 @ b2b, kw.view(B, m, H, Fo)))
+        out = []
+        for bucket, (self_logit, m2b, kw) in zip(buckets, parts):
+            B, m = len(bucket.bases), bucket.bases.m
+            P = bucket.plain["P"].to(kw.dtype)
+            D = self_logit[:, :, None, None] * P[:, None] + m2b.transpose(1, 2).reshape(B, H, m, m)
+            out.append((D * gamma[None, :, None, None], kw))
+        return out
+
+    def _matrix_outputs(self, encodings: Encodings, Wf, b1, b2, gamma) -> list[torch.Tensor]:
+        r"""Per padded group ``(G, H, F)``: :math:`W K_2^\top r / K_3^\top r` with
+        :math:`r^\top = K_1^\top \hat s(D_i)` by Clenshaw (:mod:`fedgat.matrix_poly`).
+
+        Buckets are merged into a few zero-padded groups (:attr:`Encodings.padded_groups`): the
+        recurrence is ``p`` small batched matmuls per group, and ~16 buckets would mean ~16x the calls.
+        """
+        H = self.heads
+        parts = self._matrix_parts(encodings, Wf, b1, b2, gamma)
+        outs = []
+        for group in encodings.padded_groups:
+            chosen = parts[group.start:group.stop]
+            m = group.m
+            D = torch.cat([pad_last(D, m, 2) for D, _ in chosen])  # (G, H, m, m)
+            kw = torch.cat([pad_last(kw.transpose(1, 3), m, 1) for _, kw in chosen])  # (G, F, H, m)
+            G = D.shape[0]
+            K1 = group.plain["K1"].to(D.dtype)[:, None, :].expand(G, H, m).reshape(G * H, m)
+            r = chebyshev_left(D.reshape(G * H, m, m), K1, self.score.cheb, self.score.domain).view(G, H, m)
+            den = (r * group.plain["K3"].to(D.dtype)[:, None, :]).sum(-1)  # (G, H)
+            num = torch.einsum("ghm,gfhm->ghf", r, kw)
+            outs.append(num / den[:, :, None])
+        return outs
 
     def forward(self, encodings: Encodings) -> torch.Tensor:
-        """``(num_nodes, H*F)`` (concat) or ``(num_nodes, F)`` outputs, rows in ``encodings.nodes`` order.
+        r"""``(num_nodes, H*F)`` (concat) or ``(num_nodes, F)`` outputs, rows in ``encodings.nodes`` order.
 
-        The contractions with ``W`` run as two GEMMs over all nodes at once: ``K2 W^T`` (the rows of
-        every :math:`K_2` / :math:`V_i`) and ``h W^T`` (the :math:`M_1` factors); the attention
-        logits then come from these projections (:math:`V_i b_2 = (V_i W^\\top) a_{src}`).
+        The contraction with ``W`` runs as one GEMM over every node's encoding rows (``V`` rows for
+        the vector variant; the :class:`~fedgat.encodings.RowFactors` basis rows, or ``K2`` and
+        ``h_i`` when not factorised, for the matrix variant); the attention logits are then
+        projections of it (:math:`V_i b_2 = (V_i W^\top) a_{src}`).
         """
-        W, _, b2, gamma = self._head_weights()
+        W, b1, b2, gamma = self._head_weights()
         H, Fo = self.heads, self.out_channels
         Wf = W.reshape(H * Fo, -1)
-        KW = (encodings.flat_K2 @ Wf.T).view(-1, H, Fo)  # (sum m, H, F)
-        self_logit = ((encodings.flat_h_self @ Wf.T).view(-1, H, Fo) * self.att_dst[0]).sum(-1)  # (N, H)
         if encodings.variant == "matrix":
-            weights = self._matrix_scores(encodings, self_logit, b2, gamma)
+            outs = self._matrix_outputs(encodings, Wf, b1, b2, gamma)
         else:
-            weights = self._vector_scores(encodings, self_logit, KW, gamma)
-        outs = []
-        kws = KW.split([len(b.bases) * b.bases.m for b in encodings.buckets])
-        for bucket, (w, den), kw in zip(encodings.buckets, weights, kws):
-            B, m = len(bucket.bases), bucket.bases.m
-            kw = kw.view(B, m, H * Fo)
-            # out[b,h] = sum_x w[b,h,x] KW[b,x,h]: a batched matmul over (b) on the H*F columns
-            out = (w.to(kw.dtype) @ kw).view(B, H, H, Fo).diagonal(dim1=1, dim2=2).transpose(1, 2)
-            outs.append(out / den.to(kw.dtype)[:, :, None])
+            outs = self._vector_outputs(encodings, Wf, gamma)
         out = torch.cat(outs)[encodings.order]
         out = out.reshape(-1, H * Fo) if self.concat else out.mean(1)
         return out + self.bias if self.bias is not None else out

@@ -241,7 +241,7 @@ def _build_fedgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: di
     def inputs(nodes: np.ndarray, edges: torch.Tensor, client: int) -> tuple:
         enc = encode(hp["variant"], x, nbh, nodes=nodes, rng=bases, shared_x=shared,
                      owner=part.owner if shared is not None else None, viewer=client)
-        return enc.compact(), edges
+        return enc.compact().factorise(), edges
 
     tasks = _support_tasks(graph, part, inputs)
     score = fit_score(hp["psi"], hp["degree"], hp["domain"], hp["fit"])

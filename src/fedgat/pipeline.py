@@ -468,7 +468,7 @@ def _split_tasks(graph: Graph, partition: Partition, client: int, enc: Encodings
         chosen = select_nodes(enc, support)
         chosen = Encodings(chosen.variant, chosen.nodes, [
             EncodingBucket(b.bases, b.h_self.float(), b.K2.float(), None if b.M2 is None else b.M2.float())
-            for b in chosen.buckets]).compact(tol)
+            for b in chosen.buckets]).compact(tol).factorise()
         tasks.append(LocalTask((chosen, sub), targets))
     return tasks[0], tasks[1:]
 
