@@ -264,10 +264,12 @@ class PretrainConfig:
             return SlotLayout.for_dimension(d, slots)
         return SlotLayout(d, slots, self.chunks)
 
-    def rows_per_node(self, n: int) -> int:
-        """Computed rows ``R`` of a node with ``n`` neighbours (all but :math:`h_i`)."""
+    def rows_per_node(self, n: int, ship_m2: bool = False) -> int:
+        """Computed rows ``R`` of a node with ``n`` neighbours (all but :math:`h_i`). ``ship_m2``:
+        as in the paper's protocol, which also computes the matrix variant's ``m^2`` rows of ``M2``
+        (this one lets clients derive them, :meth:`fedgat.encodings.BucketBases.m2_map`)."""
         m = self.embed_factor * n if self.variant == "vector" else 2 * n
-        return m if self.variant == "vector" else m + m * m
+        return m + m * m if self.variant == "matrix" and ship_m2 else m
 
 
 def validate_features(features: np.ndarray, rows: int, dim: int | None = None,
@@ -1134,7 +1136,7 @@ class ClientPretrain(Party):
         returns the bytes they will take."""
         if msg.n > self.limits.max_neighbours:
             raise SizeLimitError(f"bases for neighbourhoods of {msg.n} nodes; the limit is {self.limits.max_neighbours}")
-        rows = 1 + m + (m * m if self.config.variant == "matrix" else 0)
+        rows = 1 + m + (m * m if self.config.variant == "matrix" else 0)  # M2 is derived here, but held
         need = len(msg.nodes) * rows * self.dim * torch.empty((), dtype=self.dtype).element_size()
         if self._encoding_bytes + need > self.limits.max_encoding_bytes:
             raise SizeLimitError(f"bucket {msg.bucket} would take the decrypted encodings to "

@@ -137,7 +137,7 @@ def test_compacted_encodings_give_the_same_output_and_gradients(variant):
     csr = random_csr(50, 6, seed=21)
     x = torch.relu(unit_rows(50, 40, seed=22)) * (torch.rand(50, 40, generator=torch.Generator().manual_seed(3)) < 0.2)
     x = torch.nn.functional.normalize(x, dim=1).double()  # sparse, bag-of-words-like
-    enc = encode(variant, x, csr, rng=9)
+    enc = encode(variant, x, csr, rng=9).with_dense_M2()
     small = enc.compact()
     assert sum(b.M2.shape[-1] for b in small.buckets) < sum(b.M2.shape[-1] for b in enc.buckets)
     assert encode("vector", x, csr, rng=9).compact().buckets[0].cols is None  # nothing to compact
@@ -167,7 +167,7 @@ def _output_and_grads(layer, enc):
 def test_factorised_matrix_encodings_give_the_same_output_and_gradients(compact):
     csr, x = _bow_graph()
     enc = encode("matrix", x, csr, rng=9)
-    enc = enc.compact() if compact else enc
+    enc = enc.with_dense_M2().compact() if compact else enc
     fact = enc.factorise()
     assert fact.factorised and not enc.factorised
     assert all(b.factors.residual < 1e-12 for b in fact.buckets)
@@ -182,7 +182,7 @@ def test_factorised_matrix_encodings_give_the_same_output_and_gradients(compact)
 
 def test_factorise_tolerates_decryption_noise_and_refuses_foreign_rows():
     csr, x = _bow_graph(seed=31)
-    enc = encode("matrix", x.float(), csr, rng=4)
+    enc = encode("matrix", x.float(), csr, rng=4).with_dense_M2()
     g = torch.Generator().manual_seed(0)
     noisy = Encodings(enc.variant, enc.nodes, [
         EncodingBucket(b.bases, b.h_self + 1e-6 * torch.randn(b.h_self.shape, generator=g),

@@ -45,7 +45,7 @@ class Recovery:
 def _dense(bucket: EncodingBucket) -> tuple[np.ndarray, np.ndarray | None]:
     """``K2 (B, m, d)`` and ``M2 (B, m*m, d)`` as dense float64 arrays (undo column compaction)."""
     if bucket.cols is None:
-        return bucket.K2.double().numpy(), None if bucket.M2 is None else bucket.M2.double().numpy()
+        return bucket.K2.double().numpy(), bucket.dense_M2().double().numpy() if bucket.variant == "matrix" else None
     raise ValueError("attacks expect uncompacted encodings")
 
 

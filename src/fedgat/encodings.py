@@ -101,27 +101,38 @@ class BucketBases:
         return int(self.rows.shape[0])
 
     def coefficients(self, slot: int | None = None) -> np.ndarray:
-        """``(B, R, n)`` coefficient matrices :math:`A_i` of the feature-dependent encodings
-        (``(R, n)`` for the single node ``slot``).
+        """``(B, R, n)`` coefficient matrices :math:`A_i` of the *computed* feature-dependent encodings
+        (``(R, n)`` for the single node ``slot``): what the (encrypted) server evaluates.
 
-        Row layout: row 0 is :math:`h_i` itself (the :math:`M_1` factor; self is neighbour 0);
-        matrix variant: rows ``1..m`` are :math:`K_2`, rows ``m+1..m+m^2`` are :math:`M_2` (row-major
-        ``(x, y)``); vector variant: rows ``1..m`` are :math:`V`.
+        Row layout: row 0 is :math:`h_i` itself (the :math:`M_1` factor; self is neighbour 0), rows
+        ``1..m`` are :math:`K_2` (matrix) or :math:`V` (vector). The matrix variant's :math:`M_2` is
+        not computed: it is the feature-free map :meth:`m2_map` applied to :math:`K_2`.
         """
         sel = slice(None) if slot is None else slice(slot, slot + 1)
         p = self.p[sel]
         B, m, n = p.shape
         self_row = np.zeros((B, 1, n))
         self_row[:, 0, 0] = 1.0
-        if self.variant == "vector":
-            out = np.concatenate([self_row, p], axis=1)
-        else:
-            m2 = 0.5 * np.einsum("bxj,byj->bxyj", p, self.q[sel]).reshape(B, m * m, n)
-            out = np.concatenate([self_row, p, m2], axis=1)
+        out = np.concatenate([self_row, p], axis=1)
         return out if slot is None else out[0]
 
+    def m2_map(self) -> np.ndarray:
+        r"""``(B, m*m, m)``: :math:`L_i` with :math:`M_2 = L_i K_2` (matrix variant).
+
+        :math:`M_2 = A^{M_2} H_i` with :math:`A^{M_2}_{(x,y),j} = \tfrac12 p_j(x) q_j(y)`, and
+        :math:`K_2 = [p_j] H_i` has the left inverse :math:`\tfrac12 [q_j]^\top` (since
+        :math:`q_k^\top p_j = 2\delta_{jk}`), so :math:`L_i = \tfrac14 \sum_j (p_j \otimes q_j) q_j^\top`
+        depends on the random bases only: :math:`M_2` tells a holder of :math:`K_2` and the bases
+        nothing new, and the protocol ships :math:`K_2` alone (paper: :math:`M_2` too; SECURITY.md).
+        """
+        if self.variant != "matrix":
+            raise ValueError("m2_map is defined for the matrix variant only")
+        B, m, _ = self.p.shape
+        return 0.25 * np.einsum("bxj,byj,bkj->bxyk", self.p, self.q, self.q).reshape(B, m * m, m)
+
     def num_feature_rows(self) -> int:
-        return 1 + self.m + (self.m * self.m if self.variant == "matrix" else 0)
+        """Computed rows per node, :math:`h_i` included (``1 + m`` for both variants)."""
+        return 1 + self.m
 
 
 def draw_bases(
@@ -213,7 +224,9 @@ class EncodingBucket:
             :math:`P, K_1, K_3` or :math:`Q` are derived from it).
         h_self: ``(B, d)``: :math:`h_i` (the :math:`M_1` factor).
         K2: ``(B, m, d)``: :math:`K_2` (matrix) or :math:`V` (vector).
-        M2: ``(B, m*m, d)``: :math:`M_2(s)` rows ``(x, y)`` row-major, feature index last; matrix only.
+        M2: ``(B, m*m, d)``: :math:`M_2(s)` rows ``(x, y)`` row-major, feature index last; matrix only,
+            and None when it is left to be derived from ``K2`` (:meth:`dense_M2`), as the protocol and
+            :func:`encode` leave it.
         cols: ``(B, k)`` int64 or None. When set (see :meth:`compact`), ``M2`` holds only the
             feature columns ``cols[b]`` of node ``b`` (``(B, m*m, k)``); padding columns carry zeros.
         factors: matrix only, :class:`RowFactors` when set by :meth:`factorise`; the layer then
@@ -229,10 +242,27 @@ class EncodingBucket:
 
     @classmethod
     def from_rows(cls, bases: BucketBases, features: torch.Tensor) -> EncodingBucket:
-        """Split ``(B, R, d)`` rows in the :meth:`BucketBases.coefficients` layout."""
+        """Split ``(B, 1 + m, d)`` computed rows in the :meth:`BucketBases.coefficients` layout; the
+        matrix variant's ``M2`` is derived as :meth:`BucketBases.m2_map` times ``K2`` (in float64)."""
         m = bases.m
-        M2 = features[:, 1 + m :].contiguous() if bases.variant == "matrix" else None
-        return cls(bases, features[:, 0].contiguous(), features[:, 1 : 1 + m].contiguous(), M2)
+        if features.dim() != 3 or features.shape[:2] != (len(bases), bases.num_feature_rows()):
+            raise ValueError(f"expected ({len(bases)}, {bases.num_feature_rows()}, d) rows, got {tuple(features.shape)}")
+        return cls(bases, features[:, 0].contiguous(), features[:, 1 : 1 + m].contiguous())
+
+    def dense_M2(self) -> torch.Tensor:
+        """``(B, m*m, d)``: :math:`M_2`, the stored tensor or, when ``M2`` is None (as built by
+        :meth:`from_rows`), derived as :meth:`BucketBases.m2_map` times ``K2``; matrix only.
+
+        Derived ``M2`` is ``m^2 x d`` per node (~9 GB float32 for all clients' nodes of Cora with the
+        neighbour cap at 16), so the layer never builds it: :meth:`factorise` goes from ``K2``.
+        """
+        if self.variant != "matrix":
+            raise ValueError("M2 exists for the matrix variant only")
+        if self.cols is not None:
+            raise ValueError("M2 is column-compacted; dense_M2 needs uncompacted encodings")
+        if self.M2 is not None:
+            return self.M2
+        return (torch.from_numpy(self.bases.m2_map()) @ self.K2.double()).to(self.K2.dtype)
 
     @property
     def variant(self) -> str:
@@ -240,9 +270,8 @@ class EncodingBucket:
 
     @property
     def features(self) -> torch.Tensor:
-        """``(B, R, d)``: all feature-dependent rows in the coefficient layout (a copy)."""
-        parts = [self.h_self[:, None], self.K2] + ([self.M2] if self.M2 is not None else [])
-        return torch.cat(parts, dim=1)
+        """``(B, 1 + m, d)``: the computed rows in the coefficient layout (a copy); ``M2`` is derived."""
+        return torch.cat([self.h_self[:, None], self.K2], dim=1)
 
     @cached_property
     def plain(self) -> dict[str, torch.Tensor]:
@@ -257,7 +286,8 @@ class EncodingBucket:
         }
 
     def compact(self, tol: float = 0.0) -> EncodingBucket:
-        """Keep, per node, only the feature columns of ``M2`` where it exceeds ``tol`` in magnitude.
+        """Keep, per node, only the feature columns of a stored ``M2`` where it exceeds ``tol`` in
+        magnitude (a derived ``M2`` is left alone: :meth:`factorise` never builds it).
 
         ``M2`` is linear in the neighbours' features, so a column is zero wherever no neighbour has
         that feature: on bag-of-words data (Cora: ~18 non-zeros of 1433 per row) the matrix
@@ -279,6 +309,9 @@ class EncodingBucket:
     def factorise(self, tol: float = 1e-4) -> EncodingBucket:
         """A copy with :class:`RowFactors` set (matrix variant; vectors are returned as is).
 
+        With ``M2`` left to be derived, :math:`\tilde M_2 = L_i \tilde K_2` (:meth:`BucketBases.m2_map`)
+        and the dense ``M2`` is never built.
+
         Raises ``ValueError`` (and leaves ``self`` unchanged) when an encoding is not a combination of
         ``n`` feature rows to within ``tol``, e.g. rows that do not come from one neighbourhood.
         Decrypted CKKS encodings pass with their ~1e-6 error; ``tol`` bounds how far the factored
@@ -287,15 +320,19 @@ class EncodingBucket:
         if self.variant != "matrix" or self.factors is not None:
             return self
         dtype = self.K2.dtype
-        K2, h, M2 = self.K2.double(), self.h_self.double(), self.M2.double()
+        K2, h = self.K2.double(), self.h_self.double()
         r = min(self.bases.n, K2.shape[-1])
         R = torch.linalg.svd(K2, full_matrices=False).Vh[:, :r]  # (B, r, d)
         k2f, hf = K2 @ R.transpose(1, 2), torch.einsum("bd,brd->br", h, R)
         residual = max(_max_abs(K2 - k2f @ R), _max_abs(h - torch.einsum("br,brd->bd", hf, R)))
-        if self.cols is None:
+        if self.M2 is None:  # derived: M2 = L K2 = (L K2~) R exactly
+            m2f = torch.from_numpy(self.bases.m2_map()) @ k2f
+        elif self.cols is None:
+            M2 = self.M2.double()
             m2f = M2 @ R.transpose(1, 2)
             residual = max(residual, _max_abs(M2 - m2f @ R))
         else:
+            M2 = self.M2.double()
             kept = torch.gather(R, 2, self.cols[:, None, :].expand(-1, r, -1))  # (B, r, k)
             m2f = M2 @ kept.transpose(1, 2)
             # dropped columns of M2 are zero (to the compaction tol); there
@@ -310,10 +347,11 @@ class EncodingBucket:
         return EncodingBucket(self.bases, self.h_self, self.K2, self.M2, self.cols, factors)
 
     def num_reals(self) -> int:
-        """Reals shipped to the client for these nodes (features + feature-free parts)."""
+        """Reals shipped to the client for these nodes: computed rows and feature-free parts (a
+        matrix bucket's ``M2`` is derived, not shipped, even when stored)."""
         B, m, n = self.bases.p.shape
         plain = B * m * n if self.variant == "vector" else B * (m * m + 2 * m)
-        feature = self.h_self.numel() + self.K2.numel() + (self.M2.numel() if self.M2 is not None else 0)
+        feature = self.h_self.numel() + self.K2.numel()
         return int(feature) + plain
 
 
@@ -338,6 +376,13 @@ class Encodings:
     def compact(self, tol: float = 0.0) -> Encodings:
         """Column-compacted copy for faster training (see :meth:`EncodingBucket.compact`)."""
         return Encodings(self.variant, self.nodes, [b.compact(tol) for b in self.buckets])
+
+    def with_dense_M2(self) -> Encodings:
+        """Copy with every matrix bucket's ``M2`` stored densely (:meth:`EncodingBucket.dense_M2`)."""
+        if self.variant != "matrix":
+            return self
+        return Encodings(self.variant, self.nodes, [
+            EncodingBucket(b.bases, b.h_self, b.K2, b.dense_M2(), b.cols, b.factors) for b in self.buckets])
 
     def factorise(self, tol: float = 1e-4) -> Encodings:
         """Copy with :class:`RowFactors` on every matrix bucket (see :meth:`EncodingBucket.factorise`)."""
@@ -494,19 +539,21 @@ def encode(
 
 
 def encoding_size(variant: str, neighbourhood_sizes: np.ndarray, d: int, embed_factor: int = 1) -> dict:
-    """Number of reals the encodings of nodes with these neighbourhood sizes take, without building them."""
+    """Number of reals the encodings of nodes with these neighbourhood sizes take, without building them.
+
+    ``feature_reals``: the computed rows (``h_i`` and ``K2``/``V``), what the protocol ships;
+    ``derived_reals``: the matrix variant's ``M2``, rebuilt by the client (the paper ships it);
+    ``plain_reals``: the feature-free parts; ``total_reals``: what is shipped (feature + plain).
+    """
     _check_variant(variant)
     n = np.asarray(neighbourhood_sizes, dtype=np.float64)
-    if variant == "matrix":
-        m = 2 * n
-        feature = d * (1 + m + m * m)
-        plain = m * m + 2 * m
-    else:
-        m = embed_factor * n
-        feature = d * (1 + m)
-        plain = m * n
+    m = 2 * n if variant == "matrix" else embed_factor * n
+    feature = d * (1 + m)
+    derived = d * m * m if variant == "matrix" else 0 * n
+    plain = m * m + 2 * m if variant == "matrix" else m * n
     return {
         "feature_reals": float(feature.sum()),
+        "derived_reals": float(derived.sum()),
         "plain_reals": float(plain.sum()),
         "total_reals": float((feature + plain).sum()),
     }

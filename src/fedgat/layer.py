@@ -215,7 +215,8 @@ class FedGATConv(nn.Module):
             for bucket, self_logit, kw in zip(buckets, self_logits, kws):
                 B, m = len(bucket.bases), bucket.bases.m
                 b2b = b2t if bucket.cols is None else _gather_rows(b2t, bucket.cols)  # (d, H) | (B, k, H)
-                parts.append((self_logit, bucket.M2 @ b2b, kw.view(B, m, H, Fo)))
+                M2 = bucket.M2 if bucket.M2 is not None else bucket.dense_M2()  # tests; training factorises
+                parts.append((self_logit, M2 @ b2b, kw.view(B, m, H, Fo)))
         out = []
         for bucket, (self_logit, m2b, kw) in zip(buckets, parts):
             B, m = len(bucket.bases), bucket.bases.m

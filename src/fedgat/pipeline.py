@@ -426,7 +426,7 @@ def max_abs_error(got: Mapping[int, Encodings], want: Mapping[int, Encodings]) -
         for a, b in zip(enc.buckets, ref.buckets):
             if not np.array_equal(a.bases.nodes, b.bases.nodes) or not np.allclose(a.bases.p, b.bases.p):
                 raise ValueError(f"client {c}: buckets over other nodes or bases")
-            for x, y in ((a.h_self, b.h_self), (a.K2, b.K2), (a.M2, b.M2)):
+            for x, y in ((a.h_self, b.h_self), (a.K2, b.K2), (a.M2, b.M2)):  # M2: when stored
                 if x is not None and y is not None and x.numel():
                     worst = max(worst, float((x.double() - y.double()).abs().max()))
     return worst
@@ -586,8 +586,12 @@ def run_encrypted_fedgat(graph: Graph, num_clients: int = 10, beta: float = 1.0,
 
 
 def estimate_pretraining(partition: Partition, variant: str, d: int, preset: str = "n4096",
-                         chunks: int | None = None, seconds_per_multiply_add: float | None = None) -> dict:
+                         chunks: int | None = None, seconds_per_multiply_add: float | None = None,
+                         ship_m2: bool = False) -> dict:
     """Cost of the pre-training round without running it: multiply-adds, ciphertexts and bytes.
+
+    ``ship_m2``: cost the paper's protocol, whose server also computes and ships the matrix variant's
+    ``M2`` (this implementation's clients derive it from ``K2``).
 
     Uses the dense coefficient structure of the bases (every computed row of node ``i`` uses all
     ``n_i`` neighbours) and the preset's measured sizes and timings (:mod:`fedgat.crypto.params`).
@@ -600,14 +604,15 @@ def estimate_pretraining(partition: Partition, variant: str, d: int, preset: str
     layout = cfg.layout(d, p.slots)
     deg = partition.neighbourhoods.degrees()
     n = deg.astype(np.int64)
-    rows = np.array([cfg.rows_per_node(int(k)) for k in n])
+    rows = np.array([cfg.rows_per_node(int(k), ship_m2) for k in n])
     groups = -(-(rows + 1) // layout.blocks)  # h_i is computed as result row 0
     mads = int((groups * n).sum()) * layout.chunks
     uses = np.zeros(partition.num_nodes, dtype=np.int64)
     for cp in partition.clients:
         uses[cp.needed] += 1
     down_cts = int((groups * uses).sum()) * layout.chunks
-    decrypted_reals = int(((1 + rows) * uses).sum()) * d
+    held = np.array([cfg.rows_per_node(int(k), True) for k in n])  # M2 is held, shipped or derived
+    decrypted_reals = int(((1 + held) * uses).sum()) * d
     per_mad = seconds_per_multiply_add if seconds_per_multiply_add is not None else {
         4096: 0.55e-3, 8192: 1.2e-3, 16384: 2.4e-3}.get(p.poly_modulus_degree, 1e-3)
     result_bytes = {4096: 55.7e3, 8192: 131.3e3, 16384: 262.4e3}.get(p.poly_modulus_degree, 1e5)
