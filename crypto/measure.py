@@ -6,6 +6,8 @@ benchmarks can call to regenerate the table in :mod:`fedgat.crypto.params`.
 
 from __future__ import annotations
 
+import multiprocessing
+import statistics
 import time
 
 import numpy as np
@@ -14,7 +16,7 @@ from .context import KeyHolderContext, ServerContext
 from .packing import deserialize, linear_combination, serialize
 from .params import CkksPreset, get_preset
 
-__all__ = ["measure_preset"]
+__all__ = ["measure_preset", "multiply_add_seconds", "multiply_add_seconds_busy"]
 
 
 def _ms(fn, repeats: int):
@@ -112,3 +114,57 @@ if __name__ == "__main__":  # python -m fedgat.crypto.measure
             f"pub {r['public_context_bytes']} B  err {r['max_error_sum']:.1e} "
             f"(extreme {r['max_error_extreme']:.1e}, bound {r['error_bound']:.1e})"
         )
+
+
+def multiply_add_seconds(preset: str | CkksPreset, terms: int = 64, repeats: int = 7, seed: int = 0,
+                         _barrier=None) -> float:
+    """Seconds of one plaintext x ciphertext multiply-add as the server runs it: the median over
+    ``repeats`` of a ``terms``-term :func:`~fedgat.crypto.packing.linear_combination` (coefficient
+    encoding, products, sum, TenSEAL's rescale after each product) on deserialised fresh
+    ciphertexts, divided by ``terms``."""
+    holder = KeyHolderContext.generate(preset)
+    server = ServerContext.from_bytes(holder.public_context_bytes())
+    rng = np.random.default_rng(seed)
+    cts = [deserialize(server, serialize(holder, holder.encrypt_vector(rng.uniform(-1, 1, holder.slots))),
+                       level="fresh") for _ in range(terms)]
+    coeffs = rng.uniform(-1, 1, (terms, holder.slots))
+    linear_combination(server, cts, coeffs)  # warm-up
+    if _barrier is not None:
+        _barrier.wait()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        linear_combination(server, cts, coeffs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / terms
+
+
+_BARRIER = None
+
+
+def _init_busy(barrier) -> None:
+    global _BARRIER
+    _BARRIER = barrier
+
+
+def _busy_task(preset: str, terms: int, repeats: int, seed: int) -> float:
+    return multiply_add_seconds(preset, terms, repeats, seed, _barrier=_BARRIER)
+
+
+def multiply_add_seconds_busy(preset: str, processes: int, terms: int = 64, repeats: int = 15,
+                              seed: int = 0) -> list[float]:
+    """:func:`multiply_add_seconds` measured in ``processes`` processes at the same time (they set
+    up, meet at a barrier, then time): the cost of one multiply-add when every core the server
+    uses is busy with them. Cores that share caches, memory bandwidth or a physical core (vCPUs)
+    are slower together than alone, and a lower bound for ``p`` busy cores must use this cost.
+    Returns one cost per process."""
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    if processes == 1:
+        return [multiply_add_seconds(preset, terms, repeats, seed)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    # each process blocks at the barrier inside its only task, so no process can take two tasks
+    with ctx.Pool(processes, initializer=_init_busy, initargs=(barrier,)) as pool:
+        return pool.starmap(_busy_task, [(preset, terms, repeats, seed + k) for k in range(processes)],
+                            chunksize=1)

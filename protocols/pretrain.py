@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import enum
 import os
+import resource
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -414,6 +415,9 @@ class ServerPretrain(Party):
         #: ``time.perf_counter()`` when the compute phase began and when its last result was out
         self.compute_started: float | None = None
         self.compute_finished: float | None = None
+        #: benchmarks: keep the encoder and spool after the round for :meth:`replay_compute`
+        self.keep_encoder = False
+        self._closed = False
 
     @property
     def done(self) -> bool:
@@ -817,7 +821,8 @@ class ServerPretrain(Party):
                                      nodes=len(self._needed[c])) for c in self.participants)
                 self.state = ServerState.DONE
                 self.compute_finished = time.perf_counter()
-                self._close()
+                if not self.keep_encoder:
+                    self._close()
                 break
             g, result = nxt
             node = result.node
@@ -836,12 +841,57 @@ class ServerPretrain(Party):
                     self._pending_bytes.pop(key)
         return out
 
+    def replay_compute(self) -> ReplayTiming:
+        """Benchmarks: compute every result again with nothing else running (results are discarded).
+
+        In the round the clients' downloads and decryptions share this machine's cores with the
+        server; here they are idle, as on a server of its own. Needs :attr:`keep_encoder` set before
+        the round; closes the encoder and spool afterwards. The round's worker pool is shut down
+        before the clock starts, so the CPU seconds returned are the replay's alone.
+        """
+        if self.state is not ServerState.DONE or not self.keep_encoder or self._spool is None or self._closed:
+            raise RuntimeError("replay_compute needs a finished round with keep_encoder set")
+        try:
+            if self._encoder is not None:
+                self._encoder.close()
+                self._encoder = None
+            wall0, cpu0, children0 = time.perf_counter(), time.process_time(), _children_cpu()
+            for _ in self._compute_results():
+                pass
+            if self._encoder is not None:  # reap the workers so their CPU is counted
+                self._encoder.close()
+                self._encoder = None
+            return ReplayTiming(wall=time.perf_counter() - wall0, cpu=time.process_time() - cpu0,
+                                worker_cpu=_children_cpu() - children0)
+        finally:
+            self._close()
+
+    def close(self) -> None:
+        """Release the worker pool and the spool (idempotent)."""
+        self._close()
+
     def _close(self) -> None:
         if self._encoder is not None:
             self._encoder.close()
             self._encoder = None
-        if self._spool is not None:
+        if self._spool is not None and not self._closed:
             self._spool.close()
+        self._closed = True
+
+
+@dataclass(frozen=True)
+class ReplayTiming:
+    """:meth:`ServerPretrain.replay_compute`: wall seconds, this process's CPU seconds, and the CPU
+    seconds of the worker processes (reaped children)."""
+
+    wall: float
+    cpu: float
+    worker_cpu: float
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _check_binding(msg: KeyAnnounce, session: int) -> None:

@@ -252,6 +252,11 @@ class PretrainResult:
     #: the compute overlaps the clients' download and decryption; ``phases["server_compute"]`` only
     #: counts the time the round waited for it)
     server_compute_span: float = float("nan")
+    #: wall seconds of the same compute replayed with the clients idle (``measure_server_alone``)
+    server_compute_alone: float = float("nan")
+    #: CPU seconds of that replay: ``(this process, worker processes)``; benchmarks that time the
+    #: whole call subtract them
+    server_compute_alone_cpu: tuple[float, float] = (0.0, 0.0)
 
     def summary(self) -> dict:
         """Plain values for JSON."""
@@ -318,7 +323,7 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
                               deployment: Deployment | None = None, chunks: int | None = None,
                               dtype: torch.dtype = torch.float64, workers: int | None = None,
                               upload_batch: int = 32, result_batch_bytes: int = 16 << 20,
-                              dp: FeatureDP | None = None) -> PretrainResult:
+                              dp: FeatureDP | None = None, measure_server_alone: bool = False) -> PretrainResult:
     """Run the encrypted pre-training round (:mod:`fedgat.protocols.pretrain`) over ``transport``.
 
     Args:
@@ -338,6 +343,9 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
             client's encodings then read its own clean projected features and every other node's
             release (:func:`fedgat.encodings.encode` with ``shared_x``, ``owner``, ``viewer``); the
             release noise is seeded by ``seed`` (None: each client's CSPRNG).
+        measure_server_alone: after the round, compute every result again with the clients idle
+            (:meth:`ServerPretrain.replay_compute`) and report its wall time as
+            ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
     """
     parties = build_pretrain_parties(graph, partition, variant=variant, preset=preset, seed=seed,
                                      deployment=deployment, chunks=chunks, dtype=dtype,
@@ -345,17 +353,23 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
                                      workers=workers, dp=dp)
     transport = transport if transport is not None else InProcessTransport()
     bars = _Progress(parties, progress)
+    server = parties.server
+    server.keep_encoder = measure_server_alone
     start = time.perf_counter()
     try:
         drive(transport, parties.all(), observer=bars)
+    except BaseException:
+        server.close()
+        raise
     finally:
         bars.close()
     wall = time.perf_counter() - start
-    server = parties.server
     failed = [p for p in parties.all().values() if not p.done]
     if failed:
+        server.close()
         reasons = "; ".join(f"party {p.party_id}: {p.abort_reason or p.state}" for p in failed)
         raise RuntimeError(f"pre-training did not complete: {reasons}")
+    replay = server.replay_compute() if measure_server_alone else None
     phases: dict[str, float] = {name: 0.0 for name in PHASES}
     cpu_phases: dict[str, float] = {name: 0.0 for name in PHASES}
     for party in parties.all().values():
@@ -384,6 +398,8 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
         server_compute_span=(server.compute_finished - server.compute_started
                              if server.compute_started is not None and server.compute_finished is not None
                              else float("nan")),
+        server_compute_alone=replay.wall if replay is not None else float("nan"),
+        server_compute_alone_cpu=(replay.cpu, replay.worker_cpu) if replay is not None else (0.0, 0.0),
     )
 
 

@@ -102,3 +102,14 @@ def test_measure_preset(name: str, record_property) -> None:
     assert r["max_error_sum"] <= TARGET and r["max_error_extreme"] <= TARGET
     assert r["max_error_sum"] <= r["error_bound"]
     assert r["result_bytes"] < r["fresh_bytes"]
+
+
+def test_multiply_add_cost_alone_and_with_every_process_busy() -> None:
+    from fedgat.crypto.measure import multiply_add_seconds, multiply_add_seconds_busy
+
+    alone = multiply_add_seconds("n4096", terms=4, repeats=2)
+    busy = multiply_add_seconds_busy("n4096", 2, terms=4, repeats=2)
+    assert len(busy) == 2 and all(0 < c < 1 for c in busy) and 0 < alone < 1
+    assert multiply_add_seconds_busy("n4096", 1, terms=4, repeats=2)[0] > 0
+    with pytest.raises(ValueError, match="processes"):
+        multiply_add_seconds_busy("n4096", 0)

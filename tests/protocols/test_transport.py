@@ -31,6 +31,29 @@ def test_transcript_records_every_frame(tiny_graph, tiny_partition, tmp_path, sp
     transcript.close()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_server_replays_its_compute_alone_once(tiny_graph, tiny_partition, workers):
+    from fedgat.pipeline import build_pretrain_parties, drive
+
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=2, workers=workers)
+    server = parties.server
+    with pytest.raises(RuntimeError, match="finished round"):
+        server.replay_compute()  # not finished
+    server.keep_encoder = True
+    drive(InProcessTransport(), parties.all())
+    assert all(p.done for p in parties.all().values())
+    timing = server.replay_compute()
+    assert timing.wall > 0 and timing.cpu > 0
+    # with a pool the compute runs in the (reaped) workers, whose CPU is reported apart
+    assert (timing.worker_cpu > 0) == (workers > 0)
+    with pytest.raises(RuntimeError, match="finished round"):
+        server.replay_compute()  # closed after the first replay
+    server.close()  # idempotent
+    result = run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, progress=False, workers=workers,
+                                       measure_server_alone=True)
+    assert result.server_compute_alone > 0 and result.server_compute_alone_cpu[0] > 0
+
+
 def test_metadata_only_transcript(tiny_graph, tiny_partition):
     transport = InProcessTransport(Transcript(keep_payloads=False))
     run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, transport=transport, progress=False)
