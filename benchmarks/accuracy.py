@@ -154,13 +154,17 @@ def upgrade_keys(runs: dict) -> dict:
 class Runner:
     """Runs (or recalls) single training runs and keeps every result in ``self.runs``."""
 
-    def __init__(self, runs: dict, rounds: int, patience: int, save) -> None:
+    def __init__(self, runs: dict, rounds: int, patience: int, save, cached_only: bool = False) -> None:
         self.runs, self.rounds, self.patience, self.save = runs, rounds, patience, save
+        self.cached_only = cached_only
         self.graphs: dict = {}
 
-    def __call__(self, method: str, dataset: str, clients: int, beta: float, seed: int, **hp) -> dict:
+    def __call__(self, method: str, dataset: str, clients: int, beta: float, seed: int, **hp) -> dict | None:
+        """The run's result; None when ``cached_only`` and it has not been run."""
         hp = {"rounds": self.rounds, "patience": self.patience, **hp}
         key = run_key(method, dataset, clients, beta, seed, hp)
+        if key not in self.runs and self.cached_only:
+            return None
         if key not in self.runs:
             graph = self.graphs.setdefault(dataset, load_dataset(dataset))
             start = time.perf_counter()
@@ -182,6 +186,11 @@ def _stats(values: list[float]) -> dict:
             "n": len(values), "values": values}
 
 
+def _done(results) -> list[dict]:
+    """The results that exist (``Runner`` in ``cached_only`` mode returns None for the others)."""
+    return [r for r in results if r is not None]
+
+
 def table_rows(fedgat: dict) -> list[tuple[str, str, dict]]:
     """``(label, method, overrides)`` of the Table-1 rows."""
     return [("fedgat", "fedgat", fedgat), ("fedgat, min_cross 0", "fedgat", {**fedgat, **NO_RULE}),
@@ -194,7 +203,9 @@ def run_table(run: Runner, seeds: list[int], datasets, fedgat: dict) -> list[dic
     for dataset in datasets:
         for beta in BETAS:
             for label, method, hp in table_rows(fedgat):
-                res = [run(method, dataset, 10, beta, s, **hp) for s in seeds]
+                res = _done(run(method, dataset, 10, beta, s, **hp) for s in seeds)
+                if not res:
+                    continue
                 rows.append({"dataset": dataset, "beta": beta, "method": label, "overrides": hp,
                              "test_accuracy": _stats([r["test_accuracy"] for r in res]),
                              "best_val_accuracy": _stats([r["best_val_accuracy"] for r in res]),
@@ -211,7 +222,9 @@ def run_clients(run: Runner, seeds: list[int], datasets, beta: float, fedgat: di
     for dataset in datasets:
         for label, method, hp in variants:
             for k in CLIENT_COUNTS:
-                res = [run(method, dataset, k, beta, s, **hp) for s in seeds]
+                res = _done(run(method, dataset, k, beta, s, **hp) for s in seeds)
+                if not res:
+                    continue
                 rows.append({"dataset": dataset, "beta": beta, "method": label, "clients": k,
                              "test_accuracy": _stats([r["test_accuracy"] for r in res]),
                              "train_seconds": statistics.fmean(r["train_seconds"] for r in res)})
@@ -222,7 +235,9 @@ def run_degree(run: Runner, seeds: list[int], datasets, beta: float, fedgat: dic
     rows = []
     for dataset in datasets:
         for p in DEGREES:
-            res = [run("fedgat", dataset, 10, beta, s, **{**fedgat, "degree": p}) for s in seeds]
+            res = _done(run("fedgat", dataset, 10, beta, s, **{**fedgat, "degree": p}) for s in seeds)
+            if not res:
+                continue
             rows.append({"dataset": dataset, "beta": beta, "degree": p,
                          "test_accuracy": _stats([r["test_accuracy"] for r in res])})
     return rows
@@ -266,8 +281,10 @@ def select_setting(tuning: list[dict]) -> tuple[str, dict]:
 # ------------------------------------------------------------------------------------------ output
 
 
-def _pm(s: dict) -> str:
-    return f"{s['mean']:.3f} ± {s['std']:.3f}"
+def _pm(s: dict, seeds: int | None = None) -> str:
+    """``mean ± std``, with the seed count when it is not the section's ``seeds``."""
+    fewer = f" (n={s['n']})" if seeds is not None and s["n"] != seeds else ""
+    return f"{s['mean']:.3f} ± {s['std']:.3f}{fewer}"
 
 
 def render_markdown(data: dict) -> str:
@@ -281,9 +298,9 @@ def render_markdown(data: dict) -> str:
               f"{meta['patience']}."), "", NOTES, ""]
     if data.get("table"):
         table = data["table"]
-        seeds = table[0]["test_accuracy"]["n"]
+        seeds = max(r["test_accuracy"]["n"] for r in table)
         lines += ["## Table 1: test accuracy, 10 clients", "",
-                  (f"{seeds} seed(s) per cell. `gat`/`gcn` are centralised (no split): the same runs fill "
+                  (f"{seeds} seed(s) per cell (a cell run with fewer says `n=`). `gat`/`gcn` are centralised (no split): the same runs fill "
                   "both beta columns. Paper: the numbers in the paper's Table 1 (one per dataset)."), ""]
         datasets = sorted({r["dataset"] for r in table}, key=DATASETS.index)
         head = ["method"] + [f"{d} β={b:g}" for d in datasets for b in BETAS] + [f"paper {d}" for d in datasets]
@@ -293,7 +310,7 @@ def render_markdown(data: dict) -> str:
             for d in datasets:
                 for b in BETAS:
                     row = next((r for r in table if (r["dataset"], r["beta"], r["method"]) == (d, b, method)), None)
-                    cells.append(_pm(row["test_accuracy"]) if row else "")
+                    cells.append(_pm(row["test_accuracy"], seeds) if row else "")
             for d in datasets:
                 paper = PAPER.get(method)
                 cells.append(f"{paper[DATASETS.index(d)]:.3f}" if paper else "")
@@ -314,14 +331,17 @@ def render_markdown(data: dict) -> str:
         lines.append("")
     if data.get("clients"):
         rows = data["clients"]
+        sweep_seeds = max(r["test_accuracy"]["n"] for r in rows)
         lines += [(f"## Accuracy vs number of clients (β={rows[0]['beta']:g}, "
-                  f"{rows[0]['test_accuracy']['n']} seed(s)); plot: `clients.png`"), "",
+                  f"{sweep_seeds} seed(s)); plot: `clients.png`"), "",
                   "| dataset | method | " + " | ".join(f"K={k}" for k in CLIENT_COUNTS) + " |",
                   "|---|---|" + "---|" * len(CLIENT_COUNTS)]
         for d in sorted({r["dataset"] for r in rows}, key=DATASETS.index):
             for m in dict.fromkeys(r["method"] for r in rows):
-                cells = [_pm(r["test_accuracy"]) for k in CLIENT_COUNTS for r in rows
-                         if (r["dataset"], r["method"], r["clients"]) == (d, m, k)]
+                cells = []
+                for k in CLIENT_COUNTS:
+                    row = next((r for r in rows if (r["dataset"], r["method"], r["clients"]) == (d, m, k)), None)
+                    cells.append(_pm(row["test_accuracy"], sweep_seeds) if row else "not run")
                 lines.append(f"| {d} | {m} | " + " | ".join(cells) + " |")
         lines.append("")
     if data.get("degree"):
@@ -423,6 +443,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render", action="store_true", help="only re-write Markdown and plots from the JSON")
+    parser.add_argument("--cached-only", action="store_true",
+                        help="build the sections from runs already in the JSON, run nothing (cells say their seed count)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -440,7 +462,7 @@ def main(argv=None) -> None:
                         "machine": f"{platform.machine()}, {os.cpu_count()} CPU(s)",
                         "rounds": args.rounds, "patience": args.patience, "seeds": args.seeds,
                         "sweep_seeds": args.sweep_seeds, "tune_seeds": args.tune_seeds}
-        run = Runner(data["runs"], args.rounds, args.patience, save)
+        run = Runner(data["runs"], args.rounds, args.patience, save, cached_only=args.cached_only)
         if "tuning" in args.sections:
             data["tuning"] = run_tuning(run, list(range(args.tune_seeds)))
             data["selected"], data["fedgat_overrides"] = select_setting(data["tuning"])

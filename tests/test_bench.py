@@ -1,4 +1,5 @@
-"""``fedgat bench overhead`` on a tiny synthetic setting: the JSON, Markdown and plot it writes."""
+"""Benchmark plumbing: ``fedgat bench overhead`` on a tiny synthetic setting (the JSON, Markdown and plot it
+writes) and the accuracy benchmark's cached-only mode."""
 
 import json
 
@@ -36,3 +37,21 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     assert (out / "overhead.md").read_text().count("FedGraph") == 1
     assert (out / "overhead.png").stat().st_size > 0
     assert "op bound" in capsys.readouterr().out
+
+
+def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
+    spec = importlib.util.spec_from_file_location("accuracy_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    done = {"test_accuracy": 0.5, "best_val_accuracy": 0.5, "rounds": 3, "pretrain_bytes": 0, "train_seconds": 1.0}
+    runs = {bench.run_key("gat", "cora", 10, 1.0, 0, {"rounds": 5, "patience": 2}): done}
+    run = bench.Runner(runs, rounds=5, patience=2, save=lambda: None, cached_only=True)
+    assert run("gat", "cora", 10, 1.0, 0) == done
+    assert run("gat", "cora", 10, 1.0, 1) is None  # not run, and nothing was trained
+    assert bench._done([done, None]) == [done]
+    stats = bench._stats([0.5])
+    assert bench._pm(stats, seeds=10).endswith("(n=1)") and "n=" not in bench._pm(stats, seeds=1)
