@@ -50,7 +50,7 @@ from fedgat.encodings import BucketBases, EncodingBucket
 from .context import KeyHolderContext, _CkksContext
 from .errors import CiphertextFormatError
 from .packing import SlotLayout, decrypt_rows, linear_map_rows, serialize
-from .spool import CiphertextSpool, NodeResult, _worker_batch, _worker_init, _worker_task  # noqa: F401 (re-exported)
+from .spool import CiphertextSpool, NodeResult, _worker_batch, _worker_init
 
 #: spool-key offset of a node's DP release copy (node ids are u32, spool keys int64)
 RELEASE_OFFSET = 1 << 32

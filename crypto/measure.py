@@ -101,21 +101,6 @@ def measure_preset(
     }
 
 
-if __name__ == "__main__":  # python -m fedgat.crypto.measure
-    import sys
-
-    names = sys.argv[1:] or ["n4096", "n8192", "n8192-small", "n16384"]
-    for name in names:
-        r = measure_preset(name)
-        print(
-            f"{name:12s} enc {r['encrypt_ms']:.2f} ms  mul {r['mul_plain_ms']:.2f} ms  "
-            f"add {r['add_ms']:.3f} ms  dec {r['decrypt_ms']:.2f} ms  "
-            f"fresh {r['fresh_bytes']} B  result {r['result_bytes']} B  "
-            f"pub {r['public_context_bytes']} B  err {r['max_error_sum']:.1e} "
-            f"(extreme {r['max_error_extreme']:.1e}, bound {r['error_bound']:.1e})"
-        )
-
-
 def multiply_add_seconds(preset: str | CkksPreset, terms: int = 64, repeats: int = 7, seed: int = 0,
                          _barrier=None) -> float:
     """Seconds of one plaintext x ciphertext multiply-add as the server runs it: the median over
@@ -168,3 +153,18 @@ def multiply_add_seconds_busy(preset: str, processes: int, terms: int = 64, repe
     with ctx.Pool(processes, initializer=_init_busy, initargs=(barrier,)) as pool:
         return pool.starmap(_busy_task, [(preset, terms, repeats, seed + k) for k in range(processes)],
                             chunksize=1)
+
+
+if __name__ == "__main__":  # python -m fedgat.crypto.measure
+    import sys
+
+    names = sys.argv[1:] or ["n4096", "n8192", "n8192-small", "n16384"]
+    for name in names:
+        r = measure_preset(name)
+        print(
+            f"{name:12s} enc {r['encrypt_ms']:.2f} ms  mul {r['mul_plain_ms']:.2f} ms  "
+            f"add {r['add_ms']:.3f} ms  dec {r['decrypt_ms']:.2f} ms  "
+            f"fresh {r['fresh_bytes']} B  result {r['result_bytes']} B  "
+            f"pub {r['public_context_bytes']} B  err {r['max_error_sum']:.1e} "
+            f"(extreme {r['max_error_extreme']:.1e}, bound {r['error_bound']:.1e})"
+        )
