@@ -131,11 +131,6 @@ class PeakRSS:
         self.peak = max(self.peak, _rss_bytes())
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def load_graph(dataset: str, nodes: int | None = None, seed: int = 0):
     from fedgat.data import load_dataset
 
@@ -165,7 +160,12 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
     """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc."""
     import torch
 
-    from fedgat.crypto.measure import measure_preset, multiply_add_seconds, multiply_add_seconds_busy
+    from fedgat.crypto.measure import (
+        children_cpu_seconds,
+        measure_preset,
+        multiply_add_seconds,
+        multiply_add_seconds_busy,
+    )
     from fedgat.methods import resolve_hparams
     from fedgat.partition import make_partition
     from fedgat.pipeline import (
@@ -204,13 +204,13 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
     plaintext["phases"]["round"] = {"wall": plain_wall, "cpu": plain_cpu}
 
     # --- encrypted round
-    child_cpu0 = _children_cpu()
+    child_cpu0 = children_cpu_seconds()
     with PeakRSS() as enc_mem:
         c0 = time.process_time()
         pre = run_encrypted_pretraining(graph, partition, variant, preset, seed, progress=progress,
                                         workers=workers, measure_server_alone=True)
         enc_cpu = time.process_time() - c0
-    worker_cpu = _children_cpu() - child_cpu0
+    worker_cpu = children_cpu_seconds() - child_cpu0
     # the replay of the server's compute (measure_server_alone) is not part of the round
     enc_cpu -= pre.server_compute_alone_cpu[0]
     worker_cpu -= pre.server_compute_alone_cpu[1]

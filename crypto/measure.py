@@ -7,6 +7,7 @@ benchmarks can call to regenerate the table in :mod:`fedgat.crypto.params`.
 from __future__ import annotations
 
 import multiprocessing
+import resource
 import statistics
 import time
 
@@ -16,7 +17,13 @@ from .context import KeyHolderContext, ServerContext
 from .packing import deserialize, linear_combination, serialize
 from .params import CkksPreset, get_preset
 
-__all__ = ["measure_preset", "multiply_add_seconds", "multiply_add_seconds_busy"]
+__all__ = ["children_cpu_seconds", "measure_preset", "multiply_add_seconds", "multiply_add_seconds_busy"]
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's reaped children (worker pools once joined)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _ms(fn, repeats: int):

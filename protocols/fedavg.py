@@ -384,7 +384,7 @@ class ServerRounds(Party):
         weights = [self._updates[c][1] for c in ids]
         total = sum(weights)
         if total > 0:
-            self.global_state = self.strategy.aggregate(states, weights)
+            self.global_state = self.strategy.aggregate(states, weights, self.global_state)
         loss = sum(self._updates[c][2] * self._updates[c][1] for c in ids) / total if total else float("nan")
         out = {"train_loss": loss, "clients": [self.clients.index(c) for c in ids]}
         if self._missing["fit"]:
@@ -428,7 +428,8 @@ class ServerRounds(Party):
     def _config(self) -> dict:
         return {"clients": self.clients, "rounds": self.rounds, "patience": self.patience,
                 "fraction": self.fraction, "test_every_round": self.test_every_round,
-                "weights": {k: list(v.shape) for k, v in self.global_state.items()}}
+                "weights": {k: list(v.shape) for k, v in self.global_state.items()},
+                "strategy": self.strategy.config()}
 
     @property
     def checkpoint_label(self) -> int | None:
@@ -451,6 +452,8 @@ class ServerRounds(Party):
         arrays = tensors_to_arrays(self.global_state, "global/")
         if self.best_state is not self.global_state:
             arrays.update(tensors_to_arrays(self.best_state, "best/"))
+        meta["strategy_state"], strategy_arrays = self.strategy.state_to_checkpoint()
+        arrays.update(strategy_arrays)
         return Checkpoint(SERVER_KIND, meta, arrays)
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -478,6 +481,7 @@ class ServerRounds(Party):
         self.global_state = _exact(arrays_to_tensors(ckpt.arrays, "global/"), self.global_state)
         self.best_state = (self.global_state if meta["best_is_global"]
                            else _exact(arrays_to_tensors(ckpt.arrays, "best/"), self.global_state))
+        self.strategy.state_from_checkpoint(meta.get("strategy_state", {}), ckpt.arrays, self.global_state)
         self._restored = True
 
 

@@ -85,7 +85,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from fedgat.approx import fit_score
 from fedgat.crypto import KeyHolderContext, SigningIdentity, WrappingIdentity
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
-from fedgat.federated import Client, FedAvg, FedProx
+from fedgat.federated import Client, strategy_from_hparams
 from fedgat.graph import Graph
 from fedgat.methods import resolve_hparams
 from fedgat.models import FedGAT
@@ -543,8 +543,9 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
 
     # --- FedAvg rounds -----------------------------------------------------------------------------
     torch.manual_seed(cfg.seed)
-    initial = _model_fn(num_features, num_classes, hp)().state_dict()
-    strategy = FedProx(hp["mu"]) if hp["mu"] > 0 else FedAvg()
+    model = _model_fn(num_features, num_classes, hp)()
+    initial = model.state_dict()
+    strategy = strategy_from_hparams(hp, [name for name, _ in model.named_parameters()])
     session = secrets.randbits(63)
     rserver = ServerRounds(server_id, roster, session, identity, initial_state=initial, rounds=hp["rounds"],
                            patience=hp["patience"], strategy=strategy, fraction=hp["fraction"], seed=cfg.seed,
@@ -722,9 +723,9 @@ def _new_rounds_party(pid: int, cfg: FlowerRunConfig, identity: Identity, roster
         raise RemotePartyError(f"client {pid}'s encodings do not cover its needed nodes in order")
     train, evaluation = _split_tasks(graph, partition, pid, encodings, COMPACT_TOLERANCE)
     model_fn = _model_fn(int(setup["num-features"]), int(setup["num-classes"]), hp)
+    strategy = strategy_from_hparams(hp)
     member = Client(pid, model_fn(), train, evaluation, lr=hp["lr"], weight_decay=hp["weight_decay"],
-                    local_epochs=hp["local_epochs"])
-    strategy = FedProx(hp["mu"]) if hp["mu"] > 0 else FedAvg()
+                    local_epochs=hp["local_epochs"], strategy=strategy)
     return ClientRounds(pid, roster, int(setup["session"]), identity, client=member, strategy=strategy,
                         fingerprint=bytes.fromhex(setup["fingerprint"]))
 

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import enum
 import os
-import resource
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -102,6 +101,7 @@ from fedgat.crypto.encodings import (
     plan_views,
     release_key,
 )
+from fedgat.crypto.measure import children_cpu_seconds
 from fedgat.dp import FeatureDP
 from fedgat.encodings import VARIANTS, BucketBases, EncodingBucket, Encodings, draw_bases
 from fedgat.graph import CSR
@@ -855,14 +855,14 @@ class ServerPretrain(Party):
             if self._encoder is not None:
                 self._encoder.close()
                 self._encoder = None
-            wall0, cpu0, children0 = time.perf_counter(), time.process_time(), _children_cpu()
+            wall0, cpu0, children0 = time.perf_counter(), time.process_time(), children_cpu_seconds()
             for _ in self._compute_results():
                 pass
             if self._encoder is not None:  # reap the workers so their CPU is counted
                 self._encoder.close()
                 self._encoder = None
             return ReplayTiming(wall=time.perf_counter() - wall0, cpu=time.process_time() - cpu0,
-                                worker_cpu=_children_cpu() - children0)
+                                worker_cpu=children_cpu_seconds() - children0)
         finally:
             self._close()
 
@@ -887,11 +887,6 @@ class ReplayTiming:
     wall: float
     cpu: float
     worker_cpu: float
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _check_binding(msg: KeyAnnounce, session: int) -> None:

@@ -40,13 +40,7 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
 
 
 def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
-    spec = importlib.util.spec_from_file_location("accuracy_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _accuracy_bench()
     done = {"test_accuracy": 0.5, "best_val_accuracy": 0.5, "rounds": 3, "pretrain_bytes": 0, "train_seconds": 1.0}
     runs = {bench.run_key("gat", "cora", 10, 1.0, 0, {"rounds": 5, "patience": 2}): done}
     run = bench.Runner(runs, rounds=5, patience=2, save=lambda: None, cached_only=True)
@@ -55,3 +49,29 @@ def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
     assert bench._done([done, None]) == [done]
     stats = bench._stats([0.5])
     assert bench._pm(stats, seeds=10).endswith("(n=1)") and "n=" not in bench._pm(stats, seeds=1)
+
+
+def _accuracy_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
+    spec = importlib.util.spec_from_file_location("accuracy_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_accuracy_bench_rows_per_strategy_and_gaps_within_a_strategy():
+    bench = _accuracy_bench()
+    rows = bench.table_rows({"domain": 8.0})
+    labels = [label for label, _, _ in rows]
+    assert labels.count("gat") == 1 and "fedgat [FedAdam]" in labels and "fedgcn [FedAdam]" in labels
+    adam = {label: hp for label, _, hp in rows}["fedgat, min_cross 0 [FedAdam]"]
+    assert adam == {"domain": 8.0, "min_cross": 0, "strategy": "fedadam"}
+    assert all("strategy" not in hp for label, _, hp in rows if "[" not in label)
+    only = [label for label, _, _ in bench.table_rows({}, ("fedavg",))]
+    assert not any("FedAdam" in label for label in only)
+    gaps = bench._gaps({"gat": 0.80, "fedgat": 0.78, "fedgcn": 0.79, "distgat": 0.5,
+                        "fedgat [FedAdam]": 0.81, "fedgcn [FedAdam]": 0.82})
+    assert gaps == ["fedgat -2.0 (fedgcn -1.0, distgat +28.0)", "fedgat [FedAdam] +1.0 (fedgcn -1.0)"]

@@ -58,6 +58,16 @@ def test_train_history_and_hparam_flags(tmp_path):
     assert len(data["per_seed"][0]["history"]) == 2
 
 
+def test_train_strategy_flag(tmp_path):
+    out = tmp_path / "run.json"
+    cli.main(["train", "--dataset", "synthetic", "--method", "distgat", "--clients", "3", "--rounds", "2",
+              "--strategy", "fedadam", "--client-lr", "0.5", "--json", str(out), "--quiet"])
+    hp = json.loads(out.read_text())["hparams"]
+    assert hp["strategy"] == "fedadam" and hp["client_lr"] == 0.5
+    with pytest.raises(SystemExit, match="strategy"):
+        cli.main(["train", "--dataset", "synthetic", "--method", "gcn", "--strategy", "fedsgd", "--quiet"])
+
+
 def test_train_rejects_flag_the_method_does_not_use():
     with pytest.raises(SystemExit, match="unknown hyper-parameter"):
         cli.main(["train", "--dataset", "synthetic", "--method", "gcn", "--heads", "4", "--quiet"])

@@ -6,7 +6,16 @@ import torch
 from torch import nn
 
 from fedgat.encodings import encode
-from fedgat.federated import Client, FedAvg, FedProx, LocalTask, Server, fedavg
+from fedgat.federated import (
+    Client,
+    FedAdam,
+    FedAvg,
+    FedProx,
+    LocalTask,
+    Server,
+    fedavg,
+    strategy_from_hparams,
+)
 from fedgat.gcn import GCN, normalised_aggregate
 from fedgat.methods import (
     METHODS,
@@ -164,6 +173,86 @@ def test_fedprox_keeps_clients_closer_to_global():
     assert drift(FedProx(100.0)) < drift(FedAvg())
 
 
+def _pooled_adam(clients, init, rounds, lr, weight_decay):
+    """Centralised Adam on the pooled training loss (mean over every client's training nodes) of
+    one model, the reference FedAdam with E = 1 must follow."""
+    model = clients[0].model.__class__(*_shape(init))
+    model.load_state_dict(init)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    total = sum(c.num_train for c in clients)
+    for _ in range(rounds):
+        opt.zero_grad()
+        loss = sum(nn.functional.cross_entropy(model(*c.train_task.inputs)[c.train_task.targets["train"][0]],
+                                               c.train_task.targets["train"][1], reduction="sum")
+                   for c in clients if c.num_train) / total
+        loss.backward()
+        opt.step()
+    return model.state_dict()
+
+
+def _shape(state):
+    out_features, in_features = state["weight"].shape
+    return in_features, out_features
+
+
+@pytest.mark.parametrize("client_lr", [1.0, 0.05])
+def test_fedadam_with_one_local_epoch_is_centralised_adam_on_the_pooled_loss(client_lr):
+    """Reddi et al.'s FedAdam with E = 1 and every client sampled: the pseudo-gradient is the pooled
+    gradient, so the run is torch's Adam on the pooled loss (bias correction and L2 weight decay
+    included) whatever the clients' SGD step. FedAvg with per-client Adam is not."""
+    torch.manual_seed(0)
+    init = nn.Linear(4, 2).state_dict()
+    lr, wd, rounds = 0.05, 5e-3, 12
+    strategy = FedAdam(lr, wd, client_lr=client_lr)
+    clients = _linear_clients(4, num_train=(3, 9, 0, 5), seed=2)
+    for c in clients:
+        c.optimizer = strategy.client_optimizer(c.model.parameters(), 0.0, 0.0)
+    server = Server(clients, init, strategy)
+    for _ in range(rounds):
+        server.train_round()
+    expected = _pooled_adam(_linear_clients(4, num_train=(3, 9, 0, 5), seed=2), init, rounds, lr, wd)
+    for key, value in expected.items():
+        torch.testing.assert_close(server.state[key], value, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(server.state["weight"], init["weight"])
+    # the per-client-Adam FedAvg run differs (the point of FedAdam)
+    plain = Server([Client(c.client_id, nn.Linear(4, 2), c.train_task, c.eval_tasks, lr=lr, weight_decay=wd)
+                    for c in _linear_clients(4, num_train=(3, 9, 0, 5), seed=2)], init)
+    for _ in range(rounds):
+        plain.train_round()
+    assert (plain.state["weight"] - expected["weight"]).abs().max() > 1e-3
+
+
+def test_fedadam_clients_run_sgd_and_buffers_are_averaged():
+    strategy = FedAdam(0.01, parameters=["weight"])
+    model = nn.Linear(3, 2)
+    assert isinstance(strategy.client_optimizer(model.parameters(), 0.5, 0.1), torch.optim.SGD)
+    current = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
+    states = [{"weight": torch.full((2, 3), -1.0), "bias": torch.full((2,), 2.0)},
+              {"weight": torch.full((2, 3), -3.0), "bias": torch.full((2,), 4.0)}]
+    out = strategy.aggregate(states, [1, 3], current)
+    torch.testing.assert_close(out["bias"], torch.full((2,), 3.5))  # not trained: the FedAvg mean
+    # first Adam step moves every trained entry by lr in the pseudo-gradient's opposite direction
+    torch.testing.assert_close(out["weight"], torch.full((2, 3), -0.01))
+    assert current["weight"].eq(0).all()  # inputs untouched
+    with pytest.raises(ValueError, match="current"):
+        strategy.aggregate(states, [1, 3])
+
+
+def test_fedadam_and_strategy_settings_are_validated():
+    for kwargs, match in (({"lr": 0.0}, "lr"), ({"lr": 0.1, "client_lr": -1.0}, "client_lr"),
+                          ({"lr": 0.1, "weight_decay": -1.0}, "weight_decay"),
+                          ({"lr": 0.1, "betas": (0.9, 1.0)}, "betas")):
+        with pytest.raises(ValueError, match=match):
+            FedAdam(**kwargs)
+    hp = resolve_hparams("gat", {"strategy": "fedadam"})
+    assert isinstance(strategy_from_hparams(hp), FedAdam)
+    assert isinstance(strategy_from_hparams(resolve_hparams("gat", {"mu": 0.1})), FedProx)
+    with pytest.raises(ValueError, match="mu"):
+        strategy_from_hparams(resolve_hparams("gat", {"strategy": "fedadam", "mu": 0.1}))
+    with pytest.raises(ValueError, match="strategy"):
+        resolve_hparams("gat", {"strategy": "fedsgd"})
+
+
 def test_server_requires_validation_nodes():
     task = LocalTask((torch.zeros(2, 4),), {"train": (torch.arange(2), torch.zeros(2, dtype=torch.long))})
     with pytest.raises(ValueError, match="validation"):
@@ -198,6 +287,33 @@ def test_one_client_fedgat_equals_centralised_training(small_graph):
     for key, value in model.state_dict().items():
         torch.testing.assert_close(server.state[key], value, rtol=1e-5, atol=1e-6)
     assert not torch.equal(server.state["conv1.lin.weight"], init["conv1.lin.weight"])
+
+
+def test_fedadam_fedgat_follows_adam_on_the_pooled_loss(small_graph):
+    """Three FedGAT clients (dropout off, so the comparison is deterministic) under FedAdam move the
+    global model exactly as Adam on the sum of their training losses would."""
+    rounds, hp = 4, {"dropout": 0.0, "feature_dropout": 0.0, "strategy": "fedadam", "min_cross": 0}
+    fed = build_federation("fedgat", small_graph, num_clients=3, seed=0, **hp)
+    torch.manual_seed(0)
+    init = fed.model_fn().state_dict()
+    strategy = strategy_from_hparams(resolve_hparams("fedgat", hp))
+    clients = [Client(i, fed.model_fn(), t, e, strategy=strategy) for i, (t, e) in enumerate(fed.tasks)]
+    server = Server(clients, init, strategy)
+    for _ in range(rounds):
+        server.train_round()
+
+    model = fed.model_fn()
+    model.load_state_dict(init)
+    opt = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+    total = sum(c.num_train for c in clients)
+    for _ in range(rounds):
+        opt.zero_grad()
+        loss = sum(nn.functional.cross_entropy(model(*t.inputs)[t.targets["train"][0]], t.targets["train"][1],
+                                               reduction="sum") for t, _ in fed.tasks if t.count("train"))
+        (loss / total).backward()
+        opt.step()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(server.state[key], value, rtol=1e-4, atol=1e-5)
 
 
 def test_fedgat_support_tasks_match_forward_over_all_needed_nodes(small_graph):

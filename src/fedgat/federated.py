@@ -12,12 +12,17 @@ them in its own messages and can call :func:`fedavg` directly.
 Notation: client :math:`k` holds :math:`n_k` training nodes and local objective :math:`F_k`; round
 :math:`t` samples clients :math:`S_t` and FedAvg (McMahan et al. 2017, Algorithm 1) sets
 :math:`w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{l \in S_t} n_l} w_k^{t+1}`.
+
+Strategies, one small interface (:class:`Strategy`: the client's optimiser, a local penalty, the
+aggregation, server state for checkpoints): :class:`FedAvg` (clients keep their own Adam; the
+default and the paper's), :class:`FedProx`, and :class:`FedAdam` (clients SGD, the server runs Adam
+on the FedAvg mean's step; with one local epoch that is centralised Adam on the pooled loss).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -87,13 +92,37 @@ class Strategy:
         """Extra term for the local loss given the round's global weights ``anchor``; None for none."""
         return None
 
-    def aggregate(self, states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
-        """Combine the sampled clients' states (weights: their training-node counts)."""
+    def client_optimizer(self, params: Iterable[torch.Tensor], lr: float,
+                         weight_decay: float) -> torch.optim.Optimizer:
+        """The optimiser a client trains with, built once so its state persists across rounds
+        (default: Adam with the method's ``lr`` and ``weight_decay``)."""
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+
+    def aggregate(self, states: Sequence[StateDict], weights: Sequence[float],
+                  current: StateDict | None = None) -> StateDict:
+        """Combine the sampled clients' states (weights: their training-node counts) into the next
+        global state; ``current`` is the global state they started the round from."""
         return fedavg(states, weights)
 
     def config(self) -> dict:
         """Plain-value description for results files."""
         return {"strategy": self.name}
+
+    def state_to_checkpoint(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """The server-side state a restart must carry, as (JSON meta, arrays); none by default."""
+        return {}, {}
+
+    def state_from_checkpoint(self, meta: dict, arrays: Mapping[str, np.ndarray], current: StateDict) -> None:
+        """Load what :meth:`state_to_checkpoint` saved (``current``: the restored global state).
+
+        Raises:
+            fedgat.checkpoint.CheckpointMismatchError: state this strategy does not keep.
+        """
+        if meta:
+            from fedgat.checkpoint import CheckpointMismatchError
+
+            raise CheckpointMismatchError(f"the checkpoint holds {meta.get('name')!r} server state; "
+                                          f"this server runs {self.name!r}")
 
 
 class FedAvg(Strategy):
@@ -124,6 +153,134 @@ class FedProx(Strategy):
 
     def config(self) -> dict:
         return {"strategy": self.name, "mu": self.mu}
+
+
+class FedAdam(Strategy):
+    r"""FedAdam (Reddi et al. 2021, "Adaptive Federated Optimization", Algorithm 2): clients run
+    plain SGD with step ``client_lr`` and the server moves the global weights with Adam, using the
+    FedAvg mean as its pseudo-gradient,
+
+    .. math::
+        g^t = \frac{w^t - \sum_k \frac{n_k}{\sum_l n_l} w_k^{t+1}}{\eta_l}, \qquad
+        w^{t+1} = \mathrm{Adam}(w^t, g^t + \lambda w^t).
+
+    Why it exists: with FedAvg every client keeps its *own* Adam moments, and the mean of K
+    independently normalised steps is not Adam's step on the pooled loss. With a few training labels
+    per client (non-IID splits, many clients) that costs accuracy. Here the Adam state lives on the
+    server; with one local epoch (``E = 1``) the pseudo-gradient is exactly the gradient of the
+    pooled training loss (the mean over all sampled training nodes), so with every client sampled a
+    FedAdam run is the centralised Adam run of the same model (``torch.optim.Adam`` with the same
+    ``lr``, ``weight_decay``, ``betas``, ``eps``, bias correction included; tested). Weight decay is
+    applied on the server as Adam's L2 term, so clients' SGD carries none. Only model weights move,
+    as with FedAvg; the server's moments never leave it.
+
+    Args:
+        lr, weight_decay: the server's Adam step and L2 weight (the method's ``lr``, ``weight_decay``).
+        client_lr: the clients' SGD step :math:`\eta_l`. With ``E = 1`` it cancels out of
+            :math:`g^t`; with several local epochs it sets how far clients walk between rounds.
+        betas, eps: Adam's.
+        parameters: names of the state-dict entries that are trained (None: every entry); others
+            (buffers) take the plain FedAvg mean.
+
+    Raises:
+        ValueError: a step, weight decay, beta or eps out of range.
+    """
+
+    name = "fedadam"
+
+    def __init__(self, lr: float, weight_decay: float = 0.0, client_lr: float = 1.0,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 parameters: Iterable[str] | None = None) -> None:
+        for label, v in (("lr", lr), ("client_lr", client_lr), ("eps", eps)):
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"FedAdam {label} must be finite and > 0, got {v!r}")
+        if not (math.isfinite(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"FedAdam weight_decay must be finite and >= 0, got {weight_decay!r}")
+        if not all(0 <= b < 1 for b in betas) or len(betas) != 2:
+            raise ValueError(f"FedAdam betas must be two numbers in [0, 1), got {betas!r}")
+        self.lr, self.weight_decay, self.client_lr = float(lr), float(weight_decay), float(client_lr)
+        self.betas, self.eps = (float(betas[0]), float(betas[1])), float(eps)
+        self.parameters = None if parameters is None else frozenset(parameters)
+        self._weights: dict[str, torch.Tensor] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    def client_optimizer(self, params: Iterable[torch.Tensor], lr: float,
+                         weight_decay: float) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=self.client_lr)
+
+    def aggregate(self, states: Sequence[StateDict], weights: Sequence[float],
+                  current: StateDict | None = None) -> StateDict:
+        if current is None:
+            raise ValueError("FedAdam needs the round's global state (current) to form its pseudo-gradient")
+        mean = fedavg(states, weights)
+        trained = [k for k in mean if self.parameters is None or k in self.parameters]
+        if self._optimizer is None:
+            self._start(current, trained)
+        elif sorted(self._weights) != sorted(trained):
+            raise ValueError("FedAdam got a state with other trained entries than in its first round")
+        out = dict(mean)
+        for k, w in self._weights.items():
+            w.copy_(current[k])  # the server's weights are the global state (it may have been reloaded)
+            w.grad = (current[k].to(torch.float64) - mean[k].to(torch.float64)).div_(self.client_lr).to(w.dtype)
+        self._optimizer.step()
+        for k, w in self._weights.items():
+            out[k] = w.detach().clone()
+        return out
+
+    def config(self) -> dict:
+        return {"strategy": self.name, "lr": self.lr, "weight_decay": self.weight_decay,
+                "client_lr": self.client_lr, "betas": list(self.betas), "eps": self.eps}
+
+    def _start(self, current: StateDict, trained: Sequence[str]) -> None:
+        self._weights = {k: current[k].detach().clone() for k in trained}
+        self._optimizer = torch.optim.Adam(list(self._weights.values()), lr=self.lr, betas=self.betas,
+                                           eps=self.eps, weight_decay=self.weight_decay)
+
+    def state_to_checkpoint(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """The server's Adam moments and step (they are the run's state as much as the weights)."""
+        from fedgat.checkpoint import optimizer_to_checkpoint
+
+        if self._optimizer is None:
+            return {"name": self.name, "keys": None}, {}
+        opt_meta, arrays = optimizer_to_checkpoint(self._optimizer, prefix="strategy/")
+        return {"name": self.name, "keys": list(self._weights), "optimizer": opt_meta}, arrays
+
+    def state_from_checkpoint(self, meta: dict, arrays: Mapping[str, np.ndarray], current: StateDict) -> None:
+        from fedgat.checkpoint import CheckpointMismatchError, optimizer_from_checkpoint
+
+        if meta.get("name") != self.name:
+            raise CheckpointMismatchError(f"the checkpoint holds {meta.get('name')!r} server state; "
+                                          f"this server runs {self.name!r}")
+        if meta["keys"] is None:
+            self._weights, self._optimizer = {}, None
+            return
+        if not set(meta["keys"]) <= set(current):
+            raise CheckpointMismatchError("the checkpoint's FedAdam state names weights the model lacks")
+        self._start(current, meta["keys"])
+        assert self._optimizer is not None
+        optimizer_from_checkpoint(self._optimizer, meta["optimizer"], arrays, prefix="strategy/")
+
+
+STRATEGIES: tuple[str, ...] = ("fedavg", "fedadam")
+
+
+def strategy_from_hparams(hp: dict, parameters: Iterable[str] | None = None) -> Strategy:
+    """The strategy a method's hyper-parameters ask for: ``strategy`` "fedavg" (FedAvg, or FedProx
+    when ``mu > 0``) or "fedadam" (:class:`FedAdam` with the method's ``lr``, ``weight_decay`` and
+    ``client_lr``); ``parameters``: the model's trained entries (FedAdam's).
+
+    Raises:
+        ValueError: an unknown strategy, or FedProx's ``mu`` asked for with FedAdam.
+    """
+    name = hp.get("strategy", "fedavg")
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {STRATEGIES}")
+    mu = float(hp.get("mu", 0.0))
+    if name == "fedadam":
+        if mu > 0:
+            raise ValueError("FedProx's mu applies to strategy 'fedavg'; FedAdam clients run plain SGD")
+        return FedAdam(hp["lr"], hp["weight_decay"], client_lr=hp.get("client_lr", 1.0), parameters=parameters)
+    return FedProx(mu) if mu > 0 else FedAvg()
 
 
 @dataclass
@@ -171,8 +328,10 @@ class Client:
         evaluation: the task(s) evaluated on (targets ``"val"``, ``"test"``); one task may serve
             several splits (and may be ``train`` itself). Splits in separate tasks let the server
             evaluate validation alone every round.
-        lr, weight_decay: Adam settings (GAT: 0.005, 5e-4).
+        lr, weight_decay: optimiser settings (GAT: Adam, 0.005, 5e-4).
         local_epochs: full-batch optimiser steps per round (``E``).
+        strategy: builds the client's optimiser (:meth:`Strategy.client_optimizer`; default Adam
+            with ``lr`` and ``weight_decay``, FedAdam: SGD). Pass the run's strategy.
     """
 
     def __init__(
@@ -185,6 +344,7 @@ class Client:
         lr: float = 0.005,
         weight_decay: float = 5e-4,
         local_epochs: int = 1,
+        strategy: Strategy | None = None,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
@@ -193,7 +353,8 @@ class Client:
         self.train_task = train
         self.eval_tasks = [evaluation] if isinstance(evaluation, LocalTask) else list(evaluation)
         self.local_epochs = int(local_epochs)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.optimizer = (strategy if strategy is not None else FedAvg()).client_optimizer(
+            model.parameters(), lr, weight_decay)
 
     def count(self, split: str) -> int:
         """Number of this client's nodes in ``split`` (over its evaluation tasks, or training)."""
@@ -315,7 +476,7 @@ class Server:
         weights = [u.num_train for u in updates]
         total = sum(weights)
         if total > 0:
-            self.state = self.strategy.aggregate([u.state for u in updates], weights)
+            self.state = self.strategy.aggregate([u.state for u in updates], weights, self.state)
         loss = sum(u.loss * u.num_train for u in updates) / total if total else float("nan")
         return {"train_loss": loss, "clients": ids}
 

@@ -37,7 +37,7 @@ from torch import nn
 from fedgat.approx import fit_score
 from fedgat.dp import FeatureDP
 from fedgat.encodings import VARIANTS, encode, encoding_size
-from fedgat.federated import Client, FedAvg, FedProx, LocalTask, Server
+from fedgat.federated import STRATEGIES, Client, LocalTask, Server, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
 from fedgat.graph import CSR, Graph
 from fedgat.models import GAT, FedGAT
@@ -51,7 +51,7 @@ BYTES_PER_REAL = 4  # float32
 MATRIX_DEFAULT_CAP = 16
 
 _TRAINING = {"rounds": 500, "patience": 100, "local_epochs": 1, "lr": 0.005, "weight_decay": 5e-4,
-             "fraction": 1.0, "mu": 0.0}
+             "fraction": 1.0, "mu": 0.0, "strategy": "fedavg", "client_lr": 1.0}
 _GAT = {"hidden": 8, "heads": 8, "dropout": 0.6}
 _GCN = {"hidden": 16, "dropout": 0.5, "lr": 0.01}
 _DEFAULTS: dict[str, dict] = {
@@ -69,7 +69,9 @@ def default_hparams(method: str) -> dict:
     """The hyper-parameters ``method`` runs with unless overridden (a fresh dict).
 
     Shared: ``rounds`` (max rounds), ``patience`` (early stopping, rounds), ``local_epochs`` (E),
-    ``lr``, ``weight_decay`` (Adam), ``fraction`` (clients per round), ``mu`` (FedProx; 0 = FedAvg).
+    ``lr``, ``weight_decay`` (Adam), ``fraction`` (clients per round), ``mu`` (FedProx; 0 = FedAvg),
+    ``strategy`` ("fedavg": clients run Adam, the server averages; "fedadam": clients run SGD with
+    ``client_lr``, the server runs Adam, :class:`fedgat.federated.FedAdam`).
     GAT-type: ``hidden``, ``heads``, ``dropout``. GCN-type: ``hidden``, ``dropout``.
     FedGAT: ``variant`` ("vector"/"matrix"), ``feature_dropout`` (columns of W), ``degree``,
     ``domain``, ``psi``, ``fit`` (score polynomial, :func:`fedgat.approx.fit_score`),
@@ -92,6 +94,8 @@ def resolve_hparams(method: str, overrides: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown hyper-parameter(s) {unknown} for method {method!r}; known: {sorted(hp)}")
     hp.update(overrides)
+    if hp["strategy"] not in STRATEGIES:
+        raise ValueError(f"unknown strategy {hp['strategy']!r}; choose one of {STRATEGIES}")
     if method == "fedgat":
         if hp["variant"] not in VARIANTS:
             raise ValueError(f"unknown FedGAT variant {hp['variant']!r}; choose one of {VARIANTS}")
@@ -180,13 +184,14 @@ def run_method(
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp)
     torch.manual_seed(seed)
-    initial = fed.model_fn().state_dict()
+    model = fed.model_fn()
+    initial = model.state_dict()
+    strategy = strategy_from_hparams(hp, [name for name, _ in model.named_parameters()])
     members = [
         Client(i, fed.model_fn(), train, evaluation, lr=hp["lr"], weight_decay=hp["weight_decay"],
-               local_epochs=hp["local_epochs"])
+               local_epochs=hp["local_epochs"], strategy=strategy)
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]
-    strategy = FedProx(hp["mu"]) if hp["mu"] > 0 else FedAvg()
     server = Server(members, initial, strategy, fraction=hp["fraction"], seed=seed)
     pretrain_seconds = time.perf_counter() - start
     start = time.perf_counter()

@@ -33,7 +33,7 @@ from fedgat.approx import fit_score
 from fedgat.crypto import SlotLayout
 from fedgat.dp import FeatureDP
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings, draw_bases, encode_bucket
-from fedgat.federated import Client, FedAvg, FedProx, FitResult, LocalTask
+from fedgat.federated import Client, FitResult, LocalTask, strategy_from_hparams
 from fedgat.graph import Graph
 from fedgat.methods import _owned_targets, _restrict, resolve_hparams
 from fedgat.models import FedGAT
@@ -527,10 +527,12 @@ def train_fedgat(graph: Graph, partition: Partition, encodings: Mapping[int, Enc
                       dropout=hp["dropout"], feature_dropout=hp["feature_dropout"], score=score)
 
     torch.manual_seed(seed)
-    initial = model_fn().state_dict()
+    model = model_fn()
+    initial = model.state_dict()
+    strategy = strategy_from_hparams(hp, [name for name, _ in model.named_parameters()])
     members = [Client(i, model_fn(), train, evaluation, lr=hp["lr"], weight_decay=hp["weight_decay"],
-                      local_epochs=hp["local_epochs"]) for i, (train, evaluation) in enumerate(tasks)]
-    strategy = FedProx(hp["mu"]) if hp["mu"] > 0 else FedAvg()
+                      local_epochs=hp["local_epochs"], strategy=strategy)
+               for i, (train, evaluation) in enumerate(tasks)]
     session = secrets.randbits(63)
     server = ServerRounds(roster.server, roster, session, deployment.identities[roster.server],
                           initial_state=initial, rounds=hp["rounds"], patience=hp["patience"],

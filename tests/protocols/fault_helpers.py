@@ -44,8 +44,9 @@ class FaultyTransport(InProcessTransport):
         return len(held)
 
 
-def small_clients(seed: int = 3, train_all: bool = True) -> tuple[list[Client], dict]:
-    """3 clients with a dropout + linear model on a 90-node synthetic graph (all with training nodes)."""
+def small_clients(seed: int = 3, train_all: bool = True, strategy=None) -> tuple[list[Client], dict]:
+    """3 clients with a dropout + linear model on a 90-node synthetic graph (all with training nodes);
+    ``strategy`` builds their optimisers (default Adam)."""
     g = synthetic_graph(num_nodes=90, num_features=12, train_per_class=4, num_val=20, num_test=30, seed=5)
     owner = np.arange(g.num_nodes) % 3
     torch.manual_seed(seed)
@@ -65,7 +66,7 @@ def small_clients(seed: int = 3, train_all: bool = True) -> tuple[list[Client], 
             rows = torch.from_numpy(np.flatnonzero(mask))
             targets[split] = (rows, g.y[nodes][rows])
         task = LocalTask((g.x[nodes],), targets)
-        clients.append(Client(c, model_fn(), task, task, lr=0.05, local_epochs=2))
+        clients.append(Client(c, model_fn(), task, task, lr=0.05, local_epochs=2, strategy=strategy))
     return clients, initial
 
 
@@ -75,21 +76,28 @@ SESSION = 9
 class Federation:
     """Fresh FedAvg state machines over fixed identities (what a restarted process would build)."""
 
-    def __init__(self, rounds: int = 6, fraction: float = 0.67, patience: int | None = None, **server_kw) -> None:
+    def __init__(self, rounds: int = 6, fraction: float = 0.67, patience: int | None = None,
+                 strategy_fn=None, **server_kw) -> None:
+        """``strategy_fn()`` makes a fresh strategy for every process built (default FedAvg)."""
+        self.strategy_fn = strategy_fn
         self.dep = make_deployment(3)
         self.roster = self.dep.roster
         self.sid = self.roster.server
         self.kw = {"rounds": rounds, "fraction": fraction, "patience": patience, **server_kw}
 
     def server(self, initial: dict) -> ServerRounds:
+        strategy = self.strategy_fn() if self.strategy_fn else None
         return ServerRounds(self.sid, self.roster, SESSION, self.dep.identities[self.sid], initial_state=initial,
-                            seed=4, **self.kw)
+                            seed=4, strategy=strategy, **self.kw)
+
+    def members(self) -> tuple[list[Client], dict]:
+        return small_clients(strategy=self.strategy_fn() if self.strategy_fn else None)
 
     def client(self, c: int, member: Client) -> ClientRounds:
         return ClientRounds(c, self.roster, SESSION, self.dep.identities[c], client=member, seed=100 + c)
 
     def parties(self) -> dict:
-        members, initial = small_clients()
+        members, initial = self.members()
         out = {c: self.client(c, members[c]) for c in self.roster.clients}
         out[self.sid] = self.server(initial)
         return out

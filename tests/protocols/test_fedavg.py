@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedgat.federated import Client, LocalTask, Server
+from fedgat.federated import Client, FedAdam, FedAvg, LocalTask, Server
 from fedgat.pipeline import make_deployment
 from fedgat.protocols import (
     ClientRounds,
@@ -27,7 +27,7 @@ from fedgat.protocols import (
 from fedgat.synthetic import synthetic_graph
 
 
-def _clients(seed: int) -> tuple[list[Client], dict]:
+def _clients(seed: int, strategy=None) -> tuple[list[Client], dict]:
     """3 clients with a dropout + linear model; client 2 has no training node."""
     g = synthetic_graph(num_nodes=90, num_features=12, train_per_class=4, num_val=20, num_test=30, seed=5)
     owner = np.arange(g.num_nodes) % 3
@@ -48,7 +48,7 @@ def _clients(seed: int) -> tuple[list[Client], dict]:
             rows = torch.from_numpy(np.flatnonzero(mask))
             targets[split] = (rows, g.y[nodes][rows])
         task = LocalTask((g.x[nodes],), targets)
-        clients.append(Client(c, model_fn(), task, task, lr=0.05, local_epochs=2))
+        clients.append(Client(c, model_fn(), task, task, lr=0.05, local_epochs=2, strategy=strategy))
     return clients, initial
 
 
@@ -63,19 +63,24 @@ def _same_history(a: list[dict], b: list[dict]) -> bool:
     return len(a) == len(b) and all(list(x) == list(y) and all(eq(x[k], y[k]) for k in x) for x, y in zip(a, b))
 
 
+def _strategy(name):
+    return FedAdam(0.05, 5e-4, client_lr=0.5) if name == "fedadam" else FedAvg()
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedadam"])
 @pytest.mark.parametrize("fraction, patience, rounds", [(1.0, None, 6), (0.67, 2, 12)])
-def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds):
-    clients, initial = _clients(seed=3)
+def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, strategy):
+    clients, initial = _clients(seed=3, strategy=_strategy(strategy))
     torch.manual_seed(11)
-    server = Server(clients, initial, fraction=fraction, seed=4)
+    server = Server(clients, initial, _strategy(strategy), fraction=fraction, seed=4)
     want = server.fit(rounds, patience)
 
-    clients, initial = _clients(seed=3)
+    clients, initial = _clients(seed=3, strategy=_strategy(strategy))
     dep = make_deployment(3)
     roster = dep.roster
     torch.manual_seed(11)
     srv = ServerRounds(roster.server, roster, 9, dep.identities[roster.server], initial_state=initial,
-                       rounds=rounds, patience=patience, fraction=fraction, seed=4)
+                       rounds=rounds, patience=patience, fraction=fraction, seed=4, strategy=_strategy(strategy))
     parties = {c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c]) for c in roster.clients}
     run_parties(InProcessTransport(), {**parties, roster.server: srv})
     got = srv.result

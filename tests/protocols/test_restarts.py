@@ -10,6 +10,7 @@ import torch
 from fault_helpers import FaultyTransport, Federation, same_history, same_state, small_clients
 
 from fedgat.checkpoint import CheckpointIntegrityError, CheckpointMismatchError, CheckpointStore
+from fedgat.federated import FedAdam
 from fedgat.protocols import Driver, ReplayError, StateError, run_parties
 from fedgat.protocols.driver import ManualClock
 from fedgat.protocols.pretrain import encodings_from_checkpoint
@@ -47,7 +48,7 @@ def _run_until_checkpoint(fed: Federation, store: CheckpointStore, label: int):
 
 def _restored(fed: Federation, store: CheckpointStore, label: int) -> dict:
     """Fresh objects (new models and optimisers) restored from the checkpoints at ``label``."""
-    members, initial = small_clients()
+    members, initial = fed.members()
     parties = {}
     for c in fed.roster.clients:
         parties[c] = fed.client(c, members[c])
@@ -99,6 +100,36 @@ def test_a_client_restarts_alone(reference, tmp_path):
     driver.run()
     _assert_same_run(parties[fed.sid], ref)
     assert not driver.rejected
+
+
+def _fedadam():
+    return FedAdam(0.05, 5e-4, client_lr=0.5)
+
+
+def test_the_server_restarts_alone_with_fedadam_moments(tmp_path):
+    """FedAdam's Adam moments live on the server: a restarted server that restores them continues the
+    run bit for bit; one that lost them (a FedAvg checkpoint, or none) would not, and a FedAdam
+    checkpoint does not load into a FedAvg server."""
+    fed = Federation(strategy_fn=_fedadam)
+    parties = fed.parties()
+    run_parties(FaultyTransport(), parties, clock=ManualClock())
+    ref = parties[fed.sid]
+    assert ref.done and ref.result.rounds == 6
+
+    store = CheckpointStore(tmp_path)
+    driver, _ = _run_until_checkpoint(fed, store, CRASH_AT)
+    driver.crash(fed.sid)
+    _, initial = fed.members()
+    server = fed.server(initial)
+    server.restore(store.load(fed.sid))
+    assert server.strategy._optimizer is not None  # the moments came back
+    driver.replace(fed.sid, server)
+    driver.run()
+    _assert_same_run(server, ref)
+
+    plain = Federation().server(initial)
+    with pytest.raises(CheckpointMismatchError):
+        plain.restore(store.load(fed.sid))
 
 
 def test_restore_refuses_foreign_or_damaged_checkpoints(reference, tmp_path):

@@ -39,6 +39,9 @@ _HPARAM_FLAGS: dict[str, tuple[type | object, str]] = {
     "weight_decay": (float, "Adam weight decay (default 5e-4)"),
     "fraction": (float, "share of clients sampled per round (default 1)"),
     "mu": (float, "FedProx proximal weight; 0 = FedAvg (default)"),
+    "strategy": (str, "fedavg (clients run Adam, server averages; default) or fedadam (clients run "
+                      "SGD, server runs Adam on the averaged step)"),
+    "client_lr": (float, "FedAdam: the clients' SGD step (default 1; cancels out with one local epoch)"),
     "hidden": (int, "hidden units per head (GAT-type 8, GCN-type 16)"),
     "heads": (int, "attention heads of layer 1 (GAT-type, default 8)"),
     "dropout": (float, "dropout (GAT-type 0.6, GCN-type 0.5)"),
