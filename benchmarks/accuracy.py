@@ -208,12 +208,17 @@ def _done(results) -> list[dict]:
     return [r for r in results if r is not None]
 
 
+def _strategy(strategy: str) -> tuple[dict, str]:
+    """``(overrides, label tag)`` of a strategy's rows (FedAvg, the default: none)."""
+    return ({}, "") if strategy == "fedavg" else ({"strategy": strategy}, STRATEGY_TAG[strategy])
+
+
 def table_rows(fedgat: dict, strategies=STRATEGIES) -> list[tuple[str, str, dict]]:
     """``(label, method, overrides)`` of the Table-1 rows: the federated methods once per strategy
     (FedAdam rows labelled so), then the centralised references (one client: no strategy)."""
     rows = []
     for strategy in strategies:
-        extra, tag = ({}, "") if strategy == "fedavg" else ({"strategy": strategy}, STRATEGY_TAG[strategy])
+        extra, tag = _strategy(strategy)
         rows += [("fedgat" + tag, "fedgat", {**fedgat, **extra}),
                  ("fedgat, min_cross 0" + tag, "fedgat", {**fedgat, **NO_RULE, **extra}),
                  ("distgat" + tag, "distgat", extra), ("distgat, dropout 0" + tag, "distgat", {**NO_DROPOUT, **extra}),
@@ -243,7 +248,7 @@ def run_clients(run: Runner, seeds: list[int], datasets, beta: float, fedgat: di
     rows = []
     variants = []
     for strategy in strategies:
-        extra, tag = ({}, "") if strategy == "fedavg" else ({"strategy": strategy}, STRATEGY_TAG[strategy])
+        extra, tag = _strategy(strategy)
         variants += [("fedgat" + tag, "fedgat", {**fedgat, **extra}),
                      ("fedgat, min_cross 0" + tag, "fedgat", {**fedgat, **NO_RULE, **extra}),
                      ("distgat" + tag, "distgat", extra)]

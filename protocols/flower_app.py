@@ -545,7 +545,7 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
     torch.manual_seed(cfg.seed)
     model = _model_fn(num_features, num_classes, hp)()
     initial = model.state_dict()
-    strategy = strategy_from_hparams(hp, [name for name, _ in model.named_parameters()])
+    strategy = strategy_from_hparams(hp, model)
     session = secrets.randbits(63)
     rserver = ServerRounds(server_id, roster, session, identity, initial_state=initial, rounds=hp["rounds"],
                            patience=hp["patience"], strategy=strategy, fraction=hp["fraction"], seed=cfg.seed,

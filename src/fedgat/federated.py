@@ -264,10 +264,10 @@ class FedAdam(Strategy):
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedadam")
 
 
-def strategy_from_hparams(hp: dict, parameters: Iterable[str] | None = None) -> Strategy:
+def strategy_from_hparams(hp: dict, model: nn.Module | None = None) -> Strategy:
     """The strategy a method's hyper-parameters ask for: ``strategy`` "fedavg" (FedAvg, or FedProx
     when ``mu > 0``) or "fedadam" (:class:`FedAdam` with the method's ``lr``, ``weight_decay`` and
-    ``client_lr``); ``parameters``: the model's trained entries (FedAdam's).
+    ``client_lr``, training ``model``'s parameters; None: every state-dict entry).
 
     Raises:
         ValueError: an unknown strategy, or FedProx's ``mu`` asked for with FedAdam.
@@ -279,6 +279,7 @@ def strategy_from_hparams(hp: dict, parameters: Iterable[str] | None = None) -> 
     if name == "fedadam":
         if mu > 0:
             raise ValueError("FedProx's mu applies to strategy 'fedavg'; FedAdam clients run plain SGD")
+        parameters = None if model is None else [name for name, _ in model.named_parameters()]
         return FedAdam(hp["lr"], hp["weight_decay"], client_lr=hp.get("client_lr", 1.0), parameters=parameters)
     return FedProx(mu) if mu > 0 else FedAvg()
 

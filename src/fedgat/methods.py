@@ -37,7 +37,7 @@ from torch import nn
 from fedgat.approx import fit_score
 from fedgat.dp import FeatureDP
 from fedgat.encodings import VARIANTS, encode, encoding_size
-from fedgat.federated import STRATEGIES, Client, LocalTask, Server, strategy_from_hparams
+from fedgat.federated import Client, LocalTask, Server, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
 from fedgat.graph import CSR, Graph
 from fedgat.models import GAT, FedGAT
@@ -87,15 +87,15 @@ def resolve_hparams(method: str, overrides: dict) -> dict:
     """Defaults updated with ``overrides``; "auto" neighbour caps resolved.
 
     Raises:
-        ValueError: unknown method, unknown hyper-parameter name, or a bad FedGAT variant.
+        ValueError: unknown method, unknown hyper-parameter name, a bad strategy setting, or a bad
+            FedGAT variant.
     """
     hp = default_hparams(method)
     unknown = sorted(set(overrides) - set(hp))
     if unknown:
         raise ValueError(f"unknown hyper-parameter(s) {unknown} for method {method!r}; known: {sorted(hp)}")
     hp.update(overrides)
-    if hp["strategy"] not in STRATEGIES:
-        raise ValueError(f"unknown strategy {hp['strategy']!r}; choose one of {STRATEGIES}")
+    strategy_from_hparams(hp)  # an unknown strategy, or mu with FedAdam, fails here, before any set-up
     if method == "fedgat":
         if hp["variant"] not in VARIANTS:
             raise ValueError(f"unknown FedGAT variant {hp['variant']!r}; choose one of {VARIANTS}")
@@ -186,7 +186,7 @@ def run_method(
     torch.manual_seed(seed)
     model = fed.model_fn()
     initial = model.state_dict()
-    strategy = strategy_from_hparams(hp, [name for name, _ in model.named_parameters()])
+    strategy = strategy_from_hparams(hp, model)
     members = [
         Client(i, fed.model_fn(), train, evaluation, lr=hp["lr"], weight_decay=hp["weight_decay"],
                local_epochs=hp["local_epochs"], strategy=strategy)

@@ -529,7 +529,7 @@ def train_fedgat(graph: Graph, partition: Partition, encodings: Mapping[int, Enc
     torch.manual_seed(seed)
     model = model_fn()
     initial = model.state_dict()
-    strategy = strategy_from_hparams(hp, [name for name, _ in model.named_parameters()])
+    strategy = strategy_from_hparams(hp, model)
     members = [Client(i, model_fn(), train, evaluation, lr=hp["lr"], weight_decay=hp["weight_decay"],
                       local_epochs=hp["local_epochs"], strategy=strategy)
                for i, (train, evaluation) in enumerate(tasks)]
