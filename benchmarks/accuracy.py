@@ -187,9 +187,12 @@ class Runner:
             start = time.perf_counter()
             result = run_method(method, graph, clients, beta, seed, **hp)
             self.runs[key] = result.to_dict()
-            print(f"  {method:8s} {dataset:9s} K={result.num_clients:<3d} beta={beta:<7g} seed={seed} "
-                  f"{_short(hp)}: test {result.test_accuracy:.3f} val {result.best_val_accuracy:.3f} "
-                  f"rounds {result.rounds} ({time.perf_counter() - start:.0f} s)", flush=True)
+            print(
+                f"  {method:8s} {dataset:9s} K={result.num_clients:<3d} beta={beta:<7g} seed={seed} "
+                f"{_short(hp)}: test {result.test_accuracy:.3f} val {result.best_val_accuracy:.3f} "
+                f"rounds {result.rounds} ({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
             self.save()
         return self.runs[key]
 
@@ -199,8 +202,12 @@ def _short(hp: dict) -> str:
 
 
 def _stats(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "n": len(values), "values": values}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+        "values": values,
+    }
 
 
 def _done(results) -> list[dict]:
@@ -219,10 +226,13 @@ def table_rows(fedgat: dict, strategies=STRATEGIES) -> list[tuple[str, str, dict
     rows = []
     for strategy in strategies:
         extra, tag = _strategy(strategy)
-        rows += [("fedgat" + tag, "fedgat", {**fedgat, **extra}),
-                 ("fedgat, min_cross 0" + tag, "fedgat", {**fedgat, **NO_RULE, **extra}),
-                 ("distgat" + tag, "distgat", extra), ("distgat, dropout 0" + tag, "distgat", {**NO_DROPOUT, **extra}),
-                 ("fedgcn" + tag, "fedgcn", extra)]
+        rows += [
+            ("fedgat" + tag, "fedgat", {**fedgat, **extra}),
+            ("fedgat, min_cross 0" + tag, "fedgat", {**fedgat, **NO_RULE, **extra}),
+            ("distgat" + tag, "distgat", extra),
+            ("distgat, dropout 0" + tag, "distgat", {**NO_DROPOUT, **extra}),
+            ("fedgcn" + tag, "fedgcn", extra),
+        ]
     return rows + [("gat", "gat", {}), ("gcn", "gcn", {})]
 
 
@@ -234,33 +244,50 @@ def run_table(run: Runner, seeds: list[int], datasets, fedgat: dict, strategies=
                 res = _done(run(method, dataset, 10, beta, s, **hp) for s in seeds)
                 if not res:
                     continue
-                rows.append({"dataset": dataset, "beta": beta, "method": label, "overrides": hp,
-                             "test_accuracy": _stats([r["test_accuracy"] for r in res]),
-                             "best_val_accuracy": _stats([r["best_val_accuracy"] for r in res]),
-                             "rounds": statistics.fmean(r["rounds"] for r in res),
-                             "pretrain_bytes": statistics.fmean(r["pretrain_bytes"] for r in res),
-                             "train_seconds": statistics.fmean(r["train_seconds"] for r in res)})
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "beta": beta,
+                        "method": label,
+                        "overrides": hp,
+                        "test_accuracy": _stats([r["test_accuracy"] for r in res]),
+                        "best_val_accuracy": _stats([r["best_val_accuracy"] for r in res]),
+                        "rounds": statistics.fmean(r["rounds"] for r in res),
+                        "pretrain_bytes": statistics.fmean(r["pretrain_bytes"] for r in res),
+                        "train_seconds": statistics.fmean(r["train_seconds"] for r in res),
+                    }
+                )
     return rows
 
 
-def run_clients(run: Runner, seeds: list[int], datasets, beta: float, fedgat: dict,
-                strategies=STRATEGIES) -> list[dict]:
+def run_clients(
+    run: Runner, seeds: list[int], datasets, beta: float, fedgat: dict, strategies=STRATEGIES
+) -> list[dict]:
     rows = []
     variants = []
     for strategy in strategies:
         extra, tag = _strategy(strategy)
-        variants += [("fedgat" + tag, "fedgat", {**fedgat, **extra}),
-                     ("fedgat, min_cross 0" + tag, "fedgat", {**fedgat, **NO_RULE, **extra}),
-                     ("distgat" + tag, "distgat", extra)]
+        variants += [
+            ("fedgat" + tag, "fedgat", {**fedgat, **extra}),
+            ("fedgat, min_cross 0" + tag, "fedgat", {**fedgat, **NO_RULE, **extra}),
+            ("distgat" + tag, "distgat", extra),
+        ]
     for dataset in datasets:
         for label, method, hp in variants:
             for k in CLIENT_COUNTS:
                 res = _done(run(method, dataset, k, beta, s, **hp) for s in seeds)
                 if not res:
                     continue
-                rows.append({"dataset": dataset, "beta": beta, "method": label, "clients": k,
-                             "test_accuracy": _stats([r["test_accuracy"] for r in res]),
-                             "train_seconds": statistics.fmean(r["train_seconds"] for r in res)})
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "beta": beta,
+                        "method": label,
+                        "clients": k,
+                        "test_accuracy": _stats([r["test_accuracy"] for r in res]),
+                        "train_seconds": statistics.fmean(r["train_seconds"] for r in res),
+                    }
+                )
     return rows
 
 
@@ -271,23 +298,38 @@ def run_degree(run: Runner, seeds: list[int], datasets, beta: float, fedgat: dic
             res = _done(run("fedgat", dataset, 10, beta, s, **{**fedgat, "degree": p}) for s in seeds)
             if not res:
                 continue
-            rows.append({"dataset": dataset, "beta": beta, "degree": p,
-                         "test_accuracy": _stats([r["test_accuracy"] for r in res])})
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "beta": beta,
+                    "degree": p,
+                    "test_accuracy": _stats([r["test_accuracy"] for r in res]),
+                }
+            )
     return rows
 
 
 def run_comm(datasets, beta: float) -> list[dict]:
-    settings = {"fedgat vector": ("fedgat", {"variant": "vector"}),
-                "fedgat matrix, cap 16": ("fedgat", {"variant": "matrix", "neighbour_cap": 16}),
-                "fedgat matrix, uncapped": ("fedgat", {"variant": "matrix", "neighbour_cap": None}),
-                "fedgcn": ("fedgcn", {})}
+    settings = {
+        "fedgat vector": ("fedgat", {"variant": "vector"}),
+        "fedgat matrix, cap 16": ("fedgat", {"variant": "matrix", "neighbour_cap": 16}),
+        "fedgat matrix, uncapped": ("fedgat", {"variant": "matrix", "neighbour_cap": None}),
+        "fedgcn": ("fedgcn", {}),
+    }
     rows = []
     for dataset in datasets:
         graph = load_dataset(dataset)
         for name, (method, hp) in settings.items():
             for k in CLIENT_COUNTS:
-                rows.append({"dataset": dataset, "beta": beta, "setting": name, "clients": k,
-                             "pretrain_bytes": pretrain_bytes(method, graph, k, beta, 0, **hp)})
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "beta": beta,
+                        "setting": name,
+                        "clients": k,
+                        "pretrain_bytes": pretrain_bytes(method, graph, k, beta, 0, **hp),
+                    }
+                )
     return rows
 
 
@@ -296,17 +338,26 @@ def run_tuning(run: Runner, seeds: list[int]) -> list[dict]:
     for name, hp in TUNING.items():
         for beta in BETAS:
             res = [run("fedgat", "cora", 10, beta, s, **hp) for s in seeds]
-            rows.append({"setting": name, "overrides": hp, "beta": beta,
-                         "best_val_accuracy": _stats([r["best_val_accuracy"] for r in res]),
-                         "test_accuracy": _stats([r["test_accuracy"] for r in res]),
-                         "rounds": statistics.fmean(r["rounds"] for r in res)})
+            rows.append(
+                {
+                    "setting": name,
+                    "overrides": hp,
+                    "beta": beta,
+                    "best_val_accuracy": _stats([r["best_val_accuracy"] for r in res]),
+                    "test_accuracy": _stats([r["test_accuracy"] for r in res]),
+                    "rounds": statistics.fmean(r["rounds"] for r in res),
+                }
+            )
     return rows
 
 
 def select_setting(tuning: list[dict]) -> tuple[str, dict]:
     """The tuning setting with the highest validation accuracy averaged over both betas."""
     names = list(dict.fromkeys(r["setting"] for r in tuning))
-    score = {n: statistics.fmean(r["best_val_accuracy"]["mean"] for r in tuning if r["setting"] == n) for n in names}
+    score = {
+        n: statistics.fmean(r["best_val_accuracy"]["mean"] for r in tuning if r["setting"] == n)
+        for n in names
+    }
     best = max(names, key=score.__getitem__)
     return best, next(r["overrides"] for r in tuning if r["setting"] == best)
 
@@ -335,92 +386,172 @@ def _gaps(means: dict[str, float]) -> list[str]:
 
 def render_markdown(data: dict) -> str:
     meta = data["meta"]
-    lines = ["# FedGAT accuracy benchmark", "",
-             (f"Generated by `benchmarks/accuracy.py` ({meta['date']}; torch {meta['torch']}, "
-             f"{meta['torch_threads']} thread(s), {meta['machine']}). Mean ± sample std over seeds; "
-             "test accuracy at the round of best pooled validation accuracy."), ""]
-    lines += [(f"Budget: {meta['seeds']} seed(s) per Table-1 cell (default 10), {meta['sweep_seeds']} per sweep "
-              f"point, {meta['tune_seeds']} per tuning setting; up to {meta['rounds']} rounds, patience "
-              f"{meta['patience']}."), "", NOTES, ""]
+    lines = [
+        "# FedGAT accuracy benchmark",
+        "",
+        (
+            f"Generated by `benchmarks/accuracy.py` ({meta['date']}; torch {meta['torch']}, "
+            f"{meta['torch_threads']} thread(s), {meta['machine']}). Mean ± sample std over seeds; "
+            "test accuracy at the round of best pooled validation accuracy."
+        ),
+        "",
+    ]
+    lines += [
+        (
+            f"Budget: {meta['seeds']} seed(s) per Table-1 cell (default 10), {meta['sweep_seeds']} per sweep "
+            f"point, {meta['tune_seeds']} per tuning setting; up to {meta['rounds']} rounds, patience "
+            f"{meta['patience']}."
+        ),
+        "",
+        NOTES,
+        "",
+    ]
     if data.get("table"):
         table = data["table"]
         seeds = max(r["test_accuracy"]["n"] for r in table)
-        lines += ["## Table 1: test accuracy, 10 clients", "",
-                  (f"{seeds} seed(s) per cell (a cell run with fewer says `n=`). `gat`/`gcn` are centralised (no split): the same runs fill "
-                  "both beta columns. Paper: the numbers in the paper's Table 1 (one per dataset)."), ""]
+        lines += [
+            "## Table 1: test accuracy, 10 clients",
+            "",
+            (
+                f"{seeds} seed(s) per cell (a cell run with fewer says `n=`). `gat`/`gcn` are centralised (no split): the same runs fill "
+                "both beta columns. Paper: the numbers in the paper's Table 1 (one per dataset)."
+            ),
+            "",
+        ]
         datasets = sorted({r["dataset"] for r in table}, key=DATASETS.index)
-        head = ["method"] + [f"{d} β={b:g}" for d in datasets for b in BETAS] + [f"paper {d}" for d in datasets]
+        head = (
+            ["method"] + [f"{d} β={b:g}" for d in datasets for b in BETAS] + [f"paper {d}" for d in datasets]
+        )
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for method in dict.fromkeys(r["method"] for r in table):
             cells = [method]
             for d in datasets:
                 for b in BETAS:
-                    row = next((r for r in table if (r["dataset"], r["beta"], r["method"]) == (d, b, method)), None)
+                    row = next(
+                        (r for r in table if (r["dataset"], r["beta"], r["method"]) == (d, b, method)), None
+                    )
                     cells.append(_pm(row["test_accuracy"], seeds) if row else "")
             for d in datasets:
                 paper = PAPER.get(method)
                 cells.append(f"{paper[DATASETS.index(d)]:.3f}" if paper else "")
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", ("FedGAT minus centralised GAT (mean test accuracy, points); in brackets FedGAT minus "
-                       "FedGCN and minus DistGAT under the same strategy:"), ""]
+        lines += [
+            "",
+            (
+                "FedGAT minus centralised GAT (mean test accuracy, points); in brackets FedGAT minus "
+                "FedGCN and minus DistGAT under the same strategy:"
+            ),
+            "",
+        ]
         for d in datasets:
             for b in BETAS:
-                get = {r["method"]: r["test_accuracy"]["mean"] for r in table if r["dataset"] == d and r["beta"] == b}
+                get = {
+                    r["method"]: r["test_accuracy"]["mean"]
+                    for r in table
+                    if r["dataset"] == d and r["beta"] == b
+                }
                 if "gat" in get:
                     lines.append(f"- {d}, β={b:g}: " + "; ".join(_gaps(get)))
-        lines += ["", ("Cost per run (means): rounds run (early stopping), training seconds (rounds incl. "
-                  "per-round evaluation), pre-training bytes shipped to all clients together."), "",
-                  "| dataset | β | method | rounds | train s | pre-training MB |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            (
+                "Cost per run (means): rounds run (early stopping), training seconds (rounds incl. "
+                "per-round evaluation), pre-training bytes shipped to all clients together."
+            ),
+            "",
+            "| dataset | β | method | rounds | train s | pre-training MB |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in table:
-            lines.append(f"| {r['dataset']} | {r['beta']:g} | {r['method']} | {r['rounds']:.0f} | "
-                         f"{r['train_seconds']:.1f} | {r['pretrain_bytes'] / 1e6:.1f} |")
+            lines.append(
+                f"| {r['dataset']} | {r['beta']:g} | {r['method']} | {r['rounds']:.0f} | "
+                f"{r['train_seconds']:.1f} | {r['pretrain_bytes'] / 1e6:.1f} |"
+            )
         lines.append("")
     if data.get("clients"):
         rows = data["clients"]
         sweep_seeds = max(r["test_accuracy"]["n"] for r in rows)
-        lines += [(f"## Accuracy vs number of clients (β={rows[0]['beta']:g}, "
-                  f"{sweep_seeds} seed(s)); plot: `clients.png`"), "",
-                  "| dataset | method | " + " | ".join(f"K={k}" for k in CLIENT_COUNTS) + " |",
-                  "|---|---|" + "---|" * len(CLIENT_COUNTS)]
+        lines += [
+            (
+                f"## Accuracy vs number of clients (β={rows[0]['beta']:g}, "
+                f"{sweep_seeds} seed(s)); plot: `clients.png`"
+            ),
+            "",
+            "| dataset | method | " + " | ".join(f"K={k}" for k in CLIENT_COUNTS) + " |",
+            "|---|---|" + "---|" * len(CLIENT_COUNTS),
+        ]
         for d in sorted({r["dataset"] for r in rows}, key=DATASETS.index):
             for m in dict.fromkeys(r["method"] for r in rows):
                 cells = []
                 for k in CLIENT_COUNTS:
-                    row = next((r for r in rows if (r["dataset"], r["method"], r["clients"]) == (d, m, k)), None)
+                    row = next(
+                        (r for r in rows if (r["dataset"], r["method"], r["clients"]) == (d, m, k)), None
+                    )
                     cells.append(_pm(row["test_accuracy"], sweep_seeds) if row else "not run")
                 lines.append(f"| {d} | {m} | " + " | ".join(cells) + " |")
         lines.append("")
     if data.get("degree"):
         rows = data["degree"]
-        lines += [(f"## Accuracy vs polynomial degree p (10 clients, β={rows[0]['beta']:g}, "
-                  f"{rows[0]['test_accuracy']['n']} seed(s)); plot: `degree.png`"), "",
-                  "| dataset | " + " | ".join(f"p={p}" for p in DEGREES) + " |", "|---|" + "---|" * len(DEGREES)]
+        lines += [
+            (
+                f"## Accuracy vs polynomial degree p (10 clients, β={rows[0]['beta']:g}, "
+                f"{rows[0]['test_accuracy']['n']} seed(s)); plot: `degree.png`"
+            ),
+            "",
+            "| dataset | " + " | ".join(f"p={p}" for p in DEGREES) + " |",
+            "|---|" + "---|" * len(DEGREES),
+        ]
         for d in sorted({r["dataset"] for r in rows}, key=DATASETS.index):
-            cells = [_pm(r["test_accuracy"]) for p in DEGREES for r in rows if (r["dataset"], r["degree"]) == (d, p)]
+            cells = [
+                _pm(r["test_accuracy"])
+                for p in DEGREES
+                for r in rows
+                if (r["dataset"], r["degree"]) == (d, p)
+            ]
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
         lines.append("")
     if data.get("comm"):
         rows = data["comm"]
-        lines += [(f"## Pre-training communication vs clients (MB, float32, β={rows[0]['beta']:g}, seed 0); "
-                  "plot: `comm.png`"), "",
-                  ("Counted from sizes: vector ~ d·(1+2n) + 2n² reals per needed node, matrix ~ d·(1+2n+4n²) + "
-                  "4n²+4n, FedGCN d per needed node (n = neighbourhood size incl. self)."), "",
-                  "| dataset | setting | " + " | ".join(f"K={k}" for k in CLIENT_COUNTS) + " |",
-                  "|---|---|" + "---|" * len(CLIENT_COUNTS)]
+        lines += [
+            (
+                f"## Pre-training communication vs clients (MB, float32, β={rows[0]['beta']:g}, seed 0); "
+                "plot: `comm.png`"
+            ),
+            "",
+            (
+                "Counted from sizes: vector ~ d·(1+2n) + 2n² reals per needed node, matrix ~ d·(1+2n+4n²) + "
+                "4n²+4n, FedGCN d per needed node (n = neighbourhood size incl. self)."
+            ),
+            "",
+            "| dataset | setting | " + " | ".join(f"K={k}" for k in CLIENT_COUNTS) + " |",
+            "|---|---|" + "---|" * len(CLIENT_COUNTS),
+        ]
         for d in sorted({r["dataset"] for r in rows}, key=DATASETS.index):
             for s in dict.fromkeys(r["setting"] for r in rows):
-                cells = [f"{r['pretrain_bytes'] / 1e6:,.0f}" for k in CLIENT_COUNTS for r in rows
-                         if (r["dataset"], r["setting"], r["clients"]) == (d, s, k)]
+                cells = [
+                    f"{r['pretrain_bytes'] / 1e6:,.0f}"
+                    for k in CLIENT_COUNTS
+                    for r in rows
+                    if (r["dataset"], r["setting"], r["clients"]) == (d, s, k)
+                ]
                 lines.append(f"| {d} | {s} | " + " | ".join(cells) + " |")
         lines.append("")
     if data.get("tuning"):
         rows = data["tuning"]
-        lines += [(f"## FedGAT tuning (Cora, 10 clients, {rows[0]['test_accuracy']['n']} seed(s)); chosen "
-                  "by mean validation accuracy"), "",
-                  "| setting | β | best val | test | rounds |", "|---|---|---|---|---|"]
+        lines += [
+            (
+                f"## FedGAT tuning (Cora, 10 clients, {rows[0]['test_accuracy']['n']} seed(s)); chosen "
+                "by mean validation accuracy"
+            ),
+            "",
+            "| setting | β | best val | test | rounds |",
+            "|---|---|---|---|---|",
+        ]
         for r in rows:
-            lines.append(f"| {r['setting']} | {r['beta']:g} | {_pm(r['best_val_accuracy'])} | "
-                         f"{_pm(r['test_accuracy'])} | {r['rounds']:.0f} |")
+            lines.append(
+                f"| {r['setting']} | {r['beta']:g} | {_pm(r['best_val_accuracy'])} | "
+                f"{_pm(r['test_accuracy'])} | {r['rounds']:.0f} |"
+            )
         lines.append("")
     lines += ["## Hyper-parameters", "", "```json", json.dumps(data["hparams"], indent=1), "```", ""]
     return "\n".join(lines)
@@ -432,12 +563,26 @@ def render_plots(data: dict, out: Path) -> list[str]:
         rows = data["clients"]
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for d in sorted({r["dataset"] for r in rows}, key=DATASETS.index):
-            for m, style in zip(dict.fromkeys(r["method"] for r in rows), ("o-", "^-", "s-", "o--", "^--", "s--")):
-                pts = sorted((r["clients"], r["test_accuracy"]) for r in rows if (r["dataset"], r["method"]) == (d, m))
-                ax.errorbar([k for k, _ in pts], [s["mean"] for _, s in pts], [s["std"] for _, s in pts],
-                            fmt=style, capsize=3, label=f"{m} {d}")
-        ax.set(xscale="log", xlabel="clients", ylabel="test accuracy",
-               title=f"Accuracy vs clients (β={rows[0]['beta']:g})")
+            for m, style in zip(
+                dict.fromkeys(r["method"] for r in rows), ("o-", "^-", "s-", "o--", "^--", "s--")
+            ):
+                pts = sorted(
+                    (r["clients"], r["test_accuracy"]) for r in rows if (r["dataset"], r["method"]) == (d, m)
+                )
+                ax.errorbar(
+                    [k for k, _ in pts],
+                    [s["mean"] for _, s in pts],
+                    [s["std"] for _, s in pts],
+                    fmt=style,
+                    capsize=3,
+                    label=f"{m} {d}",
+                )
+        ax.set(
+            xscale="log",
+            xlabel="clients",
+            ylabel="test accuracy",
+            title=f"Accuracy vs clients (β={rows[0]['beta']:g})",
+        )
         ax.set_xticks(CLIENT_COUNTS, [str(k) for k in CLIENT_COUNTS])
         ax.legend(fontsize=8)
         written.append(_save(fig, out / "clients.png"))
@@ -446,10 +591,20 @@ def render_plots(data: dict, out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for d in sorted({r["dataset"] for r in rows}, key=DATASETS.index):
             pts = sorted((r["degree"], r["test_accuracy"]) for r in rows if r["dataset"] == d)
-            ax.errorbar([p for p, _ in pts], [s["mean"] for _, s in pts], [s["std"] for _, s in pts],
-                        fmt="o-", capsize=3, label=d)
-        ax.set(xlabel="polynomial degree p", ylabel="test accuracy", xticks=DEGREES,
-               title=f"FedGAT accuracy vs degree (10 clients, β={rows[0]['beta']:g})")
+            ax.errorbar(
+                [p for p, _ in pts],
+                [s["mean"] for _, s in pts],
+                [s["std"] for _, s in pts],
+                fmt="o-",
+                capsize=3,
+                label=d,
+            )
+        ax.set(
+            xlabel="polynomial degree p",
+            ylabel="test accuracy",
+            xticks=DEGREES,
+            title=f"FedGAT accuracy vs degree (10 clients, β={rows[0]['beta']:g})",
+        )
         ax.legend(fontsize=8)
         written.append(_save(fig, out / "degree.png"))
     if data.get("comm"):
@@ -457,10 +612,19 @@ def render_plots(data: dict, out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for d, style in zip(sorted({r["dataset"] for r in rows}, key=DATASETS.index), ("-", "--")):
             for s in dict.fromkeys(r["setting"] for r in rows):
-                pts = sorted((r["clients"], r["pretrain_bytes"]) for r in rows if (r["dataset"], r["setting"]) == (d, s))
+                pts = sorted(
+                    (r["clients"], r["pretrain_bytes"])
+                    for r in rows
+                    if (r["dataset"], r["setting"]) == (d, s)
+                )
                 ax.plot([k for k, _ in pts], [b / 1e6 for _, b in pts], "o" + style, label=f"{s} ({d})")
-        ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="pre-training MB (float32)",
-               title="Pre-training communication vs clients")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="clients",
+            ylabel="pre-training MB (float32)",
+            title="Pre-training communication vs clients",
+        )
         ax.set_xticks(CLIENT_COUNTS, [str(k) for k in CLIENT_COUNTS])
         ax.legend(fontsize=6)
         written.append(_save(fig, out / "comm.png"))
@@ -478,21 +642,36 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
-    parser.add_argument("--sweep-datasets", nargs="+", choices=DATASETS, default=["cora"],
-                        help="datasets of the client and degree sweeps (default cora)")
+    parser.add_argument(
+        "--sweep-datasets",
+        nargs="+",
+        choices=DATASETS,
+        default=["cora"],
+        help="datasets of the client and degree sweeps (default cora)",
+    )
     parser.add_argument("--seeds", type=int, default=10, help="seeds per Table-1 cell (default 10)")
     parser.add_argument("--sweep-seeds", type=int, default=2, help="seeds per sweep point (default 2)")
     parser.add_argument("--tune-seeds", type=int, default=2, help="seeds per tuning setting (default 2)")
     parser.add_argument("--sweep-beta", type=float, default=1.0, help="beta of the sweeps (default 1)")
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
-                        help="server strategies of the federated rows (default both)")
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        choices=STRATEGIES,
+        default=list(STRATEGIES),
+        help="server strategies of the federated rows (default both)",
+    )
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--patience", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--render", action="store_true", help="only re-write Markdown and plots from the JSON")
-    parser.add_argument("--cached-only", action="store_true",
-                        help="build the sections from runs already in the JSON, run nothing (cells say their seed count)")
+    parser.add_argument(
+        "--render", action="store_true", help="only re-write Markdown and plots from the JSON"
+    )
+    parser.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="build the sections from runs already in the JSON, run nothing (cells say their seed count)",
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -505,26 +684,43 @@ def main(argv=None) -> None:
         path.write_text(json.dumps(data, indent=1) + "\n")
 
     if not args.render:
-        data["meta"] = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                        "torch_threads": args.threads,
-                        "machine": f"{platform.machine()}, {os.cpu_count()} CPU(s)",
-                        "rounds": args.rounds, "patience": args.patience, "seeds": args.seeds,
-                        "sweep_seeds": args.sweep_seeds, "tune_seeds": args.tune_seeds}
+        data["meta"] = {
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "torch_threads": args.threads,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU(s)",
+            "rounds": args.rounds,
+            "patience": args.patience,
+            "seeds": args.seeds,
+            "sweep_seeds": args.sweep_seeds,
+            "tune_seeds": args.tune_seeds,
+        }
         run = Runner(data["runs"], args.rounds, args.patience, save, cached_only=args.cached_only)
         if "tuning" in args.sections:
             data["tuning"] = run_tuning(run, list(range(args.tune_seeds)))
             data["selected"], data["fedgat_overrides"] = select_setting(data["tuning"])
         fedgat = data.get("fedgat_overrides", {})
-        data["hparams"] = {m: resolve_hparams(m, {"rounds": args.rounds, "patience": args.patience,
-                                                  **(fedgat if m == "fedgat" else {})}) for m in METHODS}
+        data["hparams"] = {
+            m: resolve_hparams(
+                m, {"rounds": args.rounds, "patience": args.patience, **(fedgat if m == "fedgat" else {})}
+            )
+            for m in METHODS
+        }
         if "table" in args.sections:
             data["table"] = run_table(run, list(range(args.seeds)), args.datasets, fedgat, args.strategies)
         if "clients" in args.sections:
-            data["clients"] = run_clients(run, list(range(args.sweep_seeds)), args.sweep_datasets,
-                                          args.sweep_beta, fedgat, args.strategies)
+            data["clients"] = run_clients(
+                run,
+                list(range(args.sweep_seeds)),
+                args.sweep_datasets,
+                args.sweep_beta,
+                fedgat,
+                args.strategies,
+            )
         if "degree" in args.sections:
-            data["degree"] = run_degree(run, list(range(args.sweep_seeds)), args.sweep_datasets,
-                                        args.sweep_beta, fedgat)
+            data["degree"] = run_degree(
+                run, list(range(args.sweep_seeds)), args.sweep_datasets, args.sweep_beta, fedgat
+            )
         if "comm" in args.sections:
             data["comm"] = run_comm(args.datasets, args.sweep_beta)
         save()

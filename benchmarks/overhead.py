@@ -65,8 +65,11 @@ import numpy as np
 PHASES = ("keygen", "encrypt", "upload", "server_compute", "download", "decrypt")
 #: FedGraph (Yao et al. 2024) reports for FedGCN with homomorphic encryption of the pre-training
 #: aggregation: ~2-4x time and ~55x communication over plaintext FedGCN. A different algorithm.
-FEDGRAPH_FEDGCN_HE = {"time": "2-4x", "bytes": "~55x",
-                      "source": "FedGraph (Yao et al., 2024), FedGCN pre-training with HE; different algorithm"}
+FEDGRAPH_FEDGCN_HE = {
+    "time": "2-4x",
+    "bytes": "~55x",
+    "source": "FedGraph (Yao et al., 2024), FedGCN pre-training with HE; different algorithm",
+}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -137,8 +140,16 @@ def load_graph(dataset: str, nodes: int | None = None, seed: int = 0):
     if dataset != "synthetic":
         return load_dataset(dataset)
     n = nodes or 200
-    return load_dataset("synthetic", num_nodes=n, num_classes=4, num_features=32,
-                        train_per_class=max(2, min(20, n // 16)), num_val=n // 5, num_test=n // 5, seed=seed)
+    return load_dataset(
+        "synthetic",
+        num_nodes=n,
+        num_classes=4,
+        num_features=32,
+        train_per_class=max(2, min(20, n // 16)),
+        num_val=n // 5,
+        num_test=n // 5,
+        seed=seed,
+    )
 
 
 def plaintext_bytes(partition, encodings: dict, d: int) -> dict:
@@ -153,10 +164,22 @@ def plaintext_bytes(partition, encodings: dict, d: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------ one run
-def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vector", *, preset: str = "n4096",
-                 seed: int = 0, beta: float = 1.0, neighbour_cap: int | None = None, nodes: int | None = None,
-                 workers: int | None = None, train: bool = True, rounds: int | None = None,
-                 progress: bool = False, measure_repeats: int = 5) -> dict:
+def run_overhead(
+    dataset: str = "cora",
+    clients: int = 10,
+    variant: str = "vector",
+    *,
+    preset: str = "n4096",
+    seed: int = 0,
+    beta: float = 1.0,
+    neighbour_cap: int | None = None,
+    nodes: int | None = None,
+    workers: int | None = None,
+    train: bool = True,
+    rounds: int | None = None,
+    progress: bool = False,
+    measure_repeats: int = 5,
+) -> dict:
     """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc."""
     import torch
 
@@ -166,8 +189,7 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
         multiply_add_seconds,
         multiply_add_seconds_busy,
     )
-    from fedgat.methods import resolve_hparams
-    from fedgat.partition import make_partition
+    from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import (
         max_abs_error,
         run_encrypted_pretraining,
@@ -178,8 +200,7 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
     torch.set_num_threads(1)
     graph = load_graph(dataset, nodes, seed)
     hp = resolve_hparams("fedgat", {"variant": variant, "neighbour_cap": neighbour_cap})
-    partition = make_partition(graph, clients, beta, seed, num_layers=2, min_cross=hp["min_cross"],
-                               neighbour_cap=hp["neighbour_cap"])
+    partition = fedgat_partition(graph, clients, beta, seed, hp)
     cores = os.cpu_count() or 1
     d = graph.num_features
 
@@ -195,10 +216,14 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
     pbytes = plaintext_bytes(partition, plain, d)
     plaintext = {
         "phases": {p: {"wall": 0.0, "cpu": 0.0} for p in PHASES},
-        "bytes_up": pbytes["bytes_up"], "bytes_down": pbytes["bytes_down"],
-        "ciphertexts_up": 0, "ciphertexts_down": 0,
-        "main_process_peak_rss": plain_mem.peak, "server_worker_peak_rss": 0,
-        "slot_utilisation": None, "max_abs_error": 0.0,
+        "bytes_up": pbytes["bytes_up"],
+        "bytes_down": pbytes["bytes_down"],
+        "ciphertexts_up": 0,
+        "ciphertexts_down": 0,
+        "main_process_peak_rss": plain_mem.peak,
+        "server_worker_peak_rss": 0,
+        "slot_utilisation": None,
+        "max_abs_error": 0.0,
     }
     plaintext["phases"]["server_compute"] = {"wall": plain_wall, "cpu": plain_cpu}
     plaintext["phases"]["round"] = {"wall": plain_wall, "cpu": plain_cpu}
@@ -207,8 +232,16 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
     child_cpu0 = children_cpu_seconds()
     with PeakRSS() as enc_mem:
         c0 = time.process_time()
-        pre = run_encrypted_pretraining(graph, partition, variant, preset, seed, progress=progress,
-                                        workers=workers, measure_server_alone=True)
+        pre = run_encrypted_pretraining(
+            graph,
+            partition,
+            variant,
+            preset,
+            seed,
+            progress=progress,
+            workers=workers,
+            measure_server_alone=True,
+        )
         enc_cpu = time.process_time() - c0
     worker_cpu = children_cpu_seconds() - child_cpu0
     # the replay of the server's compute (measure_server_alone) is not part of the round
@@ -224,22 +257,36 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
     span = pre.server_compute_span
     encrypted = {
         "phases": phases,
-        "bytes_up": pre.bytes_up, "bytes_down": pre.bytes_down,
-        "messages_up": pre.messages_up, "messages_down": pre.messages_down,
-        "ciphertexts_up": pre.ciphertexts_up, "ciphertexts_down": pre.ciphertexts_down,
-        "result_ciphertexts": pre.result_ciphertexts, "multiply_adds": pre.multiply_adds,
+        "bytes_up": pre.bytes_up,
+        "bytes_down": pre.bytes_down,
+        "messages_up": pre.messages_up,
+        "messages_down": pre.messages_down,
+        "ciphertexts_up": pre.ciphertexts_up,
+        "ciphertexts_down": pre.ciphertexts_down,
+        "result_ciphertexts": pre.result_ciphertexts,
+        "multiply_adds": pre.multiply_adds,
         "server_workers": pre.server_workers,
-        "server_compute_span": span, "server_worker_cpu": worker_cpu,
+        "server_compute_span": span,
+        "server_worker_cpu": worker_cpu,
         "server_compute_alone": pre.server_compute_alone,
-        "server_compute_alone_cpu": {"main": pre.server_compute_alone_cpu[0],
-                                     "workers": pre.server_compute_alone_cpu[1]},
-        "main_process_peak_rss": enc_mem.peak, "server_worker_peak_rss": worker_peak,
+        "server_compute_alone_cpu": {
+            "main": pre.server_compute_alone_cpu[0],
+            "workers": pre.server_compute_alone_cpu[1],
+        },
+        "main_process_peak_rss": enc_mem.peak,
+        "server_worker_peak_rss": worker_peak,
         "server_workers_peak_rss_total": enc_mem.children_peak,
         "peak_rss_all_processes_at_most": enc_mem.peak + enc_mem.children_peak,
-        "slot_utilisation": pre.slot_utilisation, "result_slot_utilisation": pre.result_slot_utilisation,
-        "max_abs_error": error, "server_has_secret_key": pre.server_has_secret_key,
-        "layout": {"d": pre.layout.d, "slots": pre.layout.slots, "chunks": pre.layout.chunks,
-                   "blocks": pre.layout.blocks},
+        "slot_utilisation": pre.slot_utilisation,
+        "result_slot_utilisation": pre.result_slot_utilisation,
+        "max_abs_error": error,
+        "server_has_secret_key": pre.server_has_secret_key,
+        "layout": {
+            "d": pre.layout.d,
+            "slots": pre.layout.slots,
+            "chunks": pre.layout.chunks,
+            "blocks": pre.layout.blocks,
+        },
     }
 
     # --- op-count lower bounds
@@ -254,8 +301,10 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
         "seconds_per_multiply_add_busy_per_process": busy,
         "seconds_per_encrypt": m["encrypt_serialize_ms"] / 1e3,
         "seconds_per_decrypt": m["decrypt_ms"] / 1e3,
-        "cores": cores, "server_cores_used": used,
-        "multiply_adds": pre.multiply_adds, "encryptions": pre.ciphertexts_up,
+        "cores": cores,
+        "server_cores_used": used,
+        "multiply_adds": pre.multiply_adds,
+        "encryptions": pre.ciphertexts_up,
         "decryptions": pre.ciphertexts_down,
         "server_seconds": pre.multiply_adds * per_mad_busy / used,
         # the same with the cost measured on one core while the others idle (not reachable when
@@ -264,8 +313,9 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
         "encrypt_seconds": pre.ciphertexts_up * m["encrypt_serialize_ms"] / 1e3,
         "decrypt_seconds": pre.ciphertexts_down * m["decrypt_ms"] / 1e3,
     }
-    bound["round_seconds"] = (bound["server_seconds"] + (bound["encrypt_seconds"] + bound["decrypt_seconds"])
-                              / cores)
+    bound["round_seconds"] = (
+        bound["server_seconds"] + (bound["encrypt_seconds"] + bound["decrypt_seconds"]) / cores
+    )
 
     # --- accuracy reached by training on each
     accuracy = {"plaintext": None, "encrypted": None}
@@ -273,10 +323,19 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
         kw = {"neighbour_cap": hp["neighbour_cap"], "variant": variant}
         if rounds is not None:
             kw["rounds"] = rounds
-        accuracy["encrypted"] = train_fedgat(graph, partition, pre.encodings, seed=seed, deployment=pre.deployment,
-                                             fingerprint=pre.fingerprint, progress=progress, **kw).fit.test_accuracy
-        accuracy["plaintext"] = train_fedgat(graph, partition, plain, seed=seed, progress=progress,
-                                             **kw).fit.test_accuracy
+        accuracy["encrypted"] = train_fedgat(
+            graph,
+            partition,
+            pre.encodings,
+            seed=seed,
+            deployment=pre.deployment,
+            fingerprint=pre.fingerprint,
+            progress=progress,
+            **kw,
+        ).fit.test_accuracy
+        accuracy["plaintext"] = train_fedgat(
+            graph, partition, plain, seed=seed, progress=progress, **kw
+        ).fit.test_accuracy
     plaintext["test_accuracy"], encrypted["test_accuracy"] = accuracy["plaintext"], accuracy["encrypted"]
 
     def ratio(a: float, b: float) -> float | None:
@@ -297,53 +356,101 @@ def run_overhead(dataset: str = "cora", clients: int = 10, variant: str = "vecto
         "server_alone_vs_op_bound": ratio(pre.server_compute_alone, bound["server_seconds"]),
         # CPU seconds of the server's compute (workers + its share of this process) over the op count
         "server_cpu_vs_op_count": ratio(phases["server_compute"]["cpu"], pre.multiply_adds * per_mad_busy),
-        "server_alone_vs_op_bound_alone_cost": ratio(pre.server_compute_alone, bound["server_seconds_alone_cost"]),
+        "server_alone_vs_op_bound_alone_cost": ratio(
+            pre.server_compute_alone, bound["server_seconds_alone_cost"]
+        ),
         "round_vs_op_bound": ratio(phases["round"]["wall"], bound["round_seconds"]),
     }
     return {
-        "dataset": graph.name, "num_nodes": graph.num_nodes, "num_features": d, "clients": clients,
-        "variant": variant, "preset": preset, "seed": seed, "beta": beta, "neighbour_cap": hp["neighbour_cap"],
-        "rounds": rounds, "cores": cores,
-        "plaintext": plaintext, "encrypted": encrypted, "ratios": ratios,
+        "dataset": graph.name,
+        "num_nodes": graph.num_nodes,
+        "num_features": d,
+        "clients": clients,
+        "variant": variant,
+        "preset": preset,
+        "seed": seed,
+        "beta": beta,
+        "neighbour_cap": hp["neighbour_cap"],
+        "rounds": rounds,
+        "cores": cores,
+        "plaintext": plaintext,
+        "encrypted": encrypted,
+        "ratios": ratios,
         "slot_utilisation": {"nominal": pre.slot_utilisation, "results": pre.result_slot_utilisation},
-        "op_bound": bound, "measured_preset": {k: m[k] for k in (
-            "encrypt_ms", "encrypt_serialize_ms", "mul_plain_ms", "add_ms", "lincomb_ms", "terms", "decrypt_ms",
-            "serialize_ms", "deserialize_ms", "fresh_bytes", "result_bytes")},
+        "op_bound": bound,
+        "measured_preset": {
+            k: m[k]
+            for k in (
+                "encrypt_ms",
+                "encrypt_serialize_ms",
+                "mul_plain_ms",
+                "add_ms",
+                "lincomb_ms",
+                "terms",
+                "decrypt_ms",
+                "serialize_ms",
+                "deserialize_ms",
+                "fresh_bytes",
+                "result_bytes",
+            )
+        },
         "fedgraph_fedgcn_he": FEDGRAPH_FEDGCN_HE,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cores": cores},
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 
-def estimate_matrix(dataset: str = "cora", clients: int = 10, cap: int = 16, preset: str = "n4096",
-                    seed: int = 0, beta: float = 1.0, seconds_per_multiply_add: float | None = None) -> dict:
-    """Cost of the matrix variant without running it (:func:`fedgat.pipeline.estimate_pretraining`)."""
-    from fedgat.methods import resolve_hparams
-    from fedgat.partition import make_partition
-    from fedgat.pipeline import estimate_pretraining
+def estimate_matrix(
+    dataset: str = "cora",
+    clients: int = 10,
+    cap: int = 16,
+    preset: str = "n4096",
+    seed: int = 0,
+    beta: float = 1.0,
+    seconds_per_multiply_add: float | None = None,
+) -> dict:
+    """Cost of the matrix variant without running it (:func:`fedgat.estimate.estimate_pretraining`)."""
+    from fedgat.estimate import estimate_pretraining
+    from fedgat.methods import fedgat_partition, resolve_hparams
 
     graph = load_graph(dataset)
     hp = resolve_hparams("fedgat", {"variant": "matrix", "neighbour_cap": cap})
-    partition = make_partition(graph, clients, beta, seed, num_layers=2, min_cross=hp["min_cross"],
-                               neighbour_cap=cap)
-    est = estimate_pretraining(partition, "matrix", graph.num_features, preset,
-                               seconds_per_multiply_add=seconds_per_multiply_add, ship_m2=True)
-    ours = estimate_pretraining(partition, "matrix", graph.num_features, preset,
-                                seconds_per_multiply_add=seconds_per_multiply_add)
+    partition = fedgat_partition(graph, clients, beta, seed, hp)
+    est = estimate_pretraining(
+        partition,
+        "matrix",
+        graph.num_features,
+        preset,
+        seconds_per_multiply_add=seconds_per_multiply_add,
+        ship_m2=True,
+    )
+    ours = estimate_pretraining(
+        partition, "matrix", graph.num_features, preset, seconds_per_multiply_add=seconds_per_multiply_add
+    )
     cores = os.cpu_count() or 1
-    est.update(dataset=graph.name, clients=clients, neighbour_cap=cap, cores=cores,
-               server_seconds_all_cores=est["server_seconds"] / cores, protocol="paper (server ships M2)",
-               derived_m2={k: ours[k] for k in ("multiply_adds", "bytes_down", "result_ciphertexts_down",
-                                                 "max_rows_per_node")})
+    est.update(
+        dataset=graph.name,
+        clients=clients,
+        neighbour_cap=cap,
+        cores=cores,
+        server_seconds_all_cores=est["server_seconds"] / cores,
+        protocol="paper (server ships M2)",
+        derived_m2={
+            k: ours[k]
+            for k in ("multiply_adds", "bytes_down", "result_ciphertexts_down", "max_rows_per_node")
+        },
+    )
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    est["why"] = (f"The paper's protocol, not run: its clients' decrypted encodings alone are "
-                  f"{est['decrypted_bytes_float64'] / 1e9:.1f} GB of float64 on a machine with "
-                  f"{ram / 1e9:.0f} GB of RAM, and {est['bytes_down'] / 1e9:.0f} GB of result ciphertexts "
-                  f"would cross the transport ({est['bytes_down'] / (1e6 * est['result_ciphertexts_down']):.3f} MB "
-                  f"each). This implementation's clients derive M2 from K2 and the bases "
-                  f"(`BucketBases.m2_map`), so its server computes {ours['multiply_adds']:.3g} multiply-adds and "
-                  f"ships {ours['bytes_down'] / 1e9:.1f} GB, and the round runs: "
-                  f"`fedgat bench overhead --variant matrix --neighbour-cap {cap}`.")
+    est["why"] = (
+        f"The paper's protocol, not run: its clients' decrypted encodings alone are "
+        f"{est['decrypted_bytes_float64'] / 1e9:.1f} GB of float64 on a machine with "
+        f"{ram / 1e9:.0f} GB of RAM, and {est['bytes_down'] / 1e9:.0f} GB of result ciphertexts "
+        f"would cross the transport ({est['bytes_down'] / (1e6 * est['result_ciphertexts_down']):.3f} MB "
+        f"each). This implementation's clients derive M2 from K2 and the bases "
+        f"(`BucketBases.m2_map`), so its server computes {ours['multiply_adds']:.3g} multiply-adds and "
+        f"ships {ours['bytes_down'] / 1e9:.1f} GB, and the round runs: "
+        f"`fedgat bench overhead --variant matrix --neighbour-cap {cap}`."
+    )
     return est
 
 
@@ -362,31 +469,47 @@ def _r(x: float | None, digits: int = 2) -> str:
 
 def format_table(r: dict) -> str:
     p, e, ratios, b = r["plaintext"], r["encrypted"], r["ratios"], r["op_bound"]
-    lines = [(f"{r['dataset']}, {r['clients']} clients, {r['variant']}, preset {r['preset']}, "
-             f"{e['server_workers'] or 'in-process'} server workers, {r['cores']} cores"),
-             f"{'phase':<16}{'plain wall':>11}{'plain cpu':>10}{'enc wall':>10}{'enc cpu':>10}"]
+    lines = [
+        (
+            f"{r['dataset']}, {r['clients']} clients, {r['variant']}, preset {r['preset']}, "
+            f"{e['server_workers'] or 'in-process'} server workers, {r['cores']} cores"
+        ),
+        f"{'phase':<16}{'plain wall':>11}{'plain cpu':>10}{'enc wall':>10}{'enc cpu':>10}",
+    ]
     for name in (*PHASES, "round"):
         pp, ee = p["phases"][name], e["phases"][name]
-        lines.append(f"{name:<16}{_fmt_s(pp['wall']):>11}{_fmt_s(pp['cpu']):>10}{_fmt_s(ee['wall']):>10}"
-                     f"{_fmt_s(ee['cpu']):>10}")
+        lines.append(
+            f"{name:<16}{_fmt_s(pp['wall']):>11}{_fmt_s(pp['cpu']):>10}{_fmt_s(ee['wall']):>10}"
+            f"{_fmt_s(ee['cpu']):>10}"
+        )
     lines += [
         f"bytes up      plaintext {_mb(p['bytes_up'])}  encrypted {_mb(e['bytes_up'])}  ({_r(ratios['bytes_up'])})",
-        (f"bytes down    plaintext {_mb(p['bytes_down'])}  encrypted {_mb(e['bytes_down'])}  "
-        f"({_r(ratios['bytes_down'])})"),
-        (f"ciphertexts   up {e['ciphertexts_up']}  down {e['ciphertexts_down']}  distinct results "
-        f"{e['result_ciphertexts']}"),
-        (f"memory        plaintext peak {_mb(p['main_process_peak_rss'])}  encrypted main {_mb(e['main_process_peak_rss'])}"
-        f"  largest server worker {_mb(e['server_worker_peak_rss'])}"),
+        (
+            f"bytes down    plaintext {_mb(p['bytes_down'])}  encrypted {_mb(e['bytes_down'])}  "
+            f"({_r(ratios['bytes_down'])})"
+        ),
+        (
+            f"ciphertexts   up {e['ciphertexts_up']}  down {e['ciphertexts_down']}  distinct results "
+            f"{e['result_ciphertexts']}"
+        ),
+        (
+            f"memory        plaintext peak {_mb(p['main_process_peak_rss'])}  encrypted main {_mb(e['main_process_peak_rss'])}"
+            f"  largest server worker {_mb(e['server_worker_peak_rss'])}"
+        ),
         f"slots         nominal {r['slot_utilisation']['nominal']:.1%}, results {r['slot_utilisation']['results']:.1%}",
         f"max |enc - plain| {e['max_abs_error']:.2e}",
-        (f"op bound      {b['multiply_adds']} multiply-adds x {b['seconds_per_multiply_add'] * 1e3:.3f} ms "
-        f"(cores busy; {b.get('seconds_per_multiply_add_one_core_alone', float('nan')) * 1e3:.3f} ms alone) / "
-        f"{b['server_cores_used']} cores = {b['server_seconds']:.1f} s server; encrypt {b['encrypt_seconds']:.1f} s, "
-        f"decrypt {b['decrypt_seconds']:.1f} s (one core)"),
-        (f"ratios        time {_r(ratios['time'])}  bytes {_r(ratios['bytes'])}  memory {_r(ratios['memory'])}  "
-        f"server span/op-bound {_r(ratios['server_vs_op_bound'])}  "
-        f"server alone/op-bound {_r(ratios.get('server_alone_vs_op_bound'))}  "
-        f"round/op-bound {_r(ratios['round_vs_op_bound'])}"),
+        (
+            f"op bound      {b['multiply_adds']} multiply-adds x {b['seconds_per_multiply_add'] * 1e3:.3f} ms "
+            f"(cores busy; {b.get('seconds_per_multiply_add_one_core_alone', float('nan')) * 1e3:.3f} ms alone) / "
+            f"{b['server_cores_used']} cores = {b['server_seconds']:.1f} s server; encrypt {b['encrypt_seconds']:.1f} s, "
+            f"decrypt {b['decrypt_seconds']:.1f} s (one core)"
+        ),
+        (
+            f"ratios        time {_r(ratios['time'])}  bytes {_r(ratios['bytes'])}  memory {_r(ratios['memory'])}  "
+            f"server span/op-bound {_r(ratios['server_vs_op_bound'])}  "
+            f"server alone/op-bound {_r(ratios.get('server_alone_vs_op_bound'))}  "
+            f"round/op-bound {_r(ratios['round_vs_op_bound'])}"
+        ),
     ]
     if p.get("test_accuracy") is not None:
         lines.append(f"test accuracy plaintext {p['test_accuracy']:.3f}  encrypted {e['test_accuracy']:.3f}")
@@ -395,30 +518,50 @@ def format_table(r: dict) -> str:
 
 def render_markdown(r: dict, matrix: dict | None = None) -> str:
     p, e, ratios, b = r["plaintext"], r["encrypted"], r["ratios"], r["op_bound"]
-    out = [f"# Encrypted vs plaintext pre-training: {r['dataset']}, {r['clients']} clients, {r['variant']}", "",
-           (f"Preset {r['preset']}, {r['cores']} cores, server workers: {e['server_workers'] or 'in process'}, "
-           f"seed {r['seed']}, {r['date']}. Generated by `benchmarks/overhead.py` (`fedgat bench overhead`)."), "",
-           "| phase | plaintext wall s | plaintext CPU s | encrypted wall s | encrypted CPU s |",
-           "|---|---:|---:|---:|---:|"]
+    out = [
+        f"# Encrypted vs plaintext pre-training: {r['dataset']}, {r['clients']} clients, {r['variant']}",
+        "",
+        (
+            f"Preset {r['preset']}, {r['cores']} cores, server workers: {e['server_workers'] or 'in process'}, "
+            f"seed {r['seed']}, {r['date']}. Generated by `benchmarks/overhead.py` (`fedgat bench overhead`)."
+        ),
+        "",
+        "| phase | plaintext wall s | plaintext CPU s | encrypted wall s | encrypted CPU s |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name in (*PHASES, "round"):
         pp, ee = p["phases"][name], e["phases"][name]
         out.append(f"| {name} | {pp['wall']:.2f} | {pp['cpu']:.2f} | {ee['wall']:.2f} | {ee['cpu']:.2f} |")
-    acc = (f"{p['test_accuracy']:.3f} | {e['test_accuracy']:.3f}" if p.get("test_accuracy") is not None
-           else "not trained | not trained")
-    out += ["", "| quantity | plaintext | encrypted | ratio |", "|---|---:|---:|---:|",
-            f"| bytes up | {_mb(p['bytes_up'])} | {_mb(e['bytes_up'])} | {_r(ratios['bytes_up'])} |",
-            f"| bytes down | {_mb(p['bytes_down'])} | {_mb(e['bytes_down'])} | {_r(ratios['bytes_down'])} |",
-            f"| ciphertexts up / down | - | {e['ciphertexts_up']} / {e['ciphertexts_down']} | |",
-            (f"| peak RSS, main process (clients + server state machine) | {_mb(p['main_process_peak_rss'])} | "
-            f"{_mb(e['main_process_peak_rss'])} | {_r(ratios['memory'])} |"),
-            f"| peak RSS, largest server worker | - | {_mb(e['server_worker_peak_rss'])} | |",
-            (f"| slot utilisation (nominal / results) | - | {e['slot_utilisation']:.1%} / "
-            f"{e['result_slot_utilisation']:.1%} | |"),
-            f"| max abs error vs plaintext | 0 | {e['max_abs_error']:.2e} | |",
-            f"| test accuracy | {acc} | |",
-            (f"| round wall time | {p['phases']['round']['wall']:.2f} s | {e['phases']['round']['wall']:.2f} s | "
-            f"{_r(ratios['time'])} |"), "",
-            ("Op-count lower bound (same run): "
+    acc = (
+        f"{p['test_accuracy']:.3f} | {e['test_accuracy']:.3f}"
+        if p.get("test_accuracy") is not None
+        else "not trained | not trained"
+    )
+    out += [
+        "",
+        "| quantity | plaintext | encrypted | ratio |",
+        "|---|---:|---:|---:|",
+        f"| bytes up | {_mb(p['bytes_up'])} | {_mb(e['bytes_up'])} | {_r(ratios['bytes_up'])} |",
+        f"| bytes down | {_mb(p['bytes_down'])} | {_mb(e['bytes_down'])} | {_r(ratios['bytes_down'])} |",
+        f"| ciphertexts up / down | - | {e['ciphertexts_up']} / {e['ciphertexts_down']} | |",
+        (
+            f"| peak RSS, main process (clients + server state machine) | {_mb(p['main_process_peak_rss'])} | "
+            f"{_mb(e['main_process_peak_rss'])} | {_r(ratios['memory'])} |"
+        ),
+        f"| peak RSS, largest server worker | - | {_mb(e['server_worker_peak_rss'])} | |",
+        (
+            f"| slot utilisation (nominal / results) | - | {e['slot_utilisation']:.1%} / "
+            f"{e['result_slot_utilisation']:.1%} | |"
+        ),
+        f"| max abs error vs plaintext | 0 | {e['max_abs_error']:.2e} | |",
+        f"| test accuracy | {acc} | |",
+        (
+            f"| round wall time | {p['phases']['round']['wall']:.2f} s | {e['phases']['round']['wall']:.2f} s | "
+            f"{_r(ratios['time'])} |"
+        ),
+        "",
+        (
+            "Op-count lower bound (same run): "
             f"{b['multiply_adds']} plaintext x ciphertext multiply-adds x {b['seconds_per_multiply_add'] * 1e3:.3f} ms "
             f"(timed with all {b['server_cores_used']} cores busy; "
             f"{b.get('seconds_per_multiply_add_one_core_alone', float('nan')) * 1e3:.3f} ms on one core alone, "
@@ -433,23 +576,40 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
             "x the busy cost); "
             f"{b['encryptions']} encryptions x {b['seconds_per_encrypt'] * 1e3:.2f} ms = {b['encrypt_seconds']:.1f} s, "
             f"{b['decryptions']} decryptions x {b['seconds_per_decrypt'] * 1e3:.2f} ms = {b['decrypt_seconds']:.1f} s "
-            "(one core each)."), "",
-            ("Plaintext column: the same encodings computed in the clear with the same bases "
+            "(one core each)."
+        ),
+        "",
+        (
+            "Plaintext column: the same encodings computed in the clear with the same bases "
             "(`run_plaintext_pretraining`, its time is the server compute); bytes are float32 payloads "
             "(each feature row up once, every encoding row to every client that needs it). Memory: peak "
-            "RSS sampled every 20 ms from `/proc` (main process, and each server worker)."), "",
-            "| comparison (different algorithm) | time | communication |", "|---|---:|---:|",
-            (f"| FedGraph, FedGCN + HE vs FedGCN (published) | {FEDGRAPH_FEDGCN_HE['time']} | "
-            f"{FEDGRAPH_FEDGCN_HE['bytes']} |"),
-            f"| this run, FedGAT + CKKS vs FedGAT (plaintext) | {_r(ratios['time'], 0)} | {_r(ratios['bytes'], 1)} |"]
+            "RSS sampled every 20 ms from `/proc` (main process, and each server worker)."
+        ),
+        "",
+        "| comparison (different algorithm) | time | communication |",
+        "|---|---:|---:|",
+        (
+            f"| FedGraph, FedGCN + HE vs FedGCN (published) | {FEDGRAPH_FEDGCN_HE['time']} | "
+            f"{FEDGRAPH_FEDGCN_HE['bytes']} |"
+        ),
+        f"| this run, FedGAT + CKKS vs FedGAT (plaintext) | {_r(ratios['time'], 0)} | {_r(ratios['bytes'], 1)} |",
+    ]
     if matrix:
-        out += ["", (f"## Matrix variant, {matrix['dataset']}, cap {matrix['neighbour_cap']}, the paper's protocol "
-                     "(estimate, not run)"), "",
-                (f"{matrix['multiply_adds']:.3g} multiply-adds (~{matrix['server_seconds'] / 3600:.1f} h on one core, "
+        out += [
+            "",
+            (
+                f"## Matrix variant, {matrix['dataset']}, cap {matrix['neighbour_cap']}, the paper's protocol "
+                "(estimate, not run)"
+            ),
+            "",
+            (
+                f"{matrix['multiply_adds']:.3g} multiply-adds (~{matrix['server_seconds'] / 3600:.1f} h on one core, "
                 f"~{matrix['server_seconds_all_cores'] / 3600:.1f} h on {matrix['cores']}), "
                 f"{matrix['bytes_down'] / 1e9:.1f} GB of result ciphertexts down, {matrix['bytes_up'] / 1e6:.0f} MB up, "
                 f"{matrix['decrypted_bytes_float64'] / 1e9:.1f} GB of decrypted float64 encodings, up to "
-                f"{matrix['max_rows_per_node']} rows per node. {matrix.get('why', '')}")]
+                f"{matrix['max_rows_per_node']} rows per node. {matrix.get('why', '')}"
+            ),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -489,18 +649,30 @@ def render_sweep(rows: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    md = ["# Encrypted vs plaintext overhead: sweep", "",
-          ("| dataset | clients | enc round s | plain s | time ratio | bytes ratio | server span / op bound "
-           "| server alone / op bound | slots |"),
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        "# Encrypted vs plaintext overhead: sweep",
+        "",
+        (
+            "| dataset | clients | enc round s | plain s | time ratio | bytes ratio | server span / op bound "
+            "| server alone / op bound | slots |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        md.append(f"| {r['dataset']} | {r['clients']} | {r['encrypted']['phases']['round']['wall']:.1f} | "
-                  f"{r['plaintext']['phases']['round']['wall']:.2f} | {_r(r['ratios']['time'], 0)} | "
-                  f"{_r(r['ratios']['bytes'], 1)} | {_r(r['ratios']['server_vs_op_bound'])} | "
-                  f"{_r(r['ratios'].get('server_alone_vs_op_bound'))} | "
-                  f"{r['slot_utilisation']['nominal']:.1%} |")
-    md += ["", (f"FedGraph's FedGCN + HE (different algorithm): time {FEDGRAPH_FEDGCN_HE['time']}, "
-           f"communication {FEDGRAPH_FEDGCN_HE['bytes']}.")]
+        md.append(
+            f"| {r['dataset']} | {r['clients']} | {r['encrypted']['phases']['round']['wall']:.1f} | "
+            f"{r['plaintext']['phases']['round']['wall']:.2f} | {_r(r['ratios']['time'], 0)} | "
+            f"{_r(r['ratios']['bytes'], 1)} | {_r(r['ratios']['server_vs_op_bound'])} | "
+            f"{_r(r['ratios'].get('server_alone_vs_op_bound'))} | "
+            f"{r['slot_utilisation']['nominal']:.1%} |"
+        )
+    md += [
+        "",
+        (
+            f"FedGraph's FedGCN + HE (different algorithm): time {FEDGRAPH_FEDGCN_HE['time']}, "
+            f"communication {FEDGRAPH_FEDGCN_HE['bytes']}."
+        ),
+    ]
     (out / "overhead_sweep.md").write_text("\n".join(md) + "\n")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for ds in sorted({r["dataset"] for r in rows}):
@@ -517,8 +689,9 @@ def render_sweep(rows: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
-def write(r: dict, out: Path, json_path: Path | None = None, matrix: dict | None = None,
-          stem: str = "overhead") -> list[Path]:
+def write(
+    r: dict, out: Path, json_path: Path | None = None, matrix: dict | None = None, stem: str = "overhead"
+) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     data = dict(r, matrix_estimate=matrix) if matrix else r
     paths = [json_path or out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
@@ -542,9 +715,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the accuracy comparison")
     parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds for the accuracy comparison")
-    parser.add_argument("--matrix-estimate", action="store_true",
-                        help="add the matrix variant's estimate (cap 16) for the same dataset and clients")
-    parser.add_argument("--sweep", action="store_true", help="sweep --datasets x --client-counts (no training)")
+    parser.add_argument(
+        "--matrix-estimate",
+        action="store_true",
+        help="add the matrix variant's estimate (cap 16) for the same dataset and clients",
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="sweep --datasets x --client-counts (no training)"
+    )
     parser.add_argument("--datasets", nargs="+", default=["cora", "citeseer"])
     parser.add_argument("--client-counts", nargs="+", type=int, default=[2, 5, 10])
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
@@ -557,22 +735,51 @@ def main_args(args: argparse.Namespace) -> int:
         rows = []
         for ds in args.datasets:
             for c in args.client_counts:
-                r = run_overhead(ds, c, args.variant, preset=args.preset, seed=args.seed, beta=args.beta,
-                                 neighbour_cap=args.neighbour_cap, workers=args.workers, train=False,
-                                 progress=args.progress)
+                r = run_overhead(
+                    ds,
+                    c,
+                    args.variant,
+                    preset=args.preset,
+                    seed=args.seed,
+                    beta=args.beta,
+                    neighbour_cap=args.neighbour_cap,
+                    workers=args.workers,
+                    train=False,
+                    progress=args.progress,
+                )
                 print(format_table(r), flush=True)
                 rows.append(r)
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.json or args.out / "overhead_sweep.json").write_text(json.dumps(rows, indent=2, default=float) + "\n")
+        (args.json or args.out / "overhead_sweep.json").write_text(
+            json.dumps(rows, indent=2, default=float) + "\n"
+        )
         render_sweep(rows, args.out)
         return 0
-    r = run_overhead(args.dataset, args.clients, args.variant, preset=args.preset, seed=args.seed, beta=args.beta,
-                     neighbour_cap=args.neighbour_cap, nodes=args.nodes, workers=args.workers, train=args.train,
-                     rounds=args.rounds, progress=args.progress)
+    r = run_overhead(
+        args.dataset,
+        args.clients,
+        args.variant,
+        preset=args.preset,
+        seed=args.seed,
+        beta=args.beta,
+        neighbour_cap=args.neighbour_cap,
+        nodes=args.nodes,
+        workers=args.workers,
+        train=args.train,
+        rounds=args.rounds,
+        progress=args.progress,
+    )
     matrix = None
     if args.matrix_estimate:
-        matrix = estimate_matrix(args.dataset, args.clients, 16, args.preset, args.seed, args.beta,
-                                 r["op_bound"]["seconds_per_multiply_add"])
+        matrix = estimate_matrix(
+            args.dataset,
+            args.clients,
+            16,
+            args.preset,
+            args.seed,
+            args.beta,
+            r["op_bound"]["seconds_per_multiply_add"],
+        )
     print(format_table(r))
     for path in write(r, args.out, args.json, matrix):
         print(f"wrote {path}")

@@ -55,13 +55,20 @@ def one(engine: str, clients: int, nodes: int, rounds: int, actors: int | None, 
     """One configuration, in this process; returns its measurements."""
     import torch
 
+    from fedgat.app import make_deployment
     from fedgat.partition import make_partition
-    from fedgat.pipeline import make_deployment, run_encrypted_pretraining, train_fedgat
+    from fedgat.pipeline import run_encrypted_pretraining, train_fedgat
     from fedgat.synthetic import synthetic_graph
 
     torch.set_num_threads(1)
-    graph = synthetic_graph(num_nodes=nodes, num_features=16, train_per_class=max(2, nodes // 40),
-                            num_val=nodes // 5, num_test=nodes // 5, seed=seed)
+    graph = synthetic_graph(
+        num_nodes=nodes,
+        num_features=16,
+        train_per_class=max(2, nodes // 40),
+        num_val=nodes // 5,
+        num_test=nodes // 5,
+        seed=seed,
+    )
     partition = make_partition(graph, clients, beta=1e4, seed=seed, num_layers=2)
     if min(len(c.owned) for c in partition.clients) == 0:
         raise SystemExit(f"scale: a client owns no node with {nodes} nodes and {clients} clients")
@@ -81,8 +88,9 @@ def one(engine: str, clients: int, nodes: int, rounds: int, actors: int | None, 
     try:
         base_rss, base_peak = _rss(), _peak()
         deployment = make_deployment(clients)
-        pre = run_encrypted_pretraining(graph, partition, seed=seed, transport=transport, progress=False,
-                                        deployment=deployment)
+        pre = run_encrypted_pretraining(
+            graph, partition, seed=seed, transport=transport, progress=False, deployment=deployment
+        )
         out["pretrain_seconds"] = round(pre.wall_seconds, 3)
         out["bytes_up"], out["bytes_down"] = pre.bytes_up, pre.bytes_down
         out["messages"] = pre.messages_up + pre.messages_down
@@ -91,9 +99,18 @@ def one(engine: str, clients: int, nodes: int, rounds: int, actors: int | None, 
             out["export_seconds"] = round(transport.export_seconds, 3)
         pre_peak = _peak()
         start = time.perf_counter()
-        run = train_fedgat(graph, partition, pre.encodings, seed=seed, deployment=deployment,
-                           transport=transport, fingerprint=pre.fingerprint, progress=False,
-                           rounds=rounds, patience=None)
+        run = train_fedgat(
+            graph,
+            partition,
+            pre.encodings,
+            seed=seed,
+            deployment=deployment,
+            transport=transport,
+            fingerprint=pre.fingerprint,
+            progress=False,
+            rounds=rounds,
+            patience=None,
+        )
         out["train_seconds"] = round(time.perf_counter() - start, 3)
         out["train_seconds_per_round"] = round(out["train_seconds"] / run.fit.rounds, 4)
         out["test_accuracy"] = run.fit.test_accuracy
@@ -105,7 +122,8 @@ def one(engine: str, clients: int, nodes: int, rounds: int, actors: int | None, 
             out["actor_peak_rss"] = peaks
             out["actor_rss_per_client"] = round(sum(peaks) / clients)
             out["actor_marginal_per_client"] = round(
-                sum(max(0, p - i) for p, i in zip(peaks, out["actor_idle_rss"])) / clients)
+                sum(max(0, p - i) for p, i in zip(peaks, out["actor_idle_rss"])) / clients
+            )
     finally:
         if eng is not None:
             eng.shutdown()
@@ -114,8 +132,19 @@ def one(engine: str, clients: int, nodes: int, rounds: int, actors: int | None, 
 
 
 def _child(args: argparse.Namespace, engine: str, clients: int) -> dict:
-    cmd = [sys.executable, __file__, "--one", engine, str(clients), "--nodes", str(args.nodes),
-           "--rounds", str(args.rounds), "--seed", str(args.seed)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        engine,
+        str(clients),
+        "--nodes",
+        str(args.nodes),
+        "--rounds",
+        str(args.rounds),
+        "--seed",
+        str(args.seed),
+    ]
     if args.actors:
         cmd += ["--actors", str(args.actors)]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MPLBACKEND": "Agg"}
@@ -134,16 +163,22 @@ def write_markdown(result: dict, path: Path) -> None:
     lines = [
         "# Scale-out: in-process vs Ray",
         "",
-        (f"Synthetic graph of {result['nodes']} nodes (16 features, iid split), vector encodings, n4096; "
-        f"{result['rounds']} FedAvg rounds. Machine: {result['cpus']} CPU(s), {result['platform']}; "
-        f"{result['date']}. Command: `{result['command']}`."),
+        (
+            f"Synthetic graph of {result['nodes']} nodes (16 features, iid split), vector encodings, n4096; "
+            f"{result['rounds']} FedAvg rounds. Machine: {result['cpus']} CPU(s), {result['platform']}; "
+            f"{result['date']}. Command: `{result['command']}`."
+        ),
         "",
-        ("**Timings were taken on a shared machine, under load from other jobs** (load average "
-        f"{result['load_before']} before, {result['load_after']} after); compare engines with each other, "
-        "not with other tables."),
+        (
+            "**Timings were taken on a shared machine, under load from other jobs** (load average "
+            f"{result['load_before']} before, {result['load_after']} after); compare engines with each other, "
+            "not with other tables."
+        ),
         "",
-        ("| clients | engine | actors | pre-training s | training s | s/round | Ray start s | "
-        "memory/client MiB | actor marginal/client MiB | test acc |"),
+        (
+            "| clients | engine | actors | pre-training s | training s | s/round | Ray start s | "
+            "memory/client MiB | actor marginal/client MiB | test acc |"
+        ),
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
@@ -151,17 +186,22 @@ def write_markdown(result: dict, path: Path) -> None:
             f"| {r['clients']} | {r['engine']} | {r.get('actors', '-')} | {r['pretrain_seconds']:.1f} | "
             f"{r['train_seconds']:.1f} | {r['train_seconds_per_round']:.2f} | "
             f"{r.get('ray_start_seconds', '-')} | {_mib(r['memory_per_client'])} | "
-            f"{_mib(r.get('actor_marginal_per_client'))} | {r['test_accuracy']:.3f} |")
+            f"{_mib(r.get('actor_marginal_per_client'))} | {r['test_accuracy']:.3f} |"
+        )
     errors = [r for r in result["runs"] if "error" in r]
     if errors:
-        lines += ["", "Failed runs:"] + [f"- {r['engine']} / {r['clients']} clients: {r['error']}" for r in errors]
+        lines += ["", "Failed runs:"] + [
+            f"- {r['engine']} / {r['clients']} clients: {r['error']}" for r in errors
+        ]
     lines += [
         "",
-        ("Memory per client: in process, the growth of the process's peak RSS while the round ran, / clients "
-        "(server included); on Ray, the actors' peak RSS summed / clients (each actor starts at ~"
-        f"{_mib(result.get('actor_idle_rss_mean'))} MiB with torch and TenSEAL imported; the marginal column "
-        "subtracts that). Ray's pre-training includes placing the clients in the actors and copying their "
-        "encodings back to the driver; its start-up (ray.init + actors) is the separate column."),
+        (
+            "Memory per client: in process, the growth of the process's peak RSS while the round ran, / clients "
+            "(server included); on Ray, the actors' peak RSS summed / clients (each actor starts at ~"
+            f"{_mib(result.get('actor_idle_rss_mean'))} MiB with torch and TenSEAL imported; the marginal column "
+            "subtracts that). Ray's pre-training includes placing the clients in the actors and copying their "
+            "encodings back to the driver; its start-up (ray.init + actors) is the separate column."
+        ),
         "",
     ]
     path.write_text("\n".join(lines))
@@ -183,8 +223,9 @@ def plot(result: dict, path: Path) -> None:
         axes[0].plot(k, [r["pretrain_seconds"] for r in rs], style, label=engine)
         axes[1].plot(k, [r["train_seconds_per_round"] for r in rs], style, label=engine)
         axes[2].plot(k, [r["memory_per_client"] / 2**20 for r in rs], style, label=engine)
-    for ax, title in zip(axes, ("encrypted pre-training (s)", "training (s per round)",
-                                "memory per client (MiB)")):
+    for ax, title in zip(
+        axes, ("encrypted pre-training (s)", "training (s per round)", "memory per client (MiB)")
+    ):
         ax.set_title(title)
         ax.set_xlabel("clients")
         ax.grid(alpha=0.3)
@@ -225,10 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join(["python benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])]),
-        "platform": platform.platform(), "cpus": os.cpu_count(), "nodes": args.nodes, "rounds": args.rounds,
-        "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "nodes": args.nodes,
+        "rounds": args.rounds,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
         "actor_idle_rss_mean": sum(idle) / len(idle) if idle else None,
-        "total_seconds": round(time.perf_counter() - start, 1), "runs": runs,
+        "total_seconds": round(time.perf_counter() - start, 1),
+        "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "scale_quick" if args.quick else "scale"

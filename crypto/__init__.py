@@ -26,15 +26,7 @@ from .errors import (
     PresetError,
     SignatureError,
 )
-from .keys import (
-    SigningIdentity,
-    WrapAAD,
-    WrappedKey,
-    WrappingIdentity,
-    unwrap_secret,
-    verify,
-    wrap_secret,
-)
+from .keys import SigningIdentity, WrapAAD, WrappedKey, WrappingIdentity, unwrap_secret, verify, wrap_secret
 from .packing import (
     SlotLayout,
     decrypt_rows,

@@ -50,7 +50,7 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi
 
-from . import _wire
+from . import wire
 from .errors import (
     CiphertextFormatError,
     ContextFormatError,
@@ -64,7 +64,7 @@ from .params import DEFAULT_PRESET, PRESETS, CkksPreset, get_preset
 if TYPE_CHECKING:
     from .keys import SigningIdentity, WrapAAD, WrappingIdentity
 
-__all__ = ["KeyHolderContext", "ServerContext", "fingerprint_of"]
+__all__ = ["KeyHolderContext", "ServerContext", "canonical_public_bytes", "fingerprint_of"]
 
 # TenSEALContextProto field numbers (tenseal/proto/tensealcontext.proto)
 _CTX_PARAMS = 1
@@ -80,7 +80,9 @@ def fingerprint_of(public_context_bytes: bytes) -> bytes:
     return hashlib.sha256(public_context_bytes).digest()
 
 
-def _canonical_public_bytes(ctx: ts.Context) -> bytes:
+def canonical_public_bytes(ctx: ts.Context) -> bytes:
+    """The canonical public-context bytes of ``ctx``: its public key only (no secret, Galois or
+    relinearisation keys); :func:`fingerprint_of` hashes them and a server context must be them."""
     return ctx.serialize(
         save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
     )
@@ -105,7 +107,7 @@ def _match_preset(ctx: ts.Context, presets: Iterable[CkksPreset | str] | None) -
     )
 
 
-class _CkksContext:
+class CkksContext:
     """What the key holder and the server share: parameters, fingerprint, levels."""
 
     def __init__(self, ctx: ts.Context, preset: CkksPreset, public_bytes: bytes) -> None:
@@ -199,7 +201,7 @@ class _CkksContext:
         raise TypeError(f"{type(self).__name__} cannot be pickled; serialise it with its own methods")
 
 
-class KeyHolderContext(_CkksContext):
+class KeyHolderContext(CkksContext):
     """Client-side context holding the CKKS secret key. Build with :meth:`generate` (dealer),
     :meth:`from_wrapped` or :meth:`from_secret_bytes`; never construct directly."""
 
@@ -212,7 +214,7 @@ class KeyHolderContext(_CkksContext):
             raise NotPublicContextError("a key-holder context needs the secret key")
         if ctx.has_galois_keys():
             raise ContextFormatError("Galois keys are not used (rotation-free packing)")
-        super().__init__(ctx, preset, _canonical_public_bytes(ctx))
+        super().__init__(ctx, preset, canonical_public_bytes(ctx))
         self._secret_bytes = ctx.serialize(
             save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False
         )
@@ -255,7 +257,7 @@ class KeyHolderContext(_CkksContext):
             raise TypeError("secret context must be bytes")
         data = bytes(data)
         try:
-            fields = _wire.parse_fields(data)
+            fields = wire.parse_fields(data)
         except ValueError as exc:
             raise ContextFormatError(f"malformed context bytes: {exc}") from exc
         enc_types = [v for (num, _, v) in fields if num == _CTX_ENC_TYPE]
@@ -309,7 +311,7 @@ class KeyHolderContext(_CkksContext):
         return wrap_secret(self._secret_bytes, recipient_public, aad, signer=signer).to_bytes()
 
     def _symmetric_twin(self) -> ts.Context:
-        patched = self._secret_bytes + _wire.encode_varint_field(_CTX_ENC_TYPE, _ENC_SYMMETRIC)
+        patched = self._secret_bytes + wire.encode_varint_field(_CTX_ENC_TYPE, _ENC_SYMMETRIC)
         twin = _load_context(patched)
         probe = np.linspace(-1.0, 1.0, self.slots)
         got = np.asarray(ts.ckks_vector(twin, probe.tolist()).decrypt(self._ts.secret_key()))
@@ -339,7 +341,7 @@ class KeyHolderContext(_CkksContext):
         return np.asarray(vec.decrypt(self._ts.secret_key()), dtype=np.float64)
 
 
-class ServerContext(_CkksContext):
+class ServerContext(CkksContext):
     """Public-only context for the server: it can multiply-add but never decrypt."""
 
     def __init__(self, ctx: ts.Context, preset: CkksPreset, public_bytes: bytes, *, _token=None) -> None:
@@ -361,7 +363,7 @@ class ServerContext(_CkksContext):
             raise TypeError("public context must be bytes")
         data = bytes(data)
         try:
-            fields = _wire.parse_fields(data)
+            fields = wire.parse_fields(data)
         except ValueError as exc:
             raise ContextFormatError(f"malformed context bytes: {exc}") from exc
         numbers = [num for (num, _, _) in fields]
@@ -379,7 +381,7 @@ class ServerContext(_CkksContext):
         if not ctx.has_public_key():
             raise ContextFormatError("public context lacks the public key")
         preset = _match_preset(ctx, presets)
-        if _canonical_public_bytes(ctx) != data:
+        if canonical_public_bytes(ctx) != data:
             raise ContextFormatError("non-canonical public context bytes")
         return cls(ctx, preset, data, _token=_PRIVATE)
 

@@ -10,8 +10,9 @@ Rows computed per node: *all* ``R_i + 1`` rows of :math:`A_i`:
 
 * row 0, :math:`h_i` itself (the :math:`M_1` factor; coefficient row :math:`e_0`, the node is its
   own first neighbour), packed with the node's other rows;
-* vector variant: :math:`V_i` (``m`` rows), matrix variant: :math:`K_2` (``m``) and :math:`M_2`
-  (``m^2``) rows.
+* rows ``1..m``: :math:`V_i` (vector variant) or :math:`K_2` (matrix variant), ``R_i = m``
+  (:meth:`fedgat.variants.Variant.computed_rows`); the matrix variant's ``m^2`` rows of :math:`M_2`
+  are not computed: clients derive them from :math:`K_2` (:meth:`fedgat.variants.MatrixVariant.m2_map`).
 
 Computing row 0 costs at most ``ceil((R+1)/k) - ceil(R/k)`` extra result ciphertexts per chunk
 (``k`` blocks per ciphertext) and the multiply-adds of that group. The alternative, forwarding a
@@ -25,32 +26,31 @@ clean projection and its noisy release. The spool keeps the clean copy of node `
 ``j`` and the release under :func:`release_key` ``(j)`` (ids are u32, so both share the int64 key
 space), and :func:`plan_views` turns the drawn bases into *compute buckets* whose ``neighbours``
 are those spool keys: the encodings of node ``i`` for client ``c`` read the clean copy of each
-source ``c`` owns and the release of every other source. Every encoder (:func:`compute_node`,
-:class:`ParallelEncoder`, any other that maps buckets through the spool) runs them unchanged.
+source ``c`` owns and the release of every other source. Every encoder of :mod:`fedgat.crypto.encoders` runs them unchanged.
 
 Memory: uploads are validated and spooled to disk (:class:`CiphertextSpool`), results are produced
-node by node (:func:`compute_node`), so the server never holds a dataset's ciphertexts at once.
+node by node (:mod:`fedgat.crypto.encoders`), so the server never holds a dataset's ciphertexts at once.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Self
 
 import numpy as np
 import torch
 
 from fedgat.encodings import BucketBases, EncodingBucket
 
-from .context import KeyHolderContext, _CkksContext
+from .context import CkksContext, KeyHolderContext
+from .encoders import InlineEncoder, ProcessPoolEncoder
 from .errors import CiphertextFormatError
-from .packing import SlotLayout, decrypt_rows, linear_map_rows, serialize
-from .spool import CiphertextSpool, NodeResult, _worker_batch, _worker_init
+from .packing import SlotLayout, decrypt_rows
+from .spool import CiphertextSpool
+from .tasks import NodeResult, encode_node
+
+#: the process-pool encoder under its earlier name
+ParallelEncoder = ProcessPoolEncoder
 
 #: spool-key offset of a node's DP release copy (node ids are u32, spool keys int64)
 RELEASE_OFFSET = 1 << 32
@@ -80,8 +80,13 @@ class ViewPlan:
         return len(self.recipients)
 
 
-def plan_views(buckets: list[BucketBases], pair_nodes: np.ndarray, pair_clients: np.ndarray,
-               owner_ids: np.ndarray | None = None, owners: np.ndarray | None = None) -> ViewPlan:
+def plan_views(
+    buckets: list[BucketBases],
+    pair_nodes: np.ndarray,
+    pair_clients: np.ndarray,
+    owner_ids: np.ndarray | None = None,
+    owners: np.ndarray | None = None,
+) -> ViewPlan:
     """Plan the server's homomorphic work for the ``(node, client)`` pairs ``pair_nodes[k]`` needed by
     ``pair_clients[k]`` (every node of ``buckets`` at least once, no pair twice).
 
@@ -144,8 +149,7 @@ def plan_views(buckets: list[BucketBases], pair_nodes: np.ndarray, pair_clients:
             mine = var_pair >= 0
             clean[mine] = mask[var_pair[mine]]
             keys = np.where(clean, keys, release_key(keys))
-        out.append(BucketBases(b.variant, b.rows[var_slot], b.nodes[var_slot], keys, b.p[var_slot],
-                               None if b.q is None else b.q[var_slot]))
+        out.append(b.take(var_slot, neighbours=keys))
     return ViewPlan(out, recipients)
 
 
@@ -165,25 +169,29 @@ def multiply_adds(bases: BucketBases, layout: SlotLayout) -> int:
     return total * layout.chunks
 
 
-def compute_node(ctx: _CkksContext, layout: SlotLayout, spool: CiphertextSpool, bases: BucketBases,
-                 slot: int) -> NodeResult:
+def compute_node(
+    ctx: CkksContext, layout: SlotLayout, spool: CiphertextSpool, bases: BucketBases, slot: int
+) -> NodeResult:
     """Encrypted :math:`A_i H_i` (all rows) for node ``bases.nodes[slot]`` from spooled uploads."""
-    node = int(bases.nodes[slot])
     sources = [spool.get(j) for j in bases.neighbours[slot]]
-    results = linear_map_rows(ctx, layout, sources, bases.coefficients(slot))
-    return NodeResult(node, [serialize(ctx, r) for r in results])
+    return encode_node(ctx, layout, sources, int(bases.nodes[slot]), bases.coefficients(slot))
 
 
-def compute_bucket(ctx: _CkksContext, layout: SlotLayout, spool: CiphertextSpool,
-                   bases: BucketBases) -> Iterator[NodeResult]:
+def compute_bucket(
+    ctx: CkksContext, layout: SlotLayout, spool: CiphertextSpool, bases: BucketBases
+) -> Iterator[NodeResult]:
     """:func:`compute_node` for every node of a bucket, one at a time (a generator)."""
-    for slot in range(len(bases)):
-        yield compute_node(ctx, layout, spool, bases, slot)
+    return InlineEncoder(ctx, layout, spool).map([bases])
 
 
-def decrypt_bucket(ctx: KeyHolderContext, layout: SlotLayout, bases: BucketBases,
-                   results: Iterable[NodeResult], own_features: dict[int, np.ndarray] | None = None,
-                   dtype: torch.dtype = torch.float32) -> EncodingBucket:
+def decrypt_bucket(
+    ctx: KeyHolderContext,
+    layout: SlotLayout,
+    bases: BucketBases,
+    results: Iterable[NodeResult],
+    own_features: dict[int, np.ndarray] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> EncodingBucket:
     """Client side: decrypt a bucket's results into an :class:`~fedgat.encodings.EncodingBucket`.
 
     ``own_features`` maps the client's own node ids to their plaintext rows: for those nodes the
@@ -199,133 +207,3 @@ def decrypt_bucket(ctx: KeyHolderContext, layout: SlotLayout, bases: BucketBases
         if own_features is not None and node in own_features:
             rows[slot, 0] = own_features[node]
     return EncodingBucket.from_rows(bases, torch.from_numpy(rows).to(dtype))
-
-
-# ---------------------------------------------------------------------------- process pool
-
-
-def _pieces(bases_list: Iterable[BucketBases], chunks: int, blocks: int, max_cost: int) -> Iterator[tuple]:
-    """Tasks ``(node, neighbours, coefficient rows, last piece?)``: one per node, or, for a node whose
-    multiply-adds exceed ``max_cost``, one per run of whole result groups (``blocks`` rows each), so
-    the few high-degree nodes (Cora: up to 170 rows x 169 neighbours) spread over every worker
-    instead of serialising the end of the round on one."""
-    for b in bases_list:
-        for s in range(len(b)):
-            q = b.coefficients(s)
-            node, neighbours = int(b.nodes[s]), b.neighbours[s]
-            per_group = len(neighbours) * chunks
-            step = blocks * max(1, max_cost // max(1, per_group))
-            for start in range(0, q.shape[0], step):
-                yield node, neighbours, q[start : start + step], start + step >= q.shape[0]
-
-
-def _batched(tasks: Iterable[tuple], size: int, max_cost: int, chunks: int) -> Iterator[list]:
-    """Consecutive tasks, at most ``size`` of them and about ``max_cost`` multiply-adds per batch."""
-    batch: list = []
-    cost = 0
-    for task in tasks:
-        batch.append(task)
-        cost += task[2].shape[0] * len(task[1]) * chunks
-        if len(batch) >= size or cost >= max_cost:
-            yield batch
-            batch, cost = [], 0
-    if batch:
-        yield batch
-
-
-def run_windowed(encoder, batches: Iterable[list[tuple]], submit: Callable[[list[tuple]], Any],
-                 wait: Callable[[Any], list[NodeResult]],
-                 node_done: Callable[[tuple], None] | None = None) -> Iterator[NodeResult]:
-    """Submit :func:`_batched` batches of :func:`_pieces` tasks with at most ``encoder.window`` in
-    flight (tracking ``encoder.max_in_flight``), and reassemble each node's rows from its pieces, in
-    order. ``submit(batch)`` returns a handle, ``wait(handle)`` the batch's per-piece results;
-    ``node_done(task)`` is called with a node's last piece once its rows are complete. Shared by the
-    process-pool and Ray encoders, which differ only in how a batch runs."""
-    pending: deque = deque()
-    partial: list[bytes] = []
-
-    def finished(batch: list[tuple], results: list[NodeResult]) -> Iterator[NodeResult]:
-        for task, result in zip(batch, results):
-            partial.extend(result.row_blobs)
-            if task[3]:  # the node's last piece: its rows are complete, in group order
-                if node_done is not None:
-                    node_done(task)
-                yield NodeResult(result.node, partial.copy())
-                partial.clear()
-
-    for batch in batches:
-        pending.append((batch, submit(batch)))
-        encoder.max_in_flight = max(encoder.max_in_flight, len(pending))
-        if len(pending) >= encoder.window:
-            done, handle = pending.popleft()
-            yield from finished(done, wait(handle))
-    while pending:
-        done, handle = pending.popleft()
-        yield from finished(done, wait(handle))
-
-
-class ParallelEncoder:
-    """The server's homomorphic encodings on every core.
-
-    Worker processes load the *public* context from bytes and read the spooled uploads from disk;
-    tasks and results cross the process boundary as plain arrays and ciphertext bytes (TenSEAL
-    objects cannot be pickled). Results stream back in task order, ``chunksize`` nodes at a time,
-    with at most ``window`` batches (default ``4 * workers``) submitted ahead of the consumer, so
-    neither pending tasks nor finished results pile up in memory (``ProcessPoolExecutor.map`` would
-    submit every task at once and keep every result until it is read).
-
-    Args:
-        public_context: the server's public context bytes (what ``ServerContext.from_bytes`` loads).
-        layout: the slot layout of the uploads.
-        spool: the spool holding every upload (written by this process).
-        workers: processes; ``None`` = ``os.cpu_count()``; 0 computes in this process.
-        chunksize: nodes (or pieces of nodes) per task sent to a worker.
-        window: batches in flight at most (default ``4 * workers``).
-        max_task_cost: multiply-adds per task, about (~0.3 s at n4096); a node above it is split
-            into runs of whole result groups, a batch of small nodes stops there.
-    """
-
-    def __init__(self, public_context: bytes, layout: SlotLayout, spool: CiphertextSpool,
-                 workers: int | None = None, chunksize: int = 8, window: int | None = None,
-                 max_task_cost: int = 512) -> None:
-        self.workers = (os.cpu_count() or 1) if workers is None else workers
-        self.chunksize = max(1, chunksize)
-        self.max_task_cost = max(1, max_task_cost)
-        self._layout = layout
-        self.window = max(1, 4 * self.workers if window is None else window)
-        #: most batches that were ever in flight at once (tests: never above ``window``)
-        self.max_in_flight = 0
-        self._spool = spool
-        self._pool = None
-        if self.workers > 0:
-            path, index = spool.snapshot()
-            self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_worker_init, initargs=(public_context, layout, path, index))
-
-    def map(self, bases_list: Iterable[BucketBases]) -> Iterator[NodeResult]:
-        """Encrypted encodings of every node of every bucket, in bucket order."""
-        if self._pool is None:
-            tasks = ((int(b.nodes[s]), b.neighbours[s], b.coefficients(s))
-                     for b in bases_list for s in range(len(b)))
-            for node, neighbours, coefficients in tasks:
-                sources = [self._spool.get(j) for j in neighbours]
-                results = linear_map_rows(self._spool.ctx, self._spool.layout, sources, coefficients)
-                yield NodeResult(node, [serialize(self._spool.ctx, r) for r in results])
-            return
-        layout = self._layout
-        pieces = _pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
-        batches = _batched(pieces, self.chunksize, self.max_task_cost, layout.chunks)
-        yield from run_windowed(self, batches, lambda batch: self._pool.submit(_worker_batch, batch),
-                                lambda future: future.result())
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

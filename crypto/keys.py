@@ -276,11 +276,7 @@ def _derive_key(shared: bytes, aad: WrapAAD, eph_pub: bytes, recipient_pub: byte
 
 
 def wrap_secret(
-    secret: bytes,
-    recipient_public: bytes,
-    aad: WrapAAD,
-    *,
-    signer: SigningIdentity | None = None,
+    secret: bytes, recipient_public: bytes, aad: WrapAAD, *, signer: SigningIdentity | None = None
 ) -> WrappedKey:
     """Encrypt ``secret`` (e.g. a secret TenSEAL context) to one recipient's X25519 public key.
 

@@ -10,6 +10,9 @@ import multiprocessing
 import resource
 import statistics
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,13 +20,51 @@ from .context import KeyHolderContext, ServerContext
 from .packing import deserialize, linear_combination, serialize
 from .params import CkksPreset, get_preset
 
-__all__ = ["children_cpu_seconds", "measure_preset", "multiply_add_seconds", "multiply_add_seconds_busy"]
+if TYPE_CHECKING:
+    from fedgat.encodings import BucketBases
+
+    from .encoders import Encoder
+
+__all__ = [
+    "EncoderTiming",
+    "children_cpu_seconds",
+    "measure_preset",
+    "multiply_add_seconds",
+    "multiply_add_seconds_busy",
+    "time_encoder",
+]
 
 
 def children_cpu_seconds() -> float:
     """User + system CPU seconds of this process's reaped children (worker pools once joined)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+@dataclass(frozen=True)
+class EncoderTiming:
+    """:func:`time_encoder`: wall seconds, this process's CPU seconds, and the CPU seconds of the
+    worker processes (reaped children)."""
+
+    wall: float
+    cpu: float
+    worker_cpu: float
+
+
+def time_encoder(encoder: Encoder, buckets: Iterable[BucketBases]) -> EncoderTiming:
+    """Run ``encoder`` over ``buckets`` (results discarded) and close it; its workers are reaped
+    before the clock stops, so their CPU seconds are counted."""
+    wall0, cpu0, children0 = time.perf_counter(), time.process_time(), children_cpu_seconds()
+    try:
+        for _ in encoder.map(buckets):
+            pass
+    finally:
+        encoder.close()
+    return EncoderTiming(
+        wall=time.perf_counter() - wall0,
+        cpu=time.process_time() - cpu0,
+        worker_cpu=children_cpu_seconds() - children0,
+    )
 
 
 def _ms(fn, repeats: int):
@@ -108,8 +149,9 @@ def measure_preset(
     }
 
 
-def multiply_add_seconds(preset: str | CkksPreset, terms: int = 64, repeats: int = 7, seed: int = 0,
-                         _barrier=None) -> float:
+def multiply_add_seconds(
+    preset: str | CkksPreset, terms: int = 64, repeats: int = 7, seed: int = 0, _barrier=None
+) -> float:
     """Seconds of one plaintext x ciphertext multiply-add as the server runs it: the median over
     ``repeats`` of a ``terms``-term :func:`~fedgat.crypto.packing.linear_combination` (coefficient
     encoding, products, sum, TenSEAL's rescale after each product) on deserialised fresh
@@ -117,8 +159,12 @@ def multiply_add_seconds(preset: str | CkksPreset, terms: int = 64, repeats: int
     holder = KeyHolderContext.generate(preset)
     server = ServerContext.from_bytes(holder.public_context_bytes())
     rng = np.random.default_rng(seed)
-    cts = [deserialize(server, serialize(holder, holder.encrypt_vector(rng.uniform(-1, 1, holder.slots))),
-                       level="fresh") for _ in range(terms)]
+    cts = [
+        deserialize(
+            server, serialize(holder, holder.encrypt_vector(rng.uniform(-1, 1, holder.slots))), level="fresh"
+        )
+        for _ in range(terms)
+    ]
     coeffs = rng.uniform(-1, 1, (terms, holder.slots))
     linear_combination(server, cts, coeffs)  # warm-up
     if _barrier is not None:
@@ -143,8 +189,9 @@ def _busy_task(preset: str, terms: int, repeats: int, seed: int) -> float:
     return multiply_add_seconds(preset, terms, repeats, seed, _barrier=_BARRIER)
 
 
-def multiply_add_seconds_busy(preset: str, processes: int, terms: int = 64, repeats: int = 15,
-                              seed: int = 0) -> list[float]:
+def multiply_add_seconds_busy(
+    preset: str, processes: int, terms: int = 64, repeats: int = 15, seed: int = 0
+) -> list[float]:
     """:func:`multiply_add_seconds` measured in ``processes`` processes at the same time (they set
     up, meet at a barrier, then time): the cost of one multiply-add when every core the server
     uses is busy with them. Cores that share caches, memory bandwidth or a physical core (vCPUs)
@@ -158,8 +205,9 @@ def multiply_add_seconds_busy(preset: str, processes: int, terms: int = 64, repe
     barrier = ctx.Barrier(processes)
     # each process blocks at the barrier inside its only task, so no process can take two tasks
     with ctx.Pool(processes, initializer=_init_busy, initargs=(barrier,)) as pool:
-        return pool.starmap(_busy_task, [(preset, terms, repeats, seed + k) for k in range(processes)],
-                            chunksize=1)
+        return pool.starmap(
+            _busy_task, [(preset, terms, repeats, seed + k) for k in range(processes)], chunksize=1
+        )
 
 
 if __name__ == "__main__":  # python -m fedgat.crypto.measure

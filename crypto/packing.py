@@ -87,8 +87,8 @@ from dataclasses import dataclass
 import numpy as np
 import tenseal as ts
 
-from . import _wire
-from .context import KeyHolderContext, _CkksContext
+from . import wire
+from .context import CkksContext, KeyHolderContext
 from .errors import CiphertextFormatError, KeyMismatchError
 
 __all__ = [
@@ -283,21 +283,21 @@ def _tenseal_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, RuntimeError, TypeError, OverflowError, MemoryError, IndexError)
 
 
-def _check_vector_proto(ctx: _CkksContext, payload: bytes) -> None:
+def _check_vector_proto(ctx: CkksContext, payload: bytes) -> None:
     try:
-        fields = _wire.parse_fields(payload)
+        fields = wire.parse_fields(payload)
         sizes: list[int] = []
         n_ct = 0
         scale = None
-        for number, wire, value in fields:
-            if number == _VEC_SIZES and wire == _wire.WIRE_LEN:
-                sizes.extend(_wire.parse_packed_varints(value))  # type: ignore[arg-type]
-            elif number == _VEC_SIZES and wire == _wire.WIRE_VARINT:
+        for number, kind, value in fields:
+            if number == _VEC_SIZES and kind == wire.WIRE_LEN:
+                sizes.extend(wire.parse_packed_varints(value))  # type: ignore[arg-type]
+            elif number == _VEC_SIZES and kind == wire.WIRE_VARINT:
                 sizes.append(value)  # type: ignore[arg-type]
-            elif number == _VEC_CIPHERTEXTS and wire == _wire.WIRE_LEN:
+            elif number == _VEC_CIPHERTEXTS and kind == wire.WIRE_LEN:
                 n_ct += 1
-            elif number == _VEC_SCALE and wire == _wire.WIRE_I64:
-                scale = _wire.decode_double(value)  # type: ignore[arg-type]
+            elif number == _VEC_SCALE and kind == wire.WIRE_I64:
+                scale = wire.decode_double(value)  # type: ignore[arg-type]
             else:
                 raise ValueError(f"unexpected field {number} (wire type {wire})")
     except ValueError as exc:
@@ -310,7 +310,7 @@ def _check_vector_proto(ctx: _CkksContext, payload: bytes) -> None:
         raise CiphertextFormatError(f"vector scale {scale!r} is not the context scale {ctx.scale!r}")
 
 
-def load_tenseal_vector(ctx: _CkksContext, payload: bytes, *, level: str | None = None) -> ts.CKKSVector:
+def load_tenseal_vector(ctx: CkksContext, payload: bytes, *, level: str | None = None) -> ts.CKKSVector:
     """Load raw TenSEAL CKKS-vector bytes (no envelope) with structural checks.
 
     Errors from TenSEAL/SEAL become :class:`CiphertextFormatError`. This catches random and
@@ -346,7 +346,7 @@ def load_tenseal_vector(ctx: _CkksContext, payload: bytes, *, level: str | None 
     return vec
 
 
-def serialize(ctx: _CkksContext, vec: ts.CKKSVector) -> bytes:
+def serialize(ctx: CkksContext, vec: ts.CKKSVector) -> bytes:
     """Envelope a CKKS vector: magic, version, level, context fingerprint, payload, SHA-256."""
     try:
         payload = vec.serialize()
@@ -357,7 +357,7 @@ def serialize(ctx: _CkksContext, vec: ts.CKKSVector) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
-def deserialize(ctx: _CkksContext, data: bytes, *, level: str | None = None) -> ts.CKKSVector:
+def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> ts.CKKSVector:
     """Inverse of :func:`serialize`, linked to ``ctx``.
 
     Raises :class:`CiphertextFormatError` for malformed, truncated or corrupted bytes (digest),
@@ -387,7 +387,7 @@ def deserialize(ctx: _CkksContext, data: bytes, *, level: str | None = None) -> 
     return vec
 
 
-def load_validated(ctx: _CkksContext, data: bytes) -> ts.CKKSVector:
+def load_validated(ctx: CkksContext, data: bytes) -> ts.CKKSVector:
     """Load an envelope that :func:`deserialize` already accepted *in this party* (the server's
     upload spool re-reads each upload many times). Skips the digest and the structural checks, so
     never use it on bytes received from anyone."""
@@ -418,12 +418,7 @@ def encrypt_rows(
 
 
 def decrypt_rows(
-    ctx: KeyHolderContext,
-    blobs: Iterable[bytes],
-    n: int,
-    layout: SlotLayout,
-    *,
-    kind: str = "result",
+    ctx: KeyHolderContext, blobs: Iterable[bytes], n: int, layout: SlotLayout, *, kind: str = "result"
 ) -> np.ndarray:
     """Decrypt ``n`` rows. ``kind="result"``: server results in the blocked layout
     (:meth:`SlotLayout.unpack_blocks`); ``kind="fresh"``: uploads in the replicated layout
@@ -438,7 +433,7 @@ def decrypt_rows(
 
 # ---------------------------------------------------------------------------- server primitive
 def linear_combination(
-    ctx: _CkksContext,
+    ctx: CkksContext,
     cts: Sequence[ts.CKKSVector],
     coeff_vectors: Sequence[np.ndarray] | np.ndarray,
     *,
@@ -478,10 +473,7 @@ def linear_combination(
 
 
 def linear_map_rows(
-    ctx: _CkksContext,
-    layout: SlotLayout,
-    sources: Sequence[Sequence[ts.CKKSVector]],
-    q: np.ndarray,
+    ctx: CkksContext, layout: SlotLayout, sources: Sequence[Sequence[ts.CKKSVector]], q: np.ndarray
 ) -> list[ts.CKKSVector]:
     """Encrypted ``Q @ H`` for a plaintext ``Q`` of shape ``(m, n_sources)``.
 
@@ -508,5 +500,7 @@ def linear_map_rows(
         used = np.flatnonzero(np.any(rows != 0, axis=0))
         coeffs = layout.broadcast(rows[:, used].T)  # (len(used), slots)
         for ch in range(layout.chunks):
-            out.append(linear_combination(ctx, [sources[j][ch] for j in used], coeffs, check_levels=False))
+            out.append(
+                linear_combination(ctx, [sources[int(j)][ch] for j in used], coeffs, check_levels=False)
+            )
     return out

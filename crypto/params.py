@@ -71,14 +71,7 @@ __all__ = [
 
 #: Max ``log2(q)`` (total coefficient modulus incl. the special prime) for 128-bit security,
 #: HomomorphicEncryption.org standard, classical attacks, ternary (uniform {-1,0,1}) secret.
-HE_STANDARD_MAX_LOG_Q_128: dict[int, int] = {
-    1024: 27,
-    2048: 54,
-    4096: 109,
-    8192: 218,
-    16384: 438,
-    32768: 881,
-}
+HE_STANDARD_MAX_LOG_Q_128: dict[int, int] = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 _MAX_PRIME_BITS = 60  # SEAL limit per prime
 _MIN_PRIME_BITS = 20

@@ -1,9 +1,9 @@
 r"""The server's homomorphic encodings as Ray tasks: a drop-in alternative to
-:class:`fedgat.crypto.encodings.ParallelEncoder` for a Ray cluster (``pip install "fedgat[ray]"``).
+:class:`fedgat.crypto.encoders.ProcessPoolEncoder` for a Ray cluster (``pip install "fedgat[ray]"``).
 
 Same inputs (public context bytes, slot layout, the server's :class:`CiphertextSpool`) and the same
 output (:class:`NodeResult` per node, in bucket order, ciphertexts as bytes). What differs is where
-the work runs and how it gets its data: a :class:`ParallelEncoder` worker reads the spool file from
+the work runs and how it gets its data: a :class:`~fedgat.crypto.encoders.ProcessPoolEncoder` worker reads the spool file from
 the server's disk, which another machine cannot; here
 
 * the public context goes into the object store once (``ray.put``); each worker process loads it
@@ -11,7 +11,7 @@ the server's disk, which another machine cannot; here
 * each uploaded node's ciphertext bytes go into the object store once, when the first task needs
   them, and are released when the last node that uses them is computed, so the store never holds
   much more than the uploads of the nodes in flight and their neighbours;
-* tasks are the batches of :class:`ParallelEncoder` (one node, or a run of result groups of a
+* tasks are the batches of the process pool (one node, or a run of result groups of a
   high-degree node; ~``max_task_cost`` multiply-adds per batch), at most ``window`` in flight,
   results yielded in order.
 
@@ -29,10 +29,12 @@ from typing import Any, Self
 from fedgat.encodings import BucketBases
 
 from .context import ServerContext
-from .encodings import CiphertextSpool, NodeResult, _batched, _pieces, run_windowed
-from .packing import SlotLayout, deserialize, linear_map_rows, serialize
+from .encoders import Encoder, EncoderFactory, InlineEncoder, auto_workers
+from .packing import SlotLayout, deserialize
+from .spool import CiphertextSpool
+from .tasks import NodeResult, Task, batched, encode_node, pieces, run_windowed
 
-__all__ = ["RayEncoder", "RayUnavailableError", "import_ray"]
+__all__ = ["RayEncoder", "RayUnavailableError", "import_ray", "ray_encoder"]
 
 INSTALL_HINT = 'pip install "fedgat[ray]"'
 
@@ -63,18 +65,26 @@ def _context(key: bytes, public_context: bytes) -> ServerContext:
     return ctx
 
 
-def encode_batch(key: bytes, public_context: bytes, layout: SlotLayout, tasks: list[tuple],
-                 nodes: list[int], *uploads: list[bytes]) -> list[NodeResult]:
-    """One Ray task: ``tasks`` are :func:`fedgat.crypto.encodings._pieces` tuples, ``uploads[k]`` the
+def encode_batch(
+    key: bytes,
+    public_context: bytes,
+    layout: SlotLayout,
+    tasks: list[Task],
+    nodes: list[int],
+    *uploads: list[bytes],
+) -> list[NodeResult]:
+    """One Ray task: ``tasks`` are :func:`fedgat.crypto.tasks.pieces` tuples, ``uploads[k]`` the
     chunk ciphertexts of ``nodes[k]`` (every neighbour the tasks use). Plain function, so it can be
     tested without Ray."""
     ctx = _context(key, public_context)
-    loaded = {node: [deserialize(ctx, b, level="fresh") for b in blobs] for node, blobs in zip(nodes, uploads)}
-    out = []
-    for node, neighbours, coefficients, _last in tasks:
-        results = linear_map_rows(ctx, layout, [loaded[int(j)] for j in neighbours], coefficients)
-        out.append(NodeResult(int(node), [serialize(ctx, r) for r in results]))
-    return out
+    loaded = {
+        node: [deserialize(ctx, b, level="fresh") for b in blobs]
+        for node, blobs in zip(nodes, uploads, strict=True)
+    }
+    return [
+        encode_node(ctx, layout, [loaded[int(j)] for j in neighbours], node, q)
+        for node, neighbours, q, _last in tasks
+    ]
 
 
 _REMOTE: dict[str, Any] = {}
@@ -95,7 +105,7 @@ class RayEncoder:
         layout: the slot layout of the uploads.
         spool: the spool holding every upload (read here, in the server's process).
         workers: tasks that may run at once; None = the cluster's CPUs (at least 1).
-        chunksize, max_task_cost: batching, as :class:`~fedgat.crypto.encodings.ParallelEncoder`.
+        chunksize, max_task_cost: batching, as :class:`~fedgat.crypto.encoders.ProcessPoolEncoder`.
         window: batches in flight at most (default ``2 * workers``).
         task_options: extra ``.options(...)`` of the Ray task (e.g. ``{"num_cpus": 2}``).
 
@@ -105,13 +115,22 @@ class RayEncoder:
             or ``ray.init``).
     """
 
-    def __init__(self, public_context: bytes, layout: SlotLayout, spool: CiphertextSpool,
-                 workers: int | None = None, chunksize: int = 8, window: int | None = None,
-                 max_task_cost: int = 512, task_options: dict | None = None) -> None:
+    def __init__(
+        self,
+        public_context: bytes,
+        layout: SlotLayout,
+        spool: CiphertextSpool,
+        workers: int | None = None,
+        chunksize: int = 8,
+        window: int | None = None,
+        max_task_cost: int = 512,
+        task_options: dict | None = None,
+    ) -> None:
         ray = import_ray()
         if not ray.is_initialized():
-            raise RuntimeError("RayEncoder needs a running Ray (fedgat.protocols.ray_engine.RayEngine "
-                               "or ray.init())")
+            raise RuntimeError(
+                "RayEncoder needs a running Ray (fedgat.protocols.ray_engine.RayEngine or ray.init())"
+            )
         self._ray = ray
         if workers is None:
             workers = int(ray.cluster_resources().get("CPU", 1))
@@ -146,21 +165,22 @@ class RayEncoder:
                 for j in row.tolist():
                     uses[j] = uses.get(j, 0) + 1
         layout = self._layout
-        pieces = _pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
+        tasks = pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
 
-        def submit(batch: list[tuple]) -> Any:
+        def submit(batch: list[Task]) -> Any:
             nodes = sorted({int(j) for task in batch for j in task[1]})
             self.tasks_submitted += 1
-            return self._task.remote(self._key, self._context_ref, layout, batch, nodes,
-                                     *[self._upload_ref(j) for j in nodes])
+            return self._task.remote(
+                self._key, self._context_ref, layout, batch, nodes, *[self._upload_ref(j) for j in nodes]
+            )
 
-        def node_done(task: tuple) -> None:
+        def node_done(task: Task) -> None:
             for j in task[1].tolist():
                 uses[j] -= 1
                 if uses[j] == 0:
                     self._uploads.pop(j, None)  # the store frees it once no task holds it
 
-        batches = _batched(pieces, self.chunksize, self.max_task_cost, layout.chunks)
+        batches = batched(tasks, self.chunksize, self.max_task_cost, layout.chunks)
         yield from run_windowed(self, batches, submit, self._ray.get, node_done)
 
     def close(self) -> None:
@@ -172,3 +192,17 @@ class RayEncoder:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def ray_encoder(workers: int | None = None, *, everywhere: bool = True) -> EncoderFactory:
+    """An :data:`~fedgat.crypto.encoders.EncoderFactory` for the pre-training server: :class:`RayEncoder`
+    with ``workers`` tasks at once (None or 0: the cluster's CPUs). ``everywhere=False`` uses Ray
+    only where :func:`~fedgat.crypto.encoders.local_encoder` with the same ``workers`` would start a
+    process pool; smaller rounds stay in the server's process."""
+
+    def factory(ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int) -> Encoder:
+        if not everywhere and auto_workers(workers, results) == 0:
+            return InlineEncoder(ctx, layout, spool)
+        return RayEncoder(ctx.public_context_bytes(), layout, spool, workers=workers or None)
+
+    return factory

@@ -1,8 +1,7 @@
-"""The server's upload spool and the side of its worker processes that computes results.
+"""The server's upload spool: validated uploads on disk, read back through an LRU cache.
 
-Kept free of torch (and of :mod:`fedgat.encodings`): :class:`~fedgat.crypto.encodings.ParallelEncoder`
-spawns its workers, and each imports this module and no more (about 0.2 s instead of 1.7 s of
-start-up per worker, inside the server's compute).
+Kept free of torch (and of :mod:`fedgat.encodings`): the process-pool workers of
+:mod:`fedgat.crypto.encoders` open it read-only (:meth:`CiphertextSpool.reader`).
 """
 
 from __future__ import annotations
@@ -10,14 +9,14 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import tenseal as ts
 
-from .context import ServerContext, _CkksContext
+from .context import CkksContext
 from .errors import CiphertextFormatError
-from .packing import SlotLayout, deserialize, linear_map_rows, load_validated, serialize
+from .packing import SlotLayout, deserialize, load_validated
 
 
 class CiphertextSpool:
@@ -29,14 +28,15 @@ class CiphertextSpool:
     party's own) through an LRU cache of TenSEAL objects (``cache_size`` nodes).
     """
 
-    def __init__(self, ctx: _CkksContext, layout: SlotLayout, directory: str | Path | None = None,
-                 cache_size: int = 512) -> None:
+    def __init__(
+        self, ctx: CkksContext, layout: SlotLayout, directory: str | Path | None = None, cache_size: int = 512
+    ) -> None:
         self.ctx, self.layout = ctx, layout
         self._tmp = tempfile.TemporaryDirectory(prefix="fedgat-spool-") if directory is None else None
-        folder = Path(self._tmp.name if self._tmp else directory)
+        folder = Path(self._tmp.name) if self._tmp is not None else Path(directory)  # type: ignore[arg-type]
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "uploads.bin"
-        self._file = open(self.path, "a+b")  # noqa: SIM115 - lives as long as the spool
+        self._file: BinaryIO = open(self.path, "a+b")  # noqa: SIM115 - lives as long as the spool
         self._index: dict[tuple[int, int], tuple[int, int]] = {}
         self._cache: OrderedDict[int, list[ts.CKKSVector]] = OrderedDict()
         self.cache_size = cache_size
@@ -90,8 +90,14 @@ class CiphertextSpool:
         return str(self.path), dict(self._index)
 
     @classmethod
-    def reader(cls, ctx: _CkksContext, layout: SlotLayout, path: str,
-               index: dict[tuple[int, int], tuple[int, int]], cache_size: int = 512) -> CiphertextSpool:
+    def reader(
+        cls,
+        ctx: CkksContext,
+        layout: SlotLayout,
+        path: str,
+        index: dict[tuple[int, int], tuple[int, int]],
+        cache_size: int = 512,
+    ) -> CiphertextSpool:
         """A read-only view of a spool written by another process (no validation is repeated)."""
         spool = cls.__new__(cls)
         spool.ctx, spool.layout, spool._tmp = ctx, layout, None
@@ -106,37 +112,3 @@ class CiphertextSpool:
         self._cache.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
-
-
-@dataclass
-class NodeResult:
-    """Encrypted encodings of one node: result envelopes of all its rows, :math:`h_i` included
-    (``groups(R + 1) * chunks``, :meth:`SlotLayout.pack_blocks` order)."""
-
-    node: int
-    row_blobs: list[bytes]
-
-    def nbytes(self) -> int:
-        return sum(map(len, self.row_blobs))
-
-
-# ---------------------------------------------------------------------------- worker processes
-_WORKER: dict = {}
-
-
-def _worker_init(public_context: bytes, layout: SlotLayout, path: str, index: dict) -> None:
-    ctx = ServerContext.from_bytes(public_context)
-    _WORKER.update(ctx=ctx, layout=layout, spool=CiphertextSpool.reader(ctx, layout, path, index))
-
-
-def _worker_batch(tasks: list[tuple]) -> list[NodeResult]:
-    return [_worker_task(t) for t in tasks]
-
-
-def _worker_task(task: tuple) -> NodeResult:
-    """One node; the task carries only plain arrays, results come back as bytes."""
-    node, neighbours, coefficients = task[:3]
-    w = _WORKER
-    sources = [w["spool"].get(j) for j in neighbours]
-    results = linear_map_rows(w["ctx"], w["layout"], sources, coefficients)
-    return NodeResult(int(node), [serialize(w["ctx"], r) for r in results])

@@ -220,8 +220,8 @@ class Text(Codec):
         return f"utf-8 <= {self.max_len} B"
 
 
-_DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f8"), 3: np.dtype("<i8")}
-_CODES = {v: k for k, v in _DTYPES.items()}
+_DTYPES: dict[int, np.dtype] = {1: np.dtype("<f4"), 2: np.dtype("<f8"), 3: np.dtype("<i8")}
+_CODES: dict[np.dtype, int] = {v: k for k, v in _DTYPES.items()}
 _ARRAY_HEAD = struct.Struct(">BB")
 _DIM = struct.Struct(">I")
 

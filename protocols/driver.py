@@ -68,6 +68,7 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         self.sleep(seconds)
 
+
 #: ``observer(event, party_id, delivery, outgoing)``: event is "start", "deliver" or "step"
 Observer = Callable[[str, int, Delivery | None, list], None]
 
@@ -84,9 +85,16 @@ class Driver:
         checkpoints: a :class:`fedgat.checkpoint.CheckpointStore` to write checkpoints to.
     """
 
-    def __init__(self, transport: Transport, parties: Mapping[int, Party],
-                 observer: Observer | None = None, *, clock: Clock | None = None, strict: bool = True,
-                 checkpoints: Any = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        parties: Mapping[int, Party],
+        observer: Observer | None = None,
+        *,
+        clock: Clock | None = None,
+        strict: bool = True,
+        checkpoints: Any = None,
+    ) -> None:
         self.transport = transport
         self.parties = dict(parties)
         self.observer = observer
@@ -218,9 +226,17 @@ class Driver:
         return count
 
 
-def run_parties(transport: Transport, parties: Mapping[int, Party], *, start: bool = True,
-                observer: Observer | None = None, max_events: int | None = None, clock: Clock | None = None,
-                strict: bool = True, checkpoints: Any = None) -> int:
+def run_parties(
+    transport: Transport,
+    parties: Mapping[int, Party],
+    *,
+    start: bool = True,
+    observer: Observer | None = None,
+    max_events: int | None = None,
+    clock: Clock | None = None,
+    strict: bool = True,
+    checkpoints: Any = None,
+) -> int:
     """Start the parties (optional) and run until no frame is in flight, no party has work and no
     deadline is armed. Arguments as :class:`Driver`.
 

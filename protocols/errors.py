@@ -141,8 +141,16 @@ class QuorumError(FaultError):
         round: the FedAvg round; answered: the clients that answered; required: the minimum.
     """
 
-    def __init__(self, message: str, *, phase: str, missing: tuple[int, ...] | list[int] = (), round: int = 0,
-                 answered: tuple[int, ...] | list[int] = (), required: int = 0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        phase: str,
+        missing: tuple[int, ...] | list[int] = (),
+        round: int = 0,
+        answered: tuple[int, ...] | list[int] = (),
+        required: int = 0,
+    ) -> None:
         super().__init__(message, phase=phase, missing=missing)
         self.round = round
         self.answered = tuple(sorted(int(p) for p in answered))

@@ -1,10 +1,13 @@
 r"""Sans-IO FedAvg rounds: :class:`ServerRounds` and :class:`ClientRounds`.
 
-The rounds are exactly those of :meth:`fedgat.federated.Server.fit` (FedAvg, McMahan et al. 2017,
-Algorithm 1: :math:`w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{l \in S_t} n_l} w_k^{t+1}` through the
-strategy's ``aggregate``, :func:`fedgat.federated.fedavg` by default), with the client-side training
-and evaluation code of :class:`fedgat.federated.Client` reused as is; only the transport of weights
-and counts is new. Given the same seeds they produce bit-identical weights and histories (tested).
+The rounds are those of :meth:`fedgat.federated.Server.fit`: both drive the same
+:class:`fedgat.rounds.RoundLoop` (client sampling, FedAvg, McMahan et al. 2017, Algorithm 1:
+:math:`w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{l \in S_t} n_l} w_k^{t+1}` through the server
+strategy's ``aggregate``; pooled evaluation, early stopping, best model), and the client-side training
+and evaluation code of :class:`fedgat.federated.Client` is reused as is. This module adds only the
+protocol: messages, signatures, deadlines, quorum and checkpoints. Given the same seeds they produce
+bit-identical weights and histories (tested). :class:`ClientRounds` lives in
+:mod:`fedgat.protocols.fedavg_client` (re-exported here).
 
 Messages of round ``t``: ``GlobalModel(round=t, fit, splits)`` to every client -- ``fit`` for the
 clients sampled in round ``t``, ``splits=("val",)`` to evaluate the same weights, which are the result
@@ -39,24 +42,26 @@ length alone, and an update or report announcing more than ``max_nodes`` nodes i
 
 from __future__ import annotations
 
-import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from fedgat.checkpoint import (
-    Checkpoint,
-    CheckpointMismatchError,
-    arrays_to_tensors,
-    optimizer_from_checkpoint,
-    optimizer_to_checkpoint,
-    tensors_to_arrays,
-)
-from fedgat.federated import Client, Counts, FedAvg, FitResult, StateDict, Strategy
+from fedgat.checkpoint import Checkpoint, CheckpointMismatchError
+from fedgat.federated import ClientUpdate, Counts, FitResult, StateDict
+from fedgat.rounds import RoundLoop
+from fedgat.strategies import ServerStrategy
 
 from .errors import AuthError, PayloadError, QuorumError, ReplayError, SizeLimitError, StateError
+from .fedavg_client import (
+    FRAME_OVERHEAD,
+    ClientRounds,
+    RoundsState,
+    check_arrays,
+    model_frame_limit,
+    state_to_arrays,
+)
 from .messages import (
     MAX_NODES,
     Abort,
@@ -66,17 +71,20 @@ from .messages import (
     GlobalModel,
     LocalUpdate,
     Message,
-    SplitCounts,
 )
 from .party import Handler, Party
 from .roster import Identity, Roster
 
-__all__ = ["ClientRounds", "RoundTimeouts", "RoundsState", "ServerRounds", "state_to_arrays"]
+__all__ = [
+    "FRAME_OVERHEAD",
+    "ClientRounds",
+    "RoundTimeouts",
+    "RoundsState",
+    "ServerRounds",
+    "state_to_arrays",
+]
 
-#: frame bytes allowed above the model's weights (header, names, shapes, signature)
-FRAME_OVERHEAD = 64 * 1024
 SERVER_KIND = "fedgat.fedavg.server"
-CLIENT_KIND = "fedgat.fedavg.client"
 
 
 @dataclass(frozen=True)
@@ -88,38 +96,9 @@ class RoundTimeouts:
     evaluate: float | None = None
 
 
-def _model_frame_limit(state: StateDict) -> int:
-    return sum(t.numel() * 4 + 4 * t.dim() + 256 for t in state.values()) + FRAME_OVERHEAD
-
-
-class RoundsState(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    DONE = "done"
-    ABORTED = "aborted"
-
-
-def state_to_arrays(state: StateDict) -> dict[str, np.ndarray]:
-    """float32 numpy views of a state dict (what travels in GlobalModel/LocalUpdate)."""
-    out = {}
-    for name, tensor in state.items():
-        if tensor.dtype != torch.float32:
-            raise TypeError(f"{name} is {tensor.dtype}; the protocol carries float32 weights only")
-        out[name] = tensor.detach().cpu().numpy()
-    return out
-
-
-def _check_arrays(arrays: dict[str, np.ndarray], reference: StateDict, what: str) -> StateDict:
-    if list(arrays) != list(reference):
-        raise PayloadError(f"{what}: weight names {list(arrays)[:4]} do not match the model's")
-    for name, arr in arrays.items():
-        if tuple(arr.shape) != tuple(reference[name].shape):
-            raise PayloadError(f"{what}: {name} has shape {arr.shape}, expected {tuple(reference[name].shape)}")
-    return {name: torch.from_numpy(arr) for name, arr in arrays.items()}
-
-
 class ServerRounds(Party):
-    """The FedAvg server (see the module docstring).
+    """The FedAvg server (see the module docstring): the protocol around a :class:`fedgat.rounds.RoundLoop`
+    (:attr:`loop`), which decides who trains, aggregates, pools the reports and stops.
 
     Args:
         party_id, roster, session, identity: identity and session; the clients are ``roster.clients``
@@ -127,7 +106,7 @@ class ServerRounds(Party):
         initial_state: round-0 global weights (float32).
         rounds: maximum number of rounds, ``>= 1``.
         patience: early-stopping patience in rounds (None: never early).
-        strategy: aggregation strategy (default :class:`fedgat.federated.FedAvg`).
+        strategy: the server half of the strategy (default :class:`fedgat.strategies.FedAvg`).
         fraction, seed: client sampling as :class:`fedgat.federated.Server`.
         test_every_round: evaluate the test split every round, not only on a new best.
         fingerprint: the session's CKKS key fingerprint when rounds follow an encrypted pre-training.
@@ -137,80 +116,134 @@ class ServerRounds(Party):
         max_nodes: largest ``num_train`` or evaluation ``count`` a client may announce.
     """
 
-    def __init__(self, party_id: int, roster: Roster, session: int, identity: Identity, *,
-                 initial_state: StateDict, rounds: int, patience: int | None = None,
-                 strategy: Strategy | None = None, fraction: float = 1.0, seed: int = 0,
-                 test_every_round: bool = False, fingerprint: bytes | None = None,
-                 timeouts: RoundTimeouts | None = None, min_participation: float = 0.5,
-                 max_nodes: int = MAX_NODES) -> None:
+    def __init__(
+        self,
+        party_id: int,
+        roster: Roster,
+        session: int,
+        identity: Identity,
+        *,
+        initial_state: StateDict,
+        rounds: int,
+        patience: int | None = None,
+        strategy: ServerStrategy | None = None,
+        fraction: float = 1.0,
+        seed: int = 0,
+        test_every_round: bool = False,
+        fingerprint: bytes | None = None,
+        timeouts: RoundTimeouts | None = None,
+        min_participation: float = 0.5,
+        max_nodes: int = MAX_NODES,
+    ) -> None:
         super().__init__(party_id, roster, session, identity.signer)
         if not 0 < min_participation <= 1:
             raise ValueError(f"min_participation must lie in (0, 1], got {min_participation!r}")
         self.timeouts = timeouts if timeouts is not None else RoundTimeouts()
         self.min_participation = float(min_participation)
         self.max_nodes = int(max_nodes)
-        if rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {rounds}")
-        if patience is not None and patience < 1:
-            raise ValueError(f"patience must be >= 1 or None, got {patience}")
-        if not 0 < fraction <= 1:
-            raise ValueError(f"fraction must lie in (0, 1], got {fraction!r}")
         self.clients = list(roster.clients)
-        self.global_state: StateDict = {k: v.detach().clone() for k, v in initial_state.items()}
-        state_to_arrays(self.global_state)  # float32 check
-        self.rounds, self.patience = rounds, patience
-        self.strategy = strategy if strategy is not None else FedAvg()
-        self.fraction = float(fraction)
-        self.rng = np.random.default_rng(seed)
-        self.test_every_round = test_every_round
+        self._index = {c: i for i, c in enumerate(self.clients)}
+        state_to_arrays(initial_state)  # float32 check
+        # the round decisions (validates rounds, patience, fraction)
+        self.loop = RoundLoop(
+            len(self.clients),
+            initial_state,
+            strategy,
+            fraction=fraction,
+            seed=seed,
+            rounds=rounds,
+            patience=patience,
+            test_every_round=test_every_round,
+        )
         self.verifier.fingerprint = fingerprint
         self.state = RoundsState.NEW
-        self.history: list[dict] = []
-        self.best_state: StateDict = self.global_state
-        self._best = (-1.0, math.inf)
-        self._best_round, self._best_test = 0, float("nan")
         self._fit_round = 0  # round whose updates are awaited (0: none)
         self._sampled: list[int] = []
         self._updates: dict[int, tuple[StateDict | None, int, float]] = {}
         self._eval_round = 0  # message round whose evaluation is awaited (0: none)
         self._eval_splits: tuple[str, ...] = ()
         self._reports: dict[int, dict[str, Counts]] = {}
-        self._metrics: dict | None = None  # the round under evaluation
-        self._improved = False
-        self.result: FitResult | None = None
         self._asked: list[int] = []  # clients whose reports are awaited
-        self._missing = {"fit": [], "eval": []}  # clients dropped in the phases under way
+        # clients dropped in the phases under way
+        self._missing: dict[str, list[int]] = {"fit": [], "eval": []}
         self._boundary: tuple[int, list[int], tuple[str, ...]] | None = None  # resume point
         self._restored = False
-        self.max_frame_bytes = _model_frame_limit(self.global_state)
+        self.max_frame_bytes = model_frame_limit(self.global_state)
 
     @property
     def done(self) -> bool:
         return self.state is RoundsState.DONE
 
+    # --- the loop's state, under the names callers know ------------------------------------------
+    @property
+    def global_state(self) -> StateDict:
+        return self.loop.state
+
+    @property
+    def best_state(self) -> StateDict:
+        return self.loop.best_state
+
+    @property
+    def history(self) -> list[dict]:
+        return self.loop.history
+
+    @property
+    def result(self) -> FitResult | None:
+        return self.loop.result
+
+    @property
+    def strategy(self) -> ServerStrategy:
+        return self.loop.strategy
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self.loop.rng
+
+    @property
+    def rounds(self) -> int:
+        assert self.loop.rounds is not None
+        return self.loop.rounds
+
+    @property
+    def patience(self) -> int | None:
+        return self.loop.patience
+
+    @property
+    def fraction(self) -> float:
+        return self.loop.fraction
+
+    @property
+    def test_every_round(self) -> bool:
+        return self.loop.test_every_round
+
     @property
     def best_test_accuracy(self) -> float:
         """Test accuracy at the best validation round so far (NaN before the first)."""
-        return self._best_test
+        return self.loop.best_test
 
     @property
     def clients_per_round(self) -> int:
-        return max(1, round(self.fraction * len(self.clients)))
+        return self.loop.clients_per_round
 
     def _sample(self) -> list[int]:
-        """:meth:`fedgat.federated.Server.sample_clients`, as party ids."""
-        k = self.clients_per_round
-        if k == len(self.clients):
-            return list(self.clients)
-        idx = sorted(self.rng.choice(len(self.clients), size=k, replace=False).tolist())
-        return [self.clients[i] for i in idx]
+        """:meth:`fedgat.rounds.RoundLoop.sample`, as party ids."""
+        return [self.clients[i] for i in self.loop.sample()]
+
+    def _indices(self, parties: Sequence[int]) -> list[int]:
+        """Positions in the roster (the loop's client ids) of party ids."""
+        return [self._index[c] for c in parties]
 
     def _snapshot(self) -> dict:
-        return {"fit_round": self._fit_round, "eval": (self._eval_round, self._eval_splits),
-                "updates": tuple(sorted(self._updates)), "reports": tuple(sorted(self._reports)),
-                "sampled": tuple(self._sampled), "asked": tuple(self._asked),
-                "history": len(self.history),
-                "weights": tuple(float(v.double().sum()) for v in self.global_state.values())}
+        return {
+            "fit_round": self._fit_round,
+            "eval": (self._eval_round, self._eval_splits),
+            "updates": tuple(sorted(self._updates)),
+            "reports": tuple(sorted(self._reports)),
+            "sampled": tuple(self._sampled),
+            "asked": tuple(self._asked),
+            "history": len(self.history),
+            "weights": tuple(float(v.double().sum()) for v in self.global_state.values()),
+        }
 
     # --- sending ----------------------------------------------------------------------------------
     def start(self) -> list[Message]:
@@ -225,8 +258,11 @@ class ServerRounds(Party):
 
     def _send_round(self, t: int, fit: list[int], splits: tuple[str, ...]) -> list[Message]:
         arrays = state_to_arrays(self.global_state)
-        out = [self._new(GlobalModel, c, round=t, fit=c in fit, splits=splits, arrays=arrays)
-               for c in self.clients if c in fit or splits]
+        out = [
+            self._new(GlobalModel, c, round=t, fit=c in fit, splits=splits, arrays=arrays)
+            for c in self.clients
+            if c in fit or splits
+        ]
         self._fit_round, self._sampled, self._updates = (t, list(fit), {}) if fit else (0, [], {})
         self._missing["fit"] = []
         if fit:
@@ -243,9 +279,17 @@ class ServerRounds(Party):
 
     def _sync_deadlines(self) -> None:
         """Disarm the deadlines of phases that no longer wait for anyone."""
-        if self.state is not RoundsState.RUNNING or not self._fit_round or len(self._updates) == len(self._sampled):
+        if (
+            self.state is not RoundsState.RUNNING
+            or not self._fit_round
+            or len(self._updates) == len(self._sampled)
+        ):
             self._disarm("fit")
-        if self.state is not RoundsState.RUNNING or not self._eval_round or len(self._reports) == len(self._asked):
+        if (
+            self.state is not RoundsState.RUNNING
+            or not self._eval_round
+            or len(self._reports) == len(self._asked)
+        ):
             self._disarm("evaluate")
 
     def _quorum(self, asked: int) -> int:
@@ -264,10 +308,17 @@ class ServerRounds(Party):
             return []
         required = self._quorum(len(asked))
         if len(answered) < required:
-            return self._fail(QuorumError(
-                f"round {t}: {len(answered)} of {len(asked)} clients answered the {phase} phase before its "
-                f"deadline, {required} required; missing clients {missing}",
-                phase=phase, missing=missing, round=t, answered=answered, required=required))
+            return self._fail(
+                QuorumError(
+                    f"round {t}: {len(answered)} of {len(asked)} clients answered the {phase} phase before its "
+                    f"deadline, {required} required; missing clients {missing}",
+                    phase=phase,
+                    missing=missing,
+                    round=t,
+                    answered=answered,
+                    required=required,
+                )
+            )
         self._boundary = None
         if fit:
             self._sampled = answered
@@ -283,13 +334,19 @@ class ServerRounds(Party):
         self.failure = error
         self.abort_reason = str(error)
         self._disarm("fit", "evaluate")
-        return [self._new(Abort, c, code=int(AbortCode.TIMEOUT), reason=str(error)[:1000]) for c in self.clients]
+        return [
+            self._new(Abort, c, code=int(AbortCode.TIMEOUT), reason=str(error)[:1000]) for c in self.clients
+        ]
 
     # --- intake -------------------------------------------------------------------------------------
     def _handler(self, msg: Message) -> Handler | None:
         if self.state is RoundsState.RUNNING:
-            return {LocalUpdate: self._on_update, EvaluationReport: self._on_report,
-                    Abort: self._on_abort}.get(type(msg))
+            handlers: dict[type, Handler] = {
+                LocalUpdate: self._on_update,
+                EvaluationReport: self._on_report,
+                Abort: self._on_abort,
+            }
+            return handlers.get(type(msg))
         if self.state is RoundsState.DONE and isinstance(msg, LocalUpdate):
             return self._on_late
         return None
@@ -303,14 +360,17 @@ class ServerRounds(Party):
         if msg.round != self._fit_round or self._fit_round == 0:
             raise ReplayError(f"update for round {msg.round}; the server awaits round {self._fit_round}")
         if msg.sender not in self._sampled:
-            why = "was dropped after the deadline" if msg.sender in self._missing["fit"] else "was not sampled"
+            why = (
+                "was dropped after the deadline" if msg.sender in self._missing["fit"] else "was not sampled"
+            )
             raise StateError(f"party {msg.sender} {why} in round {msg.round}")
         if msg.sender in self._updates:
             raise ReplayError(f"party {msg.sender} already sent its round-{msg.round} update")
         if msg.num_train > self.max_nodes:
-            raise SizeLimitError(f"party {msg.sender} announces {msg.num_train} training nodes; "
-                                 f"the limit is {self.max_nodes}")
-        state = _check_arrays(msg.arrays, self.global_state, "LocalUpdate") if msg.num_train else None
+            raise SizeLimitError(
+                f"party {msg.sender} announces {msg.num_train} training nodes; the limit is {self.max_nodes}"
+            )
+        state = check_arrays(msg.arrays, self.global_state, "LocalUpdate") if msg.num_train else None
         self._boundary = None
         self._updates[msg.sender] = (state, msg.num_train, msg.loss)
         return self._progress()
@@ -353,83 +413,50 @@ class ServerRounds(Party):
 
     # --- rounds ---------------------------------------------------------------------------------------
     def _advance(self) -> list[Message]:
+        """Hand the loop every phase that has all its answers, and send what it asks for next.
+
+        Round ``t``'s updates go to the loop once round ``t - 1``'s evaluation has ended; the loop's
+        ``t + 1`` clients are sampled at once and asked in the GlobalModel that also asks for the
+        evaluation of the new weights."""
         out: list[Message] = []
+        loop = self.loop
         while self.state is RoundsState.RUNNING:
-            if self._metrics is None and self._fit_round and len(self._updates) == len(self._sampled):
-                t = self._fit_round
-                self._metrics = {"round": t, **self._aggregate()}
-                nxt = self._sample() if t < self.rounds else []
-                out += self._send_round(t + 1, nxt, ("val", "test") if self.test_every_round else ("val",))
+            if not loop.evaluating and self._fit_round and len(self._updates) == len(self._sampled):
+                t, ids = self._fit_round, self._sampled
+                updates = [
+                    ClientUpdate(state if state is not None else loop.state, n, loss)
+                    for state, n, loss in (self._updates[c] for c in ids)
+                ]
+                splits = loop.on_updates(self._indices(ids), updates, self._indices(self._missing["fit"]))
+                out += self._send_round(t + 1, self._sample() if loop.more_rounds else [], splits)
                 continue
-            if self._metrics is not None and self._eval_round and len(self._reports) == len(self._asked):
+            if loop.evaluating and self._eval_round and len(self._reports) == len(self._asked):
                 label, splits = self._eval_round, self._eval_splits
-                self._metrics.update(self._pooled(splits))
                 self._eval_round, self._eval_splits = 0, ()
-                if "val" in splits:
-                    key = (self._metrics["val_accuracy"], self._metrics["val_loss"])
-                    self._improved = key[0] > self._best[0] or (key[0] == self._best[0] and key[1] < self._best[1])
-                    if self._improved and "test" not in splits:
-                        self._expect(label, ("test",))
-                        out += [self._new(EvaluateRequest, c, round=label, splits=("test",)) for c in self.clients]
-                        continue
-                self._end_round()
+                more = loop.on_reports(
+                    splits, [self._reports[c] for c in self._asked], self._indices(self._missing["eval"])
+                )
+                if more:
+                    self._expect(label, more)
+                    out += [self._new(EvaluateRequest, c, round=label, splits=more) for c in self.clients]
+                elif loop.done:
+                    self.state = RoundsState.DONE
+                    self._disarm("fit", "evaluate")
                 continue
             break
         return out
 
-    def _aggregate(self) -> dict:
-        """:meth:`fedgat.federated.Server.train_round`'s aggregation of the received updates."""
-        ids = self._sampled
-        states = [self._updates[c][0] or self.global_state for c in ids]
-        weights = [self._updates[c][1] for c in ids]
-        total = sum(weights)
-        if total > 0:
-            self.global_state = self.strategy.aggregate(states, weights, self.global_state)
-        loss = sum(self._updates[c][2] * self._updates[c][1] for c in ids) / total if total else float("nan")
-        out = {"train_loss": loss, "clients": [self.clients.index(c) for c in ids]}
-        if self._missing["fit"]:
-            out["missing_fit"] = [self.clients.index(c) for c in self._missing["fit"]]
-        return out
-
-    def _pooled(self, splits: tuple[str, ...]) -> dict:
-        """:meth:`fedgat.federated.Server.evaluate` from the reports (summed in client order)."""
-        out: dict = {}
-        if self._missing["eval"]:
-            out[f"missing_eval_{'_'.join(splits)}"] = [self.clients.index(c) for c in self._missing["eval"]]
-        for s in splits:
-            totals = [0, 0, 0.0]
-            for c in self._asked:
-                totals = [a + b for a, b in zip(totals, self._reports[c][s])]
-            correct, count, loss_sum = totals
-            out[f"{s}_accuracy"] = correct / count if count else float("nan")
-            out[f"{s}_loss"] = loss_sum / count if count else float("nan")
-        return out
-
-    def _end_round(self) -> None:
-        """Best-round bookkeeping and early stopping of :meth:`fedgat.federated.Server.fit`."""
-        metrics, self._metrics = self._metrics, None
-        assert metrics is not None
-        self.history.append(metrics)
-        r = metrics["round"]
-        stop = r >= self.rounds
-        if self._improved:
-            self._best = (metrics["val_accuracy"], metrics["val_loss"])
-            self._best_round, self._best_test = r, metrics["test_accuracy"]
-            self.best_state = self.global_state  # the weights just evaluated
-        elif self.patience is not None and r - self._best_round >= self.patience:
-            stop = True
-        if stop:
-            self.state = RoundsState.DONE
-            self._disarm("fit", "evaluate")
-            self.result = FitResult(self._best[0], self._best_test, self._best_round, len(self.history),
-                                    self.history)
-
     # --- checkpoints ----------------------------------------------------------------------------------
     def _config(self) -> dict:
-        return {"clients": self.clients, "rounds": self.rounds, "patience": self.patience,
-                "fraction": self.fraction, "test_every_round": self.test_every_round,
-                "weights": {k: list(v.shape) for k, v in self.global_state.items()},
-                "strategy": self.strategy.config()}
+        return {
+            "clients": self.clients,
+            "rounds": self.rounds,
+            "patience": self.patience,
+            "fraction": self.fraction,
+            "test_every_round": self.test_every_round,
+            "weights": {k: list(v.shape) for k, v in self.global_state.items()},
+            "strategy": self.strategy.config(),
+        }
 
     @property
     def checkpoint_label(self) -> int | None:
@@ -444,16 +471,16 @@ class ServerRounds(Party):
             raise StateError("the server is not at a resume point (just after sending a round)")
         assert self._boundary is not None
         t, fit, splits = self._boundary
-        meta = {**self._checkpoint_base(), "config": self._config(), "boundary": [t, fit, list(splits)],
-                "history": self.history, "metrics": self._metrics, "best": list(self._best),
-                "best_round": self._best_round, "best_test": self._best_test, "improved": self._improved,
-                "best_is_global": self.best_state is self.global_state,
-                "rng": self.rng.bit_generator.state, "timings": dict(self.timings)}
-        arrays = tensors_to_arrays(self.global_state, "global/")
-        if self.best_state is not self.global_state:
-            arrays.update(tensors_to_arrays(self.best_state, "best/"))
-        meta["strategy_state"], strategy_arrays = self.strategy.state_to_checkpoint()
-        arrays.update(strategy_arrays)
+        loop_meta, arrays = self.loop.state_to_checkpoint()
+        strategy_state = loop_meta.pop("strategy_state")
+        meta = {
+            **self._checkpoint_base(),
+            "config": self._config(),
+            "boundary": [t, fit, list(splits)],
+            **loop_meta,
+            "timings": dict(self.timings),
+            "strategy_state": strategy_state,
+        }
         return Checkpoint(SERVER_KIND, meta, arrays)
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -473,165 +500,5 @@ class ServerRounds(Party):
         self._restore_base(meta)
         t, fit, splits = meta["boundary"]
         self._boundary = (int(t), [int(c) for c in fit], tuple(splits))
-        self.history, self._metrics = list(meta["history"]), meta["metrics"]
-        self._best = (float(meta["best"][0]), float(meta["best"][1]))
-        self._best_round, self._best_test = int(meta["best_round"]), float(meta["best_test"])
-        self._improved = bool(meta["improved"])
-        self.rng.bit_generator.state = meta["rng"]
-        self.global_state = _exact(arrays_to_tensors(ckpt.arrays, "global/"), self.global_state)
-        self.best_state = (self.global_state if meta["best_is_global"]
-                           else _exact(arrays_to_tensors(ckpt.arrays, "best/"), self.global_state))
-        self.strategy.state_from_checkpoint(meta.get("strategy_state", {}), ckpt.arrays, self.global_state)
+        self.loop.state_from_checkpoint(meta, ckpt.arrays)
         self._restored = True
-
-
-def _exact(loaded: StateDict, reference: StateDict) -> StateDict:
-    """Checkpointed weights, checked against the model's names, shapes and dtypes."""
-    if list(loaded) != list(reference) or any(loaded[k].shape != reference[k].shape
-                                              or loaded[k].dtype != reference[k].dtype for k in reference):
-        raise CheckpointMismatchError("checkpointed weights do not match the model")
-    return loaded
-
-
-class ClientRounds(Party):
-    """A FedAvg client around a :class:`fedgat.federated.Client` (its training and evaluation code).
-
-    Args:
-        party_id, roster, session, identity: identity and session.
-        client: the in-process client (model replica, optimiser, local tasks).
-        strategy: the strategy's local penalty (FedProx); default FedAvg.
-        fingerprint: the session's CKKS key fingerprint when rounds follow an encrypted pre-training.
-        seed: give the client its own torch random stream (dropout) seeded so, as a separate process
-            would have; checkpoints then carry it and a restored client continues exactly. None: the
-            process-wide stream (bit-identical to :class:`fedgat.federated.Server` in one process).
-    """
-
-    def __init__(self, party_id: int, roster: Roster, session: int, identity: Identity, *, client: Client,
-                 strategy: Strategy | None = None, fingerprint: bytes | None = None,
-                 seed: int | None = None) -> None:
-        super().__init__(party_id, roster, session, identity.signer)
-        self.client = client
-        self.strategy = strategy if strategy is not None else FedAvg()
-        self.verifier.fingerprint = fingerprint
-        self.state = RoundsState.RUNNING
-        self.last_round = 0
-        self._weights: StateDict | None = None  # the last global weights received
-        self._evaluated: set[str] = set()
-        self._reference = {k: v.detach() for k, v in client.model.state_dict().items()}
-        self._rng: torch.Tensor | None = (None if seed is None
-                                          else torch.Generator().manual_seed(int(seed)).get_state())
-        self.max_frame_bytes = _model_frame_limit(self._reference)
-
-    @property
-    def done(self) -> bool:
-        return self.state is not RoundsState.ABORTED
-
-    def _snapshot(self) -> dict:
-        return {"last_round": self.last_round, "evaluated": tuple(sorted(self._evaluated)),
-                "weights": tuple(float(v.double().sum()) for v in self.client.model.state_dict().values())}
-
-    def _handler(self, msg: Message) -> Handler | None:
-        if self.state is not RoundsState.RUNNING:
-            return None
-        return {GlobalModel: self._on_model, EvaluateRequest: self._on_request,
-                Abort: self._on_abort}.get(type(msg))
-
-    def _from_server(self, msg: Message) -> None:
-        if msg.sender != self.roster.server:
-            raise AuthError(f"{msg.type_name} must come from the server, not party {msg.sender}")
-
-    def _on_abort(self, msg: Abort) -> list[Message]:
-        self._from_server(msg)
-        self.state = RoundsState.ABORTED
-        self.abort_reason = f"server aborted (code {msg.code}): {msg.reason}"
-        return []
-
-    def _report(self, t: int, splits: tuple[str, ...]) -> Message:
-        assert self._weights is not None
-        counts = self.client.evaluate(self._weights, splits)
-        self._evaluated.update(splits)
-        return self._new(EvaluationReport, self.roster.server, round=t, splits=tuple(
-            SplitCounts(s, counts[s].correct, counts[s].count, counts[s].loss_sum) for s in splits))
-
-    def _on_model(self, msg: GlobalModel) -> list[Message]:
-        self._from_server(msg)
-        if msg.round <= self.last_round:
-            raise ReplayError(f"global model of round {msg.round}; round {self.last_round} was already served")
-        weights = _check_arrays(msg.arrays, self._reference, "GlobalModel")
-        self.last_round, self._weights, self._evaluated = msg.round, weights, set()
-        out: list[Message] = []
-        with self.clock("training"):
-            if msg.splits:
-                out.append(self._report(msg.round, msg.splits))
-            if msg.fit:
-                update = self._fit(weights)
-                arrays = state_to_arrays(update.state) if update.num_train else {}
-                out.append(self._new(LocalUpdate, self.roster.server, round=msg.round,
-                                     num_train=update.num_train, loss=update.loss, arrays=arrays))
-        return out
-
-    def _on_request(self, msg: EvaluateRequest) -> list[Message]:
-        self._from_server(msg)
-        if msg.round != self.last_round or self._weights is None:
-            raise ReplayError(f"evaluation of round {msg.round}; the last weights are of round {self.last_round}")
-        if self._evaluated & set(msg.splits):
-            raise ReplayError(f"splits {sorted(self._evaluated & set(msg.splits))} of round {msg.round} "
-                              "were already reported")
-        with self.clock("training"):
-            return [self._report(msg.round, msg.splits)]
-
-    def _fit(self, weights: StateDict):
-        """Local training, drawing from the client's own random stream when it has one."""
-        if self._rng is None:
-            return self.client.fit(weights, self.strategy)
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(self._rng)
-            update = self.client.fit(weights, self.strategy)
-            self._rng = torch.get_rng_state()
-        return update
-
-    # --- checkpoints ----------------------------------------------------------------------------------
-    @property
-    def checkpoint_label(self) -> int | None:
-        """The round this client awaits next, once it has handled a GlobalModel."""
-        if self.state is not RoundsState.RUNNING or self.last_round == 0:
-            return None
-        return self.last_round + 1
-
-    def checkpoint(self) -> Checkpoint:
-        """Model replica, optimiser, random stream, last global weights and round state."""
-        if self.checkpoint_label is None:
-            raise StateError("the client has no state to checkpoint yet")
-        opt_meta, arrays = optimizer_to_checkpoint(self.client.optimizer)
-        arrays.update(tensors_to_arrays(self.client.model.state_dict(), "model/"))
-        if self._weights is not None:
-            arrays.update(tensors_to_arrays(self._weights, "weights/"))
-        if self._rng is not None:
-            arrays["rng"] = self._rng.numpy().copy()
-        meta = {**self._checkpoint_base(), "last_round": self.last_round, "evaluated": sorted(self._evaluated),
-                "optimizer": opt_meta, "has_weights": self._weights is not None,
-                "shapes": {k: list(v.shape) for k, v in self._reference.items()}}
-        return Checkpoint(CLIENT_KIND, meta, arrays)
-
-    def restore(self, ckpt: Checkpoint) -> None:
-        """Load a :meth:`checkpoint` into this fresh client (same model architecture and optimiser).
-
-        Raises:
-            CheckpointMismatchError: another kind, party, session or model.
-            StateError: the client has already handled a message.
-        """
-        if self.last_round != 0 or self.state is not RoundsState.RUNNING:
-            raise StateError("restore() needs a client that has handled no message")
-        ckpt.require(CLIENT_KIND, party=self.party_id, session=self.session,
-                     shapes={k: list(v.shape) for k, v in self._reference.items()})
-        meta, arrays = ckpt.meta, ckpt.arrays
-        if ("rng" in arrays) != (self._rng is not None):
-            raise CheckpointMismatchError("the checkpoint and this client disagree on a private random stream")
-        self._restore_base(meta)
-        self.client.model.load_state_dict(_exact(arrays_to_tensors(arrays, "model/"), self._reference))
-        optimizer_from_checkpoint(self.client.optimizer, meta["optimizer"], arrays)
-        self._weights = (_exact(arrays_to_tensors(arrays, "weights/"), self._reference)
-                         if meta["has_weights"] else None)
-        if self._rng is not None:
-            self._rng = torch.from_numpy(np.array(arrays["rng"]))
-        self.last_round, self._evaluated = int(meta["last_round"]), set(meta["evaluated"])

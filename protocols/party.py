@@ -32,11 +32,12 @@ its checkpoint and before the crash can never make its new ones look like replay
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from fedgat.crypto import SigningIdentity
 
@@ -62,7 +63,8 @@ from .messages import (
     decode_message,
     encode_message,
 )
-from .roster import Roster, Verifier
+from .party_values import PartyReport, PartySpec, error_from_value, error_to_value
+from .roster import Identity, Roster, Verifier
 
 __all__ = ["PHASES", "SEQ_RESTART_GAP", "Party"]
 
@@ -71,11 +73,21 @@ SEQ_RESTART_GAP = 1 << 32
 
 #: Timing phase each message type's framing, decoding and checking is charged to.
 PHASES: dict[type[Message], str] = {
-    KeyAnnounce: "keygen", PublicContext: "keygen", WrappedKeyDelivery: "keygen",
-    GraphAnnounce: "setup", Abort: "setup",
-    FeatureUpload: "upload", UploadDone: "upload", ReleaseUpload: "upload", PrivacyTerms: "setup",
-    EncodingBases: "download", EncodingResults: "download", EncodingsDone: "download",
-    GlobalModel: "training", LocalUpdate: "training", EvaluationReport: "training",
+    KeyAnnounce: "keygen",
+    PublicContext: "keygen",
+    WrappedKeyDelivery: "keygen",
+    GraphAnnounce: "setup",
+    Abort: "setup",
+    FeatureUpload: "upload",
+    UploadDone: "upload",
+    ReleaseUpload: "upload",
+    PrivacyTerms: "setup",
+    EncodingBases: "download",
+    EncodingResults: "download",
+    EncodingsDone: "download",
+    GlobalModel: "training",
+    LocalUpdate: "training",
+    EvaluationReport: "training",
     EvaluateRequest: "training",
 }
 _KEY_INTRODUCING = (PublicContext, WrappedKeyDelivery)
@@ -86,6 +98,10 @@ Handler = Callable[[Any], list[Message]]
 
 class Party:
     """Base class of the protocol state machines (see the module docstring)."""
+
+    #: the kind a class is described under as a value (:mod:`~fedgat.protocols.party_values`); a
+    #: class describes itself only when it sets its own (subclasses do not inherit it)
+    PARTY_KIND: ClassVar[str | None] = None
 
     def __init__(self, party_id: int, roster: Roster, session: int, signer: SigningIdentity) -> None:
         if roster.signing_key(party_id) != signer.public_bytes():
@@ -127,19 +143,26 @@ class Party:
         self._clock_stack.append([0.0, 0.0])
         phase = "setup"
         try:
-            if not isinstance(data, Message) and self.max_frame_bytes is not None \
-                    and len(data) > self.max_frame_bytes:
-                raise SizeLimitError(f"frame of {len(data)} bytes exceeds party {self.party_id}'s "
-                                     f"limit of {self.max_frame_bytes}")
+            if (
+                not isinstance(data, Message)
+                and self.max_frame_bytes is not None
+                and len(data) > self.max_frame_bytes
+            ):
+                raise SizeLimitError(
+                    f"frame of {len(data)} bytes exceeds party {self.party_id}'s "
+                    f"limit of {self.max_frame_bytes}"
+                )
             msg = data if isinstance(data, Message) else decode_message(data)
             phase = PHASES.get(type(msg), "setup")
             self.verifier.check(msg)
             handler = self._handler(msg)
             if handler is None:
-                raise StateError(f"{msg.type_name} is not accepted by {type(self).__name__} "
-                                 f"in state {self.state}")
-            self.verifier.check_fingerprint(msg, introduces_key=isinstance(msg, _KEY_INTRODUCING),
-                                            key_bound=not isinstance(msg, _PRE_KEY))
+                raise StateError(
+                    f"{msg.type_name} is not accepted by {type(self).__name__} in state {self.state}"
+                )
+            self.verifier.check_fingerprint(
+                msg, introduces_key=isinstance(msg, _KEY_INTRODUCING), key_bound=not isinstance(msg, _PRE_KEY)
+            )
             out = handler(msg)
             self.verifier.commit(msg)
             return out
@@ -204,9 +227,129 @@ class Party:
 
     def snapshot(self) -> dict:
         """Everything a message could change, as comparable values (tests: unchanged on rejection)."""
-        return {"state": self.state, "seq": self._seq, "verifier": self.verifier.snapshot(),
-                "abort": self.abort_reason, "deadlines": tuple(sorted(self._deadlines.items())),
-                **self._snapshot()}
+        return {
+            "state": self.state,
+            "seq": self._seq,
+            "verifier": self.verifier.snapshot(),
+            "abort": self.abort_reason,
+            "deadlines": tuple(sorted(self._deadlines.items())),
+            **self._snapshot(),
+        }
+
+    # --- as values (:mod:`~fedgat.protocols.party_values`) -----------------------------------------
+    def _kind(self) -> str:
+        kind = type(self).__dict__.get("PARTY_KIND")
+        if kind is None:
+            raise TypeError(
+                f"{type(self).__name__} cannot be described as a value: it declares no PARTY_KIND of its "
+                "own (see fedgat.protocols.party_values.PARTY_KINDS)"
+            )
+        return kind
+
+    def spec(self) -> PartySpec:
+        """This party, before its first message, as plain values (its kind's ``from_spec`` rebuilds an
+        equal party).
+
+        Raises:
+            TypeError: a class that cannot be described (no ``PARTY_KIND`` of its own).
+            StateError: the party has already sent or received a message.
+        """
+        kind = self._kind()
+        if self._seq or self.verifier.last_seq():
+            raise StateError(
+                f"party {self.party_id} has already run (state {self.state}); a spec describes a party "
+                "before its first message (a party mid-run travels as its checkpoint)"
+            )
+        return PartySpec(kind, self.party_id, {**self._spec_base(), **self._spec_fields()})
+
+    @classmethod
+    def from_spec(cls, spec: PartySpec) -> Party:
+        """The party ``spec`` describes (see :meth:`spec`)."""
+        raise TypeError(f"{cls.__name__} cannot be built from a spec")
+
+    def state_name(self) -> str:
+        """:attr:`state` as a plain value (an enum's value)."""
+        return str(self.state.value if isinstance(self.state, enum.Enum) else self.state)
+
+    def report(self) -> PartyReport:
+        """What this party hands back when its run ends: state, abort reason, failure, timings and its
+        kind's counters and result (:meth:`_report_values`); no secrets."""
+        counters, result = self._report_values()
+        return PartyReport(
+            kind=self._kind(),
+            party_id=self.party_id,
+            state=self.state_name(),
+            abort_reason=self.abort_reason,
+            failure=None if self.failure is None else error_to_value(self.failure),
+            timings=dict(self.timings),
+            cpu_timings=dict(self.cpu_timings),
+            counters=counters,
+            result=result,
+        )
+
+    def absorb(self, report: PartyReport) -> None:
+        """Take in the :meth:`report` of this party's hosted twin (the caller's copy then reads as after
+        an in-process run).
+
+        Raises:
+            ValueError: a report of another kind or party.
+        """
+        if report.kind != self._kind() or report.party_id != self.party_id:
+            raise ValueError(
+                f"report of {report.kind} party {report.party_id} for {self._kind()} party {self.party_id}"
+            )
+        self.state = type(self.state)(report.state) if isinstance(self.state, enum.Enum) else report.state
+        self.abort_reason = report.abort_reason
+        failure = None if report.failure is None else error_from_value(report.failure)
+        if failure is not None and not isinstance(failure, FaultError):
+            raise ValueError(f"a reported failure must be a FaultError, not {type(failure).__name__}")
+        self.failure = failure
+        self.timings = defaultdict(float, {str(k): float(v) for k, v in report.timings.items()})
+        self.cpu_timings = defaultdict(float, {str(k): float(v) for k, v in report.cpu_timings.items()})
+        self._absorb(report)
+
+    def _identity(self) -> Identity:
+        """The private keys this party holds (a client adds its wrapping key)."""
+        return Identity(self._signer)
+
+    def _spec_base(self) -> dict[str, Any]:
+        """What every party's spec holds: roster, session, private keys, the verifier's pins, limits."""
+        v = self.verifier
+        return {
+            "roster": self.roster.to_value(),
+            "session": self.session,
+            "identity": self._identity().to_value(),
+            "verifier": {
+                "roster": None if v.roster == self.roster else v.roster.to_value(),
+                "me": v.me,
+                "session": v.session,
+                "fingerprint": v.fingerprint,
+            },
+            "max_frame_bytes": self.max_frame_bytes,
+            "now": self.now,
+            "deadlines": dict(self._deadlines),
+        }
+
+    def _restore_spec_base(self, fields: Mapping[str, Any]) -> None:
+        """Set what :meth:`_spec_base` holds beyond the constructor's arguments."""
+        v = fields["verifier"]
+        roster = self.roster if v["roster"] is None else Roster.from_value(v["roster"])
+        self.verifier = Verifier(roster, int(v["me"]), int(v["session"]))
+        self.verifier.fingerprint = v["fingerprint"]
+        self.max_frame_bytes = None if fields["max_frame_bytes"] is None else int(fields["max_frame_bytes"])
+        self.now = float(fields["now"])
+        self._deadlines = {str(k): float(t) for k, t in fields["deadlines"].items()}
+
+    def _spec_fields(self) -> dict[str, Any]:
+        """The kind's own constructor inputs (plain values)."""
+        return {}
+
+    def _report_values(self) -> tuple[dict[str, int], dict[str, Any]]:
+        """The kind's ``(counters, result)`` for :meth:`report` (plain values)."""
+        return {}, {}
+
+    def _absorb(self, report: PartyReport) -> None:
+        """Take in the kind's counters and result."""
 
     # --- for subclasses ---------------------------------------------------------------------------
     def _handler(self, msg: Message) -> Handler | None:
@@ -232,9 +375,13 @@ class Party:
     def _checkpoint_base(self) -> dict:
         """Identity, sequence number and verifier view for a checkpoint's meta (JSON values)."""
         fp = self.verifier.fingerprint
-        return {"party": self.party_id, "session": self.session, "seq": self._seq,
-                "fingerprint": None if fp is None else fp.hex(),
-                "last_seq": {str(k): v for k, v in self.verifier.last_seq().items()}}
+        return {
+            "party": self.party_id,
+            "session": self.session,
+            "seq": self._seq,
+            "fingerprint": None if fp is None else fp.hex(),
+            "last_seq": {str(k): v for k, v in self.verifier.last_seq().items()},
+        }
 
     def _restore_base(self, meta: dict) -> None:
         """Inverse of :meth:`_checkpoint_base` (the caller checked party and session)."""
@@ -247,8 +394,14 @@ class Party:
         """A new outgoing message with the next sequence number (call only after validation)."""
         self._seq += 1
         fingerprint = self.verifier.fingerprint or bytes(32)
-        return cls(sender=self.party_id, recipient=recipient, session=self.session, seq=self._seq,
-                   fingerprint=fingerprint, **fields)
+        return cls(
+            sender=self.party_id,
+            recipient=recipient,
+            session=self.session,
+            seq=self._seq,
+            fingerprint=fingerprint,
+            **fields,
+        )
 
     @contextmanager
     def clock(self, phase: str):

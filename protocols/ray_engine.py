@@ -20,7 +20,8 @@ Design
   parties: :meth:`RayTransport.run_parties` (the hook :func:`fedgat.pipeline.drive` calls instead of
   the in-process driver) keeps the server in this process (the coordinator) and places every other
   party in an actor, in contiguous blocks of party ids. A party is placed once, before it starts, as
-  the bytes of its pickled initial state (private keys as their raw bytes); from then on its state
+  a value: the bytes of its :class:`~fedgat.protocols.party_values.PartySpec` (plain values, private
+  keys as their raw bytes; no pickle), from which the actor builds it; from then on its state
   machine runs in the actor and only the protocol's own signed frames move, as ``bytes``: the
   actor calls :meth:`~fedgat.protocols.party.Party.receive` on them and returns the frames its
   parties produce, the coordinator routes every frame (counting it in :attr:`RayTransport.traffic`
@@ -32,13 +33,19 @@ Design
   one of its parties (round robin) after each batch of deliveries; the coordinator's own parties
   step when nothing is queued for them. Steps pause while more than ``max_pending_bytes`` of frames
   wait to be delivered, so memory stays bounded as with the in-process driver.
-* When a run ends, each hosted party's final state is copied back into the caller's party object
-  (every attribute that pickles, *except* secrets: signing and wrapping keys and the CKKS secret
-  context stay in the actor and are dropped with it), so callers read results as after an
-  in-process run (e.g. ``client.encodings``).
-* Server work: a hosted run makes the pre-training server compute with
+* When a run ends, each hosted party hands back its
+  :class:`~fedgat.protocols.party_values.PartyReport` (state, abort reason, failure, timings, its
+  kind's counters and result, e.g. a pre-training client's decrypted encodings), which the caller's
+  party object absorbs (:meth:`~fedgat.protocols.party.Party.absorb`), so callers read results as
+  after an in-process run (e.g. ``client.encodings``). Secrets (private keys, the CKKS secret
+  context) are never reported: they stay in the actor and are dropped with it. A party that cannot
+  be described as a value (no ``PARTY_KIND``, e.g. the servers) cannot be hosted: ``TypeError``.
+  Errors raised in an actor cross as values too and are raised here as the party raised them (a
+  protocol error) or as :class:`RayEngineError`.
+* Server work: :meth:`RayTransport.encoder_factory` is what the pre-training server is built with
+  (:func:`fedgat.pipeline.run_encrypted_pretraining` asks the transport): it computes with
   :class:`~fedgat.crypto.ray_encoder.RayEncoder` (Ray tasks over the cluster) where it would start a
-  process pool (``server_tasks=None``), always (True) or never (False).
+  process pool (``server_tasks=None``), always (True) or never (False). No party's method is replaced.
 
 The observer of :func:`~fedgat.protocols.driver.run_parties` gets a ``"deliver"`` event for every
 frame (after its recipient handled it; ``out`` is ``[]`` for hosted parties, whose replies are
@@ -52,171 +59,29 @@ dropout, each actor draws from its own torch generator, so runs differ like two 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import io
 import os
-import pickle
-import resource
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Self
 
-from fedgat.crypto import SigningIdentity, WrappingIdentity
-from fedgat.crypto.ray_encoder import INSTALL_HINT, RayEncoder, RayUnavailableError, import_ray
+from fedgat.crypto import ServerContext, SlotLayout
+from fedgat.crypto.encoders import Encoder, EncoderFactory, local_encoder
+from fedgat.crypto.ray_encoder import INSTALL_HINT, RayEncoder, RayUnavailableError, import_ray, ray_encoder
+from fedgat.crypto.spool import CiphertextSpool
 
 from .driver import Observer
 from .messages import MESSAGE_TYPES, peek_type
 from .party import Party
-from .pretrain import ServerPretrain
+from .party_values import PartyReport
+from .ray_host import Frame, PartyHost, RayEngineError, raise_failure
 from .transport import Delivery, Transcript, Transport
 
 __all__ = ["INSTALL_HINT", "PartyHost", "RayEngine", "RayEngineError", "RayTransport", "RayUnavailableError"]
 
 MiB = 1 << 20
-#: attributes of a party that never leave its actor (private keys, the CKKS secret context)
-SECRET_ATTRIBUTES = frozenset({"_signer", "_wrapping", "holder"})
 #: modules an actor imports at start-up by default (the pipeline's parties and models)
 PRELOAD = ("fedgat.pipeline",)
-
-Frame = tuple[int, int, bytes]  # (sender, recipient, data)
-
-
-class RayEngineError(RuntimeError):
-    """An actor died or a hosted run could not proceed (not a protocol error: those are re-raised
-    as the party raised them)."""
-
-
-# ------------------------------------------------------------------------------------- placement
-def _dumps_party(party: Party) -> bytes:
-    """A party's initial state as bytes (cloudpickle; private keys as their raw bytes)."""
-    from ray import cloudpickle
-
-    class _Pickler(cloudpickle.CloudPickler):
-        def reducer_override(self, obj: Any) -> Any:
-            if isinstance(obj, SigningIdentity):
-                return SigningIdentity.from_private_bytes, (obj.private_bytes(),)
-            if isinstance(obj, WrappingIdentity):
-                return WrappingIdentity.from_private_bytes, (obj.private_bytes(),)
-            return super().reducer_override(obj)
-
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(party)
-    return buf.getvalue()
-
-
-def _rss_bytes() -> int:
-    """Resident set size of this process (Linux /proc; 0 when unknown)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-# ----------------------------------------------------------------------------------------- actor
-class PartyHost:
-    """Actor body: hosts many parties and runs their state machines on the frames it is given.
-
-    Made a Ray actor by :class:`RayEngine` (``ray.remote(PartyHost)``); a plain object otherwise,
-    which is how its logic is tested without Ray.
-    """
-
-    def __init__(self, threads: int | None = 1, preload: tuple[str, ...] = ()) -> None:
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
-        for module in preload:  # pay the imports (torch_geometric: seconds) before the first run
-            importlib.import_module(module)
-        self.parties: dict[int, Party] = {}
-        self._turn = 0
-
-    def ping(self) -> int:
-        return os.getpid()
-
-    def place(self, packages: Mapping[int, bytes]) -> list[int]:
-        """Host the parties pickled by :func:`_dumps_party` (party id -> bytes)."""
-        for pid, blob in packages.items():
-            party = pickle.loads(blob)
-            if party.party_id != pid:
-                raise RayEngineError(f"package for party {pid} holds party {party.party_id}")
-            self.parties[pid] = party
-        return sorted(self.parties)
-
-    def _emit(self, pid: int, messages: list) -> list[Frame]:
-        party = self.parties[pid]
-        return [(pid, msg.recipient, party.encode(msg)) for msg in messages]
-
-    def start(self, pids: list[int]) -> list[list[Frame]]:
-        """Opening frames of ``pids``, in that order."""
-        return [self._emit(pid, self.parties[pid].start()) for pid in pids]
-
-    def has_work(self) -> bool:
-        return any(p.has_work() for p in self.parties.values())
-
-    def deliver(self, frames: list[Frame], step: bool) -> dict:
-        """Hand each frame to its recipient, in order; then, with ``step``, one step of the next
-        party with streamed work. Returns ``{"replies": [frames per delivered frame], "step":
-        frames of the step, "work": any work left, "error": None or (party id, exception)}``; after
-        an error the remaining frames are not delivered."""
-        replies: list[list[Frame]] = []
-        try:
-            for sender, recipient, data in frames:
-                if type(data) is not bytes:
-                    raise TypeError("frames cross as bytes only")
-                party = self.parties.get(recipient)
-                if party is None:
-                    raise KeyError(f"frame for party {recipient}, which this actor does not host")
-                replies.append(self._emit(recipient, party.receive(data)))
-            stepped: list[Frame] = []
-            if step:
-                pids = sorted(self.parties)
-                for k in range(len(pids)):
-                    pid = pids[(self._turn + k) % len(pids)]
-                    if self.parties[pid].has_work():
-                        self._turn = (self._turn + k + 1) % len(pids)
-                        stepped = self._emit(pid, self.parties[pid].step())
-                        break
-        except Exception as exc:  # noqa: BLE001 - handed to the coordinator, which raises it
-            failed = frames[len(replies)][1] if len(replies) < len(frames) else None
-            try:
-                pickle.dumps(exc)
-            except Exception:  # noqa: BLE001
-                exc = RayEngineError(f"{type(exc).__name__}: {exc}")
-            return {"replies": replies, "step": [], "work": False, "error": (failed, exc)}
-        return {"replies": replies, "step": stepped, "work": self.has_work(), "error": None}
-
-    def export(self, pids: list[int], drop: bool = True) -> dict[int, dict[str, bytes]]:
-        """Each party's attributes that pickle, secrets left out (and dropped with ``drop``)."""
-        from ray import cloudpickle
-
-        out: dict[int, dict[str, bytes]] = {}
-        for pid in pids:
-            party = self.parties[pid]
-            state = {}
-            for name, value in vars(party).items():
-                if name in SECRET_ATTRIBUTES:
-                    continue
-                try:
-                    state[name] = cloudpickle.dumps(value)
-                except Exception:  # noqa: BLE001, S112 - e.g. TenSEAL objects: they stay here
-                    continue
-            out[pid] = state
-            if drop:
-                del self.parties[pid]
-        return out
-
-    def reset(self) -> None:
-        """Drop every hosted party (after a failed run)."""
-        self.parties.clear()
-        self._turn = 0
-
-    def memory(self) -> dict:
-        """``{"pid", "rss", "peak_rss", "parties"}`` of this actor's process (bytes)."""
-        return {"pid": os.getpid(), "rss": _rss_bytes(),
-                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "parties": len(self.parties)}
 
 
 # ---------------------------------------------------------------------------------------- engine
@@ -239,9 +104,18 @@ class RayEngine:
         RayUnavailableError: Ray is not installed.
     """
 
-    def __init__(self, actors: int | None = None, *, address: str | None = None, num_cpus: int | None = None,
-                 log_to_driver: bool = False, threads: int | None = 1, init_kwargs: dict | None = None,
-                 actor_options: dict | None = None, preload: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        actors: int | None = None,
+        *,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        log_to_driver: bool = False,
+        threads: int | None = 1,
+        init_kwargs: dict | None = None,
+        actor_options: dict | None = None,
+        preload: tuple[str, ...] | None = None,
+    ) -> None:
         if actors is not None and actors < 1:
             raise ValueError(f"actors must be >= 1, got {actors}")
         ray = import_ray()
@@ -311,29 +185,6 @@ class RayEngine:
 
 
 # ------------------------------------------------------------------------------------- transport
-def _server_tasks(server: ServerPretrain, mode: bool | None, used: list[RayEncoder]) -> None:
-    """Make ``server`` compute with :class:`RayEncoder` (mode True; None: where it would start a
-    process pool). Until :class:`ServerPretrain` takes an encoder factory, this shadows its
-    ``_compute_results`` on the instance (same body, another encoder)."""
-    if mode is False:
-        return
-
-    def compute():
-        if mode is None and server.workers == 0:
-            yield from type(server)._compute_results(server)
-            return
-        assert server.context is not None and server.layout is not None
-        explicit = server._workers if server._workers else None  # None/0: the cluster's CPUs
-        encoder = RayEncoder(server.context.public_context_bytes(), server.layout, server._spool,
-                             workers=explicit)
-        server._encoder = encoder  # closed by the server when the round ends
-        used.append(encoder)
-        groups = (g for g, b in enumerate(server.buckets) for _ in range(len(b)))
-        yield from zip(groups, encoder.map(server.buckets))
-
-    server._compute_results = compute  # type: ignore[method-assign]
-
-
 class RayTransport(Transport):
     """Routes frames between the coordinator's parties and parties hosted in :class:`RayEngine` actors.
 
@@ -350,9 +201,16 @@ class RayTransport(Transport):
             True, False.
     """
 
-    def __init__(self, engine: RayEngine, *, transcript: Transcript | None = None,
-                 keep_local: Callable[[Party], bool] | None = None, max_pending_bytes: int = 256 * MiB,
-                 batch_bytes: int = 32 * MiB, server_tasks: bool | None = None) -> None:
+    def __init__(
+        self,
+        engine: RayEngine,
+        *,
+        transcript: Transcript | None = None,
+        keep_local: Callable[[Party], bool] | None = None,
+        max_pending_bytes: int = 256 * MiB,
+        batch_bytes: int = 32 * MiB,
+        server_tasks: bool | None = None,
+    ) -> None:
         self.engine = engine
         self.transcript = transcript
         self.keep_local = keep_local or (lambda party: party.party_id == party.roster.server)
@@ -361,12 +219,29 @@ class RayTransport(Transport):
         self.server_tasks = server_tasks
         #: (sender, recipient, type name) -> [messages, bytes], as InProcessTransport.traffic
         self.traffic: dict[tuple[int, int, str], list[int]] = {}
-        #: seconds of the last run spent placing parties and copying their state back
+        #: seconds of the last run spent placing parties (specs) and absorbing their reports
         self.placement_seconds = 0.0
         self.export_seconds = 0.0
         #: the :class:`RayEncoder` of every pre-training server run over this transport
         self.encoders: list[RayEncoder] = []
         self._reset({})
+
+    def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
+        """A pre-training server over this transport computes as Ray tasks (:class:`RayEncoder`,
+        ``workers`` at once; None/0: the cluster's CPUs) -- always with ``server_tasks=True``, only
+        where it would start a process pool with None, never with False. Every encoder made is kept
+        in :attr:`encoders`."""
+        if self.server_tasks is False:
+            return local_encoder(workers)
+        ray_factory = ray_encoder(workers, everywhere=bool(self.server_tasks))
+
+        def factory(ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int) -> Encoder:
+            encoder = ray_factory(ctx, layout, spool, results)
+            if isinstance(encoder, RayEncoder):
+                self.encoders.append(encoder)
+            return encoder
+
+        return factory
 
     def _reset(self, placement: dict[int, int]) -> None:
         self._placement = placement  # hosted party id -> actor index
@@ -405,43 +280,83 @@ class RayTransport(Transport):
             self._outbox[actor].append((sender, to, data))
 
     def bytes_sent(self, senders=None, recipients=None, types=None) -> int:
-        return sum(v[1] for (s, r, t), v in self.traffic.items()
-                   if (senders is None or s in senders) and (recipients is None or r in recipients)
-                   and (types is None or t in types))
+        return sum(
+            v[1]
+            for (s, r, t), v in self.traffic.items()
+            if (senders is None or s in senders)
+            and (recipients is None or r in recipients)
+            and (types is None or t in types)
+        )
 
     def messages_sent(self, senders=None, recipients=None, types=None) -> int:
-        return sum(v[0] for (s, r, t), v in self.traffic.items()
-                   if (senders is None or s in senders) and (recipients is None or r in recipients)
-                   and (types is None or t in types))
+        return sum(
+            v[0]
+            for (s, r, t), v in self.traffic.items()
+            if (senders is None or s in senders)
+            and (recipients is None or r in recipients)
+            and (types is None or t in types)
+        )
 
     # --- hosting ----------------------------------------------------------------------------------
-    def run_parties(self, parties: Mapping[int, Party], *, observer: Observer | None = None,
-                    start: bool = True) -> int:
+    @staticmethod
+    def _spec_bytes(party: Party) -> bytes:
+        """What a hosted party is placed as: its :class:`~fedgat.protocols.party_values.PartySpec`."""
+        try:
+            return party.spec().to_bytes()
+        except TypeError as exc:
+            raise TypeError(
+                f"the Ray engine places a party as a value (PartySpec) and cannot host party "
+                f"{party.party_id} ({type(party).__name__}): {exc}; keep it local (keep_local=...)"
+            ) from exc
+
+    @staticmethod
+    def _check(replies: list[dict]) -> list[dict]:
+        """``replies`` of the actors, once none carries an error (the first one is raised)."""
+        for reply in replies:
+            if reply["error"] is not None:
+                raise_failure(reply["error"])
+        return replies
+
+    def run_parties(
+        self, parties: Mapping[int, Party], *, observer: Observer | None = None, start: bool = True
+    ) -> int:
         """Run ``parties`` to the end, hosting all but ``keep_local`` ones in the engine's actors;
-        returns the number of events (deliveries and steps). Hosted parties' final state is copied
-        back into ``parties`` (secrets excepted).
+        returns the number of events (deliveries and steps). Each hosted party of ``parties`` absorbs
+        its twin's :class:`~fedgat.protocols.party_values.PartyReport` at the end.
 
         Raises:
             Whatever a party raises for a rejected frame (the protocol's typed errors);
-            RayEngineError: an actor died.
+            TypeError: a party to host cannot be described as a value;
+            RayEngineError: an actor died, or raised an error that is not rebuilt as itself.
         """
         ray = self.engine.ray
         parties = dict(parties)
         local = {pid: p for pid, p in parties.items() if self.keep_local(p)}
         hosted = sorted(pid for pid in parties if pid not in local)
+        clock = time.perf_counter()
+        specs = {pid: self._spec_bytes(parties[pid]) for pid in hosted}
         actors = self.engine.ensure_actors(len(hosted)) if hosted else self.engine.actors
-        blocks = [hosted[a * len(hosted) // len(actors):(a + 1) * len(hosted) // len(actors)]
-                  for a in range(len(actors))] if hosted else []
+        blocks = (
+            [
+                hosted[a * len(hosted) // len(actors) : (a + 1) * len(hosted) // len(actors)]
+                for a in range(len(actors))
+            ]
+            if hosted
+            else []
+        )
         self._reset({pid: a for a, block in enumerate(blocks) for pid in block})
-        shadowed = [p for p in local.values() if isinstance(p, ServerPretrain)]
-        for server in shadowed:
-            _server_tasks(server, self.server_tasks, self.encoders)
         links = {pid: self.connect(pid) for pid in local}
         events = 0
-        clock = time.perf_counter()
         try:
-            self.engine._get([actors[a].place.remote({pid: _dumps_party(parties[pid]) for pid in block})
-                              for a, block in enumerate(blocks) if block])
+            self._check(
+                self.engine._get(
+                    [
+                        actors[a].place.remote({pid: specs.pop(pid) for pid in block})
+                        for a, block in enumerate(blocks)
+                        if block
+                    ]
+                )
+            )
             self.placement_seconds = time.perf_counter() - clock
             work = [bool(block) for block in blocks]  # may have work: ask once
             inflight: dict[Any, tuple[int, list[Frame]]] = {}
@@ -457,8 +372,8 @@ class RayTransport(Transport):
                     emit(pid, out)
                     if observer is not None:
                         observer("start", pid, None, out)
-                for block, frames in zip([b for b in blocks if b], self.engine._get(refs)):
-                    for per_party in frames:
+                for started in self._check(self.engine._get(refs)):
+                    for per_party in started["frames"]:
                         for frame in per_party:
                             self._route(*frame)
 
@@ -471,17 +386,16 @@ class RayTransport(Transport):
                         self._route(*reply)
                     if observer is not None:
                         observer("deliver", frame[1], Delivery(*frame), [])
-                if result["error"] is not None:
-                    failed, exc = result["error"]
-                    exc.add_note(f"raised in a Ray actor by party {failed}")
-                    raise exc
+                self._check([result])
                 for frame in result["step"]:
                     self._route(*frame)
                 work[a] = result["work"]
 
             busy: set[int] = set()
             while True:
-                for ref in ray.wait(list(inflight), num_returns=len(inflight), timeout=0)[0] if inflight else []:
+                for ref in (
+                    ray.wait(list(inflight), num_returns=len(inflight), timeout=0)[0] if inflight else []
+                ):
                     busy.discard(inflight[ref][0])
                     collect(ref)
                     events += 1
@@ -489,7 +403,8 @@ class RayTransport(Transport):
                 for a, actor in enumerate(actors):
                     if a in busy or not (self._outbox[a] or (work[a] and room)):
                         continue
-                    batch, size = [], 0
+                    batch: list[Frame] = []
+                    size = 0
                     box = self._outbox[a]
                     while box and (not batch or size + len(box[0][2]) <= self.batch_bytes):
                         frame = box.pop(0)
@@ -508,13 +423,13 @@ class RayTransport(Transport):
                         observer("deliver", delivery.recipient, delivery, out)
                     continue
                 if self._pending < self.max_pending_bytes:
-                    pid = next((pid for pid, p in local.items() if p.has_work()), None)
-                    if pid is not None:
-                        out = local[pid].step()
-                        emit(pid, out)
+                    busy_pid = next((pid for pid, p in local.items() if p.has_work()), None)
+                    if busy_pid is not None:
+                        out = local[busy_pid].step()
+                        emit(busy_pid, out)
                         events += 1
                         if observer is not None:
-                            observer("step", pid, None, out)
+                            observer("step", busy_pid, None, out)
                         continue
                 if inflight:
                     ray.wait(list(inflight), num_returns=1)
@@ -523,11 +438,12 @@ class RayTransport(Transport):
                     continue
                 break
             clock = time.perf_counter()
-            exported = self.engine._get([actors[a].export.remote(block) for a, block in enumerate(blocks) if block])
-            for state in exported:
-                for pid, attributes in state.items():
-                    for name, blob in attributes.items():
-                        setattr(parties[pid], name, pickle.loads(blob))
+            reported = self._check(
+                self.engine._get([actors[a].report.remote(block) for a, block in enumerate(blocks) if block])
+            )
+            for answer in reported:
+                for pid, blob in answer["reports"].items():
+                    parties[pid].absorb(PartyReport.from_bytes(blob))
             self.export_seconds = time.perf_counter() - clock
         except BaseException:
             for actor in actors:
@@ -535,7 +451,5 @@ class RayTransport(Transport):
                     actor.reset.remote()
             raise
         finally:
-            for server in shadowed:
-                server.__dict__.pop("_compute_results", None)
             self._reset({})
         return events

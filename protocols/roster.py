@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import SigningIdentity, WrappingIdentity, verify
@@ -63,6 +64,26 @@ class Roster:
     def is_client(self, party: int) -> bool:
         return party in self.clients
 
+    def to_value(self) -> dict[str, Any]:
+        """Plain values (:mod:`~fedgat.protocols.party_values`): ids and raw public keys."""
+        return {
+            "server": self.server,
+            "dealer": self.dealer,
+            "clients": list(self.clients),
+            "signing_keys": {str(p): bytes(self.signing_keys[p]) for p in sorted(self.signing_keys)},
+        }
+
+    @classmethod
+    def from_value(cls, value: Mapping[str, Any]) -> Roster:
+        """Inverse of :meth:`to_value` (ValueError: not a roster's values)."""
+        try:
+            keys = {int(p): bytes(k) for p, k in value["signing_keys"].items()}
+            return cls(
+                int(value["server"]), int(value["dealer"]), tuple(int(c) for c in value["clients"]), keys
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a roster's values: {exc}") from exc
+
 
 @dataclass
 class Identity:
@@ -74,6 +95,22 @@ class Identity:
     @classmethod
     def generate(cls, client: bool = True) -> Identity:
         return cls(SigningIdentity.generate(), WrappingIdentity.generate() if client else None)
+
+    def to_value(self) -> dict[str, bytes | None]:
+        """The raw private keys (for the party's own trust domain only: never log or share them)."""
+        return {
+            "signer": self.signer.private_bytes(),
+            "wrapping": None if self.wrapping is None else self.wrapping.private_bytes(),
+        }
+
+    @classmethod
+    def from_value(cls, value: Mapping[str, Any]) -> Identity:
+        """Inverse of :meth:`to_value`."""
+        wrapping = value.get("wrapping")
+        return cls(
+            SigningIdentity.from_private_bytes(value["signer"]),
+            None if wrapping is None else WrappingIdentity.from_private_bytes(wrapping),
+        )
 
 
 class Verifier:
@@ -105,7 +142,9 @@ class Verifier:
         if msg.seq <= last:
             raise ReplayError(f"{msg.type_name} from {msg.sender}: sequence {msg.seq} is not above {last}")
 
-    def check_fingerprint(self, msg: Message, *, introduces_key: bool = False, key_bound: bool = True) -> None:
+    def check_fingerprint(
+        self, msg: Message, *, introduces_key: bool = False, key_bound: bool = True
+    ) -> None:
         """The header fingerprint must be the session key's (32 zero bytes before one exists).
 
         ``introduces_key``: the message brings the key (accepted while none is known; the handler
@@ -116,8 +155,9 @@ class Verifier:
         expected = self.fingerprint if self.fingerprint is not None else ZERO_FINGERPRINT
         if msg.fingerprint == expected or (not key_bound and msg.fingerprint == ZERO_FINGERPRINT):
             return
-        raise KeyFingerprintError(f"{msg.type_name} is bound to key {msg.fingerprint.hex()[:16]}, "
-                                  f"expected {expected.hex()[:16]}")
+        raise KeyFingerprintError(
+            f"{msg.type_name} is bound to key {msg.fingerprint.hex()[:16]}, expected {expected.hex()[:16]}"
+        )
 
     def commit(self, msg: Message) -> None:
         self._last_seq[msg.sender] = msg.seq

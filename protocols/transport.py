@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedgat.crypto.encoders import EncoderFactory, local_encoder
+
 from .messages import HEADER, MESSAGE_TYPES, SIGNATURE_SIZE, peek_type
 
 __all__ = ["Delivery", "InProcessTransport", "Link", "Transcript", "TranscriptEntry", "Transport"]
@@ -50,10 +52,16 @@ class Link:
 
 
 class Transport:
-    """Interface: ``connect(party_id) -> Link`` and ``poll() -> Delivery | None``."""
+    """Interface: ``connect(party_id) -> Link`` and ``poll() -> Delivery | None``; an engine's
+    transport also says where a pre-training server it carries computes (:meth:`encoder_factory`)."""
 
     def connect(self, party_id: int) -> Link:
         return Link(self, party_id)
+
+    def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
+        """Where a pre-training server run over this transport computes its encodings: by default
+        on this machine (:func:`fedgat.crypto.encoders.local_encoder` with ``workers`` processes)."""
+        return local_encoder(workers)
 
     def _send(self, sender: int, to: int, data: bytes) -> None:
         raise NotImplementedError
@@ -178,11 +186,19 @@ class InProcessTransport(Transport):
 
     def bytes_sent(self, senders=None, recipients=None, types=None) -> int:
         """Bytes of frames from ``senders`` to ``recipients`` of ``types`` (None: any)."""
-        return sum(v[1] for (s, r, t), v in self.traffic.items()
-                   if (senders is None or s in senders) and (recipients is None or r in recipients)
-                   and (types is None or t in types))
+        return sum(
+            v[1]
+            for (s, r, t), v in self.traffic.items()
+            if (senders is None or s in senders)
+            and (recipients is None or r in recipients)
+            and (types is None or t in types)
+        )
 
     def messages_sent(self, senders=None, recipients=None, types=None) -> int:
-        return sum(v[0] for (s, r, t), v in self.traffic.items()
-                   if (senders is None or s in senders) and (recipients is None or r in recipients)
-                   and (types is None or t in types))
+        return sum(
+            v[0]
+            for (s, r, t), v in self.traffic.items()
+            if (senders is None or s in senders)
+            and (recipients is None or r in recipients)
+            and (types is None or t in types)
+        )

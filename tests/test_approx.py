@@ -118,7 +118,9 @@ def test_leaky_theory_bound_is_bounded_variation_formula(a):
     # f'(t) = a s'(at) is increasing with an upward jump 0.8a at 0, so V = f'(1) - f'(-1)
     v = a * np.exp(a) - 0.2 * a * np.exp(-0.2 * a)
     for p in (4, 16):
-        assert chebyshev_theory_bound("leaky_relu", p, a) == pytest.approx(4 * v / (np.pi * (p - 1)), rel=1e-10)
+        assert chebyshev_theory_bound("leaky_relu", p, a) == pytest.approx(
+            4 * v / (np.pi * (p - 1)), rel=1e-10
+        )
     assert chebyshev_theory_bound("leaky_relu", 1, a) == float("inf")
     assert chebyshev_theory_bound("smooth_leaky_relu", 2, a) < float("inf")  # ellipse bound applies
 

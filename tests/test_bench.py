@@ -13,8 +13,25 @@ PHASES = {"keygen", "encrypt", "upload", "server_compute", "download", "decrypt"
 def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     out = tmp_path / "res"
     path = tmp_path / "o.json"
-    status = cli.main(["bench", "overhead", "--dataset", "synthetic", "--nodes", "60", "--clients", "2",
-                       "--workers", "0", "--no-train", "--out", str(out), "--json", str(path)])
+    status = cli.main(
+        [
+            "bench",
+            "overhead",
+            "--dataset",
+            "synthetic",
+            "--nodes",
+            "60",
+            "--clients",
+            "2",
+            "--workers",
+            "0",
+            "--no-train",
+            "--out",
+            str(out),
+            "--json",
+            str(path),
+        ]
+    )
     assert status == 0
     data = json.loads(path.read_text())
     assert REQUIRED <= set(data)
@@ -41,7 +58,13 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
 
 def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
     bench = _accuracy_bench()
-    done = {"test_accuracy": 0.5, "best_val_accuracy": 0.5, "rounds": 3, "pretrain_bytes": 0, "train_seconds": 1.0}
+    done = {
+        "test_accuracy": 0.5,
+        "best_val_accuracy": 0.5,
+        "rounds": 3,
+        "pretrain_bytes": 0,
+        "train_seconds": 1.0,
+    }
     runs = {bench.run_key("gat", "cora", 10, 1.0, 0, {"rounds": 5, "patience": 2}): done}
     run = bench.Runner(runs, rounds=5, patience=2, save=lambda: None, cached_only=True)
     assert run("gat", "cora", 10, 1.0, 0) == done
@@ -72,6 +95,14 @@ def test_accuracy_bench_rows_per_strategy_and_gaps_within_a_strategy():
     assert all("strategy" not in hp for label, _, hp in rows if "[" not in label)
     only = [label for label, _, _ in bench.table_rows({}, ("fedavg",))]
     assert not any("FedAdam" in label for label in only)
-    gaps = bench._gaps({"gat": 0.80, "fedgat": 0.78, "fedgcn": 0.79, "distgat": 0.5,
-                        "fedgat [FedAdam]": 0.81, "fedgcn [FedAdam]": 0.82})
+    gaps = bench._gaps(
+        {
+            "gat": 0.80,
+            "fedgat": 0.78,
+            "fedgcn": 0.79,
+            "distgat": 0.5,
+            "fedgat [FedAdam]": 0.81,
+            "fedgcn [FedAdam]": 0.82,
+        }
+    )
     assert gaps == ["fedgat -2.0 (fedgcn -1.0, distgat +28.0)", "fedgat [FedAdam] +1.0 (fedgcn -1.0)"]

@@ -32,18 +32,31 @@ from fedgat.checkpoint import (
 
 def _sample() -> Checkpoint:
     rng = np.random.default_rng(0)
-    arrays = {"f32": rng.standard_normal((3, 4)).astype(np.float32), "f64": rng.standard_normal(5),
-              "i64": np.arange(7, dtype=np.int64), "u8": np.frombuffer(b"rng-state", np.uint8),
-              "empty": np.zeros((0, 3), np.float32), "flag": np.array([True, False]),
-              "scalar": np.array(2.5, np.float32)}
+    arrays = {
+        "f32": rng.standard_normal((3, 4)).astype(np.float32),
+        "f64": rng.standard_normal(5),
+        "i64": np.arange(7, dtype=np.int64),
+        "u8": np.frombuffer(b"rng-state", np.uint8),
+        "empty": np.zeros((0, 3), np.float32),
+        "flag": np.array([True, False]),
+        "scalar": np.array(2.5, np.float32),
+    }
     meta = {"round": 3, "history": [{"val": 0.5, "loss": float("nan")}], "best": [-1.0, float("inf")]}
     return Checkpoint("test.kind", meta, arrays)
 
 
 def _same(a: Checkpoint, b: Checkpoint) -> bool:
-    return (a.kind == b.kind and json.dumps(a.meta) == json.dumps(b.meta) and list(a.arrays) == list(b.arrays)
-            and all(x.dtype == b.arrays[k].dtype and x.shape == b.arrays[k].shape
-                    and x.tobytes() == b.arrays[k].tobytes() for k, x in a.arrays.items()))
+    return (
+        a.kind == b.kind
+        and json.dumps(a.meta) == json.dumps(b.meta)
+        and list(a.arrays) == list(b.arrays)
+        and all(
+            x.dtype == b.arrays[k].dtype
+            and x.shape == b.arrays[k].shape
+            and x.tobytes() == b.arrays[k].tobytes()
+            for k, x in a.arrays.items()
+        )
+    )
 
 
 def test_round_trip_is_exact_and_leaves_no_temporary_file(tmp_path):
@@ -115,7 +128,10 @@ def test_structural_checks_behind_a_valid_digest():
     F, I = CheckpointFormatError, CheckpointIntegrityError
     bad_cases = [
         (_forge(good, bytes(8), version=FORMAT_VERSION + 1), F),  # another format version
-        (_forge({**good, "arrays": [{**entry, "dtype": "object"}]}, bytes(8)), F),  # object dtype: never loaded
+        (
+            _forge({**good, "arrays": [{**entry, "dtype": "object"}]}, bytes(8)),
+            F,
+        ),  # object dtype: never loaded
         (_forge({**good, "arrays": [{**entry, "dtype": "|O"}]}, bytes(8)), F),
         (_forge({**good, "arrays": [{**entry, "shape": [3]}]}, bytes(8)), F),  # size mismatch
         (_forge({**good, "arrays": [{**entry, "offset": 4}]}, bytes(8)), F),  # gap
@@ -201,7 +217,9 @@ def test_encodings_round_trip(small_graph):
         got = encodings_from_checkpoint(ck.meta, ck.arrays)
         assert got.variant == enc.variant and np.array_equal(got.nodes, enc.nodes)
         for a, b in zip(got.buckets, enc.buckets):
-            assert np.array_equal(a.bases.p, b.bases.p) and np.array_equal(a.bases.neighbours, b.bases.neighbours)
+            assert np.array_equal(a.bases.p, b.bases.p) and np.array_equal(
+                a.bases.neighbours, b.bases.neighbours
+            )
             assert torch.equal(a.K2, b.K2) and torch.equal(a.h_self, b.h_self)
             assert (a.M2 is None) == (b.M2 is None) and (a.M2 is None or torch.equal(a.M2, b.M2))
             assert (a.cols is None) == (b.cols is None) and (a.cols is None or torch.equal(a.cols, b.cols))

@@ -10,8 +10,19 @@ from fedgat import cli
 from fedgat.commands import train
 from fedgat.methods import METHODS
 
-REQUIRED_KEYS = {"method", "dataset", "clients", "beta", "seeds", "test_accuracy_mean", "test_accuracy_std",
-                 "per_seed", "pretrain_bytes", "train_seconds", "hparams"}
+REQUIRED_KEYS = {
+    "method",
+    "dataset",
+    "clients",
+    "beta",
+    "seeds",
+    "test_accuracy_mean",
+    "test_accuracy_std",
+    "per_seed",
+    "pretrain_bytes",
+    "train_seconds",
+    "hparams",
+}
 
 
 def test_help_lists_train(capsys):
@@ -23,8 +34,9 @@ def test_help_lists_train(capsys):
 
 
 def test_module_entry_point_help():
-    out = subprocess.run([sys.executable, "-m", "fedgat.cli", "--help"], capture_output=True, text=True,
-                         check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "fedgat.cli", "--help"], capture_output=True, text=True, check=True, timeout=60
+    )
     assert "COMMAND" in out.stdout
 
 
@@ -34,8 +46,26 @@ def test_method_choices_match_library():
 
 def test_train_writes_json(tmp_path, capsys):
     out = tmp_path / "sub" / "run.json"
-    status = cli.main(["train", "--dataset", "synthetic", "--method", "fedgat", "--clients", "2",
-                       "--beta", "1", "--seeds", "2", "--rounds", "3", "--json", str(out), "--quiet"])
+    status = cli.main(
+        [
+            "train",
+            "--dataset",
+            "synthetic",
+            "--method",
+            "fedgat",
+            "--clients",
+            "2",
+            "--beta",
+            "1",
+            "--seeds",
+            "2",
+            "--rounds",
+            "3",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert status == 0
     data = json.loads(out.read_text())
     assert REQUIRED_KEYS <= set(data)
@@ -50,9 +80,29 @@ def test_train_writes_json(tmp_path, capsys):
 
 def test_train_history_and_hparam_flags(tmp_path):
     out = tmp_path / "run.json"
-    cli.main(["train", "--dataset", "synthetic", "--method", "fedgat", "--clients", "2", "--rounds", "2",
-              "--variant", "matrix", "--neighbour-cap", "3", "--degree", "8", "--json", str(out), "--history",
-              "--quiet"])
+    cli.main(
+        [
+            "train",
+            "--dataset",
+            "synthetic",
+            "--method",
+            "fedgat",
+            "--clients",
+            "2",
+            "--rounds",
+            "2",
+            "--variant",
+            "matrix",
+            "--neighbour-cap",
+            "3",
+            "--degree",
+            "8",
+            "--json",
+            str(out),
+            "--history",
+            "--quiet",
+        ]
+    )
     data = json.loads(out.read_text())
     assert data["hparams"]["neighbour_cap"] == 3 and data["hparams"]["degree"] == 8
     assert len(data["per_seed"][0]["history"]) == 2
@@ -60,8 +110,26 @@ def test_train_history_and_hparam_flags(tmp_path):
 
 def test_train_strategy_flag(tmp_path):
     out = tmp_path / "run.json"
-    cli.main(["train", "--dataset", "synthetic", "--method", "distgat", "--clients", "3", "--rounds", "2",
-              "--strategy", "fedadam", "--client-lr", "0.5", "--json", str(out), "--quiet"])
+    cli.main(
+        [
+            "train",
+            "--dataset",
+            "synthetic",
+            "--method",
+            "distgat",
+            "--clients",
+            "3",
+            "--rounds",
+            "2",
+            "--strategy",
+            "fedadam",
+            "--client-lr",
+            "0.5",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
     hp = json.loads(out.read_text())["hparams"]
     assert hp["strategy"] == "fedadam" and hp["client_lr"] == 0.5
     with pytest.raises(SystemExit, match="strategy"):

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 import torch
-from graph_helpers import random_csr, unit_rows
 
 from fedgat.encodings import draw_bases, encode, encoding_size
 from fedgat.randomness import RandomSource
+
+from graph_helpers import random_csr, unit_rows
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,11 @@ def test_vector_identities_match_direct_sums(setting):
     enc = encode("vector", x, csr, rng=5)
     for bucket in enc.buckets:
         Q = bucket.plain["Q"]
-        np.testing.assert_allclose(Q.transpose(1, 2) @ Q, np.broadcast_to(np.eye(bucket.bases.n), (len(Q),) + (bucket.bases.n,) * 2), atol=1e-12)
+        np.testing.assert_allclose(
+            Q.transpose(1, 2) @ Q,
+            np.broadcast_to(np.eye(bucket.bases.n), (len(Q),) + (bucket.bases.n,) * 2),
+            atol=1e-12,
+        )
         logits = torch.einsum("bmn,bmd,d->bn", Q, bucket.K2, b2) + (bucket.h_self @ b1)[:, None]
         for slot, node in enumerate(bucket.bases.nodes):
             for k in range(5):

@@ -8,22 +8,18 @@ from torch import nn
 from fedgat.encodings import encode
 from fedgat.federated import (
     Client,
+    ClientStrategy,
     FedAdam,
     FedAvg,
     FedProx,
     LocalTask,
     Server,
+    StrategyPair,
     fedavg,
     strategy_from_hparams,
 )
 from fedgat.gcn import GCN, normalised_aggregate
-from fedgat.methods import (
-    METHODS,
-    build_federation,
-    pretrain_bytes,
-    resolve_hparams,
-    run_method,
-)
+from fedgat.methods import METHODS, build_federation, pretrain_bytes, resolve_hparams, run_method
 from fedgat.models import FedGAT
 from fedgat.partition import make_partition
 
@@ -86,18 +82,21 @@ def test_fedprox_penalty_and_validation():
     model = nn.Linear(3, 2)
     anchor = {k: v.detach() + 1.0 for k, v in model.state_dict().items()}
     numel = sum(p.numel() for p in model.parameters())
-    assert FedProx(0.0).local_penalty(model, anchor) is None
-    assert FedAvg().local_penalty(model, anchor) is None
-    assert FedProx(0.5).local_penalty(model, anchor).item() == pytest.approx(0.25 * numel)
+    assert FedProx(0.0).client_strategy().local_penalty(model, anchor) is None
+    assert FedAvg().client_strategy().local_penalty(model, anchor) is None
+    assert FedProx(0.5).client_strategy().local_penalty(model, anchor).item() == pytest.approx(0.25 * numel)
+    assert ClientStrategy(mu=0.5).local_penalty(model, anchor).item() == pytest.approx(0.25 * numel)
     for bad in (-1.0, float("inf")):
         with pytest.raises(ValueError, match="mu"):
             FedProx(bad)
+        with pytest.raises(ValueError, match="mu"):
+            ClientStrategy(mu=bad)
 
 
 # -------------------------------------------------------------------------------- clients/server
 
 
-def _linear_clients(num_clients, num_train=(5,), seed=0):
+def _linear_clients(num_clients, num_train=(5,), seed=0, strategy=None):
     """Clients with a linear model on random data; client i has num_train[i % len] training nodes."""
     gen = torch.Generator().manual_seed(seed)
     clients = []
@@ -105,9 +104,15 @@ def _linear_clients(num_clients, num_train=(5,), seed=0):
         x = torch.randn(20, 4, generator=gen)
         y = (x[:, 0] > 0).long()
         n = num_train[i % len(num_train)]
-        task = LocalTask((x,), {"train": (torch.arange(n), y[:n]), "val": (torch.arange(10, 15), y[10:15]),
-                                "test": (torch.arange(15, 20), y[15:20])})
-        clients.append(Client(i, nn.Linear(4, 2), task, task))
+        task = LocalTask(
+            (x,),
+            {
+                "train": (torch.arange(n), y[:n]),
+                "val": (torch.arange(10, 15), y[10:15]),
+                "test": (torch.arange(15, 20), y[15:20]),
+            },
+        )
+        clients.append(Client(i, nn.Linear(4, 2), task, task, strategy=strategy))
     return clients
 
 
@@ -139,7 +144,7 @@ def test_round_aggregates_by_training_nodes_and_zero_train_clients_have_no_weigh
     torch.manual_seed(0)
     again = _linear_clients(3, num_train=(4, 0, 8))
     torch.manual_seed(1)
-    updates = [c.fit(init, FedAvg()) for c in again]
+    updates = [c.fit(init) for c in again]
     assert [u.num_train for u in updates] == [4, 0, 8]
     assert updates[1].state is init  # nothing trained, global state returned
     expected = fedavg([updates[0].state, updates[2].state], [4, 8])
@@ -154,8 +159,8 @@ def test_round_aggregates_by_training_nodes_and_zero_train_clients_have_no_weigh
 def test_client_keeps_optimiser_state_across_rounds():
     client = _linear_clients(1)[0]
     init = nn.Linear(4, 2).state_dict()
-    client.fit(init, FedAvg())
-    client.fit(init, FedAvg())
+    client.fit(init)
+    client.fit(init)
     steps = {int(s["step"]) for s in client.optimizer.state.values()}
     assert steps == {2}
 
@@ -165,12 +170,13 @@ def test_fedprox_keeps_clients_closer_to_global():
 
     def drift(strategy):
         torch.manual_seed(0)
-        client = _linear_clients(1, num_train=(10,))[0]
+        client = _linear_clients(1, num_train=(10,), strategy=strategy)[0]
         client.local_epochs = 20
-        state = client.fit(init, strategy).state
+        state = client.fit(init).state
         return sum((state[k] - init[k]).square().sum() for k in init).item()
 
-    assert drift(FedProx(100.0)) < drift(FedAvg())
+    assert drift(ClientStrategy(mu=100.0)) < drift(ClientStrategy())
+    assert drift(FedProx(100.0)) == drift(ClientStrategy(mu=100.0))  # a server strategy: the half it asks for
 
 
 def _pooled_adam(clients, init, rounds, lr, weight_decay):
@@ -182,9 +188,18 @@ def _pooled_adam(clients, init, rounds, lr, weight_decay):
     total = sum(c.num_train for c in clients)
     for _ in range(rounds):
         opt.zero_grad()
-        loss = sum(nn.functional.cross_entropy(model(*c.train_task.inputs)[c.train_task.targets["train"][0]],
-                                               c.train_task.targets["train"][1], reduction="sum")
-                   for c in clients if c.num_train) / total
+        loss = (
+            sum(
+                nn.functional.cross_entropy(
+                    model(*c.train_task.inputs)[c.train_task.targets["train"][0]],
+                    c.train_task.targets["train"][1],
+                    reduction="sum",
+                )
+                for c in clients
+                if c.num_train
+            )
+            / total
+        )
         loss.backward()
         opt.step()
     return model.state_dict()
@@ -204,9 +219,7 @@ def test_fedadam_with_one_local_epoch_is_centralised_adam_on_the_pooled_loss(cli
     init = nn.Linear(4, 2).state_dict()
     lr, wd, rounds = 0.05, 5e-3, 12
     strategy = FedAdam(lr, wd, client_lr=client_lr)
-    clients = _linear_clients(4, num_train=(3, 9, 0, 5), seed=2)
-    for c in clients:
-        c.optimizer = strategy.client_optimizer(c.model.parameters(), 0.0, 0.0)
+    clients = _linear_clients(4, num_train=(3, 9, 0, 5), seed=2, strategy=strategy.client_strategy())
     server = Server(clients, init, strategy)
     for _ in range(rounds):
         server.train_round()
@@ -215,8 +228,13 @@ def test_fedadam_with_one_local_epoch_is_centralised_adam_on_the_pooled_loss(cli
         torch.testing.assert_close(server.state[key], value, rtol=1e-4, atol=1e-5)
     assert not torch.equal(server.state["weight"], init["weight"])
     # the per-client-Adam FedAvg run differs (the point of FedAdam)
-    plain = Server([Client(c.client_id, nn.Linear(4, 2), c.train_task, c.eval_tasks, lr=lr, weight_decay=wd)
-                    for c in _linear_clients(4, num_train=(3, 9, 0, 5), seed=2)], init)
+    plain = Server(
+        [
+            Client(c.client_id, nn.Linear(4, 2), c.train_task, c.eval_tasks, lr=lr, weight_decay=wd)
+            for c in _linear_clients(4, num_train=(3, 9, 0, 5), seed=2)
+        ],
+        init,
+    )
     for _ in range(rounds):
         plain.train_round()
     assert (plain.state["weight"] - expected["weight"]).abs().max() > 1e-3
@@ -225,10 +243,14 @@ def test_fedadam_with_one_local_epoch_is_centralised_adam_on_the_pooled_loss(cli
 def test_fedadam_clients_run_sgd_and_buffers_are_averaged():
     strategy = FedAdam(0.01, parameters=["weight"])
     model = nn.Linear(3, 2)
-    assert isinstance(strategy.client_optimizer(model.parameters(), 0.5, 0.1), torch.optim.SGD)
+    opt = strategy.client_strategy().make_optimizer(model.parameters(), 0.5, 0.1)
+    assert isinstance(opt, torch.optim.SGD)
+    assert (opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"]) == (1.0, 0)  # client_lr, none
     current = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
-    states = [{"weight": torch.full((2, 3), -1.0), "bias": torch.full((2,), 2.0)},
-              {"weight": torch.full((2, 3), -3.0), "bias": torch.full((2,), 4.0)}]
+    states = [
+        {"weight": torch.full((2, 3), -1.0), "bias": torch.full((2,), 2.0)},
+        {"weight": torch.full((2, 3), -3.0), "bias": torch.full((2,), 4.0)},
+    ]
     out = strategy.aggregate(states, [1, 3], current)
     torch.testing.assert_close(out["bias"], torch.full((2,), 3.5))  # not trained: the FedAvg mean
     # first Adam step moves every trained entry by lr in the pseudo-gradient's opposite direction
@@ -239,18 +261,51 @@ def test_fedadam_clients_run_sgd_and_buffers_are_averaged():
 
 
 def test_fedadam_and_strategy_settings_are_validated():
-    for kwargs, match in (({"lr": 0.0}, "lr"), ({"lr": 0.1, "client_lr": -1.0}, "client_lr"),
-                          ({"lr": 0.1, "weight_decay": -1.0}, "weight_decay"),
-                          ({"lr": 0.1, "betas": (0.9, 1.0)}, "betas")):
+    for kwargs, match in (
+        ({"lr": 0.0}, "lr"),
+        ({"lr": 0.1, "client_lr": -1.0}, "client_lr"),
+        ({"lr": 0.1, "weight_decay": -1.0}, "weight_decay"),
+        ({"lr": 0.1, "betas": (0.9, 1.0)}, "betas"),
+    ):
         with pytest.raises(ValueError, match=match):
             FedAdam(**kwargs)
     hp = resolve_hparams("gat", {"strategy": "fedadam"})
-    assert isinstance(strategy_from_hparams(hp), FedAdam)
-    assert isinstance(strategy_from_hparams(resolve_hparams("gat", {"mu": 0.1})), FedProx)
+    assert isinstance(strategy_from_hparams(hp).server, FedAdam)
+    assert isinstance(strategy_from_hparams(resolve_hparams("gat", {"mu": 0.1})).server, FedProx)
     with pytest.raises(ValueError, match="mu"):
         strategy_from_hparams(resolve_hparams("gat", {"strategy": "fedadam", "mu": 0.1}))
     with pytest.raises(ValueError, match="strategy"):
         resolve_hparams("gat", {"strategy": "fedsgd"})
+
+
+def test_strategy_halves():
+    """strategy_from_hparams builds both halves; the client half is what the server half asks for, and a
+    client given the server half (or nothing) trains as with the client half (or FedAvg's)."""
+    for overrides, server_type, client in (
+        ({}, FedAvg, ClientStrategy()),
+        ({"mu": 0.1}, FedProx, ClientStrategy(mu=0.1)),
+        ({"strategy": "fedadam", "client_lr": 0.5}, FedAdam, ClientStrategy("sgd", lr=0.5, weight_decay=0.0)),
+    ):
+        pair = strategy_from_hparams(resolve_hparams("gat", overrides))
+        assert isinstance(pair, StrategyPair) and type(pair.server) is server_type
+        assert pair.client == client == pair.server.client_strategy()
+    model = nn.Linear(3, 2)
+    adam = ClientStrategy().make_optimizer(model.parameters(), 0.01, 5e-4)
+    assert isinstance(adam, torch.optim.Adam) and adam.param_groups[0]["weight_decay"] == 5e-4
+    own = ClientStrategy("sgd", lr=0.2).make_optimizer(model.parameters(), 0.01, 5e-4)
+    assert isinstance(own, torch.optim.SGD) and (
+        own.param_groups[0]["lr"],
+        own.param_groups[0]["weight_decay"],
+    ) == (0.2, 5e-4)
+    for kwargs in ({"optimizer": "lbfgs"}, {"lr": 0.0}, {"weight_decay": -1.0}):
+        with pytest.raises(ValueError):
+            ClientStrategy(**kwargs)
+    assert Client(
+        0, nn.Linear(4, 2), *[_linear_clients(1)[0].train_task] * 2, strategy=FedAdam(0.1, client_lr=0.3)
+    ).training == ClientStrategy("sgd", lr=0.3, weight_decay=0.0)
+    assert _linear_clients(1)[0].training == ClientStrategy()
+    with pytest.raises(TypeError):
+        Client(0, nn.Linear(4, 2), *[_linear_clients(1)[0].train_task] * 2, strategy=pair)
 
 
 def test_server_requires_validation_nodes():
@@ -266,7 +321,7 @@ def test_one_client_fedgat_equals_centralised_training(small_graph):
     """K = 1, E = 1: the federated run is plain full-batch training of the same model."""
     rounds = 5
     fed = build_federation("fedgat", small_graph, num_clients=1, seed=0)
-    (train, evaluation), = fed.tasks
+    ((train, evaluation),) = fed.tasks
     torch.manual_seed(0)
     init = fed.model_fn().state_dict()
     client = Client(0, fed.model_fn(), train, evaluation)
@@ -297,8 +352,10 @@ def test_fedadam_fedgat_follows_adam_on_the_pooled_loss(small_graph):
     torch.manual_seed(0)
     init = fed.model_fn().state_dict()
     strategy = strategy_from_hparams(resolve_hparams("fedgat", hp))
-    clients = [Client(i, fed.model_fn(), t, e, strategy=strategy) for i, (t, e) in enumerate(fed.tasks)]
-    server = Server(clients, init, strategy)
+    clients = [
+        Client(i, fed.model_fn(), t, e, strategy=strategy.client) for i, (t, e) in enumerate(fed.tasks)
+    ]
+    server = Server(clients, init, strategy.server)
     for _ in range(rounds):
         server.train_round()
 
@@ -308,8 +365,13 @@ def test_fedadam_fedgat_follows_adam_on_the_pooled_loss(small_graph):
     total = sum(c.num_train for c in clients)
     for _ in range(rounds):
         opt.zero_grad()
-        loss = sum(nn.functional.cross_entropy(model(*t.inputs)[t.targets["train"][0]], t.targets["train"][1],
-                                               reduction="sum") for t, _ in fed.tasks if t.count("train"))
+        loss = sum(
+            nn.functional.cross_entropy(
+                model(*t.inputs)[t.targets["train"][0]], t.targets["train"][1], reduction="sum"
+            )
+            for t, _ in fed.tasks
+            if t.count("train")
+        )
         (loss / total).backward()
         opt.step()
     for key, value in model.state_dict().items():
@@ -351,8 +413,12 @@ def test_early_stopping_reports_test_at_best_validation(small_graph):
     assert (best["val_accuracy"], best["test_accuracy"]) == (result.best_val_accuracy, result.test_accuracy)
     assert all(h["val_accuracy"] <= result.best_val_accuracy for h in result.history)
     # test is evaluated only in rounds that set a new best
-    assert all(("test_accuracy" in h) == (h["val_accuracy"] >= max(g["val_accuracy"] for g in result.history[:i + 1]))
-               for i, h in enumerate(result.history) if "test_accuracy" in h)
+    assert all(
+        ("test_accuracy" in h)
+        == (h["val_accuracy"] >= max(g["val_accuracy"] for g in result.history[: i + 1]))
+        for i, h in enumerate(result.history)
+        if "test_accuracy" in h
+    )
 
 
 def test_test_every_round_gives_the_same_run():
@@ -397,7 +463,9 @@ def test_fedgcn_aggregates_are_normalised_neighbour_sums(small_graph):
     a[g.edge_index[1], g.edge_index[0]] = 1.0
     d = a.sum(1)
     a_hat = a / torch.sqrt(d[:, None] * d[None, :])
-    torch.testing.assert_close(normalised_aggregate(g.x, g.neighbourhoods()), a_hat @ g.x, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        normalised_aggregate(g.x, g.neighbourhoods()), a_hat @ g.x, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_fedgcn_clients_reproduce_centralised_gcn_logits(small_graph):
@@ -427,15 +495,19 @@ def test_fedgcn_clients_reproduce_centralised_gcn_logits(small_graph):
 def test_pretrain_bytes_equal_encodings_nbytes(small_graph, variant, cap):
     g = small_graph
     part = make_partition(g, 3, 1.0, 0, neighbour_cap=cap)
-    expected = sum(encode(variant, g.x, part.neighbourhoods, nodes=c.needed, rng=0).nbytes()
-                   for c in part.clients)
+    expected = sum(
+        encode(variant, g.x, part.neighbourhoods, nodes=c.needed, rng=0).nbytes() for c in part.clients
+    )
     assert pretrain_bytes("fedgat", g, 3, 1.0, 0, variant=variant, neighbour_cap=cap) == expected
 
 
 def test_pretrain_bytes_of_the_other_methods(small_graph):
     g = small_graph
     part = make_partition(g, 3, 1.0, 0, min_cross=0)
-    assert pretrain_bytes("fedgcn", g, 3, 1.0, 0) == sum(len(c.needed) for c in part.clients) * g.num_features * 4
+    assert (
+        pretrain_bytes("fedgcn", g, 3, 1.0, 0)
+        == sum(len(c.needed) for c in part.clients) * g.num_features * 4
+    )
     for method in ("distgat", "gat", "gcn"):
         assert pretrain_bytes(method, g, 3) == 0
 

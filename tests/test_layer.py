@@ -5,11 +5,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from graph_helpers import random_csr, unit_rows
 
 from fedgat.approx import fit_score
 from fedgat.encodings import EncodingBucket, Encodings, encode
 from fedgat.layer import FedGATConv, output_error_bound
+
+from graph_helpers import random_csr, unit_rows
 
 
 def layer_and_reference(x, csr, variant, score, heads=4, out=5, seed=0, concat=True, rng=1):
@@ -62,7 +63,9 @@ def _smooth_gat(layer, x, csr):
     scores = torch.from_numpy(layer.score.exact(logits.detach().numpy())).to(x.dtype)
     den = torch.zeros(x.shape[0], layer.heads, dtype=x.dtype).index_add_(0, dst, scores)
     z = torch.einsum("hfd,ed->ehf", W, x[src])
-    num = torch.zeros(x.shape[0], layer.heads, layer.out_channels, dtype=x.dtype).index_add_(0, dst, scores[:, :, None] * z)
+    num = torch.zeros(x.shape[0], layer.heads, layer.out_channels, dtype=x.dtype).index_add_(
+        0, dst, scores[:, :, None] * z
+    )
     return (num / den[:, :, None]).reshape(x.shape[0], -1) + layer.bias
 
 
@@ -89,7 +92,12 @@ def test_gradients_match_finite_differences(small, variant):
     out = layer(enc).square().sum()
     grads = torch.autograd.grad(out, params)
     assert all(g.abs().sum() > 0 for g in grads)
-    assert torch.autograd.gradcheck(lambda w: _with_weight(layer, enc, w), (layer.lin.weight.detach().clone().requires_grad_(),), eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(
+        lambda w: _with_weight(layer, enc, w),
+        (layer.lin.weight.detach().clone().requires_grad_(),),
+        eps=1e-6,
+        atol=1e-5,
+    )
 
 
 def _with_weight(layer, enc, w):
@@ -135,7 +143,9 @@ def test_on_cora_against_gatconv(cora):
 @pytest.mark.parametrize("variant", ["matrix"])
 def test_compacted_encodings_give_the_same_output_and_gradients(variant):
     csr = random_csr(50, 6, seed=21)
-    x = torch.relu(unit_rows(50, 40, seed=22)) * (torch.rand(50, 40, generator=torch.Generator().manual_seed(3)) < 0.2)
+    x = torch.relu(unit_rows(50, 40, seed=22)) * (
+        torch.rand(50, 40, generator=torch.Generator().manual_seed(3)) < 0.2
+    )
     x = torch.nn.functional.normalize(x, dim=1).double()  # sparse, bag-of-words-like
     enc = encode(variant, x, csr, rng=9).with_dense_M2()
     small = enc.compact()
@@ -154,7 +164,9 @@ def test_compacted_encodings_give_the_same_output_and_gradients(variant):
 
 def _bow_graph(seed=21):
     csr = random_csr(50, 6, seed=seed)
-    x = torch.relu(unit_rows(50, 40, seed=seed + 1)) * (torch.rand(50, 40, generator=torch.Generator().manual_seed(3)) < 0.2)
+    x = torch.relu(unit_rows(50, 40, seed=seed + 1)) * (
+        torch.rand(50, 40, generator=torch.Generator().manual_seed(3)) < 0.2
+    )
     return csr, torch.nn.functional.normalize(x, dim=1).double()  # sparse, bag-of-words-like
 
 
@@ -184,10 +196,19 @@ def test_factorise_tolerates_decryption_noise_and_refuses_foreign_rows():
     csr, x = _bow_graph(seed=31)
     enc = encode("matrix", x.float(), csr, rng=4).with_dense_M2()
     g = torch.Generator().manual_seed(0)
-    noisy = Encodings(enc.variant, enc.nodes, [
-        EncodingBucket(b.bases, b.h_self + 1e-6 * torch.randn(b.h_self.shape, generator=g),
-                       b.K2 + 1e-6 * torch.randn(b.K2.shape, generator=g),
-                       b.M2 + 1e-6 * torch.randn(b.M2.shape, generator=g)) for b in enc.buckets])
+    noisy = Encodings(
+        enc.variant,
+        enc.nodes,
+        [
+            EncodingBucket(
+                b.bases,
+                b.h_self + 1e-6 * torch.randn(b.h_self.shape, generator=g),
+                b.K2 + 1e-6 * torch.randn(b.K2.shape, generator=g),
+                b.M2 + 1e-6 * torch.randn(b.M2.shape, generator=g),
+            )
+            for b in enc.buckets
+        ],
+    )
     torch.manual_seed(0)
     layer = FedGATConv(40, 3, heads=2).eval()
     torch.testing.assert_close(layer(noisy.compact(1e-5).factorise()), layer(enc), atol=1e-4, rtol=0)

@@ -34,8 +34,12 @@ def _diagonalisable(G, m, domain, seed, dtype=torch.float64):
 def test_clenshaw_equals_power_horner_in_float64(degree):
     score = fit_score(degree=degree)
     D, k = _diagonalisable(7, 6, score.domain, seed=degree)
-    torch.testing.assert_close(chebyshev_left(D, k, score.cheb, score.domain), _power_horner(D, k, score.power),
-                               rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        chebyshev_left(D, k, score.cheb, score.domain),
+        _power_horner(D, k, score.power),
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 def test_clenshaw_is_accurate_in_float32_where_power_horner_is_not():
@@ -83,9 +87,11 @@ def test_padding_plan_is_an_optimal_cover(seed):
     groups = plan_padded_groups(sizes, counts, call)
     assert groups[0][0] == 0 and groups[-1][1] == len(sizes)
     assert all(a < b and b == c for (a, b), (c, _) in zip(groups, groups[1:] + [(len(sizes), None)]))
-    best = min(_cost([(0, *cuts)[i:i + 2] for i in range(len(cuts))], sizes, counts, call)
-               for r in range(len(sizes)) for cuts in
-               (tuple(c) + (len(sizes),) for c in itertools.combinations(range(1, len(sizes)), r)))
+    best = min(
+        _cost([(0, *cuts)[i : i + 2] for i in range(len(cuts))], sizes, counts, call)
+        for r in range(len(sizes))
+        for cuts in (tuple(c) + (len(sizes),) for c in itertools.combinations(range(1, len(sizes)), r))
+    )
     assert _cost(groups, sizes, counts, call) == pytest.approx(best)
     assert plan_padded_groups(sizes, counts, 0) == [(i, i + 1) for i in range(len(sizes))]
     with pytest.raises(ValueError, match="ascending"):

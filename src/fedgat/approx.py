@@ -129,13 +129,7 @@ def _sup_error(cheb: np.ndarray, psi: str, a: float) -> float:
     derivative), and returns the largest value seen.
     """
     t = np.unique(
-        np.concatenate(
-            [
-                np.linspace(-1, 1, _GRID_POINTS),
-                np.cos(np.linspace(0, np.pi, _GRID_POINTS)),
-                [0.0],
-            ]
-        )
+        np.concatenate([np.linspace(-1, 1, _GRID_POINTS), np.cos(np.linspace(0, np.pi, _GRID_POINTS)), [0.0]])
     )
 
     def err(u: np.ndarray | float) -> np.ndarray:
@@ -146,8 +140,7 @@ def _sup_error(cheb: np.ndarray, psi: str, a: float) -> float:
     best = float(e.max())
     for i in interior[np.argsort(e[interior])[::-1][:_REFINE_MAXIMA]]:
         res = minimize_scalar(
-            lambda u: -float(err(u)), bounds=(t[i - 1], t[i + 1]), method="bounded",
-            options={"xatol": 1e-14},
+            lambda u: -float(err(u)), bounds=(t[i - 1], t[i + 1]), method="bounded", options={"xatol": 1e-14}
         )
         best = max(best, -float(res.fun))
     return best
@@ -247,10 +240,7 @@ class ScorePolynomial:
 
 
 def fit_score(
-    psi: str = "leaky_relu",
-    degree: int = 16,
-    domain: float = 4.0,
-    method: str = "interpolation",
+    psi: str = "leaky_relu", degree: int = 16, domain: float = 4.0, method: str = "interpolation"
 ) -> ScorePolynomial:
     r"""Fit a degree-``degree`` polynomial to :math:`s` on ``[-domain, domain]``.
 
@@ -281,6 +271,7 @@ def fit_score(
     def f(t: np.ndarray) -> np.ndarray:
         return score(a * t, psi)
 
+    cheb: np.ndarray
     if method == "interpolation":
         cheb = C.chebinterpolate(f, degree)
     elif method == "least_squares":

@@ -45,7 +45,10 @@ class Recovery:
 def _dense(bucket: EncodingBucket) -> tuple[np.ndarray, np.ndarray | None]:
     """``K2 (B, m, d)`` and ``M2 (B, m*m, d)`` as dense float64 arrays (undo column compaction)."""
     if bucket.cols is None:
-        return bucket.K2.double().numpy(), bucket.dense_M2().double().numpy() if bucket.variant == "matrix" else None
+        return (
+            bucket.K2.double().numpy(),
+            bucket.dense_M2().double().numpy() if bucket.kind.has_m2 else None,
+        )
     raise ValueError("attacks expect uncompacted encodings")
 
 
@@ -55,11 +58,7 @@ def neighbour_sum_attack(enc: Encodings, own_features: dict[int, np.ndarray]) ->
     targets, guesses = [], []
     for bucket in enc.buckets:
         K2, _ = _dense(bucket)
-        plain = bucket.plain
-        if enc.variant == "matrix":
-            weights = np.einsum("bx,bxy->by", plain["K1"].numpy(), plain["P"].numpy())
-        else:
-            weights = plain["Q"].numpy().sum(-1)  # 1^T Q^T
+        weights = enc.kind.sum_weights({k: t.numpy() for k, t in bucket.plain.items()})  # K1^T P or 1^T Q^T
         total = np.einsum("bm,bmd->bd", weights, K2)
         for slot, node in enumerate(bucket.bases.nodes):
             known = [own_features[int(j)] for j in bucket.bases.neighbours[slot] if int(j) in own_features]
@@ -71,12 +70,13 @@ def neighbour_sum_attack(enc: Encodings, own_features: dict[int, np.ndarray]) ->
 
 def spectral_attack(enc: Encodings, seed: int = 0) -> Recovery:
     """(b): eigendecompose a random combination of the ``M2(s)`` and read every ``h_j`` off."""
-    if enc.variant != "matrix":
+    if not enc.kind.has_m2:
         raise ValueError("the spectral attack targets the matrix variant")
     rng = np.random.default_rng(seed)
     targets, guesses = [], []
     for bucket in enc.buckets:
         _, M2 = _dense(bucket)
+        assert M2 is not None  # the matrix variant (checked above)
         B, m = len(bucket.bases), bucket.bases.m
         M2 = M2.reshape(B, m, m, -1)
         g = rng.standard_normal(M2.shape[-1])
@@ -96,7 +96,7 @@ def spectral_attack(enc: Encodings, seed: int = 0) -> Recovery:
 
 def m1_trace_attack(enc: Encodings) -> Recovery:
     """(c): ``h_i = tr(M1(s)) / tr(P_i)`` for every encoded node (the paper's M1 = h_i P_i)."""
-    if enc.variant != "matrix":
+    if not enc.kind.has_m2:
         raise ValueError("M1 exists in the matrix variant")
     targets, guesses = [], []
     for bucket in enc.buckets:
@@ -110,7 +110,7 @@ def m1_trace_attack(enc: Encodings) -> Recovery:
 
 def basis_attack(enc: Encodings) -> Recovery:
     """(d): ``Q_i^T V_i = H_i`` (vector variant)."""
-    if enc.variant != "vector":
+    if enc.kind.has_q:
         raise ValueError("basis recovery targets the vector variant")
     targets, guesses = [], []
     for bucket in enc.buckets:
@@ -131,7 +131,9 @@ def prior_knowledge(targets: dict[int, list[int]], own_feats: dict[int, np.ndarr
     "at chance" means for an attack: no better than guessing with what the client knew anyway.
     """
     d = len(next(iter(own_feats.values()))) if own_feats else 0
-    guesses = [np.asarray([own_feats[j] for j in nbrs if j in own_feats]).reshape(-1, d) for nbrs in targets.values()]
+    guesses = [
+        np.asarray([own_feats[j] for j in nbrs if j in own_feats]).reshape(-1, d) for nbrs in targets.values()
+    ]
     return Recovery("prior_knowledge", list(targets), guesses)
 
 
@@ -166,9 +168,14 @@ class RecoveryScore:
         return self.reidentified / self.victims if self.victims else 0.0
 
     def as_dict(self) -> dict:
-        return {"attack": self.attack, "victims": self.victims, "recovered": self.recovered,
-                "recovered_fraction": self.recovered_fraction, "mean_cosine": self.mean_cosine,
-                "reidentification_rate": self.reidentification_rate}
+        return {
+            "attack": self.attack,
+            "victims": self.victims,
+            "recovered": self.recovered,
+            "recovered_fraction": self.recovered_fraction,
+            "mean_cosine": self.mean_cosine,
+            "reidentification_rate": self.reidentification_rate,
+        }
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -176,8 +183,13 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
 
 
-def score_recovery(recovery: Recovery, x: np.ndarray, victims: dict[int, list[int]],
-                   candidates: np.ndarray, threshold: float = 0.99) -> RecoveryScore:
+def score_recovery(
+    recovery: Recovery,
+    x: np.ndarray,
+    victims: dict[int, list[int]],
+    candidates: np.ndarray,
+    threshold: float = 0.99,
+) -> RecoveryScore:
     """Grade an attack against ground truth.
 
     Args:

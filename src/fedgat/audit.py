@@ -32,6 +32,8 @@ from fedgat.dp import FeatureDP
 from fedgat.encodings import encode
 from fedgat.graph import Graph
 from fedgat.partition import Partition, make_partition
+from fedgat.randomness import RandomSource
+from fedgat.variants import VariantLike, as_variant
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,11 @@ class Mitigation:
     dp: FeatureDP | None = None
 
     def describe(self) -> dict:
-        return {"min_cross": self.min_cross, "neighbour_cap": self.neighbour_cap,
-                "dp": None if self.dp is None else self.dp.describe()}
+        return {
+            "min_cross": self.min_cross,
+            "neighbour_cap": self.neighbour_cap,
+            "dp": None if self.dp is None else self.dp.describe(),
+        }
 
 
 @dataclass
@@ -60,16 +65,24 @@ class ClientAudit:
             self.scores[score.attack] = score
             return
         victims = old.victims + score.victims
-        mean = (old.mean_cosine * old.victims + score.mean_cosine * score.victims) / victims if victims else 0.0
-        self.scores[score.attack] = RecoveryScore(score.attack, victims, old.recovered + score.recovered,
-                                                  mean, old.reidentified + score.reidentified)
+        mean = (
+            (old.mean_cosine * old.victims + score.mean_cosine * score.victims) / victims if victims else 0.0
+        )
+        self.scores[score.attack] = RecoveryScore(
+            score.attack,
+            victims,
+            old.recovered + score.recovered,
+            mean,
+            old.reidentified + score.reidentified,
+        )
 
     def as_dict(self) -> dict[str, dict]:
         return {name: s.as_dict() for name, s in self.scores.items()}
 
 
-def client_features(graph: Graph, mitigation: Mitigation, seed: int,
-                    null_release: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def client_features(
+    graph: Graph, mitigation: Mitigation, seed: int, null_release: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clean, shared)`` float64 features: what owners use and what other clients' encodings use.
 
     ``null_release`` shares the features of a random permutation of the nodes instead (released
@@ -85,28 +98,51 @@ def client_features(graph: Graph, mitigation: Mitigation, seed: int,
     return clean, mitigation.dp.release(x, torch.Generator().manual_seed(seed)).double()
 
 
-def audit_clients(graph: Graph, variant: str, num_clients: int = 10, beta: float = 1.0, seed: int = 0,
-                  mitigation: Mitigation = Mitigation(), clients: Iterable[int] | None = None,
-                  partition: Partition | None = None, null_release: bool = False) -> ClientAudit:
+def audit_clients(
+    graph: Graph,
+    variant: VariantLike,
+    num_clients: int = 10,
+    beta: float = 1.0,
+    seed: int = 0,
+    mitigation: Mitigation = Mitigation(),
+    clients: Iterable[int] | None = None,
+    partition: Partition | None = None,
+    null_release: bool = False,
+) -> ClientAudit:
     """Run every applicable attack on every client's view and pool the scores.
 
     Ground truth is what the attacker wants: the *clean* features of foreign nodes (projected when
     the DP release projects, since that is all any party's model ever uses). ``null_release``: the
     chance reference of :func:`client_features`.
     """
-    part = partition or make_partition(graph, num_clients, beta=beta, seed=seed,
-                                       min_cross=mitigation.min_cross, neighbour_cap=mitigation.neighbour_cap)
+    kind = as_variant(variant)
+    part = partition or make_partition(
+        graph,
+        num_clients,
+        beta=beta,
+        seed=seed,
+        min_cross=mitigation.min_cross,
+        neighbour_cap=mitigation.neighbour_cap,
+    )
     clean, shared = client_features(graph, mitigation, seed, null_release)
     truth = clean.numpy()
     csr = part.neighbourhoods
     result = ClientAudit()
-    for cid in (range(part.num_clients) if clients is None else clients):
+    for cid in range(part.num_clients) if clients is None else clients:
         c = part.clients[cid]
         if len(c.needed) == 0:
             continue
         owned = set(c.owned.tolist())
-        enc = encode(variant, clean, csr, nodes=c.needed, rng=f"audit-{seed}-{cid}",
-                     shared_x=shared, owner=part.owner, viewer=cid)
+        enc = encode(
+            kind,
+            clean,
+            csr,
+            nodes=c.needed,
+            rng=RandomSource.from_seed(f"audit-{seed}-{cid}"),
+            shared_x=shared,
+            owner=part.owner,
+            viewer=cid,
+        )
         own_feats = {i: truth[i] for i in owned}
         others = np.flatnonzero(part.owner != cid)
         full = {int(i): [int(j) for j in csr.row(i)] for i in c.needed}
@@ -115,7 +151,7 @@ def audit_clients(graph: Graph, variant: str, num_clients: int = 10, beta: float
         prior = prior_knowledge({i: v for i, v in full.items() if neighbours[i]}, own_feats)
         result.add(score_recovery(prior, truth, neighbours, others))
         result.add(score_recovery(neighbour_sum_attack(enc, own_feats), truth, owned_targets, others))
-        if variant == "matrix":
+        if kind.has_m2:  # M2 and M1 = h_i P_i: spectral and trace attacks; else Q_i: basis recovery
             result.add(score_recovery(spectral_attack(enc, seed=seed), truth, neighbours, others))
             foreign_targets = {int(i): [int(i)] for i in c.needed if int(i) not in owned}
             result.add(score_recovery(m1_trace_attack(enc), truth, foreign_targets, others))
@@ -133,8 +169,17 @@ def chance_reidentification(graph: Graph, part: Partition) -> float:
 # ------------------------------------------------------------------------------------ server side
 #: what the server may receive: public keys, the public context, relayed wrapped keys, public graph
 #: metadata, ciphertexts, and (in training rounds) model weights and evaluation counts
-SERVER_ALLOWED = {"KeyAnnounce", "PublicContext", "WrappedKeyDelivery", "GraphAnnounce", "FeatureUpload",
-                  "UploadDone", "LocalUpdate", "EvaluationReport", "Abort"}
+SERVER_ALLOWED = {
+    "KeyAnnounce",
+    "PublicContext",
+    "WrappedKeyDelivery",
+    "GraphAnnounce",
+    "FeatureUpload",
+    "UploadDone",
+    "LocalUpdate",
+    "EvaluationReport",
+    "Abort",
+}
 
 SERVER_LEARNS = [
     "the graph structure: every client's owned node ids and their neighbour lists (GraphAnnounce)",
@@ -146,7 +191,7 @@ SERVER_LEARNS = [
 ]
 
 
-def _anchors(x: np.ndarray, dtype: type) -> dict[bytes, int]:
+def _anchors(x: np.ndarray, dtype: type[np.floating]) -> dict[bytes, int]:
     """8-byte anchors: each node's row bytes from its first non-zero feature (2 float32 or 1 float64)."""
     out = {}
     rows = x.astype(dtype)
@@ -160,7 +205,7 @@ def _anchors(x: np.ndarray, dtype: type) -> dict[bytes, int]:
     return out
 
 
-def _anchor_table(x: np.ndarray, dtype: type) -> dict[bytes, list[tuple[int, int]]]:
+def _anchor_table(x: np.ndarray, dtype: type[np.floating]) -> dict[bytes, list[tuple[int, int]]]:
     """Anchor bytes -> ``(row, byte offset of the anchor in the row)`` for every row having it."""
     table: dict[bytes, list[tuple[int, int]]] = {}
     rows = x.astype(dtype)
@@ -195,7 +240,9 @@ def _scan(blob: bytes, keys: np.ndarray) -> int:
     return len(_scan_positions(blob, keys))
 
 
-def _verified_hits(blob: bytes, positions: np.ndarray, table: dict, rows: list[bytes], reach: int = 32) -> int:
+def _verified_hits(
+    blob: bytes, positions: np.ndarray, table: dict, rows: list[bytes], reach: int = 32
+) -> int:
     """Anchor hits that extend to the row's bytes around the anchor (``reach`` bytes each side).
 
     An 8-byte anchor of a sparse row is weak (its first non-zero value and a zero, shared by every
@@ -233,10 +280,10 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
     * the public context the server received has no secret key and cannot decrypt.
     """
     from fedgat.crypto import ServerContext, deserialize
-    from fedgat.protocols import decode_message
+    from fedgat.protocols import FeatureUpload, PublicContext, decode_message
 
     received = transcript.received_by(server_id)
-    types = {}
+    types: dict[str, int] = {}
     for e in received:
         types[e.type_name] = types.get(e.type_name, 0) + 1
     unexpected = sorted(set(types) - SERVER_ALLOWED)
@@ -248,13 +295,13 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
     ctx = None
     ciphertexts = bad_ciphertexts = anchor_hits = anchor_candidates = 0
     longest_zero_run = 0
-    context_checks = {}
+    context_checks: dict[str, bool] = {}
     for e in received:
         msg = decode_message(e.data)
-        if e.type_name == "PublicContext":
+        if isinstance(msg, PublicContext):
             ctx = ServerContext.from_bytes(msg.context)
             context_checks["server_context_has_secret_key"] = bool(ctx.tenseal.has_secret_key())
-        if e.type_name == "FeatureUpload":
+        if isinstance(msg, FeatureUpload):
             for item in msg.items:
                 ciphertexts += 1
                 try:
@@ -290,11 +337,15 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
         **context_checks,
     }
     checks["no_feature_rows_visible"] = anchor_hits == 0 and (
-        min_row_zero_run is None or longest_zero_run < min_row_zero_run)
-    checks["passed"] = bool(checks["only_allowed_message_types"] and checks["all_uploads_are_ciphertexts_of_the_session_key"]
-                            and checks["no_feature_rows_visible"]
-                            and not context_checks.get("server_context_has_secret_key", True)
-                            and context_checks.get("server_context_cannot_decrypt", False))
+        min_row_zero_run is None or longest_zero_run < min_row_zero_run
+    )
+    checks["passed"] = bool(
+        checks["only_allowed_message_types"]
+        and checks["all_uploads_are_ciphertexts_of_the_session_key"]
+        and checks["no_feature_rows_visible"]
+        and not context_checks.get("server_context_has_secret_key", True)
+        and context_checks.get("server_context_cannot_decrypt", False)
+    )
     checks["server_learns"] = SERVER_LEARNS
     return checks
 

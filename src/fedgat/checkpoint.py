@@ -71,8 +71,22 @@ FORMAT_VERSION = 1
 _HEAD = struct.Struct(">8sIQ")
 _DIGEST = 32
 #: dtypes a checkpoint may hold (plain numbers and bools only: nothing that could carry objects)
-ALLOWED_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-                            "float16", "float32", "float64"})
+ALLOWED_DTYPES = frozenset(
+    {
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    }
+)
 #: largest manifest accepted (the JSON is parsed only after the digest matched)
 MAX_MANIFEST_BYTES = 64 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_.:/\-]{1,256}$")
@@ -133,12 +147,23 @@ def encode_checkpoint(ckpt: Checkpoint, hmac_key: bytes | None = None) -> bytes:
             raise ValueError(f"array name {name!r} is not allowed")
         a = _plain_array(name, arr)
         raw = a.tobytes()
-        entries.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape), "offset": offset,
-                        "nbytes": len(raw)})
+        entries.append(
+            {
+                "name": name,
+                "dtype": a.dtype.name,
+                "shape": list(a.shape),
+                "offset": offset,
+                "nbytes": len(raw),
+            }
+        )
         blobs.append(raw)
         offset += len(raw)
-    manifest = {"kind": ckpt.kind, "mac": "sha256" if hmac_key is None else "hmac-sha256",
-                "meta": ckpt.meta, "arrays": entries}
+    manifest = {
+        "kind": ckpt.kind,
+        "mac": "sha256" if hmac_key is None else "hmac-sha256",
+        "meta": ckpt.meta,
+        "arrays": entries,
+    }
     text = json.dumps(manifest, allow_nan=True, separators=(",", ":")).encode()
     body = b"".join([_HEAD.pack(MAGIC, FORMAT_VERSION, len(text)), text, *blobs])
     return body + _mac(body, hmac_key)
@@ -153,13 +178,17 @@ def decode_checkpoint(data: bytes, hmac_key: bytes | None = None) -> Checkpoint:
     if magic != MAGIC:
         raise CheckpointFormatError("bad magic: not a fedgat checkpoint")
     if version != FORMAT_VERSION:
-        raise CheckpointFormatError(f"checkpoint format version {version}; this reader knows {FORMAT_VERSION}")
+        raise CheckpointFormatError(
+            f"checkpoint format version {version}; this reader knows {FORMAT_VERSION}"
+        )
     if mlen > MAX_MANIFEST_BYTES or _HEAD.size + mlen + _DIGEST > len(view):
         raise CheckpointFormatError(f"manifest of {mlen} bytes does not fit the file (truncated?)")
     body, digest = view[:-_DIGEST], bytes(view[-_DIGEST:])
     if not hmac.compare_digest(_mac(body, hmac_key), digest):
-        raise CheckpointIntegrityError("checkpoint digest does not match its content "
-                                       "(corrupted, truncated, tampered or another HMAC key)")
+        raise CheckpointIntegrityError(
+            "checkpoint digest does not match its content "
+            "(corrupted, truncated, tampered or another HMAC key)"
+        )
     try:
         manifest = json.loads(bytes(view[_HEAD.size : _HEAD.size + mlen]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -172,10 +201,15 @@ def _parse_manifest(manifest: Any, hmac_key: bytes | None) -> tuple[str, dict]:
     if not isinstance(manifest, dict) or not {"kind", "mac", "meta", "arrays"} <= set(manifest):
         raise CheckpointFormatError("manifest lacks kind, mac, meta or arrays")
     if manifest["mac"] != ("sha256" if hmac_key is None else "hmac-sha256"):
-        raise CheckpointIntegrityError(f"checkpoint authenticated with {manifest['mac']!r}, "
-                                       f"expected {'sha256' if hmac_key is None else 'hmac-sha256'}")
-    if not isinstance(manifest["kind"], str) or not isinstance(manifest["meta"], dict) or \
-            not isinstance(manifest["arrays"], list):
+        raise CheckpointIntegrityError(
+            f"checkpoint authenticated with {manifest['mac']!r}, "
+            f"expected {'sha256' if hmac_key is None else 'hmac-sha256'}"
+        )
+    if (
+        not isinstance(manifest["kind"], str)
+        or not isinstance(manifest["meta"], dict)
+        or not isinstance(manifest["arrays"], list)
+    ):
         raise CheckpointFormatError("manifest fields have the wrong types")
     return manifest["kind"], manifest["meta"]
 
@@ -242,8 +276,9 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, hmac_key: bytes | Non
     return path
 
 
-def load_checkpoint(path: str | Path, *, hmac_key: bytes | None = None, kind: str | None = None,
-                    max_bytes: int = 1 << 34) -> Checkpoint:
+def load_checkpoint(
+    path: str | Path, *, hmac_key: bytes | None = None, kind: str | None = None, max_bytes: int = 1 << 34
+) -> Checkpoint:
     """Read and verify a checkpoint written by :func:`save_checkpoint`.
 
     Args:
@@ -277,8 +312,11 @@ def tensors_to_arrays(tensors: Mapping[str, torch.Tensor], prefix: str) -> dict[
 
 def arrays_to_tensors(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, torch.Tensor]:
     """Inverse of :func:`tensors_to_arrays`: the arrays under ``prefix``, in stored order."""
-    return {name[len(prefix):]: torch.from_numpy(np.array(a)) for name, a in arrays.items()
-            if name.startswith(prefix)}
+    return {
+        name[len(prefix) :]: torch.from_numpy(np.array(a))
+        for name, a in arrays.items()
+        if name.startswith(prefix)
+    }
 
 
 def _jsonable(value: Any) -> Any:
@@ -293,7 +331,8 @@ def optimizer_to_checkpoint(opt: torch.optim.Optimizer, prefix: str = "opt/") ->
     """An optimiser's ``state_dict`` as (JSON meta, arrays): per-parameter state tensors become arrays,
     the hyper-parameter groups JSON (tuples as lists)."""
     sd = opt.state_dict()
-    arrays, slots = {}, {}
+    arrays: dict[str, np.ndarray] = {}
+    slots: dict[str, dict[str, Any]] = {}
     for idx, state in sd["state"].items():
         slots[str(idx)] = {}
         for key, value in state.items():
@@ -306,8 +345,9 @@ def optimizer_to_checkpoint(opt: torch.optim.Optimizer, prefix: str = "opt/") ->
     return {"groups": groups, "slots": slots}, arrays
 
 
-def optimizer_from_checkpoint(opt: torch.optim.Optimizer, meta: dict, arrays: Mapping[str, np.ndarray],
-                              prefix: str = "opt/") -> None:
+def optimizer_from_checkpoint(
+    opt: torch.optim.Optimizer, meta: dict, arrays: Mapping[str, np.ndarray], prefix: str = "opt/"
+) -> None:
     """Load what :func:`optimizer_to_checkpoint` saved into ``opt`` (built over the same parameters)."""
     current = opt.state_dict()["param_groups"]
     if len(current) != len(meta["groups"]):
@@ -319,8 +359,14 @@ def optimizer_from_checkpoint(opt: torch.optim.Optimizer, meta: dict, arrays: Ma
         groups.append({k: tuple(v) if isinstance(now.get(k), tuple) else v for k, v in saved.items()})
     state: dict[int, dict] = {}
     for idx, slots in meta["slots"].items():
-        state[int(idx)] = {key: (torch.from_numpy(np.array(arrays[f"{prefix}{idx}/{key}"])) if kind == "tensor"
-                                 else kind["value"]) for key, kind in slots.items()}
+        state[int(idx)] = {
+            key: (
+                torch.from_numpy(np.array(arrays[f"{prefix}{idx}/{key}"]))
+                if kind == "tensor"
+                else kind["value"]
+            )
+            for key, kind in slots.items()
+        }
     opt.load_state_dict({"state": state, "param_groups": groups})
 
 
@@ -331,13 +377,25 @@ def encodings_to_checkpoint(enc: Any, prefix: str = "enc/") -> tuple[dict, dict[
     buckets = []
     for i, b in enumerate(enc.buckets):
         bb = b.bases
-        parts = {"rows": bb.rows, "nodes": bb.nodes, "neighbours": bb.neighbours, "p": bb.p, "q": bb.q,
-                 "h_self": b.h_self, "K2": b.K2, "M2": b.M2, "cols": b.cols}
+        parts = {
+            "rows": bb.rows,
+            "nodes": bb.nodes,
+            "neighbours": bb.neighbours,
+            "p": bb.p,
+            "q": bb.q,
+            "h_self": b.h_self,
+            "K2": b.K2,
+            "M2": b.M2,
+            "cols": b.cols,
+        }
         present = sorted(k for k, v in parts.items() if v is not None)
         for key in present:
             value = parts[key]
-            arrays[f"{prefix}{i}/{key}"] = (value.detach().cpu().contiguous().numpy().copy()
-                                            if isinstance(value, torch.Tensor) else np.asarray(value))
+            arrays[f"{prefix}{i}/{key}"] = (
+                value.detach().cpu().contiguous().numpy().copy()
+                if isinstance(value, torch.Tensor)
+                else np.asarray(value)
+            )
         buckets.append(present)
     return {"variant": enc.variant, "buckets": buckets}, arrays
 
@@ -358,10 +416,14 @@ def encodings_from_checkpoint(meta: dict, arrays: Mapping[str, np.ndarray], pref
 
     buckets = []
     for i in range(len(meta["buckets"])):
-        bases = BucketBases(meta["variant"], get(i, "rows"), get(i, "nodes"), get(i, "neighbours"), get(i, "p"),
-                            get(i, "q"))
-        buckets.append(EncodingBucket(bases, get(i, "h_self", True), get(i, "K2", True), get(i, "M2", True),
-                                      get(i, "cols", True)))
+        bases = BucketBases(
+            meta["variant"], get(i, "rows"), get(i, "nodes"), get(i, "neighbours"), get(i, "p"), get(i, "q")
+        )
+        buckets.append(
+            EncodingBucket(
+                bases, get(i, "h_self", True), get(i, "K2", True), get(i, "M2", True), get(i, "cols", True)
+            )
+        )
     return Encodings(meta["variant"], np.array(arrays[f"{prefix}nodes"]), buckets)
 
 

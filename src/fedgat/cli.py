@@ -40,8 +40,9 @@ def discover_commands() -> dict[str, ModuleType]:
         if not all(hasattr(module, attr) for attr in _REQUIRED):
             continue
         if module.NAME in found:
-            raise ValueError(f"command {module.NAME!r} defined twice ({found[module.NAME].__name__}, "
-                             f"{module.__name__})")
+            raise ValueError(
+                f"command {module.NAME!r} defined twice ({found[module.NAME].__name__}, {module.__name__})"
+            )
         found[module.NAME] = module
     return found
 

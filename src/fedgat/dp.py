@@ -55,7 +55,7 @@ from fedgat.randomness import RandomSource, as_random_source
 SENSITIVITY = 2.0  # L2 distance between two unit vectors
 
 
-def _delta_for_sigma(sigma: float, epsilon: float, sensitivity: float) -> float:
+def gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
     """Exact delta of the Gaussian mechanism (Balle & Wang 2018, Theorem 8)."""
     a = sensitivity / (2.0 * sigma)
     b = epsilon * sigma / sensitivity
@@ -68,11 +68,11 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = S
     if epsilon <= 0 or not 0 < delta < 1:
         raise ValueError("need epsilon > 0 and 0 < delta < 1")
     lo, hi = 1e-6 * sensitivity, sensitivity
-    while _delta_for_sigma(hi, epsilon, sensitivity) > delta:
+    while gaussian_delta(hi, epsilon, sensitivity) > delta:
         hi *= 2.0
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if _delta_for_sigma(mid, epsilon, sensitivity) > delta:
+        if gaussian_delta(mid, epsilon, sensitivity) > delta:
             lo = mid
         else:
             hi = mid
@@ -140,8 +140,9 @@ class FeatureDP:
         y = self.project(x)
         return _unit_rows(y + self.sigma * torch.randn(y.shape, generator=generator, dtype=y.dtype))
 
-    def release_rows(self, x: np.ndarray | torch.Tensor,
-                     rng: RandomSource | int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def release_rows(
+        self, x: np.ndarray | torch.Tensor, rng: RandomSource | int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(clean, release)`` float64 ``(N, k)`` rows of the features ``x`` ``(N, d)`` of one owner.
 
         ``clean`` is :meth:`project` (computed in float64); ``release`` adds ``sigma`` times standard
@@ -155,6 +156,12 @@ class FeatureDP:
         return clean, _unit_rows(torch.from_numpy(clean + self.sigma * noise)).numpy()
 
     def describe(self) -> dict:
-        return {"epsilon": self.epsilon, "delta": self.delta, "dim": self.dim, "sigma": self.sigma,
-                "sensitivity": SENSITIVITY, "classic_sigma": classic_gaussian_sigma(self.epsilon, self.delta),
-                "expected_noise_norm": self.sigma * math.sqrt(self.dim or float("nan"))}
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "dim": self.dim,
+            "sigma": self.sigma,
+            "sensitivity": SENSITIVITY,
+            "classic_sigma": classic_gaussian_sigma(self.epsilon, self.delta),
+            "expected_noise_norm": self.sigma * math.sqrt(self.dim or float("nan")),
+        }

@@ -46,27 +46,25 @@ Every feature-dependent encoding is a per-node *linear map of the neighbours' fe
 as rows, :math:`F_i = A_i H_i` with a coefficient matrix :math:`A_i` (``R x n``) that depends only on the
 random bases. That is what the encrypted server evaluates with plaintext-ciphertext multiply-adds.
 Nodes are processed in buckets of equal neighbourhood size so everything is batched tensor algebra.
+
+The per-variant maths (``m``, row counts, sizes, drawing the bases, the feature-free parts) lives in
+:mod:`fedgat.variants` (:func:`~fedgat.variants.as_variant` and :data:`~fedgat.variants.VARIANTS` are
+re-exported here); the dataclasses below carry the variant's name and expose the variant as ``kind``.
+The layer's zero-padded bucket groups are built by :mod:`fedgat.padding`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
 
 import numpy as np
 import torch
 
 from fedgat.graph import CSR
+from fedgat.padding import PaddedGroup, padded_groups, plan_padded_groups  # noqa: F401 (re-export)
 from fedgat.randomness import RandomSource, as_random_source
-
-Variant = Literal["matrix", "vector"]
-VARIANTS: tuple[str, ...] = ("matrix", "vector")
-
-
-def _check_variant(variant: str) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown FedGAT variant {variant!r}; choose one of {VARIANTS}")
+from fedgat.variants import VARIANTS, Variant, VariantLike, as_variant  # noqa: F401 (re-export)
 
 
 @dataclass
@@ -74,7 +72,8 @@ class BucketBases:
     """The random bases of ``B`` nodes that share the neighbourhood size ``n``.
 
     Attributes:
-        variant: "matrix" or "vector".
+        variant: the variant's name, "matrix" or "vector" (a :class:`~fedgat.variants.Variant` is
+            accepted and stored by name); :attr:`kind` is the variant itself.
         rows: ``(B,)`` positions of these nodes in the encoded node list.
         nodes: ``(B,)`` global node ids.
         neighbours: ``(B, n)`` global ids of each node's neighbourhood (self first).
@@ -88,6 +87,14 @@ class BucketBases:
     neighbours: np.ndarray
     p: np.ndarray
     q: np.ndarray | None
+
+    def __post_init__(self) -> None:
+        self.variant = as_variant(self.variant).name
+
+    @property
+    def kind(self) -> Variant:
+        """The :class:`~fedgat.variants.Variant` of these bases."""
+        return as_variant(self.variant)
 
     @property
     def n(self) -> int:
@@ -110,33 +117,39 @@ class BucketBases:
         """
         sel = slice(None) if slot is None else slice(slot, slot + 1)
         p = self.p[sel]
-        B, m, n = p.shape
+        B, _, n = p.shape
         self_row = np.zeros((B, 1, n))
         self_row[:, 0, 0] = 1.0
         out = np.concatenate([self_row, p], axis=1)
         return out if slot is None else out[0]
 
     def m2_map(self) -> np.ndarray:
-        r"""``(B, m*m, m)``: :math:`L_i` with :math:`M_2 = L_i K_2` (matrix variant).
-
-        :math:`M_2 = A^{M_2} H_i` with :math:`A^{M_2}_{(x,y),j} = \tfrac12 p_j(x) q_j(y)`, and
-        :math:`K_2 = [p_j] H_i` has the left inverse :math:`\tfrac12 [q_j]^\top` (since
-        :math:`q_k^\top p_j = 2\delta_{jk}`), so :math:`L_i = \tfrac14 \sum_j (p_j \otimes q_j) q_j^\top`
-        depends on the random bases only: :math:`M_2` tells a holder of :math:`K_2` and the bases
-        nothing new, and the protocol ships :math:`K_2` alone (paper: :math:`M_2` too; SECURITY.md).
-        """
-        if self.variant != "matrix":
-            raise ValueError("m2_map is defined for the matrix variant only")
-        B, m, _ = self.p.shape
-        return 0.25 * np.einsum("bxj,byj,bkj->bxyk", self.p, self.q, self.q).reshape(B, m * m, m)
+        r"""``(B, m*m, m)``: :math:`L_i` with :math:`M_2 = L_i K_2` (matrix variant; paper eq. 9-14,
+        see :meth:`fedgat.variants.MatrixVariant.m2_map`): :math:`M_2` is a feature-free map of
+        :math:`K_2`, so the protocol ships :math:`K_2` alone (paper: :math:`M_2` too; SECURITY.md)."""
+        return self.kind.m2_map(self.p, self.q)
 
     def num_feature_rows(self) -> int:
         """Computed rows per node, :math:`h_i` included (``1 + m`` for both variants)."""
         return 1 + self.m
 
+    def take(
+        self, idx: np.ndarray, *, rows: np.ndarray | None = None, neighbours: np.ndarray | None = None
+    ) -> BucketBases:
+        """The bases of the slots ``idx`` (``q`` too where the variant has it), with ``rows`` or
+        ``neighbours`` replaced when given."""
+        return BucketBases(
+            self.variant,
+            self.rows[idx] if rows is None else rows,
+            self.nodes[idx],
+            self.neighbours[idx] if neighbours is None else neighbours,
+            self.p[idx],
+            None if self.q is None else self.q[idx],
+        )
+
 
 def draw_bases(
-    variant: str,
+    variant: VariantLike,
     neighbourhoods: CSR,
     nodes: np.ndarray,
     rng: RandomSource | int | None = None,
@@ -146,14 +159,14 @@ def draw_bases(
     """Draw fresh random bases for ``nodes``, bucketed by neighbourhood size.
 
     Args:
-        variant: "matrix" or "vector".
+        variant: a :class:`~fedgat.variants.Variant` or its name, "matrix" or "vector".
         neighbourhoods: the attention neighbourhoods (self-loop first) of every node.
         nodes: global ids to encode, in the order the encodings' rows will follow.
         rng: a :class:`RandomSource`, an int seed (reproducible, tests only) or None (CSPRNG).
         embed_factor: vector variant's ``m = embed_factor * n`` (matrix variant is fixed at ``2n``).
         ratio_range: the :math:`r_j` are log-uniform in this range (matrix variant).
     """
-    _check_variant(variant)
+    kind = as_variant(variant)
     if embed_factor < 1:
         raise ValueError("embed_factor must be >= 1")
     rng = as_random_source(rng)
@@ -167,17 +180,8 @@ def draw_bases(
         bucket_nodes = nodes[rows]
         starts = neighbourhoods.indptr[bucket_nodes]
         neighbours = neighbourhoods.indices[starts[:, None] + np.arange(n)[None, :]]
-        B = len(rows)
-        if variant == "matrix":
-            basis = rng.orthogonal(B, 2 * n)
-            u1, u2 = basis[:, :, :n], basis[:, :, n:]
-            lo, hi = np.log(ratio_range[0]), np.log(ratio_range[1])
-            r = np.exp(rng.uniform((B, 1, n), lo, hi))
-            p, q = u1 + u2 / r, u1 + u2 * r
-        else:
-            m = embed_factor * int(n)
-            p, q = rng.orthogonal(B, m)[:, :, :n], None
-        buckets.append(BucketBases(variant, rows, bucket_nodes, neighbours, p, q))
+        p, q = kind.draw(rng, len(rows), int(n), embed_factor, ratio_range)
+        buckets.append(BucketBases(kind.name, rows, bucket_nodes, neighbours, p, q))
     return buckets
 
 
@@ -240,13 +244,22 @@ class EncodingBucket:
     cols: torch.Tensor | None = None
     factors: RowFactors | None = None
 
+    @property
+    def row_factors(self) -> RowFactors:
+        """:attr:`factors`, which :meth:`factorise` must have set."""
+        if self.factors is None:
+            raise ValueError("the bucket is not factorised (see factorise)")
+        return self.factors
+
     @classmethod
     def from_rows(cls, bases: BucketBases, features: torch.Tensor) -> EncodingBucket:
         """Split ``(B, 1 + m, d)`` computed rows in the :meth:`BucketBases.coefficients` layout; the
         matrix variant's ``M2`` is derived as :meth:`BucketBases.m2_map` times ``K2`` (in float64)."""
         m = bases.m
         if features.dim() != 3 or features.shape[:2] != (len(bases), bases.num_feature_rows()):
-            raise ValueError(f"expected ({len(bases)}, {bases.num_feature_rows()}, d) rows, got {tuple(features.shape)}")
+            raise ValueError(
+                f"expected ({len(bases)}, {bases.num_feature_rows()}, d) rows, got {tuple(features.shape)}"
+            )
         return cls(bases, features[:, 0].contiguous(), features[:, 1 : 1 + m].contiguous())
 
     def dense_M2(self) -> torch.Tensor:
@@ -256,7 +269,7 @@ class EncodingBucket:
         Derived ``M2`` is ``m^2 x d`` per node (~9 GB float32 for all clients' nodes of Cora with the
         neighbour cap at 16), so the layer never builds it: :meth:`factorise` goes from ``K2``.
         """
-        if self.variant != "matrix":
+        if not self.kind.has_m2:
             raise ValueError("M2 exists for the matrix variant only")
         if self.cols is not None:
             raise ValueError("M2 is column-compacted; dense_M2 needs uncompacted encodings")
@@ -269,21 +282,20 @@ class EncodingBucket:
         return self.bases.variant
 
     @property
+    def kind(self) -> Variant:
+        return self.bases.kind
+
+    @property
     def features(self) -> torch.Tensor:
         """``(B, 1 + m, d)``: the computed rows in the coefficient layout (a copy); ``M2`` is derived."""
         return torch.cat([self.h_self[:, None], self.K2], dim=1)
 
     @cached_property
     def plain(self) -> dict[str, torch.Tensor]:
-        """Feature-free float64 tensors: ``P (B,m,m)``, ``K1 (B,m)``, ``K3 (B,m)`` or ``Q (B,m,n)``."""
+        """Feature-free float64 tensors (:meth:`fedgat.variants.Variant.plain`): ``P (B,m,m)``,
+        ``K1 (B,m)``, ``K3 (B,m)`` (matrix) or ``Q (B,m,n)`` (vector)."""
         b = self.bases
-        if b.variant == "vector":
-            return {"Q": torch.from_numpy(b.p)}
-        return {
-            "P": torch.from_numpy(0.5 * np.einsum("bxj,byj->bxy", b.p, b.q)),
-            "K1": torch.from_numpy(0.5 * b.q.sum(-1)),
-            "K3": torch.from_numpy(b.p.sum(-1)),
-        }
+        return {k: torch.from_numpy(v) for k, v in b.kind.plain(b.p, b.q).items()}
 
     def compact(self, tol: float = 0.0) -> EncodingBucket:
         """Keep, per node, only the feature columns of a stored ``M2`` where it exceeds ``tol`` in
@@ -293,8 +305,9 @@ class EncodingBucket:
         that feature: on bag-of-words data (Cora: ~18 non-zeros of 1433 per row) the matrix
         variant's largest tensor, contracted with ``b2`` every step, shrinks several-fold. ``K2``
         stays dense (one GEMM with ``W`` per step); the vector variant has nothing to compact and is
-        returned as is. Nothing is learned that the dense tensors did not already show. For decrypted CKKS encodings pass ``tol`` at the decryption error bound; dropped
-        columns then move the output by at most ``tol`` times the weights' norm.
+        returned as is. Nothing is learned that the dense tensors did not already show. For
+        decrypted CKKS encodings pass ``tol`` at the decryption error bound; dropped columns then move
+        the output by at most ``tol`` times the weights' norm.
         """
         if self.cols is not None or self.M2 is None:
             return self
@@ -317,7 +330,7 @@ class EncodingBucket:
         Decrypted CKKS encodings pass with their ~1e-6 error; ``tol`` bounds how far the factored
         rows may move from the received ones.
         """
-        if self.variant != "matrix" or self.factors is not None:
+        if not self.kind.has_m2 or self.factors is not None:
             return self
         dtype = self.K2.dtype
         K2, h = self.K2.double(), self.h_self.double()
@@ -341,8 +354,10 @@ class EncodingBucket:
             bound = (m2f.abs() @ outside[:, :, None]).max()
             residual = max(residual, _max_abs(M2 - m2f @ kept), float(bound))
         if not residual <= tol:
-            raise ValueError(f"encodings of {len(self.bases)} nodes with n={self.bases.n} are not combinations of "
-                             f"n feature rows: residual {residual:.3g} > tol {tol:g}")
+            raise ValueError(
+                f"encodings of {len(self.bases)} nodes with n={self.bases.n} are not combinations of "
+                f"n feature rows: residual {residual:.3g} > tol {tol:g}"
+            )
         factors = RowFactors(R.to(dtype), k2f.to(dtype), m2f.to(dtype), hf.to(dtype), residual)
         return EncodingBucket(self.bases, self.h_self, self.K2, self.M2, self.cols, factors)
 
@@ -350,18 +365,28 @@ class EncodingBucket:
         """Reals shipped to the client for these nodes: computed rows and feature-free parts (a
         matrix bucket's ``M2`` is derived, not shipped, even when stored)."""
         B, m, n = self.bases.p.shape
-        plain = B * m * n if self.variant == "vector" else B * (m * m + 2 * m)
+        plain = B * self.kind.plain_reals(m, n)
         feature = self.h_self.numel() + self.K2.numel()
         return int(feature) + plain
 
 
 @dataclass
 class Encodings:
-    """All encodings one party holds: ``buckets`` cover ``nodes`` (global ids) exactly once."""
+    """All encodings one party holds: ``buckets`` cover ``nodes`` (global ids) exactly once.
+
+    ``variant`` is the variant's name (a :class:`~fedgat.variants.Variant` is accepted and stored
+    by name); :attr:`kind` is the variant itself."""
 
     variant: str
     nodes: np.ndarray
     buckets: list[EncodingBucket]
+
+    def __post_init__(self) -> None:
+        self.variant = as_variant(self.variant).name
+
+    @property
+    def kind(self) -> Variant:
+        return as_variant(self.variant)
 
     @property
     def num_nodes(self) -> int:
@@ -379,10 +404,13 @@ class Encodings:
 
     def with_dense_M2(self) -> Encodings:
         """Copy with every matrix bucket's ``M2`` stored densely (:meth:`EncodingBucket.dense_M2`)."""
-        if self.variant != "matrix":
+        if not self.kind.has_m2:
             return self
-        return Encodings(self.variant, self.nodes, [
-            EncodingBucket(b.bases, b.h_self, b.K2, b.dense_M2(), b.cols, b.factors) for b in self.buckets])
+        return Encodings(
+            self.variant,
+            self.nodes,
+            [EncodingBucket(b.bases, b.h_self, b.K2, b.dense_M2(), b.cols, b.factors) for b in self.buckets],
+        )
 
     def factorise(self, tol: float = 1e-4) -> Encodings:
         """Copy with :class:`RowFactors` on every matrix bucket (see :meth:`EncodingBucket.factorise`)."""
@@ -395,28 +423,13 @@ class Encodings:
     @cached_property
     def flat_R(self) -> torch.Tensor:
         """Every bucket's :attr:`RowFactors.R` rows stacked, ``(sum_b B*r, d)`` (factorised matrix only)."""
-        return torch.cat([b.factors.R.reshape(-1, b.factors.R.shape[-1]) for b in self.buckets])
+        return torch.cat([b.row_factors.R.reshape(-1, b.row_factors.R.shape[-1]) for b in self.buckets])
 
     @cached_property
     def padded_groups(self) -> list[PaddedGroup]:
-        """Consecutive buckets merged into a few groups zero-padded to a common ``m`` (and ``n``)."""
-        sizes = [b.bases.m for b in self.buckets]
-        counts = [len(b.bases) for b in self.buckets]
-        matrix = self.variant == "matrix"
-        groups = []
-        for start, stop in plan_padded_groups(sizes, counts, power=2 if matrix else 1):
-            chosen = self.buckets[start:stop]
-            m, n, dtype = sizes[stop - 1], chosen[-1].bases.n, chosen[0].K2.dtype
-            if matrix:
-                plain = {"P": torch.cat([pad_last(b.plain["P"].to(dtype), m, 2) for b in chosen]),
-                         "K1": torch.cat([pad_last(b.plain["K1"].to(dtype), m, 1) for b in chosen]),
-                         "K3": torch.cat([pad_last(b.plain["K3"].to(dtype), m, 1) for b in chosen])}
-            else:
-                Q = [torch.nn.functional.pad(b.plain["Q"], [0, n - b.bases.n, 0, m - b.bases.m]) for b in chosen]
-                valid = [torch.arange(n)[None, :].expand(len(b.bases), n) < b.bases.n for b in chosen]
-                plain = {"Q": torch.cat(Q), "valid": torch.cat(valid)}
-            groups.append(PaddedGroup(start, stop, m, plain))
-        return groups
+        """Consecutive buckets merged into a few groups zero-padded to a common ``m`` (and ``n``):
+        :func:`fedgat.padding.padded_groups`."""
+        return padded_groups(self.buckets, self.kind)
 
     @cached_property
     def order(self) -> torch.Tensor:
@@ -438,66 +451,16 @@ class Encodings:
         return torch.cat([b.h_self for b in self.buckets])
 
 
-@dataclass
-class PaddedGroup:
-    """Buckets ``start:stop`` zero-padded to encoding dimension ``m``, their feature-free tensors in
-    ``plain``: matrix ``P (G, m, m)``, ``K1 (G, m)``, ``K3 (G, m)``; vector ``Q (G, m, n)`` (float64)
-    and ``valid (G, n)``, false at padded neighbour positions.
-
-    Zero padding is exact: matrix -- padded coordinates of ``K1`` and padded rows and columns of
-    every ``D`` are zero, so Clenshaw's iterates stay zero there; vector -- padded columns of ``Q``
-    are zero, so padded scores reach neither ``Q s`` nor, masked by ``valid``, the denominator.
-    """
-
-    start: int
-    stop: int
-    m: int
-    plain: dict[str, torch.Tensor]
-
-
-#: Cost of one more group in the padding plan, in padded entries (``m^2`` per node for the matrix
-#: variant, ``m`` for the vector variant): the ~10 small tensor ops per Clenshaw step, or per vector
-#: group, cost about as much as streaming that many entries (tuned on Cora).
-GROUP_CALL_COST = {2: 20_000, 1: 2_000}
-
-
-def plan_padded_groups(sizes: list[int], counts: list[int], call_cost: int | None = None,
-                       power: int = 2) -> list[tuple[int, int]]:
-    """Split buckets (``sizes`` ascending) into consecutive ``[start, stop)`` groups minimising
-    ``sum_g count_g * max_size_g ** power + call_cost * groups`` (exact dynamic programme)."""
-    call_cost = GROUP_CALL_COST[power] if call_cost is None else call_cost
-    n = len(sizes)
-    if list(sizes) != sorted(sizes):
-        raise ValueError("bucket sizes must be ascending")
-    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
-    for stop in range(1, n + 1):
-        for start in range(stop):
-            cost = best[start] + sum(counts[start:stop]) * sizes[stop - 1] ** power + call_cost
-            if cost < best[stop]:
-                best[stop], cut[stop] = cost, start
-    groups, stop = [], n
-    while stop > 0:
-        groups.append((cut[stop], stop))
-        stop = cut[stop]
-    return groups[::-1]
-
-
-def pad_last(t: torch.Tensor, m: int, dims: int) -> torch.Tensor:
-    """Zero-pad the last ``dims`` dimensions of ``t`` to size ``m`` (no copy when already that size)."""
-    if all(size == m for size in t.shape[t.dim() - dims:]):
-        return t
-    pad = []
-    for size in reversed(t.shape[t.dim() - dims:]):
-        pad += [0, m - size]
-    return torch.nn.functional.pad(t, pad)
-
-
 def _max_abs(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
-def encode_bucket(bases: BucketBases, x: torch.Tensor, shared_x: torch.Tensor | None = None,
-                  foreign: np.ndarray | None = None) -> EncodingBucket:
+def encode_bucket(
+    bases: BucketBases,
+    x: torch.Tensor,
+    shared_x: torch.Tensor | None = None,
+    foreign: np.ndarray | None = None,
+) -> EncodingBucket:
     """Plaintext reference: :math:`F_i = A_i H_i` for one bucket (one batched matmul).
 
     With ``shared_x`` and a ``(B, n)`` mask ``foreign``, masked neighbours contribute their shared
@@ -513,7 +476,7 @@ def encode_bucket(bases: BucketBases, x: torch.Tensor, shared_x: torch.Tensor | 
 
 
 def encode(
-    variant: str,
+    variant: VariantLike,
     x: torch.Tensor,
     neighbourhoods: CSR,
     nodes: np.ndarray | None = None,
@@ -533,27 +496,18 @@ def encode(
     bases = draw_bases(variant, neighbourhoods, nodes, rng, embed_factor=embed_factor)
     if shared_x is not None and (owner is None or viewer is None):
         raise ValueError("shared_x needs owner and viewer")
-    buckets = [encode_bucket(b, x, shared_x, None if shared_x is None else owner[b.neighbours] != viewer)
-               for b in bases]
-    return Encodings(variant, nodes, buckets)
+    buckets = [
+        encode_bucket(
+            b, x, shared_x, None if shared_x is None or owner is None else owner[b.neighbours] != viewer
+        )
+        for b in bases
+    ]
+    return Encodings(as_variant(variant).name, nodes, buckets)
 
 
-def encoding_size(variant: str, neighbourhood_sizes: np.ndarray, d: int, embed_factor: int = 1) -> dict:
-    """Number of reals the encodings of nodes with these neighbourhood sizes take, without building them.
-
-    ``feature_reals``: the computed rows (``h_i`` and ``K2``/``V``), what the protocol ships;
-    ``derived_reals``: the matrix variant's ``M2``, rebuilt by the client (the paper ships it);
-    ``plain_reals``: the feature-free parts; ``total_reals``: what is shipped (feature + plain).
-    """
-    _check_variant(variant)
-    n = np.asarray(neighbourhood_sizes, dtype=np.float64)
-    m = 2 * n if variant == "matrix" else embed_factor * n
-    feature = d * (1 + m)
-    derived = d * m * m if variant == "matrix" else 0 * n
-    plain = m * m + 2 * m if variant == "matrix" else m * n
-    return {
-        "feature_reals": float(feature.sum()),
-        "derived_reals": float(derived.sum()),
-        "plain_reals": float(plain.sum()),
-        "total_reals": float((feature + plain).sum()),
-    }
+def encoding_size(
+    variant: VariantLike, neighbourhood_sizes: np.ndarray, d: int, embed_factor: int = 1
+) -> dict:
+    """Number of reals the encodings of nodes with these neighbourhood sizes take, without building
+    them (:meth:`fedgat.variants.Variant.encoding_size`)."""
+    return as_variant(variant).encoding_size(neighbourhood_sizes, d, embed_factor)

@@ -35,8 +35,9 @@ def normalised_aggregate(x: torch.Tensor, neighbourhoods: CSR) -> torch.Tensor:
     """
     src, dst = neighbourhoods.to_edge_index()
     n = neighbourhoods.num_nodes
-    a_hat = torch.sparse_coo_tensor(torch.stack([dst, src]), gcn_edge_weights(neighbourhoods), (n, n),
-                                    check_invariants=True)
+    a_hat = torch.sparse_coo_tensor(
+        torch.stack([dst, src]), gcn_edge_weights(neighbourhoods), (n, n), check_invariants=True
+    )
     return torch.sparse.mm(a_hat, x)
 
 

@@ -40,8 +40,9 @@ from torch import nn
 from torch_geometric.nn import GATConv
 
 from fedgat.approx import ScorePolynomial, fit_score, logit_scale
-from fedgat.encodings import Encodings, pad_last
+from fedgat.encodings import Encodings
 from fedgat.matrix_poly import chebyshev_left
+from fedgat.padding import pad_last
 
 
 class _GatherRows(torch.autograd.Function):
@@ -68,7 +69,7 @@ def projected_rows(encodings: Encodings) -> torch.Tensor:
     """The rows :class:`FedGATConv` multiplies by ``W^T`` (its one large GEMM), ``(rows, d)``:
     ``V`` rows (vector), :class:`~fedgat.encodings.RowFactors` basis rows (factorised matrix), or
     ``K2`` and ``h_i`` rows (matrix, not factorised)."""
-    if encodings.variant == "vector":
+    if not encodings.kind.has_m2:
         return encodings.flat_K2
     if encodings.factorised:
         return encodings.flat_R
@@ -99,6 +100,8 @@ class FedGATConv(nn.Module):
     so weights copy across in both directions (:meth:`to_gatconv`).
     """
 
+    _power: torch.Tensor  # buffer: the score polynomial's power-basis coefficients
+
     def __init__(
         self,
         in_channels: int,
@@ -110,13 +113,20 @@ class FedGATConv(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        self.in_channels, self.out_channels, self.heads, self.concat = in_channels, out_channels, heads, concat
+        self.in_channels, self.out_channels, self.heads, self.concat = (
+            in_channels,
+            out_channels,
+            heads,
+            concat,
+        )
         self.score = score if score is not None else fit_score()
         self.feature_dropout = feature_dropout
         self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
-        self.bias = nn.Parameter(torch.empty(heads * out_channels if concat else out_channels)) if bias else None
+        self.bias = (
+            nn.Parameter(torch.empty(heads * out_channels if concat else out_channels)) if bias else None
+        )
         self.register_buffer("_power", torch.tensor(self.score.power, dtype=torch.float64), persistent=False)
         self.reset_parameters()
 
@@ -154,7 +164,9 @@ class FedGATConv(nn.Module):
         block = torch.einsum("shf,hg->hfsg", att, eye).reshape(H * Fo, 2 * H)
         return (rows_W @ block).view(-1, 2, H)
 
-    def _vector_outputs(self, encodings: Encodings, Wf: torch.Tensor, gamma: torch.Tensor) -> list[torch.Tensor]:
+    def _vector_outputs(
+        self, encodings: Encodings, Wf: torch.Tensor, gamma: torch.Tensor
+    ) -> list[torch.Tensor]:
         r"""Per padded group ``(G, H, F)``: :math:`W V_i^\top Q_i \hat s(x_i) / \mathbf 1^\top \hat s(x_i)`.
 
         One GEMM ``V W^T`` over every bucket's rows; the logits come from it
@@ -171,8 +183,12 @@ class FedGATConv(nn.Module):
         outs = []
         for group in encodings.padded_groups:
             m, chosen = group.m, range(group.start, group.stop)
-            kw = torch.cat([_pad_rows(kws[i].view(-1, encodings.buckets[i].bases.m, H * Fo), m) for i in chosen])
-            v = torch.cat([_pad_rows(vas[i].view(-1, encodings.buckets[i].bases.m, 2 * H), m) for i in chosen])
+            kw = torch.cat(
+                [_pad_rows(kws[i].view(-1, encodings.buckets[i].bases.m, H * Fo), m) for i in chosen]
+            )
+            v = torch.cat(
+                [_pad_rows(vas[i].view(-1, encodings.buckets[i].bases.m, 2 * H), m) for i in chosen]
+            )
             Q, valid = group.plain["Q"], group.plain["valid"]
             v_src, v_dst = v[:, :, :H], v[:, :, H:]
             self_logit = torch.einsum("gm,gmh->gh", Q[:, :, 0], v_dst)  # b1 . h_i
@@ -183,8 +199,9 @@ class FedGATConv(nn.Module):
             outs.append(num / s.sum(1).to(kw.dtype)[:, :, None])
         return outs
 
-    def _matrix_parts(self, encodings: Encodings, Wf: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor,
-                      gamma: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _matrix_parts(
+        self, encodings: Encodings, Wf: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, gamma: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         r"""Per bucket ``D (B, H, m, m)`` and ``K2 W^T`` as ``(B, m, H, F)``.
 
         :math:`D_i = \gamma((b_1\cdot h_i) P_i + \sum_s b_2(s) M_2(s))`. With :class:`RowFactors`
@@ -199,9 +216,9 @@ class FedGATConv(nn.Module):
             RW = encodings.flat_R @ Wf.T  # (sum r, H*F)
             ra = self._attention_projection(RW)
             r_src, r_dst, RW = ra[:, 0], ra[:, 1], RW.view(-1, H, Fo)
-            sizes = [b.factors.R.shape[0] * b.factors.R.shape[1] for b in buckets]
+            sizes = [b.row_factors.R.shape[0] * b.row_factors.R.shape[1] for b in buckets]
             for bucket, rw, rs, rd in zip(buckets, RW.split(sizes), r_src.split(sizes), r_dst.split(sizes)):
-                f, B, m = bucket.factors, len(bucket.bases), bucket.bases.m
+                f, B, m = bucket.row_factors, len(bucket.bases), bucket.bases.m
                 r = f.R.shape[1]
                 self_logit = torch.einsum("br,brh->bh", f.h_self, rd.view(B, r, H))
                 m2b = f.M2 @ rs.view(B, r, H)  # (B, m*m, H)
@@ -236,7 +253,7 @@ class FedGATConv(nn.Module):
         parts = self._matrix_parts(encodings, Wf, b1, b2, gamma)
         outs = []
         for group in encodings.padded_groups:
-            chosen = parts[group.start:group.stop]
+            chosen = parts[group.start : group.stop]
             m = group.m
             D = torch.cat([pad_last(D, m, 2) for D, _ in chosen])  # (G, H, m, m)
             kw = torch.cat([pad_last(kw.transpose(1, 3), m, 1) for _, kw in chosen])  # (G, F, H, m)
@@ -259,7 +276,7 @@ class FedGATConv(nn.Module):
         W, b1, b2, gamma = self._head_weights()
         H, Fo = self.heads, self.out_channels
         Wf = W.reshape(H * Fo, -1)
-        if encodings.variant == "matrix":
+        if encodings.kind.has_m2:
             outs = self._matrix_outputs(encodings, Wf, b1, b2, gamma)
         else:
             outs = self._vector_outputs(encodings, Wf, gamma)
@@ -273,8 +290,14 @@ class FedGATConv(nn.Module):
 
         Use it with the same neighbourhoods (self-loops included) and ``add_self_loops=False``.
         """
-        conv = GATConv(self.in_channels, self.out_channels, heads=self.heads, concat=self.concat,
-                       add_self_loops=False, bias=self.bias is not None)
+        conv = GATConv(
+            self.in_channels,
+            self.out_channels,
+            heads=self.heads,
+            concat=self.concat,
+            add_self_loops=False,
+            bias=self.bias is not None,
+        )
         was_training = self.training
         self.eval()
         _, _, _, gamma = self._head_weights()
@@ -287,8 +310,10 @@ class FedGATConv(nn.Module):
         return conv
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, concat={self.concat}, "
-                f"degree={self.score.degree}, domain={self.score.domain:g}")
+        return (
+            f"{self.in_channels}, {self.out_channels}, heads={self.heads}, concat={self.concat}, "
+            f"degree={self.score.degree}, domain={self.score.domain:g}"
+        )
 
 
 def output_error_bound(layer: FedGATConv) -> float:

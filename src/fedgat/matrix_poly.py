@@ -31,7 +31,9 @@ import torch
 
 class _ChebyshevLeft(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, D: torch.Tensor, k: torch.Tensor, cheb: tuple[float, ...], domain: float) -> torch.Tensor:
+    def forward(
+        ctx, D: torch.Tensor, k: torch.Tensor, cheb: tuple[float, ...], domain: float
+    ) -> torch.Tensor:
         Dt = D / domain
         p = len(cheb) - 1
         b1 = torch.zeros_like(k).unsqueeze(1)  # b_{k+1}, (G, 1, m)
@@ -71,7 +73,12 @@ def chebyshev_left(D: torch.Tensor, k: torch.Tensor, cheb: np.ndarray, domain: f
     Differentiable in ``D`` (not in ``k``); float32 is accurate to ~1e-6 relative for the scores
     FedGAT uses (tested against float64 Horner).
     """
-    if (D.dim() != 3 or k.dim() != 2 or D.shape[0] != k.shape[0]
-            or D.shape[1] != D.shape[2] or D.shape[2] != k.shape[1]):
+    if (
+        D.dim() != 3
+        or k.dim() != 2
+        or D.shape[0] != k.shape[0]
+        or D.shape[1] != D.shape[2]
+        or D.shape[2] != k.shape[1]
+    ):
         raise ValueError(f"expected D (G, m, m) and k (G, m); got {tuple(D.shape)} and {tuple(k.shape)}")
     return _ChebyshevLeft.apply(D, k.to(D.dtype), tuple(float(c) for c in cheb), float(domain))

@@ -27,7 +27,7 @@ every ``needed`` node, as the protocol ships them all.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -36,13 +36,14 @@ from torch import nn
 
 from fedgat.approx import fit_score
 from fedgat.dp import FeatureDP
-from fedgat.encodings import VARIANTS, encode, encoding_size
+from fedgat.encodings import as_variant, encode, encoding_size
 from fedgat.federated import Client, LocalTask, Server, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
 from fedgat.graph import CSR, Graph
 from fedgat.models import GAT, FedGAT
 from fedgat.partition import Partition, drop_cross_client, make_partition
 from fedgat.randomness import RandomSource
+from fedgat.tasks import owned_targets, support_tasks
 
 METHODS: tuple[str, ...] = ("fedgat", "distgat", "fedgcn", "gat", "gcn")
 CENTRALISED: tuple[str, ...] = ("gat", "gcn")
@@ -50,14 +51,35 @@ BYTES_PER_REAL = 4  # float32
 #: neighbour cap the matrix variant gets unless one is given (its encodings grow like sum n^2)
 MATRIX_DEFAULT_CAP = 16
 
-_TRAINING = {"rounds": 500, "patience": 100, "local_epochs": 1, "lr": 0.005, "weight_decay": 5e-4,
-             "fraction": 1.0, "mu": 0.0, "strategy": "fedavg", "client_lr": 1.0}
+_TRAINING = {
+    "rounds": 500,
+    "patience": 100,
+    "local_epochs": 1,
+    "lr": 0.005,
+    "weight_decay": 5e-4,
+    "fraction": 1.0,
+    "mu": 0.0,
+    "strategy": "fedavg",
+    "client_lr": 1.0,
+}
 _GAT = {"hidden": 8, "heads": 8, "dropout": 0.6}
 _GCN = {"hidden": 16, "dropout": 0.5, "lr": 0.01}
 _DEFAULTS: dict[str, dict] = {
-    "fedgat": {**_TRAINING, **_GAT, "variant": "vector", "feature_dropout": 0.6, "degree": 16,
-               "domain": 4.0, "psi": "leaky_relu", "fit": "interpolation", "neighbour_cap": "auto",
-               "min_cross": 2, "dp_epsilon": None, "dp_delta": 1e-5, "dp_dim": 64},
+    "fedgat": {
+        **_TRAINING,
+        **_GAT,
+        "variant": "vector",
+        "feature_dropout": 0.6,
+        "degree": 16,
+        "domain": 4.0,
+        "psi": "leaky_relu",
+        "fit": "interpolation",
+        "neighbour_cap": "auto",
+        "min_cross": 2,
+        "dp_epsilon": None,
+        "dp_delta": 1e-5,
+        "dp_dim": 64,
+    },
     "distgat": {**_TRAINING, **_GAT},
     "fedgcn": {**_TRAINING, **_GCN},
     "gat": {**_TRAINING, **_GAT},
@@ -97,10 +119,9 @@ def resolve_hparams(method: str, overrides: dict) -> dict:
     hp.update(overrides)
     strategy_from_hparams(hp)  # an unknown strategy, or mu with FedAdam, fails here, before any set-up
     if method == "fedgat":
-        if hp["variant"] not in VARIANTS:
-            raise ValueError(f"unknown FedGAT variant {hp['variant']!r}; choose one of {VARIANTS}")
+        variant = as_variant(hp["variant"])  # ValueError for an unknown name, listing the choices
         if hp["neighbour_cap"] == "auto":
-            hp["neighbour_cap"] = MATRIX_DEFAULT_CAP if hp["variant"] == "matrix" else None
+            hp["neighbour_cap"] = variant.default_neighbour_cap
     return hp
 
 
@@ -148,7 +169,7 @@ class Federation:
     """What a method's set-up produces: per-client ``(train, evaluation)`` tasks (the arguments of
     :class:`~fedgat.federated.Client`), a model factory and the pre-training traffic."""
 
-    tasks: list[tuple[LocalTask, LocalTask | list[LocalTask]]]
+    tasks: Sequence[tuple[LocalTask, LocalTask | Sequence[LocalTask]]]
     model_fn: Callable[[], nn.Module]
     pretrain_bytes: int
 
@@ -188,39 +209,59 @@ def run_method(
     initial = model.state_dict()
     strategy = strategy_from_hparams(hp, model)
     members = [
-        Client(i, fed.model_fn(), train, evaluation, lr=hp["lr"], weight_decay=hp["weight_decay"],
-               local_epochs=hp["local_epochs"], strategy=strategy)
+        Client(
+            i,
+            fed.model_fn(),
+            train,
+            evaluation,
+            lr=hp["lr"],
+            weight_decay=hp["weight_decay"],
+            local_epochs=hp["local_epochs"],
+            strategy=strategy.client,
+        )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]
-    server = Server(members, initial, strategy, fraction=hp["fraction"], seed=seed)
+    server = Server(members, initial, strategy.server, fraction=hp["fraction"], seed=seed)
     pretrain_seconds = time.perf_counter() - start
     start = time.perf_counter()
     fit = server.fit(hp["rounds"], hp["patience"], callback)
     return RunResult(
-        method=method, dataset=graph.name, num_clients=clients, beta=float(beta), seed=seed,
-        test_accuracy=fit.test_accuracy, best_val_accuracy=fit.best_val_accuracy,
-        best_round=fit.best_round, rounds=fit.rounds, pretrain_bytes=fed.pretrain_bytes,
-        pretrain_seconds=pretrain_seconds, train_seconds=time.perf_counter() - start,
-        hparams=hp, history=fit.history,
+        method=method,
+        dataset=graph.name,
+        num_clients=clients,
+        beta=float(beta),
+        seed=seed,
+        test_accuracy=fit.test_accuracy,
+        best_val_accuracy=fit.best_val_accuracy,
+        best_round=fit.best_round,
+        rounds=fit.rounds,
+        pretrain_bytes=fed.pretrain_bytes,
+        pretrain_seconds=pretrain_seconds,
+        train_seconds=time.perf_counter() - start,
+        hparams=hp,
+        history=fit.history,
     )
 
 
-def build_federation(method: str, graph: Graph, num_clients: int = 10, beta: float = 1.0, seed: int = 0,
-                     **hparams) -> Federation:
+def build_federation(
+    method: str, graph: Graph, num_clients: int = 10, beta: float = 1.0, seed: int = 0, **hparams
+) -> Federation:
     """The clients' pre-training data and model factory of ``method``, without training (what
     :func:`run_method` trains on; centralised methods get one client whatever ``num_clients``)."""
     hp = resolve_hparams(method, hparams)
     return _BUILDERS[method](graph, 1 if method in CENTRALISED else num_clients, beta, seed, hp)
 
 
-def pretrain_bytes(method: str, graph: Graph, num_clients: int = 10, beta: float = 1.0, seed: int = 0,
-                   **hparams) -> int:
+def pretrain_bytes(
+    method: str, graph: Graph, num_clients: int = 10, beta: float = 1.0, seed: int = 0, **hparams
+) -> int:
     """The float32 bytes ``method``'s pre-training round ships (summed over clients), without
     building the encodings or training; equals :attr:`RunResult.pretrain_bytes`."""
     hp = resolve_hparams(method, hparams)
     if method == "fedgat":
-        return _fedgat_bytes(_fedgat_partition(graph, num_clients, beta, seed, hp), hp["variant"],
-                             graph.num_features)
+        return _fedgat_bytes(
+            fedgat_partition(graph, num_clients, beta, seed, hp), hp["variant"], graph.num_features
+        )
     if method == "fedgcn":
         return _fedgcn_bytes(make_partition(graph, num_clients, beta, seed, min_cross=0), graph.num_features)
     return 0
@@ -235,7 +276,7 @@ def _build_fedgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: di
     With ``dp_epsilon`` set, a client's encodings use its own nodes' clean (projected) features and
     every other node's DP release (:mod:`fedgat.dp`).
     """
-    part = _fedgat_partition(graph, num_clients, beta, seed, hp)
+    part = fedgat_partition(graph, num_clients, beta, seed, hp)
     nbh = part.neighbourhoods
     bases = RandomSource.from_seed(f"fedgat-bases:{seed}")
     x, shared = graph.x, None
@@ -244,17 +285,20 @@ def _build_fedgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: di
         x, shared = dp.project(graph.x), dp.release(graph.x, torch.Generator().manual_seed(seed))
 
     def inputs(nodes: np.ndarray, edges: torch.Tensor, client: int) -> tuple:
-        enc = encode(hp["variant"], x, nbh, nodes=nodes, rng=bases, shared_x=shared,
-                     owner=part.owner if shared is not None else None, viewer=client)
+        enc = encode(
+            hp["variant"],
+            x,
+            nbh,
+            nodes=nodes,
+            rng=bases,
+            shared_x=shared,
+            owner=part.owner if shared is not None else None,
+            viewer=client,
+        )
         return enc.compact().factorise(), edges
 
-    tasks = _support_tasks(graph, part, inputs)
-    score = fit_score(hp["psi"], hp["degree"], hp["domain"], hp["fit"])
-
-    def model_fn() -> nn.Module:
-        return FedGAT(x.shape[1], graph.num_classes, hidden=hp["hidden"], heads=hp["heads"],
-                      dropout=hp["dropout"], feature_dropout=hp["feature_dropout"], score=score)
-
+    tasks = support_tasks(graph, part, inputs)
+    model_fn = fedgat_model_fn(x.shape[1], graph.num_classes, hp)
     return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]))
 
 
@@ -268,7 +312,7 @@ def _build_distgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: d
         local[cp.owned] = np.arange(len(cp.owned))
         src, dst = _incoming_edges(csr, cp.owned)
         edges = torch.from_numpy(np.stack([local[src], local[dst]]))
-        task = LocalTask((graph.x[cp.owned], edges), _owned_targets(graph, cp.owned))
+        task = LocalTask((graph.x[cp.owned], edges), owned_targets(graph, cp.owned))
         tasks.append((task, task))
     return Federation(tasks, _gat_factory(graph, hp), 0)
 
@@ -289,7 +333,7 @@ def _build_fedgcn(graph: Graph, num_clients: int, beta: float, seed: int, hp: di
         glob = torch.from_numpy(nodes)[edges]
         return ax[nodes], edges, inv_sqrt_deg[glob[0]] * inv_sqrt_deg[glob[1]]
 
-    tasks = _support_tasks(graph, part, inputs)
+    tasks = support_tasks(graph, part, inputs)
 
     def model_fn() -> nn.Module:
         return PrecomputedGCN(graph.num_features, graph.num_classes, hp["hidden"], hp["dropout"])
@@ -301,13 +345,13 @@ def _build_gat(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict)
     """Centralised GAT: one client holding the whole graph."""
     everyone = np.arange(graph.num_nodes)
     edges = graph.neighbourhoods(self_loops=True).to_edge_index()
-    task = LocalTask((graph.x, edges), _owned_targets(graph, everyone))
+    task = LocalTask((graph.x, edges), owned_targets(graph, everyone))
     return Federation([(task, task)], _gat_factory(graph, hp), 0)
 
 
 def _build_gcn(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Federation:
     """Centralised GCN: one client holding the whole graph."""
-    task = LocalTask((graph.x, graph.edge_index), _owned_targets(graph, np.arange(graph.num_nodes)))
+    task = LocalTask((graph.x, graph.edge_index), owned_targets(graph, np.arange(graph.num_nodes)))
 
     def model_fn() -> nn.Module:
         return GCN(graph.num_features, graph.num_classes, hp["hidden"], hp["dropout"])
@@ -315,8 +359,13 @@ def _build_gcn(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict)
     return Federation([(task, task)], model_fn, 0)
 
 
-_BUILDERS = {"fedgat": _build_fedgat, "distgat": _build_distgat, "fedgcn": _build_fedgcn,
-             "gat": _build_gat, "gcn": _build_gcn}
+_BUILDERS = {
+    "fedgat": _build_fedgat,
+    "distgat": _build_distgat,
+    "fedgcn": _build_fedgcn,
+    "gat": _build_gat,
+    "gcn": _build_gcn,
+}
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -327,9 +376,38 @@ def _check_method(method: str) -> None:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
 
 
-def _fedgat_partition(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Partition:
-    return make_partition(graph, num_clients, beta, seed, num_layers=2, min_cross=hp["min_cross"],
-                          neighbour_cap=hp["neighbour_cap"])
+def fedgat_partition(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Partition:
+    """FedGAT's 2-layer Dirichlet split ``(num_clients, beta, seed)`` with the ``min_cross`` and
+    ``neighbour_cap`` of resolved hyper-parameters ``hp`` (:func:`resolve_hparams`); every FedGAT
+    engine splits this way (:func:`fedgat.pipeline.run_encrypted_fedgat`, the Flower apps)."""
+    return make_partition(
+        graph,
+        num_clients,
+        beta,
+        seed,
+        num_layers=2,
+        min_cross=hp["min_cross"],
+        neighbour_cap=hp["neighbour_cap"],
+    )
+
+
+def fedgat_model_fn(num_features: int, num_classes: int, hp: dict) -> Callable[[], nn.Module]:
+    """A factory of FedGAT models (:class:`fedgat.models.FedGAT`) for resolved hyper-parameters ``hp``:
+    each call draws a fresh model from torch's global generator."""
+    score = fit_score(hp["psi"], hp["degree"], hp["domain"], hp["fit"])
+
+    def model_fn() -> nn.Module:
+        return FedGAT(
+            num_features,
+            num_classes,
+            hidden=hp["hidden"],
+            heads=hp["heads"],
+            dropout=hp["dropout"],
+            feature_dropout=hp["feature_dropout"],
+            score=score,
+        )
+
+    return model_fn
 
 
 def _fedgat_bytes(part: Partition, variant: str, num_features: int) -> int:
@@ -346,19 +424,15 @@ def _fedgcn_bytes(part: Partition, num_features: int) -> int:
 
 def _gat_factory(graph: Graph, hp: dict) -> Callable[[], nn.Module]:
     def model_fn() -> nn.Module:
-        return GAT(graph.num_features, graph.num_classes, hidden=hp["hidden"], heads=hp["heads"],
-                   dropout=hp["dropout"])
+        return GAT(
+            graph.num_features,
+            graph.num_classes,
+            hidden=hp["hidden"],
+            heads=hp["heads"],
+            dropout=hp["dropout"],
+        )
 
     return model_fn
-
-
-def _owned_targets(graph: Graph, owned: np.ndarray) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Targets of all three splits for a task whose first ``len(owned)`` rows are the sorted ``owned``."""
-    targets = {}
-    for split in ("train", "val", "test"):
-        nodes = owned[getattr(graph, f"{split}_mask").numpy()[owned]]
-        targets[split] = (torch.from_numpy(np.searchsorted(owned, nodes)), graph.y[nodes])
-    return targets
 
 
 def _incoming_edges(csr: CSR, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -366,49 +440,3 @@ def _incoming_edges(csr: CSR, targets: np.ndarray) -> tuple[np.ndarray, np.ndarr
     sizes = csr.degrees()[targets]
     starts = np.repeat(csr.indptr[targets] - np.cumsum(sizes) + sizes, sizes)
     return csr.indices[starts + np.arange(sizes.sum())], np.repeat(targets, sizes)
-
-
-def _support_tasks(
-    graph: Graph, part: Partition, inputs: Callable[[np.ndarray, torch.Tensor], tuple]
-) -> list[tuple[LocalTask, list[LocalTask]]]:
-    """Per client: a training task over the support of its training nodes and one evaluation task
-    each over the supports of its validation and test nodes (see :func:`_restrict`);
-    ``inputs(nodes, edges, client)`` builds the model inputs from the support's global ids ``(S,)``,
-    the ``(2, E')`` local edges and the client's index."""
-    tasks = []
-    for cid, cp in enumerate(part.clients):
-        needed, edges = part.local_subgraph(cid)
-        rows = {s: r.numpy() for s, (r, _) in _owned_targets(graph, cp.owned).items()}
-        split_tasks = []
-        for split in ("train", "val", "test"):
-            support, sub, targets = _restrict(graph, needed, edges, {split: rows[split]})
-            split_tasks.append(LocalTask(inputs(needed[support], sub, cid) if len(support) else (), targets))
-        tasks.append((split_tasks[0], split_tasks[1:]))
-    return tasks
-
-
-def _restrict(
-    graph: Graph, needed: np.ndarray, edges: torch.Tensor, splits: dict[str, np.ndarray]
-) -> tuple[np.ndarray, torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """The part of a client's local graph that a 2-layer model with a node-local first layer (FedGAT,
-    FedGCN's pre-computed layer) needs to score some of its owned nodes.
-
-    Args:
-        needed: the client's needed global ids; ``edges`` ``(2, E)`` positions in ``needed`` (edges
-            into owned nodes, self-loops included), from :meth:`Partition.local_subgraph`.
-        splits: split name -> ``(T,)`` target positions in ``needed`` (owned nodes).
-
-    Returns:
-        ``(support, sub_edges, targets)``: sorted positions in ``needed`` of the targets and their
-        in-neighbours (``(S,)``); the ``(2, E')`` edges into the targets as positions in ``support``;
-        split -> ``(rows in support, labels)``.
-    """
-    rows = np.concatenate(list(splits.values()))
-    is_target = np.zeros(len(needed), dtype=bool)
-    is_target[rows] = True
-    sub = edges[:, torch.from_numpy(is_target)[edges[1]]].numpy()
-    support = np.union1d(sub[0], rows)
-    local = np.full(len(needed), -1, dtype=np.int64)
-    local[support] = np.arange(len(support))
-    targets = {s: (torch.from_numpy(local[r]), graph.y[needed[r]]) for s, r in splits.items()}
-    return support, torch.from_numpy(local[sub]), targets

@@ -40,10 +40,12 @@ class FedGAT(nn.Module):
     ) -> None:
         super().__init__()
         self.dropout = dropout
-        self.conv1 = FedGATConv(in_channels, hidden, heads=heads, concat=True, score=score,
-                                feature_dropout=feature_dropout)
-        self.conv2 = GATConv(hidden * heads, num_classes, heads=out_heads, concat=False,
-                             dropout=dropout, add_self_loops=False)
+        self.conv1 = FedGATConv(
+            in_channels, hidden, heads=heads, concat=True, score=score, feature_dropout=feature_dropout
+        )
+        self.conv2 = GATConv(
+            hidden * heads, num_classes, heads=out_heads, concat=False, dropout=dropout, add_self_loops=False
+        )
 
     def forward(self, encodings: Encodings, edge_index: torch.Tensor) -> torch.Tensor:
         h = F.elu(self.conv1(encodings))
@@ -57,13 +59,21 @@ class GAT(nn.Module):
     ``forward(x, edge_index)`` with ``edge_index`` already holding self-loops.
     """
 
-    def __init__(self, in_channels: int, num_classes: int, hidden: int = 8, heads: int = 8,
-                 out_heads: int = 1, dropout: float = 0.6) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        hidden: int = 8,
+        heads: int = 8,
+        out_heads: int = 1,
+        dropout: float = 0.6,
+    ) -> None:
         super().__init__()
         self.dropout = dropout
         self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout, add_self_loops=False)
-        self.conv2 = GATConv(hidden * heads, num_classes, heads=out_heads, concat=False,
-                             dropout=dropout, add_self_loops=False)
+        self.conv2 = GATConv(
+            hidden * heads, num_classes, heads=out_heads, concat=False, dropout=dropout, add_self_loops=False
+        )
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         x = F.dropout(x, p=self.dropout, training=self.training)

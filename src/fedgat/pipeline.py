@@ -10,6 +10,14 @@ r"""The whole FedGAT pipeline through the protocol state machines, plus its plai
   :mod:`fedgat.federated`) through the FedAvg state machines of :mod:`fedgat.protocols.fedavg`.
 * :func:`run_encrypted_fedgat` -- both.
 
+The parties each run drives are assembled by :mod:`fedgat.app`
+(:func:`~fedgat.app.build_pretrain_parties`, :func:`~fedgat.app.build_training_parties`), which
+also summarises a run (:func:`~fedgat.app.run_summary`, the results' ``summary()``). Importable from
+here too: :class:`~fedgat.app.Deployment`, :func:`~fedgat.app.make_deployment`,
+:class:`~fedgat.app.PretrainParties`, :func:`~fedgat.app.build_pretrain_parties`,
+:func:`~fedgat.tasks.select_nodes`, :data:`~fedgat.tasks.COMPACT_TOLERANCE` and
+:func:`~fedgat.estimate.estimate_pretraining` (the round's cost without running it).
+
 Phase times are charged by the parties themselves (:attr:`fedgat.protocols.party.Party.timings`):
 ``keygen`` (key generation, wrapping, unwrapping, key messages), ``encrypt``, ``upload`` (framing,
 signatures, the server's checks and spooling), ``server_compute``, ``download`` (framing and checks
@@ -19,7 +27,6 @@ here, so the phases add up to the wall time of the round (minus the driver's que
 
 from __future__ import annotations
 
-import secrets
 import sys
 import time
 from collections.abc import Mapping
@@ -29,40 +36,38 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedgat.approx import fit_score
+from fedgat.app import (
+    Deployment,
+    PretrainParties,
+    bases_rng,
+    build_pretrain_parties,
+    build_training_parties,
+    make_deployment,
+    release_rng,
+    run_summary,
+)
 from fedgat.crypto import SlotLayout
 from fedgat.dp import FeatureDP
-from fedgat.encodings import BucketBases, EncodingBucket, Encodings, draw_bases, encode_bucket
-from fedgat.federated import Client, FitResult, LocalTask, strategy_from_hparams
+from fedgat.encodings import Encodings, draw_bases, encode_bucket
+from fedgat.estimate import estimate_pretraining
+from fedgat.federated import FitResult
 from fedgat.graph import Graph
-from fedgat.methods import _owned_targets, _restrict, resolve_hparams
-from fedgat.models import FedGAT
-from fedgat.partition import Partition, make_partition
-from fedgat.protocols import (
-    ClientPretrain,
-    ClientRounds,
-    DealerSide,
-    Delivery,
-    Identity,
-    InProcessTransport,
-    Party,
-    PretrainConfig,
-    Roster,
-    ServerPretrain,
-    ServerRounds,
-    Transport,
-    run_parties,
-)
+from fedgat.methods import fedgat_partition, resolve_hparams
+from fedgat.partition import Partition
+from fedgat.protocols import Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, FeatureUpload, peek_type
-from fedgat.protocols.pretrain import client_bucket_views, needed_from_neighbourhoods
-from fedgat.randomness import RandomSource
+from fedgat.protocols.pretrain import ServerState, client_bucket_views, needed_from_neighbourhoods
+from fedgat.tasks import COMPACT_TOLERANCE, select_nodes
 
 __all__ = [
+    "COMPACT_TOLERANCE",
+    "PHASES",
     "Deployment",
     "FedGATRun",
     "PretrainParties",
     "PretrainResult",
+    "TrainingResult",
     "build_pretrain_parties",
     "dp_features",
     "drive",
@@ -72,13 +77,11 @@ __all__ = [
     "run_encrypted_fedgat",
     "run_encrypted_pretraining",
     "run_plaintext_pretraining",
+    "select_nodes",
     "train_fedgat",
 ]
 
 PHASES = ("keygen", "encrypt", "upload", "server_compute", "download", "decrypt")
-#: columns whose decrypted encodings stay below this are dropped when compacting for training
-#: (CKKS noise is ~1e-7 per value at n4096, bound ~1e-6; real entries are >= ~1e-3 on Cora)
-COMPACT_TOLERANCE = 1e-5
 
 
 def drive(transport: Transport, parties: Mapping[int, Party], observer: Observer | None = None) -> int:
@@ -91,17 +94,9 @@ def drive(transport: Transport, parties: Mapping[int, Party], observer: Observer
     return run_parties(transport, parties, observer=observer)
 
 
-def _bases_rng(seed: int | str | None) -> RandomSource:
-    """The server's basis randomness: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
-    return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-pretrain-bases:{seed}")
-
-
-def _release_rng(seed: int | str | None, client: int) -> RandomSource:
-    """Client ``client``'s DP release noise: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
-    return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-dp-release:{seed}:{client}")
-
-
-def dp_features(graph: Graph, partition: Partition, dp: FeatureDP, seed: int | str) -> tuple[torch.Tensor, torch.Tensor]:
+def dp_features(
+    graph: Graph, partition: Partition, dp: FeatureDP, seed: int | str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clean, release)`` float64 ``(N, k)``: every node's projected features and the DP release its
     owner draws in :func:`run_encrypted_pretraining` with the same ``seed`` (the plaintext reference
     of what each client uploads; :meth:`fedgat.dp.FeatureDP.release_rows`)."""
@@ -109,95 +104,8 @@ def dp_features(graph: Graph, partition: Partition, dp: FeatureDP, seed: int | s
     k = dp.projected_dim(x.shape[1])
     clean, release = np.zeros((len(x), k)), np.zeros((len(x), k))
     for c, cp in enumerate(partition.clients):
-        clean[cp.owned], release[cp.owned] = dp.release_rows(x[cp.owned], _release_rng(seed, c))
+        clean[cp.owned], release[cp.owned] = dp.release_rows(x[cp.owned], release_rng(seed, c))
     return torch.from_numpy(clean), torch.from_numpy(release)
-
-
-# ----------------------------------------------------------------------------------- deployment
-@dataclass
-class Deployment:
-    """Party ids, private identities and the pinned roster of one federation.
-
-    Clients ``0..K-1`` are party ids ``0..K-1``; the server is party ``K``; the dealer is client 0
-    unless chosen otherwise. In a real deployment each party holds only its own :class:`Identity`.
-    """
-
-    roster: Roster
-    identities: dict[int, Identity] = field(repr=False)
-
-    @property
-    def server(self) -> int:
-        return self.roster.server
-
-    @property
-    def clients(self) -> tuple[int, ...]:
-        return self.roster.clients
-
-
-def make_deployment(num_clients: int, dealer: int = 0) -> Deployment:
-    """Fresh Ed25519/X25519 identities for ``num_clients`` clients and a server, and their roster."""
-    identities = {c: Identity.generate(client=True) for c in range(num_clients)}
-    identities[num_clients] = Identity.generate(client=False)
-    roster = Roster(server=num_clients, dealer=dealer, clients=tuple(range(num_clients)),
-                    signing_keys={pid: ident.signer.public_bytes() for pid, ident in identities.items()})
-    return Deployment(roster, identities)
-
-
-@dataclass
-class PretrainParties:
-    """The state machines of one pre-training round."""
-
-    deployment: Deployment
-    config: PretrainConfig
-    server: ServerPretrain
-    clients: dict[int, ClientPretrain]
-
-    def all(self) -> dict[int, ClientPretrain | ServerPretrain]:
-        return {**self.clients, self.server.party_id: self.server}
-
-
-def _owned_neighbourhoods(partition: Partition, owned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    nbh = partition.neighbourhoods
-    sizes = nbh.degrees()[owned]
-    indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    indices = (np.concatenate([nbh.row(int(i)) for i in owned]) if len(owned)
-               else np.zeros(0, np.int64)).astype(np.int64)
-    return indptr, indices
-
-
-def build_pretrain_parties(graph: Graph, partition: Partition, *, variant: str = "vector",
-                           preset: str = "n4096", seed: int | None = None, session: int | None = None,
-                           deployment: Deployment | None = None, chunks: int | None = None,
-                           dtype: torch.dtype = torch.float64, upload_batch: int = 32,
-                           result_batch_bytes: int = 16 << 20, workers: int | None = None,
-                           spool_dir: str | None = None, dp: FeatureDP | None = None) -> PretrainParties:
-    """Build the server, the dealer and the clients of a pre-training round for ``partition``.
-
-    ``dp``: the DP release of shared features (``PretrainConfig.dp``); each client draws its release
-    noise from a CSPRNG, or, with ``seed``, from a stream seeded with it (tests, plaintext twin)."""
-    if partition.num_layers != 2:
-        raise ValueError("the pre-training protocol ships the 1-hop expansion: build the partition "
-                         "with num_layers=2")
-    deployment = deployment or make_deployment(partition.num_clients)
-    config = PretrainConfig(session=secrets.randbits(63) if session is None else session, variant=variant,
-                            preset=preset, chunks=chunks, dp=dp)
-    roster = deployment.roster
-    server = ServerPretrain(roster.server, roster, config, deployment.identities[roster.server],
-                            bases_rng=_bases_rng(seed), result_batch_bytes=result_batch_bytes,
-                            workers=workers, spool_dir=spool_dir)
-    x = graph.x.numpy()
-    clients: dict[int, ClientPretrain] = {}
-    for c in roster.clients:
-        cp = partition.clients[c]
-        if len(cp.owned) == 0:
-            raise ValueError(f"client {c} owns no node; use fewer clients")
-        indptr, indices = _owned_neighbourhoods(partition, cp.owned)
-        cls = DealerSide if c == roster.dealer else ClientPretrain
-        clients[c] = cls(c, roster, config, deployment.identities[c], owned=cp.owned,
-                         features=x[cp.owned], indptr=indptr, indices=indices, needed=cp.needed,
-                         dtype=dtype, upload_batch=upload_batch,
-                         release_rng=None if dp is None else _release_rng(seed, c))
-    return PretrainParties(deployment, config, server, clients)
 
 
 # ------------------------------------------------------------------------------------- results
@@ -259,21 +167,8 @@ class PretrainResult:
     server_compute_alone_cpu: tuple[float, float] = (0.0, 0.0)
 
     def summary(self) -> dict:
-        """Plain values for JSON."""
-        return {
-            "phases": {k: round(v, 3) for k, v in self.phases.items()},
-            "wall_seconds": round(self.wall_seconds, 3),
-            "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-            "messages_up": self.messages_up, "messages_down": self.messages_down,
-            "ciphertexts_up": self.ciphertexts_up, "ciphertexts_down": self.ciphertexts_down,
-            "result_ciphertexts": self.result_ciphertexts, "multiply_adds": self.multiply_adds,
-            "layout": {"d": self.layout.d, "slots": self.layout.slots, "chunks": self.layout.chunks,
-                       "blocks": self.layout.blocks},
-            "slot_utilisation": round(self.slot_utilisation, 4),
-            "result_slot_utilisation": round(self.result_slot_utilisation, 4),
-            "server_has_secret_key": self.server_has_secret_key,
-            "variant": self.variant, "preset": self.preset,
-        }
+        """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
+        return run_summary(self)
 
 
 class _Progress:
@@ -286,8 +181,12 @@ class _Progress:
         total = sum(len(c.owned) for c in parties.clients.values())
         self.upload = tqdm(total=total, desc="encrypt + upload", unit="node", **kw)
         self.compute: tqdm | None = None
-        self.decrypt = tqdm(total=sum(len(c.needed) for c in parties.clients.values()),
-                            desc="download + decrypt", unit="node", **kw)
+        self.decrypt = tqdm(
+            total=sum(len(c.needed) for c in parties.clients.values()),
+            desc="download + decrypt",
+            unit="node",
+            **kw,
+        )
         self._kw = kw
         self._computed = 0
         self.bytes = {"up": 0, "down": 0}
@@ -307,7 +206,9 @@ class _Progress:
             self.upload.update(sum(len(m.items) for m in out if isinstance(m, FeatureUpload)) // chunks)
         if event == "step" and party_id == server.party_id and self.enabled:
             if self.compute is None:
-                self.compute = tqdm(total=server.nodes_total, desc="server compute (HE)", unit="node", **self._kw)
+                self.compute = tqdm(
+                    total=server.nodes_total, desc="server compute (HE)", unit="node", **self._kw
+                )
             self.compute.update(server.nodes_computed - self._computed)
             self._computed = server.nodes_computed
 
@@ -317,13 +218,24 @@ class _Progress:
                 bar.close()
 
 
-def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str = "vector",
-                              preset: str = "n4096", seed: int | None = None,
-                              transport: Transport | None = None, progress: bool = True, *,
-                              deployment: Deployment | None = None, chunks: int | None = None,
-                              dtype: torch.dtype = torch.float64, workers: int | None = None,
-                              upload_batch: int = 32, result_batch_bytes: int = 16 << 20,
-                              dp: FeatureDP | None = None, measure_server_alone: bool = False) -> PretrainResult:
+def run_encrypted_pretraining(
+    graph: Graph,
+    partition: Partition,
+    variant: str = "vector",
+    preset: str = "n4096",
+    seed: int | None = None,
+    transport: Transport | None = None,
+    progress: bool = True,
+    *,
+    deployment: Deployment | None = None,
+    chunks: int | None = None,
+    dtype: torch.dtype = torch.float64,
+    workers: int | None = None,
+    upload_batch: int = 32,
+    result_batch_bytes: int = 16 << 20,
+    dp: FeatureDP | None = None,
+    measure_server_alone: bool = False,
+) -> PretrainResult:
     """Run the encrypted pre-training round (:mod:`fedgat.protocols.pretrain`) over ``transport``.
 
     Args:
@@ -347,17 +259,38 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
             (:meth:`ServerPretrain.replay_compute`) and report its wall time as
             ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
     """
-    parties = build_pretrain_parties(graph, partition, variant=variant, preset=preset, seed=seed,
-                                     deployment=deployment, chunks=chunks, dtype=dtype,
-                                     upload_batch=upload_batch, result_batch_bytes=result_batch_bytes,
-                                     workers=workers, dp=dp)
     transport = transport if transport is not None else InProcessTransport()
+    parties = build_pretrain_parties(
+        graph,
+        partition,
+        variant=variant,
+        preset=preset,
+        seed=seed,
+        deployment=deployment,
+        chunks=chunks,
+        dtype=dtype,
+        upload_batch=upload_batch,
+        result_batch_bytes=result_batch_bytes,
+        dp=dp,
+        encoder=transport.encoder_factory(workers),
+    )
     bars = _Progress(parties, progress)
     server = parties.server
     server.keep_encoder = measure_server_alone
+    marks: dict[str, float] = {}  # the server's compute span, read off the events (it reads no clock)
+
+    def observe(event: str, party_id: int, delivery: Delivery | None, out: list) -> None:
+        bars(event, party_id, delivery, out)
+        now = time.perf_counter()
+        if server.state is not ServerState.COLLECTING:
+            marks.setdefault("start", marks.get("last", now))  # before the event that began it
+            if server.done:
+                marks.setdefault("end", now)
+        marks["last"] = now
+
     start = time.perf_counter()
     try:
-        drive(transport, parties.all(), observer=bars)
+        drive(transport, parties.all(), observer=observe)
     except BaseException:
         server.close()
         raise
@@ -383,29 +316,47 @@ def run_encrypted_pretraining(graph: Graph, partition: Partition, variant: str =
     assert all(e is not None for e in encodings.values())
     return PretrainResult(
         encodings=encodings,  # type: ignore[arg-type]
-        phases=phases, wall_seconds=wall,
-        bytes_up=bars.bytes["up"], bytes_down=bars.bytes["down"],
-        messages_up=bars.messages["up"], messages_down=bars.messages["down"],
+        phases=phases,
+        wall_seconds=wall,
+        bytes_up=bars.bytes["up"],
+        bytes_down=bars.bytes["down"],
+        messages_up=bars.messages["up"],
+        messages_down=bars.messages["down"],
         ciphertexts_up=server.ciphertexts_received,
         ciphertexts_down=sum(c.ciphertexts_decrypted for c in parties.clients.values()),
-        result_ciphertexts=server.result_ciphertexts, multiply_adds=server.multiply_adds,
-        layout=layout, slot_utilisation=layout.utilisation(),
-        result_slot_utilisation=(server.result_rows * layout.d / (server.result_ciphertexts * layout.slots)
-                                 if server.result_ciphertexts else float("nan")),
-        server_has_secret_key=server.has_secret_key, variant=variant, preset=preset,
-        fingerprint=server.context.fingerprint(), session=parties.config.session,
-        deployment=parties.deployment, cpu_phases=cpu_phases, server_workers=server.workers,
-        server_compute_span=(server.compute_finished - server.compute_started
-                             if server.compute_started is not None and server.compute_finished is not None
-                             else float("nan")),
+        result_ciphertexts=server.result_ciphertexts,
+        multiply_adds=server.multiply_adds,
+        layout=layout,
+        slot_utilisation=layout.utilisation(),
+        result_slot_utilisation=(
+            server.result_rows * layout.d / (server.result_ciphertexts * layout.slots)
+            if server.result_ciphertexts
+            else float("nan")
+        ),
+        server_has_secret_key=server.has_secret_key,
+        variant=variant,
+        preset=preset,
+        fingerprint=server.context.fingerprint(),
+        session=parties.config.session,
+        deployment=parties.deployment,
+        cpu_phases=cpu_phases,
+        server_workers=server.workers,
+        server_compute_span=marks["end"] - marks["start"] if "end" in marks else float("nan"),
         server_compute_alone=replay.wall if replay is not None else float("nan"),
         server_compute_alone_cpu=(replay.cpu, replay.worker_cpu) if replay is not None else (0.0, 0.0),
     )
 
 
-def run_plaintext_pretraining(graph: Graph, partition: Partition, variant: str = "vector",
-                              seed: int | str = 0, *, dtype: torch.dtype = torch.float64,
-                              embed_factor: int = 1, dp: FeatureDP | None = None) -> dict[int, Encodings]:
+def run_plaintext_pretraining(
+    graph: Graph,
+    partition: Partition,
+    variant: str = "vector",
+    seed: int | str = 0,
+    *,
+    dtype: torch.dtype = torch.float64,
+    embed_factor: int = 1,
+    dp: FeatureDP | None = None,
+) -> dict[int, Encodings]:
     """The encodings every client would decrypt, computed in plaintext with the same bases as
     :func:`run_encrypted_pretraining` with the same ``seed`` (a seed is required) and ``dp`` (then
     with the same release noise, :func:`dp_features`: a client's own sources read the clean
@@ -413,22 +364,29 @@ def run_plaintext_pretraining(graph: Graph, partition: Partition, variant: str =
     if seed is None:
         raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
     nbh = partition.neighbourhoods
-    needed = {c: needed_from_neighbourhoods(cp.owned, np.concatenate([nbh.row(int(i)) for i in cp.owned]))
-              for c, cp in enumerate(partition.clients)}
+    needed = {
+        c: needed_from_neighbourhoods(cp.owned, np.concatenate([nbh.row(int(i)) for i in cp.owned]))
+        for c, cp in enumerate(partition.clients)
+    }
     for c, cp in enumerate(partition.clients):
         if not np.array_equal(needed[c], cp.needed):
             raise ValueError("partition.needed is not the 1-hop expansion of the owned nodes")
     nodes = np.unique(np.concatenate(list(needed.values())))
-    buckets = draw_bases(variant, nbh, nodes, _bases_rng(seed), embed_factor=embed_factor)
+    buckets = draw_bases(variant, nbh, nodes, bases_rng(seed), embed_factor=embed_factor)
     x, shared = graph.x.to(dtype), None
     if dp is not None:
         x, shared = (t.to(dtype) for t in dp_features(graph, partition, dp, seed))
     out = {}
     for c in range(partition.num_clients):
         views = [view for _, view in client_bucket_views(buckets, needed[c])]
-        out[c] = Encodings(variant, needed[c], [
-            encode_bucket(view, x, shared, None if dp is None else partition.owner[view.neighbours] != c)
-            for view in views])
+        out[c] = Encodings(
+            variant,
+            needed[c],
+            [
+                encode_bucket(view, x, shared, None if dp is None else partition.owner[view.neighbours] != c)
+                for view in views
+            ],
+        )
     return out
 
 
@@ -449,46 +407,6 @@ def max_abs_error(got: Mapping[int, Encodings], want: Mapping[int, Encodings]) -
 
 
 # ------------------------------------------------------------------------------------- training
-def select_nodes(enc: Encodings, positions: np.ndarray) -> Encodings:
-    """The encodings of ``enc.nodes[positions]`` (``positions`` sorted, distinct), rows renumbered."""
-    positions = np.asarray(positions, dtype=np.int64)
-    buckets = []
-    for b in enc.buckets:
-        keep = np.isin(b.bases.rows, positions)
-        if not keep.any():
-            continue
-        idx = np.flatnonzero(keep)
-        t = torch.from_numpy(idx)
-        bb = b.bases
-        bases = BucketBases(bb.variant, np.searchsorted(positions, bb.rows[idx]), bb.nodes[idx],
-                            bb.neighbours[idx], bb.p[idx], None if bb.q is None else bb.q[idx])
-        buckets.append(EncodingBucket(bases, b.h_self[t], b.K2[t], None if b.M2 is None else b.M2[t],
-                                      None if b.cols is None else b.cols[t]))
-    return Encodings(enc.variant, enc.nodes[positions], buckets)
-
-
-def _split_tasks(graph: Graph, partition: Partition, client: int, enc: Encodings,
-                 tol: float) -> tuple[LocalTask, list[LocalTask]]:
-    """A client's training task and its validation and test tasks, each over the 1-hop support of
-    its owned nodes of that split, built from its decrypted encodings of its ``needed`` nodes (the
-    task construction of :func:`fedgat.methods.run_method`, with received encodings instead of
-    locally built ones)."""
-    needed, edges = partition.local_subgraph(client)
-    rows = {s: r.numpy() for s, (r, _) in _owned_targets(graph, partition.clients[client].owned).items()}
-    tasks = []
-    for split in ("train", "val", "test"):
-        support, sub, targets = _restrict(graph, needed, edges, {split: rows[split]})
-        if len(support) == 0:
-            tasks.append(LocalTask((), targets))
-            continue
-        chosen = select_nodes(enc, support)
-        chosen = Encodings(chosen.variant, chosen.nodes, [
-            EncodingBucket(b.bases, b.h_self.float(), b.K2.float(), None if b.M2 is None else b.M2.float())
-            for b in chosen.buckets]).compact(tol).factorise()
-        tasks.append(LocalTask((chosen, sub), targets))
-    return tasks[0], tasks[1:]
-
-
 @dataclass
 class TrainingResult:
     """Outcome of :func:`train_fedgat`."""
@@ -500,46 +418,41 @@ class TrainingResult:
     messages: int
     hparams: dict
 
+    def summary(self) -> dict:
+        """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
+        return run_summary(training=self)
 
-def train_fedgat(graph: Graph, partition: Partition, encodings: Mapping[int, Encodings], *, seed: int = 0,
-                 deployment: Deployment | None = None, transport: Transport | None = None,
-                 fingerprint: bytes | None = None, progress: bool = True,
-                 compact_tol: float = COMPACT_TOLERANCE, **hparams) -> TrainingResult:
+
+def train_fedgat(
+    graph: Graph,
+    partition: Partition,
+    encodings: Mapping[int, Encodings],
+    *,
+    seed: int = 0,
+    deployment: Deployment | None = None,
+    transport: Transport | None = None,
+    fingerprint: bytes | None = None,
+    progress: bool = True,
+    compact_tol: float = COMPACT_TOLERANCE,
+    **hparams,
+) -> TrainingResult:
     """FedGAT training from the clients' (decrypted) encodings through the FedAvg protocol.
 
     Models, clients, seeds and rounds are those of :func:`fedgat.methods.run_method` for
     ``"fedgat"`` (hyper-parameters: :func:`fedgat.methods.default_hparams`); only the encodings come
     from the pre-training round instead of being built locally.
     """
-    hp = resolve_hparams("fedgat", hparams)
-    deployment = deployment or make_deployment(partition.num_clients)
-    roster = deployment.roster
-    tasks = []
-    for c in roster.clients:
-        if not np.array_equal(partition.clients[c].needed, encodings[c].nodes):
-            raise ValueError(f"client {c}'s encodings do not cover its needed nodes in order")
-        tasks.append(_split_tasks(graph, partition, c, encodings[c], compact_tol))
-    score = fit_score(hp["psi"], hp["degree"], hp["domain"], hp["fit"])
-    in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # projected with DP
-
-    def model_fn() -> torch.nn.Module:
-        return FedGAT(in_dim, graph.num_classes, hidden=hp["hidden"], heads=hp["heads"],
-                      dropout=hp["dropout"], feature_dropout=hp["feature_dropout"], score=score)
-
-    torch.manual_seed(seed)
-    model = model_fn()
-    initial = model.state_dict()
-    strategy = strategy_from_hparams(hp, model)
-    members = [Client(i, model_fn(), train, evaluation, lr=hp["lr"], weight_decay=hp["weight_decay"],
-                      local_epochs=hp["local_epochs"], strategy=strategy)
-               for i, (train, evaluation) in enumerate(tasks)]
-    session = secrets.randbits(63)
-    server = ServerRounds(roster.server, roster, session, deployment.identities[roster.server],
-                          initial_state=initial, rounds=hp["rounds"], patience=hp["patience"],
-                          strategy=strategy, fraction=hp["fraction"], seed=seed, fingerprint=fingerprint)
-    parties = {c: ClientRounds(c, roster, session, deployment.identities[c], client=members[c],
-                               strategy=strategy, fingerprint=fingerprint) for c in roster.clients}
-    parties[roster.server] = server  # type: ignore[assignment]
+    parties = build_training_parties(
+        graph,
+        partition,
+        encodings,
+        seed=seed,
+        deployment=deployment,
+        fingerprint=fingerprint,
+        compact_tol=compact_tol,
+        **hparams,
+    )
+    server, roster, hp = parties.server, parties.deployment.roster, parties.hparams
     transport = transport if transport is not None else InProcessTransport()
     traffic = {"up": 0, "down": 0, "messages": 0}
     bar = tqdm(total=hp["rounds"], desc="FedAvg rounds", unit="round", disable=not progress, file=sys.stderr)
@@ -551,17 +464,20 @@ def train_fedgat(graph: Graph, partition: Partition, encodings: Mapping[int, Enc
         if len(server.history) > bar.n:
             last = server.history[-1]
             bar.update(len(server.history) - bar.n)
-            bar.set_postfix(val=f"{last['val_accuracy']:.3f}", test_at_best_val=f"{server.best_test_accuracy:.3f}")
+            bar.set_postfix(
+                val=f"{last['val_accuracy']:.3f}", test_at_best_val=f"{server.best_test_accuracy:.3f}"
+            )
 
     start = time.perf_counter()
     try:
-        drive(transport, parties, observer=observe)
+        drive(transport, parties.all(), observer=observe)
     finally:
         bar.close()
     if server.result is None:
         raise RuntimeError(f"training did not complete: {server.abort_reason or server.state}")
-    return TrainingResult(server.result, time.perf_counter() - start, traffic["up"], traffic["down"],
-                          traffic["messages"], hp)
+    return TrainingResult(
+        server.result, time.perf_counter() - start, traffic["up"], traffic["down"], traffic["messages"], hp
+    )
 
 
 @dataclass
@@ -576,66 +492,66 @@ class FedGATRun:
     def test_accuracy(self) -> float:
         return self.training.fit.test_accuracy
 
+    def summary(self) -> dict:
+        """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
+        return run_summary(self.pretrain, self.training)
 
-def run_encrypted_fedgat(graph: Graph, num_clients: int = 10, beta: float = 1.0, seed: int = 0, *,
-                         variant: str = "vector", preset: str = "n4096", encrypted: bool = True,
-                         transport: Transport | None = None, progress: bool = True,
-                         workers: int | None = None, chunks: int | None = None, **hparams) -> FedGATRun:
+
+def run_encrypted_fedgat(
+    graph: Graph,
+    num_clients: int = 10,
+    beta: float = 1.0,
+    seed: int = 0,
+    *,
+    variant: str = "vector",
+    preset: str = "n4096",
+    encrypted: bool = True,
+    transport: Transport | None = None,
+    progress: bool = True,
+    workers: int | None = None,
+    chunks: int | None = None,
+    **hparams,
+) -> FedGATRun:
     """Encrypted pre-training (or, with ``encrypted=False``, its plaintext twin) and FedGAT training
     through the FedAvg protocol, for the Dirichlet split ``(num_clients, beta, seed)``. With the
     ``dp_epsilon`` hyper-parameter (and ``dp_delta``, ``dp_dim``) the pre-training shares the DP
-    release (:class:`fedgat.dp.FeatureDP`, projection seeded by ``seed`` as in :mod:`fedgat.methods`)."""
+    release (:class:`fedgat.dp.FeatureDP`, projection seeded by ``seed`` as in :mod:`fedgat.methods`).
+    The split is :func:`fedgat.methods.fedgat_partition`'s."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
-    dp = (FeatureDP(hp["dp_epsilon"], hp["dp_delta"], hp["dp_dim"], seed=seed)
-          if hp["dp_epsilon"] is not None else None)
-    partition = make_partition(graph, num_clients, beta, seed, num_layers=2, min_cross=hp["min_cross"],
-                               neighbour_cap=hp["neighbour_cap"])
+    dp = (
+        FeatureDP(hp["dp_epsilon"], hp["dp_delta"], hp["dp_dim"], seed=seed)
+        if hp["dp_epsilon"] is not None
+        else None
+    )
+    partition = fedgat_partition(graph, num_clients, beta, seed, hp)
     deployment = make_deployment(num_clients)
     pre = None
     if encrypted:
-        pre = run_encrypted_pretraining(graph, partition, variant, preset, seed, transport, progress,
-                                        deployment=deployment, workers=workers, chunks=chunks, dp=dp)
+        pre = run_encrypted_pretraining(
+            graph,
+            partition,
+            variant,
+            preset,
+            seed,
+            transport,
+            progress,
+            deployment=deployment,
+            workers=workers,
+            chunks=chunks,
+            dp=dp,
+        )
         encodings, fingerprint = pre.encodings, pre.fingerprint
     else:
         encodings, fingerprint = run_plaintext_pretraining(graph, partition, variant, seed, dp=dp), None
-    training = train_fedgat(graph, partition, encodings, seed=seed, deployment=deployment, transport=transport,
-                            fingerprint=fingerprint, progress=progress, **hp)
+    training = train_fedgat(
+        graph,
+        partition,
+        encodings,
+        seed=seed,
+        deployment=deployment,
+        transport=transport,
+        fingerprint=fingerprint,
+        progress=progress,
+        **hp,
+    )
     return FedGATRun(pre, training, partition)
-
-
-def estimate_pretraining(partition: Partition, variant: str, d: int, preset: str = "n4096",
-                         chunks: int | None = None, seconds_per_multiply_add: float | None = None,
-                         ship_m2: bool = False) -> dict:
-    """Cost of the pre-training round without running it: multiply-adds, ciphertexts and bytes.
-
-    ``ship_m2``: cost the paper's protocol, whose server also computes and ships the matrix variant's
-    ``M2`` (this implementation's clients derive it from ``K2``).
-
-    Uses the dense coefficient structure of the bases (every computed row of node ``i`` uses all
-    ``n_i`` neighbours) and the preset's measured sizes and timings (:mod:`fedgat.crypto.params`).
-    ``decrypted_bytes_float64``: the clients' decrypted encodings together, before compaction.
-    """
-    from fedgat.crypto import get_preset
-
-    p = get_preset(preset)
-    cfg = PretrainConfig(session=0, variant=variant, preset=preset, chunks=chunks)
-    layout = cfg.layout(d, p.slots)
-    deg = partition.neighbourhoods.degrees()
-    n = deg.astype(np.int64)
-    rows = np.array([cfg.rows_per_node(int(k), ship_m2) for k in n])
-    groups = -(-(rows + 1) // layout.blocks)  # h_i is computed as result row 0
-    mads = int((groups * n).sum()) * layout.chunks
-    uses = np.zeros(partition.num_nodes, dtype=np.int64)
-    for cp in partition.clients:
-        uses[cp.needed] += 1
-    down_cts = int((groups * uses).sum()) * layout.chunks
-    held = np.array([cfg.rows_per_node(int(k), True) for k in n])  # M2 is held, shipped or derived
-    decrypted_reals = int(((1 + held) * uses).sum()) * d
-    per_mad = seconds_per_multiply_add if seconds_per_multiply_add is not None else {
-        4096: 0.55e-3, 8192: 1.2e-3, 16384: 2.4e-3}.get(p.poly_modulus_degree, 1e-3)
-    result_bytes = {4096: 55.7e3, 8192: 131.3e3, 16384: 262.4e3}.get(p.poly_modulus_degree, 1e5)
-    fresh_bytes = {4096: 103.6e3, 8192: 235.2e3, 16384: 460e3}.get(p.poly_modulus_degree, 2e5)
-    return {"multiply_adds": mads, "server_seconds": mads * per_mad, "result_ciphertexts_down": down_cts,
-            "bytes_down": down_cts * result_bytes, "bytes_up": partition.num_nodes * layout.chunks * fresh_bytes,
-            "layout_chunks": layout.chunks, "max_rows_per_node": int(rows.max()) if len(rows) else 0,
-            "decrypted_bytes_float64": decrypted_reals * 8}

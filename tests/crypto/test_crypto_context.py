@@ -6,6 +6,7 @@ import pickle
 import numpy as np
 import pytest
 import tenseal as ts
+
 from fedgat.crypto import (
     ContextFormatError,
     KeyHolderContext,
@@ -16,7 +17,7 @@ from fedgat.crypto import (
     deserialize,
     serialize,
 )
-from fedgat.crypto.context import _canonical_public_bytes
+from fedgat.crypto.context import canonical_public_bytes
 
 
 def test_server_context_is_public(holder, server) -> None:
@@ -84,14 +85,14 @@ def test_from_bytes_refuses_unknown_parameters() -> None:
     ctx = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[50, 30, 50])
     ctx.global_scale = 2.0**30
     with pytest.raises(ContextFormatError):
-        ServerContext.from_bytes(_canonical_public_bytes(ctx))
+        ServerContext.from_bytes(canonical_public_bytes(ctx))
 
 
 def test_from_bytes_refuses_inexact_scale(holder) -> None:
     ctx = ts.context_from(holder.public_context_bytes())
     ctx.global_scale = 2.0**37  # the customary power of two: results off by a relative 1e-6
     with pytest.raises(ContextFormatError, match="scale"):
-        ServerContext.from_bytes(_canonical_public_bytes(ctx))
+        ServerContext.from_bytes(canonical_public_bytes(ctx))
 
 
 def test_fingerprint(holder, server, other_holder) -> None:
@@ -104,7 +105,7 @@ def test_fingerprint(holder, server, other_holder) -> None:
     assert reloaded.fingerprint() == fp
     # canonical public serialisation is deterministic, also after a public reload
     assert (
-        _canonical_public_bytes(ts.context_from(holder.public_context_bytes()))
+        canonical_public_bytes(ts.context_from(holder.public_context_bytes()))
         == holder.public_context_bytes()
     )
 

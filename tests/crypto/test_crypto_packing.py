@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fedgat.crypto import SlotLayout
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedgat.crypto import SlotLayout
+
 
 @pytest.mark.parametrize(
-    "slots, chunks, blocks, utilisation",
-    [(2048, 3, 4, 0.9330), (4096, 3, 8, 0.9330), (8192, 2, 11, 0.9621)],
+    "slots, chunks, blocks, utilisation", [(2048, 3, 4, 0.9330), (4096, 3, 8, 0.9330), (8192, 2, 11, 0.9621)]
 )
 def test_cora_layouts(slots: int, chunks: int, blocks: int, utilisation: float) -> None:
     lay = SlotLayout.for_dimension(1433, slots)

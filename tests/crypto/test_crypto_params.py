@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fedgat.crypto import PRESETS, CkksPreset, PresetError, get_preset
 from fedgat.crypto.params import HE_STANDARD_MAX_LOG_Q_128, max_log_q_128
 

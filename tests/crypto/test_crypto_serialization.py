@@ -7,6 +7,9 @@ import hashlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fedgat.crypto import (
     CiphertextFormatError,
     CryptoError,
@@ -17,8 +20,6 @@ from fedgat.crypto import (
     serialize,
 )
 from fedgat.crypto.packing import load_tenseal_vector
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 _HEADER = 4 + 1 + 1 + 32 + 4
 
@@ -149,20 +150,20 @@ def test_other_key_same_parameters_is_silent_at_tenseal_level(holder, other_hold
 
 def test_tampered_proto_fields_rejected(server, blobs) -> None:
     """Fields TenSEAL trusts blindly (sizes > slots reads past the data; other scales) are refused."""
-    from fedgat.crypto import _wire
+    from fedgat.crypto import wire
 
     _, fresh, _ = blobs
     payload = fresh[_HEADER:-32]
-    fields = _wire.parse_fields(payload)
+    fields = wire.parse_fields(payload)
 
     def rebuild(fields) -> bytes:
         out = b""
-        for number, wire, value in fields:
-            key = _wire.encode_varint((number << 3) | wire)
-            if wire == _wire.WIRE_LEN:
-                out += key + _wire.encode_varint(len(value)) + value
-            elif wire == _wire.WIRE_VARINT:
-                out += key + _wire.encode_varint(value)
+        for number, kind, value in fields:
+            key = wire.encode_varint((number << 3) | kind)
+            if kind == wire.WIRE_LEN:
+                out += key + wire.encode_varint(len(value)) + value
+            elif kind == wire.WIRE_VARINT:
+                out += key + wire.encode_varint(value)
             else:
                 out += key + value
         return out
@@ -171,7 +172,7 @@ def test_tampered_proto_fields_rejected(server, blobs) -> None:
     import struct
 
     variants = {
-        "sizes": [(1, 2, _wire.encode_varint(server.slots + 64)) if f[0] == 1 else f for f in fields],
+        "sizes": [(1, 2, wire.encode_varint(server.slots + 64)) if f[0] == 1 else f for f in fields],
         "scale": [(3, 1, struct.pack("<d", 2.0**37)) if f[0] == 3 else f for f in fields],
         "two_cts": fields + [f for f in fields if f[0] == 2],
         "no_ct": [f for f in fields if f[0] != 2],

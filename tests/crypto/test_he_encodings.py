@@ -34,7 +34,9 @@ def test_encrypted_encodings_match_plaintext(keys, variant):
     for bases in draw_bases(variant, csr, nodes, rng=5):
         results = list(compute_bucket(server, layout, spool, bases))
         # every row is computed, h_i (row 0) included
-        assert all(len(r.row_blobs) == layout.groups(bases.num_feature_rows()) * layout.chunks for r in results)
+        assert all(
+            len(r.row_blobs) == layout.groups(bases.num_feature_rows()) * layout.chunks for r in results
+        )
         got = decrypt_bucket(holder, layout, bases, results, own_features=own, dtype=torch.float64)
         want = encode_bucket(bases, x)
         err = (got.features - want.features).abs().max().item()
@@ -67,7 +69,7 @@ def test_spool_rejects_duplicates_and_foreign_keys(keys):
 
 
 def test_parallel_encoder_matches_serial(keys):
-    from fedgat.crypto.encodings import ParallelEncoder
+    from fedgat.crypto.encoders import ProcessPoolEncoder as ParallelEncoder
 
     holder, server = keys
     csr = random_csr(16, 4, seed=41)
@@ -78,7 +80,9 @@ def test_parallel_encoder_matches_serial(keys):
         for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
             spool.put(node, chunk, blob)
     bases = draw_bases("vector", csr, np.arange(16), rng=3)
-    with ParallelEncoder(holder.public_context_bytes(), layout, spool, workers=2, chunksize=2, window=2) as enc:
+    with ParallelEncoder(
+        holder.public_context_bytes(), layout, spool, workers=2, chunksize=2, window=2
+    ) as enc:
         parallel = list(enc.map(bases))
         assert 1 <= enc.max_in_flight <= 2  # the bounded submission window
     serial = [r for b in bases for r in compute_bucket(server, layout, spool, b)]
@@ -94,7 +98,8 @@ def test_parallel_encoder_matches_serial(keys):
 def test_parallel_encoder_splits_large_nodes_into_group_pieces(keys):
     """A node above ``max_task_cost`` is computed as runs of whole result groups on the pool and
     reassembled in group order: the decryption equals the plaintext encodings."""
-    from fedgat.crypto.encodings import ParallelEncoder, _pieces
+    from fedgat.crypto.encoders import ProcessPoolEncoder as ParallelEncoder
+    from fedgat.crypto.tasks import pieces as task_pieces
 
     holder, server = keys
     d = 600  # 3 blocks per ciphertext: a node with 6 rows needs 2 groups
@@ -107,10 +112,11 @@ def test_parallel_encoder_splits_large_nodes_into_group_pieces(keys):
         for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
             spool.put(node, chunk, blob)
     bases = draw_bases("vector", csr, np.arange(10), rng=7)
-    pieces = list(_pieces(bases, layout.chunks, layout.blocks, max_cost=1))
+    pieces = list(task_pieces(bases, layout.chunks, layout.blocks, max_cost=1))
     assert len(pieces) > 10 and sum(p[3] for p in pieces) == 10  # split, one last piece per node
-    with ParallelEncoder(holder.public_context_bytes(), layout, spool, workers=1, chunksize=3,
-                         max_task_cost=1) as enc:
+    with ParallelEncoder(
+        holder.public_context_bytes(), layout, spool, workers=1, chunksize=3, max_task_cost=1
+    ) as enc:
         results = list(enc.map(bases))
     assert [r.node for r in results] == [int(n) for b in bases for n in b.nodes]
     it = iter(results)

@@ -38,12 +38,12 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
+from fedgat.app import build_pretrain_parties
 from fedgat.graph import Graph
 from fedgat.partition import Partition, make_partition
 from fedgat.pipeline import (
     PretrainResult,
     TrainingResult,
-    build_pretrain_parties,
     drive,
     max_abs_error,
     run_encrypted_pretraining,
@@ -53,8 +53,16 @@ from fedgat.pipeline import (
 from fedgat.protocols import InProcessTransport, SignatureError, Transport, Verifier
 from fedgat.synthetic import synthetic_graph
 
-__all__ = ["ENCODING_ATOL", "LOSS_RTOL", "Federation", "check_pretraining", "check_rejection",
-           "check_training", "federation", "reference"]
+__all__ = [
+    "ENCODING_ATOL",
+    "LOSS_RTOL",
+    "Federation",
+    "check_pretraining",
+    "check_rejection",
+    "check_training",
+    "federation",
+    "reference",
+]
 
 #: largest |difference| between two runs' decrypted encodings (CKKS noise ~1e-7 per value at n4096)
 ENCODING_ATOL = 1e-5
@@ -78,8 +86,14 @@ class Federation:
 @lru_cache(maxsize=4)
 def federation(num_nodes: int = 96, clients: int = 4, seed: int = 0) -> Federation:
     """A small synthetic federation in which every client owns nodes and has cross-client edges."""
-    graph = synthetic_graph(num_nodes=num_nodes, num_features=16, train_per_class=4,
-                            num_val=num_nodes // 5, num_test=num_nodes // 4, seed=seed)
+    graph = synthetic_graph(
+        num_nodes=num_nodes,
+        num_features=16,
+        train_per_class=4,
+        num_val=num_nodes // 5,
+        num_test=num_nodes // 4,
+        seed=seed,
+    )
     partition = make_partition(graph, clients, beta=1.0, seed=seed, num_layers=2)
     assert all(len(c.owned) for c in partition.clients), "a client owns no node: pick another seed"
     return Federation(graph, partition, seed)
@@ -109,14 +123,17 @@ def reference(fed: Federation) -> Reference:
     ref = _REFERENCES.get(id(fed))
     if ref is None:
         t_pre = InProcessTransport()
-        pre = run_encrypted_pretraining(fed.graph, fed.partition, seed=fed.seed, transport=t_pre,
-                                        progress=False, workers=0)
+        pre = run_encrypted_pretraining(
+            fed.graph, fed.partition, seed=fed.seed, transport=t_pre, progress=False, workers=0
+        )
         plain = run_plaintext_pretraining(fed.graph, fed.partition, seed=fed.seed)
         t_train = InProcessTransport()
-        training = train_fedgat(fed.graph, fed.partition, plain, seed=fed.seed, transport=t_train,
-                                progress=False, **TRAIN_HPARAMS)
-        ref = _REFERENCES[id(fed)] = Reference(pre, _message_counts(t_pre), plain, training,
-                                               _message_counts(t_train))
+        training = train_fedgat(
+            fed.graph, fed.partition, plain, seed=fed.seed, transport=t_train, progress=False, **TRAIN_HPARAMS
+        )
+        ref = _REFERENCES[id(fed)] = Reference(
+            pre, _message_counts(t_pre), plain, training, _message_counts(t_train)
+        )
     return ref
 
 
@@ -127,16 +144,23 @@ def _same_traffic(got: dict | None, want: dict | None) -> None:
     assert got == want, "messages per (sender, recipient, type) differ from the in-process transport"
 
 
-def check_pretraining(make_transport: MakeTransport, fed: Federation | None = None,
-                      **options) -> PretrainResult:
+def check_pretraining(
+    make_transport: MakeTransport, fed: Federation | None = None, **options
+) -> PretrainResult:
     """Encrypted pre-training over ``make_transport()`` equals the in-process round (see the module
     docstring). ``options`` go to :func:`~fedgat.pipeline.run_encrypted_pretraining`
     (default ``workers=0``). Returns the transport's result for engine-specific checks."""
     fed = fed or federation()
     ref = reference(fed)
     transport = make_transport()
-    got = run_encrypted_pretraining(fed.graph, fed.partition, seed=fed.seed, transport=transport,
-                                    progress=False, **{"workers": 0, **options})
+    got = run_encrypted_pretraining(
+        fed.graph,
+        fed.partition,
+        seed=fed.seed,
+        transport=transport,
+        progress=False,
+        **{"workers": 0, **options},
+    )
     want = ref.pretrain
     assert got.server_has_secret_key is False
     assert sorted(got.encodings) == sorted(want.encodings)
@@ -150,8 +174,14 @@ def check_pretraining(make_transport: MakeTransport, fed: Federation | None = No
                 assert (x is None and y is None) or np.array_equal(x, y), f"client {c}: other bases ({name})"
     assert max_abs_error(got.encodings, want.encodings) <= ENCODING_ATOL
     assert max_abs_error(got.encodings, ref.plaintext) <= ENCODING_ATOL
-    for field in ("ciphertexts_up", "ciphertexts_down", "result_ciphertexts", "multiply_adds",
-                  "messages_up", "messages_down"):
+    for field in (
+        "ciphertexts_up",
+        "ciphertexts_down",
+        "result_ciphertexts",
+        "multiply_adds",
+        "messages_up",
+        "messages_down",
+    ):
         assert getattr(got, field) == getattr(want, field), f"{field} differs"
     assert got.layout == want.layout
     _same_traffic(_message_counts(transport), ref.pretrain_traffic)
@@ -165,14 +195,22 @@ def check_training(make_transport: MakeTransport, fed: Federation | None = None)
     fed = fed or federation()
     ref = reference(fed)
     transport = make_transport()
-    got = train_fedgat(fed.graph, fed.partition, ref.plaintext, seed=fed.seed, transport=transport,
-                       progress=False, **TRAIN_HPARAMS)
+    got = train_fedgat(
+        fed.graph,
+        fed.partition,
+        ref.plaintext,
+        seed=fed.seed,
+        transport=transport,
+        progress=False,
+        **TRAIN_HPARAMS,
+    )
     want = ref.training
     assert got.fit.rounds == want.fit.rounds and got.fit.best_round == want.fit.best_round
     assert got.messages == want.messages
     assert got.fit.best_val_accuracy == want.fit.best_val_accuracy
     assert got.fit.test_accuracy == want.fit.test_accuracy or (
-        math.isnan(got.fit.test_accuracy) and math.isnan(want.fit.test_accuracy))
+        math.isnan(got.fit.test_accuracy) and math.isnan(want.fit.test_accuracy)
+    )
     for mine, theirs in zip(got.fit.history, want.fit.history, strict=True):
         assert mine.keys() == theirs.keys()
         assert mine["clients"] == theirs["clients"]

@@ -45,9 +45,17 @@ SEED = 0
 HPARAMS = {**TRAIN_HPARAMS, "rounds": 2}
 #: the run config of the conformance federation (:func:`.conformance.federation`)
 RUN_CONFIG = {
-    "num-clients": CLIENTS, "dataset": "synthetic", "synthetic-nodes": NODES, "synthetic-features": 16,
-    "synthetic-classes": 4, "synthetic-train-per-class": 4, "synthetic-seed": SEED, "seed": SEED,
-    "bases-seed": SEED, "hparams": json.dumps(HPARAMS), "round-timeout": 180.0,
+    "num-clients": CLIENTS,
+    "dataset": "synthetic",
+    "synthetic-nodes": NODES,
+    "synthetic-features": 16,
+    "synthetic-classes": 4,
+    "synthetic-train-per-class": 4,
+    "synthetic-seed": SEED,
+    "seed": SEED,
+    "bases-seed": SEED,
+    "hparams": json.dumps(HPARAMS),
+    "round-timeout": 180.0,
 }
 DEPLOYMENT_TIMEOUT = 780.0  # flwr run; one fresh ClientApp process per message is slow on a loaded machine
 
@@ -65,16 +73,24 @@ def training_reference(fed):
     from fedgat.protocols import GlobalModel, InProcessTransport, Transcript, decode_message
 
     transcript = Transcript()
-    result = train_fedgat(fed.graph, fed.partition, reference(fed).plaintext, seed=fed.seed,
-                          transport=InProcessTransport(transcript), progress=False, **HPARAMS)
+    result = train_fedgat(
+        fed.graph,
+        fed.partition,
+        reference(fed).plaintext,
+        seed=fed.seed,
+        transport=InProcessTransport(transcript),
+        progress=False,
+        **HPARAMS,
+    )
     last = [e for e in transcript if e.type_name == "GlobalModel"][-1]
     msg = decode_message(last.data)
     assert isinstance(msg, GlobalModel)
     return result, msg.arrays
 
 
-def check_flower_run(fed, training_reference, summary: dict, encodings: dict,
-                     final_weights: dict[str, np.ndarray]) -> None:
+def check_flower_run(
+    fed, training_reference, summary: dict, encodings: dict, final_weights: dict[str, np.ndarray]
+) -> None:
     """The checks of :func:`.conformance.check_pretraining` and :func:`.conformance.check_training`
     that apply to a run whose parties live in other processes (the engine hosts them itself)."""
     ref = reference(fed)
@@ -104,7 +120,8 @@ def check_flower_run(fed, training_reference, summary: dict, encodings: dict,
     assert summary["training"]["messages"] == training.messages
     assert summary["best_val_accuracy"] == fit.best_val_accuracy
     assert summary["test_accuracy"] == fit.test_accuracy or (
-        math.isnan(summary["test_accuracy"]) and math.isnan(fit.test_accuracy))
+        math.isnan(summary["test_accuracy"]) and math.isnan(fit.test_accuracy)
+    )
     for mine, theirs in zip(summary["history"], fit.history, strict=True):
         assert mine.keys() == theirs.keys()
         assert mine["clients"] == theirs["clients"]
@@ -138,8 +155,12 @@ class _InProcessGrid:
         from flwr.supercore.task_identity import TaskIdentity
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-        self.contexts = {100 + i: Context(run_id=1, node_id=100 + i, node_config=nc, state=RecordDict(),
-                                          run_config=run_config) for i, nc in enumerate(node_configs)}
+        self.contexts = {
+            100 + i: Context(
+                run_id=1, node_id=100 + i, node_config=nc, state=RecordDict(), run_config=run_config
+            )
+            for i, nc in enumerate(node_configs)
+        }
         self._replies: dict = {}
         self._count = 0
 
@@ -170,8 +191,10 @@ def test_grid_conforms(fed, training_reference, tmp_path):
     from fedgat.protocols.flower_app import FlowerRunConfig, run_server
 
     out = tmp_path / "out"
-    nodes = [{"partition-id": c, "num-partitions": CLIENTS, "output-dir": str(out / f"client{c}")}
-             for c in range(CLIENTS)]
+    nodes = [
+        {"partition-id": c, "num-partitions": CLIENTS, "output-dir": str(out / f"client{c}")}
+        for c in range(CLIENTS)
+    ]
     run_config = {**RUN_CONFIG, "output-dir": str(out / "server")}
     grid = _InProcessGrid(run_config, nodes)
     run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
@@ -201,11 +224,24 @@ def test_pinned_roster(tmp_path):
     write_roster(tmp_path / "forged.json", server=CLIENTS, dealer=0, signing_keys=forged)
 
     def run(client_roster: str) -> dict:
-        nodes = [{"partition-id": c, "num-partitions": CLIENTS, "identity": str(tmp_path / f"client{c}.json"),
-                  "roster": str(tmp_path / client_roster)} for c in range(CLIENTS)]
-        run_config = {**RUN_CONFIG, "hparams": json.dumps({**HPARAMS, "rounds": 1}),
-                      "roster": str(tmp_path / "roster.json"), "server-identity": str(tmp_path / "server.json")}
-        return run_server(_InProcessGrid(run_config, nodes), FlowerRunConfig.from_run_config(run_config)).summary
+        nodes = [
+            {
+                "partition-id": c,
+                "num-partitions": CLIENTS,
+                "identity": str(tmp_path / f"client{c}.json"),
+                "roster": str(tmp_path / client_roster),
+            }
+            for c in range(CLIENTS)
+        ]
+        run_config = {
+            **RUN_CONFIG,
+            "hparams": json.dumps({**HPARAMS, "rounds": 1}),
+            "roster": str(tmp_path / "roster.json"),
+            "server-identity": str(tmp_path / "server.json"),
+        }
+        return run_server(
+            _InProcessGrid(run_config, nodes), FlowerRunConfig.from_run_config(run_config)
+        ).summary
 
     summary = run("roster.json")
     assert summary["roster_pinned"] is True and summary["roster_fingerprint"] == good
@@ -251,37 +287,66 @@ class LocalDeployment:
         self.logs.mkdir(parents=True)
         home = root / "flwr-home"
         home.mkdir()
-        self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25", "PYTHONUNBUFFERED": "1",
-                    "FEDGAT_DATA": os.environ.get("FEDGAT_DATA", "")}
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
+            "PYTHONUNBUFFERED": "1",
+            "FEDGAT_DATA": os.environ.get("FEDGAT_DATA", ""),
+        }
         bindir = Path(sys.executable).parent
         self.env["PATH"] = f"{bindir}{os.pathsep}{self.env.get('PATH', '')}"
         self.bindir = bindir
         self.link_port, *self.node_ports = _free_ports(1 + clients)
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "fedgat-test"\n\n[superlink.fedgat-test]\n'
-            f'address = "127.0.0.1:{self.link_port}"\ninsecure = true\n')
+            f'address = "127.0.0.1:{self.link_port}"\ninsecure = true\n'
+        )
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(args, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         self.procs.append(proc)
         return proc
 
     def start(self) -> None:
-        link = self._spawn("superlink", [str(self.bindir / "flower-superlink"), "--insecure",
-                                         "--host", "127.0.0.1", "--port", str(self.link_port)])
+        link = self._spawn(
+            "superlink",
+            [
+                str(self.bindir / "flower-superlink"),
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.link_port),
+            ],
+        )
         _wait_port(self.link_port, link)
         out = self.root / "out"
         for c, port in enumerate(self.node_ports):
-            config = (f"partition-id={c} num-partitions={self.clients} "
-                      f"output-dir='{out / f'client{c}'}' state-dir='{self.root / f'state{c}'}'")
-            self._spawn(f"supernode{c}", [str(self.bindir / "flower-supernode"), "--insecure",
-                                          "--superlink", f"127.0.0.1:{self.link_port}",
-                                          "--host", "127.0.0.1", "--port", str(port),
-                                          "--node-config", config])
+            config = (
+                f"partition-id={c} num-partitions={self.clients} "
+                f"output-dir='{out / f'client{c}'}' state-dir='{self.root / f'state{c}'}'"
+            )
+            self._spawn(
+                f"supernode{c}",
+                [
+                    str(self.bindir / "flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.link_port}",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--node-config",
+                    config,
+                ],
+            )
 
     def run(self, run_config: dict, timeout: float) -> tuple[int | None, str]:
         """``flwr run`` of the repository's app on this deployment, streaming its logs until the run
@@ -289,10 +354,24 @@ class LocalDeployment:
         overrides = self.root / "run-config.toml"  # a file: values with spaces do not survive the CLI string
         overrides.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in run_config.items()))
         try:
-            done = subprocess.run([str(self.bindir / "flwr"), "run", str(REPO), "fedgat-test",
-                                   "--run-config", str(overrides), "--stream"], check=False, cwd=self.root,
-                                  env=self.env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            done = subprocess.run(
+                [
+                    str(self.bindir / "flwr"),
+                    "run",
+                    str(REPO),
+                    "fedgat-test",
+                    "--run-config",
+                    str(overrides),
+                    "--stream",
+                ],
+                check=False,
+                cwd=self.root,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             return None, out
@@ -344,11 +423,15 @@ def test_deployment_conforms(fed, training_reference, deployment):
     rc, output = deployment.run({**RUN_CONFIG, "output-dir": str(out / "server")}, DEPLOYMENT_TIMEOUT)
     elapsed = time.monotonic() - start
     summary_path = out / "server" / "summary.json"
-    assert summary_path.is_file(), (f"no summary after {elapsed:.0f} s (flwr run: exit status {rc})\n"
-                                    f"{output[-6000:]}\n{deployment.logs_tail()}")
+    assert summary_path.is_file(), (
+        f"no summary after {elapsed:.0f} s (flwr run: exit status {rc})\n"
+        f"{output[-6000:]}\n{deployment.logs_tail()}"
+    )
     summary, encodings, weights = _read_outputs(out)
     print("\n".join(line for line in output.splitlines() if "fedgat" in line))
-    print(f"flower deployment: {CLIENTS} clients, flwr run {elapsed:.1f} s, app {summary['wall_seconds']:.1f} s, "
-          f"{summary['pretrain']['exchanges']} + {summary['training']['exchanges']} exchanges")
+    print(
+        f"flower deployment: {CLIENTS} clients, flwr run {elapsed:.1f} s, app {summary['wall_seconds']:.1f} s, "
+        f"{summary['pretrain']['exchanges']} + {summary['training']['exchanges']} exchanges"
+    )
     assert summary["roster_pinned"] is False and len(summary["party_nodes"]) == CLIENTS
     check_flower_run(fed, training_reference, summary, encodings, weights)

@@ -8,17 +8,55 @@ import pytest
 pytest.importorskip("ray")
 
 from fedgat.protocols import Transcript
+from fedgat.protocols.party_values import PartyReport, error_from_value
 from fedgat.protocols.ray_engine import PartyHost, RayEngine, RayTransport
 
 from .conformance import check_pretraining, check_rejection, check_training, federation
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]  # generous: Ray start-up is slow on a loaded 2-core box
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.timeout(900),
+]  # generous: Ray start-up is slow on a loaded 2-core box
 
 
 def test_host_refuses_non_bytes():
     host = PartyHost(threads=None)
     reply = host.deliver([(0, 1, bytearray(b"x"))], step=False)
-    assert isinstance(reply["error"][1], TypeError)
+    assert reply["error"]["party"] == 1
+    assert isinstance(error_from_value(reply["error"]["exception"]), TypeError)
+
+
+def test_host_places_specs_and_reports_values(monkeypatch):
+    """A plain PartyHost: parties arrive as spec bytes, leave as report bytes, errors as values; no
+    pickle on the way (patched to raise)."""
+    import pickle
+
+    from fedgat.app import build_pretrain_parties
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle was used")
+
+    fed = federation()
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    specs = {pid: c.spec().to_bytes() for pid, c in parties.clients.items()}
+    for name in ("dumps", "loads", "dump", "load"):
+        monkeypatch.setattr(pickle, name, refuse)
+    host = PartyHost(threads=None)
+    wrong = host.place({1: specs[2]})
+    assert wrong["error"]["party"] == 1 and wrong["parties"] == []
+    placed = host.place({pid: specs[pid] for pid in (1, 2)})
+    assert placed == {"parties": [1, 2], "error": None}
+    started = host.start([1, 2])
+    assert started["error"] is None and [len(f) for f in started["frames"]] == [2, 2]  # key + graph
+    assert all(type(frame[2]) is bytes for frames in started["frames"] for frame in frames)
+    answer = host.report([1, 2])
+    assert answer["error"] is None and host.parties == {}
+    for pid, blob in answer["reports"].items():
+        report = PartyReport.from_bytes(blob)
+        assert (report.kind, report.party_id, report.state) == ("pretrain.client", pid, "await-key")
+        parties.clients[pid].absorb(report)
+        assert parties.clients[pid].state.value == "await-key"
+    assert host.report([7])["error"]["party"] == 7
 
 
 def test_engine_shuts_down_ray_it_started():
@@ -58,7 +96,9 @@ def test_pretraining_conforms(engine):
     assert transport.placement_seconds > 0
     # the server's homomorphic work ran as Ray tasks
     (encoder,) = transport.encoders
-    assert encoder.tasks_submitted > 0 and encoder.uploads_put == result.ciphertexts_up // result.layout.chunks
+    assert (
+        encoder.tasks_submitted > 0 and encoder.uploads_put == result.ciphertexts_up // result.layout.chunks
+    )
     assert encoder.max_in_flight <= encoder.window
     # hosted parties are dropped from the actors when the run ends
     assert [m["parties"] for m in engine.memory()] == [0, 0]
@@ -74,7 +114,7 @@ def test_rejection_surfaces_typed(engine):
 
 
 def test_secrets_stay_in_the_actor(engine):
-    """The copied-back clients carry their results but no key material."""
+    """The clients that absorbed their hosted twins' reports carry results but no key material."""
     from fedgat.pipeline import build_pretrain_parties, drive
 
     fed = federation()
@@ -92,15 +132,55 @@ def test_demo_and_train_cli_on_ray(engine, tmp_path, capsys):
     from fedgat.cli import main
 
     out = tmp_path / "demo.json"
-    assert main(["demo", "--dataset", "synthetic", "--nodes", "60", "--clients", "3", "--rounds", "2",
-                 "--patience", "2", "--engine", "ray", "--actors", "2", "--json", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--dataset",
+                "synthetic",
+                "--nodes",
+                "60",
+                "--clients",
+                "3",
+                "--rounds",
+                "2",
+                "--patience",
+                "2",
+                "--engine",
+                "ray",
+                "--actors",
+                "2",
+                "--json",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["engine"] == "ray" and report["actors"] == 2
     assert report["server_has_secret_key"] is False and report["max_abs_error_vs_plaintext"] <= 1e-5
     assert "engine ray: clients in 2 actor(s)" in capsys.readouterr().out
     out = tmp_path / "train.json"
-    assert main(["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--engine", "ray",
-                 "--json", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "synthetic",
+                "--clients",
+                "3",
+                "--rounds",
+                "2",
+                "--engine",
+                "ray",
+                "--json",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(out.read_text())
     assert summary["rows"][0]["rounds"] == 2 and 0.0 <= summary["test_accuracy_mean"] <= 1.0
     import ray

@@ -25,9 +25,12 @@ def test_unmitigated_audit_recovers_all_foreign_neighbours(graph):
 def test_each_mitigation_reduces_recovery(graph):
     base = audit_clients(graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(min_cross=1))
     rule = audit_clients(graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(min_cross=2))
-    cap = audit_clients(graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(min_cross=1, neighbour_cap=2))
-    dp = audit_clients(graph, "vector", num_clients=4, seed=0,
-                       mitigation=Mitigation(dp=FeatureDP(epsilon=1.0, dim=None)))
+    cap = audit_clients(
+        graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(min_cross=1, neighbour_cap=2)
+    )
+    dp = audit_clients(
+        graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(dp=FeatureDP(epsilon=1.0, dim=None))
+    )
     # the rule stops the sum attack; the cap shrinks the number of exposed neighbours; DP blinds all
     assert rule.scores["neighbour_sum"].recovered == 0 < base.scores["neighbour_sum"].recovered
     assert cap.scores["basis"].recovered < base.scores["basis"].recovered
@@ -39,14 +42,23 @@ def test_each_mitigation_reduces_recovery(graph):
 def _at_chance(score, null) -> bool:
     """Re-identification not above the null release's by more than 3 binomial standard errors."""
     p = null.reidentification_rate
-    return score.reidentification_rate <= p + 3 * (max(p, 1.0 / score.victims) * (1 - p) / score.victims) ** 0.5
+    return (
+        score.reidentification_rate <= p + 3 * (max(p, 1.0 / score.victims) * (1 - p) / score.victims) ** 0.5
+    )
 
 
 def test_null_release_defines_chance_and_dp_reaches_it(graph):
     def audit(eps, null):
         dp = None if eps is None else FeatureDP(epsilon=eps, dim=None)
-        return audit_clients(graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(min_cross=2, dp=dp),
-                             null_release=null).scores
+        return audit_clients(
+            graph,
+            "vector",
+            num_clients=4,
+            seed=0,
+            mitigation=Mitigation(min_cross=2, dp=dp),
+            null_release=null,
+        ).scores
+
     clear, clear_null = audit(None, False), audit(None, True)
     strong, strong_null = audit(1.0, False), audit(1.0, True)
     weak, weak_null = audit(256.0, False), audit(256.0, True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedgat.attacks import basis_attack, score_recovery
-from fedgat.dp import FeatureDP, _delta_for_sigma, analytic_gaussian_sigma, classic_gaussian_sigma
+from fedgat.dp import FeatureDP, analytic_gaussian_sigma, classic_gaussian_sigma, gaussian_delta
 from fedgat.encodings import encode
 from fedgat.partition import make_partition
 from fedgat.synthetic import synthetic_graph
@@ -16,8 +16,8 @@ from fedgat.synthetic import synthetic_graph
 @pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, 4.0, 16.0, 64.0, 1024.0, 1e5])
 def test_analytic_sigma_meets_delta_and_is_tight(epsilon):
     sigma = analytic_gaussian_sigma(epsilon, 1e-5)
-    assert _delta_for_sigma(sigma, epsilon, 2.0) <= 1e-5
-    assert _delta_for_sigma(sigma * 0.99, epsilon, 2.0) > 1e-5  # smallest such sigma
+    assert gaussian_delta(sigma, epsilon, 2.0) <= 1e-5
+    assert gaussian_delta(sigma * 0.99, epsilon, 2.0) > 1e-5  # smallest such sigma
     if epsilon < 1:
         assert sigma <= classic_gaussian_sigma(epsilon, 1e-5)
 
@@ -50,8 +50,16 @@ def test_dp_release_blinds_the_basis_attack():
         dp = FeatureDP(epsilon=eps or 1.0, dim=None)
         x = dp.project(graph.x).double()
         shared = x if eps is None else dp.release(graph.x, torch.Generator().manual_seed(1)).double()
-        enc = encode("vector", x, part.neighbourhoods, nodes=c.needed, rng=2,
-                     shared_x=shared, owner=part.owner, viewer=0)
+        enc = encode(
+            "vector",
+            x,
+            part.neighbourhoods,
+            nodes=c.needed,
+            rng=2,
+            shared_x=shared,
+            owner=part.owner,
+            viewer=0,
+        )
         score = score_recovery(basis_attack(enc), x.numpy(), victims, others)
         recovered[eps] = (score.recovered_fraction, score.reidentification_rate)
     assert recovered[None] == (1.0, 1.0)

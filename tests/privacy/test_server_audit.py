@@ -29,8 +29,9 @@ def run():
     sparse = dataclasses.replace(graph, x=torch.nn.functional.normalize(x, dim=1), _cache={})
     part = make_partition(sparse, 3, beta=1.0, seed=0)
     transcript = Transcript(keep_payloads=True)
-    result = run_encrypted_pretraining(sparse, part, "vector", seed=1, transport=InProcessTransport(transcript),
-                                       progress=False, workers=0)
+    result = run_encrypted_pretraining(
+        sparse, part, "vector", seed=1, transport=InProcessTransport(transcript), progress=False, workers=0
+    )
     return sparse, result, transcript
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from protocol_helpers import Harness
 
 from fedgat.partition import make_partition
 from fedgat.synthetic import synthetic_graph
+
+from protocol_helpers import Harness
 
 
 @pytest.fixture(scope="session")
@@ -26,4 +27,3 @@ def tiny_partition(tiny_graph):
 @pytest.fixture
 def harness(tiny_graph, tiny_partition):
     return Harness(tiny_graph, tiny_partition)
-

@@ -76,8 +76,14 @@ SESSION = 9
 class Federation:
     """Fresh FedAvg state machines over fixed identities (what a restarted process would build)."""
 
-    def __init__(self, rounds: int = 6, fraction: float = 0.67, patience: int | None = None,
-                 strategy_fn=None, **server_kw) -> None:
+    def __init__(
+        self,
+        rounds: int = 6,
+        fraction: float = 0.67,
+        patience: int | None = None,
+        strategy_fn=None,
+        **server_kw,
+    ) -> None:
         """``strategy_fn()`` makes a fresh strategy for every process built (default FedAvg)."""
         self.strategy_fn = strategy_fn
         self.dep = make_deployment(3)
@@ -87,8 +93,16 @@ class Federation:
 
     def server(self, initial: dict) -> ServerRounds:
         strategy = self.strategy_fn() if self.strategy_fn else None
-        return ServerRounds(self.sid, self.roster, SESSION, self.dep.identities[self.sid], initial_state=initial,
-                            seed=4, strategy=strategy, **self.kw)
+        return ServerRounds(
+            self.sid,
+            self.roster,
+            SESSION,
+            self.dep.identities[self.sid],
+            initial_state=initial,
+            seed=4,
+            strategy=strategy,
+            **self.kw,
+        )
 
     def members(self) -> tuple[list[Client], dict]:
         return small_clients(strategy=self.strategy_fn() if self.strategy_fn else None)
@@ -113,4 +127,6 @@ def same_history(a: list[dict], b: list[dict]) -> bool:
     def eq(x, y):
         return (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)) or x == y
 
-    return len(a) == len(b) and all(list(x) == list(y) and all(eq(x[k], y[k]) for k in x) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        list(x) == list(y) and all(eq(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )

@@ -13,8 +13,9 @@ class Harness:
 
     def __init__(self, graph, partition, variant: str = "vector", seed: int = 1, **build) -> None:
         self.graph, self.partition = graph, partition
-        self.parties: PretrainParties = build_pretrain_parties(graph, partition, variant=variant, seed=seed,
-                                                               **build)
+        self.parties: PretrainParties = build_pretrain_parties(
+            graph, partition, variant=variant, seed=seed, **build
+        )
         self.transport = InProcessTransport(Transcript())
         self.driver = Driver(self.transport, self.parties.all())
         self.roster = self.parties.deployment.roster
@@ -39,15 +40,27 @@ class Harness:
         self.driver.run(until=until)
         return self
 
-    def craft(self, sender: int, cls, recipient: int, *, seq: int | None = None, session: int | None = None,
-              fingerprint: bytes | None = None, **fields) -> bytes:
+    def craft(
+        self,
+        sender: int,
+        cls,
+        recipient: int,
+        *,
+        seq: int | None = None,
+        session: int | None = None,
+        fingerprint: bytes | None = None,
+        **fields,
+    ) -> bytes:
         """A frame signed by ``sender``'s real identity (what a misbehaving party could send)."""
         party = self.parties.all().get(sender)
-        msg = cls(sender=sender, recipient=recipient,
-                  session=self.parties.config.session if session is None else session,
-                  seq=self._next_seq() if seq is None else seq,
-                  fingerprint=(party.verifier.fingerprint or bytes(32)) if fingerprint is None else fingerprint,
-                  **fields)
+        msg = cls(
+            sender=sender,
+            recipient=recipient,
+            session=self.parties.config.session if session is None else session,
+            seq=self._next_seq() if seq is None else seq,
+            fingerprint=(party.verifier.fingerprint or bytes(32)) if fingerprint is None else fingerprint,
+            **fields,
+        )
         return encode_message(msg, self.parties.deployment.identities[sender].signer)
 
     def queued(self):

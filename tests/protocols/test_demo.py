@@ -9,12 +9,34 @@ from fedgat.cli import main
 
 def test_demo_writes_the_report(tmp_path, capsys):
     out = tmp_path / "demo.json"
-    code = main(["demo", "--dataset", "synthetic", "--nodes", "60", "--clients", "3", "--rounds", "3",
-                 "--patience", "3", "--json", str(out), "--quiet"])
+    code = main(
+        [
+            "demo",
+            "--dataset",
+            "synthetic",
+            "--nodes",
+            "60",
+            "--clients",
+            "3",
+            "--rounds",
+            "3",
+            "--patience",
+            "3",
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
-    for key in ("phases", "bytes_up", "bytes_down", "max_abs_error_vs_plaintext", "test_accuracy",
-                "server_has_secret_key"):
+    for key in (
+        "phases",
+        "bytes_up",
+        "bytes_down",
+        "max_abs_error_vs_plaintext",
+        "test_accuracy",
+        "server_has_secret_key",
+    ):
         assert key in report
     assert set(report["phases"]) >= {"keygen", "encrypt", "upload", "server_compute", "download", "decrypt"}
     assert report["server_has_secret_key"] is False

@@ -13,13 +13,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from fedgat.app import bases_rng, build_pretrain_parties
 from fedgat.crypto.encodings import RELEASE_OFFSET, plan_views
 from fedgat.crypto.packing import decrypt_rows
 from fedgat.dp import FeatureDP
 from fedgat.encodings import BucketBases, encode
 from fedgat.pipeline import (
-    _bases_rng,
-    build_pretrain_parties,
     dp_features,
     max_abs_error,
     run_encrypted_fedgat,
@@ -63,8 +62,18 @@ def reference(graph, partition, variant, viewer):
     """``encode(..., shared_x=release, owner=, viewer=)`` over the server's bases (drawn over all nodes
     with the same seed) and the release each owner drew."""
     clean, release = dp_features(graph, partition, DP, SEED)
-    return rows_by_node(encode(variant, clean, partition.neighbourhoods, nodes=np.arange(graph.num_nodes),
-                               rng=_bases_rng(SEED), shared_x=release, owner=partition.owner, viewer=viewer))
+    return rows_by_node(
+        encode(
+            variant,
+            clean,
+            partition.neighbourhoods,
+            nodes=np.arange(graph.num_nodes),
+            rng=bases_rng(SEED),
+            shared_x=release,
+            owner=partition.owner,
+            viewer=viewer,
+        )
+    )
 
 
 def worst(got: dict, want: dict, nodes) -> float:
@@ -90,13 +99,16 @@ def test_decrypted_encodings_equal_the_plaintext_reference(dp_round, tiny_graph,
         assert err <= TOL, (c, err)
     # the pipeline's plaintext twin is the same reference
     got = {c: h.client(c).encodings for c in h.roster.clients}
-    assert max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, variant, SEED, dp=DP)) <= TOL
+    assert (
+        max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, variant, SEED, dp=DP)) <= TOL
+    )
     assert not h.server.has_secret_key
 
 
 def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition):
-    res = run_encrypted_pretraining(tiny_graph, tiny_partition, "vector", seed=SEED, progress=False, workers=0,
-                                    dp=DP)
+    res = run_encrypted_pretraining(
+        tiny_graph, tiny_partition, "vector", seed=SEED, progress=False, workers=0, dp=DP
+    )
     want = run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", SEED, dp=DP)
     assert max_abs_error(res.encodings, want) <= TOL
     # two 1-chunk copies per node (8 projected dims), instead of one copy of the 16 raw dims
@@ -104,7 +116,9 @@ def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition):
 
 
 # ------------------------------------------------------------ (2) own sources clean, others released
-def test_each_client_sees_its_own_clean_features_and_the_release_of_others(dp_round, tiny_graph, tiny_partition):
+def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
+    dp_round, tiny_graph, tiny_partition
+):
     variant, h = dp_round
     owner = tiny_partition.owner
     nbh = tiny_partition.neighbourhoods
@@ -137,18 +151,18 @@ def test_no_result_for_a_client_reads_another_clients_clean_copy(dp_round, tiny_
     variant, h = dp_round
     server, owner = h.server, tiny_partition.owner
     # structure: every result goes to clients that own each clean source it reads
-    assert len(server._recipients) == sum(len(b) for b in server.buckets) == server.nodes_computed
+    assert len(server.plan.recipients) == sum(len(b) for b in server.buckets) == server.nodes_computed
     k = 0
     for b in server.buckets:
         for keys in b.neighbours:
-            recipients = server._recipients[k]
+            recipients = server.plan.recipients[k]
             k += 1
             clean_sources = keys[keys < RELEASE_OFFSET]
             if len(clean_sources):
                 assert len(recipients) == 1 and (owner[clean_sources] == recipients[0]).all()
     # one result per (node, client) at most; here every client needing a node owns one of its sources
     # (symmetric neighbourhoods), so no two clients share a view (see test_plan_views_shares_...)
-    deliveries = sum(len(r) for r in server._recipients)
+    deliveries = sum(len(r) for r in server.plan.recipients)
     assert server.nodes_computed <= deliveries == sum(len(cp.needed) for cp in tiny_partition.clients)
     # transcript: the uploads are clean rows and releases, the results each client decrypts are built only
     # from its own clean rows and the others' releases (checked by decrypting what was sent)
@@ -192,8 +206,9 @@ def test_plan_views_shares_the_all_release_view_and_splits_the_rest():
     assert plan.recipients == [(3, 4), (0,), (3,), (1,)]
     keys = plan.buckets[0].neighbours
     r = RELEASE_OFFSET
-    np.testing.assert_array_equal(keys, [[10 + r, 11 + r, 12 + r], [10, 11 + r, 12 + r],
-                                         [11 + r, 10 + r, 12 + r], [11, 10 + r, 12 + r]])
+    np.testing.assert_array_equal(
+        keys, [[10 + r, 11 + r, 12 + r], [10, 11 + r, 12 + r], [11 + r, 10 + r, 12 + r], [11, 10 + r, 12 + r]]
+    )
     np.testing.assert_array_equal(plan.buckets[0].p[1], bucket.p[0])
     # without owners: the drawn bucket itself, every client of a node on its one result
     plain = plan_views([bucket], pair_nodes, pair_clients)
@@ -215,18 +230,32 @@ def _swap_client(parties, c: int, config, features: np.ndarray) -> None:
     """Rebuild client ``c`` with another config (a misconfigured party)."""
     old = parties.clients[c]
     cls = DealerSide if c == parties.deployment.roster.dealer else ClientPretrain
-    parties.clients[c] = cls(c, parties.deployment.roster, config, parties.deployment.identities[c],
-                             owned=old.owned, features=features, indptr=old._graph.indptr,
-                             indices=old._graph.indices, needed=old.needed, dtype=old.dtype)
+    parties.clients[c] = cls(
+        c,
+        parties.deployment.roster,
+        config,
+        parties.deployment.identities[c],
+        owned=old.owned,
+        features=features,
+        indptr=old._graph.indptr,
+        indices=old._graph.indices,
+        needed=old.needed,
+        dtype=old.dtype,
+    )
 
 
-@pytest.mark.parametrize("case", ["other-epsilon", "client-without-dp", "server-without-dp",
-                                  "other-projection-seed"])
+@pytest.mark.parametrize(
+    "case", ["other-epsilon", "client-without-dp", "server-without-dp", "other-projection-seed"]
+)
 def test_mismatched_dp_terms_are_refused(case, tiny_graph, tiny_partition):
     server_dp = None if case == "server-without-dp" else DP
     parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=SEED, dp=server_dp)
-    client_dp = {"other-epsilon": dataclasses.replace(DP, epsilon=2.0), "client-without-dp": None,
-                 "server-without-dp": DP, "other-projection-seed": dataclasses.replace(DP, seed=6)}[case]
+    client_dp = {
+        "other-epsilon": dataclasses.replace(DP, epsilon=2.0),
+        "client-without-dp": None,
+        "server-without-dp": DP,
+        "other-projection-seed": dataclasses.replace(DP, seed=6),
+    }[case]
     features = tiny_graph.x.numpy()[tiny_partition.clients[1].owned]
     _swap_client(parties, 1, dataclasses.replace(parties.config, dp=client_dp), features)
     with pytest.raises(ConfigMismatchError):
@@ -242,8 +271,16 @@ def test_client_refuses_other_terms_or_bases_without_terms(tiny_graph, tiny_part
     bad = h.craft(h.roster.server, PrivacyTerms, 1, epsilon=2.0, delta=DP.delta, dim=DP.dim, seed=DP.seed)
     with pytest.raises(ConfigMismatchError):
         client.receive(bad)
-    bases = h.craft(h.roster.server, EncodingBases, 1, bucket=0, variant="vector", n=1,
-                    nodes=client.owned[:1], p=np.ones((1, 1, 1)))
+    bases = h.craft(
+        h.roster.server,
+        EncodingBases,
+        1,
+        bucket=0,
+        variant="vector",
+        n=1,
+        nodes=client.owned[:1],
+        p=np.ones((1, 1, 1)),
+    )
     with pytest.raises(ConfigMismatchError):
         client.receive(bases)
     assert client.snapshot() == before
@@ -274,6 +311,13 @@ def test_run_encrypted_fedgat_trains_on_the_dp_encodings(tiny_graph):
     enc = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, workers=0, **kw)
     plain = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, encrypted=False, **kw)
     assert enc.pretrain is not None and enc.pretrain.layout.d == 8
-    assert max_abs_error(enc.pretrain.encodings, run_plaintext_pretraining(
-        tiny_graph, enc.partition, "vector", 0, dp=FeatureDP(4.0, dim=8, seed=0))) <= TOL
+    assert (
+        max_abs_error(
+            enc.pretrain.encodings,
+            run_plaintext_pretraining(
+                tiny_graph, enc.partition, "vector", 0, dp=FeatureDP(4.0, dim=8, seed=0)
+            ),
+        )
+        <= TOL
+    )
     assert len(enc.training.fit.history) == len(plain.training.fit.history) == 2

@@ -34,7 +34,9 @@ TIMEOUTS = RoundTimeouts(fit=10.0, evaluate=10.0)
 
 def _dies_at(parties: dict, client: int, round_: int):
     """A rule: every frame ``client`` sends once it has received round ``round_``'s model is lost."""
-    return lambda sender, to, data: "drop" if sender == client and parties[client].last_round >= round_ else None
+    return lambda sender, to, data: (
+        "drop" if sender == client and parties[client].last_round >= round_ else None
+    )
 
 
 # ------------------------------------------------------------------------------------------ FedAvg
@@ -56,8 +58,10 @@ def test_a_dropout_is_aggregated_without_it_and_weights_renormalised():
     assert sorted(last) == [0, 1] and all(m.num_train > 0 for m in last.values())
     import torch
 
-    want = fedavg([{k: torch.from_numpy(v) for k, v in last[c].arrays.items()} for c in (0, 1)],
-                  [last[0].num_train, last[1].num_train])
+    want = fedavg(
+        [{k: torch.from_numpy(v) for k, v in last[c].arrays.items()} for c in (0, 1)],
+        [last[0].num_train, last[1].num_train],
+    )
     assert same_state(srv.global_state, want)
     # the last evaluation was pooled over the clients that reported
     assert rows[2]["missing_eval_val"] == [2]
@@ -68,8 +72,9 @@ def test_a_stalled_client_is_dropped_and_its_late_answers_rejected():
     parties = fed.parties()
     transport = FaultyTransport()
     stalled = {"on": True}
-    transport.rules.append(lambda s, t, d: "hold" if s == 1 and parties[1].last_round == 2 and stalled["on"]
-                           else None)
+    transport.rules.append(
+        lambda s, t, d: "hold" if s == 1 and parties[1].last_round == 2 and stalled["on"] else None
+    )
     driver = Driver(transport, parties, clock=ManualClock(), strict=False)
     driver.start()
     driver.run(until=lambda: parties[fed.sid].history and parties[fed.sid].history[-1]["round"] >= 2)
@@ -107,7 +112,9 @@ def test_no_timeouts_means_no_deadline():
     clock = ManualClock()
     run_parties(transport, parties, clock=clock)  # returns: nothing left to do, nothing armed
     srv = parties[fed.sid]
-    assert srv.state is RoundsState.RUNNING and not srv.done and srv.next_deadline() is None and clock.now() == 0
+    assert (
+        srv.state is RoundsState.RUNNING and not srv.done and srv.next_deadline() is None and clock.now() == 0
+    )
 
 
 def test_tick_never_goes_backwards_and_deadlines_follow_the_last_tick():
@@ -198,5 +205,9 @@ def test_clients_time_out_when_the_server_stalls(harness):
     driver.run()
     for c in h.roster.clients:
         err = h.client(c).failure
-        assert isinstance(err, MissingPartyError) and err.phase == "download" and err.missing == (h.roster.server,)
+        assert (
+            isinstance(err, MissingPartyError)
+            and err.phase == "download"
+            and err.missing == (h.roster.server,)
+        )
         assert h.client(c).state is ClientState.ABORTED

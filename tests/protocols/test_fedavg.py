@@ -24,6 +24,7 @@ from fedgat.protocols import (
     encode_message,
     run_parties,
 )
+from fedgat.rounds import RoundLoop
 from fedgat.synthetic import synthetic_graph
 
 
@@ -60,7 +61,9 @@ def _same_history(a: list[dict], b: list[dict]) -> bool:
     def eq(x, y):
         return (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)) or x == y
 
-    return len(a) == len(b) and all(list(x) == list(y) and all(eq(x[k], y[k]) for k in x) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        list(x) == list(y) and all(eq(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )
 
 
 def _strategy(name):
@@ -79,8 +82,18 @@ def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, s
     dep = make_deployment(3)
     roster = dep.roster
     torch.manual_seed(11)
-    srv = ServerRounds(roster.server, roster, 9, dep.identities[roster.server], initial_state=initial,
-                       rounds=rounds, patience=patience, fraction=fraction, seed=4, strategy=_strategy(strategy))
+    srv = ServerRounds(
+        roster.server,
+        roster,
+        9,
+        dep.identities[roster.server],
+        initial_state=initial,
+        rounds=rounds,
+        patience=patience,
+        fraction=fraction,
+        seed=4,
+        strategy=_strategy(strategy),
+    )
     parties = {c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c]) for c in roster.clients}
     run_parties(InProcessTransport(), {**parties, roster.server: srv})
     got = srv.result
@@ -88,7 +101,11 @@ def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, s
     assert _same(srv.global_state, server.state)
     assert _same(srv.best_state, server.best_state)
     assert (got.best_round, got.rounds, got.test_accuracy, got.best_val_accuracy) == (
-        want.best_round, want.rounds, want.test_accuracy, want.best_val_accuracy)
+        want.best_round,
+        want.rounds,
+        want.test_accuracy,
+        want.best_val_accuracy,
+    )
     assert _same_history(got.history, want.history)
     if patience is not None:
         assert got.rounds <= rounds
@@ -98,7 +115,9 @@ def test_round_messages_are_checked():
     clients, initial = _clients(seed=0)
     dep = make_deployment(3)
     roster = dep.roster
-    srv = ServerRounds(roster.server, roster, 9, dep.identities[roster.server], initial_state=initial, rounds=3)
+    srv = ServerRounds(
+        roster.server, roster, 9, dep.identities[roster.server], initial_state=initial, rounds=3
+    )
     client = ClientRounds(1, roster, 9, dep.identities[1], client=clients[1])
     out = srv.start()
     to1 = next(m for m in out if m.recipient == 1)
@@ -115,26 +134,130 @@ def test_round_messages_are_checked():
 
     # replayed global model (same frame), and an old round id with a fresh sequence number
     rejected(client, data, ReplayError)
-    old = GlobalModel(sender=roster.server, recipient=1, session=9, seq=50, round=1, fit=True, splits=(),
-                      arrays=to1.arrays)
+    old = GlobalModel(
+        sender=roster.server, recipient=1, session=9, seq=50, round=1, fit=True, splits=(), arrays=to1.arrays
+    )
     rejected(client, encode_message(old, dep.identities[roster.server].signer), ReplayError)
     # weights of the wrong shape
     bad = {k: np.zeros((1,) * v.ndim, np.float32) for k, v in to1.arrays.items()}
-    rejected(client, encode_message(GlobalModel(sender=roster.server, recipient=1, session=9, seq=51, round=2,
-                                                fit=True, splits=("val",), arrays=bad),
-                                    dep.identities[roster.server].signer), PayloadError)
+    rejected(
+        client,
+        encode_message(
+            GlobalModel(
+                sender=roster.server,
+                recipient=1,
+                session=9,
+                seq=51,
+                round=2,
+                fit=True,
+                splits=("val",),
+                arrays=bad,
+            ),
+            dep.identities[roster.server].signer,
+        ),
+        PayloadError,
+    )
     # server side: the update is accepted once; a copy, a stale round or a report out of turn are not
     srv.receive(up)
     rejected(srv, up, ReplayError)
-    stale = LocalUpdate(sender=0, recipient=roster.server, session=9, seq=7, round=0, num_train=1, loss=0.1,
-                        arrays=reply[0].arrays)
+    stale = LocalUpdate(
+        sender=0,
+        recipient=roster.server,
+        session=9,
+        seq=7,
+        round=0,
+        num_train=1,
+        loss=0.1,
+        arrays=reply[0].arrays,
+    )
     rejected(srv, encode_message(stale, dep.identities[0].signer), ReplayError)
-    wrong = LocalUpdate(sender=0, recipient=roster.server, session=9, seq=8, round=1, num_train=1, loss=0.1,
-                        arrays={k: v[..., :1] for k, v in reply[0].arrays.items()})
+    wrong = LocalUpdate(
+        sender=0,
+        recipient=roster.server,
+        session=9,
+        seq=8,
+        round=1,
+        num_train=1,
+        loss=0.1,
+        arrays={k: v[..., :1] for k, v in reply[0].arrays.items()},
+    )
     rejected(srv, encode_message(wrong, dep.identities[0].signer), PayloadError)
     from fedgat.protocols import EvaluationReport, SplitCounts
 
-    report = EvaluationReport(sender=0, recipient=roster.server, session=9, seq=9, round=1,
-                              splits=(SplitCounts("val", 1, 2, 0.5), SplitCounts("test", 1, 2, 0.5)))
+    report = EvaluationReport(
+        sender=0,
+        recipient=roster.server,
+        session=9,
+        seq=9,
+        round=1,
+        splits=(SplitCounts("val", 1, 2, 0.5), SplitCounts("test", 1, 2, 0.5)),
+    )
     rejected(srv, encode_message(report, dep.identities[0].signer), ReplayError)
     assert StateError  # imported for readers: out-of-state messages raise it (see test_pretrain)
+
+
+def test_server_rounds_and_in_process_server_drive_the_same_loop(monkeypatch):
+    """Both servers hand their round decisions to one :class:`fedgat.rounds.RoundLoop`: the same
+    samples, the same updates and the same reports reach it, in the same order (the protocol samples
+    round t + 1 while round t is evaluated, so after an early stop it has drawn one sample more)."""
+    calls: list[tuple] = []
+    for name in ("sample", "on_updates", "on_reports"):
+        method = getattr(RoundLoop, name)
+
+        def spy(self, *args, _method=method, _name=name, **kwargs):
+            out = _method(self, *args, **kwargs)
+            missing = tuple(args[2] if len(args) > 2 else kwargs.get("missing", ()))
+            calls.append((_name, _summary(args[:2]), missing, _summary(out)))
+            return out
+
+        monkeypatch.setattr(RoundLoop, name, spy)
+
+    def run(protocol: bool) -> list[tuple]:
+        calls.clear()
+        clients, initial = _clients(seed=3)
+        torch.manual_seed(11)
+        if not protocol:
+            server = Server(clients, initial, fraction=0.67, seed=4)
+            server.fit(12, 2)
+            assert isinstance(server.loop, RoundLoop)
+            return list(calls)
+        dep = make_deployment(3)
+        roster = dep.roster
+        srv = ServerRounds(
+            roster.server,
+            roster,
+            9,
+            dep.identities[roster.server],
+            initial_state=initial,
+            rounds=12,
+            patience=2,
+            fraction=0.67,
+            seed=4,
+        )
+        parties = {
+            c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c]) for c in roster.clients
+        }
+        run_parties(InProcessTransport(), {**parties, roster.server: srv})
+        assert isinstance(srv.loop, RoundLoop) and srv.result is srv.loop.result
+        return list(calls)
+
+    local, remote = run(False), run(True)
+
+    def of(seq, name):
+        return [c for c in seq if c[0] == name]
+
+    assert of(local, "on_updates") and of(local, "on_updates") == of(remote, "on_updates")
+    assert of(local, "on_reports") == of(remote, "on_reports")
+    assert of(remote, "sample")[: len(of(local, "sample"))] == of(local, "sample")
+    assert len(of(remote, "sample")) - len(of(local, "sample")) in (0, 1)
+
+
+def _summary(value):
+    """Comparable form of the loop's arguments and results (tensors by their values)."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.flatten().tolist())
+    if isinstance(value, dict):
+        return tuple((k, _summary(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_summary(v) for v in value)
+    return value

@@ -33,7 +33,8 @@ def _valid_update(sender: int) -> bytes:
 
 
 FRAMES = [_valid_update(c) for c in FED.roster.clients] + [
-    _signed(EvaluationReport, 0, round=1, splits=(SplitCounts("val", 1, 2, 0.5),))]
+    _signed(EvaluationReport, 0, round=1, splits=(SplitCounts("val", 1, 2, 0.5),))
+]
 
 
 def _feed(party, data: bytes) -> None:
@@ -54,7 +55,7 @@ def test_fuzz_mutated_frames_into_the_server(data):
         if kind == "flip":
             raw[pos] ^= 1 << data.draw(st.integers(0, 7))
         elif kind == "cut":
-            del raw[max(pos, 1):]
+            del raw[max(pos, 1) :]
         else:
             raw[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
     _feed(SERVER, bytes(raw))
@@ -62,23 +63,43 @@ def test_fuzz_mutated_frames_into_the_server(data):
 
 def _arrays():
     names = st.lists(st.sampled_from([*SHAPES, "bogus"]), unique=True, max_size=len(SHAPES) + 1)
-    return names.flatmap(lambda ns: st.fixed_dictionaries({
-        n: st.sampled_from([SHAPES.get(n, (2,)), (1,), (3, 1)]).map(lambda s: np.zeros(s, np.float32))
-        for n in ns}))
+    return names.flatmap(
+        lambda ns: st.fixed_dictionaries(
+            {
+                n: st.sampled_from([SHAPES.get(n, (2,)), (1,), (3, 1)]).map(lambda s: np.zeros(s, np.float32))
+                for n in ns
+            }
+        )
+    )
 
 
 @settings(max_examples=EXAMPLES["signed"], deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sender=st.sampled_from([0, 1, 2, FED.sid]), round_=st.integers(0, 4), num_train=st.integers(0, 2**32 - 1),
-       loss=st.floats(allow_nan=True, allow_infinity=True), arrays=_arrays(), report=st.booleans(),
-       count=st.integers(0, 2**32 - 1))
+@given(
+    sender=st.sampled_from([0, 1, 2, FED.sid]),
+    round_=st.integers(0, 4),
+    num_train=st.integers(0, 2**32 - 1),
+    loss=st.floats(allow_nan=True, allow_infinity=True),
+    arrays=_arrays(),
+    report=st.booleans(),
+    count=st.integers(0, 2**32 - 1),
+)
 def test_fuzz_signed_messages_with_random_fields(sender, round_, num_train, loss, arrays, report, count):
     if report:
         splits = (SplitCounts("val", min(count, 5), count, 0.5),)
-        msg = EvaluationReport(sender=sender, recipient=FED.sid, session=9, seq=next(SEQ), round=round_,
-                               splits=splits)
+        msg = EvaluationReport(
+            sender=sender, recipient=FED.sid, session=9, seq=next(SEQ), round=round_, splits=splits
+        )
     else:
-        msg = LocalUpdate(sender=sender, recipient=FED.sid, session=9, seq=next(SEQ), round=round_,
-                          num_train=num_train, loss=loss, arrays=arrays if num_train else {})
+        msg = LocalUpdate(
+            sender=sender,
+            recipient=FED.sid,
+            session=9,
+            seq=next(SEQ),
+            round=round_,
+            num_train=num_train,
+            loss=loss,
+            arrays=arrays if num_train else {},
+        )
     try:
         data = encode_message(msg, FED.dep.identities[sender].signer)
     except ProtocolError:

@@ -66,8 +66,20 @@ def test_the_server_refuses_absurd_graph_announcements(harness):
     server.limits = PretrainLimits()
     hub = np.array([5], dtype=np.int64)
     indices = np.concatenate([hub, np.arange(10, 10 + (1 << 20), dtype=np.int64)])
-    _refused(server, h.craft(1, GraphAnnounce, h.roster.server, dim=16, owned=hub, indptr=np.array([0, len(indices)]),
-                             indices=indices), "neighbourhood", max_peak=64 * MiB)
+    _refused(
+        server,
+        h.craft(
+            1,
+            GraphAnnounce,
+            h.roster.server,
+            dim=16,
+            owned=hub,
+            indptr=np.array([0, len(indices)]),
+            indices=indices,
+        ),
+        "neighbourhood",
+        max_peak=64 * MiB,
+    )
     # cumulative: the second client's nodes push the session above max_nodes
     total = sum(len(h.client(c).owned) for c in (0, 1))
     server.limits = PretrainLimits(max_nodes=total - 1)
@@ -83,8 +95,14 @@ def test_a_client_refuses_bases_beyond_its_memory_budget(tiny_graph, tiny_partit
     h.run(until=lambda: h.server.state is ServerState.COMPUTING and not h.transport.pending())
     client = h.client(1)
     n = 1000  # matrix variant: m = 2n, rows 1 + m + m^2 = 4e6 per node -> 512 MB of float64 at d = 16
-    bases = {"bucket": len(client._assemblies), "variant": "matrix", "n": n,
-             "nodes": np.array([int(client.owned[0])]), "p": np.zeros((1, 2 * n, n)), "q": np.zeros((1, 2 * n, n))}
+    bases = {
+        "bucket": len(client._assemblies),
+        "variant": "matrix",
+        "n": n,
+        "nodes": np.array([int(client.owned[0])]),
+        "p": np.zeros((1, 2 * n, n)),
+        "q": np.zeros((1, 2 * n, n)),
+    }
     frame = h.craft(h.roster.server, EncodingBases, 1, **bases)
     client.limits = PretrainLimits(max_encoding_bytes=256 * MiB)
     _refused(client, frame, "decrypted encodings", max_peak=96 * MiB)  # p and q are 32 MB to decode
@@ -104,14 +122,22 @@ def test_fedavg_refuses_oversized_frames_and_absurd_counts():
     frame = encode_message(LocalUpdate(seq=1, num_train=3, arrays=big, **base), ident)
     assert len(frame) > srv.max_frame_bytes
     _refused(srv, frame, "exceeds", max_peak=1 * MiB)  # refused from its length: nothing decoded
-    _refused(srv, encode_message(LocalUpdate(seq=2, num_train=2**32 - 1, arrays=arrays, **base), ident),
-             "training nodes")
+    _refused(
+        srv,
+        encode_message(LocalUpdate(seq=2, num_train=2**32 - 1, arrays=arrays, **base), ident),
+        "training nodes",
+    )
     srv.receive(encode_message(LocalUpdate(seq=3, num_train=3, arrays=arrays, **base), ident))
     client = parties[1]
-    _refused(client, encode_message(LocalUpdate(seq=4, num_train=3, arrays=big, **{**base, "recipient": 1}),
-                                    ident), "exceeds", max_peak=1 * MiB)
-    report = EvaluationReport(sender=0, recipient=fed.sid, session=9, seq=5, round=2,
-                              splits=(SplitCounts("val", 1, 2**31, 0.5),))
+    _refused(
+        client,
+        encode_message(LocalUpdate(seq=4, num_train=3, arrays=big, **{**base, "recipient": 1}), ident),
+        "exceeds",
+        max_peak=1 * MiB,
+    )
+    report = EvaluationReport(
+        sender=0, recipient=fed.sid, session=9, seq=5, round=2, splits=(SplitCounts("val", 1, 2**31, 0.5),)
+    )
     srv._expect(2, ("val",))  # as if round 2 were under evaluation
     _refused(srv, encode_message(report, ident), "more than")
 
@@ -123,7 +149,9 @@ def test_ciphertexts_under_other_parameters_are_refused(harness):
     other = KeyHolderContext.generate("n8192")
     row = h.graph.x.numpy()[h.client(1).owned[:1]].astype(np.float64)
     blob = next(encrypt_rows(other, row, SlotLayout.for_dimension(row.shape[1], other.slots)))
-    frame = h.craft(1, FeatureUpload, h.roster.server, items=(UploadItem(int(h.client(1).owned[0]), 0, blob),))
+    frame = h.craft(
+        1, FeatureUpload, h.roster.server, items=(UploadItem(int(h.client(1).owned[0]), 0, blob),)
+    )
     before = h.server.snapshot()
     with pytest.raises((PayloadError, KeyFingerprintError)):
         h.server.receive(frame)

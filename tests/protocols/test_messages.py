@@ -57,34 +57,64 @@ OTHER = SigningIdentity.generate()
 SESSION = 77
 FP = hashlib.sha256(b"context").digest()
 HDR = {"sender": 1, "recipient": 3, "session": SESSION, "seq": 5, "fingerprint": FP}
-ROSTER = Roster(server=3, dealer=0, clients=(0, 1, 2),
-                signing_keys={0: OTHER.public_bytes(), 1: SIGNER.public_bytes(), 2: OTHER.public_bytes(),
-                              3: OTHER.public_bytes()})
+ROSTER = Roster(
+    server=3,
+    dealer=0,
+    clients=(0, 1, 2),
+    signing_keys={
+        0: OTHER.public_bytes(),
+        1: SIGNER.public_bytes(),
+        2: OTHER.public_bytes(),
+        3: OTHER.public_bytes(),
+    },
+)
 
 
 def samples() -> list:
     rng = np.random.default_rng(0)
     p = rng.standard_normal((2, 3, 3))
     return [
-        KeyAnnounce(party=1, x25519=b"x" * 32, ed25519=b"e" * 32, binding_signature=b"s" * 64,
-                    **{**HDR, "fingerprint": bytes(32)}),
+        KeyAnnounce(
+            party=1,
+            x25519=b"x" * 32,
+            ed25519=b"e" * 32,
+            binding_signature=b"s" * 64,
+            **{**HDR, "fingerprint": bytes(32)},
+        ),
         PublicContext(preset="n4096", context=b"context", context_fingerprint=FP, **HDR),
         WrappedKeyDelivery(dealer=0, target=1, key_fingerprint=FP, wrapped=b"w" * 100, **HDR),
-        GraphAnnounce(dim=4, owned=np.array([2, 5]), indptr=np.array([0, 2, 3]), indices=np.array([2, 5, 5]),
-                      **HDR),
+        GraphAnnounce(
+            dim=4, owned=np.array([2, 5]), indptr=np.array([0, 2, 3]), indices=np.array([2, 5, 5]), **HDR
+        ),
         FeatureUpload(items=(UploadItem(2, 0, b"ct0"), UploadItem(5, 1, b"ct1")), **HDR),
         UploadDone(nodes=2, ciphertexts=4, **HDR),
         EncodingBases(bucket=0, variant="vector", n=3, nodes=np.array([1, 4]), p=p, **HDR),
-        EncodingBases(bucket=1, variant="matrix", n=3, nodes=np.array([1, 4]), p=rng.standard_normal((2, 6, 3)),
-                      q=rng.standard_normal((2, 6, 3)), **HDR),
-        EncodingResults(bucket=2, items=(ResultItem(4, (b"a", b"b")), ResultItem(7, (b"c",), (b"s",))), **HDR),
+        EncodingBases(
+            bucket=1,
+            variant="matrix",
+            n=3,
+            nodes=np.array([1, 4]),
+            p=rng.standard_normal((2, 6, 3)),
+            q=rng.standard_normal((2, 6, 3)),
+            **HDR,
+        ),
+        EncodingResults(
+            bucket=2, items=(ResultItem(4, (b"a", b"b")), ResultItem(7, (b"c",), (b"s",))), **HDR
+        ),
         EncodingsDone(buckets=3, nodes=9, **HDR),
-        GlobalModel(round=4, fit=True, splits=("val", "test"),
-                    arrays={"w": rng.standard_normal((3, 2)).astype(np.float32),
-                            "b": np.zeros(2, np.float32)}, **HDR),
-        LocalUpdate(round=4, num_train=7, loss=float("nan"),
-                    arrays={"w": np.ones((3, 2), np.float32)}, **HDR),
-        EvaluationReport(round=4, splits=(SplitCounts("val", 3, 5, 1.5), SplitCounts("test", 1, 2, 0.25)), **HDR),
+        GlobalModel(
+            round=4,
+            fit=True,
+            splits=("val", "test"),
+            arrays={"w": rng.standard_normal((3, 2)).astype(np.float32), "b": np.zeros(2, np.float32)},
+            **HDR,
+        ),
+        LocalUpdate(
+            round=4, num_train=7, loss=float("nan"), arrays={"w": np.ones((3, 2), np.float32)}, **HDR
+        ),
+        EvaluationReport(
+            round=4, splits=(SplitCounts("val", 3, 5, 1.5), SplitCounts("test", 1, 2, 0.25)), **HDR
+        ),
         EvaluateRequest(round=4, splits=("test",), **HDR),
         Abort(code=1, reason="stop: ünïcode", **HDR),
         ReleaseUpload(items=(UploadItem(2, 0, b"rel0"),), **HDR),
@@ -112,7 +142,9 @@ def test_round_trip(msg):
 @pytest.mark.parametrize("msg", samples(), ids=lambda m: m.type_name)
 def test_truncated_and_padded_frames(msg):
     data = frame(msg)
-    for cut in sorted({0, 1, 3, HEADER.size - 1, HEADER.size, HEADER.size + 1, len(data) // 2, len(data) - 1}):
+    for cut in sorted(
+        {0, 1, 3, HEADER.size - 1, HEADER.size, HEADER.size + 1, len(data) // 2, len(data) - 1}
+    ):
         with pytest.raises(FrameError):
             decode_message(data[:cut])
     with pytest.raises(FrameError):
@@ -192,10 +224,11 @@ def test_bad_values_are_payload_errors():
     sample_w = ok.arrays["w"].astype("<f4").tobytes()
     at = data.index(sample_w)
     with pytest.raises(PayloadError, match="NaN"):
-        decode_message(data[:at] + nan + data[at + 4:])
+        decode_message(data[:at] + nan + data[at + 4 :])
     assert one not in (nan,)
-    bad_graph = GraphAnnounce(dim=4, owned=np.array([2, 5]), indptr=np.array([0, 2, 3]),
-                              indices=np.array([3, 5, 5]), **HDR)  # node 2's row does not start with 2
+    bad_graph = GraphAnnounce(
+        dim=4, owned=np.array([2, 5]), indptr=np.array([0, 2, 3]), indices=np.array([3, 5, 5]), **HDR
+    )  # node 2's row does not start with 2
     with pytest.raises(PayloadError, match="itself"):
         frame(bad_graph)
     with pytest.raises(KeyFingerprintError):
@@ -207,12 +240,29 @@ def test_bad_values_are_payload_errors():
     at = terms.index(np.array(4.0, ">f8").tobytes())
     for bad in (float("nan"), float("inf"), 0.0):  # received: refused as a whole
         with pytest.raises(PayloadError):
-            decode_message(terms[:at] + np.array(bad, ">f8").tobytes() + terms[at + 8:])
+            decode_message(terms[:at] + np.array(bad, ">f8").tobytes() + terms[at + 8 :])
     with pytest.raises(PayloadError):
         frame(ReleaseUpload(items=(), **HDR))
     with pytest.raises(PayloadError):
-        frame(EncodingBases(bucket=0, variant="vector", n=4, nodes=np.array([1, 4]),
-                            p=np.zeros((2, 3, 3)), **HDR))
+        frame(
+            EncodingBases(
+                bucket=0, variant="vector", n=4, nodes=np.array([1, 4]), p=np.zeros((2, 3, 3)), **HDR
+            )
+        )
+
+
+def test_bases_carry_a_known_variant_name_and_q_exactly_for_the_matrix_variant():
+    rng = np.random.default_rng(1)
+    p = rng.standard_normal((2, 6, 3))
+    bases = {"bucket": 0, "n": 3, "nodes": np.array([1, 4]), "p": p, **HDR}
+    with pytest.raises(PayloadError, match="unknown variant 'tensor'"):
+        frame(EncodingBases(variant="tensor", **bases))
+    with pytest.raises(PayloadError, match="q must be present exactly for the matrix variant"):
+        frame(EncodingBases(variant="matrix", **bases))
+    with pytest.raises(PayloadError, match="q must be present exactly for the matrix variant"):
+        frame(EncodingBases(variant="vector", q=p, **bases))
+    got = decode_message(frame(EncodingBases(variant="matrix", q=p, **bases)))
+    assert got.variant == "matrix" and type(got.variant) is str  # the wire carries the name
 
 
 def test_verifier_checks_sender_signature_recipient_session_and_sequence():
@@ -257,8 +307,16 @@ def test_flips_in_signed_header_fields_and_payload_are_signature_errors():
     v = Verifier(ROSTER, me=3, session=SESSION)
     payload = (data.index(b"ct0"), data.index(b"ct1") + 2)  # inside the ciphertext bytes
     # sender 1 -> 3 (a known party), recipient, session, seq, fingerprint, payload
-    for pos, mask in ((10, 0x02), (11, 0x10), (15, 0x10), (23, 0x10), (30, 0x01), (31, 0x10), (50, 0x80),
-                      *((p, 0x10) for p in payload)):
+    for pos, mask in (
+        (10, 0x02),
+        (11, 0x10),
+        (15, 0x10),
+        (23, 0x10),
+        (30, 0x01),
+        (31, 0x10),
+        (50, 0x80),
+        *((p, 0x10) for p in payload),
+    ):
         flipped = bytearray(data)
         flipped[pos] ^= mask
         with pytest.raises(SignatureError):

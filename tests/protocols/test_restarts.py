@@ -80,7 +80,9 @@ def test_the_server_restarts_alone(reference, tmp_path):
     driver.run()
     _assert_same_run(server, ref)
     # the clients had already served round 3 from the first copy: the re-sent models are replays
-    assert driver.rejected and all(isinstance(e, ReplayError) and pid != fed.sid for pid, e in driver.rejected)
+    assert driver.rejected and all(
+        isinstance(e, ReplayError) and pid != fed.sid for pid, e in driver.rejected
+    )
 
 
 def test_a_client_restarts_alone(reference, tmp_path):
@@ -94,8 +96,9 @@ def test_a_client_restarts_alone(reference, tmp_path):
     members, _ = small_clients()
     fresh = fed.client(1, members[1])
     fresh.restore(store.load(1))
-    assert fresh.last_round == CRASH_AT and not same_state(fresh.client.model.state_dict(),
-                                                           small_clients()[0][1].model.state_dict())
+    assert fresh.last_round == CRASH_AT and not same_state(
+        fresh.client.model.state_dict(), small_clients()[0][1].model.state_dict()
+    )
     driver.replace(1, fresh)
     driver.run()
     _assert_same_run(parties[fed.sid], ref)
@@ -171,9 +174,15 @@ def test_pretraining_clients_checkpoint_their_decrypted_encodings(harness, tmp_p
         enc = h.client(c).encodings
         assert np.array_equal(got.nodes, enc.nodes) and len(got.buckets) == len(enc.buckets)
         for a, b in zip(got.buckets, enc.buckets):
-            assert torch.equal(a.K2, b.K2) and torch.equal(a.h_self, b.h_self) and np.array_equal(a.bases.p, b.bases.p)
+            assert (
+                torch.equal(a.K2, b.K2)
+                and torch.equal(a.h_self, b.h_self)
+                and np.array_equal(a.bases.p, b.bases.p)
+            )
     assert store.labels(h.roster.server) == []  # the server writes none (nothing to resume)
     with pytest.raises(CheckpointMismatchError):
         encodings_from_checkpoint(store.load(1), party=1, session=session + 1)
     raw = store.path(1, 0).read_bytes()
-    assert h.client(1).encodings.buckets[0].K2.numpy().tobytes()[:64] in raw  # plaintext at rest: see SECURITY.md
+    assert (
+        h.client(1).encodings.buckets[0].K2.numpy().tobytes()[:64] in raw
+    )  # plaintext at rest: see SECURITY.md

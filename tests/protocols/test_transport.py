@@ -14,7 +14,9 @@ from fedgat.protocols.messages import HEADER, SIGNATURE_SIZE
 def test_transcript_records_every_frame(tiny_graph, tiny_partition, tmp_path, spill):
     transcript = Transcript(directory=tmp_path if spill else None)
     transport = InProcessTransport(transcript)
-    result = run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, transport=transport, progress=False)
+    result = run_encrypted_pretraining(
+        tiny_graph, tiny_partition, seed=2, transport=transport, progress=False
+    )
     server = result.deployment.server
     assert len(transcript) == transport.messages_sent()
     assert sum(e.size for e in transcript) == transport.bytes_sent()
@@ -23,17 +25,27 @@ def test_transcript_records_every_frame(tiny_graph, tiny_partition, tmp_path, sp
     assert (up, down) == (result.bytes_up, result.bytes_down)
     for entry in transcript:
         msg = decode_message(entry.data)
-        assert msg.type_name == entry.type_name and (msg.sender, msg.recipient) == (entry.sender, entry.recipient)
+        assert msg.type_name == entry.type_name and (msg.sender, msg.recipient) == (
+            entry.sender,
+            entry.recipient,
+        )
         assert len(entry.payload) == entry.size - HEADER.size - SIGNATURE_SIZE
     kinds = {e.type_name for e in transcript.received_by(server)}
-    assert kinds == {"KeyAnnounce", "PublicContext", "WrappedKeyDelivery", "GraphAnnounce", "FeatureUpload",
-                     "UploadDone"}
+    assert kinds == {
+        "KeyAnnounce",
+        "PublicContext",
+        "WrappedKeyDelivery",
+        "GraphAnnounce",
+        "FeatureUpload",
+        "UploadDone",
+    }
     transcript.close()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_server_replays_its_compute_alone_once(tiny_graph, tiny_partition, workers):
-    from fedgat.pipeline import build_pretrain_parties, drive
+    from fedgat.app import build_pretrain_parties
+    from fedgat.pipeline import drive
 
     parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=2, workers=workers)
     server = parties.server
@@ -49,8 +61,9 @@ def test_server_replays_its_compute_alone_once(tiny_graph, tiny_partition, worke
     with pytest.raises(RuntimeError, match="finished round"):
         server.replay_compute()  # closed after the first replay
     server.close()  # idempotent
-    result = run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, progress=False, workers=workers,
-                                       measure_server_alone=True)
+    result = run_encrypted_pretraining(
+        tiny_graph, tiny_partition, seed=2, progress=False, workers=workers, measure_server_alone=True
+    )
     assert result.server_compute_alone > 0 and result.server_compute_alone_cpu[0] > 0
 
 

@@ -32,18 +32,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-cross", type=int, default=2, help="paper's rule k (1 disables; default 2)")
-    parser.add_argument("--neighbour-cap", type=int, default=None,
-                        help="neighbour sampling cap (default none; 16 for the matrix variant)")
+    parser.add_argument(
+        "--neighbour-cap",
+        type=int,
+        default=None,
+        help="neighbour sampling cap (default none; 16 for the matrix variant)",
+    )
     parser.add_argument("--dp-epsilon", type=float, default=None, help="DP release of shared features")
     parser.add_argument("--dp-delta", type=float, default=1e-5)
     parser.add_argument("--dp-dim", type=int, default=64, help="projection dimension before the noise")
-    parser.add_argument("--sweep", type=float, nargs="*", default=None, metavar="EPS",
-                        help="also sweep these epsilons (attacks + accuracy) against DistGAT")
+    parser.add_argument(
+        "--sweep",
+        type=float,
+        nargs="*",
+        default=None,
+        metavar="EPS",
+        help="also sweep these epsilons (attacks + accuracy) against DistGAT",
+    )
     parser.add_argument("--rounds", type=int, default=300, help="FedAvg rounds for the accuracy runs")
-    parser.add_argument("--attack-clients", type=int, default=None,
-                        help="attack only the first N clients' views (default all)")
-    parser.add_argument("--no-server-check", action="store_true",
-                        help="skip the encrypted round (the server-side checks need it)")
+    parser.add_argument(
+        "--attack-clients",
+        type=int,
+        default=None,
+        help="attack only the first N clients' views (default all)",
+    )
+    parser.add_argument(
+        "--no-server-check",
+        action="store_true",
+        help="skip the encrypted round (the server-side checks need it)",
+    )
     parser.add_argument("--no-training", action="store_true", help="skip the accuracy runs")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="Markdown report path")
@@ -53,7 +70,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _accuracy(graph, args, **hp) -> float:
     from fedgat.methods import run_method
 
-    return run_method("fedgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds, **hp).test_accuracy
+    return run_method(
+        "fedgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds, **hp
+    ).test_accuracy
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,18 +81,28 @@ def run(args: argparse.Namespace) -> int:
     from fedgat.dp import FeatureDP
     from fedgat.methods import run_method
     from fedgat.partition import make_partition
+    from fedgat.variants import as_variant
 
     graph = load_dataset(args.dataset)
-    cap = args.neighbour_cap if args.neighbour_cap is not None else (16 if args.variant == "matrix" else None)
+    cap = args.neighbour_cap
+    if cap is None:
+        cap = as_variant(args.variant).default_neighbour_cap
     dp = FeatureDP(args.dp_epsilon, args.dp_delta, args.dp_dim, seed=args.seed) if args.dp_epsilon else None
     mitigation = Mitigation(args.min_cross, cap, dp)
-    part = make_partition(graph, args.clients, beta=args.beta, seed=args.seed, min_cross=args.min_cross,
-                          neighbour_cap=cap)
+    part = make_partition(
+        graph, args.clients, beta=args.beta, seed=args.seed, min_cross=args.min_cross, neighbour_cap=cap
+    )
     clients = range(min(args.attack_clients or part.num_clients, part.num_clients))
-    report: dict = {"dataset": args.dataset, "variant": args.variant, "clients": args.clients,
-                    "beta": args.beta, "seed": args.seed, "mitigation": mitigation.describe(),
-                    "attacked_clients": len(clients),
-                    "chance_reidentification": chance_reidentification(graph, part)}
+    report: dict = {
+        "dataset": args.dataset,
+        "variant": args.variant,
+        "clients": args.clients,
+        "beta": args.beta,
+        "seed": args.seed,
+        "mitigation": mitigation.describe(),
+        "attacked_clients": len(clients),
+        "chance_reidentification": chance_reidentification(graph, part),
+    }
     start = time.perf_counter()
 
     if not args.no_server_check:
@@ -83,38 +112,79 @@ def run(args: argparse.Namespace) -> int:
         print("server side: encrypted pre-training with a recorded transcript ...", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="fedgat-audit-") as tmp:
             transcript = Transcript(keep_payloads=True, directory=tmp)
-            result = run_encrypted_pretraining(graph, part, args.variant, seed=args.seed,
-                                               transport=InProcessTransport(transcript), progress=True)
+            result = run_encrypted_pretraining(
+                graph,
+                part,
+                args.variant,
+                seed=args.seed,
+                transport=InProcessTransport(transcript),
+                progress=True,
+            )
             report["server"] = server_checks(transcript, result.deployment.roster.server, graph.x.numpy())
             transcript.close()
     print("client side: attacks on every client's view ...", file=sys.stderr)
-    report["client_attacks"] = audit_clients(graph, args.variant, args.clients, args.beta, args.seed,
-                                             mitigation, clients=clients, partition=part).as_dict()
+    report["client_attacks"] = audit_clients(
+        graph, args.variant, args.clients, args.beta, args.seed, mitigation, clients=clients, partition=part
+    ).as_dict()
     dp_hp = {} if dp is None else {"dp_epsilon": dp.epsilon, "dp_delta": dp.delta, "dp_dim": dp.dim}
     if not args.no_training:
         print("training FedGAT under this setting ...", file=sys.stderr)
-        report["test_accuracy"] = _accuracy(graph, args, variant=args.variant, min_cross=args.min_cross,
-                                            neighbour_cap=cap, **dp_hp)
-        report["distgat_test_accuracy"] = run_method("distgat", graph, args.clients, args.beta, args.seed,
-                                                     rounds=args.rounds).test_accuracy
+        report["test_accuracy"] = _accuracy(
+            graph, args, variant=args.variant, min_cross=args.min_cross, neighbour_cap=cap, **dp_hp
+        )
+        report["distgat_test_accuracy"] = run_method(
+            "distgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds
+        ).test_accuracy
     if args.sweep:
         sweep = []
         for eps in args.sweep:
             point_dp = FeatureDP(eps, args.dp_delta, args.dp_dim, seed=args.seed)
-            scores = audit_clients(graph, args.variant, args.clients, args.beta, args.seed,
-                                   Mitigation(args.min_cross, cap, point_dp), clients=clients, partition=part)
-            null = audit_clients(graph, args.variant, args.clients, args.beta, args.seed,
-                                 Mitigation(args.min_cross, cap, point_dp), clients=clients, partition=part,
-                                 null_release=True)
-            point = {"epsilon": eps, "sigma": point_dp.sigma, "client_attacks": scores.as_dict(),
-                     "null_release_attacks": null.as_dict()}
+            scores = audit_clients(
+                graph,
+                args.variant,
+                args.clients,
+                args.beta,
+                args.seed,
+                Mitigation(args.min_cross, cap, point_dp),
+                clients=clients,
+                partition=part,
+            )
+            null = audit_clients(
+                graph,
+                args.variant,
+                args.clients,
+                args.beta,
+                args.seed,
+                Mitigation(args.min_cross, cap, point_dp),
+                clients=clients,
+                partition=part,
+                null_release=True,
+            )
+            point = {
+                "epsilon": eps,
+                "sigma": point_dp.sigma,
+                "client_attacks": scores.as_dict(),
+                "null_release_attacks": null.as_dict(),
+            }
             if not args.no_training:
-                point["test_accuracy"] = _accuracy(graph, args, variant=args.variant, min_cross=args.min_cross,
-                                                   neighbour_cap=cap, dp_epsilon=eps, dp_delta=args.dp_delta,
-                                                   dp_dim=args.dp_dim)
-            print(f"  epsilon {eps:g}: " + ", ".join(
-                f"{k} reid {v['reidentification_rate']:.3f}" for k, v in point["client_attacks"].items())
-                + (f", accuracy {point['test_accuracy']:.3f}" if "test_accuracy" in point else ""), file=sys.stderr)
+                point["test_accuracy"] = _accuracy(
+                    graph,
+                    args,
+                    variant=args.variant,
+                    min_cross=args.min_cross,
+                    neighbour_cap=cap,
+                    dp_epsilon=eps,
+                    dp_delta=args.dp_delta,
+                    dp_dim=args.dp_dim,
+                )
+            print(
+                f"  epsilon {eps:g}: "
+                + ", ".join(
+                    f"{k} reid {v['reidentification_rate']:.3f}" for k, v in point["client_attacks"].items()
+                )
+                + (f", accuracy {point['test_accuracy']:.3f}" if "test_accuracy" in point else ""),
+                file=sys.stderr,
+            )
             sweep.append(point)
         report["epsilon_sweep"] = sweep
     report["seconds"] = time.perf_counter() - start
@@ -142,43 +212,94 @@ def _jsonable(obj):
 
 def render_markdown(report: dict) -> str:
     """The audit as Markdown: a table per party (what it sees, what the attacks recover)."""
-    lines = [(f"# Privacy audit: {report['dataset']}, {report['variant']} variant, {report['clients']} clients, "
-             f"beta {report['beta']:g}"), "", f"Mitigation: `{json.dumps(report['mitigation'], default=str)}`", ""]
+    lines = [
+        (
+            f"# Privacy audit: {report['dataset']}, {report['variant']} variant, {report['clients']} clients, "
+            f"beta {report['beta']:g}"
+        ),
+        "",
+        f"Mitigation: `{json.dumps(report['mitigation'], default=str)}`",
+        "",
+    ]
     server = report.get("server")
     if server:
         lines += ["## Server", "", "| check | result |", "|---|---|"]
-        for key in ("only_allowed_message_types", "uploaded_ciphertexts", "all_uploads_are_ciphertexts_of_the_session_key",
-                    "feature_row_anchor_candidates", "feature_row_anchor_hits", "longest_zero_byte_run_in_ciphertexts",
-                    "shortest_zero_byte_run_in_a_float32_feature_row", "no_feature_rows_visible",
-                    "server_context_has_secret_key", "server_context_cannot_decrypt", "passed"):
+        for key in (
+            "only_allowed_message_types",
+            "uploaded_ciphertexts",
+            "all_uploads_are_ciphertexts_of_the_session_key",
+            "feature_row_anchor_candidates",
+            "feature_row_anchor_hits",
+            "longest_zero_byte_run_in_ciphertexts",
+            "shortest_zero_byte_run_in_a_float32_feature_row",
+            "no_feature_rows_visible",
+            "server_context_has_secret_key",
+            "server_context_cannot_decrypt",
+            "passed",
+        ):
             lines.append(f"| {key.replace('_', ' ')} | {server.get(key)} |")
-        lines += ["", "Messages received: " + ", ".join(f"{k} x{v}" for k, v in server["message_types"].items()),
-                  "", "What the server learns:", ""] + [f"- {item}" for item in server["server_learns"]] + [""]
-    lines += ["## Clients (honest but curious)", "",
-              (f"Attacks on the views of {report['attacked_clients']} clients; victims are foreign nodes. "
-              f"Chance re-identification: {report['chance_reidentification']:.2e}."), "",
-              "| attack | victims | recovered (cos >= 0.99) | mean cosine | re-identified |", "|---|---|---|---|---|"]
+        lines += (
+            [
+                "",
+                "Messages received: " + ", ".join(f"{k} x{v}" for k, v in server["message_types"].items()),
+                "",
+                "What the server learns:",
+                "",
+            ]
+            + [f"- {item}" for item in server["server_learns"]]
+            + [""]
+        )
+    lines += [
+        "## Clients (honest but curious)",
+        "",
+        (
+            f"Attacks on the views of {report['attacked_clients']} clients; victims are foreign nodes. "
+            f"Chance re-identification: {report['chance_reidentification']:.2e}."
+        ),
+        "",
+        "| attack | victims | recovered (cos >= 0.99) | mean cosine | re-identified |",
+        "|---|---|---|---|---|",
+    ]
     for name, s in report["client_attacks"].items():
-        lines.append(f"| {name} | {s['victims']} | {s['recovered_fraction']:.3f} | {s['mean_cosine']:.3f} | "
-                     f"{s['reidentification_rate']:.3f} |")
+        lines.append(
+            f"| {name} | {s['victims']} | {s['recovered_fraction']:.3f} | {s['mean_cosine']:.3f} | "
+            f"{s['reidentification_rate']:.3f} |"
+        )
     if "test_accuracy" in report:
-        lines += ["", (f"FedGAT test accuracy in this setting: **{report['test_accuracy']:.3f}** "
-                      f"(DistGAT, no sharing: {report['distgat_test_accuracy']:.3f}).")]
+        lines += [
+            "",
+            (
+                f"FedGAT test accuracy in this setting: **{report['test_accuracy']:.3f}** "
+                f"(DistGAT, no sharing: {report['distgat_test_accuracy']:.3f})."
+            ),
+        ]
     if report.get("epsilon_sweep"):
-        lines += ["", "## Epsilon sweep (DP release of shared features)", "",
-                  ("Null release: the same attacks and scoring on a release of *shuffled* features (same "
-                   "mechanism, no information on who has which features): the chance level of the oracle "
-                   "scoring, which keeps each victim's best guess. `prior_knowledge` guesses with the "
-                   "client's own nodes only."), "",
-                  ("| epsilon | sigma | attack | recovered | mean cosine | re-identified | re-identified, "
-                   "null release | FedGAT accuracy |"), "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Epsilon sweep (DP release of shared features)",
+            "",
+            (
+                "Null release: the same attacks and scoring on a release of *shuffled* features (same "
+                "mechanism, no information on who has which features): the chance level of the oracle "
+                "scoring, which keeps each victim's best guess. `prior_knowledge` guesses with the "
+                "client's own nodes only."
+            ),
+            "",
+            (
+                "| epsilon | sigma | attack | recovered | mean cosine | re-identified | re-identified, "
+                "null release | FedGAT accuracy |"
+            ),
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for p in report["epsilon_sweep"]:
             for name, s in p["client_attacks"].items():
                 acc = f"{p['test_accuracy']:.3f}" if "test_accuracy" in p else "-"
                 null = p.get("null_release_attacks", {}).get(name)
                 null_reid = f"{null['reidentification_rate']:.3f}" if null else "-"
-                lines.append(f"| {p['epsilon']:g} | {p['sigma']:.2f} | {name} | {s['recovered_fraction']:.3f} | "
-                             f"{s['mean_cosine']:.3f} | {s['reidentification_rate']:.3f} | {null_reid} | {acc} |")
+                lines.append(
+                    f"| {p['epsilon']:g} | {p['sigma']:.2f} | {name} | {s['recovered_fraction']:.3f} | "
+                    f"{s['mean_cosine']:.3f} | {s['reidentification_rate']:.3f} | {null_reid} | {acc} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -189,15 +310,26 @@ def plot_sweep(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedgat.variants import as_variant
+
     sweep = report["epsilon_sweep"]
     eps = [p["epsilon"] for p in sweep]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    attack = "basis" if report["variant"] == "vector" else "spectral"
-    ax.plot(eps, [p["client_attacks"][attack]["reidentification_rate"] for p in sweep], "o-",
-            label=f"{attack} attack: re-identified")
+    attack = as_variant(report["variant"]).recovery_attack
+    ax.plot(
+        eps,
+        [p["client_attacks"][attack]["reidentification_rate"] for p in sweep],
+        "o-",
+        label=f"{attack} attack: re-identified",
+    )
     if all("null_release_attacks" in p for p in sweep):
-        ax.plot(eps, [p["null_release_attacks"][attack]["reidentification_rate"] for p in sweep], "x:",
-                color="grey", label=f"{attack} on a null release (chance for this scoring)")
+        ax.plot(
+            eps,
+            [p["null_release_attacks"][attack]["reidentification_rate"] for p in sweep],
+            "x:",
+            color="grey",
+            label=f"{attack} on a null release (chance for this scoring)",
+        )
     ax.axhline(report["chance_reidentification"], color="grey", ls=":", label="blind guess")
     if all("test_accuracy" in p for p in sweep):
         ax.plot(eps, [p["test_accuracy"] for p in sweep], "s-", label="FedGAT test accuracy")

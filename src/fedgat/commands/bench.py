@@ -24,7 +24,12 @@ HELP = "benchmarks: 'overhead' (encrypted vs plaintext pre-training)"
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
-def _load(name: str) -> ModuleType:
+def load_benchmark(name: str) -> ModuleType:
+    """The module ``benchmarks/<name>.py`` of the source checkout (notebooks call its functions).
+
+    Raises:
+        SystemExit: no such file (``fedgat bench`` needs a source checkout).
+    """
     path = BENCHMARKS / f"{name}.py"
     if not path.is_file():
         raise SystemExit(f"fedgat bench: {path} not found (fedgat bench needs a source checkout)")
@@ -48,24 +53,38 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the accuracy comparison")
     parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds of the accuracy comparison")
-    parser.add_argument("--matrix-estimate", action="store_true",
-                        help="add the matrix variant's estimate (neighbour cap 16) for the same setting")
-    parser.add_argument("--sweep", action="store_true", help="sweep --datasets x --client-counts (no training)")
+    parser.add_argument(
+        "--matrix-estimate",
+        action="store_true",
+        help="add the matrix variant's estimate (neighbour cap 16) for the same setting",
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="sweep --datasets x --client-counts (no training)"
+    )
     parser.add_argument("--datasets", nargs="+", default=["cora", "citeseer"])
     parser.add_argument("--client-counts", nargs="+", type=int, default=[2, 5, 10])
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
-    parser.add_argument("--out", type=Path, default=BENCHMARKS / "results",
-                        help="folder for overhead.{json,md,png} (default benchmarks/results)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=BENCHMARKS / "results",
+        help="folder for overhead.{json,md,png} (default benchmarks/results)",
+    )
     parser.add_argument("--progress", action="store_true", help="progress bars")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    _configure_overhead(sub.add_parser("overhead", help="encrypted vs plaintext pre-training round",
-                                       description="encrypted vs plaintext pre-training round"))
+    _configure_overhead(
+        sub.add_parser(
+            "overhead",
+            help="encrypted vs plaintext pre-training round",
+            description="encrypted vs plaintext pre-training round",
+        )
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.clients < 1 or (args.nodes is not None and args.nodes < 40):
         raise SystemExit("fedgat bench overhead: --clients must be >= 1 and --nodes >= 40")
-    return int(_load(args.benchmark).main_args(args) or 0)
+    return int(load_benchmark(args.benchmark).main_args(args) or 0)

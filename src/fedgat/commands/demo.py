@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._engine import add_engine_arguments, open_engine
+from fedgat.cli_engine import add_engine_arguments, open_engine
 
 NAME = "demo"
 HELP = "encrypted pre-training + FedGAT training end to end (Cora, 10 clients by default)"
@@ -38,35 +38,63 @@ DEMO_ROUNDS = 300
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="cora", choices=DATASET_CHOICES)
-    parser.add_argument("--nodes", type=int, default=None,
-                        help="synthetic dataset only: number of nodes (default 500)")
-    parser.add_argument("--variant", default="vector", choices=("vector", "matrix"),
-                        help="FedGAT encodings (default vector; matrix is ~m^2 rows per node)")
+    parser.add_argument(
+        "--nodes", type=int, default=None, help="synthetic dataset only: number of nodes (default 500)"
+    )
+    parser.add_argument(
+        "--variant",
+        default="vector",
+        choices=("vector", "matrix"),
+        help="FedGAT encodings (default vector; matrix is ~m^2 rows per node)",
+    )
     parser.add_argument("--clients", type=int, default=10, help="number of clients (default 10)")
     parser.add_argument("--beta", type=float, default=1.0, help="Dirichlet label split (default 1: non-iid)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seeds the split, the server's bases (so the plaintext twin uses the same ones), "
-                             "the model and dropout (default 0)")
-    parser.add_argument("--rounds", type=int, default=DEMO_ROUNDS,
-                        help=f"maximum FedAvg rounds (default {DEMO_ROUNDS})")
-    parser.add_argument("--patience", type=int, default=None,
-                        help="early-stopping patience in rounds (default: fedgat's, 100)")
-    parser.add_argument("--preset", default="n4096", choices=PRESET_CHOICES, help="CKKS preset (default n4096)")
-    parser.add_argument("--neighbour-cap", default=None,
-                        help=f"neighbours kept per node, or 'none' (default: {MATRIX_DEFAULT_CAP} for matrix, "
-                             "none for vector)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="processes for the server's homomorphic compute (default: every core; "
-                             "0: in process)")
-    parser.add_argument("--plaintext-training", action="store_true",
-                        help="also train on the plaintext twin's encodings (same seed and bases) to compare "
-                             "accuracies; doubles the training time")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the split, the server's bases (so the plaintext twin uses the same ones), "
+        "the model and dropout (default 0)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=DEMO_ROUNDS, help=f"maximum FedAvg rounds (default {DEMO_ROUNDS})"
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        help="early-stopping patience in rounds (default: fedgat's, 100)",
+    )
+    parser.add_argument(
+        "--preset", default="n4096", choices=PRESET_CHOICES, help="CKKS preset (default n4096)"
+    )
+    parser.add_argument(
+        "--neighbour-cap",
+        default=None,
+        help=f"neighbours kept per node, or 'none' (default: {MATRIX_DEFAULT_CAP} for matrix, "
+        "none for vector)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes for the server's homomorphic compute (default: every core; 0: in process)",
+    )
+    parser.add_argument(
+        "--plaintext-training",
+        action="store_true",
+        help="also train on the plaintext twin's encodings (same seed and bases) to compare "
+        "accuracies; doubles the training time",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--force", action="store_true",
-                        help="run even when the estimated memory exceeds 70%% of what is available")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="run even when the estimated memory exceeds 70%% of what is available",
+    )
 
 
 def _load(args: argparse.Namespace):
@@ -80,14 +108,23 @@ def _load(args: argparse.Namespace):
     if n < 40:
         raise SystemExit("fedgat demo: --nodes must be >= 40")
     classes = 4
-    return load_dataset("synthetic", num_nodes=n, num_classes=classes, num_features=64,
-                        train_per_class=max(2, min(20, n // (4 * classes))), num_val=n // 5, num_test=n // 5,
-                        seed=args.seed)
+    return load_dataset(
+        "synthetic",
+        num_nodes=n,
+        num_classes=classes,
+        num_features=64,
+        train_per_class=max(2, min(20, n // (4 * classes))),
+        num_val=n // 5,
+        num_test=n // 5,
+        seed=args.seed,
+    )
 
 
 def _cap(args: argparse.Namespace) -> int | None:
     if args.neighbour_cap is None:
-        return MATRIX_DEFAULT_CAP if args.variant == "matrix" else None
+        from fedgat.variants import as_variant
+
+        return as_variant(args.variant).default_neighbour_cap
     return None if str(args.neighbour_cap).lower() == "none" else int(args.neighbour_cap)
 
 
@@ -110,14 +147,16 @@ def _gb(n: float) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from fedgat.app import run_summary
+    from fedgat.estimate import estimate_pretraining
     from fedgat.partition import make_partition
     from fedgat.pipeline import (
-        estimate_pretraining,
         max_abs_error,
         run_encrypted_pretraining,
         run_plaintext_pretraining,
         train_fedgat,
     )
+    from fedgat.variants import as_variant
 
     if min(args.clients, args.threads, args.rounds or 1, args.patience or 1) < 1:
         raise SystemExit("fedgat demo: --clients, --rounds, --patience and --threads must be >= 1")
@@ -132,70 +171,86 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"fedgat demo: {exc}") from None
 
     est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset)
-    print(f"fedgat demo: {graph.name} ({graph.num_nodes} nodes, d={graph.num_features}), {args.clients} clients, "
-          f"beta {args.beta:g}, {args.variant} encodings, preset {args.preset}, neighbour cap {cap}")
+    print(
+        f"fedgat demo: {graph.name} ({graph.num_nodes} nodes, d={graph.num_features}), {args.clients} clients, "
+        f"beta {args.beta:g}, {args.variant} encodings, preset {args.preset}, neighbour cap {cap}"
+    )
     memory = 2 * est["decrypted_bytes_float64"]  # decrypted encodings + the plaintext twin, float64
-    if args.variant == "matrix" or est["server_seconds"] > 600:
-        print(f"WARNING: {args.variant} encodings need ~{est['multiply_adds']:.3g} homomorphic multiply-adds "
-              f"(~{est['server_seconds'] / 60:.0f} min of server compute on one core, more on a busy machine), "
-              f"up to {est['max_rows_per_node']} encoding rows per node, ~{_gb(est['bytes_down'])} of "
-              f"result ciphertexts to download and ~{_gb(memory)} of memory for the decrypted encodings "
-              "and their plaintext twin; --workers N spreads the compute.", file=sys.stderr, flush=True)
+    if as_variant(args.variant).has_m2 or est["server_seconds"] > 600:  # M2: m^2 rows per node
+        print(
+            f"WARNING: {args.variant} encodings need ~{est['multiply_adds']:.3g} homomorphic multiply-adds "
+            f"(~{est['server_seconds'] / 60:.0f} min of server compute on one core, more on a busy machine), "
+            f"up to {est['max_rows_per_node']} encoding rows per node, ~{_gb(est['bytes_down'])} of "
+            f"result ciphertexts to download and ~{_gb(memory)} of memory for the decrypted encodings "
+            "and their plaintext twin; --workers N spreads the compute.",
+            file=sys.stderr,
+            flush=True,
+        )
     available = _available_memory()
     if available is not None and memory > 0.7 * available and not args.force:
-        raise SystemExit(f"fedgat demo: the decrypted encodings need ~{_gb(memory)}, more than 70% of the "
-                         f"{_gb(available)} available; lower --neighbour-cap, use a smaller dataset, or pass "
-                         "--force")
+        raise SystemExit(
+            f"fedgat demo: the decrypted encodings need ~{_gb(memory)}, more than 70% of the "
+            f"{_gb(available)} available; lower --neighbour-cap, use a smaller dataset, or pass "
+            "--force"
+        )
 
     engine = open_engine(args, "demo")
     try:
         transport = None if engine is None else engine.transport()
-        pre = run_encrypted_pretraining(graph, partition, args.variant, args.preset, args.seed, transport,
-                                        progress=progress, workers=args.workers)
+        pre = run_encrypted_pretraining(
+            graph,
+            partition,
+            args.variant,
+            args.preset,
+            args.seed,
+            transport,
+            progress=progress,
+            workers=args.workers,
+        )
         plain = run_plaintext_pretraining(graph, partition, args.variant, args.seed)
         error = max_abs_error(pre.encodings, plain)
         if not args.plaintext_training:
             del plain
         hp = {"neighbour_cap": cap, "variant": args.variant}
         hp.update({k: v for k, v in (("rounds", args.rounds), ("patience", args.patience)) if v is not None})
-        encrypted = train_fedgat(graph, partition, pre.encodings, seed=args.seed, deployment=pre.deployment,
-                                 transport=transport, fingerprint=pre.fingerprint, progress=progress, **hp)
+        encrypted = train_fedgat(
+            graph,
+            partition,
+            pre.encodings,
+            seed=args.seed,
+            deployment=pre.deployment,
+            transport=transport,
+            fingerprint=pre.fingerprint,
+            progress=progress,
+            **hp,
+        )
         plaintext = None
         if args.plaintext_training:
-            plaintext = train_fedgat(graph, partition, plain, seed=args.seed, transport=transport,
-                                     progress=progress, **hp)
+            plaintext = train_fedgat(
+                graph, partition, plain, seed=args.seed, transport=transport, progress=progress, **hp
+            )
         actors = [] if engine is None else engine.memory()
     finally:
         if engine is not None:
             engine.shutdown()
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
-    fit = encrypted.fit
     result = {
-        "dataset": graph.name, "num_nodes": graph.num_nodes, "num_features": graph.num_features,
-        "clients": args.clients, "beta": args.beta, "seed": args.seed, "variant": args.variant,
-        "preset": args.preset, "neighbour_cap": cap,
-        "phases": {k: round(v, 3) for k, v in pre.phases.items()},
-        "pretrain_wall_seconds": round(pre.wall_seconds, 3),
-        "bytes_up": pre.bytes_up, "bytes_down": pre.bytes_down,
-        "messages_up": pre.messages_up, "messages_down": pre.messages_down,
-        "ciphertexts_up": pre.ciphertexts_up, "ciphertexts_down": pre.ciphertexts_down,
-        "result_ciphertexts": pre.result_ciphertexts, "multiply_adds": pre.multiply_adds,
-        "slot_layout": {"chunks": pre.layout.chunks, "blocks": pre.layout.blocks, "slots": pre.layout.slots},
-        "slot_utilisation": round(pre.slot_utilisation, 4),
-        "result_slot_utilisation": round(pre.result_slot_utilisation, 4),
+        "dataset": graph.name,
+        "num_nodes": graph.num_nodes,
+        "num_features": graph.num_features,
+        "clients": args.clients,
+        "beta": args.beta,
+        "seed": args.seed,
+        "neighbour_cap": cap,
+        **run_summary(pre, encrypted),  # variant, preset, pre-training costs, training outcome
         "max_abs_error_vs_plaintext": error,
-        "server_has_secret_key": pre.server_has_secret_key,
-        "test_accuracy": fit.test_accuracy, "best_val_accuracy": fit.best_val_accuracy,
-        "best_round": fit.best_round, "rounds": fit.rounds,
-        "max_rounds": encrypted.hparams["rounds"], "patience": encrypted.hparams["patience"],
-        "training_seconds": round(encrypted.seconds, 3),
-        "training_bytes_up": encrypted.bytes_up, "training_bytes_down": encrypted.bytes_down,
         "plaintext_test_accuracy": None if plaintext is None else plaintext.fit.test_accuracy,
         "plaintext_best_round": None if plaintext is None else plaintext.fit.best_round,
         "total_seconds": round(time.perf_counter() - start, 3),
         "peak_rss_bytes": peak_rss,
-        "engine": args.engine, "actors": len(actors),
+        "engine": args.engine,
+        "actors": len(actors),
         "actor_peak_rss_bytes": [a["peak_rss"] for a in actors],
     }
     print(format_report(result))
@@ -210,26 +265,36 @@ def format_report(r: dict) -> str:
     lines += [f"  {name:<15} {sec:8.2f}" for name, sec in r["phases"].items()]
     layout = r["slot_layout"]
     lines.append(f"  {'wall':<15} {r['pretrain_wall_seconds']:8.2f}")
-    lines.append(f"bytes up (clients -> server):   {_gb(r['bytes_up'])} in {r['messages_up']} messages, "
-                 f"{r['ciphertexts_up']} ciphertexts")
-    lines.append(f"bytes down (server -> clients): {_gb(r['bytes_down'])} in {r['messages_down']} messages, "
-                 f"{r['ciphertexts_down']} ciphertexts ({r['result_ciphertexts']} distinct results)")
+    lines.append(
+        f"bytes up (clients -> server):   {_gb(r['bytes_up'])} in {r['messages_up']} messages, "
+        f"{r['ciphertexts_up']} ciphertexts"
+    )
+    lines.append(
+        f"bytes down (server -> clients): {_gb(r['bytes_down'])} in {r['messages_down']} messages, "
+        f"{r['ciphertexts_down']} ciphertexts ({r['result_ciphertexts']} distinct results)"
+    )
     lines.append(f"server multiply-adds:           {r['multiply_adds']}")
-    lines.append(f"slot layout: {layout['chunks']} chunk(s) x {layout['blocks']} block(s) of {layout['slots']} "
-                 f"slots; utilisation {r['slot_utilisation']:.1%} nominal, {r['result_slot_utilisation']:.1%} "
-                 "of all result slots")
+    lines.append(
+        f"slot layout: {layout['chunks']} chunk(s) x {layout['blocks']} block(s) of {layout['slots']} "
+        f"slots; utilisation {r['slot_utilisation']:.1%} nominal, {r['result_slot_utilisation']:.1%} "
+        "of all result slots"
+    )
     lines.append(f"max |decrypted - plaintext| (same bases): {r['max_abs_error_vs_plaintext']:.2e}")
     lines.append(f"server_has_secret_key: {r['server_has_secret_key']}")
-    lines.append(f"FedGAT test accuracy (encrypted pre-training): {r['test_accuracy']:.3f} "
-                 f"(best round {r['best_round']} of {r['rounds']}, {r['training_seconds']:.1f} s)")
+    lines.append(
+        f"FedGAT test accuracy (encrypted pre-training): {r['test_accuracy']:.3f} "
+        f"(best round {r['best_round']} of {r['rounds']}, {r['training_seconds']:.1f} s)"
+    )
     if r["plaintext_test_accuracy"] is not None:
         lines.append(f"FedGAT test accuracy (plaintext twin, same seed): {r['plaintext_test_accuracy']:.3f}")
     lines.append(f"total {r['total_seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
     if r.get("engine") == "ray":
         peaks = r["actor_peak_rss_bytes"]
-        lines.append(f"engine ray: clients in {r['actors']} actor(s), peak RSS "
-                     f"{sum(peaks) / 2**30:.2f} GiB together ({sum(peaks) / max(1, r['clients']) / 2**20:.0f} MiB "
-                     "per client)")
+        lines.append(
+            f"engine ray: clients in {r['actors']} actor(s), peak RSS "
+            f"{sum(peaks) / 2**30:.2f} GiB together ({sum(peaks) / max(1, r['clients']) / 2**20:.0f} MiB "
+            "per client)"
+        )
     if math.isnan(r["test_accuracy"]):
         lines.append("note: no test node anywhere, accuracy undefined")
     return "\n".join(lines)

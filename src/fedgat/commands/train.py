@@ -19,9 +19,11 @@ import argparse
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from ._engine import add_engine_arguments, open_engine
+from fedgat.cli_engine import add_engine_arguments, open_engine
 
 NAME = "train"
 HELP = "train one method (fedgat, distgat, fedgcn, gat, gcn) over several seeds and summarise"
@@ -31,7 +33,7 @@ METHOD_CHOICES = ("fedgat", "distgat", "fedgcn", "gat", "gcn")
 DATASET_CHOICES = ("cora", "citeseer", "pubmed", "synthetic")
 
 # flag dest -> (type, help); each maps to the hyper-parameter of the same name
-_HPARAM_FLAGS: dict[str, tuple[type | object, str]] = {
+_HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "rounds": (int, "maximum federated rounds (default 500)"),
     "patience": (int, "early-stopping patience on validation accuracy, rounds (default 100)"),
     "local_epochs": (int, "local full-batch steps per round, E (default 1)"),
@@ -39,8 +41,13 @@ _HPARAM_FLAGS: dict[str, tuple[type | object, str]] = {
     "weight_decay": (float, "Adam weight decay (default 5e-4)"),
     "fraction": (float, "share of clients sampled per round (default 1)"),
     "mu": (float, "FedProx proximal weight; 0 = FedAvg (default)"),
-    "strategy": (str, "fedavg (clients run Adam, server averages; default) or fedadam (clients run "
-                      "SGD, server runs Adam on the averaged step)"),
+    "strategy": (
+        str,
+        (
+            "fedavg (clients run Adam, server averages; default) or fedadam (clients run "
+            "SGD, server runs Adam on the averaged step)"
+        ),
+    ),
     "client_lr": (float, "FedAdam: the clients' SGD step (default 1; cancels out with one local epoch)"),
     "hidden": (int, "hidden units per head (GAT-type 8, GCN-type 16)"),
     "heads": (int, "attention heads of layer 1 (GAT-type, default 8)"),
@@ -56,12 +63,20 @@ _HPARAM_FLAGS: dict[str, tuple[type | object, str]] = {
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="cora", choices=DATASET_CHOICES,
-                        help="dataset (synthetic: a 500-node planted-class graph for quick checks)")
+    parser.add_argument(
+        "--dataset",
+        default="cora",
+        choices=DATASET_CHOICES,
+        help="dataset (synthetic: a 500-node planted-class graph for quick checks)",
+    )
     parser.add_argument("--method", default="fedgat", choices=METHOD_CHOICES)
     parser.add_argument("--clients", type=int, default=10, help="number of clients (default 10)")
-    parser.add_argument("--beta", type=float, default=1.0,
-                        help="Dirichlet label-split concentration: 1 non-iid, 10000 ~iid (default 1)")
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=1.0,
+        help="Dirichlet label-split concentration: 1 non-iid, 10000 ~iid (default 1)",
+    )
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (default 1)")
     parser.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")
     group = parser.add_argument_group("hyper-parameters (default: the method's own)")
@@ -69,9 +84,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         group.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, default=None, help=text)
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--history", action="store_true", help="include per-round metrics in the JSON")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: these graphs are too small to gain from more, "
-                             "and on a busy machine 2 threads ran 30x slower)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: these graphs are too small to gain from more, "
+        "and on a busy machine 2 threads ran 30x slower)",
+    )
     add_engine_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -100,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
 
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if args.engine != "inprocess" and args.method != "fedgat":
-        raise SystemExit(f"fedgat train: --engine {args.engine} runs FedGAT's protocol; {args.method} "
-                         "trains in process only (leave --engine out)")
+        raise SystemExit(
+            f"fedgat train: --engine {args.engine} runs FedGAT's protocol; {args.method} "
+            "trains in process only (leave --engine out)"
+        )
     engine = open_engine(args, "train")
     if engine is not None:
         try:
@@ -111,15 +132,22 @@ def run(args: argparse.Namespace) -> int:
         return _report(args, graph.name, hparams, results)
     rounds = hparams["rounds"]
     results = []
-    with tqdm(total=len(seeds) * rounds, desc=f"{args.method}/{graph.name}", unit="round",
-              disable=args.quiet, dynamic_ncols=True) as bar:
+    with tqdm(
+        total=len(seeds) * rounds,
+        desc=f"{args.method}/{graph.name}",
+        unit="round",
+        disable=args.quiet,
+        dynamic_ncols=True,
+    ) as bar:
         for seed in seeds:
+
             def progress(r: int, metrics: dict, seed: int = seed) -> None:
                 bar.update(1)
                 bar.set_postfix(seed=seed, val=f"{metrics['val_accuracy']:.3f}")
 
-            result = run_method(args.method, graph, args.clients, args.beta, seed, callback=progress,
-                                **overrides)
+            result = run_method(
+                args.method, graph, args.clients, args.beta, seed, callback=progress, **overrides
+            )
             bar.update(rounds - result.rounds)  # early stopping skipped these
             results.append(result)
     return _report(args, graph.name, hparams, results)
@@ -134,17 +162,35 @@ def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides
 
     start = time.perf_counter()
     try:
-        run = run_encrypted_fedgat(graph, args.clients, args.beta, seed, encrypted=False,
-                                   transport=engine.transport(), progress=not args.quiet, **overrides)
+        run = run_encrypted_fedgat(
+            graph,
+            args.clients,
+            args.beta,
+            seed,
+            encrypted=False,
+            transport=engine.transport(),
+            progress=not args.quiet,
+            **overrides,
+        )
     except ValueError as exc:
         raise SystemExit(f"fedgat train: {exc}") from None
     t = run.training
-    return RunResult(method="fedgat", dataset=graph.name, num_clients=args.clients, beta=float(args.beta),
-                     seed=seed, test_accuracy=t.fit.test_accuracy, best_val_accuracy=t.fit.best_val_accuracy,
-                     best_round=t.fit.best_round, rounds=t.fit.rounds,
-                     pretrain_bytes=pretrain_bytes("fedgat", graph, args.clients, args.beta, seed, **overrides),
-                     pretrain_seconds=time.perf_counter() - start - t.seconds, train_seconds=t.seconds,
-                     hparams=t.hparams, history=t.fit.history)
+    return RunResult(
+        method="fedgat",
+        dataset=graph.name,
+        num_clients=args.clients,
+        beta=float(args.beta),
+        seed=seed,
+        test_accuracy=t.fit.test_accuracy,
+        best_val_accuracy=t.fit.best_val_accuracy,
+        best_round=t.fit.best_round,
+        rounds=t.fit.rounds,
+        pretrain_bytes=pretrain_bytes("fedgat", graph, args.clients, args.beta, seed, **overrides),
+        pretrain_seconds=time.perf_counter() - start - t.seconds,
+        train_seconds=t.seconds,
+        hparams=t.hparams,
+        history=t.fit.history,
+    )
 
 
 def _report(args: argparse.Namespace, dataset: str, hparams: dict, results: list) -> int:
@@ -175,9 +221,15 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
         "rounds_mean": statistics.fmean(r.rounds for r in results),
         "hparams": hparams,
         "rows": [
-            {"seed": r.seed, "test_accuracy": r.test_accuracy, "best_val_accuracy": r.best_val_accuracy,
-             "best_round": r.best_round, "rounds": r.rounds, "pretrain_bytes": r.pretrain_bytes,
-             "train_seconds": r.train_seconds}
+            {
+                "seed": r.seed,
+                "test_accuracy": r.test_accuracy,
+                "best_val_accuracy": r.best_val_accuracy,
+                "best_round": r.best_round,
+                "rounds": r.rounds,
+                "pretrain_bytes": r.pretrain_bytes,
+                "train_seconds": r.train_seconds,
+            }
             for r in results
         ],
     }
@@ -187,20 +239,28 @@ def format_table(summary: dict) -> str:
     """A readable per-seed table with a mean +- std line."""
     hp = summary["hparams"]
     extra = f", {hp['variant']}" if "variant" in hp else ""
-    head = (f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), "
-            f"beta {summary['beta']:g}{extra}")
+    head = (
+        f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), "
+        f"beta {summary['beta']:g}{extra}"
+    )
     cols = f"{'seed':>6} {'test acc':>9} {'best val':>9} {'best rnd':>9} {'rounds':>7} {'pretrain MB':>12} {'train s':>8}"
     lines = [head, cols, "-" * len(cols)]
     for row in summary["rows"]:
-        lines.append(f"{row['seed']:>6} {row['test_accuracy']:>9.3f} {row['best_val_accuracy']:>9.3f} "
-                     f"{row['best_round']:>9} {row['rounds']:>7} {row['pretrain_bytes'] / 1e6:>12.1f} "
-                     f"{row['train_seconds']:>8.1f}")
+        lines.append(
+            f"{row['seed']:>6} {row['test_accuracy']:>9.3f} {row['best_val_accuracy']:>9.3f} "
+            f"{row['best_round']:>9} {row['rounds']:>7} {row['pretrain_bytes'] / 1e6:>12.1f} "
+            f"{row['train_seconds']:>8.1f}"
+        )
     std = summary["test_accuracy_std"]
     lines.append("-" * len(cols))
-    lines.append(f"{'mean':>6} {summary['test_accuracy_mean']:>9.3f} {summary['best_val_accuracy_mean']:>9.3f}"
-                 f"{'':>9} {summary['rounds_mean']:>8.0f} {summary['pretrain_bytes'] / 1e6:>12.1f} "
-                 f"{summary['train_seconds']:>8.1f}")
+    lines.append(
+        f"{'mean':>6} {summary['test_accuracy_mean']:>9.3f} {summary['best_val_accuracy_mean']:>9.3f}"
+        f"{'':>9} {summary['rounds_mean']:>8.0f} {summary['pretrain_bytes'] / 1e6:>12.1f} "
+        f"{summary['train_seconds']:>8.1f}"
+    )
     if not math.isnan(std):
-        lines.append(f"test accuracy {summary['test_accuracy_mean']:.3f} +- {std:.3f} over "
-                     f"{len(summary['rows'])} seed(s)")
+        lines.append(
+            f"test accuracy {summary['test_accuracy_mean']:.3f} +- {std:.3f} over "
+            f"{len(summary['rows'])} seed(s)"
+        )
     return "\n".join(lines)

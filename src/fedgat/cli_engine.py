@@ -1,5 +1,5 @@
-"""``--engine``, ``--address`` and ``--actors``, shared by ``fedgat demo`` and ``fedgat train`` (a
-private module: :mod:`fedgat.cli` skips modules whose name starts with an underscore)."""
+"""``--engine``, ``--address`` and ``--actors``, shared by ``fedgat demo`` and ``fedgat train`` (kept
+outside :mod:`fedgat.commands`, whose every module is a subcommand)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,24 @@ ENGINE_CHOICES = ("inprocess", "ray")
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """``--engine``, ``--address``, ``--actors`` (shared with ``fedgat train``)."""
-    parser.add_argument("--engine", default="inprocess", choices=ENGINE_CHOICES,
-                        help="where the parties run: inprocess (default) or ray (clients in Ray actors, the "
-                             "server's homomorphic work as Ray tasks; pip install \"fedgat[ray]\")")
-    parser.add_argument("--address", default=None,
-                        help="ray: an existing cluster (e.g. auto, or head-ip:6379; default: start a local Ray)")
-    parser.add_argument("--actors", type=int, default=None,
-                        help="ray: actors hosting the clients (default min(cluster CPUs, clients))")
+    parser.add_argument(
+        "--engine",
+        default="inprocess",
+        choices=ENGINE_CHOICES,
+        help="where the parties run: inprocess (default) or ray (clients in Ray actors, the "
+        'server\'s homomorphic work as Ray tasks; pip install "fedgat[ray]")',
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="ray: an existing cluster (e.g. auto, or head-ip:6379; default: start a local Ray)",
+    )
+    parser.add_argument(
+        "--actors",
+        type=int,
+        default=None,
+        help="ray: actors hosting the clients (default min(cluster CPUs, clients))",
+    )
 
 
 def open_engine(args: argparse.Namespace, command: str):

@@ -1,0 +1,184 @@
+r"""Where the server's homomorphic work runs: the seam between the protocol and the compute.
+
+The pre-training server (:class:`fedgat.protocols.pretrain_server.ServerPretrain`) decides *what* to
+compute -- compute buckets of bases whose ``neighbours`` are spool keys -- and hands them to an
+:class:`Encoder`, which yields one :class:`~fedgat.crypto.tasks.NodeResult` per node, in bucket
+order. Every encoder runs the same per-node compute (:func:`fedgat.crypto.tasks.encode_node`);
+they differ only in where:
+
+* :class:`InlineEncoder` -- in the calling process;
+* :class:`ProcessPoolEncoder` -- a spawned process pool on this machine, reading the spool file;
+* :class:`fedgat.crypto.ray_encoder.RayEncoder` -- Ray tasks, uploads shipped through the object
+  store (``pip install "fedgat[ray]"``).
+
+An engine picks one by passing an :data:`EncoderFactory` to the server: it is called once, when
+the compute phase begins, with the server's public context, the slot layout, the spool and the
+number of results to compute. :func:`local_encoder` is the default factory.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING, Protocol, Self
+
+from .context import CkksContext, ServerContext
+from .packing import SlotLayout
+from .spool import CiphertextSpool
+from .tasks import NodeResult, batched, encode_node, pieces, run_windowed, worker_batch, worker_init
+
+if TYPE_CHECKING:
+    from fedgat.encodings import BucketBases
+
+__all__ = [
+    "AUTO_POOL_MIN_NODES",
+    "Encoder",
+    "EncoderFactory",
+    "InlineEncoder",
+    "ProcessPoolEncoder",
+    "auto_workers",
+    "local_encoder",
+]
+
+#: smallest round (results) for which :func:`local_encoder` with ``workers=None`` starts a pool
+AUTO_POOL_MIN_NODES = 256
+
+
+class Encoder(Protocol):
+    """Computes encrypted encodings: one :class:`NodeResult` per node of ``buckets``, in order."""
+
+    #: processes or tasks working at once (0: the calling process)
+    workers: int
+
+    def map(self, buckets: Iterable[BucketBases]) -> Iterator[NodeResult]: ...
+
+    def close(self) -> None: ...
+
+
+#: ``factory(context, layout, spool, results) -> Encoder``, called when the compute phase begins
+EncoderFactory = Callable[[ServerContext, SlotLayout, CiphertextSpool, int], Encoder]
+
+
+class InlineEncoder:
+    """:func:`~fedgat.crypto.tasks.encode_node` in this process, node by node (a generator)."""
+
+    workers = 0
+
+    def __init__(self, ctx: CkksContext, layout: SlotLayout, spool: CiphertextSpool) -> None:
+        self._ctx, self._layout, self._spool = ctx, layout, spool
+
+    def map(self, buckets: Iterable[BucketBases]) -> Iterator[NodeResult]:
+        for b in buckets:
+            for s in range(len(b)):
+                sources = [self._spool.get(j) for j in b.neighbours[s]]
+                yield encode_node(self._ctx, self._layout, sources, int(b.nodes[s]), b.coefficients(s))
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ProcessPoolEncoder:
+    """The server's homomorphic encodings on every core of this machine.
+
+    Worker processes load the *public* context from bytes and read the spooled uploads from disk;
+    tasks and results cross the process boundary as plain arrays and ciphertext bytes (TenSEAL
+    objects cannot be pickled). Results stream back in task order, ``chunksize`` nodes at a time,
+    with at most ``window`` batches (default ``4 * workers``) submitted ahead of the consumer, so
+    neither pending tasks nor finished results pile up in memory (``ProcessPoolExecutor.map`` would
+    submit every task at once and keep every result until it is read).
+
+    Args:
+        public_context: the server's public context bytes (what ``ServerContext.from_bytes`` loads).
+        layout: the slot layout of the uploads.
+        spool: the spool holding every upload (written by this process).
+        workers: processes; ``None`` = ``os.cpu_count()``; 0 computes in this process.
+        chunksize: nodes (or pieces of nodes) per task sent to a worker.
+        window: batches in flight at most (default ``4 * workers``).
+        max_task_cost: multiply-adds per task, about (~0.3 s at n4096); a node above it is split
+            into runs of whole result groups, a batch of small nodes stops there.
+    """
+
+    def __init__(
+        self,
+        public_context: bytes,
+        layout: SlotLayout,
+        spool: CiphertextSpool,
+        workers: int | None = None,
+        chunksize: int = 8,
+        window: int | None = None,
+        max_task_cost: int = 512,
+    ) -> None:
+        self.workers = (os.cpu_count() or 1) if workers is None else workers
+        self.chunksize = max(1, chunksize)
+        self.max_task_cost = max(1, max_task_cost)
+        self._layout = layout
+        self.window = max(1, 4 * self.workers if window is None else window)
+        #: most batches that were ever in flight at once (tests: never above ``window``)
+        self.max_in_flight = 0
+        self._inline = InlineEncoder(spool.ctx, layout, spool)
+        self._pool: ProcessPoolExecutor | None = None
+        if self.workers > 0:
+            path, index = spool.snapshot()
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=worker_init,
+                initargs=(public_context, layout, path, index),
+            )
+
+    def map(self, buckets: Iterable[BucketBases]) -> Iterator[NodeResult]:
+        """Encrypted encodings of every node of every bucket, in bucket order."""
+        pool = self._pool
+        if pool is None:
+            yield from self._inline.map(buckets)
+            return
+        layout = self._layout
+        tasks = pieces(buckets, layout.chunks, layout.blocks, self.max_task_cost)
+        yield from run_windowed(
+            self,
+            batched(tasks, self.chunksize, self.max_task_cost, layout.chunks),
+            lambda batch: pool.submit(worker_batch, batch),
+            lambda future: future.result(),
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def auto_workers(workers: int | None, results: int) -> int:
+    """Processes :func:`local_encoder` starts: ``workers`` when given, else ``os.cpu_count()`` for a
+    round of at least :data:`AUTO_POOL_MIN_NODES` results on a machine with more than one core, else 0."""
+    if workers is not None:
+        return workers
+    cores = os.cpu_count() or 1
+    return cores if cores > 1 and results >= AUTO_POOL_MIN_NODES else 0
+
+
+def local_encoder(workers: int | None = None) -> EncoderFactory:
+    """The default factory: ``workers`` processes (0: :class:`InlineEncoder`); ``None`` starts a pool of
+    ``os.cpu_count()`` processes when the round has at least :data:`AUTO_POOL_MIN_NODES` results and
+    the machine more than one core, else computes inline -- a spawned pool costs seconds to start."""
+
+    def factory(ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int) -> Encoder:
+        n = auto_workers(workers, results)
+        if n == 0:
+            return InlineEncoder(ctx, layout, spool)
+        return ProcessPoolEncoder(ctx.public_context_bytes(), layout, spool, workers=n)
+
+    return factory

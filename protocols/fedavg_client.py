@@ -1,0 +1,284 @@
+"""The client side of the FedAvg rounds (:class:`ClientRounds`) and what both sides share: the wire
+form of weights (:func:`state_to_arrays`, float32 only), the frame limit and the parties' states.
+See :mod:`fedgat.protocols.fedavg` for the protocol."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+import torch
+
+from fedgat.checkpoint import (
+    Checkpoint,
+    CheckpointMismatchError,
+    arrays_to_tensors,
+    optimizer_from_checkpoint,
+    optimizer_to_checkpoint,
+    tensors_to_arrays,
+)
+from fedgat.federated import Client, ClientUpdate, StateDict
+from fedgat.rounds import exact_weights
+
+from .errors import AuthError, PayloadError, ReplayError, StateError
+from .messages import Abort, EvaluateRequest, EvaluationReport, GlobalModel, LocalUpdate, Message, SplitCounts
+from .party import Handler, Party
+from .party_values import PartyReport, PartySpec
+from .roster import Identity, Roster
+from .training_values import absorb_rounds, report_rounds, rounds_from_spec, rounds_spec_fields
+
+__all__ = ["CLIENT_KIND", "FRAME_OVERHEAD", "ClientRounds", "RoundsState", "state_to_arrays"]
+
+#: frame bytes allowed above the model's weights (header, names, shapes, signature)
+FRAME_OVERHEAD = 64 * 1024
+CLIENT_KIND = "fedgat.fedavg.client"
+
+
+def model_frame_limit(state: StateDict) -> int:
+    """Largest frame a party accepts: the float32 weights of ``state`` plus :data:`FRAME_OVERHEAD`."""
+    return sum(t.numel() * 4 + 4 * t.dim() + 256 for t in state.values()) + FRAME_OVERHEAD
+
+
+class RoundsState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+def state_to_arrays(state: StateDict) -> dict[str, np.ndarray]:
+    """float32 numpy views of a state dict (what travels in GlobalModel/LocalUpdate)."""
+    out = {}
+    for name, tensor in state.items():
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"{name} is {tensor.dtype}; the protocol carries float32 weights only")
+        out[name] = tensor.detach().cpu().numpy()
+    return out
+
+
+def check_arrays(arrays: dict[str, np.ndarray], reference: StateDict, what: str) -> StateDict:
+    """Received weights as tensors, once their names and shapes are those of ``reference``.
+
+    Raises:
+        PayloadError: other names, order or shapes.
+    """
+    if list(arrays) != list(reference):
+        raise PayloadError(f"{what}: weight names {list(arrays)[:4]} do not match the model's")
+    for name, arr in arrays.items():
+        if tuple(arr.shape) != tuple(reference[name].shape):
+            raise PayloadError(
+                f"{what}: {name} has shape {arr.shape}, expected {tuple(reference[name].shape)}"
+            )
+    return {name: torch.from_numpy(arr) for name, arr in arrays.items()}
+
+
+class ClientRounds(Party):
+    """A FedAvg client around a :class:`fedgat.federated.Client` (its training and evaluation code).
+
+    Args:
+        party_id, roster, session, identity: identity and session.
+        client: the in-process client (model replica, the client half of the strategy and the
+            optimiser it built, local tasks).
+        fingerprint: the session's CKKS key fingerprint when rounds follow an encrypted pre-training.
+        seed: give the client its own torch random stream (dropout) seeded so, as a separate process
+            would have; checkpoints then carry it and a restored client continues exactly. None: the
+            process-wide stream (bit-identical to :class:`fedgat.federated.Server` in one process).
+
+    As a value (:mod:`fedgat.protocols.training_values`): :meth:`spec` before its first message
+    (model description and weights, optimiser, strategy, tasks), :meth:`report` / :meth:`absorb`.
+    """
+
+    PARTY_KIND = "rounds.client"
+
+    def __init__(
+        self,
+        party_id: int,
+        roster: Roster,
+        session: int,
+        identity: Identity,
+        *,
+        client: Client,
+        fingerprint: bytes | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(party_id, roster, session, identity.signer)
+        self.client = client
+        self.verifier.fingerprint = fingerprint
+        self.state = RoundsState.RUNNING
+        self.last_round = 0
+        self._weights: StateDict | None = None  # the last global weights received
+        self._evaluated: set[str] = set()
+        self._reference = {k: v.detach() for k, v in client.model.state_dict().items()}
+        self._rng: torch.Tensor | None = (
+            None if seed is None else torch.Generator().manual_seed(int(seed)).get_state()
+        )
+        self.max_frame_bytes = model_frame_limit(self._reference)
+
+    @property
+    def done(self) -> bool:
+        return self.state is not RoundsState.ABORTED
+
+    def _snapshot(self) -> dict:
+        return {
+            "last_round": self.last_round,
+            "evaluated": tuple(sorted(self._evaluated)),
+            "weights": tuple(float(v.double().sum()) for v in self.client.model.state_dict().values()),
+        }
+
+    # --- as a value (fedgat.protocols.training_values) -------------------------------------------------
+    def _spec_fields(self) -> dict:
+        return rounds_spec_fields(self)
+
+    @classmethod
+    def from_spec(cls, spec: PartySpec) -> ClientRounds:
+        return rounds_from_spec(cls, spec)
+
+    def _report_values(self) -> tuple[dict[str, int], dict]:
+        return report_rounds(self)
+
+    def _absorb(self, report: PartyReport) -> None:
+        absorb_rounds(self, report)
+
+    def _handler(self, msg: Message) -> Handler | None:
+        if self.state is not RoundsState.RUNNING:
+            return None
+        handlers: dict[type, Handler] = {
+            GlobalModel: self._on_model,
+            EvaluateRequest: self._on_request,
+            Abort: self._on_abort,
+        }
+        return handlers.get(type(msg))
+
+    def _from_server(self, msg: Message) -> None:
+        if msg.sender != self.roster.server:
+            raise AuthError(f"{msg.type_name} must come from the server, not party {msg.sender}")
+
+    def _on_abort(self, msg: Abort) -> list[Message]:
+        self._from_server(msg)
+        self.state = RoundsState.ABORTED
+        self.abort_reason = f"server aborted (code {msg.code}): {msg.reason}"
+        return []
+
+    def _report(self, t: int, splits: tuple[str, ...]) -> Message:
+        assert self._weights is not None
+        counts = self.client.evaluate(self._weights, splits)
+        self._evaluated.update(splits)
+        return self._new(
+            EvaluationReport,
+            self.roster.server,
+            round=t,
+            splits=tuple(
+                SplitCounts(s, counts[s].correct, counts[s].count, counts[s].loss_sum) for s in splits
+            ),
+        )
+
+    def _on_model(self, msg: GlobalModel) -> list[Message]:
+        self._from_server(msg)
+        if msg.round <= self.last_round:
+            raise ReplayError(
+                f"global model of round {msg.round}; round {self.last_round} was already served"
+            )
+        weights = check_arrays(msg.arrays, self._reference, "GlobalModel")
+        self.last_round, self._weights, self._evaluated = msg.round, weights, set()
+        out: list[Message] = []
+        with self.clock("training"):
+            if msg.splits:
+                out.append(self._report(msg.round, msg.splits))
+            if msg.fit:
+                update = self._fit(weights)
+                arrays = state_to_arrays(update.state) if update.num_train else {}
+                out.append(
+                    self._new(
+                        LocalUpdate,
+                        self.roster.server,
+                        round=msg.round,
+                        num_train=update.num_train,
+                        loss=update.loss,
+                        arrays=arrays,
+                    )
+                )
+        return out
+
+    def _on_request(self, msg: EvaluateRequest) -> list[Message]:
+        self._from_server(msg)
+        if msg.round != self.last_round or self._weights is None:
+            raise ReplayError(
+                f"evaluation of round {msg.round}; the last weights are of round {self.last_round}"
+            )
+        if self._evaluated & set(msg.splits):
+            raise ReplayError(
+                f"splits {sorted(self._evaluated & set(msg.splits))} of round {msg.round} "
+                "were already reported"
+            )
+        with self.clock("training"):
+            return [self._report(msg.round, msg.splits)]
+
+    def _fit(self, weights: StateDict) -> ClientUpdate:
+        """Local training, drawing from the client's own random stream when it has one."""
+        if self._rng is None:
+            return self.client.fit(weights)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._rng)
+            update = self.client.fit(weights)
+            self._rng = torch.get_rng_state()
+        return update
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    @property
+    def checkpoint_label(self) -> int | None:
+        """The round this client awaits next, once it has handled a GlobalModel."""
+        if self.state is not RoundsState.RUNNING or self.last_round == 0:
+            return None
+        return self.last_round + 1
+
+    def checkpoint(self) -> Checkpoint:
+        """Model replica, optimiser, random stream, last global weights and round state."""
+        if self.checkpoint_label is None:
+            raise StateError("the client has no state to checkpoint yet")
+        opt_meta, arrays = optimizer_to_checkpoint(self.client.optimizer)
+        arrays.update(tensors_to_arrays(self.client.model.state_dict(), "model/"))
+        if self._weights is not None:
+            arrays.update(tensors_to_arrays(self._weights, "weights/"))
+        if self._rng is not None:
+            arrays["rng"] = self._rng.numpy().copy()
+        meta = {
+            **self._checkpoint_base(),
+            "last_round": self.last_round,
+            "evaluated": sorted(self._evaluated),
+            "optimizer": opt_meta,
+            "has_weights": self._weights is not None,
+            "shapes": {k: list(v.shape) for k, v in self._reference.items()},
+        }
+        return Checkpoint(CLIENT_KIND, meta, arrays)
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Load a :meth:`checkpoint` into this fresh client (same model architecture and optimiser).
+
+        Raises:
+            CheckpointMismatchError: another kind, party, session or model.
+            StateError: the client has already handled a message.
+        """
+        if self.last_round != 0 or self.state is not RoundsState.RUNNING:
+            raise StateError("restore() needs a client that has handled no message")
+        ckpt.require(
+            CLIENT_KIND,
+            party=self.party_id,
+            session=self.session,
+            shapes={k: list(v.shape) for k, v in self._reference.items()},
+        )
+        meta, arrays = ckpt.meta, ckpt.arrays
+        if ("rng" in arrays) != (self._rng is not None):
+            raise CheckpointMismatchError(
+                "the checkpoint and this client disagree on a private random stream"
+            )
+        self._restore_base(meta)
+        self.client.model.load_state_dict(exact_weights(arrays_to_tensors(arrays, "model/"), self._reference))
+        optimizer_from_checkpoint(self.client.optimizer, meta["optimizer"], arrays)
+        self._weights = (
+            exact_weights(arrays_to_tensors(arrays, "weights/"), self._reference)
+            if meta["has_weights"]
+            else None
+        )
+        if self._rng is not None:
+            self._rng = torch.from_numpy(np.array(arrays["rng"]))
+        self.last_round, self._evaluated = int(meta["last_round"]), set(meta["evaluated"])

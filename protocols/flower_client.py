@@ -1,0 +1,225 @@
+"""The Flower engine's client side: the ClientApp's message handler (:func:`handle_message`).
+
+Each ClientApp instance (one per SuperNode) hosts one fedgat client party; its party id is the
+SuperNode's ``node_config["partition-id"]``. The party is assembled by :mod:`fedgat.app`
+(:func:`~fedgat.app.build_pretrain_client`, :func:`~fedgat.app.build_rounds_client`) from the run's
+graph and partition (:mod:`fedgat.protocols.flower_config`), as in process; between messages it
+lives in the SuperNode's local state (:mod:`fedgat.protocols.flower_state`). See
+:mod:`fedgat.protocols.flower_app`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from fedgat.app import build_pretrain_client, build_rounds_client
+from fedgat.encodings import Encodings
+from fedgat.graph import Graph
+from fedgat.partition import Partition
+
+from .flower_config import (
+    FLOWER_HINT,
+    FlowerRunConfig,
+    FlowerUnavailableError,
+    RemotePartyError,
+    RosterMismatchError,
+    load_graph,
+    make_run_partition,
+)
+
+try:
+    from flwr.app import Context, Message
+except ImportError as _exc:  # pragma: no cover - exercised only without the extra
+    raise FlowerUnavailableError(f"{FLOWER_HINT} ({_exc})") from _exc
+
+from .driver import Driver
+from .fedavg import ClientRounds
+from .flower_roster import check_pinned, read_identity, roster_fingerprint, roster_from_json
+from .flower_state import load_state, save_encodings, save_state
+from .flower_wire import HELLO, config_str, message_content, message_frames, message_meta
+from .party import Party
+from .pretrain import ClientPretrain, PretrainConfig
+from .roster import Identity, Roster
+from .transport import Delivery, Transport
+
+__all__ = ["handle_message"]
+
+log = logging.getLogger("flwr").getChild("fedgat")  # Flower's handlers show it in the run's logs
+
+
+class _ReplyTransport(Transport):
+    """One ClientApp invocation: the message's frames in, the party's frames out."""
+
+    def __init__(self, me: int, server: int, frames: list[bytes]) -> None:
+        self._in = deque(Delivery(server, me, f) for f in frames)
+        self.out: list[bytes] = []
+
+    def _send(self, sender: int, to: int, data: bytes) -> None:
+        self.out.append(bytes(data))
+
+    def poll(self) -> Delivery | None:
+        return self._in.popleft() if self._in else None
+
+    def idle(self) -> bool:
+        return not self._in
+
+
+def _party_id(context: Context, cfg: FlowerRunConfig) -> int:
+    nc = context.node_config
+    if "partition-id" not in nc:
+        raise RemotePartyError("the SuperNode needs --node-config 'partition-id=<i> num-partitions=<K>'")
+    pid = int(nc["partition-id"])
+    k = int(nc.get("num-partitions", cfg.num_clients))
+    if k != cfg.num_clients or not 0 <= pid < k:
+        raise RosterMismatchError(
+            f"node config partition-id={pid} num-partitions={k} does not fit a run of "
+            f"{cfg.num_clients} clients"
+        )
+    return pid
+
+
+def _client_data(cfg: FlowerRunConfig) -> tuple[Graph, Partition]:
+    graph = load_graph(cfg)
+    return graph, make_run_partition(graph, cfg)
+
+
+def _new_pretrain_party(
+    pid: int, cfg: FlowerRunConfig, identity: Identity, roster: Roster, config: PretrainConfig
+) -> ClientPretrain:
+    """A client's pre-training party (:func:`fedgat.app.build_pretrain_client`)."""
+    graph, partition = _client_data(cfg)
+    try:
+        return build_pretrain_client(
+            pid,
+            graph,
+            partition,
+            roster,
+            config,
+            identity,
+            dtype=torch.float64,
+            upload_batch=cfg.upload_batch,
+        )
+    except ValueError as exc:  # the client owns no node
+        raise RemotePartyError(str(exc)) from exc
+
+
+def _new_rounds_party(
+    pid: int, cfg: FlowerRunConfig, identity: Identity, roster: Roster, setup: dict, encodings: Encodings
+) -> ClientRounds:
+    """A client's FedAvg party (:func:`fedgat.app.build_rounds_client`) from its decrypted encodings."""
+    graph, partition = _client_data(cfg)
+    try:
+        return build_rounds_client(
+            pid,
+            graph,
+            partition,
+            encodings,
+            roster,
+            identity,
+            cfg.hyper(),
+            session=int(setup["session"]),
+            num_features=int(setup["num-features"]),
+            num_classes=int(setup["num-classes"]),
+            fingerprint=bytes.fromhex(setup["fingerprint"]),
+        )
+    except ValueError as exc:  # the encodings do not cover the client's needed nodes
+        raise RemotePartyError(str(exc)) from exc
+
+
+def _identity(state: dict, context: Context) -> Identity:
+    if "identity" not in state:
+        path = context.node_config.get("identity")
+        state["identity"] = read_identity(str(path), client=True) if path else Identity.generate(client=True)
+    return state["identity"]
+
+
+def _set_up(
+    pid: int, cfg: FlowerRunConfig, context: Context, state: dict, identity: Identity, setup: dict
+) -> None:
+    """Check the roster a phase's set-up carries (or keep the last one) and build the phase's party."""
+    roster = roster_from_json(setup["roster"]) if "roster" in setup else state["roster"]
+    if roster.signing_key(pid) != identity.signer.public_bytes():
+        raise RosterMismatchError(f"the roster does not hold party {pid}'s key")
+    pinned = context.node_config.get("roster") or cfg.roster
+    if "roster" in setup:
+        if pinned:
+            check_pinned(roster, str(pinned))
+        log.info(
+            "fedgat party %d: roster %s (%s)",
+            pid,
+            roster_fingerprint(roster),
+            "pinned" if pinned else "trust on first use",
+        )
+    state["roster"] = roster
+    if setup["phase"] == "pretrain":
+        c = setup["config"]
+        config = PretrainConfig(
+            session=int(c["session"]),
+            variant=c["variant"],
+            preset=c["preset"],
+            chunks=c["chunks"],
+            embed_factor=int(c["embed_factor"]),
+        )
+        state["party"] = _new_pretrain_party(pid, cfg, identity, roster, config)
+    elif setup["phase"] == "rounds":
+        pre = state.get("party")
+        if not isinstance(pre, ClientPretrain) or pre.encodings is None:
+            raise RemotePartyError(f"party {pid} has no encodings: the pre-training did not complete")
+        state["party"] = _new_rounds_party(pid, cfg, identity, roster, setup, pre.encodings)
+    else:
+        raise RemotePartyError(f"unknown phase {setup['phase']!r}")
+
+
+def handle_message(message: Message, context: Context) -> Message:
+    """The ClientApp: one message in (frames for this party), one reply out (its frames)."""
+    cfg = FlowerRunConfig.from_run_config(context.run_config)
+    pid = _party_id(context, cfg)
+    state = load_state(context)
+    identity = _identity(state, context)
+    phase = message.metadata.message_type
+    if phase == HELLO:
+        graph = load_graph(cfg)
+        save_state(context, state)
+        meta = {
+            "party": pid,
+            "ed25519": identity.signer.public_bytes(),
+            "num-features": graph.num_features,
+            "num-classes": graph.num_classes,
+        }
+        return Message(message_content(meta, []), reply_to=message)
+    meta_in = message_meta(message)
+    counter = state.get("messages", 0) + 1
+    state["messages"] = counter
+    # every message reseeds torch: dropout is reproducible run to run (per party and message)
+    torch.manual_seed(
+        int.from_bytes(hashlib.sha256(f"{cfg.seed}:{pid}:{counter}".encode()).digest()[:8], "big")
+    )
+    new = "setup" in meta_in
+    if new:
+        _set_up(pid, cfg, context, state, identity, json.loads(config_str(meta_in, "setup")))
+    party: Party | None = state.get("party")
+    if party is None:
+        raise RemotePartyError(f"party {pid} got frames before its phase was set up")
+    transport = _ReplyTransport(pid, state["roster"].server, message_frames(message))
+    driver = Driver(transport, {pid: party})
+    if new:
+        driver.start()
+    # stop once the frames are consumed and no streamed work is left: a party's armed deadline is
+    # checked on its next message, never waited for inside a ClientApp
+    driver.run(until=lambda: transport.idle() and not party.has_work())
+    if isinstance(party, ClientPretrain) and party.done and not state.get("exported"):
+        out = context.node_config.get("output-dir")
+        if out and party.encodings is not None:
+            Path(str(out)).mkdir(parents=True, exist_ok=True)
+            save_encodings(Path(str(out)) / f"encodings-party{pid}.npz", party.encodings)
+        state["exported"] = True
+    save_state(context, state)
+    status = party.state.value if hasattr(party.state, "value") else str(party.state)
+    meta = {"party": pid, "state": status, "aborted": party.abort_reason or ""}
+    return Message(message_content(meta, transport.out), reply_to=message)

@@ -1,0 +1,151 @@
+"""The Flower engine's run config, the run's data and its errors (:mod:`fedgat.protocols.flower_app`).
+
+Nothing here imports ``flwr``: the config and the data are the same for every party, and the
+identity and roster tools (:mod:`fedgat.protocols.flower_roster`) work without the extra.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from fedgat.graph import Graph
+from fedgat.methods import fedgat_partition, resolve_hparams
+from fedgat.partition import Partition
+
+__all__ = [
+    "FLOWER_HINT",
+    "FlowerEngineError",
+    "FlowerRunConfig",
+    "FlowerTimeoutError",
+    "FlowerUnavailableError",
+    "RemotePartyError",
+    "RosterMismatchError",
+    "load_graph",
+    "make_run_partition",
+]
+
+FLOWER_HINT = 'the Flower engine needs flwr 1.41: pip install "fedgat[flower]"'
+
+
+class FlowerUnavailableError(ImportError):
+    """flwr is not installed (install the ``flower`` extra)."""
+
+
+class FlowerEngineError(RuntimeError):
+    """Base class of the Flower engine's errors."""
+
+
+class FlowerTimeoutError(FlowerEngineError):
+    """Nodes did not connect, or replies did not arrive, within the configured time."""
+
+
+class RemotePartyError(FlowerEngineError):
+    """A ClientApp raised (Flower error reply) or its party aborted or ended in a wrong state."""
+
+
+class RosterMismatchError(FlowerEngineError):
+    """A key differs from the pinned roster, or the parties do not form a valid roster."""
+
+
+@dataclass(frozen=True)
+class FlowerRunConfig:
+    """The run config (``[tool.flwr.app.config]``, ``flwr run --run-config``), shared by all parties.
+
+    Attributes:
+        num_clients: clients (``partition-id`` 0..K-1); the server is party K.
+        dataset: ``"synthetic"`` or a Planetoid name (``"cora"``...) read from ``data_dir``.
+        data_dir: dataset root ("": ``$FEDGAT_DATA``, else the user cache).
+        synthetic_nodes, synthetic_features, synthetic_classes, synthetic_train_per_class,
+            synthetic_seed: the synthetic graph (:func:`fedgat.synthetic.synthetic_graph`; a fifth of
+            the nodes validate, a quarter test).
+        beta, seed: Dirichlet split and seed (the split of :func:`fedgat.pipeline.run_encrypted_fedgat`;
+            the seed also seeds the initial model).
+        variant, preset, chunks: encodings variant, CKKS preset, chunks per ciphertext (0: auto).
+        bases_seed: seeds the server's bases (-1: CSPRNG; set only to compare with a plaintext twin
+            or with the in-process engine).
+        hparams: JSON object of FedGAT hyper-parameter overrides (:func:`fedgat.methods.default_hparams`).
+        dealer: the client that generates the CKKS key.
+        server_workers: processes for the server's homomorphic compute (0: in process).
+        upload_batch: rows per FeatureUpload.
+        round_timeout: seconds to wait for the replies of one exchange (and for nodes to connect).
+        flush_bytes: send queued frames once this many bytes wait, even while the server computes.
+        output_dir: where the server writes ``summary.json`` and the model ("": nowhere).
+        roster: pinned roster JSON ("": trust on first use, see :mod:`fedgat.protocols.flower_app`).
+        server_identity: the server's identity JSON ("": fresh keys).
+    """
+
+    num_clients: int = 2
+    dataset: str = "synthetic"
+    data_dir: str = ""
+    synthetic_nodes: int = 200
+    synthetic_features: int = 16
+    synthetic_classes: int = 4
+    synthetic_train_per_class: int = 10
+    synthetic_seed: int = 0
+    beta: float = 1.0
+    seed: int = 0
+    variant: str = "vector"
+    preset: str = "n4096"
+    chunks: int = 0
+    bases_seed: int = -1
+    hparams: str = "{}"
+    dealer: int = 0
+    server_workers: int = 0
+    upload_batch: int = 32
+    round_timeout: float = 600.0
+    flush_bytes: int = 256 << 20
+    output_dir: str = ""
+    roster: str = ""
+    server_identity: str = ""
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> FlowerRunConfig:
+        """Read the kebab-case keys of a Flower run config, each converted to its field's type
+        (that of the field's default); unknown keys are ignored."""
+        defaults = cls()
+        kwargs = {}
+        for f in fields(cls):
+            key = f.name.replace("_", "-")
+            if key in run_config:
+                kind = type(getattr(defaults, f.name))
+                kwargs[f.name] = kind(run_config[key])
+        return cls(**kwargs)
+
+    def hyper(self) -> dict:
+        """Resolved FedGAT hyper-parameters (:func:`fedgat.methods.resolve_hparams`)."""
+        try:
+            overrides = json.loads(self.hparams or "{}")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"run config hparams is not a JSON object: {exc}") from exc
+        if not isinstance(overrides, dict):
+            raise TypeError("run config hparams must be a JSON object")
+        return resolve_hparams("fedgat", {"variant": self.variant, **overrides})
+
+
+def load_graph(cfg: FlowerRunConfig) -> Graph:
+    """The run's graph: synthetic, or a Planetoid dataset from ``data_dir`` / ``$FEDGAT_DATA``."""
+    if cfg.dataset == "synthetic":
+        from fedgat.synthetic import synthetic_graph
+
+        n = cfg.synthetic_nodes
+        return synthetic_graph(
+            num_nodes=n,
+            num_classes=cfg.synthetic_classes,
+            num_features=cfg.synthetic_features,
+            train_per_class=cfg.synthetic_train_per_class,
+            num_val=n // 5,
+            num_test=n // 4,
+            seed=cfg.synthetic_seed,
+        )
+    from fedgat.data import load_dataset
+
+    return load_dataset(cfg.dataset, cfg.data_dir or None)
+
+
+def make_run_partition(graph: Graph, cfg: FlowerRunConfig) -> Partition:
+    """The split :func:`fedgat.pipeline.run_encrypted_fedgat` uses for the same arguments
+    (:func:`fedgat.methods.fedgat_partition`)."""
+    return fedgat_partition(graph, cfg.num_clients, cfg.beta, cfg.seed, cfg.hyper())

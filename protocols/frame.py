@@ -1,0 +1,259 @@
+r"""The frame every message travels in: header, payload, signature; the :class:`Message` base class,
+its registry, and :func:`encode_message` / :func:`decode_message` (no pickle anywhere). The message
+types themselves are in :mod:`~fedgat.protocols.messages_pretrain` and
+:mod:`~fedgat.protocols.messages_rounds`; :mod:`fedgat.protocols.messages` documents the frame and
+every type, and registers them.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fedgat.crypto import SigningIdentity
+
+from .codec import Bytes, Codec, FixedBytes, Reader, Text, UInt
+from .errors import FrameError, PayloadError, ProtocolError, SizeLimitError, UnknownTypeError, VersionError
+
+__all__ = [
+    "CT",
+    "FP",
+    "HEADER",
+    "KIB",
+    "MAGIC",
+    "MAX_CIPHERTEXT",
+    "MAX_MODEL_ELEMS",
+    "MAX_NEIGHBOUR_ENTRIES",
+    "MAX_NODES",
+    "MESSAGE_TYPES",
+    "MIB",
+    "SIGNATURE_SIZE",
+    "U8",
+    "U16",
+    "U32",
+    "U64",
+    "VERSION",
+    "ZERO_FINGERPRINT",
+    "Abort",
+    "AbortCode",
+    "Message",
+    "decode_message",
+    "encode_message",
+    "fields_equal",
+    "peek_type",
+    "register",
+]
+
+MAGIC = b"FGAT"
+VERSION = 1
+HEADER = struct.Struct(">4sBHIIQQ32sI")
+SIGNATURE_SIZE = 64
+ZERO_FINGERPRINT = bytes(32)
+
+KIB = KiB = 1 << 10
+MIB = MiB = 1 << 20
+MAX_CIPHERTEXT = 4 * MiB
+MAX_NODES = 1 << 22
+MAX_NEIGHBOUR_ENTRIES = 1 << 25
+MAX_MODEL_ELEMS = 1 << 26
+
+
+def fields_equal(a: Any, b: Any) -> bool:
+    """Field equality for messages: arrays by dtype, shape and bytes; NaN equal to NaN."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
+        )
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return list(a) == list(b) and all(fields_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(fields_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True  # NaN fields (e.g. a loss) compare equal to themselves
+    if hasattr(a, "__dataclass_fields__") and type(a) is type(b):
+        return all(fields_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+    return a == b
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Message:
+    """Header fields shared by every message; subclasses add the payload fields of their ``SCHEMA``.
+
+    ``signature`` and ``signed_bytes`` are filled by :func:`decode_message` (the received signature and
+    the exact bytes it covers); a message built locally has neither and fails verification.
+    """
+
+    TYPE: ClassVar[int] = 0
+    MAX_PAYLOAD: ClassVar[int] = 0
+    SCHEMA: ClassVar[tuple[tuple[str, Codec], ...]] = ()
+
+    sender: int
+    recipient: int
+    session: int
+    seq: int
+    fingerprint: bytes = ZERO_FINGERPRINT
+    signature: bytes | None = field(default=None, repr=False)
+    signed_bytes: bytes | None = field(default=None, repr=False)
+
+    @property
+    def type_name(self) -> str:
+        return type(self).__name__
+
+    def check(self) -> None:
+        """Value checks that need no party state (raise :class:`PayloadError` and friends)."""
+
+    def body(self) -> dict[str, Any]:
+        """The payload fields, by name."""
+        return {name: getattr(self, name) for name, _ in self.SCHEMA}
+
+    def header(self) -> tuple:
+        return (self.sender, self.recipient, self.session, self.seq, self.fingerprint)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, Message)
+        return self.header() == other.header() and fields_equal(self.body(), other.body())
+
+    __hash__ = object.__hash__
+
+
+U8, U16, U32, U64 = UInt("B"), UInt("H"), UInt("I"), UInt("Q")
+FP = FixedBytes(32)
+CT = Bytes(MAX_CIPHERTEXT)
+
+
+class AbortCode(IntEnum):
+    """Why a party gave up."""
+
+    PROTOCOL_ERROR = 1
+    GRAPH_INCONSISTENT = 2
+    CANCELLED = 3
+    TIMEOUT = 4  # a phase's deadline passed (a party missing, or below the minimum participation)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Abort(Message):
+    """The sender stops the session."""
+
+    TYPE: ClassVar[int] = 13
+    MAX_PAYLOAD: ClassVar[int] = 2 * KiB
+    SCHEMA: ClassVar = (("code", U16), ("reason", Text(1024)))
+
+    code: int
+    reason: str
+
+
+#: type id -> message class, filled by :func:`register` (:mod:`fedgat.protocols.messages` registers all)
+MESSAGE_TYPES: dict[int, type[Message]] = {}
+
+
+def register(*classes: type[Message]) -> None:
+    """Add message types to :data:`MESSAGE_TYPES` (a type id may be registered once)."""
+    for cls in classes:
+        if MESSAGE_TYPES.get(cls.TYPE, cls) is not cls:
+            raise ValueError(f"type id {cls.TYPE} is taken by {MESSAGE_TYPES[cls.TYPE].__name__}")
+        MESSAGE_TYPES[cls.TYPE] = cls
+
+
+register(Abort)
+
+
+# -------------------------------------------------------------------------------- encode/decode
+def encode_message(msg: Message, signer: SigningIdentity) -> bytes:
+    """Frame and sign ``msg`` with ``signer`` (the sender's Ed25519 identity).
+
+    Raises the same typed errors a receiver would (:class:`SizeLimitError`, :class:`PayloadError`)
+    when the message breaks a limit or a value check, so no party emits a frame its peer refuses.
+    """
+    cls = type(msg)
+    if MESSAGE_TYPES.get(cls.TYPE) is not cls:
+        raise TypeError(f"{cls.__name__} is not a registered message type")
+    msg.check()
+    pieces: list[bytes] = []
+    for name, codec in cls.SCHEMA:
+        codec.encode(getattr(msg, name), pieces, f"{cls.__name__}.{name}")
+    length = sum(map(len, pieces))
+    if length > cls.MAX_PAYLOAD:
+        raise SizeLimitError(f"{cls.__name__} payload of {length} bytes exceeds the limit {cls.MAX_PAYLOAD}")
+    if len(msg.fingerprint) != 32:
+        raise PayloadError("fingerprint must be 32 bytes")
+    head = HEADER.pack(
+        MAGIC,
+        VERSION,
+        cls.TYPE,
+        msg.sender,
+        msg.recipient,
+        msg.session,
+        msg.seq,
+        bytes(msg.fingerprint),
+        length,
+    )
+    body = b"".join([head, *pieces])
+    return body + signer.sign(body)
+
+
+def peek_type(data: bytes | memoryview) -> int | None:
+    """The type id of a frame's header, or None when the bytes are not a frame header."""
+    if len(data) < HEADER.size or bytes(data[:4]) != MAGIC:
+        return None
+    return struct.unpack_from(">H", data, 5)[0]
+
+
+def decode_message(data: bytes | bytearray | memoryview) -> Message:
+    """Parse and structurally validate one frame; raise a :class:`ProtocolError` subclass otherwise.
+
+    The signature is returned in the message (``signature``, ``signed_bytes``), not verified.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise FrameError(f"a frame must be bytes, got {type(data).__name__}")
+    view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+    if len(view) < HEADER.size:
+        raise FrameError(f"frame of {len(view)} bytes is shorter than the {HEADER.size}-byte header")
+    magic, version, type_id, sender, recipient, session, seq, fingerprint, length = HEADER.unpack_from(view)
+    if magic != MAGIC:
+        raise FrameError("bad magic (not a fedgat frame)")
+    if version != VERSION:
+        raise VersionError(f"protocol version {version} is not supported (this is version {VERSION})")
+    cls = MESSAGE_TYPES.get(type_id)
+    if cls is None:
+        raise UnknownTypeError(f"unknown message type {type_id}")
+    if length > cls.MAX_PAYLOAD:
+        raise SizeLimitError(
+            f"{cls.__name__} declares a {length}-byte payload; the limit is {cls.MAX_PAYLOAD}"
+        )
+    if len(view) != HEADER.size + length + SIGNATURE_SIZE:
+        raise FrameError(
+            f"frame is {len(view)} bytes; its header announces "
+            f"{HEADER.size + length + SIGNATURE_SIZE} (truncated or trailing bytes)"
+        )
+    reader = Reader(view[HEADER.size : HEADER.size + length])
+    try:
+        values = {name: codec.decode(reader, f"{cls.__name__}.{name}") for name, codec in cls.SCHEMA}
+        reader.finish()
+        msg = cls(
+            **values,
+            sender=sender,
+            recipient=recipient,
+            session=session,
+            seq=seq,
+            fingerprint=fingerprint,
+            signature=bytes(view[-SIGNATURE_SIZE:]),
+            signed_bytes=bytes(view[:-SIGNATURE_SIZE]),
+        )
+        msg.check()
+    except ProtocolError:
+        raise
+    except (ValueError, TypeError, OverflowError, IndexError, struct.error, MemoryError) as exc:
+        raise PayloadError(f"{cls.__name__}: invalid payload ({exc})") from exc
+    return msg

@@ -1,0 +1,132 @@
+r"""Checks on what a pre-training party receives or is given, before it changes any state: a client's
+own feature rows (:func:`validate_features`), a graph announcement against the server's limits
+(:func:`check_graph_limits`), an upload batch (:func:`check_upload_items`); and the translation of
+:mod:`fedgat.crypto` errors about received bytes into protocol errors (:func:`crypto_error`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedgat.crypto import CiphertextFormatError, KeyMismatchError, ServerContext, deserialize
+from fedgat.crypto.encodings import release_key
+
+from .errors import KeyFingerprintError, PayloadError, SizeLimitError
+from .messages import GraphAnnounce, UploadItem
+from .pretrain_config import PretrainConfig, PretrainLimits, bases_bytes
+
+__all__ = [
+    "MAX_BASIS_ABS",
+    "NORM_TOLERANCE",
+    "check_graph_limits",
+    "check_upload_items",
+    "crypto_error",
+    "validate_features",
+]
+
+#: largest |coefficient| a client accepts in the bases (keeps results inside the CKKS headroom)
+MAX_BASIS_ABS = 16.0
+#: unit-norm tolerance of feature rows (all-zero rows, e.g. CiteSeer's isolated nodes, are allowed)
+NORM_TOLERANCE = 1e-4
+
+
+def check_graph_limits(
+    msg: GraphAnnounce, limits: PretrainLimits, config: PretrainConfig, nodes_so_far: int, bases_so_far: int
+) -> int:
+    """Refuse a graph announcement above ``limits`` before anything is sized by it (the session
+    holds ``nodes_so_far`` nodes and ``bases_so_far`` bytes of bases already); returns the bytes of
+    the bases its nodes will need.
+
+    Raises:
+        SizeLimitError: dimension, node count, neighbourhood size or bases memory above its limit.
+    """
+    if msg.dim > limits.max_dim:
+        raise SizeLimitError(
+            f"party {msg.sender} announces dimension {msg.dim}; the limit is {limits.max_dim}"
+        )
+    if nodes_so_far + len(msg.owned) > limits.max_nodes:
+        raise SizeLimitError(
+            f"party {msg.sender}'s {len(msg.owned)} nodes take the session above {limits.max_nodes} nodes"
+        )
+    sizes = np.diff(msg.indptr)
+    if sizes.max() > limits.max_neighbours:
+        raise SizeLimitError(
+            f"party {msg.sender} announces a neighbourhood of {int(sizes.max())} nodes; "
+            f"the limit is {limits.max_neighbours}"
+        )
+    need = bases_bytes(config.variant, sizes, config.embed_factor)
+    if bases_so_far + need > limits.max_bases_bytes:
+        raise SizeLimitError(
+            f"the bases of party {msg.sender}'s nodes take the server's memory to "
+            f"{bases_so_far + need} bytes; the limit is {limits.max_bases_bytes}"
+        )
+    return need
+
+
+def validate_features(
+    features: np.ndarray, rows: int, dim: int | None = None, tol: float = NORM_TOLERANCE
+) -> np.ndarray:
+    """Check a client's feature rows before they are encrypted: shape ``(rows, dim)``, finite, each
+    row of unit L2 norm within ``tol`` (or exactly zero). Returns them as float64.
+
+    Raises:
+        PayloadError: any violation.
+    """
+    arr = np.asarray(features, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[0] != rows or (dim is not None and arr.shape[1] != dim):
+        want = f"({rows}, {dim if dim is not None else 'd'})"
+        raise PayloadError(f"features have shape {arr.shape}, expected {want}")
+    if arr.shape[1] < 1:
+        raise PayloadError("features need at least one dimension")
+    if not np.all(np.isfinite(arr)):
+        raise PayloadError("features hold NaN or infinite values")
+    norms = np.linalg.norm(arr, axis=1)
+    bad = np.flatnonzero((np.abs(norms - 1.0) > tol) & (norms != 0))
+    if len(bad):
+        raise PayloadError(
+            f"{len(bad)} feature rows are not unit-norm (e.g. row {bad[0]}: {norms[bad[0]]:.6f})"
+        )
+    return arr
+
+
+def crypto_error(exc: Exception, what: str) -> Exception:
+    """Translate a :mod:`fedgat.crypto` error about received bytes into a protocol error."""
+    if isinstance(exc, KeyMismatchError):
+        return KeyFingerprintError(f"{what}: {exc}")
+    return PayloadError(f"{what}: {exc}")
+
+
+def check_upload_items(
+    items: Sequence[UploadItem],
+    sender: int,
+    owner: dict[int, int],
+    chunks: int,
+    received: set[tuple[int, int]],
+    context: ServerContext,
+    release: bool,
+) -> set[tuple[int, int]]:
+    """Check every item of an upload batch from ``sender`` (owned nodes, chunk range, no duplicate
+    of ``received`` or within the batch, fresh ciphertexts under ``context``); returns their spool
+    keys (a release under :func:`~fedgat.crypto.encodings.release_key`).
+
+    Raises:
+        PayloadError, KeyFingerprintError: the first bad item.
+    """
+    keys: set[tuple[int, int]] = set()
+    what = "release" if release else "upload"
+    for item in items:
+        key = (int(release_key(item.node)) if release else item.node, item.chunk)
+        if owner.get(item.node) != sender:
+            raise PayloadError(f"party {sender} uploads node {item.node}, which it does not own")
+        if item.chunk >= chunks:
+            raise PayloadError(f"chunk {item.chunk} out of range ({chunks} chunks)")
+        if key in received or key in keys:
+            raise PayloadError(f"duplicate {what} of node {item.node} chunk {item.chunk}")
+        keys.add(key)
+    for item in items:  # every ciphertext is checked before any is stored
+        try:
+            deserialize(context, item.ciphertext, level="fresh")
+        except (CiphertextFormatError, KeyMismatchError) as exc:
+            raise crypto_error(exc, f"{what} of node {item.node} chunk {item.chunk}") from exc
+    return keys

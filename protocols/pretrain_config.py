@@ -1,0 +1,139 @@
+r"""What every party of the pre-training round agrees on before it starts: the session's
+parameters (:class:`PretrainConfig`), phase deadlines (:class:`PretrainTimeouts`) and resource
+limits (:class:`PretrainLimits`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedgat.crypto import DEFAULT_PRESET, SlotLayout
+from fedgat.dp import FeatureDP
+from fedgat.variants import Variant, VariantLike, as_variant
+
+from .errors import ConfigMismatchError
+from .messages import MAX_NODES, PrivacyTerms
+
+__all__ = ["CLIENT_KIND", "PretrainConfig", "PretrainLimits", "PretrainTimeouts", "bases_bytes"]
+
+MiB = 1 << 20
+GiB = 1 << 30
+CLIENT_KIND = "fedgat.pretrain.client"
+
+
+@dataclass(frozen=True)
+class PretrainTimeouts:
+    """Seconds per phase (None: wait forever). Server: ``keys`` from its start until it holds the
+    context, every graph and every wrapped key; ``upload`` from then until every UploadDone. Clients:
+    ``keys`` until the wrapped key arrives; ``download`` without any bases or results message."""
+
+    keys: float | None = None
+    upload: float | None = None
+    download: float | None = None
+
+
+@dataclass(frozen=True)
+class PretrainLimits:
+    """Resource limits, checked before work of that size starts.
+
+    Attributes:
+        max_dim: largest feature dimension a client may announce.
+        max_nodes: most nodes in the session (all clients together).
+        max_neighbours: largest attention neighbourhood (``n``; the matrix variant's encodings grow
+            as ``4 n^2`` rows per node).
+        max_bases_bytes: the server's memory for the bases it draws (``p`` and ``q``, float64).
+        max_encoding_bytes: a client's memory for its decrypted encodings.
+    """
+
+    max_dim: int = 1 << 16
+    max_nodes: int = MAX_NODES
+    max_neighbours: int = 1 << 12
+    max_bases_bytes: int = 4 * GiB
+    max_encoding_bytes: int = 8 * GiB
+
+
+def bases_bytes(variant: VariantLike, sizes: np.ndarray, embed_factor: int) -> int:
+    """Bytes of the float64 bases the server draws for nodes with neighbourhood ``sizes``
+    (:meth:`fedgat.variants.Variant.bases_bytes`)."""
+    return as_variant(variant).bases_bytes(sizes, embed_factor)
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Session parameters every party agrees on out of band, with the roster.
+
+    Attributes:
+        session: the session id (u64) every message is bound to; also the wrapped key's round id.
+        variant: "vector" or "matrix" encodings (a :class:`~fedgat.variants.Variant` is accepted and
+            stored by name); :attr:`kind` is the variant itself.
+        preset: CKKS preset name (:data:`fedgat.crypto.PRESETS`).
+        chunks: feature chunks per node in the slot layout; None picks
+            :meth:`~fedgat.crypto.SlotLayout.for_dimension` (3 chunks for Cora at n4096).
+        embed_factor: vector variant's ``m = embed_factor * n``.
+        dp: differential privacy of the features shared across clients (:class:`fedgat.dp.FeatureDP`;
+            None: off). With it every client uploads its nodes' clean projected rows *and* their
+            release, and a client's encodings read its own clean rows and every other node's release.
+            Every party must hold the same terms: they are exchanged (:class:`PrivacyTerms`) and a
+            mismatch is refused (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
+    """
+
+    session: int
+    variant: str = "vector"
+    preset: str = DEFAULT_PRESET
+    chunks: int | None = None
+    embed_factor: int = 1
+    dp: FeatureDP | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "variant", as_variant(self.variant).name)  # ValueError: unknown name
+        if not 0 <= self.session < 2**64:
+            raise ValueError("session must be a u64")
+        if self.dp is not None and not isinstance(self.dp, FeatureDP):
+            raise TypeError(f"dp must be a FeatureDP or None, not {type(self.dp).__name__}")
+
+    @property
+    def kind(self) -> Variant:
+        """The :class:`~fedgat.variants.Variant` of the session's encodings."""
+        return as_variant(self.variant)
+
+    @property
+    def copies(self) -> int:
+        """Uploaded copies of each owned node: 2 with DP (clean and release), else 1."""
+        return 1 if self.dp is None else 2
+
+    def dp_fields(self) -> dict:
+        """The :class:`PrivacyTerms` fields of :attr:`dp` (which must be set)."""
+        assert self.dp is not None
+        return {
+            "epsilon": float(self.dp.epsilon),
+            "delta": float(self.dp.delta),
+            "dim": 0 if self.dp.dim is None else int(self.dp.dim),
+            "seed": int(self.dp.seed),
+        }
+
+    def check_terms(self, msg: PrivacyTerms, who: str) -> None:
+        """Refuse announced DP terms that differ from :attr:`dp` (or any terms without DP).
+
+        Raises:
+            ConfigMismatchError: the terms differ.
+        """
+        got = {"epsilon": msg.epsilon, "delta": msg.delta, "dim": msg.dim, "seed": msg.seed}
+        if self.dp is None:
+            raise ConfigMismatchError(
+                f"{who} runs the session with DP terms {got}; this party runs it without DP"
+            )
+        if got != self.dp_fields():
+            raise ConfigMismatchError(f"{who} runs the session with DP terms {got}, not {self.dp_fields()}")
+
+    def layout(self, d: int, slots: int) -> SlotLayout:
+        if self.chunks is None:
+            return SlotLayout.for_dimension(d, slots)
+        return SlotLayout(d, slots, self.chunks)
+
+    def rows_per_node(self, n: int, ship_m2: bool = False) -> int:
+        """Computed rows ``R`` of a node with ``n`` neighbours (all but :math:`h_i`). ``ship_m2``:
+        as in the paper's protocol, which also computes the matrix variant's ``m^2`` rows of ``M2``
+        (this one lets clients derive them, :meth:`fedgat.encodings.BucketBases.m2_map`);
+        :meth:`fedgat.variants.Variant.computed_rows`."""
+        return self.kind.computed_rows(n, self.embed_factor, ship_m2)

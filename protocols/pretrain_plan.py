@@ -1,0 +1,205 @@
+r"""The plan of a pre-training round: who needs which rows, which results the server computes, and
+where each result goes. Pure functions of the clients' graph announcements and the bases' randomness.
+
+A client's *needed* nodes are its owned nodes and their attention neighbours (the 1-hop expansion a
+2-layer model needs, :func:`needed_from_neighbourhoods`). The server draws one set of bases per needed
+node (:func:`fedgat.encodings.draw_bases`, paper eq. 9-14), computes each node's encodings once per
+distinct *view* (:func:`fedgat.crypto.encodings.plan_views`: one view without DP; with DP a client
+reads its own clean uploads and every other source's release), and streams each result to every
+client that needs it. Each client receives its share of the bases cut into buckets
+(:func:`client_bucket_views`); ``route[c][node]`` is the bucket of ``c`` a node's result belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedgat.crypto import SlotLayout
+from fedgat.crypto.encodings import multiply_adds, plan_views
+from fedgat.encodings import BucketBases, draw_bases
+from fedgat.graph import CSR
+from fedgat.randomness import RandomSource
+
+from .messages import GraphAnnounce, ResultItem
+
+__all__ = [
+    "ResultBatcher",
+    "RoundPlan",
+    "client_bucket_views",
+    "needed_from_neighbourhoods",
+    "plan_round",
+    "shortfall",
+    "unsound_without",
+]
+
+
+def needed_from_neighbourhoods(owned: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """A client's needed nodes for a 2-layer model: ``owned`` (sorted), then the sorted other nodes in
+    its owned nodes' neighbourhoods (= :attr:`fedgat.partition.ClientPartition.needed`)."""
+    owned = np.asarray(owned, dtype=np.int64)
+    return np.concatenate([owned, np.setdiff1d(np.asarray(indices, dtype=np.int64), owned)])
+
+
+def client_bucket_views(
+    buckets: Sequence[BucketBases], needed: np.ndarray, max_elems: int = 1 << 20
+) -> list[tuple[int, BucketBases]]:
+    """One client's buckets cut from the server's global ``buckets``: the nodes it needs, ``rows`` =
+    positions in ``needed``, split so that ``p`` holds at most ``max_elems`` reals. Returns
+    ``(global bucket index, view)`` pairs in global order (the order the server sends them)."""
+    needed = np.asarray(needed, dtype=np.int64)
+    order = np.argsort(needed, kind="stable")
+    ids = needed[order]
+    views = []
+    for g, b in enumerate(buckets):
+        at = np.minimum(np.searchsorted(ids, b.nodes), len(ids) - 1)
+        sel = np.flatnonzero(ids[at] == b.nodes)
+        position = order[at]
+        per = max(1, max_elems // (b.m * b.n))
+        for start in range(0, len(sel), per):
+            s = sel[start : start + per]
+            views.append((g, b.take(s, rows=position[s])))
+    return views
+
+
+def shortfall(graphs: Sequence[GraphAnnounce]) -> np.ndarray:
+    """Nodes the announcing clients need (their nodes and neighbours) that none of them owns."""
+    if not graphs:
+        return np.zeros(0, np.int64)
+    needed = np.unique(np.concatenate([g.indices for g in graphs]))
+    return np.setdiff1d(needed, np.concatenate([g.owned for g in graphs]))
+
+
+def unsound_without(
+    missing: Sequence[int],
+    participants: Sequence[int],
+    dealer: int,
+    graphs: Mapping[int, GraphAnnounce],
+    owner: Mapping[int, int],
+) -> str | None:
+    """Why a round cannot go on without the ``missing`` clients (None: it can): the dealer is
+    missing, no client is left, or a remaining client needs a node that a missing one owns. Graphs
+    still to come are judged at the next deadline."""
+    if dealer in missing:
+        return f"the dealer (party {dealer}) did not provide the key; missing parties {list(missing)}"
+    keep = [c for c in participants if c not in missing]
+    if not keep:
+        return f"no client is left; missing parties {list(missing)}"
+    if any(c not in graphs for c in keep):
+        return None
+    nodes = shortfall([graphs[c] for c in keep])
+    if not len(nodes):
+        return None
+    named = sorted({owner[int(n)] for n in nodes if int(n) in owner}) or list(missing)
+    return (
+        f"{len(nodes)} nodes needed by the remaining clients (e.g. node {int(nodes[0])}) belong to "
+        f"missing parties {named}"
+    )
+
+
+@dataclass
+class RoundPlan:
+    """What the server computes and sends in a round (:func:`plan_round`).
+
+    Attributes:
+        needed: per client, its needed nodes (owned first, :func:`needed_from_neighbourhoods`).
+        bases: the drawn bases, one per needed node, bucketed by neighbourhood size.
+        buckets: the compute buckets (``neighbours`` are spool keys; without DP ``bases`` itself).
+        recipients: per computed result, in bucket then slot order, the clients that receive it.
+        views: per client, its buckets of bases in the order they are sent (bucket index = position).
+        route: per client, node -> index of the client's bucket holding it.
+    """
+
+    needed: dict[int, np.ndarray]
+    bases: list[BucketBases]
+    buckets: list[BucketBases]
+    recipients: list[tuple[int, ...]]
+    views: dict[int, list[BucketBases]]
+    route: dict[int, dict[int, int]]
+
+    @property
+    def num_results(self) -> int:
+        return len(self.recipients)
+
+    def multiply_adds(self, layout: SlotLayout) -> int:
+        """Plaintext x ciphertext multiply-adds of the whole round's compute (the op-count bound)."""
+        return sum(multiply_adds(b, layout) for b in self.buckets)
+
+    def num_feature_rows(self) -> list[int]:
+        """Per compute bucket, the feature rows of one of its results."""
+        return [b.num_feature_rows() for b in self.buckets]
+
+
+def plan_round(
+    graphs: Mapping[int, GraphAnnounce],
+    variant: str,
+    rng: RandomSource,
+    *,
+    embed_factor: int = 1,
+    with_views: bool = False,
+    max_bucket_elems: int = 1 << 20,
+) -> RoundPlan:
+    """Plan a round for the clients of ``graphs`` (client id -> its announcement; every needed node
+    must be owned by one of them, see :func:`shortfall`).
+
+    The bases are drawn over positions in the sorted needed ids, which keep the ids' order, so the
+    draws equal those over global ids (a plaintext twin with the same ``rng`` gets the same bases).
+    ``with_views`` (DP sessions): one result per distinct view of a node, reading each client's own
+    clean uploads and every other source's release.
+    """
+    clients = list(graphs)
+    needed = {c: needed_from_neighbourhoods(graphs[c].owned, graphs[c].indices) for c in clients}
+    nodes = np.unique(np.concatenate(list(needed.values())))
+    rows: list[np.ndarray] = [np.zeros(0, np.int64)] * len(nodes)
+    for g in graphs.values():
+        for k, pos in enumerate(np.searchsorted(nodes, g.owned)):
+            rows[int(pos)] = g.indices[g.indptr[k] : g.indptr[k + 1]]
+    drawn = draw_bases(variant, CSR.from_rows(rows), np.arange(len(nodes)), rng, embed_factor=embed_factor)
+    bases = [BucketBases(b.variant, b.rows, nodes[b.nodes], b.neighbours, b.p, b.q) for b in drawn]
+    pair_nodes = np.concatenate([needed[c] for c in clients])
+    pair_clients = np.repeat(clients, [len(needed[c]) for c in clients])
+    if with_views:
+        owned = [graphs[c].owned for c in clients]
+        ids = np.concatenate(owned)
+        owners = np.repeat(clients, [len(o) for o in owned])
+        order = np.argsort(ids, kind="stable")
+        compute = plan_views(bases, pair_nodes, pair_clients, ids[order], owners[order])
+    else:
+        compute = plan_views(bases, pair_nodes, pair_clients)
+    views: dict[int, list[BucketBases]] = {}
+    route: dict[int, dict[int, int]] = {}
+    for c in clients:
+        views[c] = [view for _, view in client_bucket_views(bases, needed[c], max_bucket_elems)]
+        route[c] = {int(n): cb for cb, view in enumerate(views[c]) for n in view.nodes}
+    return RoundPlan(needed, bases, compute.buckets, compute.recipients, views, route)
+
+
+class ResultBatcher:
+    """Collects each computed result into the batch of every client bucket it belongs to, and says
+    which batches are ready: a bucket's last result, or ``batch_bytes`` of results waiting."""
+
+    def __init__(self, plan: RoundPlan, batch_bytes: int) -> None:
+        self._plan, self._batch_bytes = plan, batch_bytes
+        self._remaining = {
+            (c, cb): len(view) for c, views in plan.views.items() for cb, view in enumerate(views)
+        }
+        self._pending: dict[tuple[int, int], list[ResultItem]] = {}
+        self._bytes: dict[tuple[int, int], int] = {}
+        self.results = 0
+
+    def add(self, item: ResultItem) -> list[tuple[int, int, tuple[ResultItem, ...]]]:
+        """Route the next result (in the plan's order); returns the ``(client, bucket, items)``
+        batches that are ready."""
+        ready = []
+        for c in self._plan.recipients[self.results]:
+            key = (c, self._plan.route[c][item.node])
+            self._pending.setdefault(key, []).append(item)
+            self._bytes[key] = self._bytes.get(key, 0) + item.nbytes()
+            self._remaining[key] -= 1
+            if self._remaining[key] == 0 or self._bytes[key] >= self._batch_bytes:
+                ready.append((*key, tuple(self._pending.pop(key))))
+                self._bytes.pop(key)
+        self.results += 1
+        return ready

@@ -1,0 +1,463 @@
+r"""Assembling a FedGAT deployment: identities and roster, the parties of each phase, a run's summary.
+
+Every engine builds its parties here -- the in-process pipeline (:mod:`fedgat.pipeline`, also what
+the Ray engine hosts) and the Flower apps (:mod:`fedgat.protocols.flower_app`, one party per
+process) -- so all of them run the same protocol on the same data, from a graph, a partition
+(:func:`fedgat.methods.fedgat_partition`) and a config:
+
+* :class:`Deployment`, :func:`make_deployment` -- party ids, private identities, the pinned roster;
+* :func:`build_pretrain_parties` -- the state machines of the encrypted pre-training round, built
+  from :func:`build_pretrain_server` and one :func:`build_pretrain_client` per client;
+* :func:`build_training_parties` -- the state machines of the FedAvg rounds, built from
+  :func:`build_rounds_server` and one :func:`build_rounds_client` per client: FedGAT clients
+  (:func:`fedgat.methods.fedgat_model_fn`) trained on their decrypted encodings
+  (:func:`fedgat.tasks.tasks_from_encodings`);
+* :func:`bases_rng`, :func:`release_rng` -- the server's basis randomness and a client's DP release
+  noise: a CSPRNG, or streams seeded to pair a run with its plaintext twin;
+* :func:`run_summary` -- a run's plain JSON values (``fedgat demo``, the pipeline's results).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fedgat.crypto.encoders import EncoderFactory, local_encoder
+from fedgat.crypto.spool import CiphertextSpool
+from fedgat.dp import FeatureDP
+from fedgat.encodings import Encodings
+from fedgat.federated import Client, strategy_from_hparams
+from fedgat.graph import Graph
+from fedgat.methods import fedgat_model_fn, resolve_hparams
+from fedgat.partition import Partition
+from fedgat.protocols import (
+    ClientPretrain,
+    ClientRounds,
+    DealerSide,
+    Identity,
+    Party,
+    PretrainConfig,
+    Roster,
+    ServerPretrain,
+    ServerRounds,
+)
+from fedgat.randomness import RandomSource
+from fedgat.tasks import COMPACT_TOLERANCE, tasks_from_encodings
+
+if TYPE_CHECKING:
+    from fedgat.pipeline import PretrainResult, TrainingResult
+
+__all__ = [
+    "Deployment",
+    "PretrainParties",
+    "TrainingParties",
+    "bases_rng",
+    "build_pretrain_client",
+    "build_pretrain_parties",
+    "build_pretrain_server",
+    "build_rounds_client",
+    "build_rounds_server",
+    "build_training_parties",
+    "make_deployment",
+    "owned_neighbourhoods",
+    "release_rng",
+    "run_summary",
+]
+
+
+# ----------------------------------------------------------------------------------- deployment
+@dataclass
+class Deployment:
+    """Party ids, private identities and the pinned roster of one federation.
+
+    Clients ``0..K-1`` are party ids ``0..K-1``; the server is party ``K``; the dealer is client 0
+    unless chosen otherwise. In a real deployment each party holds only its own :class:`Identity`.
+    """
+
+    roster: Roster
+    identities: dict[int, Identity] = field(repr=False)
+
+    @property
+    def server(self) -> int:
+        return self.roster.server
+
+    @property
+    def clients(self) -> tuple[int, ...]:
+        return self.roster.clients
+
+
+def make_deployment(num_clients: int, dealer: int = 0) -> Deployment:
+    """Fresh Ed25519/X25519 identities for ``num_clients`` clients and a server, and their roster."""
+    identities = {c: Identity.generate(client=True) for c in range(num_clients)}
+    identities[num_clients] = Identity.generate(client=False)
+    roster = Roster(
+        server=num_clients,
+        dealer=dealer,
+        clients=tuple(range(num_clients)),
+        signing_keys={pid: ident.signer.public_bytes() for pid, ident in identities.items()},
+    )
+    return Deployment(roster, identities)
+
+
+def bases_rng(seed: int | str | None) -> RandomSource:
+    """The server's basis randomness: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
+    return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-pretrain-bases:{seed}")
+
+
+def release_rng(seed: int | str | None, client: int) -> RandomSource:
+    """Client ``client``'s DP release noise: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
+    return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-dp-release:{seed}:{client}")
+
+
+# -------------------------------------------------------------------------------- pre-training
+@dataclass
+class PretrainParties:
+    """The state machines of one pre-training round."""
+
+    deployment: Deployment
+    config: PretrainConfig
+    server: ServerPretrain
+    clients: dict[int, ClientPretrain]
+
+    def all(self) -> dict[int, ClientPretrain | ServerPretrain]:
+        return {**self.clients, self.server.party_id: self.server}
+
+
+def owned_neighbourhoods(partition: Partition, owned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr, indices)``: the CSR rows of ``owned`` in the partition's (filtered) neighbourhoods,
+    the graph a client announces in the pre-training round."""
+    nbh = partition.neighbourhoods
+    sizes = nbh.degrees()[owned]
+    indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    indices = (
+        np.concatenate([nbh.row(int(i)) for i in owned]) if len(owned) else np.zeros(0, np.int64)
+    ).astype(np.int64)
+    return indptr, indices
+
+
+def build_pretrain_server(
+    roster: Roster,
+    config: PretrainConfig,
+    identity: Identity,
+    *,
+    seed: int | str | None = None,
+    encoder: EncoderFactory | None = None,
+    workers: int | None = None,
+    result_batch_bytes: int = 16 << 20,
+    spool_dir: str | None = None,
+) -> ServerPretrain:
+    """The server of a pre-training round: bases from :func:`bases_rng` (``seed``), computing with
+    ``encoder`` (default :func:`fedgat.crypto.encoders.local_encoder` with ``workers`` processes) and
+    storing uploads under ``spool_dir`` (default a temporary folder)."""
+    return ServerPretrain(
+        roster.server,
+        roster,
+        config,
+        identity,
+        bases_rng=bases_rng(seed),
+        result_batch_bytes=result_batch_bytes,
+        encoder=encoder if encoder is not None else local_encoder(workers),
+        spool=None if spool_dir is None else partial(CiphertextSpool, directory=spool_dir),
+    )
+
+
+def build_pretrain_client(
+    client: int,
+    graph: Graph,
+    partition: Partition,
+    roster: Roster,
+    config: PretrainConfig,
+    identity: Identity,
+    *,
+    seed: int | str | None = None,
+    dtype: torch.dtype = torch.float64,
+    upload_batch: int = 32,
+) -> ClientPretrain:
+    """Client ``client``'s party of a pre-training round (:class:`DealerSide` for the roster's dealer):
+    its owned rows of ``graph.x``, its neighbourhoods and its ``needed`` nodes from ``partition``.
+    With ``config.dp`` its release noise comes from :func:`release_rng` (``seed``).
+
+    Raises:
+        ValueError: the client owns no node.
+    """
+    cp = partition.clients[client]
+    if len(cp.owned) == 0:
+        raise ValueError(f"client {client} owns no node; use fewer clients")
+    indptr, indices = owned_neighbourhoods(partition, cp.owned)
+    cls = DealerSide if client == roster.dealer else ClientPretrain
+    return cls(
+        client,
+        roster,
+        config,
+        identity,
+        owned=cp.owned,
+        features=graph.x.numpy()[cp.owned],
+        indptr=indptr,
+        indices=indices,
+        needed=cp.needed,
+        dtype=dtype,
+        upload_batch=upload_batch,
+        release_rng=None if config.dp is None else release_rng(seed, client),
+    )
+
+
+def build_pretrain_parties(
+    graph: Graph,
+    partition: Partition,
+    *,
+    variant: str = "vector",
+    preset: str = "n4096",
+    seed: int | None = None,
+    session: int | None = None,
+    deployment: Deployment | None = None,
+    chunks: int | None = None,
+    dtype: torch.dtype = torch.float64,
+    upload_batch: int = 32,
+    result_batch_bytes: int = 16 << 20,
+    workers: int | None = None,
+    spool_dir: str | None = None,
+    dp: FeatureDP | None = None,
+    encoder: EncoderFactory | None = None,
+) -> PretrainParties:
+    """Build the server, the dealer and the clients of a pre-training round for ``partition``.
+
+    ``encoder``: where the server computes (default :func:`fedgat.crypto.encoders.local_encoder`
+    with ``workers`` processes); ``spool_dir``: where it stores uploads (default a temporary folder).
+
+    ``dp``: the DP release of shared features (``PretrainConfig.dp``); each client draws its release
+    noise from a CSPRNG, or, with ``seed``, from a stream seeded with it (tests, plaintext twin)."""
+    if partition.num_layers != 2:
+        raise ValueError(
+            "the pre-training protocol ships the 1-hop expansion: build the partition with num_layers=2"
+        )
+    deployment = deployment or make_deployment(partition.num_clients)
+    config = PretrainConfig(
+        session=secrets.randbits(63) if session is None else session,
+        variant=variant,
+        preset=preset,
+        chunks=chunks,
+        dp=dp,
+    )
+    roster = deployment.roster
+    server = build_pretrain_server(
+        roster,
+        config,
+        deployment.identities[roster.server],
+        seed=seed,
+        encoder=encoder,
+        workers=workers,
+        result_batch_bytes=result_batch_bytes,
+        spool_dir=spool_dir,
+    )
+    clients = {
+        c: build_pretrain_client(
+            c,
+            graph,
+            partition,
+            roster,
+            config,
+            deployment.identities[c],
+            seed=seed,
+            dtype=dtype,
+            upload_batch=upload_batch,
+        )
+        for c in roster.clients
+    }
+    return PretrainParties(deployment, config, server, clients)
+
+
+# ------------------------------------------------------------------------------------ training
+@dataclass
+class TrainingParties:
+    """The state machines of the FedAvg rounds, with the resolved hyper-parameters."""
+
+    deployment: Deployment
+    hparams: dict
+    server: ServerRounds
+    clients: dict[int, ClientRounds]
+
+    def all(self) -> dict[int, Party]:
+        return {**self.clients, self.server.party_id: self.server}
+
+
+def build_rounds_server(
+    roster: Roster,
+    identity: Identity,
+    hp: dict,
+    *,
+    num_features: int,
+    num_classes: int,
+    seed: int = 0,
+    session: int | None = None,
+    fingerprint: bytes | None = None,
+) -> ServerRounds:
+    """The server of the FedAvg rounds for resolved FedGAT hyper-parameters ``hp``
+    (:func:`fedgat.methods.resolve_hparams`): the initial model is drawn after ``torch.manual_seed(seed)``,
+    as :func:`fedgat.methods.run_method` draws it; ``seed`` also seeds client sampling;
+    ``fingerprint``: the CKKS key fingerprint every update is bound to."""
+    torch.manual_seed(seed)
+    model = fedgat_model_fn(num_features, num_classes, hp)()
+    strategy = strategy_from_hparams(hp, model)
+    return ServerRounds(
+        roster.server,
+        roster,
+        secrets.randbits(63) if session is None else session,
+        identity,
+        initial_state=model.state_dict(),
+        rounds=hp["rounds"],
+        patience=hp["patience"],
+        strategy=strategy.server,
+        fraction=hp["fraction"],
+        seed=seed,
+        fingerprint=fingerprint,
+    )
+
+
+def build_rounds_client(
+    client: int,
+    graph: Graph,
+    partition: Partition,
+    encodings: Encodings,
+    roster: Roster,
+    identity: Identity,
+    hp: dict,
+    *,
+    session: int,
+    num_features: int,
+    num_classes: int,
+    fingerprint: bytes | None = None,
+    compact_tol: float = COMPACT_TOLERANCE,
+) -> ClientRounds:
+    """Client ``client``'s party of the FedAvg rounds: a :class:`fedgat.federated.Client` training
+    FedGAT (hyper-parameters ``hp``) on the tasks of its (decrypted) ``encodings`` of its ``needed``
+    nodes (:func:`fedgat.tasks.tasks_from_encodings`, compacted at ``compact_tol``).
+
+    Raises:
+        ValueError: the encodings do not cover the client's ``needed`` nodes in order.
+    """
+    train, evaluation = tasks_from_encodings(graph, partition, client, encodings, compact_tol)
+    model_fn = fedgat_model_fn(num_features, num_classes, hp)
+    strategy = strategy_from_hparams(hp)
+    member = Client(
+        client,
+        model_fn(),
+        train,
+        evaluation,
+        lr=hp["lr"],
+        weight_decay=hp["weight_decay"],
+        local_epochs=hp["local_epochs"],
+        strategy=strategy.client,
+    )
+    return ClientRounds(client, roster, session, identity, client=member, fingerprint=fingerprint)
+
+
+def build_training_parties(
+    graph: Graph,
+    partition: Partition,
+    encodings: Mapping[int, Encodings],
+    *,
+    seed: int = 0,
+    deployment: Deployment | None = None,
+    fingerprint: bytes | None = None,
+    session: int | None = None,
+    compact_tol: float = COMPACT_TOLERANCE,
+    **hparams: Any,
+) -> TrainingParties:
+    """The server and the clients of the FedAvg rounds from the clients' (decrypted) encodings.
+
+    Models, clients, seeds and rounds are those of :func:`fedgat.methods.run_method` for
+    ``"fedgat"`` (``hparams``: overrides of :func:`fedgat.methods.default_hparams`); only the
+    encodings come from the pre-training round instead of being built locally. The models read the
+    encodings' feature dimension (the DP projection's, with DP).
+    """
+    hp = resolve_hparams("fedgat", hparams)
+    deployment = deployment or make_deployment(partition.num_clients)
+    roster = deployment.roster
+    session = secrets.randbits(63) if session is None else session
+    in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # projected with DP
+    shape = {"num_features": in_dim, "num_classes": graph.num_classes}
+    server = build_rounds_server(
+        roster,
+        deployment.identities[roster.server],
+        hp,
+        seed=seed,
+        session=session,
+        fingerprint=fingerprint,
+        **shape,
+    )
+    # the clients' models are drawn after the server's, from the same seeded stream
+    clients = {
+        c: build_rounds_client(
+            c,
+            graph,
+            partition,
+            encodings[c],
+            roster,
+            deployment.identities[c],
+            hp,
+            session=session,
+            fingerprint=fingerprint,
+            compact_tol=compact_tol,
+            **shape,
+        )
+        for c in roster.clients
+    }
+    return TrainingParties(deployment, hp, server, clients)
+
+
+# ------------------------------------------------------------------------------------- summary
+def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult | None = None) -> dict:
+    """Plain JSON values of a run: its pre-training round (costs, slot use, the server's key) and/or
+    its training (accuracies, rounds, traffic). ``fedgat demo`` reports it; the pipeline's results
+    return it (:meth:`fedgat.pipeline.PretrainResult.summary`, :meth:`fedgat.pipeline.FedGATRun.summary`)."""
+    out: dict[str, Any] = {}
+    if pretrain is not None:
+        pre, layout = pretrain, pretrain.layout
+        out.update(
+            {
+                "variant": pre.variant,
+                "preset": pre.preset,
+                "phases": {k: round(v, 3) for k, v in pre.phases.items()},
+                "pretrain_wall_seconds": round(pre.wall_seconds, 3),
+                "bytes_up": pre.bytes_up,
+                "bytes_down": pre.bytes_down,
+                "messages_up": pre.messages_up,
+                "messages_down": pre.messages_down,
+                "ciphertexts_up": pre.ciphertexts_up,
+                "ciphertexts_down": pre.ciphertexts_down,
+                "result_ciphertexts": pre.result_ciphertexts,
+                "multiply_adds": pre.multiply_adds,
+                "slot_layout": {
+                    "d": layout.d,
+                    "chunks": layout.chunks,
+                    "blocks": layout.blocks,
+                    "slots": layout.slots,
+                },
+                "slot_utilisation": round(pre.slot_utilisation, 4),
+                "result_slot_utilisation": round(pre.result_slot_utilisation, 4),
+                "server_has_secret_key": pre.server_has_secret_key,
+            }
+        )
+    if training is not None:
+        fit = training.fit
+        out.update(
+            {
+                "test_accuracy": fit.test_accuracy,
+                "best_val_accuracy": fit.best_val_accuracy,
+                "best_round": fit.best_round,
+                "rounds": fit.rounds,
+                "max_rounds": training.hparams["rounds"],
+                "patience": training.hparams["patience"],
+                "training_seconds": round(training.seconds, 3),
+                "training_bytes_up": training.bytes_up,
+                "training_bytes_down": training.bytes_down,
+                "training_messages": training.messages,
+            }
+        )
+    return out

@@ -1,0 +1,63 @@
+"""The cost of the encrypted pre-training round without running it (:func:`estimate_pretraining`):
+``fedgat demo``'s warning and memory check, the overhead benchmark's matrix estimate."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedgat.crypto import get_preset
+from fedgat.partition import Partition
+from fedgat.protocols import PretrainConfig
+
+__all__ = ["estimate_pretraining"]
+
+
+def estimate_pretraining(
+    partition: Partition,
+    variant: str,
+    d: int,
+    preset: str = "n4096",
+    chunks: int | None = None,
+    seconds_per_multiply_add: float | None = None,
+    ship_m2: bool = False,
+) -> dict:
+    """Cost of the pre-training round without running it: multiply-adds, ciphertexts and bytes.
+
+    ``ship_m2``: cost the paper's protocol, whose server also computes and ships the matrix variant's
+    ``M2`` (this implementation's clients derive it from ``K2``).
+
+    Uses the dense coefficient structure of the bases (every computed row of node ``i`` uses all
+    ``n_i`` neighbours) and the preset's measured sizes and timings (:mod:`fedgat.crypto.params`).
+    ``decrypted_bytes_float64``: the clients' decrypted encodings together, before compaction.
+    """
+    p = get_preset(preset)
+    cfg = PretrainConfig(session=0, variant=variant, preset=preset, chunks=chunks)
+    layout = cfg.layout(d, p.slots)
+    deg = partition.neighbourhoods.degrees()
+    n = deg.astype(np.int64)
+    rows = np.array([cfg.rows_per_node(int(k), ship_m2) for k in n])
+    groups = -(-(rows + 1) // layout.blocks)  # h_i is computed as result row 0
+    mads = int((groups * n).sum()) * layout.chunks
+    uses = np.zeros(partition.num_nodes, dtype=np.int64)
+    for cp in partition.clients:
+        uses[cp.needed] += 1
+    down_cts = int((groups * uses).sum()) * layout.chunks
+    held = np.array([cfg.rows_per_node(int(k), True) for k in n])  # M2 is held, shipped or derived
+    decrypted_reals = int(((1 + held) * uses).sum()) * d
+    per_mad = (
+        seconds_per_multiply_add
+        if seconds_per_multiply_add is not None
+        else {4096: 0.55e-3, 8192: 1.2e-3, 16384: 2.4e-3}.get(p.poly_modulus_degree, 1e-3)
+    )
+    result_bytes = {4096: 55.7e3, 8192: 131.3e3, 16384: 262.4e3}.get(p.poly_modulus_degree, 1e5)
+    fresh_bytes = {4096: 103.6e3, 8192: 235.2e3, 16384: 460e3}.get(p.poly_modulus_degree, 2e5)
+    return {
+        "multiply_adds": mads,
+        "server_seconds": mads * per_mad,
+        "result_ciphertexts_down": down_cts,
+        "bytes_down": down_cts * result_bytes,
+        "bytes_up": partition.num_nodes * layout.chunks * fresh_bytes,
+        "layout_chunks": layout.chunks,
+        "max_rows_per_node": int(rows.max()) if len(rows) else 0,
+        "decrypted_bytes_float64": decrypted_reals * 8,
+    }

@@ -1,0 +1,346 @@
+"""Parties as values (:mod:`fedgat.protocols.party_values`): specs rebuild equal parties, reports carry
+a hosted party's results back, unsupported kinds are refused, and a hosted run (the Ray engine's
+:class:`RayTransport` over :class:`PartyHost` objects, no Ray) never uses pickle."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import pickle
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fedgat.app import build_pretrain_parties, build_training_parties
+from fedgat.checkpoint import CheckpointError
+from fedgat.dp import FeatureDP
+from fedgat.pipeline import (
+    drive,
+    max_abs_error,
+    run_encrypted_pretraining,
+    run_plaintext_pretraining,
+    train_fedgat,
+)
+from fedgat.protocols import (
+    ClientPretrain,
+    InProcessTransport,
+    MissingPartyError,
+    QuorumError,
+    SignatureError,
+    StateError,
+    party_values,
+    ray_engine,
+    ray_host,
+    roster,
+)
+from fedgat.protocols.party_values import (
+    PartyReport,
+    PartySpec,
+    encodings_to_value,
+    error_from_value,
+    error_to_value,
+    pack_value,
+    unpack_value,
+)
+from fedgat.protocols.ray_engine import PartyHost, RayEngineError, RayTransport
+
+TRAIN = {"rounds": 2, "patience": None, "dropout": 0.0, "feature_dropout": 0.0}
+
+
+def rebuilt(party):
+    return PartySpec.from_bytes(party.spec().to_bytes()).build()
+
+
+def same_encodings(a, b) -> bool:
+    va, vb = encodings_to_value(a), encodings_to_value(b)
+    packed_a, arrays_a = pack_value(va)
+    packed_b, arrays_b = pack_value(vb)
+    return packed_a == packed_b and all(
+        x.dtype == arrays_b[k].dtype and np.array_equal(x, arrays_b[k]) for k, x in arrays_a.items()
+    )
+
+
+# ------------------------------------------------------------------------------------------ codec
+def test_plain_values_round_trip():
+    value = {
+        "a": [1, 2.5, None, True, "x", b"\x00\xff", np.arange(6, dtype=np.int16).reshape(2, 3)],
+        "b": {"nan": math.inf, "empty": b"", "t": (1, 2)},
+    }
+    packed, arrays = pack_value(value)
+    back = unpack_value(packed, arrays)
+    assert back["a"][:6] == [1, 2.5, None, True, "x", b"\x00\xff"]
+    assert back["a"][6].dtype == np.int16 and np.array_equal(back["a"][6], value["a"][6])
+    assert back["b"] == {"nan": math.inf, "empty": b"", "t": [1, 2]}
+    with pytest.raises(TypeError, match="not a plain value"):
+        pack_value({"x": object()})
+    with pytest.raises(TypeError, match="key"):
+        pack_value({"$array": 1})
+    with pytest.raises(TypeError, match="key"):
+        pack_value({1: 1})
+
+
+# ------------------------------------------------------------------------------------ pre-training
+def test_pretrain_spec_rebuilds_equal_clients(tiny_graph, tiny_partition):
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    for pid, client in parties.clients.items():
+        spec = client.spec()
+        twin = rebuilt(client)
+        assert type(twin) is type(client) and twin.party_id == pid
+        assert twin.snapshot() == client.snapshot()
+        assert twin.spec().to_bytes() == spec.to_bytes()
+        assert twin._signer.private_bytes() == client._signer.private_bytes()
+        # the spec's repr names fields, never the private keys
+        assert client._signer.private_bytes().hex() not in repr(spec)
+        assert "identity" in repr(spec)
+
+
+def test_dp_spec_ships_the_release_not_a_redraw(tiny_graph, tiny_partition):
+    dp = FeatureDP(epsilon=4.0, dim=8)
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=None, workers=0, dp=dp)
+    for client in parties.clients.values():
+        twin = rebuilt(client)
+        assert twin.config == client.config
+        assert np.array_equal(twin._release, client._release)  # the CSPRNG draw, shipped
+        assert np.array_equal(twin._features, client._features)
+
+
+def test_started_party_has_no_spec(tiny_graph, tiny_partition):
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    client = parties.clients[tiny_partition.num_clients - 1]
+    client.start()
+    with pytest.raises(StateError):
+        client.spec()
+
+
+def test_report_absorb_gives_equal_results(tiny_graph, tiny_partition):
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    copies = {pid: rebuilt(c) for pid, c in parties.clients.items()}  # the coordinator's copies
+    drive(InProcessTransport(), parties.all())
+    for pid, client in parties.clients.items():
+        report = PartyReport.from_bytes(client.report().to_bytes())
+        copy = copies[pid]
+        copy.absorb(report)
+        assert copy.done and copy.state is client.state and copy.abort_reason is None
+        assert same_encodings(copy.encodings, client.encodings)
+        assert copy.nodes_decrypted == client.nodes_decrypted > 0
+        assert copy.ciphertexts_decrypted == client.ciphertexts_decrypted
+        assert dict(copy.timings) == dict(client.timings)
+        assert dict(copy.cpu_timings) == dict(client.cpu_timings)
+        assert copy.layout == client.layout and copy.verifier.fingerprint == client.verifier.fingerprint
+        assert copy.holder is None  # no key material in a report
+    with pytest.raises(ValueError, match="report of"):
+        copies[0].absorb(parties.clients[1].report())
+
+
+# ----------------------------------------------------------------------------------------- rounds
+@pytest.mark.parametrize("variant", ["vector", "matrix"])
+def test_rounds_spec_rebuilds_equal_clients(tiny_graph, tiny_partition, variant):
+    plain = run_plaintext_pretraining(tiny_graph, tiny_partition, variant=variant, seed=1)
+    parties = build_training_parties(tiny_graph, tiny_partition, plain, seed=1, rounds=2)
+    for client in parties.clients.values():
+        state = torch.get_rng_state()
+        twin = rebuilt(client)
+        assert torch.equal(state, torch.get_rng_state())  # rebuilding draws nothing
+        assert twin.snapshot() == client.snapshot()
+        assert twin.spec().to_bytes() == client.spec().to_bytes()
+        weights = {k: v.clone() for k, v in client.client.model.state_dict().items()}
+        torch.manual_seed(7)
+        mine = client.client.fit(weights)
+        torch.manual_seed(7)
+        theirs = twin.client.fit(weights)
+        assert mine.loss == theirs.loss and all(torch.equal(mine.state[k], theirs.state[k]) for k in weights)
+        assert twin.client.evaluate(weights) == client.client.evaluate(weights)
+
+
+def test_rounds_client_with_its_own_stream(tiny_graph, tiny_partition):
+    from fedgat.protocols import ClientRounds
+
+    plain = run_plaintext_pretraining(tiny_graph, tiny_partition, seed=1)
+    parties = build_training_parties(tiny_graph, tiny_partition, plain, seed=1, rounds=2)
+    c = parties.clients[0]
+    seeded = ClientRounds(
+        0, c.roster, c.session, roster.Identity(c._signer), client=c.client, fingerprint=None, seed=11
+    )
+    twin = rebuilt(seeded)
+    assert torch.equal(twin._rng, seeded._rng)
+    report = PartyReport.from_bytes(twin.report().to_bytes())
+    seeded.absorb(report)
+    assert seeded.last_round == 0 and seeded.done
+
+
+# ------------------------------------------------------------------------------------ unsupported
+def test_unsupported_kinds_raise(tiny_graph, tiny_partition):
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    with pytest.raises(TypeError, match="ServerPretrain cannot be described"):
+        parties.server.spec()
+
+    class Tweaked(ClientPretrain):  # a subclass does not inherit its parent's kind
+        pass
+
+    client = parties.clients[1]
+    tweaked = Tweaked.__new__(Tweaked)
+    tweaked.__dict__.update(client.__dict__)
+    with pytest.raises(TypeError, match="Tweaked cannot be described"):
+        tweaked.spec()
+    with pytest.raises(TypeError, match="no party kind"):
+        PartySpec("fedgat.pipeline:os.system", 1, {}).build()
+    with pytest.raises(TypeError, match="no party kind"):
+        PartySpec.from_bytes(PartySpec("nope", 1, {}).to_bytes()).build()
+    blob = bytearray(client.spec().to_bytes())
+    blob[-40] ^= 1
+    with pytest.raises(CheckpointError):
+        PartySpec.from_bytes(bytes(blob))
+
+
+def test_engine_refuses_a_party_it_cannot_describe(tiny_graph, tiny_partition):
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    transport = RayTransport(FakeEngine(), keep_local=lambda party: False, server_tasks=False)
+    with pytest.raises(TypeError, match="cannot host party .* ServerPretrain"):
+        transport.run_parties(parties.all())
+
+
+# ----------------------------------------------------------------------------------------- errors
+def test_errors_travel_as_values():
+    def through(exc: BaseException) -> Exception:
+        try:
+            raise exc
+        except BaseException as raised:  # noqa: BLE001 - a traceback to carry
+            return error_from_value(error_to_value(raised), fallback=RayEngineError)
+
+    got = through(SignatureError("bad signature"))
+    assert type(got) is SignatureError and str(got) == "bad signature"
+    got = through(MissingPartyError("gone", phase="keys", missing=[3, 1]))
+    assert type(got) is MissingPartyError and got.phase == "keys" and got.missing == (1, 3)
+    got = through(QuorumError("few", phase="fit", missing=[2], round=4, answered=[0, 1], required=3))
+    assert (got.round, got.answered, got.required) == (4, (0, 1), 3)
+    got = through(KeyError("party 9"))
+    assert type(got) is KeyError and got.args == ("party 9",)
+
+    class Strange(Exception):
+        pass
+
+    got = through(Strange("odd"))
+    assert type(got) is RayEngineError and "Strange: odd" in str(got)
+    assert "Strange" in error_to_value(Strange("odd"))["type"]
+
+
+# --------------------------------------------------------------------------- hosted, without Ray
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+class _Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args, **kwargs):
+        return _Ref(self.fn(*args, **kwargs))
+
+
+class _Actor:
+    """A :class:`PartyHost` object called the way a Ray actor handle is (``actor.method.remote``)."""
+
+    def __init__(self, host: PartyHost):
+        self.host = host
+
+    def __getattr__(self, name):
+        return _Method(getattr(self.host, name))
+
+
+class _Ray:
+    @staticmethod
+    def wait(refs, num_returns=1, timeout=None):
+        return list(refs), []
+
+
+class FakeEngine:
+    """What :class:`RayTransport` uses of a :class:`RayEngine`, over plain :class:`PartyHost` objects:
+    every call runs at once, in this process."""
+
+    def __init__(self, actors: int = 2):
+        self.ray = _Ray()
+        self.n = actors
+        self.actors: list[_Actor] = []
+
+    def ensure_actors(self, parties: int):
+        if not self.actors:
+            self.actors = [_Actor(PartyHost(threads=None)) for _ in range(self.n)]
+        return self.actors
+
+    def _get(self, refs):
+        return [r.value for r in refs] if isinstance(refs, list) else refs.value
+
+
+def _no_pickle(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle was used on the hosted path")
+
+    for name in ("dumps", "loads", "dump", "load"):
+        monkeypatch.setattr(pickle, name, refuse)
+        for module in ("cloudpickle", "ray.cloudpickle"):
+            if module in sys.modules and hasattr(sys.modules[module], name):
+                monkeypatch.setattr(sys.modules[module], name, refuse)
+
+
+def test_engine_modules_import_no_pickle():
+    for module in (party_values, ray_host, ray_engine):
+        tree = ast.parse(inspect.getsource(module))
+        names = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not {n for n in names if "pickle" in n}, module.__name__
+
+
+@pytest.mark.parametrize("dp", [None, FeatureDP(epsilon=4.0, dim=8)], ids=["plain", "dp"])
+def test_hosted_run_equals_in_process_without_pickle(tiny_graph, tiny_partition, monkeypatch, dp):
+    want = run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, progress=False, workers=0, dp=dp)
+    engine = FakeEngine()
+    transport = RayTransport(engine, server_tasks=False)
+    _no_pickle(monkeypatch)
+    got = run_encrypted_pretraining(
+        tiny_graph, tiny_partition, seed=2, transport=transport, progress=False, workers=0, dp=dp
+    )
+    assert [len(a.host.parties) for a in engine.actors] == [0, 0]  # reported and dropped
+    assert max_abs_error(got.encodings, want.encodings) <= 1e-5
+    for c, enc in got.encodings.items():
+        for a, b in zip(enc.buckets, want.encodings[c].buckets, strict=True):
+            assert np.array_equal(a.bases.p, b.bases.p) and np.array_equal(a.bases.nodes, b.bases.nodes)
+    for field in ("ciphertexts_up", "ciphertexts_down", "messages_up", "messages_down", "multiply_adds"):
+        assert getattr(got, field) == getattr(want, field), field
+    assert got.phases["decrypt"] > 0  # the hosted clients' timings came back
+    if dp is None:
+        ref = train_fedgat(tiny_graph, tiny_partition, want.encodings, seed=2, progress=False, **TRAIN)
+        run = train_fedgat(
+            tiny_graph, tiny_partition, got.encodings, seed=2, transport=transport, progress=False, **TRAIN
+        )
+        assert run.fit.rounds == ref.fit.rounds and run.messages == ref.messages
+        assert run.fit.best_val_accuracy == ref.fit.best_val_accuracy
+
+
+def test_hosted_rejection_surfaces_typed(tiny_graph, tiny_partition, monkeypatch):
+    import dataclasses
+
+    from fedgat.protocols import Verifier
+
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    r = parties.deployment.roster
+    victim = r.clients[-1]
+    keys = dict(r.signing_keys)
+    keys[r.server] = keys[r.dealer]
+    parties.clients[victim].verifier = Verifier(
+        dataclasses.replace(r, signing_keys=keys), victim, parties.config.session
+    )
+    engine = FakeEngine()
+    _no_pickle(monkeypatch)
+    with pytest.raises(SignatureError) as info:
+        drive(RayTransport(engine, server_tasks=False), parties.all())
+    assert any(f"by party {victim}" in note for note in info.value.__notes__)
+    assert [len(a.host.parties) for a in engine.actors] == [0, 0]  # reset after the failure
