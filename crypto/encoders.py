@@ -14,6 +14,10 @@ they differ only in where:
 An engine picks one by passing an :data:`EncoderFactory` to the server: it is called once, when
 the compute phase begins, with the server's public context, the slot layout, the spool and the
 number of results to compute. :func:`local_encoder` is the default factory.
+
+The seam itself is :class:`BucketEncoder`, generic over the result: :class:`Encoder` is its
+encrypted instance, and :class:`fedgat.plain_encoder.PlainEncoder` (the same per-node compute in the
+clear, over feature rows keyed like the spool) its plaintext one, which the plaintext baseline runs.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from .context import CkksContext, ServerContext
 from .packing import SlotLayout
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO_POOL_MIN_NODES",
+    "BucketEncoder",
     "Encoder",
     "EncoderFactory",
     "InlineEncoder",
@@ -46,15 +51,23 @@ __all__ = [
 AUTO_POOL_MIN_NODES = 256
 
 
-class Encoder(Protocol):
-    """Computes encrypted encodings: one :class:`NodeResult` per node of ``buckets``, in order."""
+ResultT_co = TypeVar("ResultT_co", covariant=True)
+
+
+class BucketEncoder(Protocol[ResultT_co]):
+    """Computes :math:`A_i H_i` for every node of ``buckets``: one result per node, in bucket then
+    slot order (the order :attr:`fedgat.protocols.pretrain_plan.RoundPlan.recipients` follows)."""
 
     #: processes or tasks working at once (0: the calling process)
     workers: int
 
-    def map(self, buckets: Iterable[BucketBases]) -> Iterator[NodeResult]: ...
+    def map(self, buckets: Iterable[BucketBases]) -> Iterator[ResultT_co]: ...
 
     def close(self) -> None: ...
+
+
+class Encoder(BucketEncoder[NodeResult], Protocol):
+    """Computes encrypted encodings: one :class:`NodeResult` per node of ``buckets``, in order."""
 
 
 #: ``factory(context, layout, spool, results) -> Encoder``, called when the compute phase begins

@@ -34,12 +34,14 @@ fingerprint, the aggregation, evaluation and early stopping of :meth:`fedgat.fed
 (what :func:`fedgat.pipeline.train_fedgat` runs in process), so both engines give the same model.
 
 Client state: Flower 1.41 runs every message in a fresh ``flwr-clientapp`` process, so a party
-cannot stay in memory. After each message the client's parties (keys, CKKS secret context,
-decrypted encodings, model and optimiser) are pickled into ``Context.state``, which the SuperNode
-keeps locally ("will never leave the system it's running from"), or into a file under the node
-config's ``state-dir`` (:mod:`~fedgat.protocols.flower_state`). Pickle is only ever read back from
-that local state, never from the network. The state holds the party's private keys and the CKKS
-secret key: protect the SuperNode's database (``--database``) and ``state-dir`` like any key store.
+cannot stay in memory. After each message the client's party is saved as a value
+(:class:`~fedgat.protocols.party_state.PartyState`: plain fields and arrays in the checkpoint
+format, no pickle; its CKKS secret context, decrypted encodings, model and optimiser included),
+sealed with an HMAC keyed from the party's own private keys, into ``Context.state``, which the
+SuperNode keeps locally, or into a 0600 file under the node config's ``state-dir``
+(:mod:`~fedgat.protocols.flower_state`); tampered, foreign or rolled-back state is refused. The
+state holds the CKKS secret key and decrypted encodings (authenticated, not encrypted): protect the
+SuperNode's database (``--database``) and ``state-dir`` like any key store.
 
 Roster: the protocol assumes the roster (party id -> Ed25519 key) is pinned out of band. With the run
 config's ``roster`` (a JSON file, :func:`write_roster`), the server and every client holding the

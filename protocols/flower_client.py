@@ -4,8 +4,9 @@ Each ClientApp instance (one per SuperNode) hosts one fedgat client party; its p
 SuperNode's ``node_config["partition-id"]``. The party is assembled by :mod:`fedgat.app`
 (:func:`~fedgat.app.build_pretrain_client`, :func:`~fedgat.app.build_rounds_client`) from the run's
 graph and partition (:mod:`fedgat.protocols.flower_config`), as in process; between messages it
-lives in the SuperNode's local state (:mod:`fedgat.protocols.flower_state`). See
-:mod:`fedgat.protocols.flower_app`.
+lives in the SuperNode's local state as values, HMAC-authenticated under the client's own key, never
+pickled (:class:`~fedgat.protocols.flower_state.ClientStore`, :mod:`fedgat.protocols.party_state`).
+See :mod:`fedgat.protocols.flower_app`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from .driver import Driver
 from .fedavg import ClientRounds
-from .flower_roster import check_pinned, read_identity, roster_fingerprint, roster_from_json
-from .flower_state import load_state, save_encodings, save_state
+from .flower_roster import check_pinned, roster_fingerprint, roster_from_json
+from .flower_state import ClientStore, load_client, save_client, save_encodings
 from .flower_wire import HELLO, config_str, message_content, message_frames, message_meta
 from .party import Party
 from .pretrain import ClientPretrain, PretrainConfig
@@ -132,18 +133,12 @@ def _new_rounds_party(
         raise RemotePartyError(str(exc)) from exc
 
 
-def _identity(state: dict, context: Context) -> Identity:
-    if "identity" not in state:
-        path = context.node_config.get("identity")
-        state["identity"] = read_identity(str(path), client=True) if path else Identity.generate(client=True)
-    return state["identity"]
-
-
-def _set_up(
-    pid: int, cfg: FlowerRunConfig, context: Context, state: dict, identity: Identity, setup: dict
-) -> None:
+def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore, setup: dict) -> None:
     """Check the roster a phase's set-up carries (or keep the last one) and build the phase's party."""
-    roster = roster_from_json(setup["roster"]) if "roster" in setup else state["roster"]
+    identity = store.identity
+    roster = roster_from_json(setup["roster"]) if "roster" in setup else store.roster
+    if roster is None:
+        raise RemotePartyError(f"party {pid}'s first phase came without a roster")
     if roster.signing_key(pid) != identity.signer.public_bytes():
         raise RosterMismatchError(f"the roster does not hold party {pid}'s key")
     pinned = context.node_config.get("roster") or cfg.roster
@@ -156,7 +151,7 @@ def _set_up(
             roster_fingerprint(roster),
             "pinned" if pinned else "trust on first use",
         )
-    state["roster"] = roster
+    store.roster = roster
     if setup["phase"] == "pretrain":
         c = setup["config"]
         config = PretrainConfig(
@@ -166,12 +161,12 @@ def _set_up(
             chunks=c["chunks"],
             embed_factor=int(c["embed_factor"]),
         )
-        state["party"] = _new_pretrain_party(pid, cfg, identity, roster, config)
+        store.party = _new_pretrain_party(pid, cfg, identity, roster, config)
     elif setup["phase"] == "rounds":
-        pre = state.get("party")
+        pre = store.party
         if not isinstance(pre, ClientPretrain) or pre.encodings is None:
             raise RemotePartyError(f"party {pid} has no encodings: the pre-training did not complete")
-        state["party"] = _new_rounds_party(pid, cfg, identity, roster, setup, pre.encodings)
+        store.party = _new_rounds_party(pid, cfg, identity, roster, setup, pre.encodings)
     else:
         raise RemotePartyError(f"unknown phase {setup['phase']!r}")
 
@@ -180,12 +175,12 @@ def handle_message(message: Message, context: Context) -> Message:
     """The ClientApp: one message in (frames for this party), one reply out (its frames)."""
     cfg = FlowerRunConfig.from_run_config(context.run_config)
     pid = _party_id(context, cfg)
-    state = load_state(context)
-    identity = _identity(state, context)
+    store = load_client(context, pid)
+    identity = store.identity
     phase = message.metadata.message_type
     if phase == HELLO:
         graph = load_graph(cfg)
-        save_state(context, state)
+        save_client(context, store)
         meta = {
             "party": pid,
             "ed25519": identity.signer.public_bytes(),
@@ -194,32 +189,30 @@ def handle_message(message: Message, context: Context) -> Message:
         }
         return Message(message_content(meta, []), reply_to=message)
     meta_in = message_meta(message)
-    counter = state.get("messages", 0) + 1
-    state["messages"] = counter
+    store.messages += 1
     # every message reseeds torch: dropout is reproducible run to run (per party and message)
     torch.manual_seed(
-        int.from_bytes(hashlib.sha256(f"{cfg.seed}:{pid}:{counter}".encode()).digest()[:8], "big")
+        int.from_bytes(hashlib.sha256(f"{cfg.seed}:{pid}:{store.messages}".encode()).digest()[:8], "big")
     )
     new = "setup" in meta_in
     if new:
-        _set_up(pid, cfg, context, state, identity, json.loads(config_str(meta_in, "setup")))
-    party: Party | None = state.get("party")
-    if party is None:
+        _set_up(pid, cfg, context, store, json.loads(config_str(meta_in, "setup")))
+    party: Party | None = store.party
+    if party is None or store.roster is None:
         raise RemotePartyError(f"party {pid} got frames before its phase was set up")
-    transport = _ReplyTransport(pid, state["roster"].server, message_frames(message))
+    transport = _ReplyTransport(pid, store.roster.server, message_frames(message))
     driver = Driver(transport, {pid: party})
     if new:
         driver.start()
     # stop once the frames are consumed and no streamed work is left: a party's armed deadline is
     # checked on its next message, never waited for inside a ClientApp
     driver.run(until=lambda: transport.idle() and not party.has_work())
-    if isinstance(party, ClientPretrain) and party.done and not state.get("exported"):
+    if isinstance(party, ClientPretrain) and party.done and not store.exported:
         out = context.node_config.get("output-dir")
         if out and party.encodings is not None:
             Path(str(out)).mkdir(parents=True, exist_ok=True)
             save_encodings(Path(str(out)) / f"encodings-party{pid}.npz", party.encodings)
-        state["exported"] = True
-    save_state(context, state)
-    status = party.state.value if hasattr(party.state, "value") else str(party.state)
-    meta = {"party": pid, "state": status, "aborted": party.abort_reason or ""}
+        store.exported = True
+    save_client(context, store)  # before the reply leaves: a restarted party never reuses a sequence number
+    meta = {"party": pid, "state": party.state_name(), "aborted": party.abort_reason or ""}
     return Message(message_content(meta, transport.out), reply_to=message)

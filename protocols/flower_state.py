@@ -1,13 +1,29 @@
 """What a Flower ClientApp keeps between messages, and the files the Flower engine writes.
 
 Flower 1.41 runs every message in a fresh ``flwr-clientapp`` process, so a party cannot stay in
-memory: after each message the client's state (its parties with their keys, CKKS secret context,
-decrypted encodings, model and optimiser) is pickled into ``Context.state``, which the SuperNode
-keeps locally, or into a file under the node config's ``state-dir`` (:func:`save_state`,
-:func:`load_state`). Keys and CKKS contexts are pickled as their private bytes. Pickle is only ever
-read back from that local state, checked against its SHA-256, never from the network. The state
-holds the party's private keys and the CKKS secret key: protect the SuperNode's database
-(``--database``) and ``state-dir`` like any key store.
+memory: after each message the client's state -- a :class:`ClientStore`: its party id, run and node,
+the roster, the message counter, and its party mid-run as a
+:class:`~fedgat.protocols.party_state.PartyState` (CKKS secret context as bytes, decrypted encodings,
+model and optimiser as arrays) -- is saved as **values, never pickled**: the pickle-free checkpoint
+format of :mod:`fedgat.checkpoint`, authenticated with HMAC-SHA256 under a key derived from the
+client's own private keys (:func:`~fedgat.protocols.party_state.state_key`, label
+``flower-client/<party id>``). It goes into ``Context.state``, which the SuperNode keeps locally, or
+into a 0600 file under the node config's ``state-dir`` with its SHA-256 in ``Context.state`` (so a
+file rolled back to an older authentic state is refused too). :func:`load_client` verifies the HMAC
+before it parses anything, checks that the state is this party's, run's and node's, and rebuilds the
+party exactly; a state that does not verify raises
+:class:`~fedgat.protocols.party_state.StateAuthenticationError`, another party's, run's or node's
+:class:`~fedgat.protocols.party_state.ForeignStateError`, a state in the old pickled format (or any
+other unusable one) :class:`~fedgat.protocols.party_state.SavedStateError`: nothing is unpickled.
+
+The client's private keys are not in the saved state. With the node config's ``identity`` (a key
+file, :func:`~fedgat.protocols.flower_roster.read_identity`) they stay in that file, and whoever can
+write ``Context.state`` or ``state-dir`` but cannot read the key file can neither forge nor alter the
+state. Without one (local runs, tests) the ClientApp generates keys on its first message and keeps
+them in ``Context.state`` (SHA-256 only: there is nothing to key an HMAC with), so the HMAC then
+guards against corruption and swapped state, not against a writer of the SuperNode's database. The
+state holds the CKKS secret key and decrypted encodings either way: protect the SuperNode's database
+(``--database``) and ``state-dir`` like a key store.
 
 Files: a client's decrypted encodings (:func:`save_encodings`, :func:`load_encodings`) and the
 server's models (:func:`save_arrays`), as ``.npz``.
@@ -16,107 +32,224 @@ server's models (:func:`save_arrays`), as ``.npz``.
 from __future__ import annotations
 
 import hashlib
-import io
+import hmac
 import os
-import pickle
+import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedgat.crypto import KeyHolderContext, SigningIdentity, WrappingIdentity
+from fedgat.checkpoint import Checkpoint, CheckpointError, decode_checkpoint, encode_checkpoint
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
 
-from .flower_config import FLOWER_HINT, FlowerUnavailableError, RemotePartyError
+from .flower_config import FLOWER_HINT, FlowerUnavailableError
+from .flower_roster import read_identity
+from .party import Party
+from .party_state import (
+    ForeignStateError,
+    PartyState,
+    SavedStateError,
+    StateAuthenticationError,
+    seal,
+    state_key,
+    unseal,
+)
+from .party_values import pack_value, unpack_value
+from .roster import Identity, Roster
 
 try:
     from flwr.app import ConfigRecord, Context
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise FlowerUnavailableError(f"{FLOWER_HINT} ({_exc})") from _exc
 
-__all__ = ["STATE", "load_encodings", "load_state", "save_arrays", "save_encodings", "save_state"]
+__all__ = [
+    "CLIENT_STATE_KIND",
+    "FORMAT",
+    "STATE",
+    "ClientStore",
+    "load_client",
+    "load_encodings",
+    "save_arrays",
+    "save_client",
+    "save_encodings",
+]
 
-#: the ConfigRecord of ``Context.state`` that holds (or points to) the pickled client state
+#: the ConfigRecord of ``Context.state`` that holds (or points to) the client state
 STATE = "fedgat.state"
+#: what that record says it holds (a record without it is of the old, pickled format: refused)
+FORMAT = "fedgat.flower.client-state/2"
+#: the checkpoint kind of a saved :class:`ClientStore`
+CLIENT_STATE_KIND = "fedgat.flower.client"
+_IDENTITY_KIND = "fedgat.flower.identity"
 
 
 # ====================================================================================== client state
-class _StatePickler(pickle.Pickler):
-    """Pickles parties; keys and CKKS contexts as their private bytes (local state only)."""
+@dataclass
+class ClientStore:
+    """What a ClientApp keeps between messages.
 
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, SigningIdentity):
-            return SigningIdentity.from_private_bytes, (obj.private_bytes(),)
-        if isinstance(obj, WrappingIdentity):
-            return WrappingIdentity.from_private_bytes, (obj.private_bytes(),)
-        if isinstance(obj, KeyHolderContext):
-            return _restore_holder, (obj.secret_context_bytes(), obj.fingerprint(), obj.symmetric_encryption)
-        return NotImplemented
+    Attributes:
+        party_id: the SuperNode's ``partition-id``.
+        identity: the client's private keys (from the node config's key file, or generated and kept
+            in ``Context.state``; never inside the authenticated state).
+        roster: the roster of the last phase set up (None before one).
+        party: the phase's party, mid-run (None before a phase is set up).
+        messages: protocol messages handled (seeds torch per message).
+        exported: the decrypted encodings were written to the output directory.
+    """
+
+    party_id: int
+    identity: Identity
+    roster: Roster | None = None
+    party: Party | None = None
+    messages: int = 0
+    exported: bool = False
+
+    def __repr__(self) -> str:  # never the keys
+        state = None if self.party is None else self.party.state_name()
+        return f"ClientStore(party_id={self.party_id}, party={state!r}, messages={self.messages})"
 
 
-def _restore_holder(data: bytes, fingerprint: bytes, symmetric: bool) -> KeyHolderContext:
-    return KeyHolderContext.from_secret_bytes(
-        data, expected_fingerprint=fingerprint, symmetric_encryption=symmetric
-    )
-
-
-def _dumps(state: dict) -> bytes:
-    buf = io.BytesIO()
-    _StatePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(state)
-    return buf.getvalue()
+def _label(party_id: int) -> str:
+    return f"flower-client/{int(party_id)}"
 
 
 def _state_file(context: Context) -> Path | None:
     directory = context.node_config.get("state-dir")
     if not directory:
         return None
-    return Path(str(directory)) / f"fedgat-run{context.run_id}-node{context.node_id}.pkl"
+    return Path(str(directory)) / f"fedgat-run{context.run_id}-node{context.node_id}.state"
 
 
-def _record_bytes(record: ConfigRecord, key: str) -> bytes:
-    value = record.get(key)
-    if not isinstance(value, bytes):
-        raise RemotePartyError(f"the saved client state has no {key!r} bytes")
-    return value
+def _write_private(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` atomically, mode 0600 (directory created 0700)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
-def load_state(context: Context) -> dict:
-    """The client state :func:`save_state` kept in ``context`` (empty before the first message).
+def _generated_identity(rec: Any, party_id: int) -> Identity | None:
+    """The identity a ClientApp generated on an earlier message (kept in ``Context.state``)."""
+    blob = None if rec is None else rec.get("identity")
+    if blob is None:
+        return None
+    try:
+        ckpt = decode_checkpoint(bytes(blob))
+        ckpt.require(_IDENTITY_KIND)
+        value = unpack_value(ckpt.meta, ckpt.arrays)
+        if int(value["party"]) != party_id:
+            raise ForeignStateError(f"the kept identity is party {value['party']}'s, not {party_id}'s")
+        return Identity.from_value(value["identity"])
+    except (CheckpointError, KeyError, TypeError, ValueError) as exc:
+        raise SavedStateError(f"the kept client identity cannot be read: {exc}") from exc
+
+
+def _identity_blob(identity: Identity, party_id: int) -> bytes:
+    meta, arrays = pack_value({"party": party_id, "identity": identity.to_value()})
+    return encode_checkpoint(Checkpoint(_IDENTITY_KIND, meta, arrays))
+
+
+def load_client(context: Context, party_id: int) -> ClientStore:
+    """The client state :func:`save_client` kept in ``context`` (a fresh one, with the node config's
+    identity or new keys, before the first message).
 
     Raises:
-        RemotePartyError: the state does not match its digest.
+        StateAuthenticationError: the state does not verify under this client's key (tampered,
+            corrupted, another client's), or a ``state-dir`` file does not match its digest (altered
+            or rolled back).
+        ForeignStateError: an authentic state of another party, run or node.
+        SavedStateError: a state in the old pickled format, or otherwise unusable.
     """
     rec = context.state.config_records.get(STATE)
-    if rec is None:
-        return {}
-    digest = _record_bytes(rec, "sha256")
-    path = _state_file(context)
-    blob = (
-        path.read_bytes() if path is not None and not rec.get("inline", True) else _record_bytes(rec, "blob")
+    if rec is not None and rec.get("format") != FORMAT:
+        raise SavedStateError(
+            f"the SuperNode holds client state of another format ({rec.get('format', 'pickled')!r}); "
+            f"this version reads {FORMAT!r} only and never unpickles: start a new run"
+        )
+    path = context.node_config.get("identity")
+    identity = read_identity(str(path), client=True) if path else _generated_identity(rec, party_id)
+    if rec is None:  # the first message
+        return ClientStore(party_id, identity if identity is not None else Identity.generate(client=True))
+    if identity is None:
+        raise SavedStateError("client state without the identity it was saved under")
+    blob = _read_blob(context, rec)
+    value = unseal(CLIENT_STATE_KIND, blob, state_key(identity, _label(party_id)))
+    where = {"party": party_id, "run": int(context.run_id), "node": int(context.node_id)}
+    saved = {k: value.get(k) for k in where}
+    if saved != where:
+        raise ForeignStateError(f"the saved client state is of {saved}, not {where}")
+    store = ClientStore(
+        party_id,
+        identity,
+        roster=None if value["roster"] is None else Roster.from_value(value["roster"]),
+        messages=int(value["messages"]),
+        exported=bool(value["exported"]),
     )
-    if hashlib.sha256(blob).digest() != digest:
-        raise RemotePartyError("the saved client state does not match its digest")
-    return pickle.loads(blob)
+    if value["party_state"] is not None:
+        state = PartyState.from_value(value["party_state"])
+        if state.party_id != party_id:
+            raise ForeignStateError(f"the saved party is party {state.party_id}, not {party_id}")
+        store.party = state.build(identity)
+    return store
 
 
-def save_state(context: Context, state: dict) -> None:
-    """Pickle ``state`` into ``context.state`` (or a 0600 file under the node config's ``state-dir``,
-    with its digest in ``context.state``)."""
-    blob = _dumps(state)
-    digest = hashlib.sha256(blob).digest()
+def _read_blob(context: Context, rec: Any) -> bytes:
+    if rec.get("inline", True):
+        blob = rec.get("blob")
+        if not isinstance(blob, bytes):
+            raise SavedStateError("the saved client state has no bytes")
+        return blob
+    path = _state_file(context)
+    if path is None:
+        raise SavedStateError("the client state was saved under state-dir, which the node config lacks now")
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise SavedStateError(f"cannot read the client state {path}: {exc}") from exc
+    digest = rec.get("sha256")
+    if not isinstance(digest, bytes) or not hmac.compare_digest(hashlib.sha256(blob).digest(), digest):
+        raise StateAuthenticationError(
+            f"{path} does not match the digest the SuperNode kept (altered, or rolled back to an older state)"
+        )
+    return blob
+
+
+def save_client(context: Context, store: ClientStore) -> None:
+    """Save ``store`` (see the module docstring) into ``context.state``, or a 0600 file under the node
+    config's ``state-dir`` with its SHA-256 in ``context.state``."""
+    party = store.party
+    value = {
+        "party": int(store.party_id),  # whose, where: checked on load
+        "run": int(context.run_id),
+        "node": int(context.node_id),
+        "roster": None if store.roster is None else store.roster.to_value(),
+        "messages": int(store.messages),
+        "exported": bool(store.exported),
+        "party_state": None if party is None else party.state_value().to_value(),
+    }
+    blob = seal(CLIENT_STATE_KIND, value, state_key(store.identity, _label(store.party_id)))
+    fields: dict[str, Any] = {"format": FORMAT}
+    if not context.node_config.get("identity"):
+        fields["identity"] = _identity_blob(store.identity, store.party_id)
     path = _state_file(context)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(blob)
-        tmp.replace(path)
-        context.state[STATE] = ConfigRecord({"sha256": digest, "inline": False})
+        _write_private(path, blob)
+        fields.update(inline=False, sha256=hashlib.sha256(blob).digest())
     else:
-        context.state[STATE] = ConfigRecord({"sha256": digest, "inline": True, "blob": blob})
+        fields.update(inline=True, blob=blob)
+    context.state[STATE] = ConfigRecord(fields)
 
 
 # ============================================================================================= files

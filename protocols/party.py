@@ -27,7 +27,10 @@ length alone, before it is decoded (:class:`~fedgat.protocols.errors.SizeLimitEr
 Restarts: :meth:`Party._checkpoint_base` / :meth:`Party._restore_base` carry the sequence number and
 the verifier's view (last sequence number per sender, key fingerprint) through a checkpoint; a
 restored party's sequence numbers skip ahead by :data:`SEQ_RESTART_GAP`, so messages it sent after
-its checkpoint and before the crash can never make its new ones look like replays.
+its checkpoint and before the crash can never make its new ones look like replays. Between two
+messages a party can also be carried whole, mid-run, as a value (:meth:`Party.state_value`,
+:mod:`~fedgat.protocols.party_state`): its sequence numbers are then restored exactly, because the
+state is saved before its replies leave (an engine that restarts it per message, Flower).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedgat.crypto import SigningIdentity
 
@@ -65,6 +68,9 @@ from .messages import (
 )
 from .party_values import PartyReport, PartySpec, error_from_value, error_to_value
 from .roster import Identity, Roster, Verifier
+
+if TYPE_CHECKING:
+    from .party_state import PartyState
 
 __all__ = ["PHASES", "SEQ_RESTART_GAP", "Party"]
 
@@ -258,9 +264,22 @@ class Party:
         if self._seq or self.verifier.last_seq():
             raise StateError(
                 f"party {self.party_id} has already run (state {self.state}); a spec describes a party "
-                "before its first message (a party mid-run travels as its checkpoint)"
+                "before its first message (a party mid-run travels as its state_value())"
             )
         return PartySpec(kind, self.party_id, {**self._spec_base(), **self._spec_fields()})
+
+    def state_value(self) -> PartyState:
+        """This party at any point between messages, as plain values without its private keys
+        (:mod:`~fedgat.protocols.party_state`; :meth:`PartyState.build
+        <fedgat.protocols.party_state.PartyState.build>` rebuilds it with its identity, exactly).
+
+        Raises:
+            TypeError: a class that cannot be described, or a kind without a mid-run state.
+            StateError: called while the party handles a message.
+        """
+        from .party_state import capture_state
+
+        return capture_state(self)
 
     @classmethod
     def from_spec(cls, spec: PartySpec) -> Party:

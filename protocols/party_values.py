@@ -22,7 +22,8 @@ Each party class says what it ships and reports: :meth:`~fedgat.protocols.party.
 ``from_spec``, ``report`` / ``absorb``. A class without a ``PARTY_KIND`` of its own (the server
 parties, test doubles that subclass a client) cannot be described, and its ``spec()`` raises
 :class:`TypeError`. A spec describes a party *before* it has sent or received a message (what an
-engine places); a party mid-run is carried by its checkpoint instead.
+engine places); a party mid-run is carried by its :class:`~fedgat.protocols.party_state.PartyState`
+(:meth:`~fedgat.protocols.party.Party.state_value`) instead.
 
 Secrets: a spec carries its party's raw private keys (the host of a party is that party's trust
 domain, as in simulation); ``repr`` of a spec shows field names only. A report carries none (the CKKS

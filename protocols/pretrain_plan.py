@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,11 +26,15 @@ from fedgat.randomness import RandomSource
 
 from .messages import GraphAnnounce, ResultItem
 
+if TYPE_CHECKING:
+    from fedgat.partition import Partition
+
 __all__ = [
     "ResultBatcher",
     "RoundPlan",
     "client_bucket_views",
     "needed_from_neighbourhoods",
+    "partition_graphs",
     "plan_round",
     "shortfall",
     "unsound_without",
@@ -174,6 +179,32 @@ def plan_round(
         views[c] = [view for _, view in client_bucket_views(bases, needed[c], max_bucket_elems)]
         route[c] = {int(n): cb for cb, view in enumerate(views[c]) for n in view.nodes}
     return RoundPlan(needed, bases, compute.buckets, compute.recipients, views, route)
+
+
+def partition_graphs(partition: Partition, dim: int = 1) -> dict[int, GraphAnnounce]:
+    """The graph announcement of every client of ``partition`` that owns a node: its owned nodes and
+    their (filtered) neighbourhoods, as :func:`fedgat.app.build_pretrain_client` announces them (the
+    header fields are placeholders: nothing is framed). What a plaintext twin plans its round from."""
+    nbh = partition.neighbourhoods
+    graphs = {}
+    for c, cp in enumerate(partition.clients):
+        owned = np.asarray(cp.owned, dtype=np.int64)
+        if not len(owned):
+            continue
+        sizes = nbh.degrees()[owned]
+        indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        at = np.repeat(nbh.indptr[owned] - indptr[:-1], sizes) + np.arange(indptr[-1])
+        graphs[c] = GraphAnnounce(
+            sender=c,
+            recipient=partition.num_clients,
+            session=0,
+            seq=0,
+            dim=dim,
+            owned=owned,
+            indptr=indptr,
+            indices=nbh.indices[at].astype(np.int64),
+        )
+    return graphs
 
 
 class ResultBatcher:

@@ -14,6 +14,15 @@ and ``nodes_decrypted``, and the result: the decrypted encodings
 (:func:`~fedgat.protocols.party_values.encodings_to_value`, exact), the session key's fingerprint and
 the slot layout -- never the CKKS secret context (``holder`` stays None in the caller's copy). The
 dealer adds the clients it wrapped the key for.
+
+Mid-run state (:mod:`fedgat.protocols.party_state`, any point between messages): the spec's fields
+(without the private keys) and the progress -- the CKKS secret context as its serialised bytes with
+its fingerprint and encryption mode (reloaded with
+:meth:`~fedgat.crypto.KeyHolderContext.from_secret_bytes`, which checks the fingerprint), the slot
+layout, the upload position and ciphertext count, the buckets received so far (their bases, decrypted
+rows and which are filled), the nodes assigned, the encoding budget used, whether the DP terms were
+confirmed, the decrypted encodings and the counters; the dealer adds the clients it wrapped the key
+for.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedgat.crypto import SlotLayout
+from fedgat.crypto import KeyHolderContext, SlotLayout
 from fedgat.dp import FeatureDP
 
 from .errors import StateError
@@ -43,7 +52,11 @@ __all__ = [
     "client_spec_fields",
     "config_from_value",
     "config_to_value",
+    "from_state_fields",
     "report_client",
+    "restore_progress",
+    "state_fields",
+    "state_progress",
 ]
 
 #: dtypes a client's decrypted encodings may have, by name
@@ -85,6 +98,11 @@ def client_spec_fields(client: ClientPretrain) -> dict[str, Any]:
 
     if client.state is not ClientState.NEW:
         raise StateError(f"client {client.party_id} has started; a spec describes it before start()")
+    return state_fields(client)
+
+
+def state_fields(client: ClientPretrain) -> dict[str, Any]:
+    """The constructor inputs of a client at any point (a spec's, and a mid-run state's, fields)."""
     g = client._graph
     dtype = str(client.dtype).removeprefix("torch.")
     if dtype not in DTYPES:
@@ -150,3 +168,109 @@ def absorb_client(client: ClientPretrain, report: PartyReport) -> None:
     client.encodings = None if enc is None else encodings_from_value(enc)
     client.verifier.fingerprint = report.result["fingerprint"]
     client.layout = None if layout is None else SlotLayout(*(int(x) for x in layout))
+
+
+# ------------------------------------------------------------------------------------ mid-run state
+def from_state_fields(cls: type[ClientPretrain], spec: PartySpec) -> ClientPretrain:
+    """The client as constructed from a mid-run state's fields (its progress follows)."""
+    return client_from_spec(cls, spec)
+
+
+def _tensor_to_value(t: torch.Tensor) -> dict[str, Any]:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, exactly
+        return {"dtype": "bfloat16", "data": t.view(torch.int16).numpy().copy()}
+    return {"dtype": str(t.dtype).removeprefix("torch."), "data": t.numpy().copy()}
+
+
+def _tensor_from_value(value: Mapping[str, Any]) -> torch.Tensor:
+    data = torch.from_numpy(np.array(value["data"]))
+    out = data.view(torch.bfloat16) if value["dtype"] == "bfloat16" else data
+    if out.dtype != DTYPES.get(str(value["dtype"]), out.dtype):
+        raise ValueError(f"a saved tensor of dtype {value['dtype']} holds {out.dtype}")
+    return out
+
+
+def state_progress(client: ClientPretrain) -> dict[str, Any]:
+    """The client's progress (see the module docstring)."""
+    holder, layout = client.holder, client.layout
+    progress: dict[str, Any] = {
+        "holder": None
+        if holder is None
+        else {
+            "secret": holder.secret_context_bytes(),
+            "fingerprint": holder.fingerprint(),
+            "symmetric": bool(holder.symmetric_encryption),
+        },
+        "layout": None if layout is None else [layout.d, layout.slots, layout.chunks],
+        "next_upload": int(client._next_upload),
+        "uploaded": int(client._uploaded),
+        "encoding_bytes": int(client._encoding_bytes),
+        "terms_confirmed": bool(client._terms_confirmed),
+        "assemblies": [
+            {
+                "variant": a.bases.variant,
+                "rows": np.asarray(a.bases.rows),
+                "nodes": np.asarray(a.bases.nodes),
+                "neighbours": np.asarray(a.bases.neighbours),
+                "p": np.asarray(a.bases.p),
+                "q": None if a.bases.q is None else np.asarray(a.bases.q),
+                "buffer": _tensor_to_value(a.rows),
+                "filled": np.asarray(a.filled, dtype=bool),
+            }
+            for a in client._assemblies
+        ],
+        "assigned": np.array(sorted(client._assigned), dtype=np.int64),
+        "encodings": None if client.encodings is None else encodings_to_value(client.encodings),
+        "ciphertexts_decrypted": int(client.ciphertexts_decrypted),
+        "nodes_decrypted": int(client.nodes_decrypted),
+    }
+    from .pretrain_keys import DealerSide
+
+    if isinstance(client, DealerSide):
+        progress["wrapped_for"] = sorted(int(p) for p in client._wrapped_for)
+    return progress
+
+
+def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> None:
+    """Set what :func:`state_progress` saved on a client built from the same state's fields."""
+    from fedgat.encodings import BucketBases
+
+    from .pretrain_client import _Assembly
+    from .pretrain_keys import DealerSide
+
+    h = progress["holder"]
+    client.holder = (
+        None
+        if h is None
+        else KeyHolderContext.from_secret_bytes(
+            h["secret"],
+            expected_fingerprint=h["fingerprint"],
+            presets=[client.config.preset],
+            symmetric_encryption=bool(h["symmetric"]),
+        )
+    )
+    layout = progress["layout"]
+    client.layout = None if layout is None else SlotLayout(*(int(x) for x in layout))
+    client._next_upload = int(progress["next_upload"])
+    client._uploaded = int(progress["uploaded"])
+    client._encoding_bytes = int(progress["encoding_bytes"])
+    client._terms_confirmed = bool(progress["terms_confirmed"])
+    assemblies = []
+    for a in progress["assemblies"]:
+        bases = BucketBases(a["variant"], a["rows"], a["nodes"], a["neighbours"], a["p"], a["q"])
+        rows = _tensor_from_value(a["buffer"])
+        if rows.dtype != client.dtype:
+            raise ValueError(f"a saved bucket of dtype {rows.dtype} for a client of {client.dtype}")
+        nodes = [int(n) for n in bases.nodes]
+        assemblies.append(
+            _Assembly(bases, rows, np.asarray(a["filled"], dtype=bool), {n: i for i, n in enumerate(nodes)})
+        )
+    client._assemblies = assemblies
+    client._assigned = {int(n) for n in progress["assigned"]}
+    enc = progress["encodings"]
+    client.encodings = None if enc is None else encodings_from_value(enc)
+    client.ciphertexts_decrypted = int(progress["ciphertexts_decrypted"])
+    client.nodes_decrypted = int(progress["nodes_decrypted"])
+    if isinstance(client, DealerSide):
+        client._wrapped_for = {int(p) for p in progress["wrapped_for"]}

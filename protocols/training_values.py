@@ -19,6 +19,11 @@ cannot be described: :class:`TypeError`, naming it.
 
 Report: state, abort reason and timings, and the counter ``last_round`` (the model replica stays
 where the client ran: the server holds the global model and the results).
+
+Mid-run state (:mod:`fedgat.protocols.party_state`, any point between messages): the spec's fields
+(without the private keys) -- so the model's current weights, the optimiser's current state and the
+random stream as they are -- and the progress: the last round served, the last global weights
+received (arrays), the splits already evaluated in it and the model's train/eval mode.
 """
 
 from __future__ import annotations
@@ -48,11 +53,15 @@ __all__ = [
     "absorb_rounds",
     "client_from_value",
     "client_to_value",
+    "from_state_fields",
     "model_from_value",
     "model_to_value",
     "report_rounds",
+    "restore_progress",
     "rounds_from_spec",
     "rounds_spec_fields",
+    "state_fields",
+    "state_progress",
     "task_from_value",
     "task_to_value",
 ]
@@ -273,3 +282,37 @@ def report_rounds(party: ClientRounds) -> tuple[dict[str, int], dict[str, Any]]:
 
 def absorb_rounds(party: ClientRounds, report: PartyReport) -> None:
     party.last_round = int(report.counters["last_round"])
+
+
+# ------------------------------------------------------------------------------------ mid-run state
+def state_fields(party: ClientRounds) -> dict[str, Any]:
+    """A mid-run state's fields: the spec's (current model weights, optimiser state, random stream)."""
+    return rounds_spec_fields(party)
+
+
+def from_state_fields(cls: type[ClientRounds], spec: PartySpec) -> ClientRounds:
+    return rounds_from_spec(cls, spec)
+
+
+def state_progress(party: ClientRounds) -> dict[str, Any]:
+    """The client's progress (see the module docstring)."""
+    weights = party._weights
+    return {
+        "last_round": int(party.last_round),
+        "weights": None if weights is None else tensors_to_arrays(weights, ""),
+        "evaluated": sorted(party._evaluated),
+        "training": bool(party.client.model.training),
+    }
+
+
+def restore_progress(party: ClientRounds, progress: Mapping[str, Any]) -> None:
+    """Set what :func:`state_progress` saved on a client built from the same state's fields."""
+    weights = progress["weights"]
+    if weights is not None and list(weights) != list(party._reference):
+        raise ValueError("the saved global weights do not match the model's")
+    party.last_round = int(progress["last_round"])
+    party._weights = (
+        None if weights is None else {k: torch.from_numpy(np.array(a)) for k, a in weights.items()}
+    )
+    party._evaluated = {str(s) for s in progress["evaluated"]}
+    party.client.model.train(bool(progress["training"]))

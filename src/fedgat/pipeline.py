@@ -4,8 +4,10 @@ r"""The whole FedGAT pipeline through the protocol state machines, plus its plai
   over a transport (in-process by default): clients CKKS-encrypt their features, the server computes
   every needed node's encodings :math:`F_i = A_i H_i` (paper eq. 9-14; vector variant
   :math:`V_i = Q_i H_i`) on ciphertexts without a secret key, each client decrypts its own.
-* :func:`run_plaintext_pretraining` -- the same encodings in plaintext with the *same* bases (the
-  server's basis randomness seeded identically), to measure the CKKS error.
+* :func:`run_plaintext_pretraining` -- the same round in plaintext: the server's plan with the *same*
+  bases (its basis randomness seeded identically), computed by the plaintext encoder behind the same
+  seam (:mod:`fedgat.plain_encoder`) and routed as the protocol routes it; to measure the CKKS error
+  and as the overhead benchmark's baseline.
 * :func:`train_fedgat` -- FedGAT training (:class:`fedgat.models.FedGAT`, the client code of
   :mod:`fedgat.federated`) through the FedAvg state machines of :mod:`fedgat.protocols.fedavg`.
 * :func:`run_encrypted_fedgat` -- both.
@@ -48,16 +50,17 @@ from fedgat.app import (
 )
 from fedgat.crypto import SlotLayout
 from fedgat.dp import FeatureDP
-from fedgat.encodings import Encodings, draw_bases, encode_bucket
+from fedgat.encodings import Encodings
 from fedgat.estimate import estimate_pretraining
 from fedgat.federated import FitResult
 from fedgat.graph import Graph
 from fedgat.methods import fedgat_partition, resolve_hparams
 from fedgat.partition import Partition
+from fedgat.plain_encoder import PlaintextRound
 from fedgat.protocols import Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, FeatureUpload, peek_type
-from fedgat.protocols.pretrain import ServerState, client_bucket_views, needed_from_neighbourhoods
+from fedgat.protocols.pretrain import ServerState
 from fedgat.tasks import COMPACT_TOLERANCE, select_nodes
 
 __all__ = [
@@ -74,6 +77,7 @@ __all__ = [
     "estimate_pretraining",
     "make_deployment",
     "max_abs_error",
+    "plaintext_round",
     "run_encrypted_fedgat",
     "run_encrypted_pretraining",
     "run_plaintext_pretraining",
@@ -347,6 +351,31 @@ def run_encrypted_pretraining(
     )
 
 
+def plaintext_round(
+    graph: Graph,
+    partition: Partition,
+    variant: str = "vector",
+    seed: int | str = 0,
+    *,
+    dtype: torch.dtype = torch.float64,
+    embed_factor: int = 1,
+    dp: FeatureDP | None = None,
+) -> PlaintextRound:
+    """The round :func:`run_plaintext_pretraining` runs, planned: the server's
+    :func:`~fedgat.protocols.pretrain_plan.plan_round` over the clients' graph announcements
+    (:func:`~fedgat.protocols.pretrain_plan.partition_graphs`) with the encrypted server's basis
+    randomness (:func:`fedgat.app.bases_rng` of ``seed``), and every upload in the clear, keyed like
+    the spool (with ``dp`` the clean projections and the releases of :func:`dp_features`)."""
+    if seed is None:
+        raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
+    x, release = graph.x.to(dtype), None
+    if dp is not None:
+        x, release = (t.to(dtype) for t in dp_features(graph, partition, dp, seed))
+    return PlaintextRound.from_partition(
+        partition, x, variant, bases_rng(seed), release=release, embed_factor=embed_factor
+    )
+
+
 def run_plaintext_pretraining(
     graph: Graph,
     partition: Partition,
@@ -360,34 +389,16 @@ def run_plaintext_pretraining(
     """The encodings every client would decrypt, computed in plaintext with the same bases as
     :func:`run_encrypted_pretraining` with the same ``seed`` (a seed is required) and ``dp`` (then
     with the same release noise, :func:`dp_features`: a client's own sources read the clean
-    projection, all others the release)."""
-    if seed is None:
-        raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
-    nbh = partition.neighbourhoods
-    needed = {
-        c: needed_from_neighbourhoods(cp.owned, np.concatenate([nbh.row(int(i)) for i in cp.owned]))
-        for c, cp in enumerate(partition.clients)
-    }
-    for c, cp in enumerate(partition.clients):
-        if not np.array_equal(needed[c], cp.needed):
-            raise ValueError("partition.needed is not the 1-hop expansion of the owned nodes")
-    nodes = np.unique(np.concatenate(list(needed.values())))
-    buckets = draw_bases(variant, nbh, nodes, bases_rng(seed), embed_factor=embed_factor)
-    x, shared = graph.x.to(dtype), None
-    if dp is not None:
-        x, shared = (t.to(dtype) for t in dp_features(graph, partition, dp, seed))
-    out = {}
-    for c in range(partition.num_clients):
-        views = [view for _, view in client_bucket_views(buckets, needed[c])]
-        out[c] = Encodings(
-            variant,
-            needed[c],
-            [
-                encode_bucket(view, x, shared, None if dp is None else partition.owner[view.neighbours] != c)
-                for view in views
-            ],
-        )
-    return out
+    projection, all others the release).
+
+    The same round as the encrypted one, in the clear: the server's plan (:func:`plaintext_round`),
+    its compute buckets run by the plaintext encoder (:class:`fedgat.plain_encoder.PlainEncoder`) and
+    the results routed to the clients as the protocol routes them
+    (:func:`fedgat.plain_encoder.assemble_encodings`). A client that owns no node gets empty encodings."""
+    rnd = plaintext_round(graph, partition, variant, seed, dtype=dtype, embed_factor=embed_factor, dp=dp)
+    got = rnd.run()
+    empty = Encodings(rnd.variant, np.zeros(0, np.int64), [])
+    return {c: got.get(c, empty) for c in range(partition.num_clients)}
 
 
 def max_abs_error(got: Mapping[int, Encodings], want: Mapping[int, Encodings]) -> float:

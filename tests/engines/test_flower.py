@@ -9,6 +9,9 @@ decrypted encodings within ``ENCODING_ATOL``, the same ciphertext, message and m
 the same rounds, accuracies and (within ``LOSS_RTOL``) losses, and the same final weights.
 ``test_grid_conforms`` runs the same ServerApp and ClientApp code without the runtime (a grid that
 calls the ClientApp handler in process), which keeps failures of the app itself quick to read.
+The ``kept_run`` tests check the ClientApps' saved state (:mod:`fedgat.protocols.flower_state`):
+values under the client's own HMAC key, no pickle, tampered, foreign, rolled-back and old pickled
+state refused.
 """
 
 from __future__ import annotations
@@ -199,6 +202,147 @@ def test_grid_conforms(fed, training_reference, tmp_path):
     grid = _InProcessGrid(run_config, nodes)
     run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
     check_flower_run(fed, training_reference, *_read_outputs(out))
+
+
+def _no_pickle(monkeypatch):
+    import pickle
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle was used")
+
+    for name in ("dumps", "loads", "dump", "load", "Pickler", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+
+
+@pytest.fixture
+def kept_run(tmp_path, monkeypatch):
+    """A one-round grid run without pickle: client 0 with an identity file and ``state-dir``, client 1
+    with generated keys and its state inline in ``Context.state``; the grid and the paths."""
+    from fedgat.protocols.flower_app import FlowerRunConfig, generate_identity, run_server
+
+    generate_identity(tmp_path / "client0.json")
+    nodes = [
+        {
+            "partition-id": 0,
+            "num-partitions": CLIENTS,
+            "identity": str(tmp_path / "client0.json"),
+            "state-dir": str(tmp_path / "state0"),
+        },
+        {"partition-id": 1, "num-partitions": CLIENTS},
+    ]
+    run_config = {**RUN_CONFIG, "hparams": json.dumps({**HPARAMS, "rounds": 1})}
+    grid = _InProcessGrid(run_config, nodes)
+    _no_pickle(monkeypatch)
+    summary = run_server(grid, FlowerRunConfig.from_run_config(run_config)).summary  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert summary["rounds"] == 1
+    return grid, tmp_path
+
+
+def test_client_state_is_values_under_the_clients_key(kept_run):
+    from fedgat.protocols import ClientRounds
+    from fedgat.protocols.flower_state import STATE, load_client
+
+    grid, tmp = kept_run
+    ctx0, ctx1 = grid.contexts[100], grid.contexts[101]
+    a, b = load_client(ctx0, 0), load_client(ctx1, 1)
+    for store, ctx in ((a, ctx0), (b, ctx1)):
+        assert isinstance(store.party, ClientRounds) and store.party.last_round >= 1
+        assert store.messages > 3 and store.exported and store.roster is not None
+        again = load_client(ctx, store.party_id)
+        assert again.party.snapshot() == store.party.snapshot()
+    # client 0: a 0600 file, its digest in Context.state, no private key anywhere in the store
+    files = list((tmp / "state0").iterdir())
+    assert len(files) == 1 and files[0].stat().st_mode & 0o777 == 0o600
+    assert (tmp / "state0").stat().st_mode & 0o777 == 0o700
+    rec = ctx0.state.config_records[STATE]
+    assert rec["inline"] is False and "identity" not in rec and "blob" not in rec
+    blob = files[0].read_bytes()
+    for secret in (a.identity.signer.private_bytes(), a.identity.wrapping.private_bytes()):
+        assert secret not in blob
+    # client 1: generated keys kept beside the state (nothing else to keep them in)
+    rec1 = ctx1.state.config_records[STATE]
+    assert rec1["inline"] is True and isinstance(rec1["identity"], bytes)
+
+
+def test_client_modules_import_no_pickle():
+    import ast
+    import inspect
+
+    from fedgat.protocols import flower_client, flower_state, party_state
+
+    for module in (flower_state, flower_client, party_state):
+        tree = ast.parse(inspect.getsource(module))
+        names = {
+            a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
+        }
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {n for n in names if "pickle" in n}, module.__name__
+
+
+def test_client_state_refuses_tampered_foreign_and_pickled(kept_run):
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from fedgat.protocols.flower_state import (
+        STATE,
+        ForeignStateError,
+        SavedStateError,
+        StateAuthenticationError,
+        load_client,
+        save_client,
+    )
+
+    grid, tmp = kept_run
+    ctx0, ctx1 = grid.contexts[100], grid.contexts[101]
+
+    def record(ctx) -> dict:
+        return dict(ctx.state.config_records[STATE])
+
+    def with_record(ctx, rec: dict, node_id: int | None = None):
+        state = RecordDict()
+        state[STATE] = ConfigRecord(rec)
+        return Context(
+            run_id=ctx.run_id,
+            node_id=ctx.node_id if node_id is None else node_id,
+            node_config=ctx.node_config,
+            state=state,
+            run_config=ctx.run_config,
+        )
+
+    # inline state with one byte changed, anywhere
+    rec1 = record(ctx1)
+    for i in (12, len(rec1["blob"]) // 2, len(rec1["blob"]) - 1):
+        bad = bytearray(rec1["blob"])
+        bad[i] ^= 1
+        with pytest.raises(StateAuthenticationError):
+            load_client(with_record(ctx1, {**rec1, "blob": bytes(bad)}), 1)
+    # the same (authentic) state on another node, or claimed by another party
+    with pytest.raises(ForeignStateError, match="node"):
+        load_client(with_record(ctx1, rec1, node_id=999), 1)
+    with pytest.raises(ForeignStateError, match="party 1"):
+        load_client(with_record(ctx1, rec1), 0)
+    # another client's state under client 0's key file: it does not verify
+    path = next((tmp / "state0").iterdir())
+    good = path.read_bytes()
+    with pytest.raises(StateAuthenticationError):
+        load_client(with_record(ctx0, {**record(ctx0), "inline": True, "blob": rec1["blob"]}), 0)
+    # a state-dir file altered, or rolled back to an older authentic state
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(StateAuthenticationError, match="digest"):
+        load_client(ctx0, 0)
+    path.write_bytes(good)
+    newer = record(ctx0)
+    store = load_client(ctx0, 0)
+    store.messages -= 1
+    save_client(ctx0, store)  # an older state, authentic, in the file
+    assert path.read_bytes() != good
+    ctx0.state[STATE] = ConfigRecord(newer)
+    with pytest.raises(StateAuthenticationError, match="rolled back"):
+        load_client(ctx0, 0)
+    # the old pickled format is never read
+    old = {"sha256": b"\0" * 32, "inline": True, "blob": b"\x80\x05N."}
+    with pytest.raises(SavedStateError, match="never unpickles"):
+        load_client(with_record(ctx1, old), 1)
 
 
 def test_pinned_roster(tmp_path):
