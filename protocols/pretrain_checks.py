@@ -5,7 +5,7 @@ own feature rows (:func:`validate_features`), a graph announcement against the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Mapping, Sequence
 
 import numpy as np
 
@@ -13,12 +13,14 @@ from fedgat.crypto import CiphertextFormatError, KeyMismatchError, ServerContext
 from fedgat.crypto.encodings import release_key
 
 from .errors import KeyFingerprintError, PayloadError, SizeLimitError
-from .messages import GraphAnnounce, UploadItem
+from .messages import EncodingBases, GraphAnnounce, UploadItem
 from .pretrain_config import PretrainConfig, PretrainLimits, bases_bytes
 
 __all__ = [
     "MAX_BASIS_ABS",
     "NORM_TOLERANCE",
+    "check_bases",
+    "check_bucket_nodes",
     "check_graph_limits",
     "check_upload_items",
     "crypto_error",
@@ -130,3 +132,59 @@ def check_upload_items(
         except (CiphertextFormatError, KeyMismatchError) as exc:
             raise crypto_error(exc, f"{what} of node {item.node} chunk {item.chunk}") from exc
     return keys
+
+
+def check_bases(
+    msg: EncodingBases, config: PretrainConfig, limits: PretrainLimits, row_bytes: int, held_bytes: int
+) -> int:
+    """A client's checks of a bucket of bases before it allocates anything for it: the session's
+    variant, ``m(n)`` columns, the neighbourhood and memory limits (``row_bytes`` per decrypted row,
+    ``held_bytes`` already held), and entries small enough for the CKKS headroom. Returns the bytes
+    the bucket's decrypted encodings will take.
+
+    Raises:
+        PayloadError, SizeLimitError: the first violation.
+    """
+    if msg.variant != config.variant:
+        raise PayloadError(f"bases of the {msg.variant} variant; the session uses {config.variant}")
+    m = config.kind.m(msg.n, config.embed_factor)
+    if msg.p.shape[1] != m:
+        raise PayloadError(f"basis dimension {msg.p.shape[1]} is not m = {m} for n = {msg.n}")
+    if msg.n > limits.max_neighbours:
+        raise SizeLimitError(
+            f"bases for neighbourhoods of {msg.n} nodes; the limit is {limits.max_neighbours}"
+        )
+    rows = config.kind.held_rows(msg.n, config.embed_factor)  # M2 is derived by the client, but held
+    need = len(msg.nodes) * rows * row_bytes
+    if held_bytes + need > limits.max_encoding_bytes:
+        raise SizeLimitError(
+            f"bucket {msg.bucket} would take the decrypted encodings to "
+            f"{held_bytes + need} bytes; the limit is {limits.max_encoding_bytes}"
+        )
+    if max(np.abs(msg.p).max(), 0.0 if msg.q is None else np.abs(msg.q).max()) > MAX_BASIS_ABS:
+        raise PayloadError(f"basis entries above {MAX_BASIS_ABS} would overflow the CKKS headroom")
+    return need
+
+
+def check_bucket_nodes(
+    nodes: Sequence[int],
+    n: int,
+    position: Mapping[int, int],
+    assigned: Container[int],
+    degree: Mapping[int, int],
+) -> None:
+    """The nodes of a bucket of bases: distinct, each needed by this client (``position``), in no
+    earlier bucket (``assigned``), and an owned node's neighbourhood size equal to ``n``.
+
+    Raises:
+        PayloadError: the first violation.
+    """
+    if len(set(nodes)) != len(nodes):
+        raise PayloadError("duplicate node in a bucket")
+    for node in nodes:
+        if node not in position:
+            raise PayloadError(f"node {node} is not one this client needs")
+        if node in assigned:
+            raise PayloadError(f"node {node} is already in another bucket")
+        if node in degree and degree[node] != n:
+            raise PayloadError(f"owned node {node} has {degree[node]} neighbours, not {n}")

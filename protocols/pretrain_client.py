@@ -30,14 +30,7 @@ from fedgat.crypto.tasks import NodeResult
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
 from fedgat.randomness import RandomSource
 
-from .errors import (
-    AuthError,
-    ConfigMismatchError,
-    MissingPartyError,
-    PayloadError,
-    SizeLimitError,
-    StateError,
-)
+from .errors import AuthError, ConfigMismatchError, MissingPartyError, PayloadError, StateError
 from .messages import (
     Abort,
     AbortCode,
@@ -57,7 +50,7 @@ from .messages import (
 )
 from .party import Handler, Party
 from .party_values import PartyReport, PartySpec
-from .pretrain_checks import MAX_BASIS_ABS, crypto_error, validate_features
+from .pretrain_checks import check_bases, check_bucket_nodes, crypto_error, validate_features
 from .pretrain_config import CLIENT_KIND, PretrainConfig, PretrainLimits, PretrainTimeouts
 from .pretrain_plan import needed_from_neighbourhoods
 from .pretrain_values import absorb_client, client_from_spec, client_spec_fields, report_client
@@ -402,24 +395,10 @@ class ClientPretrain(Party):
         cfg = self.config
         if msg.bucket != len(self._assemblies):
             raise PayloadError(f"bucket {msg.bucket} out of order (expected {len(self._assemblies)})")
-        if msg.variant != cfg.variant:
-            raise PayloadError(f"bases of the {msg.variant} variant; the session uses {cfg.variant}")
-        m = cfg.kind.m(msg.n, cfg.embed_factor)
-        if msg.p.shape[1] != m:
-            raise PayloadError(f"basis dimension {msg.p.shape[1]} is not m = {m} for n = {msg.n}")
-        need = self._check_bases_limits(msg)
-        if max(np.abs(msg.p).max(), 0.0 if msg.q is None else np.abs(msg.q).max()) > MAX_BASIS_ABS:
-            raise PayloadError(f"basis entries above {MAX_BASIS_ABS} would overflow the CKKS headroom")
+        element = torch.empty((), dtype=self.dtype).element_size()
+        need = check_bases(msg, cfg, self.limits, self.dim * element, self._encoding_bytes)
         nodes = [int(n) for n in msg.nodes]
-        if len(set(nodes)) != len(nodes):
-            raise PayloadError("duplicate node in a bucket")
-        for node in nodes:
-            if node not in self._position:
-                raise PayloadError(f"node {node} is not one this client needs")
-            if node in self._assigned:
-                raise PayloadError(f"node {node} is already in another bucket")
-            if node in self._degree and self._degree[node] != msg.n:
-                raise PayloadError(f"owned node {node} has {self._degree[node]} neighbours, not {msg.n}")
+        check_bucket_nodes(nodes, msg.n, self._position, self._assigned, self._degree)
         rows = np.array([self._position[n] for n in nodes], dtype=np.int64)
         bases = BucketBases(
             cfg.variant,
@@ -437,22 +416,6 @@ class ClientPretrain(Party):
         self._encoding_bytes += need
         self._arm("download", self.timeouts.download)
         return []
-
-    def _check_bases_limits(self, msg: EncodingBases) -> int:
-        """Refuse bases whose encodings would exceed this client's budget, before allocating them;
-        returns the bytes they will take."""
-        if msg.n > self.limits.max_neighbours:
-            raise SizeLimitError(
-                f"bases for neighbourhoods of {msg.n} nodes; the limit is {self.limits.max_neighbours}"
-            )
-        rows = self.config.kind.held_rows(msg.n, self.config.embed_factor)  # M2 is derived here, but held
-        need = len(msg.nodes) * rows * self.dim * torch.empty((), dtype=self.dtype).element_size()
-        if self._encoding_bytes + need > self.limits.max_encoding_bytes:
-            raise SizeLimitError(
-                f"bucket {msg.bucket} would take the decrypted encodings to "
-                f"{self._encoding_bytes + need} bytes; the limit is {self.limits.max_encoding_bytes}"
-            )
-        return need
 
     def _on_results(self, msg: EncodingResults) -> list[Message]:
         self._from_server(msg)
