@@ -43,14 +43,11 @@ import torch
 from fedgat.encodings import BucketBases, EncodingBucket
 
 from .context import CkksContext, KeyHolderContext
-from .encoders import InlineEncoder, ProcessPoolEncoder
+from .encoders import InlineEncoder
 from .errors import CiphertextFormatError
 from .packing import SlotLayout, decrypt_rows
 from .spool import CiphertextSpool
 from .tasks import NodeResult, encode_node
-
-#: the process-pool encoder under its earlier name
-ParallelEncoder = ProcessPoolEncoder
 
 #: spool-key offset of a node's DP release copy (node ids are u32, spool keys int64)
 RELEASE_OFFSET = 1 << 32

@@ -69,7 +69,7 @@ def test_spool_rejects_duplicates_and_foreign_keys(keys):
 
 
 def test_parallel_encoder_matches_serial(keys):
-    from fedgat.crypto.encoders import ProcessPoolEncoder as ParallelEncoder
+    from fedgat.crypto.encoders import ProcessPoolEncoder
 
     holder, server = keys
     csr = random_csr(16, 4, seed=41)
@@ -80,7 +80,7 @@ def test_parallel_encoder_matches_serial(keys):
         for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
             spool.put(node, chunk, blob)
     bases = draw_bases("vector", csr, np.arange(16), rng=3)
-    with ParallelEncoder(
+    with ProcessPoolEncoder(
         holder.public_context_bytes(), layout, spool, workers=2, chunksize=2, window=2
     ) as enc:
         parallel = list(enc.map(bases))
@@ -98,7 +98,7 @@ def test_parallel_encoder_matches_serial(keys):
 def test_parallel_encoder_splits_large_nodes_into_group_pieces(keys):
     """A node above ``max_task_cost`` is computed as runs of whole result groups on the pool and
     reassembled in group order: the decryption equals the plaintext encodings."""
-    from fedgat.crypto.encoders import ProcessPoolEncoder as ParallelEncoder
+    from fedgat.crypto.encoders import ProcessPoolEncoder
     from fedgat.crypto.tasks import pieces as task_pieces
 
     holder, server = keys
@@ -114,7 +114,7 @@ def test_parallel_encoder_splits_large_nodes_into_group_pieces(keys):
     bases = draw_bases("vector", csr, np.arange(10), rng=7)
     pieces = list(task_pieces(bases, layout.chunks, layout.blocks, max_cost=1))
     assert len(pieces) > 10 and sum(p[3] for p in pieces) == 10  # split, one last piece per node
-    with ParallelEncoder(
+    with ProcessPoolEncoder(
         holder.public_context_bytes(), layout, spool, workers=1, chunksize=3, max_task_cost=1
     ) as enc:
         results = list(enc.map(bases))
