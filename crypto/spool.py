@@ -7,6 +7,8 @@ Kept free of torch (and of :mod:`fedgat.encodings`): the process-pool workers of
 from __future__ import annotations
 
 import os
+import secrets
+import stat
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -15,12 +17,53 @@ from typing import BinaryIO
 import tenseal as ts
 
 from .context import CkksContext
-from .errors import CiphertextFormatError
+from .errors import CiphertextFormatError, CryptoError
 from .packing import SlotLayout, deserialize, load_validated
+
+__all__ = ["CiphertextSpool", "InsecureSpoolError"]
+
+#: ``O_NOFOLLOW`` where the platform has it (POSIX); 0 elsewhere
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class InsecureSpoolError(CryptoError, PermissionError):
+    """A spool directory or file is not private to this user (group/world access, or a symlink)."""
+
+
+def _private_directory(folder: Path) -> bool:
+    """Make sure ``folder`` is a private (0700-or-stricter) real directory; create it (mode 0700)
+    if it does not exist. Returns whether it was created here. Refuses a symlink, a non-directory
+    and a directory that gives any access to group or others with :class:`InsecureSpoolError`."""
+    try:
+        os.mkdir(folder, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode):
+        raise InsecureSpoolError(f"spool directory {str(folder)!r} is a symlink; give a real directory")
+    if not stat.S_ISDIR(info.st_mode):
+        raise InsecureSpoolError(f"spool directory {str(folder)!r} is not a directory")
+    if created:
+        os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask; make it exact
+    elif stat.S_IMODE(info.st_mode) & 0o077:
+        raise InsecureSpoolError(
+            f"spool directory {str(folder)!r} has mode {stat.S_IMODE(info.st_mode):04o}: group or others "
+            "can access it; use a private directory (chmod 700) so no one else can read or change the uploads"
+        )
+    elif hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise InsecureSpoolError(f"spool directory {str(folder)!r} is owned by another user")
+    return created
 
 
 class CiphertextSpool:
     """Server-side, append-only on-disk store of uploaded feature ciphertexts.
+
+    Storage: the directory is private (mode 0700; a caller-given ``directory`` that exists must be
+    a real directory, not a symlink, with no group/world access, else :class:`InsecureSpoolError`;
+    a missing one is created 0700); the spool file has a fresh random name and is created with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600, so a pre-planted file or symlink is never used.
+    :meth:`close` deletes the file (and the directory, if the spool created it).
 
     ``put`` validates each envelope (format digest, key fingerprint, fresh level) *before* storing
     it and refuses a second upload for the same ``(node, chunk)``; ``get`` loads a node's chunks
@@ -34,9 +77,16 @@ class CiphertextSpool:
         self.ctx, self.layout = ctx, layout
         self._tmp = tempfile.TemporaryDirectory(prefix="fedgat-spool-") if directory is None else None
         folder = Path(self._tmp.name) if self._tmp is not None else Path(directory)  # type: ignore[arg-type]
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / "uploads.bin"
-        self._file: BinaryIO = open(self.path, "a+b")  # noqa: SIM115 - lives as long as the spool
+        if self._tmp is None:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+        #: the directory to remove on close (caller-given and created here); None otherwise
+        self._own_dir: Path | None = folder if _private_directory(folder) and self._tmp is None else None
+        self.path = folder / f"uploads-{secrets.token_hex(8)}.bin"
+        fd = os.open(
+            self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_BINARY", 0), 0o600
+        )
+        self._owns_file = True
+        self._file: BinaryIO = os.fdopen(fd, "w+b")
         self._index: dict[tuple[int, int], tuple[int, int]] = {}
         self._cache: OrderedDict[int, list[ts.CKKSVector]] = OrderedDict()
         self.cache_size = cache_size
@@ -100,15 +150,28 @@ class CiphertextSpool:
     ) -> CiphertextSpool:
         """A read-only view of a spool written by another process (no validation is repeated)."""
         spool = cls.__new__(cls)
-        spool.ctx, spool.layout, spool._tmp = ctx, layout, None
+        spool.ctx, spool.layout, spool._tmp, spool._own_dir, spool._owns_file = ctx, layout, None, None, False
         spool.path = Path(path)
-        spool._file = open(path, "rb")  # noqa: SIM115 - lives as long as the reader
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0))  # never through a symlink
+        spool._file = os.fdopen(fd, "rb")
         spool._index, spool._cache, spool.cache_size = index, OrderedDict(), cache_size
         spool.bytes_stored = sum(size for _, size in index.values())
         return spool
 
     def close(self) -> None:
+        """Close the file; a writing spool also deletes it (and the directory it created).
+        Idempotent. Readers only close their handle."""
         self._file.close()
         self._cache.clear()
+        if self._owns_file:
+            self._owns_file = False
+            self.path.unlink(missing_ok=True)
+        if self._own_dir is not None:
+            try:
+                self._own_dir.rmdir()
+            except OSError:
+                pass  # not empty: someone else put files there; leave them
+            self._own_dir = None
         if self._tmp is not None:
             self._tmp.cleanup()
+            self._tmp = None

@@ -4,6 +4,7 @@ See :mod:`fedgat.protocols.fedavg` for the protocol."""
 
 from __future__ import annotations
 
+import copy
 import enum
 
 import numpy as np
@@ -17,11 +18,12 @@ from fedgat.checkpoint import (
     optimizer_to_checkpoint,
     tensors_to_arrays,
 )
-from fedgat.federated import Client, ClientUpdate, StateDict
+from fedgat.federated import Client, ClientUpdate, NonFiniteUpdateError, StateDict
 from fedgat.rounds import exact_weights
 
 from .errors import AuthError, PayloadError, ReplayError, StateError
 from .messages import Abort, EvaluateRequest, EvaluationReport, GlobalModel, LocalUpdate, Message, SplitCounts
+from .messages_rounds import check_weights
 from .party import Handler, Party
 from .party_values import PartyReport, PartySpec
 from .roster import Identity, Roster
@@ -60,7 +62,8 @@ def check_arrays(arrays: dict[str, np.ndarray], reference: StateDict, what: str)
     """Received weights as tensors, once their names and shapes are those of ``reference``.
 
     Raises:
-        PayloadError: other names, order or shapes.
+        PayloadError: other names, order or shapes; NaN, infinite or huge values
+            (:func:`~fedgat.protocols.messages_rounds.check_weights`).
     """
     if list(arrays) != list(reference):
         raise PayloadError(f"{what}: weight names {list(arrays)[:4]} do not match the model's")
@@ -69,6 +72,7 @@ def check_arrays(arrays: dict[str, np.ndarray], reference: StateDict, what: str)
             raise PayloadError(
                 f"{what}: {name} has shape {arr.shape}, expected {tuple(reference[name].shape)}"
             )
+    check_weights(arrays, what)
     return {name: torch.from_numpy(arr) for name, arr in arrays.items()}
 
 
@@ -179,14 +183,24 @@ class ClientRounds(Party):
                 f"global model of round {msg.round}; round {self.last_round} was already served"
             )
         weights = check_arrays(msg.arrays, self._reference, "GlobalModel")
+        saved = self._save_for_rollback() if msg.fit else None
         self.last_round, self._weights, self._evaluated = msg.round, weights, set()
         out: list[Message] = []
         with self.clock("training"):
             if msg.splits:
                 out.append(self._report(msg.round, msg.splits))
             if msg.fit:
-                update = self._fit(weights)
-                arrays = state_to_arrays(update.state) if update.num_train else {}
+                assert saved is not None
+                try:
+                    update = self._fit(weights)
+                    arrays = state_to_arrays(update.state) if update.num_train else {}
+                    check_weights(arrays, "LocalUpdate")
+                except (NonFiniteUpdateError, PayloadError) as exc:
+                    self._rollback(saved)
+                    raise PayloadError(
+                        f"GlobalModel of round {msg.round}: local training on it gave unusable weights "
+                        f"({exc}); the model is refused and this client is unchanged"
+                    ) from exc
                 out.append(
                     self._new(
                         LocalUpdate,
@@ -212,6 +226,27 @@ class ClientRounds(Party):
             )
         with self.clock("training"):
             return [self._report(msg.round, msg.splits)]
+
+    def _save_for_rollback(self) -> tuple:
+        """What handling a GlobalModel changes (restored by :meth:`_rollback` when training fails)."""
+        return (
+            self._seq,
+            self.last_round,
+            self._weights,
+            set(self._evaluated),
+            {k: v.detach().clone() for k, v in self.client.model.state_dict().items()},
+            copy.deepcopy(self.client.optimizer.state_dict()),
+            self._rng.clone() if self._rng is not None else None,
+            torch.get_rng_state() if self._rng is None else None,  # the process-wide stream it draws from
+        )
+
+    def _rollback(self, saved: tuple) -> None:
+        self._seq, self.last_round, self._weights, self._evaluated, model, opt, rng, global_rng = saved
+        self.client.model.load_state_dict(model)
+        self.client.optimizer.load_state_dict(opt)
+        self._rng = rng
+        if global_rng is not None:
+            torch.set_rng_state(global_rng)
 
     def _fit(self, weights: StateDict) -> ClientUpdate:
         """Local training, drawing from the client's own random stream when it has one."""

@@ -19,7 +19,15 @@ import numpy as np
 from fedgat.crypto import SigningIdentity
 
 from .codec import Bytes, Codec, FixedBytes, Reader, Text, UInt
-from .errors import FrameError, PayloadError, ProtocolError, SizeLimitError, UnknownTypeError, VersionError
+from .errors import (
+    FrameError,
+    PayloadError,
+    ProtocolError,
+    SignatureError,
+    SizeLimitError,
+    UnknownTypeError,
+    VersionError,
+)
 
 __all__ = [
     "CT",
@@ -48,6 +56,7 @@ __all__ = [
     "fields_equal",
     "peek_type",
     "register",
+    "signed_message",
 ]
 
 MAGIC = b"FGAT"
@@ -90,7 +99,9 @@ class Message:
     """Header fields shared by every message; subclasses add the payload fields of their ``SCHEMA``.
 
     ``signature`` and ``signed_bytes`` are filled by :func:`decode_message` (the received signature and
-    the exact bytes it covers); a message built locally has neither and fails verification.
+    the exact bytes it covers); a message built locally has neither and fails verification. The
+    signature covers ``signed_bytes``, not the object's fields: a receiver given an object checks
+    that they agree (:func:`signed_message`), so fields changed after decoding are refused.
     """
 
     TYPE: ClassVar[int] = 0
@@ -257,3 +268,27 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
     except (ValueError, TypeError, OverflowError, IndexError, struct.error, MemoryError) as exc:
         raise PayloadError(f"{cls.__name__}: invalid payload ({exc})") from exc
     return msg
+
+
+def signed_message(msg: Message) -> Message:
+    """The message that ``msg``'s signature covers: its ``signed_bytes`` and ``signature`` decoded
+    again, provided that gives exactly ``msg``'s type, header and fields.
+
+    A :class:`Message` object carries the signature it was received with, but that signature covers
+    ``signed_bytes``, not the object's fields: a receiver handed an object (rather than a frame) must
+    use this, so an object whose fields were changed after decoding is refused. The signature itself
+    is not verified here (:meth:`fedgat.protocols.roster.Verifier.check` does that).
+
+    Raises:
+        SignatureError: no signature, or fields that are not those of the signed bytes.
+        ProtocolError: the signed bytes themselves are not a valid frame (the error decoding gives).
+    """
+    if msg.signature is None or msg.signed_bytes is None:
+        raise SignatureError(f"{msg.type_name} from {msg.sender} carries no signature")
+    signed = decode_message(bytes(msg.signed_bytes) + bytes(msg.signature))
+    if type(signed) is not type(msg) or signed != msg:
+        raise SignatureError(
+            f"{msg.type_name} from {msg.sender}: its fields are not those of the bytes its signature "
+            "covers (changed after decoding?)"
+        )
+    return signed

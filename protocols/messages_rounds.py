@@ -11,7 +11,21 @@ from .codec import Bool, Float64, ListOf, NamedArrays, Record, Text
 from .errors import PayloadError
 from .frame import MAX_MODEL_ELEMS, U32, KiB, Message, MiB
 
-__all__ = ["EvaluateRequest", "EvaluationReport", "GlobalModel", "LocalUpdate", "SplitCounts", "check_splits"]
+__all__ = [
+    "MAX_WEIGHT_ABS",
+    "EvaluateRequest",
+    "EvaluationReport",
+    "GlobalModel",
+    "LocalUpdate",
+    "SplitCounts",
+    "check_splits",
+    "check_weights",
+]
+
+#: largest absolute value a model weight may have on the wire (GlobalModel, LocalUpdate). Trained
+#: GAT weights are O(1); a server that sends e.g. 1e38 makes a client's training overflow to inf/NaN,
+#: so such a model is refused before any training.
+MAX_WEIGHT_ABS = 1e6
 
 
 @dataclass(frozen=True)
@@ -27,6 +41,25 @@ class SplitCounts:
 SPLITS = ListOf(Text(16), 8)
 
 
+def check_weights(arrays: dict[str, np.ndarray], what: str) -> None:
+    """Every weight finite and of absolute value at most :data:`MAX_WEIGHT_ABS`.
+
+    Raises:
+        PayloadError: naming the first offending array.
+    """
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        if a.size == 0:
+            continue
+        if not np.all(np.isfinite(a)):
+            raise PayloadError(f"{what}.arrays[{name!r}] holds NaN or infinite values")
+        peak = float(np.max(np.abs(a)))
+        if peak > MAX_WEIGHT_ABS:
+            raise PayloadError(
+                f"{what}.arrays[{name!r}] holds |w| = {peak:.3g}, above the limit {MAX_WEIGHT_ABS:.0e}"
+            )
+
+
 def check_splits(splits: tuple[str, ...]) -> None:
     if len(set(splits)) != len(splits) or not all(splits):
         raise PayloadError("split names must be non-empty and distinct")
@@ -36,7 +69,7 @@ def check_splits(splits: tuple[str, ...]) -> None:
 class GlobalModel(Message):
     """Global weights at the start of FedAvg round ``round``: train on them (``fit``) and/or report
     counts on them for ``splits`` (the evaluation of round ``round - 1``). Weights travel in plaintext
-    (no secure aggregation)."""
+    (no secure aggregation); each must be finite with ``|w| <= MAX_WEIGHT_ABS``."""
 
     TYPE: ClassVar[int] = 10
     MAX_PAYLOAD: ClassVar[int] = 256 * MiB
@@ -56,6 +89,7 @@ class GlobalModel(Message):
         check_splits(self.splits)
         if not (self.fit or self.splits):
             raise PayloadError("a global model must ask to fit, to evaluate or both")
+        check_weights(self.arrays, "GlobalModel")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -79,7 +113,8 @@ class EvaluateRequest(Message):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class LocalUpdate(Message):
     """A client's weights after local training in round ``round`` and its FedAvg weight
-    ``num_train``; a client without training nodes sends ``num_train = 0`` and no arrays."""
+    ``num_train``; a client without training nodes sends ``num_train = 0`` and no arrays. Weights
+    must be finite with ``|w| <= MAX_WEIGHT_ABS``."""
 
     TYPE: ClassVar[int] = 11
     MAX_PAYLOAD: ClassVar[int] = 256 * MiB
@@ -100,6 +135,7 @@ class LocalUpdate(Message):
             raise PayloadError("an update with num_train = 0 carries no arrays")
         if self.num_train > 0 and not self.arrays:
             raise PayloadError("an update with training nodes must carry the weights")
+        check_weights(self.arrays, "LocalUpdate")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from fedgat.crypto import SigningIdentity
 
 from .errors import FaultError, SizeLimitError, StateError
+from .frame import signed_message
 from .messages import (
     Abort,
     EncodingBases,
@@ -143,7 +144,9 @@ class Party:
 
         Raises a :class:`~fedgat.protocols.errors.ProtocolError` subclass and changes no state when
         the message is rejected. A :class:`Message` object is accepted too, but it must carry the
-        signature it was received with (a locally built message is refused).
+        signature it was received with (a locally built message is refused), and its fields must be
+        exactly those of the bytes that signature covers (:func:`~fedgat.protocols.frame.signed_message`):
+        the party then handles the message decoded from those bytes, never the object's own fields.
         """
         start, cpu = time.perf_counter(), time.process_time()
         self._clock_stack.append([0.0, 0.0])
@@ -158,9 +161,13 @@ class Party:
                     f"frame of {len(data)} bytes exceeds party {self.party_id}'s "
                     f"limit of {self.max_frame_bytes}"
                 )
-            msg = data if isinstance(data, Message) else decode_message(data)
+            if isinstance(data, Message):
+                phase = PHASES.get(type(data), "setup")
+                msg = signed_message(data)
+            else:
+                msg = decode_message(data)
             phase = PHASES.get(type(msg), "setup")
-            self.verifier.check(msg)
+            self.verifier.check(msg, from_frame=True)
             handler = self._handler(msg)
             if handler is None:
                 raise StateError(

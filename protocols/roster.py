@@ -21,6 +21,7 @@ from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import SigningIdentity, WrappingIdentity, verify
 
 from .errors import AuthError, KeyFingerprintError, ReplayError, SignatureError, WrongRecipientError
+from .frame import signed_message
 from .messages import ZERO_FINGERPRINT, Message
 
 __all__ = ["Identity", "Roster", "Verifier"]
@@ -124,12 +125,20 @@ class Verifier:
         self.fingerprint: bytes | None = None
         self._last_seq: dict[int, int] = {}
 
-    def check(self, msg: Message) -> None:
+    def check(self, msg: Message, *, from_frame: bool = False) -> None:
         """Raise :class:`AuthError`, :class:`SignatureError`, :class:`WrongRecipientError` or
-        :class:`ReplayError`; never changes the verifier."""
+        :class:`ReplayError`; never changes the verifier.
+
+        The signature is verified over ``msg.signed_bytes``, and the object's fields must be exactly
+        those bytes decoded (:func:`~fedgat.protocols.frame.signed_message`; :class:`SignatureError`
+        otherwise). ``from_frame=True``: the caller has just built ``msg`` with
+        :func:`~fedgat.protocols.messages.decode_message` from the frame itself (or with
+        ``signed_message``), so that comparison is skipped."""
         key = self.roster.signing_key(msg.sender)
         if msg.signature is None or msg.signed_bytes is None:
             raise SignatureError(f"{msg.type_name} from {msg.sender} carries no signature")
+        if not from_frame:
+            signed_message(msg)
         try:
             verify(key, msg.signed_bytes, msg.signature)
         except CryptoSignatureError as exc:

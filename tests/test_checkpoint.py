@@ -241,3 +241,43 @@ def test_store_keeps_the_latest_labels(tmp_path):
         store.load(7)
     with pytest.raises(ValueError):
         CheckpointStore(tmp_path, keep=1)
+
+
+def test_keyed_store_binds_each_file_to_its_party_and_label(tmp_path):
+    """An old checkpoint copied over a newer label, or to another party, is refused."""
+    import shutil
+
+    store = CheckpointStore(tmp_path, hmac_key=b"deployment key", keep=3)
+    for label in (1, 2):
+        store.save(7, label, Checkpoint("k", {"label": label}))
+    store.save(8, 2, Checkpoint("k", {"label": 2}))
+    assert store.load(7).meta["label"] == 2 and store.load(7, 1).meta["label"] == 1
+    shutil.copyfile(store.path(7, 1), store.path(7, 2))  # replay label 1 as the latest
+    with pytest.raises(CheckpointIntegrityError, match="another place"):
+        store.load(7)
+    shutil.copyfile(store.path(7, 1), store.path(7, 5))  # ... or as a new label
+    with pytest.raises(CheckpointIntegrityError):
+        store.load(7, 5)
+    shutil.copyfile(store.path(7, 1), store.path(8, 1))  # ... or as another party's
+    with pytest.raises(CheckpointIntegrityError):
+        store.load(8, 1)
+    assert store.load(8, 2).meta["label"] == 2
+    # a bound file is not an unbound one (and vice versa), and the kind is authenticated
+    bound = store.path(7, 1).read_bytes()
+    with pytest.raises(CheckpointIntegrityError):
+        decode_checkpoint(bound, b"deployment key")
+    assert decode_checkpoint(bound, b"deployment key", binding={"party": 7, "label": 1}).meta == {"label": 1}
+    with pytest.raises(CheckpointMismatchError):
+        store.load(7, 1, kind="other")
+    with pytest.raises(ValueError):
+        encode_checkpoint(Checkpoint("k", {}), binding={"party": 1})  # binding without a key
+
+
+def test_unkeyed_store_and_unbound_encoding_are_unchanged(tmp_path):
+    key = b"k" * 32
+    data = encode_checkpoint(_sample(), key)
+    assert data[-32:] == __import__("hmac").new(key, data[:-32], "sha256").digest()
+    assert _same(decode_checkpoint(data, key), _sample())
+    store = CheckpointStore(tmp_path)
+    store.save(1, 3, _sample())
+    assert _same(decode_checkpoint(store.path(1, 3).read_bytes()), _sample())

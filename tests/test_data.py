@@ -141,3 +141,35 @@ def test_load_dataset_dispatch_and_errors():
     with pytest.raises(ValueError, match="unknown Planetoid dataset"):
         load_planetoid("reddit")
     assert planetoid_raw_files("PubMed")[0] == "ind.pubmed.x"
+
+
+_FIELDS = ("x", "y", "edge_index", "train_mask", "val_mask", "test_mask", "num_classes", "name")
+
+
+@needs_planetoid
+@pytest.mark.parametrize("name", ["cora", "citeseer"])
+def test_graph_checks_leave_loaded_graphs_bit_identical(name):
+    """Graph's entry checks change nothing the loaders produce (so no stored number moves): the
+    loaded graph equals the reader's output prepared by hand, and rebuilding it keeps every tensor."""
+    from torch_geometric.io import read_planetoid_data
+    from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
+
+    from fedgat.graph import Graph, unit_normalise
+
+    g = load_planetoid(name, download=False)
+    pyg = data.PLANETOID_NAMES[name]
+    raw = read_planetoid_data(str(_planetoid_dir() / pyg / "raw"), pyg)
+    ei, _ = remove_self_loops(raw.edge_index)
+    want = {
+        "x": unit_normalise(raw.x.float()),
+        "y": raw.y.long(),
+        "edge_index": coalesce(to_undirected(ei, num_nodes=raw.num_nodes), num_nodes=raw.num_nodes),
+        "train_mask": raw.train_mask,
+        "val_mask": raw.val_mask,
+        "test_mask": raw.test_mask,
+    }
+    for key, value in want.items():
+        got = getattr(g, key)
+        assert got.dtype == value.dtype and torch.equal(got, value), key
+    again = Graph(**{f: getattr(g, f) for f in _FIELDS})
+    assert all(getattr(again, f) is getattr(g, f) for f in _FIELDS)

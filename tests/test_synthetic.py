@@ -97,3 +97,17 @@ def test_dense_request_on_tiny_graph_terminates():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         synthetic_graph(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"num_nodes": 60, "num_classes": 1, "train_per_class": 0, "num_val": 0, "num_test": 0}]
+)
+def test_graph_checks_keep_synthetic_graphs_as_generated(kwargs):
+    """Rebuilding a synthetic graph through Graph's entry checks keeps every field object as it is:
+    the generator's output already satisfies them (bool disjoint masks, unit float32 rows)."""
+    from fedgat.graph import Graph
+
+    g = synthetic_graph(**kwargs)
+    fields = ("x", "y", "edge_index", "train_mask", "val_mask", "test_mask", "num_classes", "name")
+    again = Graph(**{f: getattr(g, f) for f in fields})
+    assert all(getattr(again, f) is getattr(g, f) for f in fields)

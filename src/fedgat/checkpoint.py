@@ -11,6 +11,12 @@ A checkpoint is one file::
     20+M    P     the arrays' raw bytes, little-endian, C order, in manifest order
     20+M+P  32    SHA-256 over bytes [0, 20+M+P) -- or HMAC-SHA256 with a key (``mac`` says which)
 
+With a key and a ``binding`` (:class:`CheckpointStore` binds every file to its party and label),
+the HMAC key is derived from the key and the binding (:func:`bound_key`), so a file verifies only
+where it was written: copied to another label or party (e.g. an old checkpoint replayed in place
+of a newer one) it is refused with :class:`CheckpointIntegrityError`. The kind is in the
+authenticated manifest (checked by ``kind=``).
+
 :func:`save_checkpoint` writes a temporary file in the target's directory, fsyncs it and renames it
 over the target (:func:`os.replace`), then fsyncs the directory: a crash leaves either the old or
 the new checkpoint, never a torn one. :func:`load_checkpoint` verifies the digest (or HMAC) over
@@ -57,6 +63,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointStore",
     "arrays_to_tensors",
+    "bound_key",
     "encodings_from_checkpoint",
     "encodings_to_checkpoint",
     "load_checkpoint",
@@ -90,6 +97,7 @@ ALLOWED_DTYPES = frozenset(
 #: largest manifest accepted (the JSON is parsed only after the digest matched)
 MAX_MANIFEST_BYTES = 64 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_.:/\-]{1,256}$")
+_BINDING_DOMAIN = b"fedgat-checkpoint-binding-v1\0"
 
 
 class CheckpointError(Exception):
@@ -126,6 +134,22 @@ class Checkpoint:
 
 
 # ------------------------------------------------------------------------------------ file format
+def bound_key(hmac_key: bytes, binding: Mapping[str, Any] | None) -> bytes:
+    """The HMAC key of a checkpoint bound to ``binding`` (JSON-able values, e.g. ``{"party": 3,
+    "label": 7}``): HMAC-SHA256 of the canonical JSON of the binding under ``hmac_key``.
+    ``binding=None``: ``hmac_key`` itself (unbound, as before)."""
+    if binding is None:
+        return hmac_key
+    text = json.dumps(dict(binding), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return hmac.new(hmac_key, _BINDING_DOMAIN + text, hashlib.sha256).digest()
+
+
+def _mac_name(hmac_key: bytes | None, binding: Mapping[str, Any] | None) -> str:
+    if hmac_key is None:
+        return "sha256"
+    return "hmac-sha256" if binding is None else "hmac-sha256-bound"
+
+
 def _mac(data: bytes | memoryview, key: bytes | None) -> bytes:
     if key is None:
         return hashlib.sha256(data).digest()
@@ -139,8 +163,13 @@ def _plain_array(name: str, arr: Any) -> np.ndarray:
     return a.astype(a.dtype.newbyteorder("<"), order="C", copy=False)
 
 
-def encode_checkpoint(ckpt: Checkpoint, hmac_key: bytes | None = None) -> bytes:
-    """The bytes of ``ckpt`` in the format of the module docstring."""
+def encode_checkpoint(
+    ckpt: Checkpoint, hmac_key: bytes | None = None, *, binding: Mapping[str, Any] | None = None
+) -> bytes:
+    """The bytes of ``ckpt`` in the format of the module docstring. ``binding`` (with a key only):
+    where the file belongs, e.g. ``{"party": 3, "label": 7}``; it must be given again to decode."""
+    if binding is not None and hmac_key is None:
+        raise ValueError("a checkpoint binding needs an HMAC key (a SHA-256 digest binds nothing)")
     entries, blobs, offset = [], [], 0
     for name, arr in ckpt.arrays.items():
         if not _NAME.match(name):
@@ -158,19 +187,19 @@ def encode_checkpoint(ckpt: Checkpoint, hmac_key: bytes | None = None) -> bytes:
         )
         blobs.append(raw)
         offset += len(raw)
-    manifest = {
-        "kind": ckpt.kind,
-        "mac": "sha256" if hmac_key is None else "hmac-sha256",
-        "meta": ckpt.meta,
-        "arrays": entries,
-    }
+    manifest = {"kind": ckpt.kind, "mac": _mac_name(hmac_key, binding), "meta": ckpt.meta, "arrays": entries}
     text = json.dumps(manifest, allow_nan=True, separators=(",", ":")).encode()
     body = b"".join([_HEAD.pack(MAGIC, FORMAT_VERSION, len(text)), text, *blobs])
-    return body + _mac(body, hmac_key)
+    return body + _mac(body, None if hmac_key is None else bound_key(hmac_key, binding))
 
 
-def decode_checkpoint(data: bytes, hmac_key: bytes | None = None) -> Checkpoint:
-    """Verify and parse checkpoint bytes (see :func:`load_checkpoint`)."""
+def decode_checkpoint(
+    data: bytes, hmac_key: bytes | None = None, *, binding: Mapping[str, Any] | None = None
+) -> Checkpoint:
+    """Verify and parse checkpoint bytes (see :func:`load_checkpoint`); ``binding``: the one it
+    was encoded with (a file bound elsewhere raises :class:`CheckpointIntegrityError`)."""
+    if binding is not None and hmac_key is None:
+        raise ValueError("a checkpoint binding needs an HMAC key (a SHA-256 digest binds nothing)")
     view = memoryview(data)
     if len(view) < _HEAD.size + _DIGEST:
         raise CheckpointFormatError(f"{len(view)} bytes is too short for a checkpoint")
@@ -184,26 +213,29 @@ def decode_checkpoint(data: bytes, hmac_key: bytes | None = None) -> Checkpoint:
     if mlen > MAX_MANIFEST_BYTES or _HEAD.size + mlen + _DIGEST > len(view):
         raise CheckpointFormatError(f"manifest of {mlen} bytes does not fit the file (truncated?)")
     body, digest = view[:-_DIGEST], bytes(view[-_DIGEST:])
-    if not hmac.compare_digest(_mac(body, hmac_key), digest):
+    if not hmac.compare_digest(
+        _mac(body, None if hmac_key is None else bound_key(hmac_key, binding)), digest
+    ):
         raise CheckpointIntegrityError(
             "checkpoint digest does not match its content "
-            "(corrupted, truncated, tampered or another HMAC key)"
+            "(corrupted, truncated, tampered, another HMAC key"
+            + (f", or written for another place than {dict(binding)!r})" if binding is not None else ")")
         )
     try:
         manifest = json.loads(bytes(view[_HEAD.size : _HEAD.size + mlen]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointFormatError(f"unreadable manifest: {exc}") from exc
     payload = body[_HEAD.size + mlen :]
-    return Checkpoint(*_parse_manifest(manifest, hmac_key), arrays=_arrays(manifest["arrays"], payload))
+    expected_mac = _mac_name(hmac_key, binding)
+    return Checkpoint(*_parse_manifest(manifest, expected_mac), arrays=_arrays(manifest["arrays"], payload))
 
 
-def _parse_manifest(manifest: Any, hmac_key: bytes | None) -> tuple[str, dict]:
+def _parse_manifest(manifest: Any, expected_mac: str) -> tuple[str, dict]:
     if not isinstance(manifest, dict) or not {"kind", "mac", "meta", "arrays"} <= set(manifest):
         raise CheckpointFormatError("manifest lacks kind, mac, meta or arrays")
-    if manifest["mac"] != ("sha256" if hmac_key is None else "hmac-sha256"):
+    if manifest["mac"] != expected_mac:
         raise CheckpointIntegrityError(
-            f"checkpoint authenticated with {manifest['mac']!r}, "
-            f"expected {'sha256' if hmac_key is None else 'hmac-sha256'}"
+            f"checkpoint authenticated with {manifest['mac']!r}, expected {expected_mac!r}"
         )
     if (
         not isinstance(manifest["kind"], str)
@@ -252,15 +284,22 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, hmac_key: bytes | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    ckpt: Checkpoint,
+    *,
+    hmac_key: bytes | None = None,
+    binding: Mapping[str, Any] | None = None,
+) -> Path:
     """Write ``ckpt`` to ``path`` atomically: temporary file in the same directory, fsync,
-    :func:`os.replace`, fsync of the directory. Returns the path.
+    :func:`os.replace`, fsync of the directory. Returns the path. ``binding``: see
+    :func:`encode_checkpoint`.
 
     Raises:
         TypeError: an array of a non-numeric dtype; ValueError: a bad array name or non-JSON meta.
     """
     path = Path(path)
-    data = encode_checkpoint(ckpt, hmac_key)
+    data = encode_checkpoint(ckpt, hmac_key, binding=binding)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -277,7 +316,12 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint, *, hmac_key: bytes | Non
 
 
 def load_checkpoint(
-    path: str | Path, *, hmac_key: bytes | None = None, kind: str | None = None, max_bytes: int = 1 << 34
+    path: str | Path,
+    *,
+    hmac_key: bytes | None = None,
+    kind: str | None = None,
+    max_bytes: int = 1 << 34,
+    binding: Mapping[str, Any] | None = None,
 ) -> Checkpoint:
     """Read and verify a checkpoint written by :func:`save_checkpoint`.
 
@@ -285,10 +329,11 @@ def load_checkpoint(
         hmac_key: the key it was written with (None: plain SHA-256).
         kind: when given, the checkpoint's kind must equal it.
         max_bytes: refuse larger files before reading them.
+        binding: the binding it was written with (with ``hmac_key`` only).
 
     Raises:
         CheckpointFormatError: missing file, bad magic or version, truncation, inconsistent manifest.
-        CheckpointIntegrityError: digest or HMAC mismatch (corruption or tampering).
+        CheckpointIntegrityError: digest or HMAC mismatch (corruption, tampering, another binding).
         CheckpointMismatchError: another ``kind``.
     """
     path = Path(path)
@@ -298,7 +343,7 @@ def load_checkpoint(
         raise CheckpointFormatError(f"cannot read checkpoint {path}: {exc}") from exc
     if size > max_bytes:
         raise CheckpointFormatError(f"checkpoint of {size} bytes exceeds the limit {max_bytes}")
-    ckpt = decode_checkpoint(path.read_bytes(), hmac_key)
+    ckpt = decode_checkpoint(path.read_bytes(), hmac_key, binding=binding)
     if kind is not None:
         ckpt.require(kind)
     return ckpt
@@ -436,7 +481,11 @@ class CheckpointStore:
 
     Args:
         directory: where the files live (created on first save).
-        hmac_key: authenticate every file with HMAC-SHA256 under this key (None: SHA-256 only).
+        hmac_key: authenticate every file with HMAC-SHA256 under this key (None: SHA-256 only),
+            bound to its party and label (:func:`bound_key`): a file copied to another label or
+            party -- e.g. an old checkpoint replayed as the latest -- fails with
+            :class:`CheckpointIntegrityError`. Deleting the newer files (rolling back to an older
+            label) is *not* detected: that needs state kept outside the directory.
         keep: checkpoints kept per party, ``>= 2`` so a consistent cut one label back exists.
     """
 
@@ -452,10 +501,15 @@ class CheckpointStore:
 
     def save(self, party: int, label: int, ckpt: Checkpoint) -> Path:
         """Write atomically, then prune labels beyond ``keep``."""
-        path = save_checkpoint(self.path(party, label), ckpt, hmac_key=self.hmac_key)
+        path = save_checkpoint(
+            self.path(party, label), ckpt, hmac_key=self.hmac_key, binding=self._binding(party, label)
+        )
         for old in self.labels(party)[: -self.keep]:
             self.path(party, old).unlink(missing_ok=True)
         return path
+
+    def _binding(self, party: int, label: int) -> dict[str, int] | None:
+        return None if self.hmac_key is None else {"party": int(party), "label": int(label)}
 
     def labels(self, party: int) -> list[int]:
         """Labels present for ``party``, ascending (temporary files are ignored)."""
@@ -472,4 +526,6 @@ class CheckpointStore:
             if not labels:
                 raise CheckpointFormatError(f"no checkpoint of party {party} in {self.directory}")
             label = labels[-1]
-        return load_checkpoint(self.path(party, label), hmac_key=self.hmac_key, kind=kind)
+        return load_checkpoint(
+            self.path(party, label), hmac_key=self.hmac_key, kind=kind, binding=self._binding(party, label)
+        )

@@ -59,6 +59,7 @@ __all__ = [
     "FedProx",
     "FitResult",
     "LocalTask",
+    "NonFiniteUpdateError",
     "RoundLoop",
     "Server",
     "ServerStrategy",
@@ -68,6 +69,11 @@ __all__ = [
     "fedavg",
     "strategy_from_hparams",
 ]
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """Local training produced NaN or infinite weights (e.g. from huge global weights, or a
+    diverging learning rate); the client refuses to return them."""
 
 
 def as_client_strategy(strategy: ClientStrategy | ServerStrategy | None) -> ClientStrategy:
@@ -160,6 +166,10 @@ class Client:
         proximal term anchored at ``global_state``), return the new weights.
 
         A client without training nodes returns ``global_state`` unchanged with weight 0.
+
+        Raises:
+            NonFiniteUpdateError: the trained weights hold NaN or infinite values (naming the first
+                such weight); nothing is returned.
         """
         if self.num_train == 0:
             return ClientUpdate(global_state, 0, 0.0)
@@ -173,6 +183,12 @@ class Client:
             (loss if penalty is None else loss + penalty).backward()
             self.optimizer.step()
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        for name, value in state.items():
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise NonFiniteUpdateError(
+                    f"client {self.client_id}: local training produced NaN or infinite values in {name!r} "
+                    f"(loss {float(loss.detach()):.3g})"
+                )
         return ClientUpdate(state, self.num_train, float(loss.detach()))
 
     @torch.no_grad()

@@ -45,18 +45,47 @@ class CSR:
         return cls(indptr, indices)
 
 
-@dataclass(frozen=True)
+class GraphError(ValueError):
+    """A :class:`Graph` field is malformed; the message names the field and how to fix it."""
+
+
+#: rows whose L2 norm is within this distance of 1 are kept exactly as given (float32 rounding of a
+#: normalised row stays far below it); other non-zero rows are scaled to unit norm. Well inside the
+#: encrypted path's ``NORM_TOLERANCE`` (1e-4), so a row the graph accepts is one a client accepts.
+UNIT_NORM_TOLERANCE = 1e-5
+
+_MASKS = ("train_mask", "val_mask", "test_mask")
+
+
+@dataclass(frozen=True, repr=False)
 class Graph:
     """A node-classification graph.
 
+    Every field is checked, and where that is unambiguous converted, when the graph is built (in
+    :meth:`__post_init__`, so loaders, hand-built graphs and :func:`dataclasses.replace` all go through
+    the same step); anything else raises :class:`GraphError` naming the field. Tensors may be given
+    as torch tensors or anything :func:`torch.as_tensor` takes (numpy arrays, nested lists).
+
     Attributes:
-        x: ``(N, d)`` float32 node features; rows have unit L2 norm (the paper's Assumption 3),
-            except all-zero rows, which stay zero.
-        y: ``(N,)`` int64 labels.
-        edge_index: ``(2, E)`` int64 directed edges ``j -> i`` without self-loops.
-        train_mask, val_mask, test_mask: ``(N,)`` bool split masks.
-        num_classes: number of label classes.
+        x: ``(N, d)`` float32 node features, ``N, d >= 1``, all finite. Other float dtypes (float64,
+            float16, bfloat16) and integer or bool dtypes (e.g. 0/1 bag-of-words counts) are converted
+            to float32. Rows have unit L2 norm (the paper's Assumption 3), on the plaintext and the
+            encrypted path alike: a non-zero row whose norm differs from 1 by more than
+            :data:`UNIT_NORM_TOLERANCE` is scaled to unit norm (computed in float64), all-zero rows stay
+            zero, and rows already of unit norm are kept bit for bit.
+        y: ``(N,)`` int64 labels in ``[0, num_classes)``; other integer dtypes are converted, float
+            and bool labels refused.
+        edge_index: ``(2, E)`` int64 directed edges ``j -> i`` between node ids in ``[0, N)``, without
+            self-loops (fedgat adds them itself); other integer dtypes are converted.
+        train_mask, val_mask, test_mask: ``(N,)`` bool split masks, pairwise disjoint. Integer masks
+            holding only 0 and 1 are converted to bool (never read as node indices); any other dtype or
+            value is refused.
+        num_classes: number of label classes, ``>= 1`` and above every label.
         name: a short name ("cora", "citeseer", "synthetic", ...).
+
+    Raises:
+        GraphError: a field of the wrong shape, dtype, length or range, non-finite features, or
+            overlapping masks.
     """
 
     x: torch.Tensor
@@ -68,6 +97,20 @@ class Graph:
     num_classes: int
     name: str = "graph"
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = _validated(self)
+        for key, value in fields.items():
+            if value is not getattr(self, key):
+                object.__setattr__(self, key, value)
+
+    def __repr__(self) -> str:
+        return (
+            f"Graph(name={self.name!r}, nodes={self.num_nodes}, features={self.num_features}, "
+            f"edges={self.edge_index.shape[1]}, classes={self.num_classes}, "
+            f"train={int(self.train_mask.sum())}, val={int(self.val_mask.sum())}, "
+            f"test={int(self.test_mask.sum())})"
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -109,3 +152,103 @@ def unit_normalise(x: torch.Tensor) -> torch.Tensor:
     """Scale each row to unit L2 norm; all-zero rows stay zero."""
     norms = x.norm(dim=1, keepdim=True)
     return torch.where(norms > 0, x / norms.clamp_min(torch.finfo(x.dtype).tiny), x)
+
+
+def _tensor(value: object, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise GraphError(f"{name} of type {type(value).__name__} is not a tensor ({exc})") from None
+
+
+def _is_int(t: torch.Tensor) -> bool:
+    return not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool
+
+
+def _validated(g: Graph) -> dict[str, object]:
+    """The checked and converted fields of ``g`` (unchanged values are the same objects)."""
+    out: dict[str, object] = {}
+    if not isinstance(g.name, str):
+        raise GraphError(f"name must be a str, got {type(g.name).__name__}")
+
+    x = _tensor(g.x, "x")
+    if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise GraphError(f"x has shape {tuple(x.shape)}; pass (num_nodes, num_features) features, both >= 1")
+    if x.dtype.is_complex:
+        raise GraphError(f"x has dtype {x.dtype}; pass real float32 features")
+    n = int(x.shape[0])
+    with torch.no_grad():
+        xd = x.to(torch.float64)
+        if not bool(torch.isfinite(xd).all()):
+            bad = int((~torch.isfinite(xd)).any(dim=1).nonzero()[0, 0])
+            raise GraphError(f"x holds NaN or infinite values (e.g. row {bad}); pass finite features")
+        norms = xd.norm(dim=1)
+        scale = (norms > 0) & ((norms - 1.0).abs() > UNIT_NORM_TOLERANCE)
+        x32 = x if x.dtype == torch.float32 else xd.to(torch.float32)
+        if bool(scale.any()):
+            x32 = x32.clone()
+            x32[scale] = (xd[scale] / norms[scale, None]).to(torch.float32)
+    out["x"] = x32
+
+    num_classes = g.num_classes
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+        raise GraphError(f"num_classes is {num_classes!r}; pass an int >= 1")
+    out["num_classes"] = int(num_classes)
+
+    y = _tensor(g.y, "y")
+    if y.ndim != 1 or y.shape[0] != n:
+        raise GraphError(f"y has shape {tuple(y.shape)}; pass int64 labels of shape ({n},), one per node")
+    if not _is_int(y):
+        raise GraphError(f"y has dtype {y.dtype}; pass int64 labels of shape ({n},)")
+    y = y.to(torch.int64)
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0:
+        raise GraphError(f"y holds label {lo}; labels must lie in [0, num_classes)")
+    if hi >= num_classes:
+        raise GraphError(
+            f"y holds label {hi} but num_classes is {num_classes}; pass num_classes >= {hi + 1} "
+            f"(labels must lie in [0, num_classes))"
+        )
+    out["y"] = y
+
+    masks: dict[str, torch.Tensor] = {}
+    for key in _MASKS:
+        m = _tensor(getattr(g, key), key)
+        if m.ndim != 1 or m.shape[0] != n:
+            raise GraphError(f"{key} has shape {tuple(m.shape)}; pass a bool mask of length {n}")
+        if m.dtype != torch.bool:
+            if not _is_int(m) or not bool(((m == 0) | (m == 1)).all()):
+                what = "values other than 0/1" if _is_int(m) else "a non-integer dtype"
+                raise GraphError(f"{key} has dtype {m.dtype} with {what}; pass a bool mask of length {n}")
+            m = m != 0
+        masks[key] = m
+    for i, a in enumerate(_MASKS):
+        for b in _MASKS[i + 1 :]:
+            both = masks[a] & masks[b]
+            if bool(both.any()):
+                raise GraphError(
+                    f"{a} and {b} overlap in {int(both.sum())} nodes (e.g. node {int(both.nonzero()[0, 0])}); "
+                    f"pass disjoint masks"
+                )
+    out.update(masks)
+
+    ei = _tensor(g.edge_index, "edge_index")
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise GraphError(f"edge_index has shape {tuple(ei.shape)}; pass int64 edges of shape (2, num_edges)")
+    if not _is_int(ei):
+        raise GraphError(f"edge_index has dtype {ei.dtype}; pass int64 edges of shape (2, num_edges)")
+    ei = ei.to(torch.int64)
+    if ei.shape[1]:
+        lo, hi = int(ei.min()), int(ei.max())
+        if lo < 0 or hi >= n:
+            raise GraphError(f"edge_index holds node {lo if lo < 0 else hi}; node ids must lie in [0, {n})")
+        loops = ei[0] == ei[1]
+        if bool(loops.any()):
+            raise GraphError(
+                f"edge_index holds {int(loops.sum())} self-loops (e.g. node {int(ei[0, loops][0])}); "
+                f"remove them, fedgat adds self-loops itself"
+            )
+    out["edge_index"] = ei
+    return out

@@ -1,0 +1,172 @@
+"""A hostile server's model weights and tampered Message objects are refused with typed errors and
+change nothing (SECURITY.md, "Robustness testing")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedgat.federated import Client, LocalTask, NonFiniteUpdateError
+from fedgat.pipeline import make_deployment
+from fedgat.protocols import (
+    ClientRounds,
+    GlobalModel,
+    LocalUpdate,
+    PayloadError,
+    ServerRounds,
+    SignatureError,
+    decode_message,
+    encode_message,
+)
+from fedgat.protocols.messages_rounds import MAX_WEIGHT_ABS
+from fedgat.synthetic import synthetic_graph
+
+SESSION = 9
+
+
+def _setup(lr: float = 0.05, optimiser_steps: int = 2, feature_scale: float = 1.0):
+    g = synthetic_graph(num_nodes=60, num_features=12, train_per_class=4, num_val=10, num_test=10, seed=5)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, g.num_classes))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    nodes = np.arange(g.num_nodes)
+    targets = {}
+    for split in ("train", "val", "test"):
+        rows = torch.from_numpy(np.flatnonzero(getattr(g, f"{split}_mask").numpy()))
+        targets[split] = (rows, g.y[nodes][rows])
+    task = LocalTask((g.x * feature_scale,), targets)
+    client = Client(1, model, task, task, lr=lr, local_epochs=optimiser_steps)
+    dep = make_deployment(1)
+    roster = dep.roster
+    party = ClientRounds(0, roster, SESSION, dep.identities[0], client=client, seed=3)
+    server = ServerRounds(
+        roster.server, roster, SESSION, dep.identities[roster.server], initial_state=initial, rounds=3
+    )
+    return dep, party, server, initial
+
+
+def _model_frame(dep, arrays, seq=5, round_=1, *, unchecked=False, monkeypatch=None):
+    msg = GlobalModel(
+        sender=dep.roster.server,
+        recipient=0,
+        session=SESSION,
+        seq=seq,
+        round=round_,
+        fit=True,
+        splits=("val",),
+        arrays=arrays,
+    )
+    if unchecked:  # a hostile server does not run the sender-side checks
+        monkeypatch.setattr(GlobalModel, "check", lambda self: None)
+        codec = dict(GlobalModel.SCHEMA)["arrays"]
+        monkeypatch.setattr(codec._array, "finite", False)  # nor the encoder's NaN/inf check
+    frame = encode_message(msg, dep.identities[dep.roster.server].signer)
+    if unchecked:
+        monkeypatch.undo()
+    return frame
+
+
+def _arrays(initial):
+    return {k: v.numpy().copy() for k, v in initial.items()}
+
+
+def test_global_model_bound_is_checked_by_the_sender(monkeypatch):
+    dep, _, _, initial = _setup()
+    arrays = _arrays(initial)
+    arrays["0.weight"][0, 0] = 1e38
+    with pytest.raises(PayloadError, match=r"GlobalModel\.arrays\['0\.weight'\].*1e\+38"):
+        _model_frame(dep, arrays)
+
+
+@pytest.mark.parametrize("value", [1e38, -2 * MAX_WEIGHT_ABS, np.inf, np.nan])
+def test_client_refuses_huge_or_non_finite_global_weights_before_training(monkeypatch, value):
+    dep, party, _, initial = _setup()
+    arrays = _arrays(initial)
+    arrays["0.bias"][1] = value
+    frame = _model_frame(dep, arrays, unchecked=True, monkeypatch=monkeypatch)
+    before = party.snapshot()
+    fit_calls = []
+    monkeypatch.setattr(party.client, "fit", lambda w: fit_calls.append(w))
+    with pytest.raises(PayloadError, match=r"'0\.bias'"):
+        party.receive(frame)
+    assert party.snapshot() == before and fit_calls == []
+    # weights at the bound are fine
+    monkeypatch.undo()
+    arrays["0.bias"][1] = MAX_WEIGHT_ABS / 2
+    arrays["0.weight"][:] = 0.0
+    party.receive(_model_frame(dep, arrays))
+
+
+def test_training_that_produces_non_finite_weights_raises_a_typed_error():
+    # corrupted local data (inf) makes training diverge; any other cause does the same
+    dep, party, _, initial = _setup(feature_scale=float("inf"))
+    with pytest.raises(NonFiniteUpdateError, match="NaN or infinite"):
+        party.client.fit(initial)  # in process
+    dep, party, _, initial = _setup(feature_scale=float("inf"))
+    before = party.snapshot()
+    opt = [t.clone() for s in party.client.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    with pytest.raises(PayloadError, match="non-finite|NaN or infinite") as info:
+        party.receive(_model_frame(dep, _arrays(initial)))
+    assert isinstance(info.value.__cause__, NonFiniteUpdateError)
+    assert party.snapshot() == before  # weights, round, sequence numbers: as before the message
+    assert opt == [] and not party.client.optimizer.state  # optimiser state rolled back too
+
+
+def test_training_that_produces_huge_finite_weights_is_not_sent():
+    dep, party, _, initial = _setup(lr=1e8, optimiser_steps=1)  # one Adam step moves each weight by ~lr
+    before = party.snapshot()
+    with pytest.raises(PayloadError, match=r"LocalUpdate\.arrays.*above the limit"):
+        party.receive(_model_frame(dep, _arrays(initial)))
+    assert party.snapshot() == before
+
+
+def test_server_refuses_a_huge_local_update(monkeypatch):
+    dep, party, server, _ = _setup()
+    start = server.start()
+    reply = party.receive(server.encode(start[0]))
+    update = next(m for m in reply if isinstance(m, LocalUpdate))
+    arrays = {k: v.copy() for k, v in update.arrays.items()}
+    arrays["0.weight"][0, 0] = 3e7
+    forged = dataclasses.replace(update, arrays=arrays, seq=update.seq + 1)
+    monkeypatch.setattr(LocalUpdate, "check", lambda self: None)
+    frame = encode_message(forged, dep.identities[0].signer)
+    monkeypatch.undo()
+    before = server.snapshot()
+    with pytest.raises(PayloadError, match=r"LocalUpdate\.arrays\['0\.weight'\]"):
+        server.receive(frame)
+    assert server.snapshot() == before
+
+
+# --- item: a Message object's signature must cover its fields ---------------------------------------
+def test_message_object_with_changed_fields_is_refused():
+    _, party, server, _ = _setup()
+    frame = server.encode(server.start()[0])
+    genuine = decode_message(frame)
+    before = party.snapshot()
+    arrays = {k: v.copy() for k, v in genuine.arrays.items()}
+    arrays["0.bias"][0] += 1.0
+    changed = [
+        dataclasses.replace(genuine, arrays=arrays),  # other weights
+        dataclasses.replace(genuine, fit=False, splits=("val",)),  # other flags
+        dataclasses.replace(genuine, round=2),  # another round
+        dataclasses.replace(genuine, seq=genuine.seq + 10),  # another header field
+    ]
+    for msg in changed:
+        assert msg.signature == genuine.signature and msg.signed_bytes == genuine.signed_bytes
+        with pytest.raises(SignatureError, match="fields are not those"):
+            party.receive(msg)
+        with pytest.raises(SignatureError):
+            party.verifier.check(msg)
+        assert party.snapshot() == before
+    # arrays changed in place after decoding
+    inplace = decode_message(frame)
+    inplace.arrays["0.weight"][0, 0] = 5.0
+    with pytest.raises(SignatureError):
+        party.receive(inplace)
+    assert party.snapshot() == before
+    # the untouched object is accepted, as its frame would be
+    assert [type(m) for m in party.receive(genuine)] == [LocalUpdate]
