@@ -135,7 +135,8 @@ class CiphertextSpool:
         return vecs
 
     def snapshot(self) -> tuple[str, dict[tuple[int, int], tuple[int, int]]]:
-        """``(path, index)`` for read-only readers in other processes (:class:`ParallelEncoder`)."""
+        """``(path, index)`` for read-only readers in other processes
+        (:class:`~fedgat.crypto.encoders.ProcessPoolEncoder`)."""
         self._file.flush()
         return str(self.path), dict(self._index)
 

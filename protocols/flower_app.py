@@ -43,14 +43,17 @@ SuperNode keeps locally, or into a 0600 file under the node config's ``state-dir
 state holds the CKKS secret key and decrypted encodings (authenticated, not encrypted): protect the
 SuperNode's database (``--database``) and ``state-dir`` like any key store.
 
-Roster: the protocol assumes the roster (party id -> Ed25519 key) is pinned out of band. With the run
-config's ``roster`` (a JSON file, :func:`write_roster`), the server and every client holding the
-same file (node config ``roster``) refuse any other key; each party then uses its own
-``identity`` file (:func:`generate_identity`). Without it (local runs, tests) each party makes fresh
-keys, the server collects them in the ``hello`` exchange and every party logs the roster's
-fingerprint (:mod:`~fedgat.protocols.flower_roster`): *trust on first use* through Flower's (TLS,
-node-authenticated) channel, where the SuperLink operator could substitute keys. Use pinned rosters
-across organisations.
+Roster: the protocol assumes the roster (party id -> Ed25519 key) is pinned out of band. The server
+pins the run config's ``roster`` (a JSON file, :func:`write_roster`); each client pins only the
+file of its *own* node config's ``roster`` and never the run config's (the server operator sets the
+run config: a client ignores its ``roster`` and logs so). Pinned parties refuse any other key; each
+party then uses its own ``identity`` file (:func:`generate_identity`). Without a pin (local runs,
+tests) each party makes fresh keys, the server collects them in the ``hello`` exchange and every
+party logs the roster's fingerprint (:mod:`~fedgat.protocols.flower_roster`): *trust on first use*
+through Flower's (TLS, node-authenticated) channel, where the SuperLink operator could substitute
+keys. Either way a client keeps the first roster it accepts in its saved state for the rest of the
+run and refuses any other one (:class:`RosterChangedError`). Use pinned rosters across
+organisations.
 
 Requires ``flwr`` (``pip install "fedgat[flower]"``); :mod:`fedgat` itself never imports it.
 
@@ -70,6 +73,7 @@ from .flower_config import (
     FlowerTimeoutError,
     FlowerUnavailableError,
     RemotePartyError,
+    RosterChangedError,
     RosterMismatchError,
     load_graph,
     make_run_partition,
@@ -100,6 +104,7 @@ __all__ = [
     "FlowerTimeoutError",
     "FlowerUnavailableError",
     "RemotePartyError",
+    "RosterChangedError",
     "RosterMismatchError",
     "clientapp",
     "frames_record",

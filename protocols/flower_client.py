@@ -29,6 +29,7 @@ from .flower_config import (
     FlowerRunConfig,
     FlowerUnavailableError,
     RemotePartyError,
+    RosterChangedError,
     RosterMismatchError,
     load_graph,
     make_run_partition,
@@ -41,7 +42,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from .driver import Driver
 from .fedavg import ClientRounds
-from .flower_roster import check_pinned, roster_fingerprint, roster_from_json
+from .flower_roster import check_pinned, roster_fingerprint, roster_from_json, roster_to_json
 from .flower_state import ClientStore, load_client, save_client, save_encodings
 from .flower_wire import HELLO, config_str, message_content, message_frames, message_meta
 from .party import Party
@@ -133,24 +134,64 @@ def _new_rounds_party(
         raise RemotePartyError(str(exc)) from exc
 
 
-def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore, setup: dict) -> None:
-    """Check the roster a phase's set-up carries (or keep the last one) and build the phase's party."""
-    identity = store.identity
-    roster = roster_from_json(setup["roster"]) if "roster" in setup else store.roster
-    if roster is None:
-        raise RemotePartyError(f"party {pid}'s first phase came without a roster")
-    if roster.signing_key(pid) != identity.signer.public_bytes():
-        raise RosterMismatchError(f"the roster does not hold party {pid}'s key")
-    pinned = context.node_config.get("roster") or cfg.roster
-    if "roster" in setup:
-        if pinned:
-            check_pinned(roster, str(pinned))
-        log.info(
-            "fedgat party %d: roster %s (%s)",
+def _pinned_roster(pid: int, cfg: FlowerRunConfig, context: Context) -> str:
+    """The roster file this client pins: its own node config's ``roster`` only ("": none).
+
+    The run config's ``roster`` is the server's setting, chosen by the server operator: a client
+    never takes its trust anchor from it (it says so once, when it first sees a roster).
+    """
+    pinned = str(context.node_config.get("roster") or "")
+    if cfg.roster and cfg.roster != pinned:
+        log.warning(
+            "fedgat party %d: ignoring the run config's roster %r (the server's setting); a client "
+            "pins only its node config's roster%s",
             pid,
-            roster_fingerprint(roster),
-            "pinned" if pinned else "trust on first use",
+            cfg.roster,
+            f" ({pinned})" if pinned else ": none, trust on first use",
         )
+    return pinned
+
+
+def _session_roster(
+    pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore, setup: dict
+) -> Roster:
+    """The roster of a phase's set-up: the first one seen is checked (against the node config's pin,
+    else trusted on first use) and kept in the client's state; any later one must be the same.
+
+    Raises:
+        RosterMismatchError: the roster lacks the client's key or differs from the pinned one.
+        RosterChangedError: a roster other than the one the client accepted first.
+    """
+    if "roster" not in setup:
+        if store.roster is None:
+            raise RemotePartyError(f"party {pid}'s first phase came without a roster")
+        return store.roster
+    roster = roster_from_json(setup["roster"])
+    if store.roster is not None:
+        if roster_to_json(roster) != roster_to_json(store.roster):
+            raise RosterChangedError(
+                f"party {pid}: the server sent roster {roster_fingerprint(roster)[:16]}, but this run's "
+                f"roster is {roster_fingerprint(store.roster)[:16]} (accepted first); refusing the change"
+            )
+        return store.roster
+    if roster.signing_key(pid) != store.identity.signer.public_bytes():
+        raise RosterMismatchError(f"the roster does not hold party {pid}'s key")
+    pinned = _pinned_roster(pid, cfg, context)
+    if pinned:
+        check_pinned(roster, pinned)
+    log.info(
+        "fedgat party %d: roster %s (%s)",
+        pid,
+        roster_fingerprint(roster),
+        "pinned" if pinned else "trust on first use",
+    )
+    return roster
+
+
+def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore, setup: dict) -> None:
+    """Check the roster a phase's set-up carries (or keep the run's one) and build the phase's party."""
+    identity = store.identity
+    roster = _session_roster(pid, cfg, context, store, setup)
     store.roster = roster
     if setup["phase"] == "pretrain":
         c = setup["config"]

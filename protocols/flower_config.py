@@ -22,6 +22,7 @@ __all__ = [
     "FlowerTimeoutError",
     "FlowerUnavailableError",
     "RemotePartyError",
+    "RosterChangedError",
     "RosterMismatchError",
     "load_graph",
     "make_run_partition",
@@ -50,6 +51,11 @@ class RosterMismatchError(FlowerEngineError):
     """A key differs from the pinned roster, or the parties do not form a valid roster."""
 
 
+class RosterChangedError(RosterMismatchError):
+    """A client was sent a roster other than the one it accepted first in this run (a client keeps
+    the first roster it sees, pinned or trusted on first use, for the whole run)."""
+
+
 @dataclass(frozen=True)
 class FlowerRunConfig:
     """The run config (``[tool.flwr.app.config]``, ``flwr run --run-config``), shared by all parties.
@@ -73,7 +79,9 @@ class FlowerRunConfig:
         round_timeout: seconds to wait for the replies of one exchange (and for nodes to connect).
         flush_bytes: send queued frames once this many bytes wait, even while the server computes.
         output_dir: where the server writes ``summary.json`` and the model ("": nowhere).
-        roster: pinned roster JSON ("": trust on first use, see :mod:`fedgat.protocols.flower_app`).
+        roster: the *server's* pinned roster JSON ("": trust on first use, see
+            :mod:`fedgat.protocols.flower_app`). Clients never read it: the run config is set by the
+            server operator, so a client pins only the roster of its own node config (``roster``).
         server_identity: the server's identity JSON ("": fresh keys).
     """
 

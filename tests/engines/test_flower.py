@@ -17,6 +17,7 @@ state refused.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -391,6 +392,98 @@ def test_pinned_roster(tmp_path):
     assert summary["roster_pinned"] is True and summary["roster_fingerprint"] == good
     with pytest.raises(RosterMismatchError, match="pinned"):
         run("forged.json")
+
+
+class _Records(logging.Handler):
+    """The messages logged on the engine's logger (Flower's logger may not propagate to caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_client_never_pins_the_run_configs_roster(tmp_path):
+    """The run config is the server operator's: a client takes no roster from it. Here it names a
+    forged roster; the clients (no node config ``roster``) ignore it, say so, and trust on first use."""
+    from fedgat.protocols.flower_app import FlowerRunConfig, generate_identity, run_server, write_roster
+
+    keys = {c: generate_identity(tmp_path / f"client{c}.json")["ed25519"] for c in range(CLIENTS)}
+    keys[CLIENTS] = generate_identity(tmp_path / "server.json", client=False)["ed25519"]
+    write_roster(tmp_path / "roster.json", server=CLIENTS, dealer=0, signing_keys=keys)
+    write_roster(tmp_path / "forged.json", server=CLIENTS, dealer=0, signing_keys={**keys, 1: keys[0]})
+    nodes = [
+        {"partition-id": c, "num-partitions": CLIENTS, "identity": str(tmp_path / f"client{c}.json")}
+        for c in range(CLIENTS)
+    ]
+    run_config = {
+        **RUN_CONFIG,
+        "hparams": json.dumps({**HPARAMS, "rounds": 1}),
+        "server-identity": str(tmp_path / "server.json"),
+    }
+    server_cfg = FlowerRunConfig.from_run_config({**run_config, "roster": str(tmp_path / "roster.json")})
+    grid = _InProcessGrid({**run_config, "roster": str(tmp_path / "forged.json")}, nodes)
+    records = _Records()
+    logger = logging.getLogger("flwr").getChild("fedgat")
+    logger.addHandler(records)
+    try:
+        summary = run_server(grid, server_cfg).summary  # type: ignore[arg-type]
+    finally:
+        logger.removeHandler(records)
+    assert summary["roster_pinned"] is True and summary["rounds"] == 1
+    for c in range(CLIENTS):
+        assert any(f"party {c}: ignoring the run config's roster" in line for line in records.lines)
+        assert any(f"party {c}: roster " in line and "trust on first use" in line for line in records.lines)
+        assert not any(f"party {c}: roster " in line and "(pinned)" in line for line in records.lines)
+
+
+class _RosterSwapGrid(_InProcessGrid):
+    """An in-process grid whose carrier adds a roster to the FedAvg set-up: the one first sent for
+    party 0, one with another server key for party 1."""
+
+    def __init__(self, run_config: dict, node_configs: list[dict]) -> None:
+        super().__init__(run_config, node_configs)
+        self.first: dict | None = None
+
+    def push_messages(self, messages):
+        from fedgat.crypto import SigningIdentity
+        from fedgat.protocols.flower_wire import META, PRETRAIN, ROUNDS
+
+        for msg in messages:
+            meta = msg.content.config_records[META]
+            if "setup" not in meta:
+                continue
+            setup = json.loads(str(meta["setup"]))
+            if msg.metadata.message_type == PRETRAIN:
+                self.first = setup["roster"]
+            elif msg.metadata.message_type == ROUNDS and self.first is not None:
+                roster = json.loads(json.dumps(self.first))
+                if meta["party"] == 1:
+                    other = SigningIdentity.generate().public_bytes().hex()
+                    roster["signing_keys"][str(roster["server"])] = other
+                meta["setup"] = json.dumps({**setup, "roster": roster})
+        return super().push_messages(messages)
+
+
+def test_client_refuses_a_changed_roster():
+    """Trust on first use keeps the first roster for the run: the same roster again is accepted, a
+    different one later is refused with a typed error and the kept roster stays."""
+    from fedgat.protocols.flower_app import FlowerRunConfig, RosterChangedError, run_server
+    from fedgat.protocols.flower_roster import roster_from_json, roster_to_json
+    from fedgat.protocols.flower_state import load_client
+
+    nodes = [{"partition-id": c, "num-partitions": CLIENTS} for c in range(CLIENTS)]
+    run_config = {**RUN_CONFIG, "hparams": json.dumps({**HPARAMS, "rounds": 1})}
+    grid = _RosterSwapGrid(run_config, nodes)
+    with pytest.raises(RosterChangedError, match="party 1: the server sent roster .* refusing the change"):
+        run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    assert grid.first is not None
+    first = roster_to_json(roster_from_json(grid.first))
+    for c in range(CLIENTS):
+        store = load_client(grid.contexts[100 + c], c)
+        assert store.roster is not None and roster_to_json(store.roster) == first
 
 
 # =================================================================================== the deployment
