@@ -71,11 +71,10 @@ from fedgat.crypto.ray_encoder import INSTALL_HINT, RayEncoder, RayUnavailableEr
 from fedgat.crypto.spool import CiphertextSpool
 
 from .driver import Observer
-from .messages import MESSAGE_TYPES, peek_type
 from .party import Party
 from .party_values import PartyReport
 from .ray_host import Frame, PartyHost, RayEngineError, raise_failure
-from .transport import Delivery, Transcript, Transport
+from .transport import Delivery, TrafficLog, Transcript, Transport
 
 __all__ = ["INSTALL_HINT", "PartyHost", "RayEngine", "RayEngineError", "RayTransport", "RayUnavailableError"]
 
@@ -185,7 +184,7 @@ class RayEngine:
 
 
 # ------------------------------------------------------------------------------------- transport
-class RayTransport(Transport):
+class RayTransport(TrafficLog, Transport):
     """Routes frames between the coordinator's parties and parties hosted in :class:`RayEngine` actors.
 
     Used by the in-process :class:`~fedgat.protocols.driver.Driver` it behaves as an in-process FIFO
@@ -262,40 +261,13 @@ class RayTransport(Transport):
         return delivery
 
     def _route(self, sender: int, to: int, data: bytes) -> None:
-        if not isinstance(data, (bytes, bytearray)):
-            raise TypeError("transports carry bytes only")
-        data = bytes(data)
-        type_id = peek_type(data)
-        cls = MESSAGE_TYPES.get(type_id) if type_id is not None else None
-        counter = self.traffic.setdefault((sender, to, cls.__name__ if cls else "?"), [0, 0])
-        counter[0] += 1
-        counter[1] += len(data)
-        if self.transcript is not None:
-            self.transcript.record(sender, to, data)
+        data = self._log(sender, to, data)
         self._pending += len(data)
         actor = self._placement.get(to)
         if actor is None:
             self._queue.append(Delivery(sender, to, data))
         else:
             self._outbox[actor].append((sender, to, data))
-
-    def bytes_sent(self, senders=None, recipients=None, types=None) -> int:
-        return sum(
-            v[1]
-            for (s, r, t), v in self.traffic.items()
-            if (senders is None or s in senders)
-            and (recipients is None or r in recipients)
-            and (types is None or t in types)
-        )
-
-    def messages_sent(self, senders=None, recipients=None, types=None) -> int:
-        return sum(
-            v[0]
-            for (s, r, t), v in self.traffic.items()
-            if (senders is None or s in senders)
-            and (recipients is None or r in recipients)
-            and (types is None or t in types)
-        )
 
     # --- hosting ----------------------------------------------------------------------------------
     @staticmethod

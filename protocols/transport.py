@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +155,48 @@ class Transcript:
             self._file = None
 
 
-class InProcessTransport(Transport):
+class TrafficLog:
+    """What a transport counts of the frames it carries: messages and bytes per (sender, recipient,
+    type name) in :attr:`traffic`, every frame in the optional :attr:`transcript`. Shared by the
+    in-process and Ray transports."""
+
+    transcript: Transcript | None
+    #: (sender, recipient, type name) -> [messages, bytes]
+    traffic: dict[tuple[int, int, str], list[int]]
+
+    def _log(self, sender: int, to: int, data: bytes | bytearray) -> bytes:
+        """Count (and record) one frame; returns it as ``bytes``. Raises TypeError for non-bytes."""
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError("transports carry bytes only")
+        data = bytes(data)
+        type_id = peek_type(data)
+        cls = MESSAGE_TYPES.get(type_id) if type_id is not None else None
+        counter = self.traffic.setdefault((sender, to, cls.__name__ if cls else "?"), [0, 0])
+        counter[0] += 1
+        counter[1] += len(data)
+        if self.transcript is not None:
+            self.transcript.record(sender, to, data)
+        return data
+
+    def _total(self, index: int, senders, recipients, types) -> int:
+        return sum(
+            v[index]
+            for (s, r, t), v in self.traffic.items()
+            if (senders is None or s in senders)
+            and (recipients is None or r in recipients)
+            and (types is None or t in types)
+        )
+
+    def bytes_sent(self, senders=None, recipients=None, types=None) -> int:
+        """Bytes of frames from ``senders`` to ``recipients`` of ``types`` (None: any)."""
+        return self._total(1, senders, recipients, types)
+
+    def messages_sent(self, senders=None, recipients=None, types=None) -> int:
+        """Frames from ``senders`` to ``recipients`` of ``types`` (None: any)."""
+        return self._total(0, senders, recipients, types)
+
+
+class InProcessTransport(TrafficLog, Transport):
     """FIFO queue in one process (no network). Counts messages and bytes per (sender, recipient,
     type) in :attr:`traffic` and, with a ``transcript``, records every frame."""
 
@@ -163,42 +204,13 @@ class InProcessTransport(Transport):
         self.transcript = transcript
         self._queue: deque[Delivery] = deque()
         #: (sender, recipient, type name) -> [messages, bytes]
-        self.traffic: dict[tuple[int, int, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.traffic: dict[tuple[int, int, str], list[int]] = {}
 
     def _send(self, sender: int, to: int, data: bytes) -> None:
-        if not isinstance(data, (bytes, bytearray)):
-            raise TypeError("transports carry bytes only")
-        data = bytes(data)
-        type_id = peek_type(data)
-        cls = MESSAGE_TYPES.get(type_id) if type_id is not None else None
-        counter = self.traffic[(sender, to, cls.__name__ if cls else "?")]
-        counter[0] += 1
-        counter[1] += len(data)
-        if self.transcript is not None:
-            self.transcript.record(sender, to, data)
-        self._queue.append(Delivery(sender, to, data))
+        self._queue.append(Delivery(sender, to, self._log(sender, to, data)))
 
     def poll(self) -> Delivery | None:
         return self._queue.popleft() if self._queue else None
 
     def pending(self) -> int:
         return len(self._queue)
-
-    def bytes_sent(self, senders=None, recipients=None, types=None) -> int:
-        """Bytes of frames from ``senders`` to ``recipients`` of ``types`` (None: any)."""
-        return sum(
-            v[1]
-            for (s, r, t), v in self.traffic.items()
-            if (senders is None or s in senders)
-            and (recipients is None or r in recipients)
-            and (types is None or t in types)
-        )
-
-    def messages_sent(self, senders=None, recipients=None, types=None) -> int:
-        return sum(
-            v[0]
-            for (s, r, t), v in self.traffic.items()
-            if (senders is None or s in senders)
-            and (recipients is None or r in recipients)
-            and (types is None or t in types)
-        )
