@@ -298,6 +298,26 @@ def run_overhead(
         },
     }
 
+    # --- what per-recipient keys cost and what the own share saves (same bases, same layout)
+    from fedgat.crypto.encodings import multiply_adds as bucket_multiply_adds
+
+    layout = pre.layout
+    once = sum(bucket_multiply_adds(b, layout) for b in plain_round.plan.bases)
+    full = sum(bucket_multiply_adds(v, layout) for views in plain_round.plan.views.values() for v in views)
+    released = pre.ciphertexts_up // max(1, layout.chunks)
+    keys = {
+        "multiply_adds_once_per_node": once,
+        "multiply_adds_per_recipient_full": full,
+        "multiply_adds_per_recipient_foreign_share": pre.multiply_adds,
+        "growth_per_recipient": full / once if once else None,
+        "own_share_saving": 1 - pre.multiply_adds / full if full else None,
+        "vs_once_per_node": pre.multiply_adds / once if once else None,
+        "rows_released": released,
+        "rows_owned": graph.num_nodes,
+        "releases_per_row": released / graph.num_nodes,
+        "tag_columns": layout.d - d,
+    }
+
     # --- op-count lower bounds
     used = max(1, pre.server_workers or 1)
     # the server keeps `used` cores busy with multiply-adds; on this kind of VM two busy vCPUs are
@@ -387,6 +407,7 @@ def run_overhead(
         "plaintext": plaintext,
         "encrypted": encrypted,
         "ratios": ratios,
+        "per_recipient_keys": keys,
         "slot_utilisation": {"nominal": pre.slot_utilisation, "results": pre.result_slot_utilisation},
         "op_bound": bound,
         "measured_preset": {
@@ -522,9 +543,74 @@ def format_table(r: dict) -> str:
             f"round/op-bound {_r(ratios['round_vs_op_bound'])}"
         ),
     ]
+    k = r.get("per_recipient_keys")
+    if k:
+        lines.append(
+            f"per-recipient keys  multiply-adds {k['multiply_adds_per_recipient_foreign_share']} (foreign shares) vs "
+            f"{k['multiply_adds_once_per_node']} once per node ({_r(k['vs_once_per_node'])}); full encodings per "
+            f"recipient would be {_r(k['growth_per_recipient'])}, the own share saves {k['own_share_saving']:.0%}; "
+            f"{k['releases_per_row']:.2f} releases per row"
+        )
     if p.get("test_accuracy") is not None:
         lines.append(f"test accuracy plaintext {p['test_accuracy']:.3f}  encrypted {e['test_accuracy']:.3f}")
     return "\n".join(lines)
+
+
+#: quantities of the before/after table: (label, path into the result)
+_BEFORE_AFTER = (
+    ("bytes up", ("encrypted", "bytes_up")),
+    ("bytes down", ("encrypted", "bytes_down")),
+    ("messages up / down", None),
+    ("ciphertexts up", ("encrypted", "ciphertexts_up")),
+    ("ciphertexts down", ("encrypted", "ciphertexts_down")),
+    ("multiply-adds (op count)", ("encrypted", "multiply_adds")),
+    ("round wall s", ("encrypted", "phases", "round", "wall")),
+    ("server alone / op bound", ("ratios", "server_alone_vs_op_bound")),
+    ("max abs error", ("encrypted", "max_abs_error")),
+    ("test accuracy (encrypted)", ("encrypted", "test_accuracy")),
+)
+
+
+def _get(r: dict, path: tuple) -> object:
+    for key in path:
+        if not isinstance(r, dict) or key not in r:
+            return None
+        r = r[key]
+    return r
+
+
+def _cell(x: object) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def render_before_after(r: dict) -> list[str]:
+    """The markdown table of ``r["baseline"]`` (an earlier overhead JSON) beside this run."""
+    base = r.get("baseline")
+    if not base:
+        return []
+    out = [
+        "",
+        f"## Before / after: {base.get('label', 'baseline')}",
+        "",
+        f"Baseline: {base.get('source', 'an earlier run')} ({base.get('date', '?')}); after: this run.",
+        "",
+        "| quantity | before | after | after / before |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, path in _BEFORE_AFTER:
+        if path is None:
+            b = f"{_cell(_get(base, ('encrypted', 'messages_up')))} / {_cell(_get(base, ('encrypted', 'messages_down')))}"
+            a = f"{_cell(_get(r, ('encrypted', 'messages_up')))} / {_cell(_get(r, ('encrypted', 'messages_down')))}"
+            out.append(f"| {label} | {b} | {a} | |")
+            continue
+        b, a = _get(base, path), _get(r, path)
+        ratio = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+        out.append(f"| {label} | {_cell(b)} | {_cell(a)} | {_r(ratio)} |")
+    return out
 
 
 def render_markdown(r: dict, matrix: dict | None = None) -> str:
@@ -609,6 +695,37 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
         ),
         f"| this run, FedGAT + CKKS vs FedGAT (plaintext) | {_r(ratios['time'], 0)} | {_r(ratios['bytes'], 1)} |",
     ]
+    k = r.get("per_recipient_keys")
+    if k:
+        out += [
+            "",
+            "## Per-recipient keys: what the server computes",
+            "",
+            (
+                "Every client has its own CKKS key, so an owner encrypts each row once per client that needs it "
+                "and the server computes each recipient's encodings under that recipient's key, but only the "
+                "*foreign share* (the recipient adds the share of its own rows in plaintext). Same bases, same "
+                "layout, counted in this run:"
+            ),
+            "",
+            "| quantity | value |",
+            "|---|---:|",
+            f"| multiply-adds, each node once (one shared key, before) | {k['multiply_adds_once_per_node']:,} |",
+            (
+                f"| multiply-adds, full encodings per recipient | {k['multiply_adds_per_recipient_full']:,} "
+                f"({_r(k['growth_per_recipient'])}) |"
+            ),
+            (
+                f"| multiply-adds, foreign shares per recipient (run) | {k['multiply_adds_per_recipient_foreign_share']:,} "
+                f"({_r(k['vs_once_per_node'])}; the own share saves {k['own_share_saving']:.0%}) |"
+            ),
+            (
+                f"| rows released ((row, recipient) pairs) / rows owned | {k['rows_released']:,} / "
+                f"{k['rows_owned']:,} ({k['releases_per_row']:.2f} per row) |"
+            ),
+            f"| tag columns per released row | {k['tag_columns']} |",
+        ]
+    out += render_before_after(r)
     if matrix:
         out += [
             "",
@@ -743,6 +860,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="an earlier overhead JSON to show before/after (e.g. one taken before a protocol change)",
+    )
+    parser.add_argument("--baseline-label", default="baseline", help="what the baseline was")
 
 
 def main_args(args: argparse.Namespace) -> int:
@@ -795,6 +919,14 @@ def main_args(args: argparse.Namespace) -> int:
             args.beta,
             r["op_bound"]["seconds_per_multiply_add"],
         )
+    if args.baseline is not None:
+        base = json.loads(args.baseline.read_text())
+        r["baseline"] = {
+            "label": args.baseline_label,
+            "source": str(args.baseline.name),
+            "date": base.get("date"),
+            **{key: base.get(key) for key in ("encrypted", "ratios", "plaintext")},
+        }
     print(format_table(r))
     for path in write(r, args.out, args.json, matrix):
         print(f"wrote {path}")

@@ -2,15 +2,15 @@
 
 Recipes (safe defaults, typed errors -- start here):
 
-* :class:`KeyHolderContext` -- client/dealer side, holds the CKKS secret key
-  (``generate``, ``public_context_bytes``, ``wrap_for``, ``from_wrapped``, ``fingerprint``).
+* :class:`KeyHolderContext` -- a client's own CKKS key pair, holds the secret key
+  (``generate``, ``public_context_bytes``, ``secret_context_bytes`` / ``from_secret_bytes`` for the
+  client's own saved state, ``fingerprint``).
 * :class:`ServerContext` -- ``from_bytes`` loads a public context and refuses secret keys.
 * :func:`encrypt_rows` / :func:`decrypt_rows` -- feature rows <-> enveloped ciphertext bytes in the
   rotation-free :class:`SlotLayout`.
 * :func:`linear_combination` / :func:`linear_map_rows` -- the server's plaintext multiply-adds.
 * :func:`serialize` / :func:`deserialize` -- ciphertext envelope (fingerprint + digest).
-* :class:`SigningIdentity` / :func:`verify` -- Ed25519; :class:`WrappingIdentity`,
-  :func:`wrap_secret` / :func:`unwrap_secret` -- X25519 + HKDF + ChaCha20-Poly1305.
+* :class:`SigningIdentity` / :func:`verify` -- Ed25519.
 
 Primitives live in the submodules (``params``, ``context``, ``packing``, ``keys``, ``measure``).
 """
@@ -21,12 +21,11 @@ from .errors import (
     ContextFormatError,
     CryptoError,
     KeyMismatchError,
-    KeyUnwrapError,
     NotPublicContextError,
     PresetError,
     SignatureError,
 )
-from .keys import SigningIdentity, WrapAAD, WrappedKey, WrappingIdentity, unwrap_secret, verify, wrap_secret
+from .keys import SigningIdentity, verify
 from .packing import (
     SlotLayout,
     decrypt_rows,
@@ -47,16 +46,12 @@ __all__ = [
     "CryptoError",
     "KeyHolderContext",
     "KeyMismatchError",
-    "KeyUnwrapError",
     "NotPublicContextError",
     "PresetError",
     "ServerContext",
     "SignatureError",
     "SigningIdentity",
     "SlotLayout",
-    "WrapAAD",
-    "WrappedKey",
-    "WrappingIdentity",
     "decrypt_rows",
     "deserialize",
     "encrypt_rows",
@@ -65,7 +60,5 @@ __all__ = [
     "linear_combination",
     "linear_map_rows",
     "serialize",
-    "unwrap_secret",
     "verify",
-    "wrap_secret",
 ]

@@ -2,11 +2,12 @@
 
 Roles
 -----
-* **Dealer / key holder** (a client): :meth:`KeyHolderContext.generate` creates the CKKS secret
-  key. The dealer wraps the secret context for every other client with
-  :mod:`fedgat.crypto.keys` (X25519 + HKDF + ChaCha20-Poly1305, Ed25519-signed); the server only
-  relays those blobs. Clients open them with :meth:`KeyHolderContext.from_wrapped`.
-* **Server**: receives :meth:`KeyHolderContext.public_context_bytes` and loads it with
+* **Key holder** (every pre-training client): :meth:`KeyHolderContext.generate` creates the
+  client's own CKKS key pair; the secret key never leaves the client (it is kept, as
+  :meth:`~KeyHolderContext.secret_context_bytes`, only inside the client's own authenticated state,
+  :mod:`fedgat.protocols.party_state`, and reloaded with :meth:`KeyHolderContext.from_secret_bytes`).
+* **Everyone else** (the server, and the other clients, which encrypt the rows this client needs
+  under its key): receives :meth:`KeyHolderContext.public_context_bytes` and loads it with
   :meth:`ServerContext.from_bytes`, which refuses anything that carries a secret key -- before
   TenSEAL parses it -- and anything non-canonical.
 
@@ -25,10 +26,10 @@ Fingerprint
 -----------
 ``fingerprint() = SHA-256(canonical public context bytes)`` (32 bytes). The canonical bytes are
 TenSEAL's serialisation with the public key and no secret/relin/Galois keys; it is deterministic
-(checked: identical after a secret-context round trip and after a public reload), so the dealer,
-every client and the server compute the same fingerprint. Messages bind ciphertexts to a key with
-it because TenSEAL cannot: a ciphertext made under *another* key with the same parameters loads
-and decrypts to garbage without any error.
+(checked: identical after a secret-context round trip and after a public reload), so the key
+holder, the other clients and the server compute the same fingerprint. Messages bind ciphertexts to
+a key with it because TenSEAL cannot: a ciphertext made under *another* key with the same
+parameters loads and decrypts to garbage without any error.
 
 Encryption mode
 ---------------
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import tenseal as ts
@@ -60,9 +60,6 @@ from .errors import (
     PresetError,
 )
 from .params import DEFAULT_PRESET, PRESETS, CkksPreset, get_preset
-
-if TYPE_CHECKING:
-    from .keys import SigningIdentity, WrapAAD, WrappingIdentity
 
 __all__ = ["KeyHolderContext", "ServerContext", "canonical_public_bytes", "fingerprint_of"]
 
@@ -197,19 +194,34 @@ class CkksContext:
             f"{type(self).__name__}(preset={self._preset.name!r}, fingerprint={self._fingerprint.hex()[:16]})"
         )
 
+    def _encryption_context(self) -> ts.Context:
+        return self._ts
+
+    def encrypt_vector(self, values: np.ndarray) -> ts.CKKSVector:
+        """Encrypt one slot vector (length ``slots``, finite, ``|x| <= max_abs_value``) under this
+        context's public key (a key holder may use symmetric encryption)."""
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.shape != (self.slots,):
+            raise ValueError(f"expected a vector of {self.slots} slots, got shape {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("values must be finite")
+        if arr.size and np.max(np.abs(arr)) > self.max_abs_value:
+            raise ValueError(f"|value| exceeds the preset's headroom {self.max_abs_value:.1f}")
+        return ts.ckks_vector(self._encryption_context(), arr.tolist())
+
     def __reduce__(self):  # never pickle key material or contexts
         raise TypeError(f"{type(self).__name__} cannot be pickled; serialise it with its own methods")
 
 
 class KeyHolderContext(CkksContext):
-    """Client-side context holding the CKKS secret key. Build with :meth:`generate` (dealer),
-    :meth:`from_wrapped` or :meth:`from_secret_bytes`; never construct directly."""
+    """Client-side context holding the CKKS secret key. Build with :meth:`generate` or
+    :meth:`from_secret_bytes`; never construct directly."""
 
     def __init__(
         self, ctx: ts.Context, preset: CkksPreset, *, symmetric_encryption: bool = True, _token=None
     ) -> None:
         if _token is not _PRIVATE:
-            raise TypeError("use KeyHolderContext.generate / from_wrapped / from_secret_bytes")
+            raise TypeError("use KeyHolderContext.generate / from_secret_bytes")
         if not ctx.has_secret_key():
             raise NotPublicContextError("a key-holder context needs the secret key")
         if ctx.has_galois_keys():
@@ -226,7 +238,7 @@ class KeyHolderContext(CkksContext):
     def generate(
         cls, preset: str | CkksPreset = DEFAULT_PRESET, *, symmetric_encryption: bool = True
     ) -> KeyHolderContext:
-        """Dealer: create a fresh CKKS key pair for ``preset`` (no Galois keys)."""
+        """A fresh CKKS key pair for ``preset`` (no Galois keys), from SEAL's CSPRNG."""
         preset = get_preset(preset)
         try:
             ctx = ts.context(
@@ -251,8 +263,9 @@ class KeyHolderContext(CkksContext):
         presets: Iterable[CkksPreset | str] | None = None,
         symmetric_encryption: bool = True,
     ) -> KeyHolderContext:
-        """Load a secret context (e.g. just unwrapped). Checks the preset and, if given, that its
-        fingerprint is ``expected_fingerprint`` (:class:`KeyMismatchError` otherwise)."""
+        """Load a secret context (:meth:`secret_context_bytes`, e.g. from the party's own saved
+        state). Checks the preset and, if given, that its fingerprint is ``expected_fingerprint``
+        (:class:`KeyMismatchError` otherwise)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("secret context must be bytes")
         data = bytes(data)
@@ -272,44 +285,6 @@ class KeyHolderContext(CkksContext):
             raise KeyMismatchError("secret context does not match the expected key fingerprint")
         return out
 
-    @classmethod
-    def from_wrapped(
-        cls,
-        wrapped: bytes,
-        recipient: WrappingIdentity,
-        expected: WrapAAD,
-        *,
-        dealer_public: bytes,
-        presets: Iterable[CkksPreset | str] | None = None,
-        symmetric_encryption: bool = True,
-    ) -> KeyHolderContext:
-        """Recipe: verify the dealer's signature, unwrap, load, and check the unwrapped key's
-        fingerprint equals the one the AAD (and hence the dealer's signature) commits to."""
-        from .keys import unwrap_secret
-
-        secret = unwrap_secret(wrapped, recipient, expected, signer_public=dealer_public)
-        return cls.from_secret_bytes(
-            secret,
-            expected_fingerprint=expected.key_fingerprint,
-            presets=presets,
-            symmetric_encryption=symmetric_encryption,
-        )
-
-    def wrap_for(
-        self,
-        recipient_public: bytes,
-        *,
-        sender_id: str,
-        recipient_id: str,
-        round_id: int,
-        signer: SigningIdentity,
-    ) -> bytes:
-        """Recipe (dealer side): the secret context wrapped for one client and signed."""
-        from .keys import WrapAAD, wrap_secret
-
-        aad = WrapAAD(sender_id, recipient_id, round_id, self.fingerprint())
-        return wrap_secret(self._secret_bytes, recipient_public, aad, signer=signer).to_bytes()
-
     def _symmetric_twin(self) -> ts.Context:
         patched = self._secret_bytes + wire.encode_varint_field(_CTX_ENC_TYPE, _ENC_SYMMETRIC)
         twin = _load_context(patched)
@@ -321,20 +296,12 @@ class KeyHolderContext(CkksContext):
 
     # --- secrets --------------------------------------------------------------------------------
     def secret_context_bytes(self) -> bytes:
-        """The serialised SECRET context. Only ever hand it to :func:`fedgat.crypto.keys.wrap_secret`."""
+        """The serialised SECRET context: for the key holder's own authenticated state only
+        (:mod:`fedgat.protocols.party_state`); never send, log or pickle it."""
         return self._secret_bytes
 
-    # --- encryption -----------------------------------------------------------------------------
-    def encrypt_vector(self, values: np.ndarray) -> ts.CKKSVector:
-        """Encrypt one slot vector (length ``slots``, finite, ``|x| <= max_abs_value``)."""
-        arr = np.asarray(values, dtype=np.float64)
-        if arr.shape != (self.slots,):
-            raise ValueError(f"expected a vector of {self.slots} slots, got shape {arr.shape}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError("values must be finite")
-        if arr.size and np.max(np.abs(arr)) > self.max_abs_value:
-            raise ValueError(f"|value| exceeds the preset's headroom {self.max_abs_value:.1f}")
-        return ts.ckks_vector(self._enc, arr.tolist())
+    def _encryption_context(self) -> ts.Context:
+        return self._enc
 
     def decrypt_vector(self, vec: ts.CKKSVector) -> np.ndarray:
         """Decrypt a CKKS vector (loaded against any context with these parameters)."""

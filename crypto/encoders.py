@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 from .context import CkksContext, ServerContext
 from .packing import SlotLayout
 from .spool import CiphertextSpool
-from .tasks import NodeResult, batched, encode_node, pieces, run_windowed, worker_batch, worker_init
+from .tasks import (
+    ComputeBucket,
+    NodeResult,
+    batched,
+    encode_node,
+    pieces,
+    run_windowed,
+    worker_batch,
+    worker_init,
+)
 
 if TYPE_CHECKING:
     from fedgat.encodings import BucketBases
@@ -67,7 +76,10 @@ class BucketEncoder(Protocol[ResultT_co]):
 
 
 class Encoder(BucketEncoder[NodeResult], Protocol):
-    """Computes encrypted encodings: one :class:`NodeResult` per node of ``buckets``, in order."""
+    """Computes encrypted encodings: one :class:`NodeResult` per node of ``buckets``, in order
+    (whole encodings, or a recipient's foreign shares: any :class:`~fedgat.crypto.tasks.ComputeBucket`)."""
+
+    def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]: ...
 
 
 #: ``factory(context, layout, spool, results) -> Encoder``, called when the compute phase begins
@@ -82,7 +94,7 @@ class InlineEncoder:
     def __init__(self, ctx: CkksContext, layout: SlotLayout, spool: CiphertextSpool) -> None:
         self._ctx, self._layout, self._spool = ctx, layout, spool
 
-    def map(self, buckets: Iterable[BucketBases]) -> Iterator[NodeResult]:
+    def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]:
         for b in buckets:
             for s in range(len(b)):
                 sources = [self._spool.get(j) for j in b.neighbours[s]]
@@ -147,7 +159,7 @@ class ProcessPoolEncoder:
                 initargs=(public_context, layout, path, index),
             )
 
-    def map(self, buckets: Iterable[BucketBases]) -> Iterator[NodeResult]:
+    def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]:
         """Encrypted encodings of every node of every bucket, in bucket order."""
         pool = self._pool
         if pool is None:

@@ -35,7 +35,7 @@ node by node (:mod:`fedgat.crypto.encoders`), so the server never holds a datase
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -150,6 +150,40 @@ def plan_views(
     return ViewPlan(out, recipients)
 
 
+@dataclass
+class ShareBucket:
+    """One recipient's *foreign share* of some nodes of a drawn bucket: the linear map over the
+    neighbours the recipient does not own (``foreign[s]``), whose rows it released to the server
+    under its own key; the recipient adds the share of its own rows in plaintext. What an encoder
+    reads: ``nodes``, ``neighbours[s]`` (spool keys = node ids), ``coefficients(s)``."""
+
+    bases: BucketBases
+    foreign: np.ndarray  # (B, n) bool
+    neighbours: list[np.ndarray] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.neighbours = [self.bases.neighbours[s][self.foreign[s]] for s in range(len(self.bases))]
+
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.bases.nodes
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    def coefficients(self, slot: int) -> np.ndarray:
+        """``(R + 1, n_f)``: the node's coefficient rows over its foreign neighbours."""
+        return self.bases.coefficients(slot)[:, self.foreign[slot]]
+
+    def num_feature_rows(self) -> int:
+        return self.bases.num_feature_rows()
+
+    def multiply_adds(self, layout: SlotLayout) -> int:
+        """Plaintext x ciphertext multiply-adds of this share (what :func:`encode_node` spends)."""
+        rows = np.where(self.foreign[:, None, :], computed_rows(self.bases), 0.0)
+        return _multiply_adds(rows, layout)
+
+
 def computed_rows(bases: BucketBases) -> np.ndarray:
     """``(B, R + 1, n)``: the coefficient rows the server evaluates (all, row 0 = :math:`h_i` too)."""
     return bases.coefficients()
@@ -157,7 +191,10 @@ def computed_rows(bases: BucketBases) -> np.ndarray:
 
 def multiply_adds(bases: BucketBases, layout: SlotLayout) -> int:
     """Plaintext-ciphertext multiply-adds :func:`compute_node` spends on this bucket."""
-    rows = computed_rows(bases)
+    return _multiply_adds(computed_rows(bases), layout)
+
+
+def _multiply_adds(rows: np.ndarray, layout: SlotLayout) -> int:
     k = layout.blocks
     total = 0
     for g in range(layout.groups(rows.shape[1])):

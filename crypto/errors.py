@@ -13,7 +13,6 @@ __all__ = [
     "ContextFormatError",
     "CryptoError",
     "KeyMismatchError",
-    "KeyUnwrapError",
     "NotPublicContextError",
     "PresetError",
     "SignatureError",
@@ -46,7 +45,3 @@ class KeyMismatchError(CryptoError):
 
 class SignatureError(CryptoError):
     """An Ed25519 signature (or the public key given to check it) is invalid."""
-
-
-class KeyUnwrapError(CryptoError):
-    """A wrapped secret could not be opened: wrong recipient, tampering or unexpected AAD fields."""

@@ -21,9 +21,8 @@ from .packing import deserialize, linear_combination, serialize
 from .params import CkksPreset, get_preset
 
 if TYPE_CHECKING:
-    from fedgat.encodings import BucketBases
-
     from .encoders import Encoder
+    from .tasks import ComputeBucket
 
 __all__ = [
     "EncoderTiming",
@@ -50,8 +49,14 @@ class EncoderTiming:
     cpu: float
     worker_cpu: float
 
+    @classmethod
+    def combine(cls, timings: Iterable[EncoderTiming]) -> EncoderTiming:
+        """The sums of several timings (e.g. one encoder per recipient, run one after another)."""
+        items = list(timings)
+        return cls(sum(t.wall for t in items), sum(t.cpu for t in items), sum(t.worker_cpu for t in items))
 
-def time_encoder(encoder: Encoder, buckets: Iterable[BucketBases]) -> EncoderTiming:
+
+def time_encoder(encoder: Encoder, buckets: Iterable[ComputeBucket]) -> EncoderTiming:
     """Run ``encoder`` over ``buckets`` (results discarded) and close it; its workers are reaped
     before the clock stops, so their CPU seconds are counted."""
     wall0, cpu0, children0 = time.perf_counter(), time.process_time(), children_cpu_seconds()

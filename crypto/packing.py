@@ -396,7 +396,7 @@ def load_validated(ctx: CkksContext, data: bytes) -> ts.CKKSVector:
 
 # ---------------------------------------------------------------------------- client recipes
 def encrypt_rows(
-    ctx: KeyHolderContext, rows: np.ndarray | Iterable[np.ndarray], layout: SlotLayout | None = None
+    ctx: CkksContext, rows: np.ndarray | Iterable[np.ndarray], layout: SlotLayout | None = None
 ) -> Iterator[bytes]:
     """Encrypt feature rows in the upload layout, one envelope per (row, chunk), node-major.
 

@@ -26,13 +26,11 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any, Self
 
-from fedgat.encodings import BucketBases
-
 from .context import ServerContext
 from .encoders import Encoder, EncoderFactory, InlineEncoder, auto_workers
 from .packing import SlotLayout, deserialize
 from .spool import CiphertextSpool
-from .tasks import NodeResult, Task, batched, encode_node, pieces, run_windowed
+from .tasks import ComputeBucket, NodeResult, Task, batched, encode_node, pieces, run_windowed
 
 __all__ = ["RayEncoder", "RayUnavailableError", "import_ray", "ray_encoder"]
 
@@ -60,7 +58,7 @@ _CONTEXTS: dict[bytes, ServerContext] = {}
 def _context(key: bytes, public_context: bytes) -> ServerContext:
     ctx = _CONTEXTS.get(key)
     if ctx is None:
-        _CONTEXTS.clear()  # one session at a time per worker
+        _CONTEXTS.clear()  # one context at a time per worker: the server computes recipient by recipient
         ctx = _CONTEXTS[key] = ServerContext.from_bytes(public_context)
     return ctx
 
@@ -156,7 +154,7 @@ class RayEncoder:
             self.uploads_put += 1
         return ref
 
-    def map(self, bases_list: Iterable[BucketBases]) -> Iterator[NodeResult]:
+    def map(self, bases_list: Iterable[ComputeBucket]) -> Iterator[NodeResult]:
         """Encrypted encodings of every node of every bucket, in bucket order."""
         bases_list = list(bases_list)
         uses: dict[int, int] = {}  # node -> computed nodes that still need its upload

@@ -29,6 +29,7 @@ from .packing import SlotLayout, linear_map_rows, serialize
 from .spool import CiphertextSpool
 
 __all__ = [
+    "ComputeBucket",
     "NodeResult",
     "Task",
     "batched",
@@ -68,16 +69,23 @@ def encode_node(
     return NodeResult(int(node), [serialize(ctx, r) for r in results])
 
 
-class _Buckets(Protocol):  # what pieces() reads of fedgat.encodings.BucketBases (torch-free here)
-    nodes: np.ndarray
-    neighbours: np.ndarray
+class ComputeBucket(Protocol):
+    """What an encoder reads of a bucket of work (:class:`fedgat.encodings.BucketBases`, or a
+    recipient's :class:`fedgat.crypto.encodings.ShareBucket`): node ids, each node's sources (spool
+    keys) and its coefficient rows over them. Torch-free, for the workers."""
+
+    @property
+    def nodes(self) -> np.ndarray: ...
+
+    @property
+    def neighbours(self) -> np.ndarray | list[np.ndarray]: ...
 
     def __len__(self) -> int: ...
 
     def coefficients(self, slot: int) -> np.ndarray: ...
 
 
-def pieces(buckets: Iterable[_Buckets], chunks: int, blocks: int, max_cost: int) -> Iterator[Task]:
+def pieces(buckets: Iterable[ComputeBucket], chunks: int, blocks: int, max_cost: int) -> Iterator[Task]:
     """Tasks: one per node, or, for a node whose multiply-adds exceed ``max_cost``, one per run of
     whole result groups (``blocks`` rows each), so the few high-degree nodes (Cora: up to 170 rows x
     169 neighbours) spread over every worker instead of serialising the end of the round on one."""

@@ -55,6 +55,7 @@ __all__ = [
     "ProtocolError",
     "QuorumError",
     "ReplayError",
+    "ResultRejectedError",
     "SignatureError",
     "SizeLimitError",
     "StateError",
@@ -114,6 +115,17 @@ class PayloadError(ProtocolError):
 
 class ConfigMismatchError(PayloadError):
     """The peer runs the session with other parameters (e.g. differential-privacy terms)."""
+
+
+class ResultRejectedError(PayloadError):
+    """A decrypted encoding is not the announced linear map of the rows released to the recipient,
+    or out of range (:mod:`fedgat.crypto.tags`): it is never trained on. ``node`` is the result's
+    node, ``owners`` the parties whose rows it should have combined (the server computed it)."""
+
+    def __init__(self, message: str, *, node: int, owners: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.node = node
+        self.owners = owners
 
 
 class FaultError(ProtocolError):

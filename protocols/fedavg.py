@@ -3,22 +3,32 @@ r"""Sans-IO FedAvg rounds: :class:`ServerRounds` and :class:`ClientRounds`.
 The rounds are those of :meth:`fedgat.federated.Server.fit`: both drive the same
 :class:`fedgat.rounds.RoundLoop` (client sampling, FedAvg, McMahan et al. 2017, Algorithm 1:
 :math:`w^{t+1} = \sum_{k \in S_t} \frac{n_k}{\sum_{l \in S_t} n_l} w_k^{t+1}` through the server
-strategy's ``aggregate``; pooled evaluation, early stopping, best model), and the client-side training
-and evaluation code of :class:`fedgat.federated.Client` is reused as is. This module adds only the
-protocol: messages, signatures, deadlines, quorum and checkpoints. Given the same seeds they produce
-bit-identical weights and histories (tested). :class:`ClientRounds` lives in
-:mod:`fedgat.protocols.fedavg_client` (re-exported here).
+strategy; pooled evaluation, early stopping, best model), and the client-side training and
+evaluation code of :class:`fedgat.federated.Client` is reused as is. This module adds the protocol:
+messages, signatures, secure aggregation, deadlines, quorum and checkpoints. Without secure
+aggregation, given the same seeds, they produce bit-identical weights and histories (tested).
+:class:`ClientRounds` lives in :mod:`fedgat.protocols.fedavg_client` (re-exported here).
 
 Messages of round ``t``: ``GlobalModel(round=t, fit, splits)`` to every client -- ``fit`` for the
 clients sampled in round ``t``, ``splits=("val",)`` to evaluate the same weights, which are the result
 of round ``t - 1``: one download serves both. Clients answer ``EvaluationReport`` and, if sampled,
-``LocalUpdate``. When round ``t - 1``'s pooled validation accuracy is a new best, the server asks for
+``LocalUpdate`` (plaintext) or ``SecAggAdvert`` (secure aggregation, below). When round ``t - 1``'s pooled validation accuracy is a new best, the server asks for
 the test split on the same weights (``EvaluateRequest``), as :meth:`~fedgat.federated.Server.fit`
 evaluates the test split only then. If round ``t - 1`` is the last (``rounds`` reached or early
 stopping), the round-``t`` updates already under way are received and dropped.
 
-Privacy: model weights and updates travel **in plaintext**; the server sees every client's update
-and its number of training nodes (secure aggregation is out of scope), as in plain FedAvg.
+Secure aggregation (default, ``secagg``; :mod:`~fedgat.protocols.secagg`): updates reach the
+server only as their sum. A fit round runs four stages after the GlobalModel
+(:mod:`~fedgat.protocols.secagg_server`): **advertise keys** (SecAggAdvert: round keys, bound to the
+digest of the model received), **share keys** (SecAggCohort out, SecAggShares back, relayed sealed as
+SecAggRelay), **masked input** (SecAggMasked) and **unmask** (SecAggUnmaskRequest, SecAggUnmaskShares).
+Each client masks :math:`(n_k w_k, n_k, n_k L_k)` in fixed point; the server decodes the sums over
+the survivors and hands the mean to :meth:`fedgat.rounds.RoundLoop.on_aggregate` (FedAvg, FedProx,
+FedAdam). The server still learns the global models (it makes them), who was sampled and who dropped
+out at which stage, the aggregate, and every client's evaluation counts (EvaluationReport, in
+plaintext). With ``secagg=None`` updates travel in plaintext (LocalUpdate), as in plain FedAvg.
+Weights match :meth:`~fedgat.federated.Server.fit` (which aggregates in the clear) to float64
+rounding of the mean, not bit for bit.
 
 Faults (:class:`RoundTimeouts`, time given by :meth:`~fedgat.protocols.party.Party.tick`): when the
 ``fit`` deadline of a round passes, the server aggregates the updates that arrived -- FedAvg over
@@ -26,18 +36,26 @@ the clients that answered, weights renormalised over them -- provided at least
 ``min_participation`` of the sampled clients answered; the ``evaluate`` deadline pools the reports
 that arrived under the same rule. Below the minimum the run stops with a
 :class:`~fedgat.protocols.errors.QuorumError` naming the round, the phase and the missing clients.
-The history row of a round records the clients that did not answer (``missing_fit``,
+Under secure aggregation the ``fit`` deadline applies to each stage: the keys stage needs
+``max(min_cohort, min_participation)`` advertisers, every later stage the threshold :math:`t`
+(phase ``fit:<stage>``); a client that drops after sharing its keys is unmasked from the others'
+shares. The history row of a round records the clients that did not answer (``missing_fit``,
 ``missing_eval``). A late answer of a dropped client is rejected with a typed error.
 
 Restarts: the server's resume points are the moments it has just sent a round's GlobalModel
 (checkpoint label = that round); a client's are after it handled a GlobalModel (label = the round
 it awaits next). Restoring every party from the same label (:meth:`ServerRounds.restore`,
 :meth:`ClientRounds.restore`, in fresh objects) and starting them again continues the run exactly
-as if it had not stopped (tested): the server re-sends the round's GlobalModel. Exact continuation
-needs each client's randomness (dropout) to be its own (``seed``), as it is in separate processes.
+as if it had not stopped (tested): the server re-sends the round's GlobalModel and a secure round
+starts again with fresh keys (its secrets are never checkpointed; a client restarted alone mid-round
+drops out of that round). Exact continuation needs each client's randomness (dropout) to be its own
+(``seed``), as it is in separate processes. A restart re-runs a round on the same inputs: a server
+that restarts rounds at will with other survivor sets could difference the sums, so restore clients
+on their operator's decision, not the server's request.
 
-Limits: a frame longer than the model's weights plus :data:`FRAME_OVERHEAD` is refused from its
-length alone, and an update or report announcing more than ``max_nodes`` nodes is refused.
+Limits: a frame longer than the model's weights plus :data:`FRAME_OVERHEAD` (with secure aggregation,
+a masked input: 16 bytes per weight) is refused from its length alone, and an update or report
+announcing more than ``max_nodes`` nodes is refused.
 """
 
 from __future__ import annotations
@@ -46,15 +64,23 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from fedgat.checkpoint import Checkpoint, CheckpointMismatchError
-from fedgat.federated import ClientUpdate, Counts, FitResult, StateDict
+from fedgat.federated import ClientUpdate, Counts, StateDict
 from fedgat.rounds import RoundLoop
 from fedgat.strategies import ServerStrategy
 
-from .errors import AuthError, PayloadError, QuorumError, ReplayError, SizeLimitError, StateError
+from .errors import (
+    AuthError,
+    ConfigMismatchError,
+    FaultError,
+    PayloadError,
+    QuorumError,
+    ReplayError,
+    SizeLimitError,
+    StateError,
+)
 from .fedavg_client import (
+    DEFAULT_SECAGG,
     FRAME_OVERHEAD,
     ClientRounds,
     RoundsState,
@@ -62,6 +88,7 @@ from .fedavg_client import (
     model_frame_limit,
     state_to_arrays,
 )
+from .fedavg_server import LoopView, SecureRounds
 from .messages import (
     MAX_NODES,
     Abort,
@@ -72,8 +99,11 @@ from .messages import (
     LocalUpdate,
     Message,
 )
+from .messages_secagg import SecAggAdvert, SecAggMasked, SecAggShares, SecAggUnmaskShares
 from .party import Handler, Party
 from .roster import Identity, Roster
+from .secagg import SecAggConfig
+from .secagg_server import ServerSecAgg
 
 __all__ = [
     "FRAME_OVERHEAD",
@@ -85,6 +115,8 @@ __all__ = [
 ]
 
 SERVER_KIND = "fedgat.fedavg.server"
+#: the clients' answers to the stages of a secure round
+SECAGG_ANSWERS = (SecAggAdvert, SecAggShares, SecAggMasked, SecAggUnmaskShares)
 
 
 @dataclass(frozen=True)
@@ -96,7 +128,7 @@ class RoundTimeouts:
     evaluate: float | None = None
 
 
-class ServerRounds(Party):
+class ServerRounds(LoopView, SecureRounds, Party):
     """The FedAvg server (see the module docstring): the protocol around a :class:`fedgat.rounds.RoundLoop`
     (:attr:`loop`), which decides who trains, aggregates, pools the reports and stops.
 
@@ -114,6 +146,8 @@ class ServerRounds(Party):
         min_participation: share of the asked clients that must answer a phase before its deadline
             (at least one client); below it the run stops with a QuorumError.
         max_nodes: largest ``num_train`` or evaluation ``count`` a client may announce.
+        secagg: secure aggregation (default :data:`~fedgat.protocols.fedavg_client.DEFAULT_SECAGG`);
+            None: plaintext LocalUpdates. The clients must run the same setting.
     """
 
     def __init__(
@@ -134,6 +168,7 @@ class ServerRounds(Party):
         timeouts: RoundTimeouts | None = None,
         min_participation: float = 0.5,
         max_nodes: int = MAX_NODES,
+        secagg: SecAggConfig | None = DEFAULT_SECAGG,
     ) -> None:
         super().__init__(party_id, roster, session, identity.signer)
         if not 0 < min_participation <= 1:
@@ -168,62 +203,13 @@ class ServerRounds(Party):
         self._missing: dict[str, list[int]] = {"fit": [], "eval": []}
         self._boundary: tuple[int, list[int], tuple[str, ...]] | None = None  # resume point
         self._restored = False
-        self.max_frame_bytes = model_frame_limit(self.global_state)
+        self.secagg = secagg
+        self._secure: ServerSecAgg | None = None  # the secure round under way
+        self.max_frame_bytes = model_frame_limit(self.global_state, len(self.clients), secagg is not None)
 
     @property
     def done(self) -> bool:
         return self.state is RoundsState.DONE
-
-    # --- the loop's state, under the names callers know ------------------------------------------
-    @property
-    def global_state(self) -> StateDict:
-        return self.loop.state
-
-    @property
-    def best_state(self) -> StateDict:
-        return self.loop.best_state
-
-    @property
-    def history(self) -> list[dict]:
-        return self.loop.history
-
-    @property
-    def result(self) -> FitResult | None:
-        return self.loop.result
-
-    @property
-    def strategy(self) -> ServerStrategy:
-        return self.loop.strategy
-
-    @property
-    def rng(self) -> np.random.Generator:
-        return self.loop.rng
-
-    @property
-    def rounds(self) -> int:
-        assert self.loop.rounds is not None
-        return self.loop.rounds
-
-    @property
-    def patience(self) -> int | None:
-        return self.loop.patience
-
-    @property
-    def fraction(self) -> float:
-        return self.loop.fraction
-
-    @property
-    def test_every_round(self) -> bool:
-        return self.loop.test_every_round
-
-    @property
-    def best_test_accuracy(self) -> float:
-        """Test accuracy at the best validation round so far (NaN before the first)."""
-        return self.loop.best_test
-
-    @property
-    def clients_per_round(self) -> int:
-        return self.loop.clients_per_round
 
     def _sample(self) -> list[int]:
         """:meth:`fedgat.rounds.RoundLoop.sample`, as party ids."""
@@ -243,6 +229,7 @@ class ServerRounds(Party):
             "asked": tuple(self._asked),
             "history": len(self.history),
             "weights": tuple(float(v.double().sum()) for v in self.global_state.values()),
+            "secure": None if self._secure is None else self._secure.snapshot(),
         }
 
     # --- sending ----------------------------------------------------------------------------------
@@ -265,6 +252,7 @@ class ServerRounds(Party):
         ]
         self._fit_round, self._sampled, self._updates = (t, list(fit), {}) if fit else (0, [], {})
         self._missing["fit"] = []
+        self._start_secure(t, fit, arrays)
         if fit:
             self._arm("fit", self.timeouts.fit)
         if splits:
@@ -279,10 +267,11 @@ class ServerRounds(Party):
 
     def _sync_deadlines(self) -> None:
         """Disarm the deadlines of phases that no longer wait for anyone."""
+        sec = self._secure
         if (
             self.state is not RoundsState.RUNNING
             or not self._fit_round
-            or len(self._updates) == len(self._sampled)
+            or (len(self._updates) == len(self._sampled) if sec is None else sec.stage == "done")
         ):
             self._disarm("fit")
         if (
@@ -300,6 +289,8 @@ class ServerRounds(Party):
         if self.state is not RoundsState.RUNNING:
             return []
         fit = phase == "fit"
+        if fit and self._secure is not None:
+            return self._secure_progress(expired=True)
         asked, got = (self._sampled, self._updates) if fit else (self._asked, self._reports)
         t = self._fit_round if fit else self._eval_round
         answered = [c for c in asked if c in got]
@@ -329,7 +320,7 @@ class ServerRounds(Party):
         self._sync_deadlines()
         return out
 
-    def _fail(self, error: QuorumError) -> list[Message]:
+    def _fail(self, error: FaultError) -> list[Message]:
         self.state = RoundsState.ABORTED
         self.failure = error
         self.abort_reason = str(error)
@@ -345,9 +336,10 @@ class ServerRounds(Party):
                 LocalUpdate: self._on_update,
                 EvaluationReport: self._on_report,
                 Abort: self._on_abort,
+                **{cls: self._on_secure for cls in SECAGG_ANSWERS},
             }
             return handlers.get(type(msg))
-        if self.state is RoundsState.DONE and isinstance(msg, LocalUpdate):
+        if self.state is RoundsState.DONE and isinstance(msg, (LocalUpdate, SecAggAdvert)):
             return self._on_late
         return None
 
@@ -357,6 +349,10 @@ class ServerRounds(Party):
 
     def _on_update(self, msg: LocalUpdate) -> list[Message]:
         self._from_client(msg)
+        if self.secagg is not None:
+            raise ConfigMismatchError(
+                f"party {msg.sender} sent a plaintext LocalUpdate; this server runs secure aggregation"
+            )
         if msg.round != self._fit_round or self._fit_round == 0:
             raise ReplayError(f"update for round {msg.round}; the server awaits round {self._fit_round}")
         if msg.sender not in self._sampled:
@@ -396,8 +392,8 @@ class ServerRounds(Party):
         self._sync_deadlines()
         return out
 
-    def _on_late(self, msg: LocalUpdate) -> list[Message]:
-        """After the last round: drop the updates of the round that does not happen."""
+    def _on_late(self, msg: LocalUpdate | SecAggAdvert) -> list[Message]:
+        """After the last round: drop the updates (or secure adverts) of the round that does not happen."""
         self._from_client(msg)
         if msg.round != self._fit_round or msg.sender not in self._sampled or msg.sender in self._updates:
             raise ReplayError(f"update for round {msg.round} after the last round")
@@ -421,7 +417,12 @@ class ServerRounds(Party):
         out: list[Message] = []
         loop = self.loop
         while self.state is RoundsState.RUNNING:
-            if not loop.evaluating and self._fit_round and len(self._updates) == len(self._sampled):
+            secure = self._secure_aggregate()
+            if secure is not None:
+                out += secure
+                continue
+            plain = self.secagg is None and len(self._updates) == len(self._sampled)
+            if not loop.evaluating and self._fit_round and plain:
                 t, ids = self._fit_round, self._sampled
                 updates = [
                     ClientUpdate(state if state is not None else loop.state, n, loss)
@@ -456,6 +457,7 @@ class ServerRounds(Party):
             "test_every_round": self.test_every_round,
             "weights": {k: list(v.shape) for k, v in self.global_state.items()},
             "strategy": self.strategy.config(),
+            "secagg": None if self.secagg is None else self.secagg.to_value(),
         }
 
     @property

@@ -1,5 +1,6 @@
 """The client side of the FedAvg rounds (:class:`ClientRounds`) and what both sides share: the wire
-form of weights (:func:`state_to_arrays`, float32 only), the frame limit and the parties' states.
+form of weights (:func:`state_to_arrays`, float32 only), the secure-aggregation input vector
+(:func:`secure_vector`, :func:`secure_mean`), the frame limit and the parties' states.
 See :mod:`fedgat.protocols.fedavg` for the protocol."""
 
 from __future__ import annotations
@@ -21,24 +22,81 @@ from fedgat.checkpoint import (
 from fedgat.federated import Client, ClientUpdate, NonFiniteUpdateError, StateDict
 from fedgat.rounds import exact_weights
 
-from .errors import AuthError, PayloadError, ReplayError, StateError
+from .errors import AuthError, ConfigMismatchError, PayloadError, ReplayError, StateError
 from .messages import Abort, EvaluateRequest, EvaluationReport, GlobalModel, LocalUpdate, Message, SplitCounts
 from .messages_rounds import check_weights
-from .party import Handler, Party
+from .messages_secagg import (
+    SECAGG_MESSAGES,
+    SecAggAdvert,
+    SecAggCohort,
+    SecAggMasked,
+    SecAggRelay,
+    SecAggShares,
+    SecAggUnmaskRequest,
+    SecAggUnmaskShares,
+)
+from .party import PHASES, Handler, Party
 from .party_values import PartyReport, PartySpec
 from .roster import Identity, Roster
+from .secagg import SecAggConfig, encode, model_digest
+from .secagg_client import ClientSecAgg
 from .training_values import absorb_rounds, report_rounds, rounds_from_spec, rounds_spec_fields
 
-__all__ = ["CLIENT_KIND", "FRAME_OVERHEAD", "ClientRounds", "RoundsState", "state_to_arrays"]
+__all__ = [
+    "CLIENT_KIND",
+    "DEFAULT_SECAGG",
+    "FRAME_OVERHEAD",
+    "ClientRounds",
+    "RoundsState",
+    "secure_mean",
+    "secure_vector",
+    "state_to_arrays",
+]
 
 #: frame bytes allowed above the model's weights (header, names, shapes, signature)
 FRAME_OVERHEAD = 64 * 1024
 CLIENT_KIND = "fedgat.fedavg.client"
+#: secure aggregation as ServerRounds and ClientRounds run it unless told otherwise (None: off)
+DEFAULT_SECAGG = SecAggConfig()
+# the secure-aggregation stages' framing and checks are timed as their own phase
+PHASES.update(dict.fromkeys(SECAGG_MESSAGES, "secagg"))
 
 
-def model_frame_limit(state: StateDict) -> int:
-    """Largest frame a party accepts: the float32 weights of ``state`` plus :data:`FRAME_OVERHEAD`."""
-    return sum(t.numel() * 4 + 4 * t.dim() + 256 for t in state.values()) + FRAME_OVERHEAD
+def model_frame_limit(state: StateDict, clients: int = 0, secure: bool = False) -> int:
+    """Largest frame a party accepts: the float32 weights of ``state`` plus :data:`FRAME_OVERHEAD`;
+    with secure aggregation, also a masked input (16 bytes per weight) and the cohort-sized stage
+    messages of ``clients`` clients."""
+    plain = sum(t.numel() * 4 + 4 * t.dim() + 256 for t in state.values()) + FRAME_OVERHEAD
+    if not secure:
+        return plain
+    masked = 16 * (sum(t.numel() for t in state.values()) + 2) + 256 * clients + FRAME_OVERHEAD
+    return max(plain, masked)
+
+
+def secure_vector(update: ClientUpdate, reference: StateDict) -> np.ndarray:
+    """A client's input to secure aggregation, float64: :math:`(n_k w_k, n_k, n_k L_k)` -- its weights
+    (in ``reference``'s order, flattened) and its loss scaled by its weight, then the weight itself.
+    A client without training nodes sends zeros (it adds nothing, and the server cannot tell)."""
+    n = update.num_train
+    size = sum(t.numel() for t in reference.values())
+    if n == 0:
+        return np.zeros(size + 2)
+    flat = np.concatenate([a.astype(np.float64).ravel() for a in state_to_arrays(update.state).values()])
+    return np.concatenate([flat * n, [n, n * update.loss]])
+
+
+def secure_mean(sums: np.ndarray, reference: StateDict) -> tuple[StateDict | None, float, float]:
+    """``(mean state, total weight, weighted loss sum)`` from the decoded sum of :func:`secure_vector`
+    inputs: the weighted mean cast to ``reference``'s dtypes (None when the total weight is 0)."""
+    total, loss_sum = float(sums[-2]), float(sums[-1])
+    if total <= 0:
+        return None, 0.0, 0.0
+    mean, start = {}, 0
+    for name, t in reference.items():
+        part = sums[start : start + t.numel()] / total
+        mean[name] = torch.from_numpy(part.reshape(tuple(t.shape))).to(t.dtype)
+        start += t.numel()
+    return mean, total, loss_sum
 
 
 class RoundsState(enum.Enum):
@@ -84,6 +142,10 @@ class ClientRounds(Party):
         client: the in-process client (model replica, the client half of the strategy and the
             optimiser it built, local tasks).
         fingerprint: the session's CKKS key fingerprint when rounds follow an encrypted pre-training.
+        secagg: secure aggregation (default :data:`DEFAULT_SECAGG`; None: updates in plaintext, as
+            :class:`~fedgat.protocols.fedavg.ServerRounds` must be configured too). The client then
+            answers a fit GlobalModel with a SecAggAdvert and follows the stages of
+            :mod:`~fedgat.protocols.secagg_client`; it refuses a cohort below ``min_cohort``.
         seed: give the client its own torch random stream (dropout) seeded so, as a separate process
             would have; checkpoints then carry it and a restored client continues exactly. None: the
             process-wide stream (bit-identical to :class:`fedgat.federated.Server` in one process).
@@ -104,9 +166,12 @@ class ClientRounds(Party):
         client: Client,
         fingerprint: bytes | None = None,
         seed: int | None = None,
+        secagg: SecAggConfig | None = DEFAULT_SECAGG,
     ) -> None:
         super().__init__(party_id, roster, session, identity.signer)
         self.client = client
+        self.secagg = secagg
+        self._secure: ClientSecAgg | None = None  # the secure round under way
         self.verifier.fingerprint = fingerprint
         self.state = RoundsState.RUNNING
         self.last_round = 0
@@ -116,7 +181,7 @@ class ClientRounds(Party):
         self._rng: torch.Tensor | None = (
             None if seed is None else torch.Generator().manual_seed(int(seed)).get_state()
         )
-        self.max_frame_bytes = model_frame_limit(self._reference)
+        self.max_frame_bytes = model_frame_limit(self._reference, len(roster.clients), secagg is not None)
 
     @property
     def done(self) -> bool:
@@ -127,6 +192,7 @@ class ClientRounds(Party):
             "last_round": self.last_round,
             "evaluated": tuple(sorted(self._evaluated)),
             "weights": tuple(float(v.double().sum()) for v in self.client.model.state_dict().values()),
+            "secure": None if self._secure is None else self._secure.snapshot(),
         }
 
     # --- as a value (fedgat.protocols.training_values) -------------------------------------------------
@@ -150,6 +216,9 @@ class ClientRounds(Party):
             GlobalModel: self._on_model,
             EvaluateRequest: self._on_request,
             Abort: self._on_abort,
+            SecAggCohort: self._on_secure,
+            SecAggRelay: self._on_secure,
+            SecAggUnmaskRequest: self._on_secure,
         }
         return handlers.get(type(msg))
 
@@ -186,6 +255,7 @@ class ClientRounds(Party):
         saved = self._save_for_rollback() if msg.fit else None
         self.last_round, self._weights, self._evaluated = msg.round, weights, set()
         out: list[Message] = []
+        secure = None  # a newer global model ends any secure round under way
         with self.clock("training"):
             if msg.splits:
                 out.append(self._report(msg.round, msg.splits))
@@ -195,23 +265,54 @@ class ClientRounds(Party):
                     update = self._fit(weights)
                     arrays = state_to_arrays(update.state) if update.num_train else {}
                     check_weights(arrays, "LocalUpdate")
+                    if self.secagg is not None:  # FixedPointOverflowError is a PayloadError
+                        vector = encode(secure_vector(update, self._reference), len(self.roster.clients))
                 except (NonFiniteUpdateError, PayloadError) as exc:
                     self._rollback(saved)
                     raise PayloadError(
                         f"GlobalModel of round {msg.round}: local training on it gave unusable weights "
                         f"({exc}); the model is refused and this client is unchanged"
                     ) from exc
-                out.append(
-                    self._new(
-                        LocalUpdate,
-                        self.roster.server,
-                        round=msg.round,
-                        num_train=update.num_train,
-                        loss=update.loss,
-                        arrays=arrays,
+                if self.secagg is None:
+                    out.append(
+                        self._new(
+                            LocalUpdate,
+                            self.roster.server,
+                            round=msg.round,
+                            num_train=update.num_train,
+                            loss=update.loss,
+                            arrays=arrays,
+                        )
                     )
+        if msg.fit and self.secagg is not None:
+            with self.clock("secagg"):
+                secure = ClientSecAgg.begin(
+                    self.secagg, self.session, msg.round, self.party_id, model_digest(msg.arrays), vector
                 )
+                out.append(self._new(SecAggAdvert, self.roster.server, **secure.advert(self._signer)))
+        self._secure = secure
         return out
+
+    def _on_secure(self, msg: SecAggCohort | SecAggRelay | SecAggUnmaskRequest) -> list[Message]:
+        """A stage of the secure round under way (:mod:`~fedgat.protocols.secagg_client`)."""
+        self._from_server(msg)
+        if self.secagg is None:
+            raise ConfigMismatchError(
+                f"{msg.type_name}: this client runs the rounds without secure aggregation"
+            )
+        secure = self._secure
+        if secure is None:
+            raise StateError(f"{msg.type_name} for round {msg.round}: no secure round is under way")
+        with self.clock("secagg"):
+            if isinstance(msg, SecAggCohort):
+                return [
+                    self._new(
+                        SecAggShares, self.roster.server, **secure.on_cohort(msg, self.roster, self._signer)
+                    )
+                ]
+            if isinstance(msg, SecAggRelay):
+                return [self._new(SecAggMasked, self.roster.server, **secure.on_relay(msg, self.roster))]
+            return [self._new(SecAggUnmaskShares, self.roster.server, **secure.on_unmask(msg))]
 
     def _on_request(self, msg: EvaluateRequest) -> list[Message]:
         self._from_server(msg)

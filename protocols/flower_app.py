@@ -7,7 +7,7 @@ Who runs what:
   and drives it with the ordinary :class:`~fedgat.protocols.driver.Driver` over a
   :class:`FlowerServerTransport` (:mod:`~fedgat.protocols.flower_server`);
 * each **ClientApp** instance (:data:`clientapp`, one per SuperNode) hosts one fedgat *client* party
-  (:class:`~fedgat.protocols.pretrain.ClientPretrain` / ``DealerSide``, then
+  (:class:`~fedgat.protocols.pretrain.ClientPretrain`, then
   :class:`~fedgat.protocols.fedavg.ClientRounds`); its party id is the SuperNode's
   ``node_config["partition-id"]``, the number of clients ``num-partitions`` (or the run config's
   ``num-clients``) (:mod:`~fedgat.protocols.flower_client`).
@@ -29,19 +29,20 @@ uploads all its rows) and replies with every frame it produced. The protocol nee
 FIFO order, which this keeps.
 
 FedAvg: the protocol's own ``GlobalModel``/``LocalUpdate``/``EvaluationReport`` frames, not Flower's
-``FedAvg`` strategy. One protocol end to end: signed updates bound to the session and the CKKS key
-fingerprint, the aggregation, evaluation and early stopping of :meth:`fedgat.federated.Server.fit`
-(what :func:`fedgat.pipeline.train_fedgat` runs in process), so both engines give the same model.
+``FedAvg`` strategy. One protocol end to end: signed updates bound to the session and the
+pre-training's key set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the aggregation,
+evaluation and early stopping of :meth:`fedgat.federated.Server.fit` (what
+:func:`fedgat.pipeline.train_fedgat` runs in process), so both engines give the same model.
 
 Client state: Flower 1.41 runs every message in a fresh ``flwr-clientapp`` process, so a party
 cannot stay in memory. After each message the client's party is saved as a value
 (:class:`~fedgat.protocols.party_state.PartyState`: plain fields and arrays in the checkpoint
-format, no pickle; its CKKS secret context, decrypted encodings, model and optimiser included),
-sealed with an HMAC keyed from the party's own private keys, into ``Context.state``, which the
-SuperNode keeps locally, or into a 0600 file under the node config's ``state-dir``
-(:mod:`~fedgat.protocols.flower_state`); tampered, foreign or rolled-back state is refused. The
-state holds the CKKS secret key and decrypted encodings (authenticated, not encrypted): protect the
-SuperNode's database (``--database``) and ``state-dir`` like any key store.
+format, no pickle; its own CKKS secret context and session keys, decrypted encodings, model and
+optimiser included), sealed with an HMAC keyed from the party's own private key, into
+``Context.state``, which the SuperNode keeps locally, or into a 0600 file under the node config's
+``state-dir`` (:mod:`~fedgat.protocols.flower_state`); tampered, foreign or rolled-back state is
+refused. The state holds the client's CKKS secret key and decrypted encodings (authenticated, not
+encrypted): protect the SuperNode's database (``--database``) and ``state-dir`` like any key store.
 
 Roster: the protocol assumes the roster (party id -> Ed25519 key) is pinned out of band. The server
 pins the run config's ``roster`` (a JSON file, :func:`write_roster`); each client pins only the
@@ -144,11 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     kg = sub.add_parser("keygen", help="write a party's private identity (JSON, 0600); print its public key")
     kg.add_argument("path")
-    kg.add_argument("--server", action="store_true", help="the server's identity (no X25519 key)")
+    kg.add_argument(
+        "--server",
+        action="store_true",
+        help="accepted for older scripts: every party's identity is one Ed25519 key",
+    )
     ro = sub.add_parser("roster", help="write the roster JSON every party pins; print its fingerprint")
     ro.add_argument("path")
     ro.add_argument("--server", type=int, required=True, help="the server's party id (= number of clients)")
-    ro.add_argument("--dealer", type=int, default=0)
     ro.add_argument(
         "--key",
         action="append",
@@ -158,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "keygen":
-        print(generate_identity(args.path, client=not args.server)["ed25519"])
+        print(generate_identity(args.path)["ed25519"])
     else:
         keys = {int(k): v for k, v in (item.split("=", 1) for item in args.key)}
-        print(write_roster(args.path, server=args.server, dealer=args.dealer, signing_keys=keys))
+        print(write_roster(args.path, server=args.server, signing_keys=keys))
     return 0
 
 

@@ -73,7 +73,6 @@ class FlowerRunConfig:
         bases_seed: seeds the server's bases (-1: CSPRNG; set only to compare with a plaintext twin
             or with the in-process engine).
         hparams: JSON object of FedGAT hyper-parameter overrides (:func:`fedgat.methods.default_hparams`).
-        dealer: the client that generates the CKKS key.
         server_workers: processes for the server's homomorphic compute (0: in process).
         upload_batch: rows per FeatureUpload.
         round_timeout: seconds to wait for the replies of one exchange (and for nodes to connect).
@@ -100,7 +99,6 @@ class FlowerRunConfig:
     chunks: int = 0
     bases_seed: int = -1
     hparams: str = "{}"
-    dealer: int = 0
     server_workers: int = 0
     upload_batch: int = 32
     round_timeout: float = 600.0
@@ -112,7 +110,8 @@ class FlowerRunConfig:
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> FlowerRunConfig:
         """Read the kebab-case keys of a Flower run config, each converted to its field's type
-        (that of the field's default); unknown keys are ignored."""
+        (that of the field's default); unknown keys are ignored (``dealer`` included, an option of
+        versions whose pre-training had a dealer)."""
         defaults = cls()
         kwargs = {}
         for f in fields(cls):

@@ -1,11 +1,17 @@
 """Identity files, roster JSON and roster fingerprints of the Flower engine.
 
 The protocol assumes the roster (party id -> Ed25519 key) is pinned out of band: each party keeps
-its private keys in an identity file (:func:`generate_identity`, :func:`read_identity`), one party
+its private key in an identity file (:func:`generate_identity`, :func:`read_identity`), one party
 assembles the roster every party pins (:func:`write_roster`), and a session's roster is checked
 against it (:func:`check_pinned`). Without a pinned roster every party logs the
 :func:`roster_fingerprint` to compare out of band (see :mod:`fedgat.protocols.flower_app`).
 Nothing here imports ``flwr``.
+
+Files written before the dealer was removed still read: an identity file's ``x25519_private`` (the
+key a client received the dealer's CKKS key with) is ignored, and so is a roster's ``"dealer"``
+(deprecated: :func:`roster_from_json` warns). Such a roster pins the same parties as a new one; its
+:func:`roster_fingerprint` is computed without the entry, so it differs from the one printed when the
+file was written.
 """
 
 from __future__ import annotations
@@ -13,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedgat.crypto import SigningIdentity, WrappingIdentity
+from fedgat.crypto import SigningIdentity
 
 from .flower_config import RosterMismatchError
 from .roster import Identity, Roster
@@ -33,13 +40,11 @@ __all__ = [
 ]
 
 
-def generate_identity(path: str | Path, *, client: bool = True) -> dict[str, str]:
-    """Write fresh private keys (JSON, mode 0600) to ``path``; return the public keys (hex) to
-    publish for the roster."""
-    ident = Identity.generate(client=client)
+def generate_identity(path: str | Path) -> dict[str, str]:
+    """Write a fresh private key (JSON, mode 0600) to ``path``; return the public key (hex) to
+    publish for the roster. Clients and the server have the same kind of identity (one Ed25519 key)."""
+    ident = Identity.generate()
     data = {"ed25519_private": ident.signer.private_bytes().hex()}
-    if ident.wrapping is not None:
-        data["x25519_private"] = ident.wrapping.private_bytes().hex()
     path = Path(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -47,20 +52,17 @@ def generate_identity(path: str | Path, *, client: bool = True) -> dict[str, str
     return {"ed25519": ident.signer.public_bytes().hex()}
 
 
-def read_identity(path: str | Path, *, client: bool) -> Identity:
-    """The private identity :func:`generate_identity` wrote (a client's has an X25519 key too)."""
+def read_identity(path: str | Path) -> Identity:
+    """The private identity :func:`generate_identity` wrote (an older file's ``x25519_private`` is
+    ignored: no key is received with it any more)."""
     data = json.loads(Path(path).read_text())
-    signer = SigningIdentity.from_private_bytes(bytes.fromhex(data["ed25519_private"]))
-    wrapping = WrappingIdentity.from_private_bytes(bytes.fromhex(data["x25519_private"])) if client else None
-    return Identity(signer, wrapping)
+    return Identity(SigningIdentity.from_private_bytes(bytes.fromhex(data["ed25519_private"])))
 
 
-def write_roster(
-    path: str | Path, *, server: int, dealer: int, signing_keys: Mapping[int, str | bytes]
-) -> str:
+def write_roster(path: str | Path, *, server: int, signing_keys: Mapping[int, str | bytes]) -> str:
     """Write a roster JSON (party id -> Ed25519 public key, hex); returns its fingerprint."""
     keys = {int(k): (v.hex() if isinstance(v, bytes) else v) for k, v in signing_keys.items()}
-    roster = roster_from_json({"server": server, "dealer": dealer, "signing_keys": keys})
+    roster = roster_from_json({"server": server, "signing_keys": keys})
     Path(path).write_text(json.dumps(roster_to_json(roster), indent=2))
     return roster_fingerprint(roster)
 
@@ -69,7 +71,6 @@ def roster_to_json(roster: Roster) -> dict:
     """The roster's JSON object (keys hex, party ids as strings, sorted)."""
     return {
         "server": roster.server,
-        "dealer": roster.dealer,
         "clients": list(roster.clients),
         "signing_keys": {str(p): roster.signing_keys[p].hex() for p in sorted(roster.signing_keys)},
     }
@@ -78,14 +79,24 @@ def roster_to_json(roster: Roster) -> dict:
 def roster_from_json(data: Mapping[str, Any]) -> Roster:
     """Read :func:`roster_to_json`'s object back (``clients`` defaults to every non-server party).
 
+    A ``"dealer"`` entry (rosters written before the dealer was removed) is deprecated and ignored:
+    nothing deals a key any more, and it is neither required nor written.
+
     Raises:
         RosterMismatchError: a malformed roster.
     """
+    if "dealer" in data:
+        warnings.warn(
+            "the roster's 'dealer' entry is deprecated and ignored (pre-training has no dealer any more); "
+            "write the roster again without it",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     try:
         keys = {int(p): bytes.fromhex(k) for p, k in data["signing_keys"].items()}
         server = int(data["server"])
         clients = tuple(int(c) for c in data.get("clients", sorted(p for p in keys if p != server)))
-        return Roster(server=server, dealer=int(data["dealer"]), clients=clients, signing_keys=keys)
+        return Roster(server=server, clients=clients, signing_keys=keys)
     except (KeyError, TypeError, ValueError) as exc:
         raise RosterMismatchError(f"malformed roster: {exc}") from exc
 

@@ -283,13 +283,9 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
     nodes = wait_for_nodes(grid, k, cfg.round_timeout)
     # --- hello: party ids, public keys, data shape -------------------------------------------------
     party_node, keys, num_features, num_classes = _hello(grid, nodes, cfg)
-    identity = (
-        read_identity(cfg.server_identity, client=False)
-        if cfg.server_identity
-        else Identity.generate(client=False)
-    )
+    identity = read_identity(cfg.server_identity) if cfg.server_identity else Identity.generate()
     keys[server_id] = identity.signer.public_bytes()
-    roster = Roster(server=server_id, dealer=cfg.dealer, clients=tuple(range(k)), signing_keys=keys)
+    roster = Roster(server=server_id, clients=tuple(range(k)), signing_keys=keys)
     if cfg.roster:
         check_pinned(roster, cfg.roster)
     fingerprint = roster_fingerprint(roster)
@@ -320,9 +316,10 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
     pre = _drive(grid, pserver, party_node, PRETRAIN, cfg, setup=pre_setup)
     _check_done(pserver, pre, "pre-training")
     pre_seconds = time.perf_counter() - start
-    if pserver.context is None:
-        raise RemotePartyError("pre-training ended without the CKKS public context")
-    key_fp = pserver.context.fingerprint()
+    # the training binds every update to the pre-training's key set (every participant's CKKS key)
+    key_fp = pserver.verifier.fingerprint
+    if key_fp is None:
+        raise RemotePartyError("pre-training ended without a key set")
 
     # --- FedAvg rounds -----------------------------------------------------------------------------
     session = secrets.randbits(63)
@@ -350,7 +347,7 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
     summary = {
         "roster_fingerprint": fingerprint,
         "roster_pinned": bool(cfg.roster),
-        "key_fingerprint": key_fp.hex(),
+        "keyset_fingerprint": key_fp.hex(),
         "pretrain_session": pconfig.session,
         "rounds_session": session,
         "party_nodes": {str(p): n for p, n in party_node.items()},

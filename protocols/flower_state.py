@@ -3,10 +3,11 @@
 Flower 1.41 runs every message in a fresh ``flwr-clientapp`` process, so a party cannot stay in
 memory: after each message the client's state -- a :class:`ClientStore`: its party id, run and node,
 the roster, the message counter, and its party mid-run as a
-:class:`~fedgat.protocols.party_state.PartyState` (CKKS secret context as bytes, decrypted encodings,
-model and optimiser as arrays) -- is saved as **values, never pickled**: the pickle-free checkpoint
-format of :mod:`fedgat.checkpoint`, authenticated with HMAC-SHA256 under a key derived from the
-client's own private keys (:func:`~fedgat.protocols.party_state.state_key`, label
+:class:`~fedgat.protocols.party_state.PartyState` (its own CKKS secret context and session keys as
+bytes, what the server relayed to it, decrypted encodings, model and optimiser as arrays) -- is saved
+as **values, never pickled**: the pickle-free checkpoint format of :mod:`fedgat.checkpoint`,
+authenticated with HMAC-SHA256 under a key derived from the client's own private key
+(:func:`~fedgat.protocols.party_state.state_key`, label
 ``flower-client/<party id>``). It goes into ``Context.state``, which the SuperNode keeps locally, or
 into a 0600 file under the node config's ``state-dir`` with its SHA-256 in ``Context.state`` (so a
 file rolled back to an older authentic state is refused too). :func:`load_client` verifies the HMAC
@@ -16,14 +17,14 @@ party exactly; a state that does not verify raises
 :class:`~fedgat.protocols.party_state.ForeignStateError`, a state in the old pickled format (or any
 other unusable one) :class:`~fedgat.protocols.party_state.SavedStateError`: nothing is unpickled.
 
-The client's private keys are not in the saved state. With the node config's ``identity`` (a key
-file, :func:`~fedgat.protocols.flower_roster.read_identity`) they stay in that file, and whoever can
-write ``Context.state`` or ``state-dir`` but cannot read the key file can neither forge nor alter the
-state. Without one (local runs, tests) the ClientApp generates keys on its first message and keeps
-them in ``Context.state`` (SHA-256 only: there is nothing to key an HMAC with), so the HMAC then
-guards against corruption and swapped state, not against a writer of the SuperNode's database. The
-state holds the CKKS secret key and decrypted encodings either way: protect the SuperNode's database
-(``--database``) and ``state-dir`` like a key store.
+The client's long-term private key is not in the saved state. With the node config's ``identity``
+(a key file, :func:`~fedgat.protocols.flower_roster.read_identity`) it stays in that file, and
+whoever can write ``Context.state`` or ``state-dir`` but cannot read the key file can neither forge
+nor alter the state. Without one (local runs, tests) the ClientApp generates a key on its first
+message and keeps it in ``Context.state`` (SHA-256 only: there is nothing to key an HMAC with), so
+the HMAC then guards against corruption and swapped state, not against a writer of the SuperNode's
+database. The state holds the client's CKKS secret key and decrypted encodings either way: protect
+the SuperNode's database (``--database``) and ``state-dir`` like a key store.
 
 Files: a client's decrypted encodings (:func:`save_encodings`, :func:`load_encodings`) and the
 server's models (:func:`save_arrays`), as ``.npz``.
@@ -80,8 +81,9 @@ __all__ = [
 
 #: the ConfigRecord of ``Context.state`` that holds (or points to) the client state
 STATE = "fedgat.state"
-#: what that record says it holds (a record without it is of the old, pickled format: refused)
-FORMAT = "fedgat.flower.client-state/2"
+#: what that record says it holds (a record without it is of the old, pickled format: refused; /2 is
+#: the format of the pre-training with a dealer, whose states are refused as well)
+FORMAT = "fedgat.flower.client-state/3"
 #: the checkpoint kind of a saved :class:`ClientStore`
 CLIENT_STATE_KIND = "fedgat.flower.client"
 _IDENTITY_KIND = "fedgat.flower.identity"
@@ -94,8 +96,8 @@ class ClientStore:
 
     Attributes:
         party_id: the SuperNode's ``partition-id``.
-        identity: the client's private keys (from the node config's key file, or generated and kept
-            in ``Context.state``; never inside the authenticated state).
+        identity: the client's long-term private key (from the node config's key file, or
+            generated and kept in ``Context.state``; never inside the authenticated state).
         roster: the roster of the last phase set up (None before one).
         party: the phase's party, mid-run (None before a phase is set up).
         messages: protocol messages handled (seeds torch per message).
@@ -179,9 +181,9 @@ def load_client(context: Context, party_id: int) -> ClientStore:
             f"this version reads {FORMAT!r} only and never unpickles: start a new run"
         )
     path = context.node_config.get("identity")
-    identity = read_identity(str(path), client=True) if path else _generated_identity(rec, party_id)
+    identity = read_identity(str(path)) if path else _generated_identity(rec, party_id)
     if rec is None:  # the first message
-        return ClientStore(party_id, identity if identity is not None else Identity.generate(client=True))
+        return ClientStore(party_id, identity if identity is not None else Identity.generate())
     if identity is None:
         raise SavedStateError("client state without the identity it was saved under")
     blob = _read_blob(context, rec)

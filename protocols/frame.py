@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 MAGIC = b"FGAT"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct(">4sBHIIQQ32sI")
 SIGNATURE_SIZE = 64
 ZERO_FINGERPRINT = bytes(32)

@@ -4,7 +4,7 @@ Frame (all integers big-endian)::
 
     offset  size  field
     0       4     magic b"FGAT"
-    4       1     version (1)
+    4       1     version (2)
     5       2     message type id (table below)
     7       4     sender party id
     11      4     recipient party id
@@ -30,19 +30,21 @@ Message types (limits are on the payload; ``ct`` = one enveloped CKKS ciphertext
 ==  ===================  ==========================  ================================================  ========
 id  type                 direction                   fields                                            limit
 ==  ===================  ==========================  ================================================  ========
-1   KeyAnnounce          client -> server -> dealer  party, x25519 (32 B), ed25519 (32 B),             1 KiB
-                                                     binding_signature (64 B)
-2   PublicContext        dealer -> server            preset, context (<= 8 MiB), context_fingerprint   8 MiB+1K
-3   WrappedKeyDelivery   dealer -> server -> client  dealer, target, key_fingerprint, wrapped          16 MiB+1K
-                                                     (<= 16 MiB)
+1   KeyAnnounce          client -> server -> every   party, hpke (1216 B), ed25519 (32 B),             2 KiB
+                         other client                context_fingerprint, binding_signature (64 B)
+2   PublicContext        client -> server -> every   party, preset, context (<= 8 MiB),                8 MiB+1K
+                         other client                context_fingerprint
+3   SealedCheckKeys      client -> server -> owners  recipient_party, owners, sealed (HPKE, one per    8 MiB
+                                                     owner), keys_signature (64 B)
 4   GraphAnnounce        client -> server            dim, owned (int64), indptr (int64), indices       ~320 MiB
                                                      (int64): owned nodes' neighbour lists, self first
-5   FeatureUpload        client -> server            items: <= 4096 x (node u32, chunk u16, ct)        64 MiB
+5   FeatureUpload        client -> server            target, items: <= 4096 x (node u32, chunk u16,    64 MiB
+                                                     ct under the target's key)
 6   UploadDone           client -> server            nodes, ciphertexts                                64 B
-7   EncodingBases        server -> client            bucket, variant, n, nodes (int64), p (float64     64 MiB
-                                                     B x m x n), q (optional, same shape)
+7   EncodingBases        server -> client            bucket, variant, n, nodes, neighbours, owners     64 MiB
+                                                     (int64 B x n), p (float64 B x m x n), q (opt.)
 8   EncodingResults      server -> client            bucket, items: <= 65536 x (node, row cts,         256 MiB
-                                                     optional self cts)
+                                                     optional self cts, refused)
 9   EncodingsDone        server -> client            buckets, nodes                                    64 B
 10  GlobalModel          server -> client            round, fit, splits (<= 8 names to evaluate),      256 MiB
                                                      arrays (<= 1024 named float32, <= 2^26 each)
@@ -51,22 +53,25 @@ id  type                 direction                   fields                     
                                                      loss_sum)
 13  Abort                any                         code, reason (UTF-8 <= 1 KiB)                     2 KiB
 14  EvaluateRequest      server -> client            round, splits (evaluate the last weights again)   1 KiB
-15  ReleaseUpload        client -> server            items: as FeatureUpload (the DP release copies)   64 MiB
 16  PrivacyTerms         client -> server,           epsilon, delta, dim (0: no projection), seed      64 B
                          server -> client
 ==  ===================  ==========================  ================================================  ========
 
+Secure aggregation of the FedAvg updates adds ids 20-26 (SecAggAdvert, SecAggCohort, SecAggShares,
+SecAggRelay, SecAggMasked, SecAggUnmaskRequest, SecAggUnmaskShares): see
+:mod:`fedgat.protocols.messages_secagg` for their fields and limits (:data:`SECAGG_MESSAGES`).
+
 Differential privacy (sessions whose :class:`~fedgat.protocols.pretrain.PretrainConfig` has ``dp``;
-types 15 and 16 are only used there, so sessions without it keep the exact frames above): a
-client sends PrivacyTerms before its first upload, then for each batch a FeatureUpload of its own
-nodes' *clean* projected rows and a ReleaseUpload of their DP release (:mod:`fedgat.dp`); the
-server answers with its own PrivacyTerms before the first EncodingBases. Each side refuses terms
-other than its configuration's, and the server refuses uploads of a client that announced none
+type 16 is only used there): a client sends PrivacyTerms before its graph, and the rows it releases
+to other clients are its DP release (:mod:`fedgat.dp`); the server answers with its own
+PrivacyTerms before the first EncodingBases. Each side refuses terms other than its
+configuration's, and the server refuses the graph of a client that announced none
 (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
 
-Relayed messages (KeyAnnounce, WrappedKeyDelivery) are re-framed and re-signed by the server; what
-makes them trustworthy end to end is inside them: the announcing party's ``binding_signature`` over
-its keys, the dealer's signature inside the wrapped key (:mod:`fedgat.crypto.keys`).
+Relayed messages (KeyAnnounce, PublicContext, SealedCheckKeys, EdgeClaims) are re-framed and
+re-signed by the server; what makes them trustworthy end to end is inside them: the announcing
+party's ``binding_signature`` over its keys (which fixes its context's fingerprint), its
+``keys_signature`` over the sealed check keys and its ``claim_signature`` over its edges.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ from .frame import (
     register,
 )
 from .messages_pretrain import (
+    EdgeClaims,
     EncodingBases,
     EncodingResults,
     EncodingsDone,
@@ -96,25 +102,31 @@ from .messages_pretrain import (
     KeyAnnounce,
     PrivacyTerms,
     PublicContext,
-    ReleaseUpload,
     ResultItem,
+    RosterReady,
+    SealedCheckKeys,
     UploadDone,
     UploadItem,
-    WrappedKeyDelivery,
+    claim_bytes,
     key_binding_bytes,
+    keyset_fingerprint,
+    sealed_keys_bytes,
 )
 from .messages_rounds import EvaluateRequest, EvaluationReport, GlobalModel, LocalUpdate, SplitCounts
+from .messages_secagg import SECAGG_MESSAGES  # ids 20-26, registered on import
 
 __all__ = [
     "HEADER",
     "MAGIC",
     "MAX_NODES",
     "MESSAGE_TYPES",
+    "SECAGG_MESSAGES",
     "SIGNATURE_SIZE",
     "VERSION",
     "ZERO_FINGERPRINT",
     "Abort",
     "AbortCode",
+    "EdgeClaims",
     "EncodingBases",
     "EncodingResults",
     "EncodingsDone",
@@ -128,22 +140,25 @@ __all__ = [
     "Message",
     "PrivacyTerms",
     "PublicContext",
-    "ReleaseUpload",
     "ResultItem",
+    "RosterReady",
+    "SealedCheckKeys",
     "SplitCounts",
     "UploadDone",
     "UploadItem",
-    "WrappedKeyDelivery",
+    "claim_bytes",
     "decode_message",
     "encode_message",
     "key_binding_bytes",
+    "keyset_fingerprint",
     "peek_type",
+    "sealed_keys_bytes",
 ]
 
 register(
     KeyAnnounce,
     PublicContext,
-    WrappedKeyDelivery,
+    SealedCheckKeys,
     GraphAnnounce,
     FeatureUpload,
     UploadDone,
@@ -154,6 +169,7 @@ register(
     LocalUpdate,
     EvaluationReport,
     EvaluateRequest,
-    ReleaseUpload,
     PrivacyTerms,
+    EdgeClaims,
+    RosterReady,
 )

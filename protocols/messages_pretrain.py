@@ -1,4 +1,4 @@
-r"""Message types of the pre-training round (ids 1-9, 15, 16; see :mod:`fedgat.protocols.messages`)."""
+r"""Message types of the pre-training round (ids 1-9, 16, 30, 31; see :mod:`fedgat.protocols.messages`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .errors import KeyFingerprintError, PayloadError
 from .frame import CT, FP, MAX_NEIGHBOUR_ENTRIES, MAX_NODES, U16, U32, U64, KiB, Message, MiB, fields_equal
 
 __all__ = [
+    "EdgeClaims",
     "EncodingBases",
     "EncodingResults",
     "EncodingsDone",
@@ -24,12 +25,15 @@ __all__ = [
     "KeyAnnounce",
     "PrivacyTerms",
     "PublicContext",
-    "ReleaseUpload",
     "ResultItem",
+    "RosterReady",
+    "SealedCheckKeys",
     "UploadDone",
     "UploadItem",
-    "WrappedKeyDelivery",
+    "claim_bytes",
     "key_binding_bytes",
+    "keyset_fingerprint",
+    "sealed_keys_bytes",
 ]
 
 
@@ -65,43 +69,79 @@ class ResultItem:
 UPLOAD_ITEMS = ListOf(Record(UploadItem, (("node", U32), ("chunk", U16), ("ciphertext", CT))), 4096)
 
 
+#: most edges one claim may list (between one client's nodes and one peer's)
+MAX_CLAIM_EDGES = 1 << 22
+
+#: bytes of an HPKE public key of the ML-KEM-768 + X25519 suite (ML-KEM 1184 B, then X25519 32 B)
+HPKE_PUBLIC = 1216
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class KeyAnnounce(Message):
-    """A party's X25519 (key-wrapping) and Ed25519 (signing) public keys.
+    """A client's public keys for the session: its HPKE key (ML-KEM-768 + X25519, what others seal
+    their check keys to) and the fingerprint of its own CKKS public context (what others encrypt the
+    rows it needs under). Relayed by the server to every other client.
 
-    The roster of Ed25519 keys is authenticated out of band (pinned configuration); the X25519 key
-    is bound to the party by ``binding_signature`` = Ed25519 of :func:`key_binding_bytes`, which the
-    dealer checks against the roster, so the relaying server cannot substitute its own X25519 key.
+    The roster of Ed25519 keys is authenticated out of band (pinned configuration); the session keys
+    are bound to the party by ``binding_signature`` = Ed25519 of :func:`key_binding_bytes`, which every
+    receiver checks against the roster, so the relaying server cannot substitute its own keys.
     """
 
     TYPE: ClassVar[int] = 1
-    MAX_PAYLOAD: ClassVar[int] = 1 * KiB
+    MAX_PAYLOAD: ClassVar[int] = 2 * KiB
     SCHEMA: ClassVar = (
         ("party", U32),
-        ("x25519", FixedBytes(32)),
+        ("hpke", FixedBytes(HPKE_PUBLIC)),
         ("ed25519", FixedBytes(32)),
+        ("context_fingerprint", FP),
         ("binding_signature", FixedBytes(64)),
     )
 
     party: int
-    x25519: bytes
+    hpke: bytes
     ed25519: bytes
+    context_fingerprint: bytes
     binding_signature: bytes
 
 
-def key_binding_bytes(session: int, party: int, x25519: bytes, ed25519: bytes) -> bytes:
-    """What a party signs to bind its X25519 key to its roster identity in a session."""
-    return b"fedgat/key-announce/v1" + struct.pack(">QI", session, party) + bytes(x25519) + bytes(ed25519)
+def key_binding_bytes(
+    session: int, party: int, hpke: bytes, ed25519: bytes, context_fingerprint: bytes
+) -> bytes:
+    """What a client signs to bind its session keys to its roster identity."""
+    return (
+        b"fedgat/key-announce/v2"
+        + struct.pack(">QI", session, party)
+        + bytes(hpke)
+        + bytes(ed25519)
+        + bytes(context_fingerprint)
+    )
+
+
+def keyset_fingerprint(session: int, contexts: dict[int, bytes]) -> bytes:
+    """The fingerprint every message after key set-up is bound to: SHA-256 over the session and each
+    participant's CKKS context fingerprint, in party order (:class:`RosterReady` announces it)."""
+    h = hashlib.sha256(b"fedgat/keyset/v1" + struct.pack(">Q", session))
+    for party in sorted(contexts):
+        h.update(struct.pack(">I", party) + contexts[party])
+    return h.digest()
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class PublicContext(Message):
-    """The dealer's public CKKS context (params + public key, no secret/relin/Galois keys)."""
+    """Client ``party``'s public CKKS context (params + public key; no secret, relinearisation or
+    Galois keys), sent to the server and relayed to every other client. Authentic through the
+    fingerprint in the party's signed :class:`KeyAnnounce`."""
 
     TYPE: ClassVar[int] = 2
     MAX_PAYLOAD: ClassVar[int] = 8 * MiB + 1 * KiB
-    SCHEMA: ClassVar = (("preset", Text(32)), ("context", Bytes(8 * MiB)), ("context_fingerprint", FP))
+    SCHEMA: ClassVar = (
+        ("party", U32),
+        ("preset", Text(32)),
+        ("context", Bytes(8 * MiB)),
+        ("context_fingerprint", FP),
+    )
 
+    party: int
     preset: str
     context: bytes
     context_fingerprint: bytes
@@ -109,32 +149,106 @@ class PublicContext(Message):
     def check(self) -> None:
         if hashlib.sha256(self.context).digest() != self.context_fingerprint:
             raise KeyFingerprintError("context_fingerprint is not SHA-256 of the context bytes")
-        if self.fingerprint != self.context_fingerprint:
-            raise KeyFingerprintError("header fingerprint differs from the announced context's")
+
+
+def sealed_keys_bytes(session: int, recipient: int, sealed: tuple[bytes, ...], owners: np.ndarray) -> bytes:
+    """What a recipient signs over the check keys it sealed for ``owners``."""
+    h = hashlib.sha256(b"fedgat/check-keys/v1" + struct.pack(">QI", session, recipient))
+    h.update(np.asarray(owners, dtype="<i8").tobytes())
+    for blob in sealed:
+        h.update(struct.pack(">I", len(blob)) + blob)
+    return h.digest()
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class WrappedKeyDelivery(Message):
-    """The CKKS secret context wrapped by the dealer for ``target`` (relayed by the server, which
-    cannot open it: :meth:`fedgat.crypto.KeyHolderContext.wrap_for`)."""
+class SealedCheckKeys(Message):
+    """Client ``recipient``'s check keys (:class:`fedgat.crypto.tags.CheckKeys`), one HPKE ciphertext
+    per owner in ``owners``, signed by the recipient; the server relays it to every owner, each of
+    which opens only its own entry."""
 
     TYPE: ClassVar[int] = 3
-    MAX_PAYLOAD: ClassVar[int] = 16 * MiB + 1 * KiB
+    MAX_PAYLOAD: ClassVar[int] = 8 * MiB
     SCHEMA: ClassVar = (
-        ("dealer", U32),
-        ("target", U32),
-        ("key_fingerprint", FP),
-        ("wrapped", Bytes(16 * MiB)),
+        ("recipient_party", U32),
+        ("owners", Array("<i8", 4096, ndim=1)),
+        ("sealed", ListOf(Bytes(2 * KiB), 4096)),
+        ("keys_signature", FixedBytes(64)),
     )
 
-    dealer: int
-    target: int
-    key_fingerprint: bytes
-    wrapped: bytes
+    recipient_party: int
+    owners: np.ndarray
+    sealed: tuple[bytes, ...]
+    keys_signature: bytes
 
     def check(self) -> None:
-        if self.fingerprint != self.key_fingerprint:
-            raise KeyFingerprintError("header fingerprint differs from the wrapped key's fingerprint")
+        if len(self.owners) != len(self.sealed):
+            raise PayloadError("one sealed entry per owner")
+        if len(np.unique(self.owners)) != len(self.owners) or (len(self.owners) and self.owners.min() < 0):
+            raise PayloadError("owners must be distinct party ids")
+
+
+def claim_bytes(session: int, claimer: int, peer: int, edges: np.ndarray, uses: np.ndarray) -> bytes:
+    """What a client signs over its claim of the edges between its nodes and ``peer``'s."""
+    return (
+        b"fedgat/edge-claim/v1"
+        + struct.pack(">QII", session, claimer, peer)
+        + hashlib.sha256(
+            np.asarray(edges, dtype="<i8").tobytes() + np.asarray(uses, dtype="<i8").tobytes()
+        ).digest()
+    )
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class EdgeClaims(Message):
+    """The graph edges between the ``claimer``'s nodes and the ``peer``'s (rows ``(mine, theirs)``,
+    sorted, distinct), with ``uses[k] = 1`` where ``theirs`` is in the attention neighbourhood of
+    ``mine``. Signed by the claimer (``claim_signature`` over :func:`claim_bytes`) so that the server
+    can relay it: an edge counts only when both owners claim it (:mod:`fedgat.protocols.pretrain_edges`)."""
+
+    TYPE: ClassVar[int] = 30
+    MAX_PAYLOAD: ClassVar[int] = 24 * MAX_CLAIM_EDGES + 1 * KiB
+    SCHEMA: ClassVar = (
+        ("claimer", U32),
+        ("peer", U32),
+        ("edges", Array("<i8", 2 * MAX_CLAIM_EDGES, ndim=2)),
+        ("uses", Array("<i8", MAX_CLAIM_EDGES, ndim=1)),
+        ("claim_signature", FixedBytes(64)),
+    )
+
+    claimer: int
+    peer: int
+    edges: np.ndarray
+    uses: np.ndarray
+    claim_signature: bytes
+
+    def check(self) -> None:
+        e = self.edges
+        if e.ndim != 2 or e.shape[1] != 2 or len(self.uses) != len(e) or not len(e):
+            raise PayloadError("edges must be (k, 2) with k >= 1 and one uses flag each")
+        if e.min() < 0 or e.max() >= 2**32 or not np.all(np.isin(self.uses, (0, 1))):
+            raise PayloadError("edge ends must be u32 node ids and uses flags 0 or 1")
+        keys = e[:, 0] * 2**32 + e[:, 1]
+        if np.any(np.diff(keys) <= 0):
+            raise PayloadError("edges must be sorted and distinct")
+        if self.claimer == self.peer:
+            raise PayloadError("a claim names another client as peer")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class RosterReady(Message):
+    """Server -> client: key set-up is complete for ``participants``; every later message is bound
+    to their key set (header fingerprint = :func:`keyset_fingerprint`)."""
+
+    TYPE: ClassVar[int] = 31
+    MAX_PAYLOAD: ClassVar[int] = 64 * KiB
+    SCHEMA: ClassVar = (("participants", Array("<i8", 4096, ndim=1)),)
+
+    participants: np.ndarray
+
+    def check(self) -> None:
+        p = self.participants
+        if not len(p) or p.min() < 0 or np.any(np.diff(p) <= 0):
+            raise PayloadError("participants must be increasing party ids")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -177,34 +291,20 @@ class GraphAnnounce(Message):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class FeatureUpload(Message):
-    """A batch of the sender's encrypted feature chunks (:func:`fedgat.crypto.encrypt_rows`)."""
+    """A batch of the sender's rows released to ``target``: its feature rows with their tag columns
+    (:mod:`fedgat.crypto.tags`; with DP, the DP release), encrypted under ``target``'s public context
+    (:func:`fedgat.crypto.encrypt_rows`)."""
 
     TYPE: ClassVar[int] = 5
     MAX_PAYLOAD: ClassVar[int] = 64 * MiB
-    SCHEMA: ClassVar = (("items", UPLOAD_ITEMS),)
+    SCHEMA: ClassVar = (("target", U32), ("items", UPLOAD_ITEMS))
 
+    target: int
     items: tuple[UploadItem, ...]
 
     def check(self) -> None:
         if not self.items:
             raise PayloadError("an upload batch needs at least one ciphertext")
-
-
-@dataclass(frozen=True, eq=False, kw_only=True)
-class ReleaseUpload(Message):
-    """A batch of the sender's encrypted *DP release* chunks (:meth:`fedgat.dp.FeatureDP.release_rows`);
-    same items and limits as :class:`FeatureUpload`, which carries the clean copies in a DP session.
-    The server uses them in the encodings it sends to every client but the sender."""
-
-    TYPE: ClassVar[int] = 15
-    MAX_PAYLOAD: ClassVar[int] = 64 * MiB
-    SCHEMA: ClassVar = (("items", UPLOAD_ITEMS),)
-
-    items: tuple[UploadItem, ...]
-
-    def check(self) -> None:
-        if not self.items:
-            raise PayloadError("a release batch needs at least one ciphertext")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -230,7 +330,8 @@ class PrivacyTerms(Message):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class UploadDone(Message):
-    """The sender has uploaded every chunk of every owned node."""
+    """The sender has uploaded every row it releases: ``nodes`` (row, recipient) pairs in
+    ``ciphertexts`` ciphertexts."""
 
     TYPE: ClassVar[int] = 6
     MAX_PAYLOAD: ClassVar[int] = 64
@@ -244,7 +345,9 @@ class UploadDone(Message):
 class EncodingBases(Message):
     """The plaintext bases of one bucket of the recipient's needed nodes (equal neighbourhood
     size ``n``): ``p`` (vector: :math:`Q_i`; matrix: the :math:`p_j`) and ``q`` (matrix only), from
-    which the client derives the feature-free parts (:attr:`fedgat.encodings.EncodingBucket.plain`)."""
+    which the client derives the feature-free parts (:attr:`fedgat.encodings.EncodingBucket.plain`);
+    each node's ``neighbours`` and their ``owners``, from which it computes the share of its own
+    rows and predicts the tags of the foreign share (:mod:`fedgat.crypto.tags`)."""
 
     TYPE: ClassVar[int] = 7
     MAX_PAYLOAD: ClassVar[int] = 64 * MiB
@@ -253,6 +356,8 @@ class EncodingBases(Message):
         ("variant", Text(16)),
         ("n", U32),
         ("nodes", Array("<i8", MAX_NODES, ndim=1)),
+        ("neighbours", Array("<i8", 4 * MiB, ndim=2)),
+        ("owners", Array("<i8", 4 * MiB, ndim=2)),
         ("p", Array("<f8", 4 * MiB, ndim=3)),
         ("q", Optional(Array("<f8", 4 * MiB, ndim=3))),
     )
@@ -261,6 +366,8 @@ class EncodingBases(Message):
     variant: str
     n: int
     nodes: np.ndarray
+    neighbours: np.ndarray
+    owners: np.ndarray
     p: np.ndarray
     q: np.ndarray | None = None
 
@@ -278,12 +385,16 @@ class EncodingBases(Message):
             raise PayloadError("q must be present exactly for the matrix variant")
         if self.q is not None and self.q.shape != self.p.shape:
             raise PayloadError("q must have the shape of p")
+        if self.neighbours.shape != (B, self.n) or self.owners.shape != (B, self.n):
+            raise PayloadError(f"neighbours and owners must have shape ({B}, {self.n})")
+        if not np.array_equal(self.neighbours[:, 0], self.nodes):
+            raise PayloadError("each neighbourhood must start with the node itself")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class EncodingResults(Message):
-    """Encrypted encodings of some nodes of one bucket (row ciphertexts, and for nodes the recipient
-    does not own their forwarded uploads, :math:`h_i`)."""
+    """Encrypted foreign shares of some nodes of one bucket (row ciphertexts under the recipient's
+    key; ``self_blobs`` is never used and refused)."""
 
     TYPE: ClassVar[int] = 8
     MAX_PAYLOAD: ClassVar[int] = 256 * MiB
@@ -315,7 +426,7 @@ class EncodingResults(Message):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class EncodingsDone(Message):
-    """Every bucket and node of the recipient has been sent."""
+    """Every bucket and every foreign share (``nodes`` results) of the recipient has been sent."""
 
     TYPE: ClassVar[int] = 9
     MAX_PAYLOAD: ClassVar[int] = 64

@@ -48,6 +48,7 @@ from .errors import FaultError, SizeLimitError, StateError
 from .frame import signed_message
 from .messages import (
     Abort,
+    EdgeClaims,
     EncodingBases,
     EncodingResults,
     EncodingsDone,
@@ -61,9 +62,9 @@ from .messages import (
     Message,
     PrivacyTerms,
     PublicContext,
-    ReleaseUpload,
+    RosterReady,
+    SealedCheckKeys,
     UploadDone,
-    WrappedKeyDelivery,
     decode_message,
     encode_message,
 )
@@ -82,12 +83,13 @@ SEQ_RESTART_GAP = 1 << 32
 PHASES: dict[type[Message], str] = {
     KeyAnnounce: "keygen",
     PublicContext: "keygen",
-    WrappedKeyDelivery: "keygen",
+    SealedCheckKeys: "keygen",
+    RosterReady: "keygen",
+    EdgeClaims: "setup",
     GraphAnnounce: "setup",
     Abort: "setup",
     FeatureUpload: "upload",
     UploadDone: "upload",
-    ReleaseUpload: "upload",
     PrivacyTerms: "setup",
     EncodingBases: "download",
     EncodingResults: "download",
@@ -97,8 +99,8 @@ PHASES: dict[type[Message], str] = {
     EvaluationReport: "training",
     EvaluateRequest: "training",
 }
-_KEY_INTRODUCING = (PublicContext, WrappedKeyDelivery)
-_PRE_KEY = (KeyAnnounce, GraphAnnounce, Abort, PrivacyTerms)
+_KEY_INTRODUCING = (RosterReady,)  # binds what follows to the participants' key set
+_PRE_KEY = (KeyAnnounce, PublicContext, EdgeClaims, GraphAnnounce, Abort, PrivacyTerms)
 
 Handler = Callable[[Any], list[Message]]
 
@@ -335,7 +337,7 @@ class Party:
         self._absorb(report)
 
     def _identity(self) -> Identity:
-        """The private keys this party holds (a client adds its wrapping key)."""
+        """The private keys this party holds (its Ed25519 signing key)."""
         return Identity(self._signer)
 
     def _spec_base(self) -> dict[str, Any]:

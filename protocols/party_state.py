@@ -8,17 +8,20 @@ middle of the protocol instead: a :class:`PartyState` (:meth:`Party.state_value
 <fedgat.protocols.party.Party.state_value>`, :meth:`PartyState.build`). It holds
 
 * ``fields``: the spec's fields (roster, session, the kind's constructor inputs, the verifier's pins,
-  the clock and armed deadlines, the frame limit) **without the private keys**: :meth:`PartyState.build`
-  takes the party's :class:`~fedgat.protocols.roster.Identity` from its owner (a key file, or a key
-  store of its own), so a state store does not hold the long-term keys its authentication rests on;
+  the clock and armed deadlines, the frame limit) **without the long-term private key**:
+  :meth:`PartyState.build` takes the party's :class:`~fedgat.protocols.roster.Identity` (its Ed25519
+  key) from its owner (a key file, or a key store of its own), so a state store does not hold the
+  key its authentication rests on;
 * ``progress``: the protocol's progress, common to every kind (:func:`base_progress`: the machine's
   state, sequence number, the last sequence number seen per sender, abort reason, failure, timings)
-  plus the kind's own (:data:`STATE_CODECS`): for a pre-training client its CKKS secret context as
-  bytes, the slot layout, upload position, partly received buckets (bases and decrypted rows as
-  arrays), decrypted encodings and counters, for the dealer the clients it wrapped the key for
-  (:mod:`fedgat.protocols.pretrain_values`); for a FedAvg client the current model, optimiser and
-  random stream (its spec's fields), the last global weights, evaluated splits and round
-  (:mod:`fedgat.protocols.training_values`).
+  plus the kind's own (:data:`STATE_CODECS`): for a pre-training client its *per-session* secrets --
+  its own CKKS secret context and HPKE private keys as bytes, the check keys it gave and was given --
+  and what it was relayed (its peers' signed key announcements and claims as their frames, their
+  public contexts), the participants and its releases, the slot layout, the upload batches left,
+  partly received buckets (bases, owners and decrypted rows as arrays), decrypted encodings and
+  counters (:mod:`fedgat.protocols.pretrain_values`); for a FedAvg client the current model,
+  optimiser and random stream (its spec's fields), the last global weights, evaluated splits and
+  round (:mod:`fedgat.protocols.training_values`).
 
 A rebuilt party's :meth:`~fedgat.protocols.party.Party.snapshot` equals the original's and it goes on
 exactly as the original would have (tested after every event of a run,
@@ -28,15 +31,15 @@ raises :class:`TypeError`.
 
 Bytes (:func:`seal`, :func:`unseal`, :meth:`PartyState.to_bytes`): the pickle-free checkpoint format
 of :mod:`fedgat.checkpoint`, authenticated with **HMAC-SHA256** under a key derived from the party's
-own private keys (:func:`state_key`: HKDF-SHA256 over its Ed25519 and X25519 private keys, with a
+own long-term private key (:func:`state_key`: HKDF-SHA256 over its Ed25519 private key, with a
 label naming the purpose and the party). The HMAC is checked over the whole blob before anything is
 parsed; decoding runs no code (JSON and plain-dtype arrays; party classes from an allow-list). A blob
 that does not verify raises :class:`StateAuthenticationError` (tampered, corrupted, or written under
 another party's key); an authentic state of another kind, party, run or node
 :class:`ForeignStateError`; anything else unusable :class:`SavedStateError` (their base class).
 
-Confidentiality is not provided: a state holds the CKKS secret key and decrypted encodings. Keep the
-store like a key store.
+Confidentiality is not provided: a pre-training client's state holds its CKKS secret key, its HPKE
+session keys, its check keys and decrypted encodings. Keep the store like a key store.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ __all__ = [
 
 STATE_KIND = "fedgat.party.state"
 #: salt of :func:`state_key` (changing it invalidates every saved state)
-_KEY_SALT = b"fedgat.party-state.v1"
+_KEY_SALT = b"fedgat.party-state.v2"  # v2: Ed25519 key only, pre-training without a dealer
 _MIN_KEY = 16
 _TAG = 32  # HMAC-SHA256
 
@@ -92,7 +95,6 @@ _TAG = 32  # HMAC-SHA256
 #: ``state_progress(party)``, ``from_state_fields(cls, spec)`` and ``restore_progress(party, progress)``
 STATE_CODECS: dict[str, str] = {
     "pretrain.client": "fedgat.protocols.pretrain_values",
-    "pretrain.dealer": "fedgat.protocols.pretrain_values",
     "rounds.client": "fedgat.protocols.training_values",
 }
 
@@ -112,13 +114,12 @@ class ForeignStateError(SavedStateError):
 # ------------------------------------------------------------------------------------------ keys
 def state_key(identity: Identity, label: str) -> bytes:
     """The 32-byte HMAC key of the states ``identity``'s party saves for ``label`` (e.g.
-    ``"flower-client/3"``): HKDF-SHA256 over its Ed25519 and (clients) X25519 private keys, salt
-    :data:`_KEY_SALT`, info ``label``. Nobody without those private keys can compute it."""
-    secret = identity.signer.private_bytes()
-    if identity.wrapping is not None:
-        secret += identity.wrapping.private_bytes()
+    ``"flower-client/3"``): HKDF-SHA256 over its 32-byte Ed25519 private key (uniformly random, the
+    party's long-term secret), salt :data:`_KEY_SALT`, info ``"fedgat:" + label``. Nobody without
+    that private key can compute it; the salt and label keep it apart from any other use of the key
+    (the signatures use the key itself, never a derived one)."""
     hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=_KEY_SALT, info=f"fedgat:{label}".encode())
-    return hkdf.derive(secret)
+    return hkdf.derive(identity.signer.private_bytes())
 
 
 def seal(kind: str, value: Mapping[str, Any], hmac_key: bytes) -> bytes:

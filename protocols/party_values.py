@@ -84,7 +84,6 @@ REPORT_KIND = "fedgat.party.report"
 #: party kind -> ``"module:class"``: the only classes a spec may build (imported on first use)
 PARTY_KINDS: dict[str, str] = {
     "pretrain.client": "fedgat.protocols.pretrain_client:ClientPretrain",
-    "pretrain.dealer": "fedgat.protocols.pretrain_keys:DealerSide",
     "rounds.client": "fedgat.protocols.fedavg_client:ClientRounds",
 }
 

@@ -10,7 +10,6 @@ from collections.abc import Container, Mapping, Sequence
 import numpy as np
 
 from fedgat.crypto import CiphertextFormatError, KeyMismatchError, ServerContext, deserialize
-from fedgat.crypto.encodings import release_key
 
 from .errors import KeyFingerprintError, PayloadError, SizeLimitError
 from .messages import EncodingBases, GraphAnnounce, UploadItem
@@ -102,35 +101,41 @@ def crypto_error(exc: Exception, what: str) -> Exception:
 def check_upload_items(
     items: Sequence[UploadItem],
     sender: int,
-    owner: dict[int, int],
+    target: int,
+    allowed: np.ndarray,
     chunks: int,
     received: set[tuple[int, int]],
     context: ServerContext,
-    release: bool,
 ) -> set[tuple[int, int]]:
-    """Check every item of an upload batch from ``sender`` (owned nodes, chunk range, no duplicate
-    of ``received`` or within the batch, fresh ciphertexts under ``context``); returns their spool
-    keys (a release under :func:`~fedgat.crypto.encodings.release_key`).
+    """Check every item of ``sender``'s upload batch for ``target`` (nodes in ``allowed``, the rows
+    the round needs from ``sender`` for ``target``; chunk range; no duplicate of ``received`` or
+    within the batch; fresh ciphertexts under ``target``'s ``context``); returns their keys.
 
     Raises:
         PayloadError, KeyFingerprintError: the first bad item.
     """
     keys: set[tuple[int, int]] = set()
-    what = "release" if release else "upload"
+    nodes = np.fromiter((item.node for item in items), dtype=np.int64, count=len(items))
+    bad = ~np.isin(nodes, allowed)
+    if bad.any():
+        raise PayloadError(
+            f"party {sender} uploads node {int(nodes[bad][0])} for party {target}, which the round does not "
+            "need from it (not its node, or no confirmed edge implies the need)"
+        )
     for item in items:
-        key = (int(release_key(item.node)) if release else item.node, item.chunk)
-        if owner.get(item.node) != sender:
-            raise PayloadError(f"party {sender} uploads node {item.node}, which it does not own")
+        key = (item.node, item.chunk)
         if item.chunk >= chunks:
             raise PayloadError(f"chunk {item.chunk} out of range ({chunks} chunks)")
         if key in received or key in keys:
-            raise PayloadError(f"duplicate {what} of node {item.node} chunk {item.chunk}")
+            raise PayloadError(f"duplicate upload of node {item.node} chunk {item.chunk} for party {target}")
         keys.add(key)
     for item in items:  # every ciphertext is checked before any is stored
         try:
             deserialize(context, item.ciphertext, level="fresh")
         except (CiphertextFormatError, KeyMismatchError) as exc:
-            raise crypto_error(exc, f"{what} of node {item.node} chunk {item.chunk}") from exc
+            raise crypto_error(
+                exc, f"upload of node {item.node} chunk {item.chunk} for party {target}"
+            ) from exc
     return keys
 
 

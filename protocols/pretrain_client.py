@@ -1,12 +1,13 @@
-r"""A pre-training client as a sans-IO state machine: announces its graph, encrypts and uploads its
-feature rows, then checks, decrypts and assembles the encodings of the nodes it needs. The key dealer
-is a client too (:class:`fedgat.protocols.pretrain_keys.DealerSide`). See
-:mod:`fedgat.protocols.pretrain` for the message flow.
+r"""A pre-training client as a sans-IO state machine: generates its own keys, announces its graph
+and claims its cross-client edges, releases its rows (encrypted under each recipient's key, with
+tag columns) to the clients whose confirmed needs imply them, then checks, decrypts and completes
+the encodings of the nodes it needs. See :mod:`fedgat.protocols.pretrain` for the message flow.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,24 +17,30 @@ from fedgat.checkpoint import Checkpoint, encodings_to_checkpoint
 from fedgat.checkpoint import encodings_from_checkpoint as encodings_from_arrays
 from fedgat.crypto import (
     CiphertextFormatError,
-    ContextFormatError,
     KeyHolderContext,
     KeyMismatchError,
-    KeyUnwrapError,
+    ServerContext,
     SlotLayout,
-    WrapAAD,
-    WrappingIdentity,
+    decrypt_rows,
     encrypt_rows,
 )
-from fedgat.crypto.encodings import decrypt_bucket
-from fedgat.crypto.tasks import NodeResult
+from fedgat.crypto.tags import CheckKeys, ResultCheckError, check_share, prf_tags, tag_columns
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
 from fedgat.randomness import RandomSource
 
-from .errors import AuthError, ConfigMismatchError, MissingPartyError, PayloadError, StateError
+from .errors import (
+    AuthError,
+    ConfigMismatchError,
+    KeyFingerprintError,
+    MissingPartyError,
+    PayloadError,
+    ResultRejectedError,
+    StateError,
+)
 from .messages import (
     Abort,
     AbortCode,
+    EdgeClaims,
     EncodingBases,
     EncodingResults,
     EncodingsDone,
@@ -42,26 +49,32 @@ from .messages import (
     KeyAnnounce,
     Message,
     PrivacyTerms,
-    ReleaseUpload,
+    PublicContext,
+    RosterReady,
+    SealedCheckKeys,
     UploadDone,
     UploadItem,
-    WrappedKeyDelivery,
+    claim_bytes,
     key_binding_bytes,
+    keyset_fingerprint,
 )
 from .party import Handler, Party
 from .party_values import PartyReport, PartySpec
 from .pretrain_checks import check_bases, check_bucket_nodes, crypto_error, validate_features
 from .pretrain_config import CLIENT_KIND, PretrainConfig, PretrainLimits, PretrainTimeouts
+from .pretrain_edges import ClaimSet, LocalGraph, releases, verify_claim
+from .pretrain_keys import SessionKeys, check_announce, load_public_context, open_check_keys, seal_check_keys
 from .pretrain_plan import needed_from_neighbourhoods
 from .pretrain_values import absorb_client, client_from_spec, client_spec_fields, report_client
 from .roster import Identity, Roster
 
-__all__ = ["ClientPretrain", "ClientState", "encodings_from_checkpoint"]
+__all__ = ["ClientPretrain", "ClientState", "ResultCheckError", "encodings_from_checkpoint"]
 
 
 class ClientState(enum.Enum):
     NEW = "new"
-    AWAIT_KEY = "await-key"
+    AWAIT_ROSTER = "await-roster"
+    AWAIT_CHECK_KEYS = "await-check-keys"
     UPLOADING = "uploading"
     AWAIT_ENCODINGS = "await-encodings"
     DONE = "done"
@@ -70,46 +83,45 @@ class ClientState(enum.Enum):
 
 @dataclass
 class _Assembly:
-    """One bucket of a client's encodings while its results arrive."""
+    """One bucket of a client's encodings while its foreign shares arrive."""
 
     bases: BucketBases
-    rows: torch.Tensor  # (B, R + 1, d)
+    owners: np.ndarray  # (B, n) owner of each neighbour
+    rows: torch.Tensor  # (B, R + 1, d): the own share, then own + foreign
     filled: np.ndarray  # (B,) bool
     slot: dict[int, int]  # node -> position in the bucket
 
 
 class ClientPretrain(Party):
-    """A client of the pre-training round (not the dealer: see :class:`DealerSide`).
+    """A client of the pre-training round.
 
     Args:
-        party_id, roster, config, identity: identity (Ed25519 signer, X25519 wrapping key) and session.
+        party_id, roster, config, identity: identity (Ed25519 signer) and session.
         owned: sorted global ids of the client's nodes.
         features: ``(len(owned), d)`` unit-norm rows (checked: :func:`validate_features`).
         indptr, indices: the owned nodes' attention neighbourhoods (CSR over ``owned``, self first).
+        cross, cross_owner: the client's cross-client graph edges ``(own node, foreign node)`` and the
+            owner of each foreign end (what it claims, :mod:`fedgat.protocols.pretrain_edges`); every
+            foreign attention neighbour must be one of them. None: no cross-client edge.
         needed: the nodes whose encodings the client receives (owned first; default
             :func:`needed_from_neighbourhoods`).
         dtype: dtype of the decrypted encodings.
-        upload_batch: nodes per FeatureUpload message.
+        upload_batch: rows per FeatureUpload message.
         timeouts: the client's deadlines (``keys``, ``download``).
         limits: ``max_neighbours`` and ``max_encoding_bytes`` bound what the server's bases may make
             this client allocate.
         release_rng: with ``config.dp``, the randomness of this client's DP release noise
             (:meth:`fedgat.dp.FeatureDP.release_rows`): None (default) draws a fresh CSPRNG key; a
             :class:`~fedgat.randomness.RandomSource` or int seed only for tests and plaintext twins.
-            The release is drawn once, here, by the owner; the server never sees noise or features.
         release: with ``config.dp``, a release drawn before (a :class:`PartySpec`'s): ``features``
             are then the clean projected rows it was drawn from, and ``release_rng`` is not used.
 
-    With ``config.dp`` the client projects its ``features`` (any finite rows), uploads the clean
-    projection in FeatureUpload and the release in ReleaseUpload, announces its
-    :class:`PrivacyTerms` before the first upload and refuses bases before the server confirmed the
-    same terms; its own encodings' :math:`h_i` are its clean projected rows.
+    With ``config.dp`` the rows it releases to others are its DP release; its own share uses its
+    clean projected rows; it announces its :class:`PrivacyTerms` before its graph and refuses bases
+    before the server confirmed the same terms.
 
     Raises:
-        PayloadError: invalid features or neighbourhoods (nothing is sent).
-
-    As a value (:mod:`fedgat.protocols.pretrain_values`): :meth:`spec` before :meth:`start`,
-    :meth:`report` / :meth:`absorb` with the decrypted encodings and counters.
+        PayloadError: invalid features, neighbourhoods or cross edges (nothing is sent).
     """
 
     PARTY_KIND = "pretrain.client"
@@ -125,6 +137,8 @@ class ClientPretrain(Party):
         features: np.ndarray,
         indptr: np.ndarray,
         indices: np.ndarray,
+        cross: np.ndarray | None = None,
+        cross_owner: np.ndarray | None = None,
         needed: np.ndarray | None = None,
         dtype: torch.dtype = torch.float32,
         upload_batch: int = 32,
@@ -140,7 +154,6 @@ class ClientPretrain(Party):
         if party_id not in roster.clients:
             raise ValueError(f"party {party_id} is not a client of the roster")
         self.config = config
-        self._wrapping = identity.wrapping
         owned = np.asarray(owned, dtype=np.int64)
         self._release: np.ndarray | None = None
         self._terms_confirmed = False
@@ -165,6 +178,15 @@ class ClientPretrain(Party):
             indices=np.asarray(indices, dtype=np.int64),
         )
         self._graph.check()  # PayloadError for bad neighbourhoods
+        self.local = LocalGraph(
+            owned,
+            self._graph.indptr,
+            self._graph.indices,
+            np.zeros((0, 2), np.int64) if cross is None else cross,
+            np.zeros(0, np.int64) if cross_owner is None else cross_owner,
+        )
+        if any(p == party_id or not roster.is_client(p) for p in self.local.peers()):
+            raise PayloadError("a cross edge's owner must be another client of the roster")
         self.owned = owned
         self.needed = (
             needed_from_neighbourhoods(owned, self._graph.indices)
@@ -175,13 +197,22 @@ class ClientPretrain(Party):
             raise PayloadError("needed must start with the owned nodes")
         self._position = {int(n): i for i, n in enumerate(self.needed)}
         self._degree = dict(zip(owned.tolist(), np.diff(self._graph.indptr).tolist()))
-        self._own_rows = {int(n): self._features[i] for i, n in enumerate(owned)}
         self.dtype = dtype
         self.upload_batch = upload_batch
         self.state = ClientState.NEW
+        #: this client's own CKKS key pair (generated at start; the secret never leaves it)
         self.holder: KeyHolderContext | None = None
+        self._session_keys: SessionKeys | None = None
         self.layout: SlotLayout | None = None
-        self._next_upload = 0
+        self._peers: dict[int, KeyAnnounce] = {}
+        self._peer_contexts: dict[int, ServerContext] = {}
+        self._claims: dict[tuple[int, int], EdgeClaims] = {}
+        self.participants: list[int] = []
+        #: recipient -> owned node ids whose rows it is released (from confirmed edges)
+        self.releases: dict[int, np.ndarray] = {}
+        self._owner_keys: dict[int, CheckKeys] = {}  # what each recipient gave this client
+        self._my_keys: dict[int, CheckKeys] = {}  # what this client gave each owner
+        self._queue: list[tuple[int, int]] = []  # (recipient, start) batches still to upload
         self._uploaded = 0
         self._assemblies: list[_Assembly] = []
         self._assigned: set[int] = set()
@@ -199,8 +230,13 @@ class ClientPretrain(Party):
 
     def _snapshot(self) -> dict:
         return {
+            "state": self.state,
             "key": None if self.holder is None else self.holder.fingerprint(),
-            "next_upload": self._next_upload,
+            "peers": tuple(sorted(self._peers)),
+            "contexts": tuple(sorted(self._peer_contexts)),
+            "claims": tuple(sorted(self._claims)),
+            "owner_keys": tuple(sorted(self._owner_keys)),
+            "queue": tuple(self._queue),
             "buckets": len(self._assemblies),
             "assigned": len(self._assigned),
             "filled": tuple(int(a.filled.sum()) for a in self._assemblies),
@@ -211,9 +247,6 @@ class ClientPretrain(Party):
         }
 
     # --- as a value (fedgat.protocols.pretrain_values) ------------------------------------------------
-    def _identity(self) -> Identity:
-        return Identity(self._signer, self._wrapping)
-
     def _spec_fields(self) -> dict:
         return client_spec_fields(self)
 
@@ -229,58 +262,77 @@ class ClientPretrain(Party):
 
     # --- opening ----------------------------------------------------------------------------------
     def start(self) -> list[Message]:
+        """Generate this client's CKKS and HPKE keys; announce them, the public context, the DP
+        terms (with DP), the edge claims and the graph."""
         if self.state is not ClientState.NEW:
             raise StateError("start() was already called")
-        wrapping = self._wrapping
-        if not isinstance(wrapping, WrappingIdentity):
-            raise TypeError("a client needs an X25519 WrappingIdentity")
-        ed = self._signer.public_bytes()
-        binding = self._signer.sign(
-            key_binding_bytes(self.session, self.party_id, wrapping.public_bytes(), ed)
-        )
-        self.state = ClientState.AWAIT_KEY
-        self._arm("keys", self.timeouts.keys)
-        return [
+        with self.clock("keygen"):
+            self.holder = KeyHolderContext.generate(self.config.preset)
+            self._session_keys = SessionKeys.generate()
+        self.layout = self.config.layout(self.config.row_width(self.dim), self.holder.slots)
+        fp = self.holder.fingerprint()
+        hpke, ed = self._session_keys.public_bytes(), self._signer.public_bytes()
+        binding = self._signer.sign(key_binding_bytes(self.session, self.party_id, hpke, ed, fp))
+        server = self.roster.server
+        out = [
             self._new(
                 KeyAnnounce,
-                self.roster.server,
+                server,
                 party=self.party_id,
-                x25519=wrapping.public_bytes(),
+                hpke=hpke,
                 ed25519=ed,
+                context_fingerprint=fp,
                 binding_signature=binding,
             ),
-            *self._graph_messages(),
-        ]
-
-    def _graph_messages(self) -> list[Message]:
-        """With DP, this client's :class:`PrivacyTerms` (before anything the server sizes by them);
-        then its GraphAnnounce."""
-        g = self._graph
-        terms = (
-            []
-            if self.config.dp is None
-            else [self._new(PrivacyTerms, self.roster.server, **self.config.dp_fields())]
-        )
-        return [
-            *terms,
             self._new(
-                GraphAnnounce,
-                self.roster.server,
-                dim=g.dim,
-                owned=g.owned,
-                indptr=g.indptr,
-                indices=g.indices,
+                PublicContext,
+                server,
+                party=self.party_id,
+                preset=self.config.preset,
+                context=self.holder.public_context_bytes(),
+                context_fingerprint=fp,
             ),
         ]
+        if self.config.dp is not None:
+            out.append(self._new(PrivacyTerms, server, **self.config.dp_fields()))
+        for peer, (edges, uses) in self.local.claims().items():
+            signature = self._signer.sign(claim_bytes(self.session, self.party_id, peer, edges, uses))
+            out.append(
+                self._new(
+                    EdgeClaims,
+                    server,
+                    claimer=self.party_id,
+                    peer=peer,
+                    edges=edges,
+                    uses=uses,
+                    claim_signature=signature,
+                )
+            )
+        g = self._graph
+        out.append(
+            self._new(GraphAnnounce, server, dim=g.dim, owned=g.owned, indptr=g.indptr, indices=g.indices)
+        )
+        self.state = ClientState.AWAIT_ROSTER
+        self._arm("keys", self.timeouts.keys)
+        return out
 
     def _handler(self, msg: Message) -> Handler | None:
         if isinstance(msg, Abort):
             return None if self.state in (ClientState.DONE, ClientState.ABORTED) else self._on_abort
+        if isinstance(msg, SealedCheckKeys) and self.state in (
+            ClientState.AWAIT_CHECK_KEYS,
+            ClientState.UPLOADING,
+            ClientState.AWAIT_ENCODINGS,
+        ):
+            return self._on_check_keys
         return self._handlers().get((self.state, type(msg)))
 
     def _handlers(self) -> dict:
         return {
-            (ClientState.AWAIT_KEY, WrappedKeyDelivery): self._on_wrapped_key,
+            (ClientState.AWAIT_ROSTER, KeyAnnounce): self._on_peer_keys,
+            (ClientState.AWAIT_ROSTER, PublicContext): self._on_peer_context,
+            (ClientState.AWAIT_ROSTER, EdgeClaims): self._on_claim,
+            (ClientState.AWAIT_ROSTER, RosterReady): self._on_roster,
             (ClientState.AWAIT_ENCODINGS, PrivacyTerms): self._on_terms,
             (ClientState.AWAIT_ENCODINGS, EncodingBases): self._on_bases,
             (ClientState.AWAIT_ENCODINGS, EncodingResults): self._on_results,
@@ -299,81 +351,131 @@ class ClientPretrain(Party):
         return []
 
     def _expired(self, phase: str) -> list[Message]:
-        """The server (or the dealer behind it) went quiet: give up and say so."""
+        """The server (or a peer behind it) went quiet: give up and say so."""
         if self.state in (ClientState.DONE, ClientState.ABORTED):
             return []
-        missing = [self.roster.server] + ([self.roster.dealer] if phase == "keys" else [])
+        if phase == "keys":
+            waiting = sorted(set(self.releases) - set(self._owner_keys)) if self.participants else []
+            what = "roster" if not self.participants else f"check keys of parties {waiting}"
+        else:
+            waiting, what = [], "encodings"
         error = MissingPartyError(
-            f"client {self.party_id}: no {'wrapped key' if phase == 'keys' else 'encodings'} "
-            f"from the server before the {phase} deadline",
+            f"client {self.party_id}: no {what} from the server before the {phase} deadline",
             phase=phase,
-            missing=missing,
+            missing=[self.roster.server, *waiting],
         )
         self.state, self.failure, self.abort_reason = ClientState.ABORTED, error, str(error)
         self._disarm("keys", "download")
         return [self._new(Abort, self.roster.server, code=int(AbortCode.TIMEOUT), reason=str(error))]
 
-    # --- key -----------------------------------------------------------------------------------------
-    def _on_wrapped_key(self, msg: WrappedKeyDelivery) -> list[Message]:
+    # --- keys and claims ------------------------------------------------------------------------------
+    def _on_peer_keys(self, msg: KeyAnnounce) -> list[Message]:
         self._from_server(msg)
-        if msg.dealer != self.roster.dealer or msg.target != self.party_id:
-            raise PayloadError(f"wrapped key from {msg.dealer} for {msg.target} is not for this client")
-        expected = WrapAAD(str(self.roster.dealer), str(self.party_id), self.session, msg.key_fingerprint)
-        assert isinstance(self._wrapping, WrappingIdentity)  # start() refused a client without one
-        with self.clock("keygen"):
-            try:
-                holder = KeyHolderContext.from_wrapped(
-                    msg.wrapped,
-                    self._wrapping,
-                    expected,
-                    dealer_public=self.roster.signing_key(self.roster.dealer),
-                    presets=[self.config.preset],
-                )
-            except KeyUnwrapError as exc:
-                raise AuthError(f"the wrapped key does not open: {exc}") from exc
-            except (KeyMismatchError, ContextFormatError) as exc:
-                raise crypto_error(exc, "wrapped key") from exc
-        self._keyed(holder)
+        if msg.party == self.party_id:
+            raise PayloadError("the server relays this client's own keys back")
+        if msg.party in self._peers:
+            raise StateError(f"party {msg.party}'s keys were already relayed")
+        check_announce(msg, self.roster, self.session)
+        self._peers[msg.party] = msg
         return []
 
-    def _keyed(self, holder: KeyHolderContext) -> None:
-        self.holder = holder
-        self.verifier.fingerprint = holder.fingerprint()
-        self.layout = self.config.layout(self.dim, holder.slots)
-        self.state = ClientState.UPLOADING
-        self._disarm("keys")
+    def _on_peer_context(self, msg: PublicContext) -> list[Message]:
+        self._from_server(msg)
+        announced = self._peers.get(msg.party)
+        if announced is None:
+            raise StateError(f"party {msg.party}'s context before its keys")
+        if msg.party in self._peer_contexts:
+            raise StateError(f"party {msg.party}'s context was already relayed")
+        with self.clock("keygen"):
+            self._peer_contexts[msg.party] = load_public_context(msg, announced, self.config.preset)
+        return []
+
+    def _on_claim(self, msg: EdgeClaims) -> list[Message]:
+        self._from_server(msg)
+        if msg.claimer == self.party_id:
+            raise PayloadError("the server relays this client's own claim back")
+        if (msg.claimer, msg.peer) in self._claims:
+            raise StateError(f"party {msg.claimer}'s claim of its edges to {msg.peer} was already relayed")
+        verify_claim(msg, self.roster, self.session)
+        self._claims[(msg.claimer, msg.peer)] = msg
+        return []
+
+    def _on_roster(self, msg: RosterReady) -> list[Message]:
+        self._from_server(msg)
+        assert self.holder is not None and self._session_keys is not None
+        participants = [int(p) for p in msg.participants]
+        if self.party_id not in participants or any(not self.roster.is_client(p) for p in participants):
+            raise PayloadError("the roster must name this client and clients only")
+        others = [p for p in participants if p != self.party_id]
+        missing = [p for p in others if p not in self._peer_contexts]
+        if missing:
+            raise StateError(f"the roster names parties {missing} whose keys were not relayed")
+        fps = {p: self._peers[p].context_fingerprint for p in others}
+        fps[self.party_id] = self.holder.fingerprint()
+        keyset = keyset_fingerprint(self.session, fps)
+        if msg.fingerprint != keyset:
+            raise KeyFingerprintError("the roster is bound to another key set than the relayed keys")
+        claims = ClaimSet.of(
+            c for k, c in self._claims.items() if k[0] in participants and k[1] in participants
+        )
+        rel = releases(self.party_id, self.local, claims, others)
+        check_seed = os.urandom(32)
+        my_keys = {p: CheckKeys.generate(check_seed) for p in others}
+        sealed = seal_check_keys(
+            self.session, self.party_id, self._signer, my_keys, {p: self._peers[p].hpke for p in others}
+        )
+        self.verifier.fingerprint = keyset
+        self.participants, self.releases, self._my_keys = participants, rel, my_keys
+        self._queue = [(r, start) for r in sorted(rel) for start in range(0, len(rel[r]), self.upload_batch)]
+        self.state = ClientState.AWAIT_CHECK_KEYS
+        out = [self._new(SealedCheckKeys, self.roster.server, **sealed)]
+        self._maybe_upload()
+        return out
+
+    def _on_check_keys(self, msg: SealedCheckKeys) -> list[Message]:
+        self._from_server(msg)
+        assert self._session_keys is not None
+        r = msg.recipient_party
+        if r not in self.participants or r == self.party_id:
+            raise PayloadError(f"check keys of party {r}, which is not another participant")
+        if r in self._owner_keys:
+            raise StateError(f"party {r}'s check keys were already relayed")
+        keys = open_check_keys(msg, self.party_id, self._session_keys, self.roster, self.session)
+        self._owner_keys[r] = keys
+        self._maybe_upload()
+        return []
+
+    def _maybe_upload(self) -> None:
+        if self.state is ClientState.AWAIT_CHECK_KEYS and set(self.releases) <= set(self._owner_keys):
+            self.state = ClientState.UPLOADING
+            self._disarm("keys")
 
     # --- uploads -------------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return self.state is ClientState.UPLOADING
 
     def step(self) -> list[Message]:
-        """Encrypt and send the next batch of owned rows (then UploadDone); with DP, each batch's
-        release (ReleaseUpload) after its clean rows (FeatureUpload)."""
+        """Encrypt and send the next batch of released rows (under the recipient's key, with their
+        tag columns); then UploadDone."""
         if self.state is not ClientState.UPLOADING:
             return []
-        assert self.holder is not None and self.layout is not None
-        start = self._next_upload
-        stop = min(start + self.upload_batch, len(self.owned))
-        rows = validate_features(self._features[start:stop], stop - start, self.dim)
+        assert self.layout is not None
         out: list[Message] = []
-        copies: list[tuple[type[FeatureUpload | ReleaseUpload], np.ndarray]] = [(FeatureUpload, rows)]
-        if self._release is not None:
-            copies.append((ReleaseUpload, self._release[start:stop]))
-        c = self.layout.chunks
-        for cls, values in copies:
+        if self._queue:
+            r, start = self._queue.pop(0)
+            nodes = self.releases[r][start : start + self.upload_batch]
+            pos = np.searchsorted(self.owned, nodes)
+            rows = (self._features if self._release is None else self._release)[pos]
+            full = np.hstack([rows, tag_columns(self._owner_keys[r], self.session, nodes, rows)])
             with self.clock("encrypt"):
-                blobs = list(encrypt_rows(self.holder, values, self.layout))
-            items = tuple(
-                UploadItem(int(self.owned[start + k // c]), k % c, blob) for k, blob in enumerate(blobs)
-            )
+                blobs = list(encrypt_rows(self._peer_contexts[r], full, self.layout))
+            c = self.layout.chunks
+            items = tuple(UploadItem(int(nodes[k // c]), k % c, blob) for k, blob in enumerate(blobs))
             self._uploaded += len(items)
-            out.append(self._new(cls, self.roster.server, items=items))
-        self._next_upload = stop
-        if stop == len(self.owned):
-            out.append(
-                self._new(UploadDone, self.roster.server, nodes=len(self.owned), ciphertexts=self._uploaded)
-            )
+            out.append(self._new(FeatureUpload, self.roster.server, target=r, items=items))
+        if not self._queue:
+            pairs = sum(len(v) for v in self.releases.values())
+            out.append(self._new(UploadDone, self.roster.server, nodes=pairs, ciphertexts=self._uploaded))
             self.state = ClientState.AWAIT_ENCODINGS
             self._arm("download", self.timeouts.download)
         return out
@@ -387,6 +489,30 @@ class ClientPretrain(Party):
         self._terms_confirmed = True
         return []
 
+    def _check_neighbours(self, msg: EncodingBases) -> None:
+        """The bucket's neighbourhoods and owners agree with what this client knows: its own nodes'
+        neighbourhoods exactly, its nodes owned by it and no other node, its cross edges' owners."""
+        me = self.party_id
+        mine = np.isin(msg.neighbours, self.owned)
+        if np.any(mine != (msg.owners == me)):
+            raise PayloadError(
+                "the bases name another owner for this client's nodes, or this client for others'"
+            )
+        if np.any(~np.isin(msg.owners, self.participants)):
+            raise PayloadError("the bases name owners outside the round")
+        for k in np.flatnonzero(np.isin(msg.nodes, self.owned)):
+            node = int(msg.nodes[k])
+            i = int(np.searchsorted(self.owned, node))
+            own = self._graph.indices[self._graph.indptr[i] : self._graph.indptr[i + 1]]
+            if not np.array_equal(msg.neighbours[k], own):
+                raise PayloadError(f"the bases give owned node {node} another neighbourhood")
+            cross = self.local.cross
+            sel = cross[:, 0] == node
+            theirs = dict(zip(cross[sel, 1].tolist(), self.local.cross_owner[sel].tolist(), strict=True))
+            for u, o in zip(msg.neighbours[k].tolist(), msg.owners[k].tolist(), strict=True):
+                if u in theirs and theirs[u] != o:
+                    raise PayloadError(f"the bases give node {u} another owner than this client knows")
+
     def _on_bases(self, msg: EncodingBases) -> list[Message]:
         self._from_server(msg)
         assert self.layout is not None
@@ -399,23 +525,34 @@ class ClientPretrain(Party):
         need = check_bases(msg, cfg, self.limits, self.dim * element, self._encoding_bytes)
         nodes = [int(n) for n in msg.nodes]
         check_bucket_nodes(nodes, msg.n, self._position, self._assigned, self._degree)
+        self._check_neighbours(msg)
         rows = np.array([self._position[n] for n in nodes], dtype=np.int64)
         bases = BucketBases(
-            cfg.variant,
-            rows,
-            np.asarray(nodes, dtype=np.int64),
-            np.full((len(nodes), msg.n), -1, dtype=np.int64),
-            msg.p,
-            msg.q,
+            cfg.variant, rows, np.asarray(nodes, dtype=np.int64), msg.neighbours, msg.p, msg.q
         )
-        buf = torch.zeros((len(nodes), bases.num_feature_rows(), self.dim), dtype=self.dtype)
+        mine = msg.owners == self.party_id
+        with self.clock("decrypt"):
+            buf = torch.from_numpy(self._own_share(bases, mine)).to(self.dtype)
+        filled = ~np.any(~mine, axis=1)  # no foreign neighbour: the own share is the whole encoding
         self._assemblies.append(
-            _Assembly(bases, buf, np.zeros(len(nodes), dtype=bool), {n: i for i, n in enumerate(nodes)})
+            _Assembly(bases, msg.owners, buf, filled, {n: i for i, n in enumerate(nodes)})
         )
         self._assigned.update(nodes)
         self._encoding_bytes += need
         self._arm("download", self.timeouts.download)
         return []
+
+    def _own_share(self, bases: BucketBases, mine: np.ndarray) -> np.ndarray:
+        """``(B, R + 1, d)``: the encodings' share of this client's own rows, in plaintext
+        (one pass per neighbourhood position, not per node)."""
+        coef = bases.coefficients()
+        out = np.zeros((len(bases), coef.shape[1], self.dim))
+        for k in range(bases.n):
+            at = np.flatnonzero(mine[:, k])
+            if len(at):
+                h = self._features[np.searchsorted(self.owned, bases.neighbours[at, k])]
+                out[at] += coef[at, :, k, None] * h[:, None, :]
+        return out
 
     def _on_results(self, msg: EncodingResults) -> list[Message]:
         self._from_server(msg)
@@ -423,44 +560,70 @@ class ClientPretrain(Party):
         if msg.bucket >= len(self._assemblies):
             raise PayloadError(f"results for unknown bucket {msg.bucket}")
         asm = self._assemblies[msg.bucket]
-        want_rows = self.layout.groups(asm.bases.num_feature_rows()) * self.layout.chunks
-        slots = []
+        R = asm.bases.num_feature_rows()
+        want_rows = self.layout.groups(R) * self.layout.chunks
+        slots: list[int] = []
         for item in msg.items:
             slot = asm.slot.get(item.node)
             if slot is None:
                 raise PayloadError(f"node {item.node} is not in bucket {msg.bucket}")
             if asm.filled[slot] or slot in slots:
-                raise PayloadError(f"duplicate results for node {item.node}")
+                raise PayloadError(f"duplicate (or unexpected) results for node {item.node}")
             if len(item.row_blobs) != want_rows:
                 raise PayloadError(
                     f"node {item.node}: {len(item.row_blobs)} row ciphertexts, expected {want_rows}"
                 )
-            if item.self_blobs is not None:  # h_i is result row 0; uploads are never forwarded
+            if item.self_blobs is not None:
                 raise PayloadError(f"node {item.node}: forwarded upload ciphertexts are not accepted")
             slots.append(slot)
-        sel = np.asarray(slots)
-        sub = asm.bases.take(sel)
-        results = [NodeResult(item.node, list(item.row_blobs)) for item in msg.items]
+        vectors = next(iter(self._my_keys.values())).vectors(self.dim) if self._my_keys else None
+        shares = []
         with self.clock("decrypt"):
-            try:
-                got = decrypt_bucket(
-                    self.holder, self.layout, sub, results, own_features=self._own_rows, dtype=self.dtype
-                )
-            except (CiphertextFormatError, KeyMismatchError) as exc:
-                raise crypto_error(exc, f"results of bucket {msg.bucket}") from exc
-            except ValueError as exc:
-                raise PayloadError(f"results of bucket {msg.bucket}: {exc}") from exc
-            asm.rows[torch.from_numpy(sel)] = got.features
-        asm.filled[sel] = True
+            for item, slot in zip(msg.items, slots, strict=True):
+                try:
+                    dec = decrypt_rows(self.holder, item.row_blobs, R, self.layout, kind="result")
+                except (CiphertextFormatError, KeyMismatchError) as exc:
+                    raise crypto_error(exc, f"results of node {item.node}") from exc
+                shares.append(self._check(asm, slot, dec, vectors))
+        for slot, share in zip(slots, shares, strict=True):  # all checked: now store
+            asm.rows[slot] += torch.from_numpy(share).to(self.dtype)
+            asm.filled[slot] = True
         self._arm("download", self.timeouts.download)
-        self.nodes_decrypted += len(results)
-        self.ciphertexts_decrypted += sum(len(r.row_blobs) for r in results)
+        self.nodes_decrypted += len(slots)
+        self.ciphertexts_decrypted += sum(len(item.row_blobs) for item in msg.items)
         return []
+
+    def _check(self, asm: _Assembly, slot: int, dec: np.ndarray, vectors: np.ndarray | None) -> np.ndarray:
+        """The verified feature columns of one decrypted foreign share (:func:`check_share`)."""
+        node = int(asm.bases.nodes[slot])
+        foreign = asm.owners[slot] != self.party_id
+        ids, owners = asm.bases.neighbours[slot][foreign], asm.owners[slot][foreign]
+        named = tuple(sorted({int(o) for o in owners}))
+        if vectors is None or any(o not in self._my_keys for o in named):
+            raise ResultRejectedError(
+                f"node {node}: no check keys for its owners {list(named)}", node=node, owners=named
+            )
+        prf = np.zeros((len(ids), vectors.shape[0]))
+        for o in named:
+            at = owners == o
+            prf[at] = prf_tags(self._my_keys[o].prf, self.session, ids[at])
+        try:
+            return check_share(
+                dec,
+                asm.bases.coefficients(slot)[:, foreign],
+                prf,
+                vectors,
+                node=node,
+                owners=named,
+                max_row_norm=1.0,  # released rows are unit-norm (DP releases are renormalised)
+            )
+        except ResultCheckError as exc:
+            raise ResultRejectedError(str(exc), node=node, owners=named) from exc
 
     def _on_done(self, msg: EncodingsDone) -> list[Message]:
         self._from_server(msg)
         missing = len(self.needed) - sum(int(a.filled.sum()) for a in self._assemblies)
-        if msg.buckets != len(self._assemblies) or msg.nodes != len(self.needed) or missing:
+        if msg.buckets != len(self._assemblies) or missing:
             raise PayloadError(
                 f"encodings incomplete: {missing} of {len(self.needed)} nodes missing, "
                 f"{len(self._assemblies)} buckets received of {msg.buckets}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedgat.crypto import DEFAULT_PRESET, SlotLayout
+from fedgat.crypto.tags import TAG_COLUMNS
 from fedgat.dp import FeatureDP
 from fedgat.variants import Variant, VariantLike, as_variant
 
@@ -24,9 +25,10 @@ CLIENT_KIND = "fedgat.pretrain.client"
 
 @dataclass(frozen=True)
 class PretrainTimeouts:
-    """Seconds per phase (None: wait forever). Server: ``keys`` from its start until it holds the
-    context, every graph and every wrapped key; ``upload`` from then until every UploadDone. Clients:
-    ``keys`` until the wrapped key arrives; ``download`` without any bases or results message."""
+    """Seconds per phase (None: wait forever). Server: ``keys`` from its start until it holds every
+    client's keys, context, claims and graph; ``upload`` from then until every UploadDone. Clients:
+    ``keys`` until the roster is ready and the check keys of every recipient arrived; ``download``
+    without any bases or results message."""
 
     keys: float | None = None
     upload: float | None = None
@@ -64,7 +66,7 @@ class PretrainConfig:
     """Session parameters every party agrees on out of band, with the roster.
 
     Attributes:
-        session: the session id (u64) every message is bound to; also the wrapped key's round id.
+        session: the session id (u64) every message, claim, key binding and sealed check key is bound to.
         variant: "vector" or "matrix" encodings (a :class:`~fedgat.variants.Variant` is accepted and
             stored by name); :attr:`kind` is the variant itself.
         preset: CKKS preset name (:data:`fedgat.crypto.PRESETS`).
@@ -72,8 +74,8 @@ class PretrainConfig:
             :meth:`~fedgat.crypto.SlotLayout.for_dimension` (3 chunks for Cora at n4096).
         embed_factor: vector variant's ``m = embed_factor * n``.
         dp: differential privacy of the features shared across clients (:class:`fedgat.dp.FeatureDP`;
-            None: off). With it every client uploads its nodes' clean projected rows *and* their
-            release, and a client's encodings read its own clean rows and every other node's release.
+            None: off). With it the rows a client releases to others are its DP release, and a
+            client's encodings read its own clean rows and every other node's release.
             Every party must hold the same terms: they are exchanged (:class:`PrivacyTerms`) and a
             mismatch is refused (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
     """
@@ -97,10 +99,11 @@ class PretrainConfig:
         """The :class:`~fedgat.variants.Variant` of the session's encodings."""
         return as_variant(self.variant)
 
-    @property
-    def copies(self) -> int:
-        """Uploaded copies of each owned node: 2 with DP (clean and release), else 1."""
-        return 1 if self.dp is None else 2
+    @staticmethod
+    def row_width(dim: int) -> int:
+        """Values per released row: the ``dim`` features and the tag columns
+        (:data:`fedgat.crypto.tags.TAG_COLUMNS`)."""
+        return dim + TAG_COLUMNS
 
     def dp_fields(self) -> dict:
         """The :class:`PrivacyTerms` fields of :attr:`dp` (which must be set)."""

@@ -1,258 +1,189 @@
-r"""Key set-up of the pre-training round: the dealer generates the CKKS key, sends the server the
-public context and every other client the secret context wrapped for its X25519 key (signed), through
-the server; each client's key announcement carries a signature binding its X25519 key to its roster
-identity and the session (:func:`check_binding`)."""
+r"""Key set-up of the pre-training round: no shared secret key, no dealer.
+
+Every client generates, per session, its own CKKS key pair (:class:`fedgat.crypto.KeyHolderContext`)
+and an HPKE key pair (ML-KEM-768 + X25519, :class:`SessionKeys`). It announces both public keys
+(:class:`~fedgat.protocols.messages.KeyAnnounce`, signed: :func:`check_announce`) and sends its
+public CKKS context (:func:`load_public_context` checks it against the announced fingerprint); the
+server relays both to every other client. Rows a client needs are encrypted by their owners under
+*its* public key, so its secret key decrypts nothing of anyone else's and no other party's key
+decrypts anything of its rows.
+
+Each recipient also seals its check keys (:class:`fedgat.crypto.tags.CheckKeys`) to every owner
+with HPKE and signs the lot (:func:`seal_check_keys`, :func:`open_check_keys`): the server relays
+them and can neither read nor replace them.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
-from fedgat.crypto import (
-    ContextFormatError,
-    KeyHolderContext,
-    KeyUnwrapError,
-    ServerContext,
-    WrapAAD,
-    WrappedKey,
-)
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hpke
+from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
+
+from fedgat.crypto import ContextFormatError, ServerContext
 from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import verify as verify_signature
+from fedgat.crypto.keys import SigningIdentity
+from fedgat.crypto.tags import CheckKeys
 
-from .errors import AuthError, KeyFingerprintError, PayloadError, SignatureError, StateError
-from .messages import KeyAnnounce, Message, PublicContext, WrappedKeyDelivery, key_binding_bytes
-from .party import Handler
-from .party_values import PartyReport
-from .pretrain_client import ClientPretrain, ClientState
-from .pretrain_config import PretrainConfig
-from .roster import Roster, Verifier
+from .errors import AuthError, KeyFingerprintError, PayloadError, SignatureError
+from .messages import KeyAnnounce, PublicContext, SealedCheckKeys, key_binding_bytes, sealed_keys_bytes
+from .messages_pretrain import HPKE_PUBLIC
+from .roster import Roster
 
-__all__ = [
-    "DealerSide",
-    "KeyRelay",
-    "check_announce",
-    "check_binding",
-    "check_wrapped_delivery",
-    "load_public_context",
-]
+__all__ = ["SessionKeys", "check_announce", "load_public_context", "open_check_keys", "seal_check_keys"]
+
+_SUITE = hpke.Suite(hpke.KEM.MLKEM768_X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+_MLKEM_PUBLIC = 1184
 
 
-def check_binding(msg: KeyAnnounce, session: int) -> None:
-    """Verify the announcing party's signature binding its X25519 key to its id and the session.
+class SessionKeys:
+    """A client's HPKE key pair for one session (ML-KEM-768 + X25519: post-quantum confidentiality
+    for what is sealed to it). Fresh from the OS CSPRNG (:meth:`generate`); never pickled."""
 
-    Raises:
-        SignatureError: the binding signature does not verify.
-    """
-    try:
-        verify_signature(
-            msg.ed25519, key_binding_bytes(session, msg.party, msg.x25519, msg.ed25519), msg.binding_signature
+    def __init__(self, mlkem_key: mlkem.MLKEM768PrivateKey, x25519_key: x25519.X25519PrivateKey) -> None:
+        self._mlkem, self._x25519 = mlkem_key, x25519_key
+        self._private = hpke.MLKEM768X25519PrivateKey(mlkem_key, x25519_key)
+
+    @classmethod
+    def generate(cls) -> SessionKeys:
+        return cls(mlkem.MLKEM768PrivateKey.generate(), x25519.X25519PrivateKey.generate())
+
+    def public_bytes(self) -> bytes:
+        """ML-KEM public key (1184 B) then X25519 public key (32 B)."""
+        return self._mlkem.public_key().public_bytes_raw() + self._x25519.public_key().public_bytes_raw()
+
+    def private_bytes(self) -> bytes:
+        """The ML-KEM seed (64 B) and the X25519 private key (32 B): for a party's sealed state only."""
+        return self._mlkem.private_bytes_raw() + self._x25519.private_bytes_raw()
+
+    @classmethod
+    def from_private_bytes(cls, data: bytes) -> SessionKeys:
+        if len(data) != 96:
+            raise ValueError("session keys are 96 bytes")
+        return cls(
+            mlkem.MLKEM768PrivateKey.from_seed_bytes(data[:64]),
+            x25519.X25519PrivateKey.from_private_bytes(data[64:]),
         )
-    except CryptoSignatureError as exc:
-        raise SignatureError(f"party {msg.party}'s key binding signature is invalid") from exc
+
+    def open(self, sealed: bytes, info: bytes) -> bytes:
+        return _SUITE.decrypt(sealed, self._private, info=info)
+
+    def __reduce__(self):
+        raise TypeError("session keys are never pickled")
+
+    def __repr__(self) -> str:
+        return "SessionKeys(<private>)"
+
+
+def _public_key(raw: bytes) -> hpke.MLKEM768X25519PublicKey:
+    if len(raw) != HPKE_PUBLIC:
+        raise PayloadError(f"an HPKE public key is {HPKE_PUBLIC} bytes")
+    try:
+        return hpke.MLKEM768X25519PublicKey(
+            mlkem.MLKEM768PublicKey.from_public_bytes(raw[:_MLKEM_PUBLIC]),
+            x25519.X25519PublicKey.from_public_bytes(raw[_MLKEM_PUBLIC:]),
+        )
+    except ValueError as exc:
+        raise PayloadError(f"malformed HPKE public key: {exc}") from exc
 
 
 def check_announce(msg: KeyAnnounce, roster: Roster, session: int) -> None:
-    """The server's checks of a client's key announcement before relaying it to the dealer.
+    """A client's key announcement (from it, or relayed): a client's own Ed25519 key of the roster,
+    and its signature binding the session keys to it.
 
     Raises:
-        AuthError, PayloadError, SignatureError: from the dealer, for another party, with a key that is
-            not the roster's, or with an invalid binding signature.
+        AuthError: not a client, or another Ed25519 key than the roster's.
+        SignatureError: the binding signature does not verify. PayloadError: a malformed HPKE key.
     """
-    if msg.sender == roster.dealer:
-        raise AuthError("the dealer holds the key and announces no wrapping key")
-    if msg.party != msg.sender:
-        raise PayloadError(f"party {msg.sender} announces keys for party {msg.party}")
+    if not roster.is_client(msg.party):
+        raise AuthError(f"party {msg.party} is not a client and announces no keys")
     if msg.ed25519 != roster.signing_key(msg.party):
         raise AuthError(f"announced Ed25519 key of party {msg.party} is not the roster's")
-    check_binding(msg, session)
+    try:
+        verify_signature(
+            msg.ed25519,
+            key_binding_bytes(session, msg.party, msg.hpke, msg.ed25519, msg.context_fingerprint),
+            msg.binding_signature,
+        )
+    except CryptoSignatureError as exc:
+        raise SignatureError(f"party {msg.party}'s key binding signature is invalid") from exc
+    _public_key(msg.hpke)
 
 
-def load_public_context(msg: PublicContext, roster: Roster, preset: str) -> ServerContext:
-    """The server's public CKKS context from the dealer's message (a secret key is refused).
+def load_public_context(msg: PublicContext, announced: KeyAnnounce, preset: str) -> ServerContext:
+    """Party ``msg.party``'s public CKKS context, checked against the fingerprint it signed.
 
     Raises:
-        AuthError: not from the dealer. PayloadError: another preset, or not a public context.
-        KeyFingerprintError: the loaded context has another fingerprint than announced.
+        PayloadError: another preset, or not a public context (a secret key is refused).
+        KeyFingerprintError: the context is not the one the party announced.
     """
-    if msg.sender != roster.dealer:
-        raise AuthError(f"only the dealer sends the public context, not party {msg.sender}")
+    if msg.context_fingerprint != announced.context_fingerprint:
+        raise KeyFingerprintError(f"party {msg.party}'s context is not the one it announced")
     if msg.preset != preset:
         raise PayloadError(f"context preset {msg.preset!r} is not the session's {preset!r}")
     try:
         ctx = ServerContext.from_bytes(msg.context, presets=[preset])
-    except ContextFormatError as exc:  # NotPublicContextError included: a secret key is refused
-        raise PayloadError(f"public context refused: {exc}") from exc
+    except ContextFormatError as exc:  # NotPublicContextError included
+        raise PayloadError(f"public context of party {msg.party} refused: {exc}") from exc
     if ctx.fingerprint() != msg.context_fingerprint:
-        raise KeyFingerprintError("loaded context has another fingerprint")
+        raise KeyFingerprintError(f"party {msg.party}'s loaded context has another fingerprint")
     return ctx
 
 
-def check_wrapped_delivery(msg: WrappedKeyDelivery, roster: Roster, session: int) -> None:
-    """The server's checks of a wrapped key before relaying it (it cannot open it).
+def _info(session: int, recipient: int, owner: int) -> bytes:
+    return (
+        b"fedgat/check-keys/v1"
+        + session.to_bytes(8, "big")
+        + recipient.to_bytes(4, "big")
+        + owner.to_bytes(4, "big")
+    )
+
+
+def seal_check_keys(
+    session: int,
+    recipient: int,
+    signer: SigningIdentity,
+    keys: Mapping[int, CheckKeys],
+    hpke_keys: Mapping[int, bytes],
+) -> dict:
+    """The fields of ``recipient``'s :class:`SealedCheckKeys`: ``keys[b]`` sealed to ``hpke_keys[b]``
+    for every owner ``b``, and the recipient's signature over the lot."""
+    owners = np.array(sorted(keys), dtype=np.int64)
+    sealed = tuple(
+        _SUITE.encrypt(
+            keys[int(b)].to_bytes(), _public_key(hpke_keys[int(b)]), info=_info(session, recipient, int(b))
+        )
+        for b in owners
+    )
+    signature = signer.sign(sealed_keys_bytes(session, recipient, sealed, owners))
+    return {"recipient_party": recipient, "owners": owners, "sealed": sealed, "keys_signature": signature}
+
+
+def open_check_keys(
+    msg: SealedCheckKeys, me: int, mine: SessionKeys, roster: Roster, session: int
+) -> CheckKeys:
+    """The check keys recipient ``msg.recipient_party`` sealed for owner ``me``.
 
     Raises:
-        PayloadError: misaddressed, malformed, or bound to other parties, session or key.
+        PayloadError: not a client's, or no entry for ``me``. SignatureError: not signed by the
+            recipient. AuthError: the entry does not open (another key, or tampered).
     """
-    if msg.dealer != msg.sender or msg.target == msg.sender or not roster.is_client(msg.target):
-        raise PayloadError(f"wrapped key from {msg.dealer} for {msg.target} is misaddressed")
+    r = msg.recipient_party
+    if not roster.is_client(r) or r == me:
+        raise PayloadError(f"check keys of party {r}, which is no other client")
     try:
-        aad = WrappedKey.from_bytes(msg.wrapped).aad
-    except KeyUnwrapError as exc:
-        raise PayloadError(f"malformed wrapped key: {exc}") from exc
-    if aad != WrapAAD(str(msg.dealer), str(msg.target), session, msg.key_fingerprint):
-        raise PayloadError("wrapped key is bound to other parties, session or key")
-
-
-class DealerSide(ClientPretrain):
-    """The client that generates the CKKS key (at :meth:`start`), sends the public context to the
-    server and the secret context, wrapped and signed, to every other client through the server.
-    As a value: a client's spec; its report adds the clients it wrapped the key for."""
-
-    PARTY_KIND = "pretrain.dealer"
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if self.party_id != self.roster.dealer:
-            raise ValueError("the dealer's party id must be the roster's dealer")
-        self._wrapped_for: set[int] = set()
-
-    def _snapshot(self) -> dict:
-        return {**super()._snapshot(), "wrapped_for": tuple(sorted(self._wrapped_for))}
-
-    def _report_values(self) -> tuple[dict[str, int], dict]:
-        counters, result = super()._report_values()
-        return counters, {**result, "wrapped_for": sorted(self._wrapped_for)}
-
-    def _absorb(self, report: PartyReport) -> None:
-        super()._absorb(report)
-        self._wrapped_for = {int(p) for p in report.result["wrapped_for"]}
-
-    def start(self) -> list[Message]:
-        if self.state is not ClientState.NEW:
-            raise StateError("start() was already called")
-        with self.clock("keygen"):
-            holder = KeyHolderContext.generate(self.config.preset)
-        self._keyed(holder)
-        return [
-            self._new(
-                PublicContext,
-                self.roster.server,
-                preset=self.config.preset,
-                context=holder.public_context_bytes(),
-                context_fingerprint=holder.fingerprint(),
-            ),
-            *self._graph_messages(),
-        ]
-
-    def _handler(self, msg: Message) -> Handler | None:
-        if isinstance(msg, KeyAnnounce) and self.state not in (ClientState.DONE, ClientState.ABORTED):
-            return self._on_key_announce
-        return super()._handler(msg)
-
-    def _on_key_announce(self, msg: KeyAnnounce) -> list[Message]:
-        self._from_server(msg)
-        assert self.holder is not None
-        if msg.party == self.party_id or not self.roster.is_client(msg.party):
-            raise PayloadError(f"keys announced for party {msg.party}, which is no other client")
-        if msg.ed25519 != self.roster.signing_key(msg.party):
-            raise AuthError(f"announced Ed25519 key of party {msg.party} is not the roster's")
-        check_binding(msg, self.session)
-        if msg.party in self._wrapped_for:
-            raise StateError(f"the key has already been wrapped for party {msg.party}")
-        with self.clock("keygen"):
-            try:
-                wrapped = self.holder.wrap_for(
-                    msg.x25519,
-                    sender_id=str(self.party_id),
-                    recipient_id=str(msg.party),
-                    round_id=self.session,
-                    signer=self._signer,
-                )
-            except KeyUnwrapError as exc:  # e.g. a low-order X25519 point
-                raise PayloadError(f"cannot wrap for party {msg.party}: {exc}") from exc
-        self._wrapped_for.add(msg.party)
-        return [
-            self._new(
-                WrappedKeyDelivery,
-                self.roster.server,
-                dealer=self.party_id,
-                target=msg.party,
-                key_fingerprint=self.holder.fingerprint(),
-                wrapped=wrapped,
-            )
-        ]
-
-
-class KeyRelay:
-    """The server's part of key set-up (mixed into
-    :class:`~fedgat.protocols.pretrain_server.ServerPretrain`): it checks and relays each client's key
-    announcement to the dealer and each wrapped key back, and loads the public context; it can open
-    none of them."""
-
-    roster: Roster
-    session: int
-    config: PretrainConfig
-    context: ServerContext | None
-    verifier: Verifier
-    dropped: dict[int, str]
-    _relayed_keys: set[int]
-    _relayed_wraps: set[int]
-
-    if TYPE_CHECKING:  # provided by the server (and Party): declared for the type checker only
-
-        def _require_client(self, msg: Message) -> None: ...
-
-        def _after_key_event(self) -> list[Message]: ...
-
-        def _maybe_open_spool(self) -> None: ...
-
-        def _new(self, cls: type[Message], recipient: int, **fields: Any) -> Message: ...
-
-    def _on_key_announce(self, msg: KeyAnnounce) -> list[Message]:
-        self._require_client(msg)
-        check_announce(msg, self.roster, self.session)
-        if msg.party in self._relayed_keys:
-            raise StateError(f"party {msg.party} has already announced its keys")
-        self._relayed_keys.add(msg.party)
-        self._after_key_event()
-        return [
-            self._new(
-                KeyAnnounce,
-                self.roster.dealer,
-                party=msg.party,
-                x25519=msg.x25519,
-                ed25519=msg.ed25519,
-                binding_signature=msg.binding_signature,
-            )
-        ]
-
-    def _on_public_context(self, msg: PublicContext) -> list[Message]:
-        if self.context is not None:
-            raise StateError("the public context has already been received")
-        ctx = load_public_context(msg, self.roster, self.config.preset)
-        self.context = ctx
-        self.verifier.fingerprint = ctx.fingerprint()
-        self._maybe_open_spool()
-        return self._after_key_event()
-
-    def _on_wrapped_key(self, msg: WrappedKeyDelivery) -> list[Message]:
-        if msg.sender != self.roster.dealer:
-            raise AuthError(f"only the dealer sends wrapped keys, not party {msg.sender}")
-        if self.context is None:
-            raise StateError("a wrapped key before the public context")
-        if msg.target in self._relayed_wraps:
-            raise StateError(f"a wrapped key for party {msg.target} has already been relayed")
-        check_wrapped_delivery(msg, self.roster, self.session)
-        if msg.target in self.dropped:
-            raise StateError(f"party {msg.target} was dropped; its wrapped key is not relayed")
-        self._relayed_wraps.add(msg.target)
-        self._after_key_event()
-        return [
-            self._new(
-                WrappedKeyDelivery,
-                msg.target,
-                dealer=msg.dealer,
-                target=msg.target,
-                key_fingerprint=msg.key_fingerprint,
-                wrapped=msg.wrapped,
-            )
-        ]
+        verify_signature(
+            roster.signing_key(r), sealed_keys_bytes(session, r, msg.sealed, msg.owners), msg.keys_signature
+        )
+    except CryptoSignatureError as exc:
+        raise SignatureError(f"check keys of party {r} are not signed by it") from exc
+    at = np.flatnonzero(msg.owners == me)
+    if not len(at):
+        raise PayloadError(f"party {r}'s check keys hold no entry for party {me}")
+    try:
+        return CheckKeys.from_bytes(mine.open(msg.sealed[int(at[0])], _info(session, r, me)))
+    except (InvalidTag, ValueError) as exc:
+        raise AuthError(f"party {r}'s check keys for party {me} do not open") from exc

@@ -12,14 +12,14 @@ client that needs it. Each client receives its share of the bases cut into bucke
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedgat.crypto import SlotLayout
-from fedgat.crypto.encodings import multiply_adds, plan_views
+from fedgat.crypto.encodings import ShareBucket, multiply_adds, plan_views
 from fedgat.encodings import BucketBases, draw_bases
 from fedgat.graph import CSR
 from fedgat.randomness import RandomSource
@@ -36,6 +36,7 @@ __all__ = [
     "needed_from_neighbourhoods",
     "partition_graphs",
     "plan_round",
+    "plan_shares",
     "shortfall",
     "unsound_without",
 ]
@@ -80,15 +81,11 @@ def shortfall(graphs: Sequence[GraphAnnounce]) -> np.ndarray:
 def unsound_without(
     missing: Sequence[int],
     participants: Sequence[int],
-    dealer: int,
     graphs: Mapping[int, GraphAnnounce],
     owner: Mapping[int, int],
 ) -> str | None:
-    """Why a round cannot go on without the ``missing`` clients (None: it can): the dealer is
-    missing, no client is left, or a remaining client needs a node that a missing one owns. Graphs
+    """Why a round cannot go on without the ``missing`` clients (None: it can): no client is left, or a remaining client needs a node that a missing one owns. Graphs
     still to come are judged at the next deadline."""
-    if dealer in missing:
-        return f"the dealer (party {dealer}) did not provide the key; missing parties {list(missing)}"
     keep = [c for c in participants if c not in missing]
     if not keep:
         return f"no client is left; missing parties {list(missing)}"
@@ -119,22 +116,67 @@ class RoundPlan:
 
     needed: dict[int, np.ndarray]
     bases: list[BucketBases]
-    buckets: list[BucketBases]
+    buckets: list[BucketBases] | list[ShareBucket]
     recipients: list[tuple[int, ...]]
     views: dict[int, list[BucketBases]]
     route: dict[int, dict[int, int]]
+    #: shares plan: per recipient, the compute buckets of its foreign shares (in :attr:`buckets`)
+    shares: dict[int, list[ShareBucket]] | None = None
 
     @property
     def num_results(self) -> int:
         return len(self.recipients)
 
+    @property
+    def whole_buckets(self) -> list[BucketBases]:
+        """:attr:`buckets` of a plaintext plan (:func:`plan_round`: whole encodings per node).
+
+        Raises:
+            TypeError: a shares plan (:func:`plan_shares`)."""
+        out = [b for b in self.buckets if isinstance(b, BucketBases)]
+        if len(out) != len(self.buckets):
+            raise TypeError("a shares plan computes foreign shares, not whole encodings")
+        return out
+
+    def results_for(self, client: int) -> int:
+        """Results the client receives."""
+        return sum(client in r for r in self.recipients)
+
     def multiply_adds(self, layout: SlotLayout) -> int:
         """Plaintext x ciphertext multiply-adds of the whole round's compute (the op-count bound)."""
-        return sum(multiply_adds(b, layout) for b in self.buckets)
+        return sum(
+            b.multiply_adds(layout) if isinstance(b, ShareBucket) else multiply_adds(b, layout)
+            for b in self.buckets
+        )
 
     def num_feature_rows(self) -> list[int]:
         """Per compute bucket, the feature rows of one of its results."""
         return [b.num_feature_rows() for b in self.buckets]
+
+
+def _draw(
+    graphs: Mapping[int, GraphAnnounce], variant: str, rng: RandomSource, embed_factor: int
+) -> tuple[dict[int, np.ndarray], list[BucketBases]]:
+    """Every client's needed nodes and the bases of all of them, drawn once."""
+    needed = {c: needed_from_neighbourhoods(g.owned, g.indices) for c, g in graphs.items()}
+    nodes = np.unique(np.concatenate(list(needed.values())))
+    rows: list[np.ndarray] = [np.zeros(0, np.int64)] * len(nodes)
+    for g in graphs.values():
+        for k, pos in enumerate(np.searchsorted(nodes, g.owned)):
+            rows[int(pos)] = g.indices[g.indptr[k] : g.indptr[k + 1]]
+    drawn = draw_bases(variant, CSR.from_rows(rows), np.arange(len(nodes)), rng, embed_factor=embed_factor)
+    return needed, [BucketBases(b.variant, b.rows, nodes[b.nodes], b.neighbours, b.p, b.q) for b in drawn]
+
+
+def _views(
+    bases: list[BucketBases], needed: Mapping[int, np.ndarray], max_bucket_elems: int
+) -> tuple[dict[int, list[BucketBases]], dict[int, dict[int, int]]]:
+    views: dict[int, list[BucketBases]] = {}
+    route: dict[int, dict[int, int]] = {}
+    for c, nodes in needed.items():
+        views[c] = [view for _, view in client_bucket_views(bases, nodes, max_bucket_elems)]
+        route[c] = {int(n): cb for cb, view in enumerate(views[c]) for n in view.nodes}
+    return views, route
 
 
 def plan_round(
@@ -146,23 +188,17 @@ def plan_round(
     with_views: bool = False,
     max_bucket_elems: int = 1 << 20,
 ) -> RoundPlan:
-    """Plan a round for the clients of ``graphs`` (client id -> its announcement; every needed node
-    must be owned by one of them, see :func:`shortfall`).
+    """Plan a *plaintext* round (:mod:`fedgat.plain_encoder`) for the clients of ``graphs`` (client
+    id -> its announcement; every needed node must be owned by one of them, see :func:`shortfall`):
+    each node's whole encodings computed once and sent to every client that needs it.
 
     The bases are drawn over positions in the sorted needed ids, which keep the ids' order, so the
-    draws equal those over global ids (a plaintext twin with the same ``rng`` gets the same bases).
-    ``with_views`` (DP sessions): one result per distinct view of a node, reading each client's own
-    clean uploads and every other source's release.
+    draws equal those over global ids (the encrypted round's :func:`plan_shares` with the same
+    ``rng`` draws the same bases). ``with_views`` (DP): one result per distinct view of a node,
+    reading each client's own clean rows and every other source's release.
     """
     clients = list(graphs)
-    needed = {c: needed_from_neighbourhoods(graphs[c].owned, graphs[c].indices) for c in clients}
-    nodes = np.unique(np.concatenate(list(needed.values())))
-    rows: list[np.ndarray] = [np.zeros(0, np.int64)] * len(nodes)
-    for g in graphs.values():
-        for k, pos in enumerate(np.searchsorted(nodes, g.owned)):
-            rows[int(pos)] = g.indices[g.indptr[k] : g.indptr[k + 1]]
-    drawn = draw_bases(variant, CSR.from_rows(rows), np.arange(len(nodes)), rng, embed_factor=embed_factor)
-    bases = [BucketBases(b.variant, b.rows, nodes[b.nodes], b.neighbours, b.p, b.q) for b in drawn]
+    needed, bases = _draw(graphs, variant, rng, embed_factor)
     pair_nodes = np.concatenate([needed[c] for c in clients])
     pair_clients = np.repeat(clients, [len(needed[c]) for c in clients])
     if with_views:
@@ -173,12 +209,39 @@ def plan_round(
         compute = plan_views(bases, pair_nodes, pair_clients, ids[order], owners[order])
     else:
         compute = plan_views(bases, pair_nodes, pair_clients)
-    views: dict[int, list[BucketBases]] = {}
-    route: dict[int, dict[int, int]] = {}
-    for c in clients:
-        views[c] = [view for _, view in client_bucket_views(bases, needed[c], max_bucket_elems)]
-        route[c] = {int(n): cb for cb, view in enumerate(views[c]) for n in view.nodes}
+    views, route = _views(bases, needed, max_bucket_elems)
     return RoundPlan(needed, bases, compute.buckets, compute.recipients, views, route)
+
+
+def plan_shares(
+    graphs: Mapping[int, GraphAnnounce],
+    variant: str,
+    rng: RandomSource,
+    *,
+    embed_factor: int = 1,
+    max_bucket_elems: int = 1 << 20,
+) -> RoundPlan:
+    """Plan the encrypted round: the bases of every needed node drawn once, and per recipient the
+    *foreign share* of each node it needs that has a neighbour it does not own
+    (:class:`~fedgat.crypto.encodings.ShareBucket`, computed under that recipient's key from the
+    rows released to it); a recipient adds the share of its own rows itself. ``buckets`` lists the
+    share buckets recipient by recipient (sorted), ``recipients`` one client per result."""
+    needed, bases = _draw(graphs, variant, rng, embed_factor)
+    views, route = _views(bases, needed, max_bucket_elems)
+    shares: dict[int, list[ShareBucket]] = {}
+    buckets: list[ShareBucket] = []
+    recipients: list[tuple[int, ...]] = []
+    for c in sorted(graphs):
+        own = graphs[c].owned
+        shares[c] = []
+        for view in views[c]:
+            foreign = ~np.isin(view.neighbours, own)
+            has = np.flatnonzero(foreign.any(axis=1))
+            if len(has):
+                shares[c].append(ShareBucket(view.take(has), foreign[has]))
+        buckets += shares[c]
+        recipients += [(c,)] * sum(len(b) for b in shares[c])
+    return RoundPlan(needed, bases, buckets, recipients, views, route, shares)
 
 
 def partition_graphs(partition: Partition, dim: int = 1) -> dict[int, GraphAnnounce]:
@@ -213,9 +276,12 @@ class ResultBatcher:
 
     def __init__(self, plan: RoundPlan, batch_bytes: int) -> None:
         self._plan, self._batch_bytes = plan, batch_bytes
-        self._remaining = {
-            (c, cb): len(view) for c, views in plan.views.items() for cb, view in enumerate(views)
-        }
+        self._remaining: dict[tuple[int, int], int] = {}
+        for b, recipients in _per_bucket(plan):
+            for node, rs in zip(b.nodes, recipients, strict=True):
+                for c in rs:
+                    key = (c, plan.route[c][int(node)])
+                    self._remaining[key] = self._remaining.get(key, 0) + 1
         self._pending: dict[tuple[int, int], list[ResultItem]] = {}
         self._bytes: dict[tuple[int, int], int] = {}
         self.results = 0
@@ -234,3 +300,11 @@ class ResultBatcher:
                 self._bytes.pop(key)
         self.results += 1
         return ready
+
+
+def _per_bucket(plan: RoundPlan) -> Iterator[tuple[BucketBases | ShareBucket, list[tuple[int, ...]]]]:
+    """``(compute bucket, recipients of each of its results)`` in the plan's order."""
+    start = 0
+    for b in plan.buckets:
+        yield b, plan.recipients[start : start + len(b)]
+        start += len(b)

@@ -18,7 +18,7 @@ import numpy as np
 
 from fedgat.crypto import ServerContext, SlotLayout
 from fedgat.crypto.encoders import Encoder, EncoderFactory, local_encoder
-from fedgat.crypto.encodings import release_key
+from fedgat.crypto.encodings import ShareBucket
 from fedgat.crypto.measure import EncoderTiming, time_encoder
 from fedgat.crypto.spool import CiphertextSpool
 from fedgat.crypto.tasks import NodeResult
@@ -29,6 +29,7 @@ from .errors import AuthError, ConfigMismatchError, MissingPartyError, PayloadEr
 from .messages import (
     Abort,
     AbortCode,
+    EdgeClaims,
     EncodingBases,
     EncodingResults,
     EncodingsDone,
@@ -38,16 +39,18 @@ from .messages import (
     Message,
     PrivacyTerms,
     PublicContext,
-    ReleaseUpload,
     ResultItem,
+    RosterReady,
+    SealedCheckKeys,
     UploadDone,
-    WrappedKeyDelivery,
+    keyset_fingerprint,
 )
 from .party import Handler, Party
 from .pretrain_checks import check_graph_limits, check_upload_items
 from .pretrain_config import PretrainConfig, PretrainLimits, PretrainTimeouts
-from .pretrain_keys import KeyRelay
-from .pretrain_plan import ResultBatcher, RoundPlan, plan_round, shortfall, unsound_without
+from .pretrain_edges import ClaimSet, OwnerMap, check_claims, expected_releases, relay_targets, verify_claim
+from .pretrain_keys import check_announce, load_public_context
+from .pretrain_plan import ResultBatcher, RoundPlan, needed_from_neighbourhoods, plan_shares, unsound_without
 from .roster import Identity, Roster
 
 __all__ = ["ServerPretrain", "ServerState", "SpoolFactory"]
@@ -59,15 +62,17 @@ SpoolFactory = Callable[[ServerContext, SlotLayout], CiphertextSpool]
 
 
 class ServerState(enum.Enum):
-    COLLECTING = "collecting"  # keys, graph, public context, uploads
+    COLLECTING = "collecting"  # keys, contexts, claims, graphs
+    UPLOADING = "uploading"  # check keys relayed, rows released
     COMPUTING = "computing"  # streaming encrypted encodings (step)
     DONE = "done"
     ABORTED = "aborted"
 
 
-class ServerPretrain(KeyRelay, Party):
-    """The server of the pre-training round: relays keys, spools uploads, computes and streams the
-    encrypted encodings. Holds no secret key (:attr:`context` is a :class:`ServerContext`).
+class ServerPretrain(Party):
+    """The server of the pre-training round: relays keys, contexts, claims and check keys, spools
+    the rows released to each recipient, computes and streams each recipient's foreign shares under
+    its key. Holds no secret key (:attr:`contexts` are :class:`ServerContext`).
 
     Args:
         party_id, roster, config, identity: the server's id and keys, the roster, the session.
@@ -100,37 +105,39 @@ class ServerPretrain(KeyRelay, Party):
         limits: PretrainLimits | None = None,
     ) -> None:
         super().__init__(party_id, roster, config.session, identity.signer)
+        if party_id != roster.server:
+            raise ValueError("the server's party id must be the roster's server")
         self.timeouts = timeouts if timeouts is not None else PretrainTimeouts()
         self.limits = limits if limits is not None else PretrainLimits()
-        #: clients still in the round (those dropped after a deadline are removed)
+        self.config = config
+        self.state = ServerState.COLLECTING
+        #: clients still in the round (those dropped after the keys deadline are removed)
         self.participants: list[int] = list(roster.clients)
         #: clients dropped after a deadline, with the phase
         self.dropped: dict[int, str] = {}
-        self._bases_bytes = 0
-        self._keys_complete = False
-        if party_id != roster.server:
-            raise ValueError("the server's party id must be the roster's server")
-        self.config = config
-        self.state = ServerState.COLLECTING
         self._bases_rng = bases_rng if bases_rng is not None else RandomSource()
-        #: where the homomorphic compute runs; an engine may replace it before the compute phase
+        #: where the homomorphic compute runs (called once per recipient in the compute phase)
         self.encoder_factory: EncoderFactory = encoder if encoder is not None else local_encoder()
         self._spool_factory: SpoolFactory = spool if spool is not None else CiphertextSpool
         self._result_batch_bytes = result_batch_bytes
         self._max_bucket_elems = max_bucket_elems
-        self.context: ServerContext | None = None
+        #: each client's public CKKS context (the server can encrypt under it, never decrypt)
+        self.contexts: dict[int, ServerContext] = {}
         self.layout: SlotLayout | None = None
-        self._spool: CiphertextSpool | None = None
+        self._spools: dict[int, CiphertextSpool] = {}
         self._dim: int | None = None
+        self._bases_bytes = 0
+        self._announced: dict[int, KeyAnnounce] = {}
+        self._context_msgs: dict[int, PublicContext] = {}
         self._graphs: dict[int, GraphAnnounce] = {}
+        self._claims: dict[tuple[int, int], EdgeClaims] = {}
         self._owner: dict[int, int] = {}
-        self._relayed_keys: set[int] = set()
-        self._relayed_wraps: set[int] = set()
-        self._received: dict[int, set[tuple[int, int]]] = {c: set() for c in roster.clients}
+        self._terms: set[int] = set()
+        self._sealed: set[int] = set()
+        self._expected: dict[tuple[int, int], np.ndarray] = {}
+        self._received: dict[tuple[int, int], set[tuple[int, int]]] = {}
         self._uploaded_done: set[int] = set()
-        self._terms: set[int] = set()  # clients whose DP terms matched (DP sessions)
-        # compute phase
-        #: the round's plan (:func:`~fedgat.protocols.pretrain_plan.plan_round`), once computing
+        #: the round's plan (:func:`~fedgat.protocols.pretrain_plan.plan_shares`), once computing
         self.plan: RoundPlan | None = None
         self._results: Iterator[tuple[int, NodeResult]] | None = None
         self._encoder: Encoder | None = None
@@ -141,9 +148,10 @@ class ServerPretrain(KeyRelay, Party):
         self.multiply_adds = 0
         self.result_ciphertexts = 0
         self.result_rows = 0
+        self.rows_released = 0
         #: processes or tasks of the encoder (set when the compute phase begins)
         self.workers = 0
-        #: benchmarks: keep the spool after the round for :meth:`replay_compute`
+        #: benchmarks: keep the spools after the round for :meth:`replay_compute`
         self.keep_encoder = False
         self._closed = False
 
@@ -152,47 +160,58 @@ class ServerPretrain(KeyRelay, Party):
         return self.state is ServerState.DONE
 
     @property
+    def context(self) -> ServerContext | None:
+        """One client's public context (the lowest id's; every client's has the same parameters)."""
+        return self.contexts[min(self.contexts)] if self.contexts else None
+
+    @property
     def ciphertexts_received(self) -> int:
         """Uploaded ciphertexts accepted so far."""
         return sum(len(s) for s in self._received.values())
 
     @property
     def has_secret_key(self) -> bool:
-        """Read from the server's own TenSEAL context (False by construction)."""
-        return bool(self.context is not None and self.context.tenseal.has_secret_key())
+        """Read from the server's own TenSEAL contexts (False by construction)."""
+        return any(ctx.tenseal.has_secret_key() for ctx in self.contexts.values())
 
     def _snapshot(self) -> dict:
         return {
-            "context": None if self.context is None else self.context.fingerprint(),
+            "contexts": tuple(sorted(self.contexts)),
             "dim": self._dim,
+            "announced": tuple(sorted(self._announced)),
             "graphs": tuple(sorted(self._graphs)),
+            "claims": tuple(sorted(self._claims)),
             "owners": len(self._owner),
-            "relayed_keys": tuple(sorted(self._relayed_keys)),
-            "relayed_wraps": tuple(sorted(self._relayed_wraps)),
-            "received": tuple((c, tuple(sorted(s))) for c, s in sorted(self._received.items())),
-            "spooled_bytes": 0 if self._spool is None else self._spool.bytes_stored,
+            "sealed": tuple(sorted(self._sealed)),
+            "received": tuple((k, len(v)) for k, v in sorted(self._received.items())),
+            "spooled_bytes": sum(sp.bytes_stored for sp in self._spools.values()),
             "uploaded_done": tuple(sorted(self._uploaded_done)),
             "terms": tuple(sorted(self._terms)),
             "nodes_computed": self.nodes_computed,
             "participants": tuple(self.participants),
             "bases_bytes": self._bases_bytes,
-            "keys_complete": self._keys_complete,
+            "state": self.state,
         }
 
     def _handler(self, msg: Message) -> Handler | None:
-        if self.state is not ServerState.COLLECTING:
+        if self.state is ServerState.COLLECTING:
+            handlers: dict[type[Message], Handler] = {
+                KeyAnnounce: self._on_key_announce,
+                PublicContext: self._on_public_context,
+                EdgeClaims: self._on_claims,
+                GraphAnnounce: self._on_graph,
+                PrivacyTerms: self._on_terms,
+                Abort: self._on_abort,
+            }
+        elif self.state is ServerState.UPLOADING:
+            handlers = {
+                SealedCheckKeys: self._on_sealed,
+                FeatureUpload: self._on_upload,
+                UploadDone: self._on_upload_done,
+                Abort: self._on_abort,
+            }
+        else:
             return None
-        handlers: dict[type[Message], Handler] = {
-            KeyAnnounce: self._on_key_announce,
-            PublicContext: self._on_public_context,
-            WrappedKeyDelivery: self._on_wrapped_key,
-            GraphAnnounce: self._on_graph,
-            FeatureUpload: self._on_upload,
-            ReleaseUpload: self._on_release,
-            UploadDone: self._on_upload_done,
-            PrivacyTerms: self._on_terms,
-            Abort: self._on_abort,
-        }
         return handlers.get(type(msg))
 
     def _require_client(self, msg: Message) -> None:
@@ -208,27 +227,15 @@ class ServerPretrain(KeyRelay, Party):
         return []
 
     def _keys_missing(self) -> list[int]:
-        """Parties the keys phase still waits for (the dealer when it holds back the context or a
-        wrapped key of an announced client)."""
-        missing = {c for c in self.participants if c not in self._graphs}
-        others = [c for c in self.participants if c != self.roster.dealer]
-        missing |= {c for c in others if c not in self._relayed_keys}
-        if self.context is None or any(
-            c in self._relayed_keys and c not in self._relayed_wraps for c in others
-        ):
-            missing.add(self.roster.dealer)
-        return sorted(missing)
-
-    def _after_key_event(self) -> list[Message]:
-        """Move from the keys phase to the upload phase once nothing is missing."""
-        if not self._keys_complete and not self._keys_missing():
-            self._keys_complete = True
-            self._disarm("keys")
-            self._arm("upload", self.timeouts.upload)
-        return []
+        """Clients whose keys, context or graph the keys phase still waits for."""
+        return sorted(
+            c
+            for c in self.participants
+            if c not in self._announced or c not in self._context_msgs or c not in self._graphs
+        )
 
     def _expired(self, phase: str) -> list[Message]:
-        if self.state is not ServerState.COLLECTING:
+        if self.state not in (ServerState.COLLECTING, ServerState.UPLOADING):
             return []
         if phase == "keys":
             missing = self._keys_missing()
@@ -236,7 +243,11 @@ class ServerPretrain(KeyRelay, Party):
             missing = [c for c in self.participants if c not in self._uploaded_done]
         if not missing:
             return []
-        reason = unsound_without(missing, self.participants, self.roster.dealer, self._graphs, self._owner)
+        reason = (
+            unsound_without(missing, self.participants, self._graphs, self._owner)
+            if phase == "keys"
+            else f"rows were already released for missing parties {missing}"
+        )
         if reason is not None:
             error = MissingPartyError(
                 f"pre-training phase {phase!r} timed out: {reason}", phase=phase, missing=missing
@@ -254,21 +265,50 @@ class ServerPretrain(KeyRelay, Party):
         ]
         self.participants = [c for c in self.participants if c not in missing]
         self.dropped.update((c, phase) for c in missing)
-        if phase == "keys":
-            self._keys_complete = True
-            self._arm("upload", self.timeouts.upload)
-        if set(self.participants) <= self._uploaded_done:
-            out += self._begin_compute()
-        return out
+        return out + self._maybe_ready()
 
-    def _shortfall(self, keep: list[int]) -> np.ndarray:
-        """Nodes the clients ``keep`` need (their nodes and neighbours) that none of them owns."""
-        graphs = [self._graphs[c] for c in keep if c in self._graphs]
-        if len(graphs) < len(keep):
-            return np.zeros(0, np.int64)  # graphs still to come: judged at the next deadline
-        return shortfall(graphs)
+    # --- keys, contexts, claims, graphs --------------------------------------------------------------
+    def _on_key_announce(self, msg: KeyAnnounce) -> list[Message]:
+        self._require_client(msg)
+        if msg.party != msg.sender:
+            raise PayloadError(f"party {msg.sender} announces keys for party {msg.party}")
+        if msg.sender in self._announced:
+            raise StateError(f"party {msg.sender} has already announced its keys")
+        check_announce(msg, self.roster, self.session)
+        self._announced[msg.sender] = msg
+        return self._maybe_ready()
 
-    # --- graph and uploads ------------------------------------------------------------------------
+    def _on_public_context(self, msg: PublicContext) -> list[Message]:
+        self._require_client(msg)
+        announced = self._announced.get(msg.sender)
+        if msg.party != msg.sender or announced is None:
+            raise StateError(f"party {msg.sender}'s context must follow its own key announcement")
+        if msg.sender in self.contexts:
+            raise StateError(f"party {msg.sender} has already sent its context")
+        self.contexts[msg.sender] = load_public_context(msg, announced, self.config.preset)
+        self._context_msgs[msg.sender] = msg
+        return self._maybe_ready()
+
+    def _on_claims(self, msg: EdgeClaims) -> list[Message]:
+        self._require_client(msg)
+        if msg.claimer != msg.sender:
+            raise PayloadError(f"party {msg.sender} sends party {msg.claimer}'s claim")
+        if msg.sender in self._graphs:
+            raise StateError(f"party {msg.sender}'s claims must come before its graph")
+        if (msg.sender, msg.peer) in self._claims:
+            raise StateError(f"party {msg.sender} has already claimed its edges to party {msg.peer}")
+        verify_claim(msg, self.roster, self.session)
+        self._claims[(msg.sender, msg.peer)] = msg
+        return []
+
+    def _on_terms(self, msg: PrivacyTerms) -> list[Message]:
+        self._require_client(msg)
+        self.config.check_terms(msg, f"party {msg.sender}")
+        if msg.sender in self._terms:
+            raise StateError(f"party {msg.sender} has already announced its DP terms")
+        self._terms.add(msg.sender)
+        return []
+
     def _on_graph(self, msg: GraphAnnounce) -> list[Message]:
         self._require_client(msg)
         if msg.sender in self._graphs:
@@ -280,8 +320,7 @@ class ServerPretrain(KeyRelay, Party):
             )
         if dp is not None and dp.dim is not None and msg.dim > dp.dim:
             raise ConfigMismatchError(
-                f"party {msg.sender} announces {msg.dim}-dim features; the session's DP "
-                f"release projects to {dp.dim} dims"
+                f"party {msg.sender} announces {msg.dim}-dim features; the session's DP release projects to {dp.dim} dims"
             )
         if self._dim is not None and msg.dim != self._dim:
             raise PayloadError(f"feature dimension {msg.dim} differs from the session's {self._dim}")
@@ -293,67 +332,110 @@ class ServerPretrain(KeyRelay, Party):
         self._owner.update((int(n), msg.sender) for n in msg.owned)
         self._dim = msg.dim
         self._bases_bytes += bases_bytes
-        self._maybe_open_spool()
-        return self._after_key_event()
+        return self._maybe_ready()
 
-    def _maybe_open_spool(self) -> None:
-        if self._spool is None and self.context is not None and self._dim is not None:
-            self.layout = self.config.layout(self._dim, self.context.slots)
-            self._spool = self._spool_factory(self.context, self.layout)
+    def _maybe_ready(self) -> list[Message]:
+        """Once every participant's keys, context, claims and graph are in: check the claims, relay
+        keys, contexts and claims, and announce the roster (the upload phase begins)."""
+        if self.state is not ServerState.COLLECTING or self._keys_missing() or not self.participants:
+            return []
+        self._disarm("keys")
+        keep = self.participants
+        graphs = {c: self._graphs[c] for c in keep}
+        owners = OwnerMap(graphs)
+        claims = {k: m for k, m in self._claims.items() if k[0] in keep and k[1] in keep}
+        try:
+            check_claims(graphs, ClaimSet.of(claims.values()), owners)
+            needed = {c: needed_from_neighbourhoods(g.owned, g.indices) for c, g in graphs.items()}
+            self._expected = expected_releases(needed, owners)
+        except PayloadError as exc:  # a client's claims contradict its graph or its peers'
+            return self._abort(AbortCode.GRAPH_INCONSISTENT, str(exc))
+        assert self._dim is not None
+        self.layout = self.config.layout(self.config.row_width(self._dim), self.contexts[keep[0]].slots)
+        out: list[Message] = []
+        relay = relay_targets(claims, keep)
+        for c in keep:
+            for p in keep:
+                if p == c:
+                    continue
+                a, ctx = self._announced[p], self._context_msgs[p]
+                out.append(self._relay(a, c))
+                out.append(self._relay(ctx, c))
+            out += [self._relay(claims[k], c) for k in relay[c]]
+        fingerprint = keyset_fingerprint(
+            self.session, {c: self._announced[c].context_fingerprint for c in keep}
+        )
+        self.verifier.fingerprint = fingerprint
+        out += [self._new(RosterReady, c, participants=np.array(keep, dtype=np.int64)) for c in keep]
+        self.state = ServerState.UPLOADING
+        self._received = {k: set() for k in self._expected}
+        self.rows_released = sum(len(v) for v in self._expected.values())
+        self._arm("upload", self.timeouts.upload)
+        return out
 
-    def _uploading(self, msg: Message) -> GraphAnnounce:
+    def _relay(self, msg: Message, to: int) -> Message:
+        return self._new(type(msg), to, **msg.body())
+
+    # --- uploads ---------------------------------------------------------------------------------------
+    def _on_sealed(self, msg: SealedCheckKeys) -> list[Message]:
         self._require_client(msg)
-        if self._spool is None:
-            raise StateError(f"{msg.type_name} before the public context")
-        graph = self._graphs.get(msg.sender)
-        if graph is None:
-            raise StateError(f"{msg.type_name} from party {msg.sender} before its graph announcement")
-        if msg.sender in self._uploaded_done:
-            raise StateError(f"party {msg.sender} has already finished uploading")
-        if self.config.dp is not None and msg.sender not in self._terms:
-            raise ConfigMismatchError(f"party {msg.sender} uploads without the session's DP terms")
-        return graph
-
-    def _on_terms(self, msg: PrivacyTerms) -> list[Message]:
-        self._require_client(msg)
-        self.config.check_terms(msg, f"party {msg.sender}")
-        if msg.sender in self._terms:
-            raise StateError(f"party {msg.sender} has already announced its DP terms")
-        self._terms.add(msg.sender)
-        return []
-
-    def _on_release(self, msg: ReleaseUpload) -> list[Message]:
-        if self.config.dp is None:
-            raise ConfigMismatchError(f"party {msg.sender} uploads a DP release; the session runs without DP")
-        return self._store_uploads(msg, release=True)
+        if msg.recipient_party != msg.sender:
+            raise PayloadError(f"party {msg.sender} relays party {msg.recipient_party}'s check keys")
+        if msg.sender in self._sealed:
+            raise StateError(f"party {msg.sender} has already sent its check keys")
+        owners = [int(b) for b in msg.owners]
+        if any(b not in self.participants or b == msg.sender for b in owners):
+            raise PayloadError(f"party {msg.sender}'s check keys name parties outside the round")
+        self._sealed.add(msg.sender)
+        return [self._relay(msg, b) for b in owners]
 
     def _on_upload(self, msg: FeatureUpload) -> list[Message]:
-        return self._store_uploads(msg, release=False)
-
-    def _store_uploads(self, msg: FeatureUpload | ReleaseUpload, release: bool) -> list[Message]:
-        """Check every item of an upload batch, then spool them (a release under
-        :func:`~fedgat.crypto.encodings.release_key`)."""
-        self._uploading(msg)
-        assert self._spool is not None and self.context is not None and self.layout is not None
-        received = self._received[msg.sender]
+        self._require_client(msg)
+        if msg.sender in self._uploaded_done:
+            raise StateError(f"party {msg.sender} has already finished uploading")
+        key = (msg.sender, msg.target)
+        allowed = self._expected.get(key)
+        if allowed is None:
+            raise PayloadError(f"the round needs no rows of party {msg.sender} for party {msg.target}")
+        assert self.layout is not None
+        received = self._received[key]
         keys = check_upload_items(
-            msg.items, msg.sender, self._owner, self.layout.chunks, received, self.context, release
+            msg.items,
+            msg.sender,
+            msg.target,
+            allowed,
+            self.layout.chunks,
+            received,
+            self.contexts[msg.target],
         )
+        spool = self._spool(msg.target)
         for item in msg.items:  # checked just above: not deserialised a second time
-            node = int(release_key(item.node)) if release else item.node
-            self._spool.put(node, item.chunk, item.ciphertext, validated=True)
+            spool.put(item.node, item.chunk, item.ciphertext, validated=True)
         received.update(keys)
         return []
 
+    def _spool(self, recipient: int) -> CiphertextSpool:
+        if recipient not in self._spools:
+            assert self.layout is not None
+            self._spools[recipient] = self._spool_factory(self.contexts[recipient], self.layout)
+        return self._spools[recipient]
+
     def _on_upload_done(self, msg: UploadDone) -> list[Message]:
-        graph = self._uploading(msg)
+        self._require_client(msg)
+        if msg.sender in self._uploaded_done:
+            raise StateError(f"party {msg.sender} has already finished uploading")
         assert self.layout is not None
-        want = len(graph.owned) * self.layout.chunks * self.config.copies
-        got = len(self._received[msg.sender])
-        if got != want or msg.ciphertexts != got or msg.nodes != len(graph.owned):
+        mine = [k for k in self._expected if k[0] == msg.sender]
+        want = sum(len(self._expected[k]) for k in mine) * self.layout.chunks
+        got = sum(len(self._received[k]) for k in mine)
+        rows = sum(len(self._expected[k]) for k in mine)
+        if got != want or msg.ciphertexts != got or msg.nodes != rows:
+            short = [
+                k[1] for k in mine if len(self._received[k]) != len(self._expected[k]) * self.layout.chunks
+            ]
             raise PayloadError(
-                f"party {msg.sender} reports {msg.nodes} nodes / {msg.ciphertexts} "
-                f"ciphertexts; the server holds {got} of {want}"
+                f"party {msg.sender} reports {msg.nodes} rows / {msg.ciphertexts} ciphertexts; the server "
+                f"holds {got} of {want} (short for parties {short})"
             )
         self._uploaded_done.add(msg.sender)
         if set(self.participants) <= self._uploaded_done:
@@ -375,21 +457,15 @@ class ServerPretrain(KeyRelay, Party):
 
     # --- compute ------------------------------------------------------------------------------------
     def _begin_compute(self) -> list[Message]:
-        assert self.context is not None and self.layout is not None and self._spool is not None
+        assert self.layout is not None
         self._disarm("keys", "upload")
-        missing = self._shortfall(self.participants)
-        if len(missing):
-            return self._abort(
-                AbortCode.GRAPH_INCONSISTENT,
-                f"{len(missing)} neighbours are owned by no client (e.g. node {int(missing[0])})",
-            )
+        owners = OwnerMap({c: self._graphs[c] for c in self.participants})
         with self.clock("server_compute"):
-            plan = self.plan = plan_round(
+            plan = self.plan = plan_shares(
                 {c: self._graphs[c] for c in self.participants},
                 self.config.variant,
                 self._bases_rng,
                 embed_factor=self.config.embed_factor,
-                with_views=self.config.dp is not None,
                 max_bucket_elems=self._max_bucket_elems,
             )
             out: list[Message] = []
@@ -406,14 +482,15 @@ class ServerPretrain(KeyRelay, Party):
                             variant=view.variant,
                             n=view.n,
                             nodes=view.nodes,
+                            neighbours=view.neighbours,
+                            owners=owners.owner(view.neighbours.ravel()).reshape(view.neighbours.shape),
                             p=view.p,
                             q=view.q,
                         )
                     )
             self.nodes_total = plan.num_results
             self.multiply_adds = plan.multiply_adds(self.layout)
-            self._encoder = self._new_encoder()
-            self._results = self._compute_results(self._encoder)
+            self._results = self._compute_results()
         self.state = ServerState.COMPUTING
         return out
 
@@ -423,20 +500,29 @@ class ServerPretrain(KeyRelay, Party):
         return [] if self.plan is None else self.plan.bases
 
     @property
-    def buckets(self) -> list[BucketBases]:
-        """What the encoder computes: without DP the drawn bases themselves; with DP one result per
-        distinct view of a node (:func:`fedgat.crypto.encodings.plan_views`), sources as spool keys."""
-        return [] if self.plan is None else self.plan.buckets
+    def buckets(self) -> list[ShareBucket]:
+        """What the encoder computes: every recipient's foreign shares, recipient by recipient."""
+        return [] if self.plan is None else [b for b in self.plan.buckets if isinstance(b, ShareBucket)]
 
-    def _new_encoder(self) -> Encoder:
-        assert self.context is not None and self.layout is not None and self._spool is not None
-        encoder = self.encoder_factory(self.context, self.layout, self._spool, self.nodes_total)
-        self.workers = encoder.workers
+    def _new_encoder(self, recipient: int, results: int) -> Encoder:
+        assert self.layout is not None
+        encoder = self.encoder_factory(self.contexts[recipient], self.layout, self._spool(recipient), results)
+        self.workers = max(self.workers, encoder.workers)
         return encoder
 
-    def _compute_results(self, encoder: Encoder) -> Iterator[tuple[int, NodeResult]]:
-        groups = (g for g, b in enumerate(self.buckets) for _ in range(len(b)))
-        return zip(groups, encoder.map(self.buckets), strict=True)
+    def _compute_results(self) -> Iterator[tuple[int, NodeResult]]:
+        """Each recipient's shares with an encoder under its context, one recipient after another."""
+        assert self.plan is not None and self.plan.shares is not None
+        g = 0
+        for c, shares in sorted(self.plan.shares.items()):
+            if not shares:
+                continue
+            self._encoder = self._new_encoder(c, sum(len(b) for b in shares))
+            groups = (g + k for k, b in enumerate(shares) for _ in range(len(b)))
+            yield from zip(groups, self._encoder.map(shares), strict=True)
+            self._encoder.close()
+            self._encoder = None
+            g += len(shares)
 
     def has_work(self) -> bool:
         return self.state is ServerState.COMPUTING
@@ -453,13 +539,10 @@ class ServerPretrain(KeyRelay, Party):
                 nxt = next(self._results, None)
             if nxt is None:
                 out.extend(
-                    self._new(EncodingsDone, c, buckets=len(plan.views[c]), nodes=len(plan.needed[c]))
+                    self._new(EncodingsDone, c, buckets=len(plan.views[c]), nodes=plan.results_for(c))
                     for c in self.participants
                 )
                 self.state = ServerState.DONE
-                if self._encoder is not None:
-                    self._encoder.close()
-                    self._encoder = None
                 if not self.keep_encoder:
                     self._close()
                 break
@@ -476,24 +559,30 @@ class ServerPretrain(KeyRelay, Party):
 
         In the round the clients' downloads and decryptions share this machine's cores with the
         server; here they are idle, as on a server of its own. Needs :attr:`keep_encoder` set before
-        the round; a fresh encoder from :attr:`encoder_factory` does the work (the round's was closed
-        when the round ended), and the spool is closed afterwards.
+        the round; a fresh encoder per recipient does the work, and the spools are closed afterwards.
         """
-        if self.state is not ServerState.DONE or not self.keep_encoder or self._spool is None or self._closed:
+        if self.state is not ServerState.DONE or not self.keep_encoder or self._closed or self.plan is None:
             raise RuntimeError("replay_compute needs a finished round with keep_encoder set")
+        assert self.plan.shares is not None
         try:
-            return time_encoder(self._new_encoder(), self.buckets)
+            timings = [
+                time_encoder(self._new_encoder(c, sum(len(b) for b in shares)), shares)
+                for c, shares in sorted(self.plan.shares.items())
+                if shares
+            ]
+            return EncoderTiming.combine(timings)
         finally:
             self._close()
 
     def close(self) -> None:
-        """Release the worker pool and the spool (idempotent)."""
+        """Release the worker pool and the spools (idempotent)."""
         self._close()
 
     def _close(self) -> None:
         if self._encoder is not None:
             self._encoder.close()
             self._encoder = None
-        if self._spool is not None and not self._closed:
-            self._spool.close()
+        if not self._closed:
+            for spool in self._spools.values():
+                spool.close()
         self._closed = True

@@ -1,45 +1,63 @@
 """Pre-training clients as values (:mod:`fedgat.protocols.party_values`): what a
-:class:`~fedgat.protocols.pretrain_client.ClientPretrain` (and the dealer,
-:class:`~fedgat.protocols.pretrain_keys.DealerSide`) ships and reports.
+:class:`~fedgat.protocols.pretrain_client.ClientPretrain` ships, reports and saves mid-run.
 
-Spec (before :meth:`~fedgat.protocols.party.Party.start`): the roster, session and private keys (Ed25519
-signer, X25519 wrapping key), the :class:`~fedgat.protocols.pretrain_config.PretrainConfig` (with its
+Spec (before :meth:`~fedgat.protocols.party.Party.start`): the roster, session and long-term private
+key (Ed25519 signer), the :class:`~fedgat.protocols.pretrain_config.PretrainConfig` (with its
 :class:`~fedgat.dp.FeatureDP`), deadlines and limits as their dataclass fields, the owned nodes, their
 validated feature rows and -- with DP -- the release drawn at construction (so the rebuilt client
-uploads the very same release, never a fresh draw), the neighbourhoods (CSR), the ``needed`` nodes,
-the encodings' dtype and the upload batch.
+uploads the very same release, never a fresh draw), the neighbourhoods (CSR), the cross-client edges
+and their owners (what it claims), the ``needed`` nodes, the encodings' dtype and the upload batch.
+The per-session keys do not exist yet: the client generates them at ``start()``.
 
 Report: state, abort reason, failure and timings (every party), the counters ``ciphertexts_decrypted``
 and ``nodes_decrypted``, and the result: the decrypted encodings
-(:func:`~fedgat.protocols.party_values.encodings_to_value`, exact), the session key's fingerprint and
-the slot layout -- never the CKKS secret context (``holder`` stays None in the caller's copy). The
-dealer adds the clients it wrapped the key for.
+(:func:`~fedgat.protocols.party_values.encodings_to_value`, exact), the fingerprint of the round's key
+set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the participants and the slot layout --
+never a secret (the CKKS secret context, HPKE keys and check keys stay where the client ran:
+``holder`` stays None in the caller's copy).
 
 Mid-run state (:mod:`fedgat.protocols.party_state`, any point between messages): the spec's fields
-(without the private keys) and the progress -- the CKKS secret context as its serialised bytes with
-its fingerprint and encryption mode (reloaded with
-:meth:`~fedgat.crypto.KeyHolderContext.from_secret_bytes`, which checks the fingerprint), the slot
-layout, the upload position and ciphertext count, the buckets received so far (their bases, decrypted
-rows and which are filled), the nodes assigned, the encoding budget used, whether the DP terms were
-confirmed, the decrypted encodings and the counters; the dealer adds the clients it wrapped the key
-for.
+(without the long-term key) and the progress --
+
+* the client's own per-session secrets: its CKKS secret context as serialised bytes with its
+  fingerprint and encryption mode (reloaded with
+  :meth:`~fedgat.crypto.KeyHolderContext.from_secret_bytes`, which checks the fingerprint), its HPKE
+  private keys (:meth:`~fedgat.protocols.pretrain_keys.SessionKeys.private_bytes`), the check keys it
+  gave every owner and those every recipient gave it (:meth:`~fedgat.crypto.tags.CheckKeys.to_bytes`);
+* what the server relayed: every peer's :class:`~fedgat.protocols.messages.KeyAnnounce` and
+  :class:`~fedgat.protocols.messages.EdgeClaims` as the signed frame it arrived in (decoded again on
+  restore: the very same messages), every peer's public CKKS context as its canonical bytes
+  (reloaded with :meth:`~fedgat.crypto.ServerContext.from_bytes` and checked against the fingerprint
+  the peer announced);
+* the round: the participants, the releases (recipient -> node ids), the slot layout, the upload
+  batches left and the ciphertexts uploaded, the buckets received so far (bases, owners, decrypted
+  rows and which are filled), the nodes assigned, the encoding budget used, whether the DP terms were
+  confirmed, the decrypted encodings and the counters.
+
+Every mapping is saved as a list of pairs in its insertion order, so a restored client iterates as
+the original did. A client restored after any message goes on exactly as the original
+(``tests/protocols/test_party_state.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
-from fedgat.crypto import KeyHolderContext, SlotLayout
+from fedgat.crypto import KeyHolderContext, ServerContext, SlotLayout
+from fedgat.crypto.tags import CheckKeys
 from fedgat.dp import FeatureDP
 
 from .errors import StateError
+from .frame import Message, decode_message
+from .messages import EdgeClaims, KeyAnnounce
 from .party_values import PartyReport, PartySpec, encodings_from_value, encodings_to_value
 from .pretrain_config import PretrainConfig, PretrainLimits, PretrainTimeouts
+from .pretrain_keys import SessionKeys
 from .roster import Identity, Roster
 
 if TYPE_CHECKING:
@@ -58,6 +76,8 @@ __all__ = [
     "state_fields",
     "state_progress",
 ]
+
+M = TypeVar("M", bound=Message)
 
 #: dtypes a client's decrypted encodings may have, by name
 DTYPES = {
@@ -114,6 +134,8 @@ def state_fields(client: ClientPretrain) -> dict[str, Any]:
         "release": None if client._release is None else np.asarray(client._release),
         "indptr": np.asarray(g.indptr),
         "indices": np.asarray(g.indices),
+        "cross": np.asarray(client.local.cross),
+        "cross_owner": np.asarray(client.local.cross_owner),
         "needed": np.asarray(client.needed),
         "dtype": dtype,
         "upload_batch": client.upload_batch,
@@ -134,6 +156,8 @@ def client_from_spec(cls: type[ClientPretrain], spec: PartySpec) -> ClientPretra
         features=f["features"],
         indptr=f["indptr"],
         indices=f["indices"],
+        cross=f["cross"],
+        cross_owner=f["cross_owner"],
         needed=f["needed"],
         dtype=DTYPES[f["dtype"]],
         upload_batch=int(f["upload_batch"]),
@@ -155,6 +179,7 @@ def report_client(client: ClientPretrain) -> tuple[dict[str, int], dict[str, Any
     result = {
         "encodings": None if client.encodings is None else encodings_to_value(client.encodings),
         "fingerprint": client.verifier.fingerprint,
+        "participants": [int(p) for p in client.participants],
         "layout": None if layout is None else [layout.d, layout.slots, layout.chunks],
     }
     return counters, result
@@ -167,6 +192,7 @@ def absorb_client(client: ClientPretrain, report: PartyReport) -> None:
     enc, layout = report.result["encodings"], report.result["layout"]
     client.encodings = None if enc is None else encodings_from_value(enc)
     client.verifier.fingerprint = report.result["fingerprint"]
+    client.participants = [int(p) for p in report.result["participants"]]
     client.layout = None if layout is None else SlotLayout(*(int(x) for x in layout))
 
 
@@ -191,10 +217,24 @@ def _tensor_from_value(value: Mapping[str, Any]) -> torch.Tensor:
     return out
 
 
+def _frame(msg: Message) -> bytes:
+    """The signed frame a received message was decoded from."""
+    if msg.signed_bytes is None or msg.signature is None:
+        raise StateError(f"a relayed {msg.type_name} without its signed frame cannot be saved")
+    return bytes(msg.signed_bytes) + bytes(msg.signature)
+
+
+def _unframe(data: bytes, cls: type[M]) -> M:
+    msg = decode_message(bytes(data))
+    if isinstance(msg, cls):
+        return msg
+    raise ValueError(f"a saved {cls.__name__} frame holds a {msg.type_name}")
+
+
 def state_progress(client: ClientPretrain) -> dict[str, Any]:
     """The client's progress (see the module docstring)."""
-    holder, layout = client.holder, client.layout
-    progress: dict[str, Any] = {
+    holder, layout, keys = client.holder, client.layout, client._session_keys
+    return {
         "holder": None
         if holder is None
         else {
@@ -202,8 +242,16 @@ def state_progress(client: ClientPretrain) -> dict[str, Any]:
             "fingerprint": holder.fingerprint(),
             "symmetric": bool(holder.symmetric_encryption),
         },
+        "session_keys": None if keys is None else keys.private_bytes(),
         "layout": None if layout is None else [layout.d, layout.slots, layout.chunks],
-        "next_upload": int(client._next_upload),
+        "peers": [_frame(m) for m in client._peers.values()],
+        "contexts": [[int(p), ctx.public_context_bytes()] for p, ctx in client._peer_contexts.items()],
+        "claims": [_frame(m) for m in client._claims.values()],
+        "participants": [int(p) for p in client.participants],
+        "releases": [[int(r), np.asarray(nodes, dtype=np.int64)] for r, nodes in client.releases.items()],
+        "owner_keys": [[int(p), k.to_bytes()] for p, k in client._owner_keys.items()],
+        "my_keys": [[int(p), k.to_bytes()] for p, k in client._my_keys.items()],
+        "queue": [[int(r), int(start)] for r, start in client._queue],
         "uploaded": int(client._uploaded),
         "encoding_bytes": int(client._encoding_bytes),
         "terms_confirmed": bool(client._terms_confirmed),
@@ -215,6 +263,7 @@ def state_progress(client: ClientPretrain) -> dict[str, Any]:
                 "neighbours": np.asarray(a.bases.neighbours),
                 "p": np.asarray(a.bases.p),
                 "q": None if a.bases.q is None else np.asarray(a.bases.q),
+                "owners": np.asarray(a.owners, dtype=np.int64),
                 "buffer": _tensor_to_value(a.rows),
                 "filled": np.asarray(a.filled, dtype=bool),
             }
@@ -225,20 +274,20 @@ def state_progress(client: ClientPretrain) -> dict[str, Any]:
         "ciphertexts_decrypted": int(client.ciphertexts_decrypted),
         "nodes_decrypted": int(client.nodes_decrypted),
     }
-    from .pretrain_keys import DealerSide
-
-    if isinstance(client, DealerSide):
-        progress["wrapped_for"] = sorted(int(p) for p in client._wrapped_for)
-    return progress
 
 
 def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> None:
-    """Set what :func:`state_progress` saved on a client built from the same state's fields."""
+    """Set what :func:`state_progress` saved on a client built from the same state's fields.
+
+    Raises:
+        ValueError: saved values that do not fit together (a peer's context that is not the one it
+            announced, a frame of another type, a bucket of another dtype).
+    """
     from fedgat.encodings import BucketBases
 
     from .pretrain_client import _Assembly
-    from .pretrain_keys import DealerSide
 
+    preset = client.config.preset
     h = progress["holder"]
     client.holder = (
         None
@@ -246,13 +295,31 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
         else KeyHolderContext.from_secret_bytes(
             h["secret"],
             expected_fingerprint=h["fingerprint"],
-            presets=[client.config.preset],
+            presets=[preset],
             symmetric_encryption=bool(h["symmetric"]),
         )
     )
+    keys = progress["session_keys"]
+    client._session_keys = None if keys is None else SessionKeys.from_private_bytes(keys)
     layout = progress["layout"]
     client.layout = None if layout is None else SlotLayout(*(int(x) for x in layout))
-    client._next_upload = int(progress["next_upload"])
+    peers = [_unframe(f, KeyAnnounce) for f in progress["peers"]]
+    client._peers = {int(m.party): m for m in peers}
+    contexts: dict[int, ServerContext] = {}
+    for p, data in progress["contexts"]:
+        ctx = ServerContext.from_bytes(data, presets=[preset])
+        announced = client._peers.get(int(p))
+        if announced is None or ctx.fingerprint() != announced.context_fingerprint:
+            raise ValueError(f"the saved context of party {p} is not the one it announced")
+        contexts[int(p)] = ctx
+    client._peer_contexts = contexts
+    claims = [_unframe(f, EdgeClaims) for f in progress["claims"]]
+    client._claims = {(int(m.claimer), int(m.peer)): m for m in claims}
+    client.participants = [int(p) for p in progress["participants"]]
+    client.releases = {int(r): np.asarray(nodes, dtype=np.int64) for r, nodes in progress["releases"]}
+    client._owner_keys = {int(p): CheckKeys.from_bytes(k) for p, k in progress["owner_keys"]}
+    client._my_keys = {int(p): CheckKeys.from_bytes(k) for p, k in progress["my_keys"]}
+    client._queue = [(int(r), int(start)) for r, start in progress["queue"]]
     client._uploaded = int(progress["uploaded"])
     client._encoding_bytes = int(progress["encoding_bytes"])
     client._terms_confirmed = bool(progress["terms_confirmed"])
@@ -262,15 +329,17 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
         rows = _tensor_from_value(a["buffer"])
         if rows.dtype != client.dtype:
             raise ValueError(f"a saved bucket of dtype {rows.dtype} for a client of {client.dtype}")
+        owners = np.asarray(a["owners"], dtype=np.int64)
+        if owners.shape != bases.neighbours.shape:
+            raise ValueError(
+                f"a saved bucket's owners have shape {owners.shape}, not {bases.neighbours.shape}"
+            )
         nodes = [int(n) for n in bases.nodes]
-        assemblies.append(
-            _Assembly(bases, rows, np.asarray(a["filled"], dtype=bool), {n: i for i, n in enumerate(nodes)})
-        )
+        filled = np.asarray(a["filled"], dtype=bool)
+        assemblies.append(_Assembly(bases, owners, rows, filled, {n: i for i, n in enumerate(nodes)}))
     client._assemblies = assemblies
     client._assigned = {int(n) for n in progress["assigned"]}
     enc = progress["encodings"]
     client.encodings = None if enc is None else encodings_from_value(enc)
     client.ciphertexts_decrypted = int(progress["ciphertexts_decrypted"])
     client.nodes_decrypted = int(progress["nodes_decrypted"])
-    if isinstance(client, DealerSide):
-        client._wrapped_for = {int(p) for p in progress["wrapped_for"]}

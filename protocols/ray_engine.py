@@ -43,9 +43,11 @@ Design
   Errors raised in an actor cross as values too and are raised here as the party raised them (a
   protocol error) or as :class:`RayEngineError`.
 * Server work: :meth:`RayTransport.encoder_factory` is what the pre-training server is built with
-  (:func:`fedgat.pipeline.run_encrypted_pretraining` asks the transport): it computes with
-  :class:`~fedgat.crypto.ray_encoder.RayEncoder` (Ray tasks over the cluster) where it would start a
-  process pool (``server_tasks=None``), always (True) or never (False). No party's method is replaced.
+  (:func:`fedgat.pipeline.run_encrypted_pretraining` asks the transport). The server calls it once
+  per recipient, with that recipient's public context, and computes the recipients one after
+  another; each encoder computes with :class:`~fedgat.crypto.ray_encoder.RayEncoder` (Ray tasks over
+  the cluster) where it would start a process pool (``server_tasks=None``), always (True) or never
+  (False). No party's method is replaced.
 
 The observer of :func:`~fedgat.protocols.driver.run_parties` gets a ``"deliver"`` event for every
 frame (after its recipient handled it; ``out`` is ``[]`` for hosted parties, whose replies are
@@ -221,15 +223,17 @@ class RayTransport(TrafficLog, Transport):
         #: seconds of the last run spent placing parties (specs) and absorbing their reports
         self.placement_seconds = 0.0
         self.export_seconds = 0.0
-        #: the :class:`RayEncoder` of every pre-training server run over this transport
+        #: every :class:`RayEncoder` of the pre-training servers run over this transport (one per
+        #: recipient whose shares ran as Ray tasks)
         self.encoders: list[RayEncoder] = []
         self._reset({})
 
     def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
         """A pre-training server over this transport computes as Ray tasks (:class:`RayEncoder`,
         ``workers`` at once; None/0: the cluster's CPUs) -- always with ``server_tasks=True``, only
-        where it would start a process pool with None, never with False. Every encoder made is kept
-        in :attr:`encoders`."""
+        where it would start a process pool with None (decided per recipient, by the number of its
+        results), never with False. The server makes one encoder per recipient (under that
+        recipient's public context); every :class:`RayEncoder` made is kept in :attr:`encoders`."""
         if self.server_tasks is False:
             return local_encoder(workers)
         ray_factory = ray_encoder(workers, everywhere=bool(self.server_tasks))

@@ -1,14 +1,16 @@
 """Who is who (the roster) and the per-receiver checks every message passes (the verifier).
 
-The roster -- party id -> Ed25519 public key, plus which party is the server and which client deals
-the CKKS key -- is **assumed to be authenticated out of band** (pinned in each party's
-configuration, like TLS certificate pinning). Everything else is authenticated through it: message
-signatures, the X25519 keys in :class:`~fedgat.protocols.messages.KeyAnnounce` (bound by the
-announcing party's signature) and the wrapped CKKS key (signed by the dealer).
+The roster -- party id -> Ed25519 public key, plus which party is the server and which are the
+clients -- is **assumed to be authenticated out of band** (pinned in each party's configuration,
+like TLS certificate pinning). Everything else is authenticated through it: message signatures, the
+session keys in :class:`~fedgat.protocols.messages.KeyAnnounce` (bound by the announcing client's
+signature), the public CKKS contexts (bound by the fingerprint that signature covers), edge claims
+and sealed check keys (signed by their authors). There is no dealer: every client holds its own
+keys (:mod:`fedgat.protocols.pretrain_keys`).
 
 :class:`Verifier` keeps one receiver's view of a session: the last sequence number seen from each
-sender and the CKKS key fingerprint once known. ``check`` is pure; ``commit`` records a message that
-the receiving state machine accepted, so a rejected message changes nothing.
+sender and the fingerprint later messages are bound to once known. ``check`` is pure; ``commit``
+records a message that the receiving state machine accepted, so a rejected message changes nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedgat.crypto import SignatureError as CryptoSignatureError
-from fedgat.crypto import SigningIdentity, WrappingIdentity, verify
+from fedgat.crypto import SigningIdentity, verify
 
 from .errors import AuthError, KeyFingerprintError, ReplayError, SignatureError, WrongRecipientError
 from .frame import signed_message
@@ -33,13 +35,11 @@ class Roster:
 
     Attributes:
         server: the server's party id.
-        dealer: the client that generates the CKKS key (client 0 by default in the pipeline).
-        clients: every client's party id, dealer included, in client order.
+        clients: every client's party id, in client order.
         signing_keys: party id -> 32-byte Ed25519 public key, for every party including the server.
     """
 
     server: int
-    dealer: int
     clients: tuple[int, ...]
     signing_keys: Mapping[int, bytes] = field(repr=False)
 
@@ -47,8 +47,6 @@ class Roster:
         ids = [self.server, *self.clients]
         if len(set(ids)) != len(ids):
             raise ValueError("party ids must be distinct (server and clients)")
-        if self.dealer not in self.clients:
-            raise ValueError("the dealer must be one of the clients")
         missing = [p for p in ids if p not in self.signing_keys]
         if missing:
             raise ValueError(f"no signing key for parties {missing}")
@@ -69,54 +67,46 @@ class Roster:
         """Plain values (:mod:`~fedgat.protocols.party_values`): ids and raw public keys."""
         return {
             "server": self.server,
-            "dealer": self.dealer,
             "clients": list(self.clients),
             "signing_keys": {str(p): bytes(self.signing_keys[p]) for p in sorted(self.signing_keys)},
         }
 
     @classmethod
     def from_value(cls, value: Mapping[str, Any]) -> Roster:
-        """Inverse of :meth:`to_value` (ValueError: not a roster's values)."""
+        """Inverse of :meth:`to_value` (ValueError: not a roster's values). A ``"dealer"`` entry of
+        values saved before the dealer was removed is ignored."""
         try:
             keys = {int(p): bytes(k) for p, k in value["signing_keys"].items()}
-            return cls(
-                int(value["server"]), int(value["dealer"]), tuple(int(c) for c in value["clients"]), keys
-            )
+            return cls(int(value["server"]), tuple(int(c) for c in value["clients"]), keys)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a roster's values: {exc}") from exc
 
 
 @dataclass
 class Identity:
-    """A party's private keys: Ed25519 for signing, and (clients) X25519 for receiving the CKKS key."""
+    """A party's long-term private key: Ed25519, for signing its frames. (Every other key a party
+    uses -- a client's CKKS key pair, its HPKE session keys -- is generated per session.)"""
 
     signer: SigningIdentity
-    wrapping: WrappingIdentity | None = None  # clients only
 
     @classmethod
-    def generate(cls, client: bool = True) -> Identity:
-        return cls(SigningIdentity.generate(), WrappingIdentity.generate() if client else None)
+    def generate(cls) -> Identity:
+        return cls(SigningIdentity.generate())
 
-    def to_value(self) -> dict[str, bytes | None]:
-        """The raw private keys (for the party's own trust domain only: never log or share them)."""
-        return {
-            "signer": self.signer.private_bytes(),
-            "wrapping": None if self.wrapping is None else self.wrapping.private_bytes(),
-        }
+    def to_value(self) -> dict[str, bytes]:
+        """The raw private key (for the party's own trust domain only: never log or share it)."""
+        return {"signer": self.signer.private_bytes()}
 
     @classmethod
     def from_value(cls, value: Mapping[str, Any]) -> Identity:
-        """Inverse of :meth:`to_value`."""
-        wrapping = value.get("wrapping")
-        return cls(
-            SigningIdentity.from_private_bytes(value["signer"]),
-            None if wrapping is None else WrappingIdentity.from_private_bytes(wrapping),
-        )
+        """Inverse of :meth:`to_value` (a ``"wrapping"`` key of older values is ignored)."""
+        return cls(SigningIdentity.from_private_bytes(value["signer"]))
 
 
 class Verifier:
     """One receiver's checks: sender known, signature, recipient, session, fresh sequence number,
-    and the CKKS key fingerprint."""
+    and the fingerprint messages are bound to (in pre-training the participants' key set,
+    :func:`~fedgat.protocols.messages.keyset_fingerprint`)."""
 
     def __init__(self, roster: Roster, me: int, session: int) -> None:
         self.roster = roster

@@ -2,7 +2,8 @@
 :class:`~fedgat.protocols.fedavg_client.ClientRounds` ships and reports.
 
 Spec (before its first message): roster, session, Ed25519 signer, the session key's fingerprint,
-its private random stream (when it has one) and its :class:`~fedgat.federated.Client`:
+its private random stream (when it has one), its secure-aggregation configuration
+(:class:`~fedgat.protocols.secagg.SecAggConfig` or None) and its :class:`~fedgat.federated.Client`:
 
 * the model as a description -- its class (:data:`MODELS`: FedGAT) and constructor arguments, the
   score polynomial as its fitted fields (:class:`~fedgat.approx.ScorePolynomial`: ``psi``,
@@ -23,7 +24,10 @@ where the client ran: the server holds the global model and the results).
 Mid-run state (:mod:`fedgat.protocols.party_state`, any point between messages): the spec's fields
 (without the private keys) -- so the model's current weights, the optimiser's current state and the
 random stream as they are -- and the progress: the last round served, the last global weights
-received (arrays), the splits already evaluated in it and the model's train/eval mode.
+received (arrays), the splits already evaluated in it, the model's train/eval mode and the secure
+round under way (:meth:`~fedgat.protocols.secagg_client.ClientSecAgg.to_value`: its stage, cohort,
+encoded input and **its secrets** -- round keys, seeds, shares held -- so the store must be kept like
+a key store, as for the pre-training's CKKS secret key).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from fedgat.strategies import ClientStrategy
 
 from .party_values import PartyReport, PartySpec, encodings_from_value, encodings_to_value
 from .roster import Identity, Roster
+from .secagg import SecAggConfig
+from .secagg_client import ClientSecAgg
 
 if TYPE_CHECKING:
     from fedgat.approx import ScorePolynomial
@@ -258,7 +264,11 @@ def client_from_value(value: Mapping[str, Any]) -> Client:
 def rounds_spec_fields(party: ClientRounds) -> dict[str, Any]:
     """The kind's fields of a client that has handled no message (see the module docstring)."""
     rng = party._rng
-    return {"client": client_to_value(party.client), "rng": None if rng is None else rng.numpy().copy()}
+    return {
+        "client": client_to_value(party.client),
+        "rng": None if rng is None else rng.numpy().copy(),
+        "secagg": None if party.secagg is None else party.secagg.to_value(),
+    }
 
 
 def rounds_from_spec(cls: type[ClientRounds], spec: PartySpec) -> ClientRounds:
@@ -270,6 +280,7 @@ def rounds_from_spec(cls: type[ClientRounds], spec: PartySpec) -> ClientRounds:
         Identity.from_value(f["identity"]),
         client=client_from_value(f["client"]),
         fingerprint=f["verifier"]["fingerprint"],
+        secagg=SecAggConfig.from_value(f["secagg"]),
     )
     party._rng = None if f["rng"] is None else torch.from_numpy(np.array(f["rng"], dtype=np.uint8))
     party._restore_spec_base(f)
@@ -302,6 +313,7 @@ def state_progress(party: ClientRounds) -> dict[str, Any]:
         "weights": None if weights is None else tensors_to_arrays(weights, ""),
         "evaluated": sorted(party._evaluated),
         "training": bool(party.client.model.training),
+        "secure": None if party._secure is None else party._secure.to_value(),
     }
 
 
@@ -316,3 +328,5 @@ def restore_progress(party: ClientRounds, progress: Mapping[str, Any]) -> None:
     )
     party._evaluated = {str(s) for s in progress["evaluated"]}
     party.client.model.train(bool(progress["training"]))
+    secure = progress["secure"]
+    party._secure = None if secure is None else ClientSecAgg.from_value(secure)

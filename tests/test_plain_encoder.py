@@ -139,24 +139,30 @@ def test_plain_rows_keys():
 # ------------------------------------------------------------------- the baseline runs the plan
 @pytest.mark.parametrize("dp", [None, DP], ids=["clean", "dp"])
 def test_plaintext_round_is_the_servers_plan(federation, dp):
-    """Same seed: the plaintext round's plan has the server's bases, compute buckets, recipients and
-    views, and its encodings match the decrypted ones."""
+    """Same seed: the plaintext round draws the server's bases and views, every foreign share the
+    server computes is the plaintext encoding's columns over the recipient's foreign neighbours,
+    and the plaintext encodings match the decrypted ones."""
     graph, partition = federation
     parties = build_pretrain_parties(graph, partition, seed=SEED, workers=0, dp=dp)
     drive(InProcessTransport(), parties.all())
     assert all(p.done for p in parties.all().values())
     server = parties.server
-    assert server.plan is not None
+    assert server.plan is not None and server.plan.shares is not None
     rnd = plaintext_round(graph, partition, "vector", SEED, dp=dp)
     plan = rnd.plan
-    for ours, theirs in ((plan.bases, server.bases), (plan.buckets, server.buckets)):
-        assert len(ours) == len(theirs)
-        for a, b in zip(ours, theirs, strict=True):
-            for field in ("rows", "nodes", "neighbours", "p"):
-                np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
-    assert plan.recipients == server.plan.recipients and plan.route == server.plan.route
+    assert len(plan.bases) == len(server.bases)
+    for a, b in zip(plan.bases, server.bases, strict=True):
+        for field in ("rows", "nodes", "neighbours", "p"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert plan.route == server.plan.route
     for c, views in plan.views.items():
         assert [v.nodes.tolist() for v in views] == [v.nodes.tolist() for v in server.plan.views[c]]
+        owned = set(partition.clients[c].owned.tolist())
+        for share in server.plan.shares[c]:  # a share covers exactly the nodes with a foreign neighbour
+            for s, node in enumerate(share.nodes):
+                nbrs = share.bases.neighbours[s]
+                np.testing.assert_array_equal(share.foreign[s], [int(u) not in owned for u in nbrs])
+                assert share.foreign[s].any(), f"node {node} has no foreign neighbour"
     got = {c: client.encodings for c, client in parties.clients.items()}
     assert max_abs_error(got, rnd.run()) <= 1e-5  # type: ignore[arg-type]
     server.close()

@@ -20,6 +20,7 @@ process) -- so all of them run the same protocol on the same data, from a graph,
 from __future__ import annotations
 
 import secrets
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,7 +40,6 @@ from fedgat.partition import Partition
 from fedgat.protocols import (
     ClientPretrain,
     ClientRounds,
-    DealerSide,
     Identity,
     Party,
     PretrainConfig,
@@ -47,6 +47,8 @@ from fedgat.protocols import (
     ServerPretrain,
     ServerRounds,
 )
+from fedgat.protocols.fedavg_client import DEFAULT_SECAGG
+from fedgat.protocols.secagg import SecAggConfig
 from fedgat.randomness import RandomSource
 from fedgat.tasks import COMPACT_TOLERANCE, tasks_from_encodings
 
@@ -68,6 +70,7 @@ __all__ = [
     "owned_neighbourhoods",
     "release_rng",
     "run_summary",
+    "training_secagg",
 ]
 
 
@@ -76,8 +79,9 @@ __all__ = [
 class Deployment:
     """Party ids, private identities and the pinned roster of one federation.
 
-    Clients ``0..K-1`` are party ids ``0..K-1``; the server is party ``K``; the dealer is client 0
-    unless chosen otherwise. In a real deployment each party holds only its own :class:`Identity`.
+    Clients ``0..K-1`` are party ids ``0..K-1``; the server is party ``K``. In a real deployment each
+    party holds only its own :class:`Identity` (its Ed25519 key; every other key a party uses is
+    generated per session).
     """
 
     roster: Roster
@@ -92,13 +96,11 @@ class Deployment:
         return self.roster.clients
 
 
-def make_deployment(num_clients: int, dealer: int = 0) -> Deployment:
-    """Fresh Ed25519/X25519 identities for ``num_clients`` clients and a server, and their roster."""
-    identities = {c: Identity.generate(client=True) for c in range(num_clients)}
-    identities[num_clients] = Identity.generate(client=False)
+def make_deployment(num_clients: int) -> Deployment:
+    """Fresh Ed25519 identities for ``num_clients`` clients and a server, and their roster."""
+    identities = {pid: Identity.generate() for pid in range(num_clients + 1)}
     roster = Roster(
         server=num_clients,
-        dealer=dealer,
         clients=tuple(range(num_clients)),
         signing_keys={pid: ident.signer.public_bytes() for pid, ident in identities.items()},
     )
@@ -141,6 +143,21 @@ def owned_neighbourhoods(partition: Partition, owned: np.ndarray) -> tuple[np.nd
     return indptr, indices
 
 
+def cross_edges(graph: Graph, partition: Partition, client: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(cross (k, 2), owner (k,))``: the graph edges between ``client``'s nodes and other clients'
+    (either direction of ``graph.edge_index``, and every cross-client attention pair of the
+    partition), with the owner of the foreign end: what the client claims in pre-training."""
+    owner = partition.owner
+    ei = graph.edge_index.numpy()
+    nbh = partition.neighbourhoods
+    rows = np.repeat(np.arange(len(nbh.indptr) - 1), np.diff(nbh.indptr))
+    src = np.concatenate([ei[0], ei[1], rows])
+    dst = np.concatenate([ei[1], ei[0], nbh.indices])
+    sel = (owner[src] == client) & (owner[dst] != client)
+    pairs = np.unique(np.stack([src[sel], dst[sel]], axis=1), axis=0).astype(np.int64)
+    return pairs.reshape(-1, 2), owner[pairs[:, 1]].astype(np.int64) if len(pairs) else np.zeros(0, np.int64)
+
+
 def build_pretrain_server(
     roster: Roster,
     config: PretrainConfig,
@@ -179,8 +196,8 @@ def build_pretrain_client(
     dtype: torch.dtype = torch.float64,
     upload_batch: int = 32,
 ) -> ClientPretrain:
-    """Client ``client``'s party of a pre-training round (:class:`DealerSide` for the roster's dealer):
-    its owned rows of ``graph.x``, its neighbourhoods and its ``needed`` nodes from ``partition``.
+    """Client ``client``'s party of a pre-training round: its owned rows of ``graph.x``, its
+    neighbourhoods, cross-client edges (:func:`cross_edges`) and ``needed`` nodes from ``partition``.
     With ``config.dp`` its release noise comes from :func:`release_rng` (``seed``).
 
     Raises:
@@ -190,8 +207,8 @@ def build_pretrain_client(
     if len(cp.owned) == 0:
         raise ValueError(f"client {client} owns no node; use fewer clients")
     indptr, indices = owned_neighbourhoods(partition, cp.owned)
-    cls = DealerSide if client == roster.dealer else ClientPretrain
-    return cls(
+    cross, cross_owner = cross_edges(graph, partition, client)
+    return ClientPretrain(
         client,
         roster,
         config,
@@ -200,6 +217,8 @@ def build_pretrain_client(
         features=graph.x.numpy()[cp.owned],
         indptr=indptr,
         indices=indices,
+        cross=cross,
+        cross_owner=cross_owner,
         needed=cp.needed,
         dtype=dtype,
         upload_batch=upload_batch,
@@ -225,7 +244,7 @@ def build_pretrain_parties(
     dp: FeatureDP | None = None,
     encoder: EncoderFactory | None = None,
 ) -> PretrainParties:
-    """Build the server, the dealer and the clients of a pre-training round for ``partition``.
+    """Build the server and the clients of a pre-training round for ``partition``.
 
     ``encoder``: where the server computes (default :func:`fedgat.crypto.encoders.local_encoder`
     with ``workers`` processes); ``spool_dir``: where it stores uploads (default a temporary folder).
@@ -273,6 +292,29 @@ def build_pretrain_parties(
 
 
 # ------------------------------------------------------------------------------------ training
+def training_secagg(
+    secagg: SecAggConfig | str | None, num_clients: int, fraction: float
+) -> SecAggConfig | None:
+    """The secure-aggregation setting of a run's FedAvg parties (every builder below resolves it the
+    same way, so the server and the clients agree): a :class:`~fedgat.protocols.secagg.SecAggConfig` or
+    None as given, or for ``"auto"`` (the builders' default) the default configuration whenever a
+    round samples at least its ``min_cohort`` (3) clients -- else plaintext updates, with a warning:
+    fewer clients cannot be aggregated securely, as a sum of two tells each client the other's."""
+    if not isinstance(secagg, str):
+        return secagg
+    if secagg != "auto":
+        raise ValueError(f"secagg must be a SecAggConfig, None or 'auto', not {secagg!r}")
+    per_round = max(1, round(fraction * num_clients))
+    if per_round >= DEFAULT_SECAGG.min_cohort:
+        return DEFAULT_SECAGG
+    warnings.warn(
+        f"{per_round} client(s) per round is below secure aggregation's minimum cohort of "
+        f"{DEFAULT_SECAGG.min_cohort}: the FedAvg updates travel in plaintext",
+        stacklevel=3,
+    )
+    return None
+
+
 @dataclass
 class TrainingParties:
     """The state machines of the FedAvg rounds, with the resolved hyper-parameters."""
@@ -296,11 +338,14 @@ def build_rounds_server(
     seed: int = 0,
     session: int | None = None,
     fingerprint: bytes | None = None,
+    secagg: SecAggConfig | str | None = "auto",
 ) -> ServerRounds:
     """The server of the FedAvg rounds for resolved FedGAT hyper-parameters ``hp``
     (:func:`fedgat.methods.resolve_hparams`): the initial model is drawn after ``torch.manual_seed(seed)``,
     as :func:`fedgat.methods.run_method` draws it; ``seed`` also seeds client sampling;
-    ``fingerprint``: the CKKS key fingerprint every update is bound to."""
+    ``fingerprint``: the CKKS key fingerprint every update is bound to; ``secagg``: secure aggregation
+    of the updates (:class:`~fedgat.protocols.secagg.SecAggConfig`; None: plaintext updates, for
+    comparison; "auto": :func:`training_secagg`, on whenever a round samples 3 clients or more)."""
     torch.manual_seed(seed)
     model = fedgat_model_fn(num_features, num_classes, hp)()
     strategy = strategy_from_hparams(hp, model)
@@ -316,6 +361,7 @@ def build_rounds_server(
         fraction=hp["fraction"],
         seed=seed,
         fingerprint=fingerprint,
+        secagg=training_secagg(secagg, len(roster.clients), hp["fraction"]),
     )
 
 
@@ -333,10 +379,12 @@ def build_rounds_client(
     num_classes: int,
     fingerprint: bytes | None = None,
     compact_tol: float = COMPACT_TOLERANCE,
+    secagg: SecAggConfig | str | None = "auto",
 ) -> ClientRounds:
     """Client ``client``'s party of the FedAvg rounds: a :class:`fedgat.federated.Client` training
     FedGAT (hyper-parameters ``hp``) on the tasks of its (decrypted) ``encodings`` of its ``needed``
-    nodes (:func:`fedgat.tasks.tasks_from_encodings`, compacted at ``compact_tol``).
+    nodes (:func:`fedgat.tasks.tasks_from_encodings`, compacted at ``compact_tol``); ``secagg`` as
+    :func:`build_rounds_server` (both sides must agree).
 
     Raises:
         ValueError: the encodings do not cover the client's ``needed`` nodes in order.
@@ -354,7 +402,15 @@ def build_rounds_client(
         local_epochs=hp["local_epochs"],
         strategy=strategy.client,
     )
-    return ClientRounds(client, roster, session, identity, client=member, fingerprint=fingerprint)
+    return ClientRounds(
+        client,
+        roster,
+        session,
+        identity,
+        client=member,
+        fingerprint=fingerprint,
+        secagg=training_secagg(secagg, len(roster.clients), hp["fraction"]),
+    )
 
 
 def build_training_parties(
@@ -367,6 +423,7 @@ def build_training_parties(
     fingerprint: bytes | None = None,
     session: int | None = None,
     compact_tol: float = COMPACT_TOLERANCE,
+    secagg: SecAggConfig | str | None = "auto",
     **hparams: Any,
 ) -> TrainingParties:
     """The server and the clients of the FedAvg rounds from the clients' (decrypted) encodings.
@@ -374,12 +431,16 @@ def build_training_parties(
     Models, clients, seeds and rounds are those of :func:`fedgat.methods.run_method` for
     ``"fedgat"`` (``hparams``: overrides of :func:`fedgat.methods.default_hparams`); only the
     encodings come from the pre-training round instead of being built locally. The models read the
-    encodings' feature dimension (the DP projection's, with DP).
+    encodings' feature dimension (the DP projection's, with DP). ``secagg``: secure aggregation of
+    the updates for every party (:mod:`fedgat.protocols.secagg`; "auto", the default, as
+    :func:`training_secagg`; None: plaintext updates). The in-process simulator
+    :meth:`fedgat.federated.Server.fit` aggregates in the clear.
     """
     hp = resolve_hparams("fedgat", hparams)
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
+    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"])
     in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # projected with DP
     shape = {"num_features": in_dim, "num_classes": graph.num_classes}
     server = build_rounds_server(
@@ -389,6 +450,7 @@ def build_training_parties(
         seed=seed,
         session=session,
         fingerprint=fingerprint,
+        secagg=secagg,
         **shape,
     )
     # the clients' models are drawn after the server's, from the same seeded stream
@@ -404,6 +466,7 @@ def build_training_parties(
             session=session,
             fingerprint=fingerprint,
             compact_tol=compact_tol,
+            secagg=secagg,
             **shape,
         )
         for c in roster.clients
@@ -442,6 +505,8 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
                 "slot_utilisation": round(pre.slot_utilisation, 4),
                 "result_slot_utilisation": round(pre.result_slot_utilisation, 4),
                 "server_has_secret_key": pre.server_has_secret_key,
+                "shared_secret_key": pre.shared_secret_key,
+                "rows_released": pre.rows_released,
             }
         )
     if training is not None:
@@ -458,6 +523,7 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
                 "training_bytes_up": training.bytes_up,
                 "training_bytes_down": training.bytes_down,
                 "training_messages": training.messages,
+                "secure_aggregation": training.secure_aggregation,
             }
         )
     return out

@@ -4,7 +4,9 @@ Client side: every client's view (its decrypted encodings: equal to the plaintex
 with the same bases up to CKKS error, which `tests/crypto` and `tests/protocols` bound) is attacked
 with :mod:`fedgat.attacks`; the victims are the *foreign* nodes whose features the client should not
 learn. Server side: :func:`server_checks` inspects a recorded transcript of everything the server
-received.
+received, and :func:`audit_server` runs every attack of a hostile server, alone or with a colluding
+client, against the real protocol (:mod:`fedgat.server_attacks` for the pre-training round,
+:mod:`fedgat.training_attacks` for the training rounds), each scored against the ground truth.
 
 Mitigations, each a setting: the paper's minimum cross-client rule ``min_cross`` (k), a neighbour
 cap with random sampling, and a DP release of the features shared for cross-client use
@@ -167,46 +169,45 @@ def chance_reidentification(graph: Graph, part: Partition) -> float:
 
 
 # ------------------------------------------------------------------------------------ server side
-#: what the server may receive: public keys, the public context, relayed wrapped keys, public graph
-#: metadata, ciphertexts, and (in training rounds) model weights and evaluation counts
+#: what the server may receive: public keys and contexts, signed edge claims, sealed check keys it
+#: cannot open, public graph metadata, ciphertexts, and in the training rounds evaluation counts and
+#: the secure-aggregation messages (masked inputs, sealed shares; plaintext LocalUpdates only when
+#: secure aggregation is switched off)
 SERVER_ALLOWED = {
     "KeyAnnounce",
     "PublicContext",
-    "WrappedKeyDelivery",
+    "PrivacyTerms",
+    "EdgeClaims",
     "GraphAnnounce",
+    "SealedCheckKeys",
     "FeatureUpload",
     "UploadDone",
     "LocalUpdate",
     "EvaluationReport",
+    "SecAggAdvert",
+    "SecAggShares",
+    "SecAggMasked",
+    "SecAggUnmaskShares",
     "Abort",
 }
 
 SERVER_LEARNS = [
     "the graph structure: every client's owned node ids and their neighbour lists (GraphAnnounce)",
+    "every client's signed claims of its cross-client edges, hence who needs which rows from whom",
     "degrees and neighbourhood sizes, hence the encoding sizes",
     "the number of nodes per client and the feature dimension d",
-    "each client's public keys, the CKKS public context and the key fingerprint",
-    "model weights and training-node counts of every FedAvg round (plaintext; no secure aggregation)",
+    "each client's public keys, its own public CKKS context and key fingerprint",
+    (
+        "the training rounds' global models (it makes them) and, with secure aggregation (default), only "
+        "the weighted sum of the sampled clients' updates, their total weight and loss, and who dropped out"
+    ),
     "per-client validation/test correct counts (EvaluationReport)",
 ]
 
 
-def _anchors(x: np.ndarray, dtype: type[np.floating]) -> dict[bytes, int]:
-    """8-byte anchors: each node's row bytes from its first non-zero feature (2 float32 or 1 float64)."""
-    out = {}
-    rows = x.astype(dtype)
-    width = 8 // np.dtype(dtype).itemsize
-    for i, row in enumerate(rows):
-        nz = np.flatnonzero(row)
-        if len(nz) == 0:
-            continue
-        start = min(int(nz[0]), len(row) - width)
-        out[row[start : start + width].tobytes()] = i
-    return out
-
-
 def _anchor_table(x: np.ndarray, dtype: type[np.floating]) -> dict[bytes, list[tuple[int, int]]]:
-    """Anchor bytes -> ``(row, byte offset of the anchor in the row)`` for every row having it."""
+    """8-byte anchors -> ``(row, byte offset of the anchor in the row)`` for every row having it: each
+    row's bytes from its first non-zero feature (2 float32 or 1 float64)."""
     table: dict[bytes, list[tuple[int, int]]] = {}
     rows = x.astype(dtype)
     size = np.dtype(dtype).itemsize
@@ -235,11 +236,6 @@ def _scan_positions(blob: bytes, keys: np.ndarray) -> np.ndarray:
     return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
 
 
-def _scan(blob: bytes, keys: np.ndarray) -> int:
-    """Occurrences of any 8-byte key (sorted uint64) at any byte offset of ``blob``."""
-    return len(_scan_positions(blob, keys))
-
-
 def _verified_hits(
     blob: bytes, positions: np.ndarray, table: dict, rows: list[bytes], reach: int = 32
 ) -> int:
@@ -260,7 +256,30 @@ def _verified_hits(
     return hits
 
 
-def _longest_zero_run(blob: bytes) -> int:
+class RowScanner:
+    """Finds copies of feature rows ``x`` (as float32 or float64) in bytes, at any byte offset: each
+    row's 8-byte anchor is looked up, and a candidate counts only when the row's bytes around it
+    match too (:meth:`scan`)."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self._scans = []
+        for dtype in (np.float32, np.float64):
+            table = _anchor_table(x, dtype)
+            keys = np.array(sorted(np.frombuffer(b"".join(table), dtype=np.uint64)), dtype=np.uint64)
+            self._scans.append((keys, table, [row.tobytes() for row in x.astype(dtype)]))
+
+    def scan(self, blob: bytes) -> tuple[int, int]:
+        """``(anchor candidates, verified copies of a row)`` in ``blob``."""
+        candidates = hits = 0
+        for keys, table, rows in self._scans:
+            positions = _scan_positions(blob, keys)
+            candidates += len(positions)
+            hits += _verified_hits(blob, positions, table, rows)
+        return candidates, hits
+
+
+def longest_zero_run(blob: bytes) -> int:
+    """The longest run of zero bytes in ``blob`` (a sparse feature row has runs of hundreds)."""
     raw = np.frombuffer(blob, dtype=np.uint8) == 0
     if not raw.any():
         return 0
@@ -272,12 +291,15 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
     """Checks on everything the server received (a :class:`fedgat.protocols.Transcript`).
 
     * every message type is in :data:`SERVER_ALLOWED`;
-    * every uploaded feature payload parses as a CKKS ciphertext envelope bound to the session key;
+    * every uploaded feature payload parses as a CKKS ciphertext envelope bound to the key of the
+      client it is released to (each client's own public context);
+    * every client announced its own key (distinct fingerprints: no shared secret key);
     * no node's feature row occurs in the server-visible bytes as float32 or float64 (8-byte anchors
       at every byte offset, each candidate verified against the row's bytes around it: a sparse
-      row's anchor alone turns up in ~1 GB of ciphertext by chance), and no run of zero bytes long enough to hold a sparse feature
-      row at *any* scale (a Cora row has runs of hundreds of zero bytes; the test is scale-free);
-    * the public context the server received has no secret key and cannot decrypt.
+      row's anchor alone turns up in ~1 GB of ciphertext by chance), and no run of zero bytes long
+      enough to hold a sparse feature row at *any* scale (a Cora row has runs of hundreds of zero
+      bytes; the test is scale-free);
+    * no public context the server received has a secret key or can decrypt.
     """
     from fedgat.crypto import ServerContext, deserialize
     from fedgat.protocols import FeatureUpload, PublicContext, decode_message
@@ -287,64 +309,63 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
     for e in received:
         types[e.type_name] = types.get(e.type_name, 0) + 1
     unexpected = sorted(set(types) - SERVER_ALLOWED)
-    scans = []
-    for dtype in (np.float32, np.float64):
-        table = _anchor_table(x, dtype)
-        keys = np.array(sorted(np.frombuffer(b"".join(table), dtype=np.uint64)), dtype=np.uint64)
-        scans.append((keys, table, [row.tobytes() for row in x.astype(dtype)]))
-    ctx = None
+    scanner = RowScanner(x)
+    contexts: dict[int, ServerContext] = {}
     ciphertexts = bad_ciphertexts = anchor_hits = anchor_candidates = 0
-    longest_zero_run = 0
-    context_checks: dict[str, bool] = {}
+    zero_run = 0
+    has_secret = cannot_decrypt = None
     for e in received:
         msg = decode_message(e.data)
         if isinstance(msg, PublicContext):
             ctx = ServerContext.from_bytes(msg.context)
-            context_checks["server_context_has_secret_key"] = bool(ctx.tenseal.has_secret_key())
+            contexts[msg.party] = ctx
+            has_secret = bool(has_secret) or bool(ctx.tenseal.has_secret_key())
         if isinstance(msg, FeatureUpload):
             for item in msg.items:
                 ciphertexts += 1
                 try:
-                    if ctx is None:
-                        raise ValueError("ciphertext before the public context")
-                    vec = deserialize(ctx, item.ciphertext, level="fresh")
+                    vec = deserialize(contexts[msg.target], item.ciphertext, level="fresh")
                 except Exception:  # noqa: BLE001 - any failure means "not a ciphertext of this key"
                     bad_ciphertexts += 1
                     continue
-                if "server_context_cannot_decrypt" not in context_checks:
+                if cannot_decrypt is None:
                     try:
                         vec.decrypt()
-                        context_checks["server_context_cannot_decrypt"] = False
+                        cannot_decrypt = False
                     except (ValueError, RuntimeError):
-                        context_checks["server_context_cannot_decrypt"] = True
-                longest_zero_run = max(longest_zero_run, _longest_zero_run(item.ciphertext))
-        if e.type_name in ("FeatureUpload", "GraphAnnounce", "UploadDone", "WrappedKeyDelivery"):
-            for keys, table, rows in scans:
-                positions = _scan_positions(e.payload, keys)
-                anchor_candidates += len(positions)
-                anchor_hits += _verified_hits(e.payload, positions, table, rows)
+                        cannot_decrypt = True
+                zero_run = max(zero_run, longest_zero_run(item.ciphertext))
+        if e.type_name in ("FeatureUpload", "GraphAnnounce", "UploadDone", "EdgeClaims", "SealedCheckKeys"):
+            candidates, hits = scanner.scan(e.payload)
+            anchor_candidates += candidates
+            anchor_hits += hits
+    fingerprints = [ctx.fingerprint() for ctx in contexts.values()]
     min_row_zero_run = _min_feature_zero_run(x)
-    checks = {
+    checks: dict = {
         "message_types": types,
         "only_allowed_message_types": not unexpected,
         "unexpected_types": unexpected,
+        "client_contexts": len(contexts),
+        "distinct_client_keys": len(set(fingerprints)) == len(fingerprints) > 0,
         "uploaded_ciphertexts": ciphertexts,
-        "all_uploads_are_ciphertexts_of_the_session_key": ciphertexts > 0 and bad_ciphertexts == 0,
+        "all_uploads_are_ciphertexts_of_the_recipients_keys": ciphertexts > 0 and bad_ciphertexts == 0,
         "feature_row_anchor_candidates": anchor_candidates,
         "feature_row_anchor_hits": anchor_hits,
-        "longest_zero_byte_run_in_ciphertexts": longest_zero_run,
+        "longest_zero_byte_run_in_ciphertexts": zero_run,
         "shortest_zero_byte_run_in_a_float32_feature_row": min_row_zero_run,
-        **context_checks,
+        "server_context_has_secret_key": has_secret,
+        "server_context_cannot_decrypt": cannot_decrypt,
     }
     checks["no_feature_rows_visible"] = anchor_hits == 0 and (
-        min_row_zero_run is None or longest_zero_run < min_row_zero_run
+        min_row_zero_run is None or zero_run < min_row_zero_run
     )
     checks["passed"] = bool(
         checks["only_allowed_message_types"]
-        and checks["all_uploads_are_ciphertexts_of_the_session_key"]
+        and checks["distinct_client_keys"]
+        and checks["all_uploads_are_ciphertexts_of_the_recipients_keys"]
         and checks["no_feature_rows_visible"]
-        and not context_checks.get("server_context_has_secret_key", True)
-        and context_checks.get("server_context_cannot_decrypt", False)
+        and has_secret is False
+        and cannot_decrypt is True
     )
     checks["server_learns"] = SERVER_LEARNS
     return checks
@@ -355,5 +376,107 @@ def _min_feature_zero_run(x: np.ndarray) -> int | None:
     zero_frac = float((x == 0).mean())
     if zero_frac < 0.5:
         return None
-    runs = [_longest_zero_run(row.astype(np.float32).tobytes()) for row in x[: min(len(x), 500)]]
+    runs = [longest_zero_run(row.astype(np.float32).tobytes()) for row in x[: min(len(x), 500)]]
     return int(min(runs))
+
+
+# ---------------------------------------------------------------------- attacks by the server
+#: the server-side attacks :func:`audit_server` runs (pre-training, then training)
+SERVER_ATTACKS = (
+    "substituted_result",
+    "injected_ciphertexts",
+    "fake_edges",
+    "server_plus_one_client",
+    "chosen_weights_one_client",
+    "chosen_weights_aggregate",
+    "model_inconsistency",
+)
+
+
+def audit_server(
+    graph: Graph,
+    partition: Partition,
+    variant: VariantLike = "vector",
+    *,
+    seed: int = 0,
+    preset: str = "n4096",
+    workers: int | None = None,
+    colluder: int | None = None,
+    attacks: Iterable[str] = SERVER_ATTACKS,
+    training_rounds: int = 3,
+    strategies: Iterable[dict] | None = None,
+    transcript_dir: str | None = None,
+) -> dict:
+    """Run the server-side attacks against the real protocol and check what the server received.
+
+    An honest encrypted round runs first, recorded: :func:`server_checks` on its transcript, whether
+    any two clients share a CKKS key (:func:`fedgat.server_attacks.shared_secret_key`), the
+    server-plus-one-client collusion (:func:`fedgat.server_attacks.collusion_attack`, ``colluder``
+    default the first client that receives foreign rows). Then the hostile rounds
+    (:func:`fedgat.server_attacks.forged_results_attacks`,
+    :func:`fedgat.server_attacks.fake_edges_attack`) and, on the clients' decrypted encodings of
+    the honest round, the training attacks (:func:`fedgat.training_attacks.training_attacks`,
+    ``training_rounds`` attack rounds, the aggregate attack under each of ``strategies``, default
+    :data:`fedgat.training_attacks.ATTACK_STRATEGIES`).
+
+    Returns:
+        ``{"server": checks, "shared_secret_key": bool, "server_attacks": {name: {"recovered_fraction",
+        "detected", "ran", "targets", "recovered", ...}}, "server_attacks_not_run": [names]}``.
+    """
+    import tempfile
+
+    from fedgat.protocols import Transcript
+    from fedgat.server_attacks import (
+        AttackSetting,
+        collusion_attack,
+        fake_edges_attack,
+        first_recipient,
+        forged_results_attacks,
+        honest_round,
+        shared_secret_key,
+    )
+    from fedgat.training_attacks import ATTACK_STRATEGIES, TrainingSetting, training_attacks
+
+    wanted = set(attacks)
+    unknown = wanted - set(SERVER_ATTACKS)
+    if unknown:
+        raise ValueError(f"unknown server attacks {sorted(unknown)}; known: {list(SERVER_ATTACKS)}")
+    kind = as_variant(variant)
+    setting = AttackSetting(graph, partition, kind.name, seed, preset, workers)
+    truth = setting.truth
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="fedgat-audit-", dir=transcript_dir) as tmp:
+        transcript = Transcript(keep_payloads=True, directory=tmp)
+        parties = honest_round(setting, transcript)
+        report: dict = {
+            "server": server_checks(transcript, parties.server.party_id, graph.x.numpy()),
+            "shared_secret_key": shared_secret_key(parties),
+            "client_key_fingerprints": {
+                c: p.holder.fingerprint().hex()[:16]
+                for c, p in parties.clients.items()
+                if p.holder is not None
+            },
+        }
+        if "server_plus_one_client" in wanted:
+            who = first_recipient(partition) if colluder is None else colluder
+            results["server_plus_one_client"] = collusion_attack(transcript, parties, truth, who or 0)
+        transcript.close()
+    encodings = {c: p.encodings for c, p in parties.clients.items() if p.encodings is not None}
+    if wanted & {"substituted_result", "injected_ciphertexts"}:
+        for name, outcome in forged_results_attacks(setting).items():
+            if name in wanted:
+                results[name] = outcome
+    if "fake_edges" in wanted:
+        results["fake_edges"] = fake_edges_attack(setting, colluder)
+    training = {"chosen_weights_one_client", "chosen_weights_aggregate", "model_inconsistency"}
+    if wanted & training:
+        tsetting = TrainingSetting(graph, partition, encodings, seed, {"variant": kind.name})
+        chosen = list(ATTACK_STRATEGIES if strategies is None else strategies)
+        for name, outcome in training_attacks(tsetting, rounds=training_rounds, strategies=chosen).items():
+            if name in wanted:
+                results[name] = outcome
+    report["server_attacks"] = {name: results[name].as_dict() for name in SERVER_ATTACKS if name in results}
+    report["server_attacks_not_run"] = [
+        name for name in SERVER_ATTACKS if name not in results or not results[name].ran
+    ]
+    return report

@@ -8,6 +8,25 @@ Planetoid reader (:func:`torch_geometric.io.read_planetoid_data`, the function
 beside them: a read-only data folder works as it is, and no ``processed/`` directory goes stale.
 When files are missing they are downloaded from the URL PyG uses into ``<root>/<Name>/raw``; when that
 fails, :class:`DatasetNotFoundError` says where it looked.
+
+:func:`load_dataset` takes, besides ``"cora"``, ``"citeseer"``, ``"pubmed"`` and ``"synthetic"``:
+
+* ``"<family>:<name>"`` for a PyG dataset class whose raw files are under ``root``
+  (:func:`load_pyg_dataset`): ``citationfull:`` ``cora``, ``cora_ml``, ``citeseer``, ``dblp``,
+  ``pubmed`` (PyG's ``CitationFull``, raw file ``<root>/<name>/raw/<name>.npz``); ``coauthor:`` ``cs``,
+  ``physics`` (``Coauthor``, ``<root>/CS/raw/ms_academic_cs.npz``, ``<root>/Physics/raw/ms_academic_phy.npz``);
+  ``amazon:`` ``computers``, ``photo`` (``Amazon``, ``<root>/Photo/raw/amazon_electronics_photo.npz``,
+  ...); and ``planetoid:cora`` etc. for the loaders above. The same layout PyG's classes use, so a
+  folder PyG filled works as it is; raw files are read in memory (nothing is written beside them),
+  downloaded from PyG's URL when missing and ``download`` is true, and the seeded per-class split of
+  :mod:`fedgat.splits` is drawn (these datasets have no public split);
+* a path to a gnn-benchmark ``.npz`` or a saved PyG ``Data`` (``.pt``/``.pth``); see
+  :mod:`fedgat.graph_files`. A string is read as a path when it ends in one of those suffixes or
+  contains a path separator; relative paths are taken from the working directory, not ``root``.
+
+Every graph built from these sources carries a :class:`~fedgat.graph_pyg.GraphReport` in
+``graph.report`` saying what was changed on the way in (self-loops, duplicates, reverse edges added,
+isolated nodes, the split drawn).
 """
 
 from __future__ import annotations
@@ -16,12 +35,26 @@ import functools
 import os
 from pathlib import Path
 
-from torch_geometric.datasets import Planetoid
+from torch_geometric.datasets import Amazon, CitationFull, Coauthor, Planetoid
 from torch_geometric.io import fs, read_planetoid_data
-from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
+from torch_geometric.utils import sort_edge_index
 
-from fedgat.graph import Graph, unit_normalise
+from fedgat.graph import Graph
+from fedgat.graph_files import DatasetFormatError, DatasetNotFoundError, load_npz, load_pt, read_npz_data
+from fedgat.splits import NUM_TEST, NUM_VAL, TRAIN_PER_CLASS
 from fedgat.synthetic import synthetic_graph
+
+__all__ = [
+    "PLANETOID_NAMES",
+    "PYG_DATASETS",
+    "DatasetFormatError",
+    "DatasetNotFoundError",
+    "data_root",
+    "load_dataset",
+    "load_planetoid",
+    "load_pyg_dataset",
+    "planetoid_raw_files",
+]
 
 ENV_VAR = "FEDGAT_DATA"
 
@@ -29,9 +62,22 @@ ENV_VAR = "FEDGAT_DATA"
 PLANETOID_NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 _RAW_PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 
-
-class DatasetNotFoundError(FileNotFoundError):
-    """The raw files of a dataset are missing and could not be downloaded."""
+#: family -> lower-case name -> (PyG's directory name, raw file name); see the module docstring
+PYG_DATASETS: dict[str, dict[str, tuple[str, str]]] = {
+    "citationfull": {n: (n, f"{n}.npz") for n in ("cora", "cora_ml", "citeseer", "dblp", "pubmed")},
+    "coauthor": {"cs": ("CS", "ms_academic_cs.npz"), "physics": ("Physics", "ms_academic_phy.npz")},
+    "amazon": {
+        "computers": ("Computers", "amazon_electronics_computers.npz"),
+        "photo": ("Photo", "amazon_electronics_photo.npz"),
+    },
+    "planetoid": {n: (pyg, "ind.*") for n, pyg in PLANETOID_NAMES.items()},
+}
+_URLS = {
+    "citationfull": CitationFull.url.rpartition("/")[0],
+    "coauthor": Coauthor.url.rstrip("/"),
+    "amazon": Amazon.url.rstrip("/"),
+}
+_FILE_SUFFIXES = (".npz", ".pt", ".pth")
 
 
 def data_root() -> Path:
@@ -73,15 +119,126 @@ def load_planetoid(name: str, root: str | Path | None = None, *, download: bool 
     return _load_planetoid(pyg_name, root.resolve(), download)
 
 
-def load_dataset(name: str, root: str | Path | None = None, **kwargs) -> Graph:
-    """Load a dataset by name: a Planetoid graph (``kwargs`` go to :func:`load_planetoid`) or
-    ``"synthetic"`` (``kwargs`` go to :func:`fedgat.synthetic.synthetic_graph`; ``root`` is ignored)."""
+def load_dataset(name: str | os.PathLike, root: str | Path | None = None, **kwargs) -> Graph:
+    """Load a dataset by name or path (the forms are listed in the module docstring).
+
+    * ``"cora"``, ``"citeseer"``, ``"pubmed"``: :func:`load_planetoid` (``kwargs``: ``download``);
+    * ``"synthetic"``: :func:`fedgat.synthetic.synthetic_graph` (``kwargs`` go there; ``root`` unused);
+    * ``"<family>:<name>"``: :func:`load_pyg_dataset` (``kwargs``: ``download`` and the split's
+      ``split_seed``, ``train_per_class``, ``num_val``, ``num_test``);
+    * a path ending in ``.npz``: :func:`fedgat.graph_files.load_npz`; ``.pt`` or ``.pth``:
+      :func:`fedgat.graph_files.load_pt` (``kwargs``: ``name``, the split's arguments and, for
+      ``.pt``, ``trust_pickle``; ``root`` unused).
+
+    Raises:
+        ValueError: an unknown name or family, or an unsupported file suffix.
+        DatasetNotFoundError: missing raw files (not downloadable) or a missing file.
+        DatasetFormatError: a malformed file (a :class:`~fedgat.graph.GraphError`, so a ValueError).
+        GraphError: a graph that cannot be prepared (e.g. too small for the split).
+    """
+    if isinstance(name, os.PathLike) or _looks_like_path(name):
+        return _load_file(Path(name), **kwargs)
     key = name.lower()
     if key == "synthetic":
         return synthetic_graph(**kwargs)
     if key in PLANETOID_NAMES:
         return load_planetoid(key, root, **kwargs)
-    raise ValueError(f"unknown dataset {name!r}; expected one of {[*PLANETOID_NAMES, 'synthetic']}")
+    if ":" in key:
+        return load_pyg_dataset(key, root=root, **kwargs)
+    raise ValueError(
+        f"unknown dataset {name!r}; expected one of {[*PLANETOID_NAMES, 'synthetic']}, a PyG dataset as "
+        f"<family>:<name> ({', '.join(f'{f}:' for f in PYG_DATASETS)}), or a path to a .npz or .pt file"
+    )
+
+
+def load_pyg_dataset(
+    spec: str,
+    name: str | None = None,
+    root: str | Path | None = None,
+    *,
+    download: bool = True,
+    split_seed: int = 0,
+    train_per_class: int = TRAIN_PER_CLASS,
+    num_val: int = NUM_VAL,
+    num_test: int = NUM_TEST,
+) -> Graph:
+    """Load a PyG ``CitationFull``, ``Coauthor``, ``Amazon`` or ``Planetoid`` graph from its raw file.
+
+    Args:
+        spec: ``"<family>:<name>"`` (e.g. ``"coauthor:cs"``), or the family alone with ``name``.
+        name: the dataset within the family, when ``spec`` is only the family.
+        root: folder holding PyG's layout, ``<root>/<dir>/raw/<file>`` (:data:`PYG_DATASETS`); default
+            :func:`data_root`.
+        download: fetch a missing raw file from PyG's URL into the raw folder.
+        split_seed, train_per_class, num_val, num_test: the seeded per-class split
+            (:func:`fedgat.splits.per_class_split`); ignored for ``planetoid:``, which has its public
+            split.
+
+    Returns:
+        The graph, named ``"<family>-<name>"`` (``"cora"`` etc. for Planetoid), prepared as PyG's class
+        prepares it (features binarised as PyG's ``read_npz`` does, then scaled to unit norm; edges
+        without self-loops or duplicates, undirected), with ``graph.report``. Cached per arguments in
+        this process (the same object is returned again: treat its tensors as read-only).
+
+    Raises:
+        ValueError: unknown family or name.
+        DatasetNotFoundError: the raw file is missing and could not be downloaded.
+        DatasetFormatError: the raw file is malformed.
+    """
+    family, _, rest = spec.lower().partition(":")
+    name = (name or rest).lower()
+    if family not in PYG_DATASETS:
+        raise ValueError(f"unknown dataset family {family!r}; expected one of {list(PYG_DATASETS)}")
+    if name not in PYG_DATASETS[family]:
+        raise ValueError(
+            f"unknown {family} dataset {name!r}; expected one of "
+            f"{[f'{family}:{n}' for n in PYG_DATASETS[family]]}"
+        )
+    if family == "planetoid":
+        return load_planetoid(name, root, download=download)
+    root = Path(root).expanduser() if root is not None else data_root()
+    split = (split_seed, train_per_class, num_val, num_test)
+    return _load_pyg_npz(family, name, root.resolve(), download, split)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.lower().endswith(_FILE_SUFFIXES) or "/" in name or os.sep in name
+
+
+def _load_file(path: Path, **kwargs) -> Graph:
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return load_npz(path, **kwargs)
+    if suffix in (".pt", ".pth"):
+        return load_pt(path, **kwargs)
+    if not path.exists():
+        raise DatasetNotFoundError(f"dataset file {path} not found")
+    raise DatasetFormatError(
+        f"{path}: unsupported file type {suffix or '(no suffix)'!r}; fedgat reads .npz (gnn-benchmark "
+        f"layout) and .pt/.pth (a saved torch_geometric Data)"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _load_pyg_npz(family: str, name: str, root: Path, download: bool, split: tuple) -> Graph:
+    directory, file = PYG_DATASETS[family][name]
+    raw_dir = root / directory / "raw"
+    if not (raw_dir / file).is_file():
+        what = f"{family}:{name} raw file"
+        if not download:
+            raise DatasetNotFoundError(_not_found_message(raw_dir, [file], "download=False", what))
+        _download(raw_dir, [file], _URLS[family], what)
+    data = read_npz_data(raw_dir / file, binarise=True)
+    seed, per_class, num_val, num_test = split
+    return Graph.from_pyg(
+        data,
+        name=f"{family}-{name}",
+        source=f"{family}:{name} ({raw_dir / file})",
+        split_seed=seed,
+        train_per_class=per_class,
+        num_val=num_val,
+        num_test=num_test,
+    )
 
 
 def _pyg_name(name: str) -> str:
@@ -103,38 +260,40 @@ def _load_planetoid(pyg_name: str, root: Path, download: bool) -> Graph:
         _download(raw_dir, missing)
 
     data = read_planetoid_data(str(raw_dir), pyg_name)
-    edge_index, _ = remove_self_loops(data.edge_index)
-    edge_index = coalesce(to_undirected(edge_index, num_nodes=data.num_nodes), num_nodes=data.num_nodes)
-    return Graph(
-        x=unit_normalise(data.x.float()),
-        y=data.y.long(),
-        edge_index=edge_index.long(),
-        train_mask=data.train_mask.bool(),
-        val_mask=data.val_mask.bool(),
-        test_mask=data.test_mask.bool(),
-        num_classes=int(data.y.max()) + 1,
-        name=pyg_name.lower(),
-    )
+    # the same preparation as every other source (self-loops removed, duplicates merged, undirected),
+    # on edges sorted by (source, target) first: from_pyg keeps the order of an input that is already
+    # clean, and the stored Planetoid graphs have always been sorted so
+    data.edge_index = sort_edge_index(data.edge_index, num_nodes=data.num_nodes)
+    return Graph.from_pyg(data, name=pyg_name.lower(), source=f"Planetoid {pyg_name} ({raw_dir})")
 
 
-def _download(raw_dir: Path, files: list[str]) -> None:
-    """Fetch ``files`` from PyG's Planetoid URL into ``raw_dir``; a partial file is removed."""
+def _download(
+    raw_dir: Path, files: list[str], url: str = Planetoid.url, what: str = "Planetoid raw files"
+) -> None:
+    """Fetch ``files`` from ``url`` into ``raw_dir``; a partial file is removed."""
     for f in files:
         try:
             raw_dir.mkdir(parents=True, exist_ok=True)
-            fs.cp(f"{Planetoid.url}/{f}", str(raw_dir))
+            fs.cp(f"{url}/{f}", str(raw_dir))
         except Exception as exc:  # network, SSL, permission and fsspec errors all mean "not available"
             (raw_dir / f).unlink(missing_ok=True)
             raise DatasetNotFoundError(
-                _not_found_message(raw_dir, [f], f"download from {Planetoid.url} failed: {exc!r}")
+                _not_found_message(raw_dir, [f], f"download from {url} failed: {exc!r}", what)
             ) from exc
 
 
-def _not_found_message(raw_dir: Path, missing: list[str], reason: str) -> str:
+def _not_found_message(
+    raw_dir: Path, missing: list[str], reason: str, what: str = "Planetoid raw files"
+) -> str:
     env = os.environ.get(ENV_VAR)
     setting = f"{ENV_VAR}={env!r}" if env else f"{ENV_VAR} is not set"
+    layout = (
+        "<Name>/raw/ind.<name>.* files"
+        if what.startswith("Planetoid")
+        else f"{raw_dir.parent.name}/raw/{missing[0]}"
+    )
     return (
-        f"Planetoid raw files {missing} not found in {raw_dir} ({setting}; {reason}). "
-        f"Point {ENV_VAR} (or root=) at a folder holding <Name>/raw/ind.<name>.* files, "
+        f"{what} {missing} not found in {raw_dir} ({setting}; {reason}). "
+        f"Point {ENV_VAR} (or root=) at a folder holding {layout}, "
         f"or run once online."
     )

@@ -21,7 +21,9 @@ def estimate_pretraining(
     seconds_per_multiply_add: float | None = None,
     ship_m2: bool = False,
 ) -> dict:
-    """Cost of the pre-training round without running it: multiply-adds, ciphertexts and bytes.
+    """Cost of the pre-training round without running it: multiply-adds, ciphertexts and bytes of the
+    per-recipient protocol (each client's foreign shares under its key; each released row uploaded
+    once per client that needs it).
 
     ``ship_m2``: cost the paper's protocol, whose server also computes and ships the matrix variant's
     ``M2`` (this implementation's clients derive it from ``K2``).
@@ -32,16 +34,32 @@ def estimate_pretraining(
     """
     p = get_preset(preset)
     cfg = PretrainConfig(session=0, variant=variant, preset=preset, chunks=chunks)
-    layout = cfg.layout(d, p.slots)
-    deg = partition.neighbourhoods.degrees()
-    n = deg.astype(np.int64)
+    layout = cfg.layout(cfg.row_width(d), p.slots)
+    nbh = partition.neighbourhoods
+    n = nbh.degrees().astype(np.int64)
     rows = np.array([cfg.rows_per_node(int(k), ship_m2) for k in n])
     groups = -(-(rows + 1) // layout.blocks)  # h_i is computed as result row 0
-    mads = int((groups * n).sum()) * layout.chunks
+    mads = down_cts = released = 0
     uses = np.zeros(partition.num_nodes, dtype=np.int64)
-    for cp in partition.clients:
-        uses[cp.needed] += 1
-    down_cts = int((groups * uses).sum()) * layout.chunks
+    owner = partition.owner
+    for c, cp in enumerate(partition.clients):
+        needed = np.asarray(cp.needed, dtype=np.int64)
+        uses[needed] += 1
+        if not len(needed):
+            continue
+        # the foreign share of each needed node: its neighbours that c does not own
+        sizes = n[needed]
+        at = np.repeat(nbh.indptr[needed] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+        sources = nbh.indices[at + np.arange(int(sizes.sum()))]
+        foreign = (owner[sources] != c).astype(np.int64)
+        per_node = (
+            np.add.reduceat(foreign, np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+            if len(foreign)
+            else foreign
+        )
+        mads += int((groups[needed] * per_node).sum()) * layout.chunks
+        down_cts += int((groups[needed] * (per_node > 0)).sum()) * layout.chunks
+        released += int(np.unique(sources[foreign.astype(bool)]).size)
     held = np.array([cfg.rows_per_node(int(k), True) for k in n])  # M2 is held, shipped or derived
     decrypted_reals = int(((1 + held) * uses).sum()) * d
     per_mad = (
@@ -56,7 +74,8 @@ def estimate_pretraining(
         "server_seconds": mads * per_mad,
         "result_ciphertexts_down": down_cts,
         "bytes_down": down_cts * result_bytes,
-        "bytes_up": partition.num_nodes * layout.chunks * fresh_bytes,
+        "rows_released": released,
+        "bytes_up": released * layout.chunks * fresh_bytes,
         "layout_chunks": layout.chunks,
         "max_rows_per_node": int(rows.max()) if len(rows) else 0,
         "decrypted_bytes_float64": decrypted_reals * 8,

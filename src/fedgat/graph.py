@@ -9,9 +9,13 @@ node, :math:`\\mathcal{N}(i) \\cup \\{i\\}`, adds the self-loop explicitly throu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from fedgat.graph_pyg import GraphReport
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class Graph:
             value is refused.
         num_classes: number of label classes, ``>= 1`` and above every label.
         name: a short name ("cora", "citeseer", "synthetic", ...).
+        report: for graphs built by :meth:`from_pyg` and the loaders built on it, a
+            :class:`~fedgat.graph_pyg.GraphReport` of what the conversion changed (removed self-loops,
+            merged duplicates, added reverse edges, the split drawn); None otherwise. Not compared.
 
     Raises:
         GraphError: a field of the wrong shape, dtype, length or range, non-finite features, or
@@ -96,6 +103,7 @@ class Graph:
     test_mask: torch.Tensor
     num_classes: int
     name: str = "graph"
+    report: GraphReport | None = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +119,62 @@ class Graph:
             f"train={int(self.train_mask.sum())}, val={int(self.val_mask.sum())}, "
             f"test={int(self.test_mask.sum())})"
         )
+
+    @classmethod
+    def from_pyg(
+        cls,
+        data: object,
+        *,
+        name: str | None = None,
+        num_classes: int | None = None,
+        split_seed: int = 0,
+        train_per_class: int = 20,
+        num_val: int = 500,
+        num_test: int = 1000,
+        source: str | None = None,
+    ) -> Graph:
+        """A graph from a PyG ``Data`` (or a one-graph PyG dataset, or a dict of ``Data`` fields).
+
+        Reads ``x``, ``y``, ``edge_index`` and, when all three are present, ``train_mask``,
+        ``val_mask``, ``test_mask`` (plus ``num_classes`` and ``name`` where set, as :meth:`to_pyg`
+        writes them). Prepared as PyG prepares its datasets, and reported in :attr:`report`: self-loops
+        removed, duplicates merged, directed inputs made undirected, isolated nodes kept, rows scaled
+        to unit norm with :func:`unit_normalise`; see :mod:`fedgat.graph_pyg`. Without masks a seeded
+        per-class split is drawn (:func:`fedgat.splits.per_class_split`).
+
+        Args:
+            data: the PyG graph.
+            name: the graph's name; default ``data.name`` when it is a str, else ``"graph"``.
+            num_classes: default ``data.num_classes`` when it is an int, else ``max(y) + 1``.
+            split_seed, train_per_class, num_val, num_test: the per-class split drawn when ``data``
+                has no masks (ignored otherwise).
+            source: where the data came from, for the report (default ``"Data"``).
+
+        Raises:
+            GraphError: a missing or malformed field (no ``x``, ``y`` or ``edge_index``, negative
+                labels, non-finite features, node ids out of range, some masks but not all, several
+                splits in one mask), or a split that does
+                not fit (:class:`fedgat.splits.SplitError`).
+        """
+        from fedgat.graph_pyg import from_pyg
+
+        return from_pyg(
+            data,
+            name=name,
+            num_classes=num_classes,
+            split_seed=split_seed,
+            train_per_class=train_per_class,
+            num_val=num_val,
+            num_test=num_test,
+            source=source,
+        )
+
+    def to_pyg(self):  # -> torch_geometric.data.Data (untyped package)
+        """A PyG ``Data`` with copies of ``x``, ``y``, ``edge_index`` and the three masks, plus
+        ``num_nodes``, ``num_classes`` and ``name``; ``Graph.from_pyg(g.to_pyg())`` equals ``g``."""
+        from fedgat.graph_pyg import to_pyg
+
+        return to_pyg(self)
 
     @property
     def num_nodes(self) -> int:
@@ -173,17 +237,10 @@ def _validated(g: Graph) -> dict[str, object]:
     if not isinstance(g.name, str):
         raise GraphError(f"name must be a str, got {type(g.name).__name__}")
 
-    x = _tensor(g.x, "x")
-    if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1:
-        raise GraphError(f"x has shape {tuple(x.shape)}; pass (num_nodes, num_features) features, both >= 1")
-    if x.dtype.is_complex:
-        raise GraphError(f"x has dtype {x.dtype}; pass real float32 features")
+    x = _checked_features(g.x)
     n = int(x.shape[0])
     with torch.no_grad():
         xd = x.to(torch.float64)
-        if not bool(torch.isfinite(xd).all()):
-            bad = int((~torch.isfinite(xd)).any(dim=1).nonzero()[0, 0])
-            raise GraphError(f"x holds NaN or infinite values (e.g. row {bad}); pass finite features")
         norms = xd.norm(dim=1)
         scale = (norms > 0) & ((norms - 1.0).abs() > UNIT_NORM_TOLERANCE)
         x32 = x if x.dtype == torch.float32 else xd.to(torch.float32)
@@ -197,15 +254,8 @@ def _validated(g: Graph) -> dict[str, object]:
         raise GraphError(f"num_classes is {num_classes!r}; pass an int >= 1")
     out["num_classes"] = int(num_classes)
 
-    y = _tensor(g.y, "y")
-    if y.ndim != 1 or y.shape[0] != n:
-        raise GraphError(f"y has shape {tuple(y.shape)}; pass int64 labels of shape ({n},), one per node")
-    if not _is_int(y):
-        raise GraphError(f"y has dtype {y.dtype}; pass int64 labels of shape ({n},)")
-    y = y.to(torch.int64)
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0:
-        raise GraphError(f"y holds label {lo}; labels must lie in [0, num_classes)")
+    y = _checked_labels(g.y, n)
+    hi = int(y.max())
     if hi >= num_classes:
         raise GraphError(
             f"y holds label {hi} but num_classes is {num_classes}; pass num_classes >= {hi + 1} "
@@ -234,7 +284,50 @@ def _validated(g: Graph) -> dict[str, object]:
                 )
     out.update(masks)
 
-    ei = _tensor(g.edge_index, "edge_index")
+    ei = _checked_edge_index(g.edge_index, n)
+    if ei.shape[1]:
+        loops = ei[0] == ei[1]
+        if bool(loops.any()):
+            raise GraphError(
+                f"edge_index holds {int(loops.sum())} self-loops (e.g. node {int(ei[0, loops][0])}); "
+                f"remove them, fedgat adds self-loops itself"
+            )
+    out["edge_index"] = ei
+    return out
+
+
+def _checked_features(value: object) -> torch.Tensor:
+    """``value`` as a tensor of shape ``(N >= 1, d >= 1)``, real and finite (dtype unchanged)."""
+    x = _tensor(value, "x")
+    if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+        raise GraphError(f"x has shape {tuple(x.shape)}; pass (num_nodes, num_features) features, both >= 1")
+    if x.dtype.is_complex:
+        raise GraphError(f"x has dtype {x.dtype}; pass real float32 features")
+    with torch.no_grad():
+        finite = torch.isfinite(x)
+        if not bool(finite.all()):
+            bad = int((~finite).any(dim=1).nonzero()[0, 0])
+            raise GraphError(f"x holds NaN or infinite values (e.g. row {bad}); pass finite features")
+    return x
+
+
+def _checked_labels(value: object, n: int) -> torch.Tensor:
+    """``value`` as ``(n,)`` int64 labels, all ``>= 0``."""
+    y = _tensor(value, "y")
+    if y.ndim != 1 or y.shape[0] != n:
+        raise GraphError(f"y has shape {tuple(y.shape)}; pass int64 labels of shape ({n},), one per node")
+    if not _is_int(y):
+        raise GraphError(f"y has dtype {y.dtype}; pass int64 labels of shape ({n},)")
+    y = y.to(torch.int64)
+    lo = int(y.min())
+    if lo < 0:
+        raise GraphError(f"y holds label {lo}; labels must lie in [0, num_classes)")
+    return y
+
+
+def _checked_edge_index(value: object, n: int) -> torch.Tensor:
+    """``value`` as ``(2, E)`` int64 edges between node ids in ``[0, n)`` (self-loops not checked)."""
+    ei = _tensor(value, "edge_index")
     if ei.ndim != 2 or ei.shape[0] != 2:
         raise GraphError(f"edge_index has shape {tuple(ei.shape)}; pass int64 edges of shape (2, num_edges)")
     if not _is_int(ei):
@@ -244,11 +337,4 @@ def _validated(g: Graph) -> dict[str, object]:
         lo, hi = int(ei.min()), int(ei.max())
         if lo < 0 or hi >= n:
             raise GraphError(f"edge_index holds node {lo if lo < 0 else hi}; node ids must lie in [0, {n})")
-        loops = ei[0] == ei[1]
-        if bool(loops.any()):
-            raise GraphError(
-                f"edge_index holds {int(loops.sum())} self-loops (e.g. node {int(ei[0, loops][0])}); "
-                f"remove them, fedgat adds self-loops itself"
-            )
-    out["edge_index"] = ei
-    return out
+    return ei

@@ -209,7 +209,10 @@ def make_partition(
             rule; 2 is the paper's rule).
         neighbour_cap: ``k >= 1`` to keep at most ``k`` neighbours besides the node itself, or None.
         owner: optional ``(N,)`` owner ids in ``0..K-1`` to use instead of a Dirichlet split
-            (``beta`` is then unused); clients may be empty.
+            (``beta`` is then unused; the minimum-cross rule and the cap apply as usual); clients may
+            be empty. For owners given by a user (an organisation per node), read and check them with
+            :func:`fedgat.owners.load_owners` or :func:`fedgat.owners.check_owners`, which also insist
+            that every client owns a node; the Dirichlet owner array gives the Dirichlet partition.
 
     Raises:
         TypeError: a count (``num_clients``, ``num_layers``, ``min_cross``, ``neighbour_cap``) that

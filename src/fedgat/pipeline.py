@@ -21,7 +21,7 @@ here too: :class:`~fedgat.app.Deployment`, :func:`~fedgat.app.make_deployment`,
 :func:`~fedgat.estimate.estimate_pretraining` (the round's cost without running it).
 
 Phase times are charged by the parties themselves (:attr:`fedgat.protocols.party.Party.timings`):
-``keygen`` (key generation, wrapping, unwrapping, key messages), ``encrypt``, ``upload`` (framing,
+``keygen`` (each client's key generation, sealing and opening check keys, key messages), ``encrypt``, ``upload`` (framing,
 signatures, the server's checks and spooling), ``server_compute``, ``download`` (framing and checks
 of bases and results), ``decrypt``, ``setup`` (graph announcements). Everything runs in one process
 here, so the phases add up to the wall time of the round (minus the driver's queueing).
@@ -132,8 +132,11 @@ class PretrainResult:
         layout: the slot layout; slot_utilisation: its nominal utilisation
             (:meth:`~fedgat.crypto.SlotLayout.utilisation`); result_slot_utilisation: share of all
             result slots that hold an encoding value.
-        server_has_secret_key: read from the server's TenSEAL context (False).
-        fingerprint: the CKKS key fingerprint; session: the session id.
+        server_has_secret_key: read from the server's TenSEAL contexts (False).
+        shared_secret_key: whether two clients hold the same CKKS key (False: each has its own).
+        rows_released: (row, recipient) pairs the owners released (each encrypted for its recipient).
+        fingerprint: the fingerprint of the participants' key set
+            (:func:`~fedgat.protocols.messages.keyset_fingerprint`); session: the session id.
     """
 
     encodings: dict[int, Encodings]
@@ -151,6 +154,8 @@ class PretrainResult:
     slot_utilisation: float
     result_slot_utilisation: float
     server_has_secret_key: bool
+    shared_secret_key: bool
+    rows_released: int
     variant: str
     preset: str
     fingerprint: bytes
@@ -338,9 +343,12 @@ def run_encrypted_pretraining(
             else float("nan")
         ),
         server_has_secret_key=server.has_secret_key,
+        shared_secret_key=len({c.holder.fingerprint() for c in parties.clients.values() if c.holder})
+        < len(parties.clients),
+        rows_released=server.rows_released,
         variant=variant,
         preset=preset,
-        fingerprint=server.context.fingerprint(),
+        fingerprint=server.verifier.fingerprint or bytes(32),
         session=parties.config.session,
         deployment=parties.deployment,
         cpu_phases=cpu_phases,
@@ -428,6 +436,8 @@ class TrainingResult:
     bytes_down: int
     messages: int
     hparams: dict
+    #: whether the server saw only the sum of the updates (:mod:`fedgat.protocols.secagg`)
+    secure_aggregation: bool = False
 
     def summary(self) -> dict:
         """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
@@ -487,7 +497,13 @@ def train_fedgat(
     if server.result is None:
         raise RuntimeError(f"training did not complete: {server.abort_reason or server.state}")
     return TrainingResult(
-        server.result, time.perf_counter() - start, traffic["up"], traffic["down"], traffic["messages"], hp
+        server.result,
+        time.perf_counter() - start,
+        traffic["up"],
+        traffic["down"],
+        traffic["messages"],
+        hp,
+        secure_aggregation=server.secagg is not None,
     )
 
 

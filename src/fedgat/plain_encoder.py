@@ -194,7 +194,7 @@ def assemble_encodings(
     done: dict[int, list[EncodingBucket | None]] = {c: [None] * len(v) for c, v in plan.views.items()}
     stream = iter(results)
     start = 0
-    for b in plan.buckets:
+    for b in plan.whole_buckets:
         got = list(islice(stream, len(b)))
         if not np.array_equal(np.fromiter((r.node for r in got), np.int64, len(got)), b.nodes):
             raise ValueError("the results do not follow the plan's compute buckets")
@@ -299,7 +299,11 @@ class PlaintextRound:
         enc: BucketEncoder[PlainResult] = PlainEncoder(self.rows) if encoder is None else encoder
         try:
             return assemble_encodings(
-                self.plan, enc.map(self.plan.buckets), self.variant, owned=self.owned, own_rows=self.rows
+                self.plan,
+                enc.map(self.plan.whole_buckets),
+                self.variant,
+                owned=self.owned,
+                own_rows=self.rows,
             )
         finally:
             enc.close()

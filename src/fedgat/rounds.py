@@ -18,6 +18,12 @@ Round :math:`t` of at most ``rounds`` (clients :math:`0..K-1`, that order fixing
    :math:`w^t = \sum_{k \in A_t} \frac{n_k}{\sum_{l \in A_t} n_l} w_k^t`, weights renormalised over
    :math:`A_t`; unchanged if :math:`\sum n_k = 0`) and the training loss is
    :math:`\sum_k n_k L_k / \sum_k n_k`. Returns the splits to evaluate :math:`w^t` on.
+   :meth:`RoundLoop.on_aggregate` is the same step from the aggregate alone
+   (:math:`\bar w = \sum_k n_k w_k^t / \sum_k n_k`, :math:`\sum_k n_k`, :math:`\sum_k n_k L_k`), the
+   strategy's :meth:`~fedgat.strategies.ServerStrategy.aggregate_mean`: that is what
+   :class:`~fedgat.protocols.fedavg.ServerRounds` gets under secure aggregation (its default), while
+   :meth:`fedgat.federated.Server.fit`, an in-process simulator (the accuracy tables), aggregates the
+   clients' states in the clear. Both give the same weights up to float64 rounding of the mean.
 3. :meth:`RoundLoop.on_reports` -- pooled counts over the clients that reported,
    :math:`\mathrm{acc} = \sum_k c_k / \sum_k n_k`, :math:`\mathrm{loss} = \sum_k \ell_k / \sum_k n_k`.
    The test split is asked for only when validation sets a new best (highest accuracy, ties: lower
@@ -217,6 +223,26 @@ class RoundLoop:
             out["missing_fit"] = list(missing)
         return out
 
+    def aggregate_mean(
+        self,
+        clients: Sequence[int],
+        mean: StateDict | None,
+        total_weight: float,
+        loss_sum: float,
+        missing: Sequence[int] = (),
+    ) -> dict:
+        r""":meth:`aggregate` from the round's aggregate alone -- the weighted mean ``mean`` of the
+        states, their total weight :math:`\sum_k n_k` and :math:`\sum_k n_k L_k` -- as secure
+        aggregation gives it: the strategy's :meth:`~fedgat.strategies.ServerStrategy.aggregate_mean`.
+        With ``total_weight`` 0 (or ``mean`` None) the state stays."""
+        if total_weight > 0 and mean is not None:
+            self.state = self.strategy.aggregate_mean(mean, float(total_weight), self.state)
+        loss = loss_sum / total_weight if total_weight > 0 else float("nan")
+        out: dict = {"train_loss": loss, "clients": list(clients)}
+        if missing:
+            out["missing_fit"] = list(missing)
+        return out
+
     def on_updates(
         self, clients: Sequence[int], updates: Sequence[ClientUpdate], missing: Sequence[int] = ()
     ) -> tuple[str, ...]:
@@ -229,10 +255,30 @@ class RoundLoop:
         Raises:
             RuntimeError: no run begun, the run is over, or the last round is still under evaluation.
         """
+        self._check_open()
+        return self._open_round(self.aggregate(clients, updates, missing))
+
+    def on_aggregate(
+        self,
+        clients: Sequence[int],
+        mean: StateDict | None,
+        total_weight: float,
+        loss_sum: float,
+        missing: Sequence[int] = (),
+    ) -> tuple[str, ...]:
+        """:meth:`on_updates` for a securely aggregated round: the server holds only the weighted mean
+        of the updates of ``clients``, their total weight and their weighted loss sum
+        (:meth:`aggregate_mean`). Same returns and errors."""
+        self._check_open()
+        return self._open_round(self.aggregate_mean(clients, mean, total_weight, loss_sum, missing))
+
+    def _check_open(self) -> None:
         if self.rounds is None or self.done or self.evaluating:
             raise RuntimeError("on_updates needs a run under way with no round under evaluation")
+
+    def _open_round(self, row: dict) -> tuple[str, ...]:
         self.round += 1
-        self.metrics = {"round": self.round, **self.aggregate(clients, updates, missing)}
+        self.metrics = {"round": self.round, **row}
         return ("val", "test") if self.test_every_round else ("val",)
 
     def on_reports(

@@ -3,7 +3,8 @@ r"""Federated strategies, split in a client half and a server half (as Flower's 
 
 * :class:`ClientStrategy` -- how a client trains between two aggregations: its optimiser (Adam or
   SGD, built once so that its state persists across rounds) and an optional proximal term.
-* :class:`ServerStrategy` -- how the server combines the clients' weights (:meth:`~ServerStrategy.aggregate`),
+* :class:`ServerStrategy` -- how the server combines the clients' weights (:meth:`~ServerStrategy.aggregate`,
+  or :meth:`~ServerStrategy.aggregate_mean` from their weighted mean alone, as secure aggregation gives it),
   its description for results files (:meth:`~ServerStrategy.config`), the state a restarted server
   must carry (:meth:`~ServerStrategy.state_to_checkpoint`), and the local training it asks its clients
   for (:meth:`~ServerStrategy.client_strategy`, what Flower's ``configure_fit`` sends).
@@ -174,7 +175,17 @@ class ServerStrategy:
     ) -> StateDict:
         """Combine the sampled clients' states (weights: their training-node counts) into the next
         global state; ``current`` is the global state they started the round from."""
-        return fedavg(states, weights)
+        return self.aggregate_mean(fedavg(states, weights), float(sum(weights)), current)
+
+    def aggregate_mean(
+        self, mean: StateDict, total_weight: float, current: StateDict | None = None
+    ) -> StateDict:
+        r"""The next global state from the round's weighted mean alone,
+        :math:`\bar w = \sum_k n_k w_k / \sum_k n_k` with :math:`\sum_k n_k` = ``total_weight > 0``: the
+        path of secure aggregation, where the server never sees one client's state
+        (:class:`fedgat.protocols.fedavg.ServerRounds`). :meth:`aggregate` is this applied to
+        :func:`fedavg` of the states. FedAvg and FedProx take the mean as it is."""
+        return mean
 
     def config(self) -> dict:
         """Plain-value description for results files."""
@@ -284,12 +295,11 @@ class FedAdam(ServerStrategy):
         """Plain SGD with step ``client_lr`` and no weight decay (the server applies it)."""
         return ClientStrategy("sgd", lr=self.client_lr, weight_decay=0.0)
 
-    def aggregate(
-        self, states: Sequence[StateDict], weights: Sequence[float], current: StateDict | None = None
+    def aggregate_mean(
+        self, mean: StateDict, total_weight: float, current: StateDict | None = None
     ) -> StateDict:
         if current is None:
             raise ValueError("FedAdam needs the round's global state (current) to form its pseudo-gradient")
-        mean = fedavg(states, weights)
         trained = [k for k in mean if self.parameters is None or k in self.parameters]
         if self._optimizer is None:
             self._start(current, trained)

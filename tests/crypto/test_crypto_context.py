@@ -56,8 +56,8 @@ def test_from_bytes_refuses_non_canonical(holder) -> None:
 
 
 def test_from_bytes_refuses_galois_keys() -> None:
-    dealer = KeyHolderContext.generate("n4096")
-    ctx = dealer.tenseal.copy()
+    key_holder = KeyHolderContext.generate("n4096")
+    ctx = key_holder.tenseal.copy()
     ctx.generate_galois_keys()
     data = ctx.serialize(save_secret_key=False, save_relin_keys=False, save_galois_keys=True)
     with pytest.raises(ContextFormatError):

@@ -232,7 +232,7 @@ def check_rejection(make_transport: MakeTransport, fed: Federation | None = None
     roster = parties.deployment.roster
     victim = roster.clients[-1]
     keys = dict(roster.signing_keys)
-    keys[roster.server] = keys[roster.dealer]  # a wrong pin for the server
+    keys[roster.server] = keys[roster.clients[0]]  # a wrong pin for the server
     forged = dataclasses.replace(roster, signing_keys=keys)
     client = parties.clients[victim]
     client.verifier = Verifier(forged, victim, client.session)

@@ -1,7 +1,9 @@
-"""``fedgat audit`` end to end on a tiny synthetic federation: JSON keys, report and plot."""
+"""``fedgat audit`` end to end on a tiny synthetic federation: JSON keys (the server-side attacks and
+``shared_secret_key`` at the top level), report and plot."""
 
 import json
 
+from fedgat.audit import SERVER_ATTACKS
 from fedgat.cli import main
 
 
@@ -17,6 +19,8 @@ def test_audit_command_writes_report_json_and_plot(tmp_path):
                 "3",
                 "--rounds",
                 "5",
+                "--attack-rounds",
+                "1",
                 "--sweep",
                 "2",
                 "--json",
@@ -31,8 +35,17 @@ def test_audit_command_writes_report_json_and_plot(tmp_path):
     )
     report = json.loads(out.read_text())
     assert report["server"]["passed"] is True
+    assert report["shared_secret_key"] is False
+    assert list(report["server_attacks"]) == list(SERVER_ATTACKS)
+    for name, attack in report["server_attacks"].items():
+        assert {"recovered_fraction", "detected", "ran", "targets", "recovered"} <= set(attack), name
+        if name != "chosen_weights_aggregate":  # the allowed exception: measured, whatever it is
+            assert attack["recovered_fraction"] == 0.0, name
+    for name in ("substituted_result", "injected_ciphertexts", "fake_edges", "chosen_weights_one_client"):
+        assert report["server_attacks"][name]["detected"] is True, name
     assert report["client_attacks"]["basis"]["recovered_fraction"] == 1.0
     assert 0.0 <= report["test_accuracy"] <= 1.0 and "distgat_test_accuracy" in report
     point = report["epsilon_sweep"][0]
     assert point["client_attacks"]["basis"]["recovered_fraction"] < 0.1
-    assert "## Server" in md.read_text() and png.stat().st_size > 1000
+    text = md.read_text()
+    assert "## Server" in text and "## Server-side attacks" in text and png.stat().st_size > 1000

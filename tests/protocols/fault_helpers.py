@@ -44,11 +44,13 @@ class FaultyTransport(InProcessTransport):
         return len(held)
 
 
-def small_clients(seed: int = 3, train_all: bool = True, strategy=None) -> tuple[list[Client], dict]:
-    """3 clients with a dropout + linear model on a 90-node synthetic graph (all with training nodes);
-    ``strategy`` builds their optimisers (default Adam)."""
+def small_clients(
+    seed: int = 3, train_all: bool = True, strategy=None, num_clients: int = 3
+) -> tuple[list[Client], dict]:
+    """``num_clients`` (3) clients with a dropout + linear model on a 90-node synthetic graph (all with
+    training nodes); ``strategy`` builds their optimisers (default Adam)."""
     g = synthetic_graph(num_nodes=90, num_features=12, train_per_class=4, num_val=20, num_test=30, seed=5)
-    owner = np.arange(g.num_nodes) % 3
+    owner = np.arange(g.num_nodes) % num_clients
     torch.manual_seed(seed)
 
     def model_fn() -> nn.Module:
@@ -56,7 +58,7 @@ def small_clients(seed: int = 3, train_all: bool = True, strategy=None) -> tuple
 
     initial = model_fn().state_dict()
     clients = []
-    for c in range(3):
+    for c in range(num_clients):
         nodes = np.flatnonzero(owner == c)
         targets = {}
         for split in ("train", "val", "test"):
@@ -74,7 +76,11 @@ SESSION = 9
 
 
 class Federation:
-    """Fresh FedAvg state machines over fixed identities (what a restarted process would build)."""
+    """Fresh FedAvg state machines over fixed identities (what a restarted process would build).
+
+    ``secagg``: the parties' secure-aggregation setting -- None (plaintext updates) unless given, so
+    that these 3-client federations sampling 2 clients a round can run; the secure tests pass a
+    :class:`~fedgat.protocols.secagg.SecAggConfig` and ``num_clients``."""
 
     def __init__(
         self,
@@ -82,14 +88,23 @@ class Federation:
         fraction: float = 0.67,
         patience: int | None = None,
         strategy_fn=None,
+        secagg=None,
+        num_clients: int = 3,
         **server_kw,
     ) -> None:
         """``strategy_fn()`` makes a fresh strategy for every process built (default FedAvg)."""
         self.strategy_fn = strategy_fn
-        self.dep = make_deployment(3)
+        self.secagg, self.num_clients = secagg, num_clients
+        self.dep = make_deployment(num_clients)
         self.roster = self.dep.roster
         self.sid = self.roster.server
-        self.kw = {"rounds": rounds, "fraction": fraction, "patience": patience, **server_kw}
+        self.kw = {
+            "rounds": rounds,
+            "fraction": fraction,
+            "patience": patience,
+            "secagg": secagg,
+            **server_kw,
+        }
 
     def server(self, initial: dict) -> ServerRounds:
         strategy = self.strategy_fn() if self.strategy_fn else None
@@ -105,10 +120,13 @@ class Federation:
         )
 
     def members(self) -> tuple[list[Client], dict]:
-        return small_clients(strategy=self.strategy_fn() if self.strategy_fn else None)
+        strategy = self.strategy_fn() if self.strategy_fn else None
+        return small_clients(strategy=strategy, num_clients=self.num_clients)
 
     def client(self, c: int, member: Client) -> ClientRounds:
-        return ClientRounds(c, self.roster, SESSION, self.dep.identities[c], client=member, seed=100 + c)
+        return ClientRounds(
+            c, self.roster, SESSION, self.dep.identities[c], client=member, seed=100 + c, secagg=self.secagg
+        )
 
     def parties(self) -> dict:
         members, initial = self.members()

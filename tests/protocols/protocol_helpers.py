@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fedgat.pipeline import PretrainParties, build_pretrain_parties
-from fedgat.protocols import Driver, InProcessTransport, Transcript, encode_message
+from fedgat.protocols import (
+    ClientState,
+    Driver,
+    InProcessTransport,
+    ServerState,
+    Transcript,
+    decode_message,
+    encode_message,
+)
+from fedgat.protocols.messages import peek_type
 
 
 class Harness:
-    """Parties of one pre-training round on an in-process transport with a transcript."""
+    """Parties of one pre-training round on an in-process transport with a transcript.
 
-    def __init__(self, graph, partition, variant: str = "vector", seed: int = 1, **build) -> None:
+    ``transport``: another in-process transport (e.g. :class:`fault_helpers.FaultyTransport` to hold
+    frames); its transcript records every frame."""
+
+    def __init__(
+        self, graph, partition, variant: str = "vector", seed: int = 1, transport=None, **build
+    ) -> None:
         self.graph, self.partition = graph, partition
         self.parties: PretrainParties = build_pretrain_parties(
             graph, partition, variant=variant, seed=seed, **build
         )
-        self.transport = InProcessTransport(Transcript())
+        self.transport = transport if transport is not None else InProcessTransport(Transcript())
         self.driver = Driver(self.transport, self.parties.all())
         self.roster = self.parties.deployment.roster
         self._crafted = 10_000  # sequence numbers of crafted frames: above anything a party sends here
@@ -63,13 +78,48 @@ class Harness:
         )
         return encode_message(msg, self.parties.deployment.identities[sender].signer)
 
+    def relay(self, msg, recipient: int, **changes) -> bytes:
+        """``msg`` (a client's message) re-framed and signed by the server for ``recipient`` with some
+        payload fields changed: what a hostile relaying server can send."""
+        return self.craft(self.roster.server, type(msg), recipient, **{**msg.body(), **changes})
+
     def queued(self):
         return list(self.transport._queue)
 
+    def sent(self, sender: int, cls, recipient: int | None = None) -> list:
+        """Every ``cls`` message ``sender`` has sent so far (to ``recipient``), decoded from the
+        transcript."""
+        return [
+            decode_message(e.data)
+            for e in self.transport.transcript
+            if e.sender == sender
+            and (recipient is None or e.recipient == recipient)
+            and peek_type(e.data) == cls.TYPE
+        ]
+
 
 def keys_distributed(h: Harness) -> bool:
-    """Every client holds the CKKS key and nothing is in flight (uploads not yet started)."""
-    return all(c.holder is not None for c in h.parties.clients.values()) and not h.transport.pending()
+    """Key set-up is over: the server takes uploads, every client holds its keys and the check keys
+    it needs and is about to upload, and nothing is in flight (no upload has been sent yet)."""
+    return (
+        h.server.state is ServerState.UPLOADING
+        and all(c.state is ClientState.UPLOADING and c.holder is not None for c in h.parties.clients.values())
+        and not h.transport.pending()
+    )
+
+
+def computing(h: Harness) -> bool:
+    """The server has sent the bases and computes; nothing is in flight."""
+    return h.server.state is ServerState.COMPUTING and not h.transport.pending()
+
+
+def rejected(party, data, error: type[Exception], match: str | None = None):
+    """``data`` is refused with ``error`` and the party's snapshot is unchanged; returns the error."""
+    before = party.snapshot()
+    with pytest.raises(error, match=match) as info:
+        party.receive(data)
+    assert party.snapshot() == before
+    return info.value
 
 
 def unit(n: int, d: int, seed: int = 0) -> np.ndarray:

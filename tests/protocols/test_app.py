@@ -11,6 +11,7 @@ import torch
 
 from fedgat import app
 from fedgat.cli import main
+from fedgat.crypto.tags import TAG_COLUMNS
 from fedgat.methods import resolve_hparams
 from fedgat.pipeline import (
     drive,
@@ -104,7 +105,7 @@ def test_pipeline_results_summarise_with_run_summary(tiny_graph, tiny_partition)
     pre = run_encrypted_pretraining(tiny_graph, tiny_partition, seed=SEED, progress=False, workers=0)
     assert pre.summary() == app.run_summary(pre)
     assert pre.summary()["server_has_secret_key"] is False
-    assert pre.summary()["slot_layout"]["d"] == tiny_graph.num_features
+    assert pre.summary()["slot_layout"]["d"] == tiny_graph.num_features + TAG_COLUMNS  # tag columns too
     training = train_fedgat(tiny_graph, tiny_partition, pre.encodings, seed=SEED, progress=False, **HPARAMS)
     both = app.run_summary(pre, training)
     assert both == {**pre.summary(), **training.summary()}

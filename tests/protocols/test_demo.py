@@ -36,11 +36,14 @@ def test_demo_writes_the_report(tmp_path, capsys):
         "max_abs_error_vs_plaintext",
         "test_accuracy",
         "server_has_secret_key",
+        "shared_secret_key",
     ):
         assert key in report
     assert set(report["phases"]) >= {"keygen", "encrypt", "upload", "server_compute", "download", "decrypt"}
-    assert report["server_has_secret_key"] is False
+    assert report["server_has_secret_key"] is False and report["shared_secret_key"] is False
+    assert report["rows_released"] > 0
     assert report["max_abs_error_vs_plaintext"] <= 1e-5
     assert report["bytes_up"] > 0 and report["bytes_down"] > 0
     assert 0.0 <= report["test_accuracy"] <= 1.0
-    assert "server_has_secret_key: False" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "shared secret key: False" in out_text and "the server holds a secret key: False" in out_text

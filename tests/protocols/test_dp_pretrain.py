@@ -1,9 +1,10 @@
 """The DP release in the encrypted pre-training round (``PretrainConfig.dp``, :mod:`fedgat.dp`).
 
-Each client uploads its nodes' clean projection and their release (noise drawn by the client); a
-client's decrypted encodings must equal the plaintext reference ``encode(..., shared_x=release,
-owner=, viewer=client)``: its own sources clean, every other source released. No result a client
-receives may depend on another client's clean copy, and parties refuse other DP terms.
+Each client releases to the others only its nodes' DP release (noise drawn by the client), and adds
+the share of its own rows from its clean projection: its decrypted encodings must equal the
+plaintext reference ``encode(..., shared_x=release, owner=, viewer=client)`` -- its own sources
+clean, every other source released. No ciphertext a client receives may hold another client's
+clean row, and parties refuse other DP terms.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from fedgat.app import bases_rng, build_pretrain_parties
 from fedgat.crypto.encodings import RELEASE_OFFSET, plan_views
 from fedgat.crypto.packing import decrypt_rows
+from fedgat.crypto.tags import TAG_COLUMNS
 from fedgat.dp import FeatureDP
 from fedgat.encodings import BucketBases, encode
 from fedgat.pipeline import (
@@ -28,24 +30,21 @@ from fedgat.pipeline import (
 from fedgat.protocols import (
     ClientPretrain,
     ConfigMismatchError,
-    DealerSide,
     EncodingBases,
     EncodingResults,
     FeatureUpload,
+    GraphAnnounce,
     InProcessTransport,
-    PayloadError,
     PrivacyTerms,
-    ReleaseUpload,
-    UploadItem,
-    decode_message,
+    ResultRejectedError,
+    StateError,
     run_parties,
 )
 
-from protocol_helpers import Harness
+from protocol_helpers import Harness, computing, rejected
 
 DP = FeatureDP(epsilon=4.0, delta=1e-5, dim=8, seed=5)
 SEED = 1
-#: CKKS tolerance: the release's noise (sigma ~2.2) makes values up to ~10x the unit-norm features
 TOL = 1e-5
 
 
@@ -80,6 +79,16 @@ def worst(got: dict, want: dict, nodes) -> float:
     return max(float(np.abs(got[int(n)] - want[int(n)]).max()) for n in nodes)
 
 
+def released_rows(partition) -> int:
+    """(row, recipient) pairs the round releases: per client, the foreign rows its needed nodes read."""
+    nbh, owner = partition.neighbourhoods, partition.owner
+    total = 0
+    for c, cp in enumerate(partition.clients):
+        rows = np.unique(np.concatenate([nbh.row(int(i)) for i in cp.needed]))
+        total += int((owner[rows] != c).sum())
+    return total
+
+
 @pytest.fixture(scope="module", params=["vector", "matrix"])
 def dp_round(request, tiny_graph, tiny_partition):
     variant = request.param
@@ -111,8 +120,10 @@ def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition):
     )
     want = run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", SEED, dp=DP)
     assert max_abs_error(res.encodings, want) <= TOL
-    # two 1-chunk copies per node (8 projected dims), instead of one copy of the 16 raw dims
-    assert res.layout.d == 8 and res.layout.chunks == 1 and res.ciphertexts_up == 2 * tiny_graph.num_nodes
+    # one 1-chunk ciphertext per released (row, recipient) pair: 8 projected dims and the tag columns
+    assert res.layout.d == 8 + TAG_COLUMNS and res.layout.chunks == 1
+    assert res.ciphertexts_up == released_rows(tiny_partition) > 0
+    assert not res.server_has_secret_key
 
 
 # ------------------------------------------------------------ (2) own sources clean, others released
@@ -123,7 +134,7 @@ def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
     owner = tiny_partition.owner
     nbh = tiny_partition.neighbourhoods
     clean, release = dp_features(tiny_graph, tiny_partition, DP, SEED)
-    assert float((clean - release).abs().max()) > 1.0  # the release is far from the clean features
+    assert float((clean - release).abs().max()) > 0.5  # the release is far from the clean features
     for c in h.roster.clients:
         got = rows_by_node(h.client(c).encodings)
         needed = tiny_partition.clients[c].needed
@@ -147,54 +158,69 @@ def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
 
 
 # ------------------------------------------- (3) no client receives anything built on a foreign clean copy
-def test_no_result_for_a_client_reads_another_clients_clean_copy(dp_round, tiny_graph, tiny_partition):
-    variant, h = dp_round
-    server, owner = h.server, tiny_partition.owner
-    # structure: every result goes to clients that own each clean source it reads
-    assert len(server.plan.recipients) == sum(len(b) for b in server.buckets) == server.nodes_computed
-    k = 0
-    for b in server.buckets:
-        for keys in b.neighbours:
-            recipients = server.plan.recipients[k]
-            k += 1
-            clean_sources = keys[keys < RELEASE_OFFSET]
-            if len(clean_sources):
-                assert len(recipients) == 1 and (owner[clean_sources] == recipients[0]).all()
-    # one result per (node, client) at most; here every client needing a node owns one of its sources
-    # (symmetric neighbourhoods), so no two clients share a view (see test_plan_views_shares_...)
-    deliveries = sum(len(r) for r in server.plan.recipients)
-    assert server.nodes_computed <= deliveries == sum(len(cp.needed) for cp in tiny_partition.clients)
-    # transcript: the uploads are clean rows and releases, the results each client decrypts are built only
-    # from its own clean rows and the others' releases (checked by decrypting what was sent)
+def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
+    dp_round, tiny_graph, tiny_partition
+):
+    """Decrypting what crossed the wire with the key it was made for: every upload is the owner's
+    release of the row (never its clean projection), every result the foreign share over releases."""
+    _, h = dp_round
+    owner = tiny_partition.owner
     clean, release = dp_features(tiny_graph, tiny_partition, DP, SEED)
-    holder = h.client(0).holder  # every client holds the same CKKS key
-    layout = server.layout
-    for entry in h.transport.transcript.received_by(server.party_id):
-        msg = decode_message(entry.data)
-        if isinstance(msg, (FeatureUpload, ReleaseUpload)):
-            want = clean if isinstance(msg, FeatureUpload) else release
-            item = msg.items[0]
-            got = decrypt_rows(holder, [item.ciphertext], 1, layout, kind="fresh")[0]
-            assert owner[item.node] == msg.sender
-            assert np.abs(got - want[item.node].numpy()).max() <= TOL
-    for c in h.roster.clients:
-        ref = reference(tiny_graph, tiny_partition, variant, c)
-        buckets = h.client(c).encodings.buckets
-        seen = 0
-        for entry in h.transport.transcript.received_by(c):
-            msg = decode_message(entry.data)
-            if not isinstance(msg, EncodingResults):
-                continue
+    clean, release = clean.numpy(), release.numpy()
+    layout = h.server.layout
+    uploads = 0
+    for b in h.roster.clients:
+        for msg in h.sent(b, FeatureUpload):
+            holder = h.client(msg.target).holder
             for item in msg.items:
-                rows = next(b for b in buckets if item.node in b.bases.nodes).bases.num_feature_rows()
-                got = decrypt_rows(holder, list(item.row_blobs), rows, layout, kind="result")
-                assert np.abs(got - ref[item.node]).max() <= TOL  # row 0 (h_i) included, as sent
+                got = decrypt_rows(holder, [item.ciphertext], 1, layout, kind="fresh")[0, :8]
+                assert owner[item.node] == b != msg.target
+                assert np.abs(got - release[item.node]).max() <= TOL
+                assert np.abs(got - clean[item.node]).max() > 100 * TOL
+                uploads += 1
+    assert uploads == released_rows(tiny_partition)
+    for c in h.roster.clients:
+        client = h.client(c)
+        bases = {int(n): (b.bases, k) for b in client.encodings.buckets for k, n in enumerate(b.bases.nodes)}
+        seen = 0
+        for msg in h.sent(h.roster.server, EncodingResults, c):
+            for item in msg.items:
+                bb, k = bases[item.node]
+                rows = bb.num_feature_rows()
+                got = decrypt_rows(client.holder, list(item.row_blobs), rows, layout, kind="result")[:, :8]
+                foreign = owner[bb.neighbours[k]] != c
+                want = bb.coefficients(k)[:, foreign] @ release[bb.neighbours[k][foreign]]
+                assert np.abs(got - want).max() <= TOL
                 seen += 1
-        assert seen == len(tiny_partition.clients[c].needed)
+        nbh = tiny_partition.neighbourhoods
+        assert seen == sum(
+            bool((owner[nbh.row(int(i))] != c).any()) for i in tiny_partition.clients[c].needed
+        )
+
+
+def test_a_result_over_other_coefficients_is_rejected_under_dp_too(tiny_graph, tiny_partition):
+    """DP releases skip the range check, not the tags."""
+    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP).start()
+    h.run(until=lambda: computing(h))
+    plan = h.server.plan
+    victim = next(c for c in sorted(plan.shares) if plan.shares[c])
+    share = plan.shares[victim][0]
+    node = int(share.nodes[0])
+    share.bases.p[0, 0, int(np.flatnonzero(share.foreign[0])[0])] -= 0.5
+    while True:
+        out = h.server.step()
+        hit = next((m for m in out if isinstance(m, EncodingResults) and m.recipient == victim), None)
+        if hit is not None:
+            break
+        h.driver.emit(h.server.party_id, out)
+        h.run()
+    err = rejected(h.client(victim), h.server.encode(hit), ResultRejectedError)
+    assert err.node == node
 
 
 def test_plan_views_shares_the_all_release_view_and_splits_the_rest():
-    """Clients owning none of a node's sources share one result; each other client gets its own."""
+    """Clients owning none of a node's sources share one result; each other client gets its own
+    (the plaintext twin's plan, :func:`fedgat.protocols.pretrain_plan.plan_round` with views)."""
     rng = np.random.default_rng(0)
     nodes = np.array([10, 11])
     neighbours = np.array([[10, 11, 12], [11, 10, 12]])
@@ -215,7 +241,7 @@ def test_plan_views_shares_the_all_release_view_and_splits_the_rest():
     assert plain.buckets[0] is bucket and plain.recipients == [(0, 3, 4), (1, 3)]
 
 
-def test_uploads_and_release_rows_come_from_the_owner(tiny_graph, tiny_partition):
+def test_the_release_is_drawn_by_its_owner_afresh_each_session(tiny_graph, tiny_partition):
     """The release is drawn by the client (CSPRNG unless seeded) and differs between sessions."""
     a = build_pretrain_parties(tiny_graph, tiny_partition, dp=DP)  # no seed: CSPRNG noise
     b = build_pretrain_parties(tiny_graph, tiny_partition, dp=DP)
@@ -229,8 +255,7 @@ def test_uploads_and_release_rows_come_from_the_owner(tiny_graph, tiny_partition
 def _swap_client(parties, c: int, config, features: np.ndarray) -> None:
     """Rebuild client ``c`` with another config (a misconfigured party)."""
     old = parties.clients[c]
-    cls = DealerSide if c == parties.deployment.roster.dealer else ClientPretrain
-    parties.clients[c] = cls(
+    parties.clients[c] = ClientPretrain(
         c,
         parties.deployment.roster,
         config,
@@ -239,6 +264,8 @@ def _swap_client(parties, c: int, config, features: np.ndarray) -> None:
         features=features,
         indptr=old._graph.indptr,
         indices=old._graph.indices,
+        cross=old.local.cross,
+        cross_owner=old.local.cross_owner,
         needed=old.needed,
         dtype=old.dtype,
     )
@@ -267,10 +294,9 @@ def test_client_refuses_other_terms_or_bases_without_terms(tiny_graph, tiny_part
     h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP).start()
     client = h.client(1)
     h.run(until=lambda: client.state.value == "await-encodings")  # the server's terms are not out yet
-    before = client.snapshot()
     bad = h.craft(h.roster.server, PrivacyTerms, 1, epsilon=2.0, delta=DP.delta, dim=DP.dim, seed=DP.seed)
-    with pytest.raises(ConfigMismatchError):
-        client.receive(bad)
+    rejected(client, bad, ConfigMismatchError)
+    node = client.owned[:1]
     bases = h.craft(
         h.roster.server,
         EncodingBases,
@@ -278,39 +304,50 @@ def test_client_refuses_other_terms_or_bases_without_terms(tiny_graph, tiny_part
         bucket=0,
         variant="vector",
         n=1,
-        nodes=client.owned[:1],
+        nodes=node,
+        neighbours=node[:, None],
+        owners=np.array([[1]]),
         p=np.ones((1, 1, 1)),
     )
-    with pytest.raises(ConfigMismatchError):
-        client.receive(bases)
-    assert client.snapshot() == before
+    rejected(client, bases, ConfigMismatchError)
+    h.run()
+    assert all(p.done for p in h.parties.all().values())
 
 
-def test_server_refuses_release_uploads_it_cannot_use(tiny_graph, tiny_partition):
-    # a session without DP refuses any release
-    h = Harness(tiny_graph, tiny_partition, seed=SEED).start()
-    h.run(until=lambda: h.server._spool is not None and h.client(1).holder is not None)
-    node = int(h.client(1).owned[0])
-    frame = h.craft(1, ReleaseUpload, h.roster.server, items=(UploadItem(node, 0, b"x"),))
-    with pytest.raises(ConfigMismatchError):
-        h.server.receive(frame)
-    # a DP session refuses a release of a node the sender does not own
-    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP).start()
-    h.run(until=lambda: h.server._spool is not None and h.client(1).holder is not None)
-    assert 1 in h.server._terms
-    before = h.server.snapshot()
-    foreign = int(h.client(2).owned[0])
-    frame = h.craft(1, ReleaseUpload, h.roster.server, items=(UploadItem(foreign, 0, b"x"),))
-    with pytest.raises(PayloadError, match="does not own"):
-        h.server.receive(frame)
-    assert h.server.snapshot() == before
+def test_the_server_confirms_the_terms_and_refuses_graphs_without_them(tiny_graph, tiny_partition):
+    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP)
+    server, sid = h.server, h.roster.server
+    g = h.client(1)._graph
+    graph = {"dim": g.dim, "owned": g.owned, "indptr": g.indptr, "indices": g.indices}
+    rejected(
+        server, h.craft(1, GraphAnnounce, sid, **graph), ConfigMismatchError, "without the session's DP terms"
+    )
+    server.receive(h.craft(1, PrivacyTerms, sid, **h.parties.config.dp_fields()))
+    rejected(server, h.craft(1, PrivacyTerms, sid, **h.parties.config.dp_fields()), StateError, "already")
+    rejected(
+        server,
+        h.craft(1, GraphAnnounce, sid, **{**graph, "dim": DP.dim + 1}),
+        ConfigMismatchError,
+        "projects to 8",
+    )
+    server.receive(h.craft(1, GraphAnnounce, sid, **graph))
+    # a session without DP refuses any terms
+    plain = Harness(tiny_graph, tiny_partition, seed=SEED)
+    rejected(
+        plain.server, plain.craft(1, PrivacyTerms, sid, **h.parties.config.dp_fields()), ConfigMismatchError
+    )
+    # in a full round, every client hears the server's terms before its first bases
+    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP).start().run()
+    for c in h.roster.clients:
+        kinds = [e.type_name for e in h.transport.transcript.received_by(c)]
+        assert kinds.count("PrivacyTerms") == 1 and kinds.index("PrivacyTerms") < kinds.index("EncodingBases")
 
 
 def test_run_encrypted_fedgat_trains_on_the_dp_encodings(tiny_graph):
     kw = {"rounds": 2, "patience": 2, "progress": False, "dp_epsilon": 4.0, "dp_dim": 8}
     enc = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, workers=0, **kw)
     plain = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, encrypted=False, **kw)
-    assert enc.pretrain is not None and enc.pretrain.layout.d == 8
+    assert enc.pretrain is not None and enc.pretrain.layout.d == 8 + TAG_COLUMNS
     assert (
         max_abs_error(
             enc.pretrain.encodings,

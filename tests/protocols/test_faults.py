@@ -24,7 +24,7 @@ from fedgat.protocols import (
 from fedgat.protocols.driver import ManualClock
 from fedgat.protocols.errors import MissingPartyError, QuorumError
 from fedgat.protocols.fedavg import RoundTimeouts
-from fedgat.protocols.messages import FeatureUpload, GlobalModel, UploadDone, peek_type
+from fedgat.protocols.messages import FeatureUpload, GlobalModel, SealedCheckKeys, UploadDone, peek_type
 from fedgat.protocols.pretrain import ClientState, PretrainTimeouts
 
 from protocol_helpers import Harness
@@ -131,11 +131,16 @@ def test_tick_never_goes_backwards_and_deadlines_follow_the_last_tick():
 
 
 # ------------------------------------------------------------------------------------ pre-training
-def _pretrain_driver(h: Harness, **timeouts) -> Driver:
+def _pretrain_driver(h: Harness, clients: PretrainTimeouts | None = None, **timeouts) -> Driver:
+    """A driver on a lossy transport and a manual clock; the server's deadlines are ``timeouts``, the
+    clients' ``clients`` (default: twice the server's, as a deployment sets them, so that the server
+    decides about a missing peer before the clients give up on the server)."""
     h.transport = FaultyTransport(Transcript())
-    t = PretrainTimeouts(**timeouts)
+    server = PretrainTimeouts(**timeouts)
+    if clients is None:
+        clients = PretrainTimeouts(**{k: None if v is None else 2 * v for k, v in timeouts.items()})
     for party in h.parties.all().values():
-        party.timeouts = t
+        party.timeouts = server if party is h.server else clients
     return Driver(h.transport, h.parties.all(), clock=ManualClock(), strict=False)
 
 
@@ -194,6 +199,38 @@ def test_a_client_nobody_needs_is_dropped_and_the_round_goes_on(tiny_graph):
             assert float((bucket.K2 - ref.K2).abs().max()) < 1e-5
             assert float((bucket.h_self - ref.h_self).abs().max()) < 1e-5
     assert h.client(1).state is ClientState.NEW  # crashed before it started
+
+
+def test_a_client_without_the_check_keys_it_needs_gives_up_naming_them(harness):
+    """The server withholds the check keys the other clients sealed for client 1: client 1 cannot
+    release its rows (it has no tags to add), times out in its ``keys`` phase naming the server and
+    those clients, and the round stops."""
+    h = harness
+    driver = _pretrain_driver(h, clients=PretrainTimeouts(keys=20.0), keys=30.0, upload=30.0)
+    h.transport.rules = [lambda s, r, d: "drop" if r == 1 and peek_type(d) == SealedCheckKeys.TYPE else None]
+    driver.start()
+    driver.run()
+    client = h.client(1)
+    err = client.failure
+    waiting = sorted(client.releases)
+    assert waiting and isinstance(err, MissingPartyError) and err.phase == "keys"
+    assert err.missing == tuple(sorted([h.roster.server, *waiting]))
+    assert f"check keys of parties {waiting}" in str(err) and client.state is ClientState.ABORTED
+    assert not h.sent(1, FeatureUpload) and h.server.state is ServerState.ABORTED
+    assert "client 1 aborted" in h.server.abort_reason
+
+
+def test_clients_give_up_on_a_server_that_never_answers(harness):
+    h = harness
+    driver = _pretrain_driver(h, clients=PretrainTimeouts(keys=20.0))
+    driver.crash(h.roster.server)
+    driver.start()
+    driver.run()
+    for c in h.roster.clients:
+        err = h.client(c).failure
+        assert isinstance(err, MissingPartyError) and (err.phase, err.missing) == ("keys", (h.roster.server,))
+        assert "no roster from the server" in str(err) and h.client(c).state is ClientState.ABORTED
+        assert h.client(c).holder is not None and not h.client(c).participants
 
 
 def test_clients_time_out_when_the_server_stalls(harness):

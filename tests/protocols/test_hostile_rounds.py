@@ -42,9 +42,16 @@ def _setup(lr: float = 0.05, optimiser_steps: int = 2, feature_scale: float = 1.
     client = Client(1, model, task, task, lr=lr, local_epochs=optimiser_steps)
     dep = make_deployment(1)
     roster = dep.roster
-    party = ClientRounds(0, roster, SESSION, dep.identities[0], client=client, seed=3)
+    # one client: plaintext updates (secure aggregation needs a cohort of 3; test_secagg.py covers it)
+    party = ClientRounds(0, roster, SESSION, dep.identities[0], client=client, seed=3, secagg=None)
     server = ServerRounds(
-        roster.server, roster, SESSION, dep.identities[roster.server], initial_state=initial, rounds=3
+        roster.server,
+        roster,
+        SESSION,
+        dep.identities[roster.server],
+        initial_state=initial,
+        rounds=3,
+        secagg=None,
     )
     return dep, party, server, initial
 

@@ -3,6 +3,7 @@ budgets and frame sizes are refused with SizeLimitError, allocate nothing of the
 
 from __future__ import annotations
 
+import struct
 import tracemalloc
 
 import numpy as np
@@ -11,6 +12,7 @@ from fault_helpers import Federation
 
 from fedgat.crypto import KeyHolderContext, SlotLayout, encrypt_rows
 from fedgat.protocols import (
+    EdgeClaims,
     EncodingBases,
     EvaluationReport,
     FeatureUpload,
@@ -18,12 +20,14 @@ from fedgat.protocols import (
     KeyFingerprintError,
     LocalUpdate,
     PayloadError,
+    SealedCheckKeys,
     ServerState,
     SizeLimitError,
     SplitCounts,
     UploadItem,
     encode_message,
 )
+from fedgat.protocols.frame import HEADER, MAX_NEIGHBOUR_ENTRIES, VERSION
 from fedgat.protocols.pretrain import PretrainLimits
 
 from protocol_helpers import Harness, keys_distributed
@@ -95,11 +99,14 @@ def test_a_client_refuses_bases_beyond_its_memory_budget(tiny_graph, tiny_partit
     h.run(until=lambda: h.server.state is ServerState.COMPUTING and not h.transport.pending())
     client = h.client(1)
     n = 1000  # matrix variant: m = 2n, rows 1 + m + m^2 = 4e6 per node -> 512 MB of float64 at d = 16
+    node = int(client.owned[0])
     bases = {
         "bucket": len(client._assemblies),
         "variant": "matrix",
         "n": n,
-        "nodes": np.array([int(client.owned[0])]),
+        "nodes": np.array([node]),
+        "neighbours": np.concatenate([[node], np.arange(10**6, 10**6 + n - 1)])[None],
+        "owners": np.full((1, n), 1),
         "p": np.zeros((1, 2 * n, n)),
         "q": np.zeros((1, 2 * n, n)),
     }
@@ -108,6 +115,41 @@ def test_a_client_refuses_bases_beyond_its_memory_budget(tiny_graph, tiny_partit
     _refused(client, frame, "decrypted encodings", max_peak=96 * MiB)  # p and q are 32 MB to decode
     client.limits = PretrainLimits(max_neighbours=999)
     _refused(client, h.craft(h.roster.server, EncodingBases, 1, **bases), "neighbourhoods", max_peak=96 * MiB)
+
+
+def _payload_frame(h: Harness, sender: int, cls, payload: bytes) -> bytes:
+    """A frame of ``cls`` from ``sender`` with a hand-written payload (unsigned: refused before)."""
+    header = HEADER.pack(
+        b"FGAT",
+        VERSION,
+        cls.TYPE,
+        sender,
+        h.roster.server,
+        h.parties.config.session,
+        1,
+        bytes(32),
+        len(payload),
+    )
+    return header + payload + bytes(64)
+
+
+def test_the_server_refuses_oversized_claims_and_check_keys_from_their_sizes(harness):
+    """Declared sizes above a field's limit are refused before anything of that size is read or
+    allocated: a claim of 2^25 + 1 edges, 4097 sealed check keys, a 2 GiB sealed entry."""
+    h = harness
+    server = h.server
+    claim = (
+        struct.pack(">II", 1, 2) + struct.pack(">BB", 3, 2) + struct.pack(">II", MAX_NEIGHBOUR_ENTRIES + 1, 2)
+    )
+    _refused(server, _payload_frame(h, 1, EdgeClaims, claim), "exceeds", max_peak=1 * MiB)
+    owners = struct.pack(">I", 1) + struct.pack(">BB", 3, 1) + struct.pack(">I", 4097)
+    _refused(server, _payload_frame(h, 1, SealedCheckKeys, owners), "exceeds", max_peak=1 * MiB)
+    entry = struct.pack(">I", 1) + struct.pack(">BBI", 3, 1, 1) + _i8(0) + struct.pack(">II", 1, 2**31)
+    _refused(server, _payload_frame(h, 1, SealedCheckKeys, entry), "exceed", max_peak=1 * MiB)
+
+
+def _i8(*values) -> bytes:
+    return np.array(values, dtype="<i8").tobytes()
 
 
 def test_fedavg_refuses_oversized_frames_and_absurd_counts():
@@ -147,11 +189,11 @@ def test_ciphertexts_under_other_parameters_are_refused(harness):
     correctly bound and signed message, is refused with a typed error and changes nothing."""
     h = harness.start().run(until=lambda: keys_distributed(harness))
     other = KeyHolderContext.generate("n8192")
-    row = h.graph.x.numpy()[h.client(1).owned[:1]].astype(np.float64)
+    target = min(h.client(1).releases)
+    node = int(h.client(1).releases[target][0])
+    row = np.zeros((1, h.server.layout.d))
     blob = next(encrypt_rows(other, row, SlotLayout.for_dimension(row.shape[1], other.slots)))
-    frame = h.craft(
-        1, FeatureUpload, h.roster.server, items=(UploadItem(int(h.client(1).owned[0]), 0, blob),)
-    )
+    frame = h.craft(1, FeatureUpload, h.roster.server, target=target, items=(UploadItem(node, 0, blob),))
     before = h.server.snapshot()
     with pytest.raises((PayloadError, KeyFingerprintError)):
         h.server.receive(frame)

@@ -3,6 +3,7 @@ the right ProtocolError subclass; decode_message never raises anything else (hyp
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 import tracemalloc
@@ -11,12 +12,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from secagg_samples import secagg_samples
 
 from fedgat.crypto import SigningIdentity
 from fedgat.protocols import (
     MESSAGE_TYPES,
     Abort,
     AuthError,
+    EdgeClaims,
     EncodingBases,
     EncodingResults,
     EncodingsDone,
@@ -33,10 +36,11 @@ from fedgat.protocols import (
     PrivacyTerms,
     ProtocolError,
     PublicContext,
-    ReleaseUpload,
     ReplayError,
     ResultItem,
     Roster,
+    RosterReady,
+    SealedCheckKeys,
     SignatureError,
     SizeLimitError,
     SplitCounts,
@@ -45,12 +49,13 @@ from fedgat.protocols import (
     UploadItem,
     Verifier,
     VersionError,
-    WrappedKeyDelivery,
     WrongRecipientError,
     decode_message,
     encode_message,
 )
+from fedgat.protocols.frame import VERSION
 from fedgat.protocols.messages import HEADER, SIGNATURE_SIZE
+from fedgat.protocols.messages_pretrain import HPKE_PUBLIC
 
 SIGNER = SigningIdentity.generate()
 OTHER = SigningIdentity.generate()
@@ -59,7 +64,6 @@ FP = hashlib.sha256(b"context").digest()
 HDR = {"sender": 1, "recipient": 3, "session": SESSION, "seq": 5, "fingerprint": FP}
 ROSTER = Roster(
     server=3,
-    dealer=0,
     clients=(0, 1, 2),
     signing_keys={
         0: OTHER.public_bytes(),
@@ -73,29 +77,39 @@ ROSTER = Roster(
 def samples() -> list:
     rng = np.random.default_rng(0)
     p = rng.standard_normal((2, 3, 3))
+    bases = {"nodes": np.array([1, 4]), "neighbours": np.array([[1, 4, 7], [4, 1, 9]])}
+    owners = np.array([[0, 1, 2], [1, 0, 2]])
     return [
         KeyAnnounce(
             party=1,
-            x25519=b"x" * 32,
+            hpke=b"h" * HPKE_PUBLIC,
             ed25519=b"e" * 32,
+            context_fingerprint=FP,
             binding_signature=b"s" * 64,
             **{**HDR, "fingerprint": bytes(32)},
         ),
-        PublicContext(preset="n4096", context=b"context", context_fingerprint=FP, **HDR),
-        WrappedKeyDelivery(dealer=0, target=1, key_fingerprint=FP, wrapped=b"w" * 100, **HDR),
+        PublicContext(party=1, preset="n4096", context=b"context", context_fingerprint=FP, **HDR),
+        SealedCheckKeys(
+            recipient_party=1,
+            owners=np.array([0, 2]),
+            sealed=(b"a" * 100, b"b" * 120),
+            keys_signature=b"k" * 64,
+            **HDR,
+        ),
         GraphAnnounce(
             dim=4, owned=np.array([2, 5]), indptr=np.array([0, 2, 3]), indices=np.array([2, 5, 5]), **HDR
         ),
-        FeatureUpload(items=(UploadItem(2, 0, b"ct0"), UploadItem(5, 1, b"ct1")), **HDR),
+        FeatureUpload(target=2, items=(UploadItem(2, 0, b"ct0"), UploadItem(5, 1, b"ct1")), **HDR),
         UploadDone(nodes=2, ciphertexts=4, **HDR),
-        EncodingBases(bucket=0, variant="vector", n=3, nodes=np.array([1, 4]), p=p, **HDR),
+        EncodingBases(bucket=0, variant="vector", n=3, owners=owners, p=p, **bases, **HDR),
         EncodingBases(
             bucket=1,
             variant="matrix",
             n=3,
-            nodes=np.array([1, 4]),
+            owners=owners,
             p=rng.standard_normal((2, 6, 3)),
             q=rng.standard_normal((2, 6, 3)),
+            **bases,
             **HDR,
         ),
         EncodingResults(
@@ -117,9 +131,23 @@ def samples() -> list:
         ),
         EvaluateRequest(round=4, splits=("test",), **HDR),
         Abort(code=1, reason="stop: ünïcode", **HDR),
-        ReleaseUpload(items=(UploadItem(2, 0, b"rel0"),), **HDR),
         PrivacyTerms(epsilon=4.0, delta=1e-5, dim=64, seed=7, **HDR),
+        EdgeClaims(
+            claimer=1,
+            peer=2,
+            edges=np.array([[2, 7], [2, 9], [5, 7]]),
+            uses=np.array([1, 0, 1]),
+            claim_signature=b"c" * 64,
+            **HDR,
+        ),
+        RosterReady(participants=np.array([0, 1, 2]), **HDR),
+        *secagg_samples(HDR),
     ]
+
+
+def sample(cls):
+    """The first sample of type ``cls``."""
+    return next(m for m in samples() if type(m) is cls)
 
 
 def frame(msg, signer=SIGNER) -> bytes:
@@ -165,11 +193,13 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 
 def test_header_fields_map_to_their_errors():
-    data = frame(samples()[5])
+    data = frame(sample(UploadDone))
+    assert data[4] == VERSION == 2
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
-    with pytest.raises(VersionError):
-        decode_message(_patch(data, 4, ">B", 2))
+    for version in (1, 3, 255):  # the dealer protocol's frames (version 1) included
+        with pytest.raises(VersionError):
+            decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):
         decode_message(_patch(data, 5, ">H", 999))
     with pytest.raises(UnknownTypeError):
@@ -181,7 +211,7 @@ def test_header_fields_map_to_their_errors():
 
 
 def test_oversize_declared_payload_is_refused_from_the_header_alone():
-    head = HEADER.pack(b"FGAT", 1, FeatureUpload.TYPE, 1, 3, SESSION, 1, FP, 2**32 - 1)
+    head = HEADER.pack(b"FGAT", VERSION, FeatureUpload.TYPE, 1, 3, SESSION, 1, FP, 2**32 - 1)
     tracemalloc.start()
     try:
         with pytest.raises(SizeLimitError):
@@ -193,15 +223,15 @@ def test_oversize_declared_payload_is_refused_from_the_header_alone():
 
 
 def _payload_frame(type_id: int, payload: bytes) -> bytes:
-    return HEADER.pack(b"FGAT", 1, type_id, 1, 3, SESSION, 1, FP, len(payload)) + payload + bytes(64)
+    return HEADER.pack(b"FGAT", VERSION, type_id, 1, 3, SESSION, 1, FP, len(payload)) + payload + bytes(64)
 
 
 def test_field_limits_are_checked_before_reading():
-    # FeatureUpload declaring 5000 items (limit 4096), with no item bytes behind
+    # FeatureUpload (to party 2) declaring 5000 items (limit 4096), with no item bytes behind
     with pytest.raises(SizeLimitError):
-        decode_message(_payload_frame(FeatureUpload.TYPE, struct.pack(">I", 5000)))
+        decode_message(_payload_frame(FeatureUpload.TYPE, struct.pack(">II", 2, 5000)))
     # one item whose ciphertext declares 2 GB
-    item = struct.pack(">IIHI", 1, 2, 0, 2**31)
+    item = struct.pack(">IIIHI", 2, 1, 2, 0, 2**31)
     with pytest.raises(SizeLimitError):
         decode_message(_payload_frame(FeatureUpload.TYPE, item))
     # an array declaring 2^31 x 2^31 elements
@@ -214,7 +244,7 @@ def test_field_limits_are_checked_before_reading():
 
 
 def test_bad_values_are_payload_errors():
-    ok = samples()[10]
+    ok = sample(GlobalModel)
     arrays = {"w": np.array([[1.0, np.nan]], np.float32)}
     with pytest.raises(PayloadError):
         frame(GlobalModel(round=1, fit=True, splits=("val",), arrays=arrays, **HDR))  # the sender refuses too
@@ -232,21 +262,22 @@ def test_bad_values_are_payload_errors():
     with pytest.raises(PayloadError, match="itself"):
         frame(bad_graph)
     with pytest.raises(KeyFingerprintError):
-        frame(PublicContext(preset="n4096", context=b"other", context_fingerprint=FP, **HDR))
+        frame(PublicContext(party=1, preset="n4096", context=b"other", context_fingerprint=FP, **HDR))
     for eps, delta in ((0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0)):
         with pytest.raises(PayloadError, match="DP terms"):
             frame(PrivacyTerms(epsilon=eps, delta=delta, dim=8, seed=0, **HDR))
-    terms = frame(samples()[-1])
+    terms = frame(sample(PrivacyTerms))
     at = terms.index(np.array(4.0, ">f8").tobytes())
     for bad in (float("nan"), float("inf"), 0.0):  # received: refused as a whole
         with pytest.raises(PayloadError):
             decode_message(terms[:at] + np.array(bad, ">f8").tobytes() + terms[at + 8 :])
     with pytest.raises(PayloadError):
-        frame(ReleaseUpload(items=(), **HDR))
+        frame(FeatureUpload(target=2, items=(), **HDR))
+    nb = {"neighbours": np.array([[1, 4, 7, 8], [4, 1, 9, 8]]), "owners": np.zeros((2, 4), np.int64)}
     with pytest.raises(PayloadError):
         frame(
             EncodingBases(
-                bucket=0, variant="vector", n=4, nodes=np.array([1, 4]), p=np.zeros((2, 3, 3)), **HDR
+                bucket=0, variant="vector", n=4, nodes=np.array([1, 4]), p=np.zeros((2, 3, 3)), **nb, **HDR
             )
         )
 
@@ -254,7 +285,15 @@ def test_bad_values_are_payload_errors():
 def test_bases_carry_a_known_variant_name_and_q_exactly_for_the_matrix_variant():
     rng = np.random.default_rng(1)
     p = rng.standard_normal((2, 6, 3))
-    bases = {"bucket": 0, "n": 3, "nodes": np.array([1, 4]), "p": p, **HDR}
+    bases = {
+        "bucket": 0,
+        "n": 3,
+        "nodes": np.array([1, 4]),
+        "neighbours": np.array([[1, 2, 3], [4, 5, 6]]),
+        "owners": np.zeros((2, 3), np.int64),
+        "p": p,
+        **HDR,
+    }
     with pytest.raises(PayloadError, match="unknown variant 'tensor'"):
         frame(EncodingBases(variant="tensor", **bases))
     with pytest.raises(PayloadError, match="q must be present exactly for the matrix variant"):
@@ -265,8 +304,106 @@ def test_bases_carry_a_known_variant_name_and_q_exactly_for_the_matrix_variant()
     assert got.variant == "matrix" and type(got.variant) is str  # the wire carries the name
 
 
+def _swap_bytes(data: bytes, old: bytes, new: bytes) -> bytes:
+    """``data`` with the one occurrence of ``old`` replaced by ``new`` (same length; unsigned: decoding
+    checks values, not signatures)."""
+    assert len(old) == len(new) and data.count(old) == 1
+    return data.replace(old, new)
+
+
+def _i8(*values) -> bytes:
+    return np.array(values, dtype="<i8").tobytes()
+
+
+def test_key_set_up_messages_check_their_values_on_both_sides():
+    ka = sample(KeyAnnounce)
+    for field, size in (
+        ("hpke", HPKE_PUBLIC),
+        ("ed25519", 32),
+        ("context_fingerprint", 32),
+        ("binding_signature", 64),
+    ):
+        for bad in (b"x" * (size - 1), b"x" * (size + 1)):
+            with pytest.raises(PayloadError, match=field):
+                frame(dataclasses.replace(ka, **{field: bad}))
+    # a context under another fingerprint, sent or received
+    pc = sample(PublicContext)
+    with pytest.raises(KeyFingerprintError):
+        frame(dataclasses.replace(pc, context=b"contexT"))
+    with pytest.raises(KeyFingerprintError):
+        decode_message(_swap_bytes(frame(pc), b"context", b"contexT"))
+    huge = bytes(8 * 1024 * 1024 + 1)
+    with pytest.raises(SizeLimitError):
+        frame(dataclasses.replace(pc, context=huge, context_fingerprint=hashlib.sha256(huge).digest()))
+    # sealed check keys: one entry per distinct owner, each at most 2 KiB
+    sk = sample(SealedCheckKeys)
+    for fields in ({"owners": np.array([0])}, {"owners": np.array([0, 0])}, {"owners": np.array([-1, 2])}):
+        with pytest.raises(PayloadError, match="owner"):
+            frame(dataclasses.replace(sk, **fields))
+    with pytest.raises(PayloadError):
+        decode_message(_swap_bytes(frame(sk), _i8(0, 2), _i8(2, 2)))
+    with pytest.raises(SizeLimitError):
+        frame(dataclasses.replace(sk, sealed=(b"a" * 2049, b"b")))
+    with pytest.raises(SizeLimitError):
+        frame(dataclasses.replace(sk, owners=np.arange(4097), sealed=(b"a",) * 4097))
+    # the roster: increasing party ids, at least one
+    rr = sample(RosterReady)
+    for bad in (np.zeros(0, np.int64), np.array([0, 2, 1]), np.array([1, 1]), np.array([-1, 0])):
+        with pytest.raises(PayloadError, match="increasing"):
+            frame(dataclasses.replace(rr, participants=bad))
+    with pytest.raises(PayloadError, match="increasing"):
+        decode_message(_swap_bytes(frame(rr), _i8(0, 1, 2), _i8(0, 2, 1)))
+
+
+def test_edge_claims_are_sorted_distinct_edges_with_0_1_flags():
+    ec = sample(EdgeClaims)
+    assert decode_message(frame(ec)) == ec
+    bad_cases = {
+        "k >= 1": {"edges": np.zeros((0, 2), np.int64), "uses": np.zeros(0, np.int64)},
+        "one uses flag": {"uses": np.array([1, 0])},
+        "(k, 2)": {"edges": np.array([[2, 7, 1], [2, 9, 1], [5, 7, 1]])},
+        "0 or 1": {"uses": np.array([1, 2, 0])},
+        "u32": {"edges": np.array([[-2, 7], [2, 9], [5, 7]])},
+        "sorted": {"edges": np.array([[2, 9], [2, 7], [5, 7]])},
+        "distinct": {"edges": np.array([[2, 7], [2, 7], [5, 7]])},
+        "another client": {"peer": 1},
+    }
+    for match, fields in bad_cases.items():
+        with pytest.raises(PayloadError, match=match if match != "(k, 2)" else r"\(k, 2\)"):
+            frame(dataclasses.replace(ec, **fields))
+    big = dataclasses.replace(ec, edges=np.array([[2, 7], [2, 9], [5, 2**32]]))
+    with pytest.raises(PayloadError, match="u32"):
+        frame(big)
+    # received: unsorted edges, a flag of 2
+    data = frame(ec)
+    with pytest.raises(PayloadError, match="sorted"):
+        decode_message(_swap_bytes(data, _i8(2, 7, 2, 9), _i8(2, 9, 2, 7)))
+    with pytest.raises(PayloadError, match="0 or 1"):
+        decode_message(_swap_bytes(data, _i8(1, 0, 1), _i8(1, 2, 1)))
+
+
+def test_uploads_and_bases_name_their_target_neighbours_and_owners():
+    fu = sample(FeatureUpload)
+    got = decode_message(frame(fu))
+    assert got.target == 2 and got == fu
+    with pytest.raises(PayloadError, match="fit in 32"):
+        frame(dataclasses.replace(fu, target=2**32))
+    eb = sample(EncodingBases)
+    got = decode_message(frame(eb))
+    assert np.array_equal(got.neighbours, eb.neighbours) and np.array_equal(got.owners, eb.owners)
+    for fields, match in (
+        ({"neighbours": eb.neighbours[:, :2]}, "neighbours and owners must have shape"),
+        ({"owners": eb.owners[:1]}, "neighbours and owners must have shape"),
+        ({"neighbours": eb.neighbours[:, ::-1].copy()}, "start with the node itself"),
+    ):
+        with pytest.raises(PayloadError, match=match):
+            frame(dataclasses.replace(eb, **fields))
+    with pytest.raises(PayloadError, match="start with the node itself"):  # received
+        decode_message(_swap_bytes(frame(eb), _i8(1, 4, 7, 4, 1, 9), _i8(7, 4, 1, 4, 1, 9)))
+
+
 def test_verifier_checks_sender_signature_recipient_session_and_sequence():
-    msg = samples()[5]
+    msg = sample(UploadDone)
     data = frame(msg)
     v = Verifier(ROSTER, me=3, session=SESSION)
     v.check(decode_message(data))
@@ -303,7 +440,7 @@ def test_any_single_bit_flip_is_rejected(msg):
 
 
 def test_flips_in_signed_header_fields_and_payload_are_signature_errors():
-    data = frame(samples()[4])
+    data = frame(sample(FeatureUpload))
     v = Verifier(ROSTER, me=3, session=SESSION)
     payload = (data.index(b"ct0"), data.index(b"ct1") + 2)  # inside the ciphertext bytes
     # sender 1 -> 3 (a known party), recipient, session, seq, fingerprint, payload

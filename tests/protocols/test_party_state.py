@@ -66,7 +66,8 @@ def through_bytes(party):
 
 def run_swapping(parties: dict, clients, counter: list[int] | None = None) -> Driver:
     """Run ``parties`` to the end; before every event every client is replaced by its rebuilt twin
-    (after checking that the twin's snapshot is the original's)."""
+    (after checking that the twin's snapshot is the original's, and that the twin saves the very
+    same state: every saved value restored, nothing lost)."""
     transport = InProcessTransport()
     driver = Driver(transport, parties, clock=ManualClock())
 
@@ -76,6 +77,9 @@ def run_swapping(parties: dict, clients, counter: list[int] | None = None) -> Dr
             twin = through_bytes(party)
             assert type(twin) is type(party)
             assert twin.snapshot() == party.snapshot(), f"party {pid} in state {party.state}"
+            key = b"s" * 32
+            same = twin.state_value().to_bytes(key) == party.state_value().to_bytes(key)
+            assert same, f"party {pid} in state {party.state}: its twin saves another state"
             driver.parties[pid] = twin
             if counter is not None:
                 counter[0] += 1
@@ -122,33 +126,44 @@ def test_pretraining_survives_a_restore_after_every_event(tiny_graph, tiny_parti
 
 
 def test_states_at_each_phase(tiny_graph, tiny_partition):
-    """The kinds' progress is what the module docstrings say, at the points Flower saves them."""
+    """The client's progress is what the module docstrings say, at the points Flower saves it."""
     parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=5, workers=0, upload_batch=2)
     driver = Driver(InProcessTransport(), parties.all(), clock=ManualClock())
     driver.start()
-    dealer, other = parties.clients[0], parties.clients[1]
     seen: dict[str, dict] = {}
     while driver.advance():
-        for party in (driver.parties[0], driver.parties[1]):
-            state = party.state_value()
-            seen.setdefault(f"{party.PARTY_KIND}:{state.progress['state']}", state.progress)
-            if party.state.value == "uploading" and 0 < party._next_upload < len(party.owned):
-                seen.setdefault("half-uploaded", state.progress)
+        for pid in parties.clients:
+            party = driver.parties[pid]
+            progress = party.state_value().progress
+            seen.setdefault(progress["state"], progress)
+            if party.state.value == "uploading" and party._uploaded and party._queue:
+                seen.setdefault("half-uploaded", progress)
             if party.state.value == "await-encodings" and party._assemblies:
-                seen.setdefault("partial-buckets", state.progress)
-    assert dealer.PARTY_KIND == "pretrain.dealer" and other.PARTY_KIND == "pretrain.client"
-    keyed = seen["pretrain.client:uploading"]
-    assert keyed["holder"] is not None and isinstance(keyed["holder"]["secret"], bytes)
-    assert seen["pretrain.client:await-key"]["holder"] is None
-    assert "half-uploaded" in seen and 0 < seen["half-uploaded"]["next_upload"]
-    assert seen["partial-buckets"]["assemblies"][0]["buffer"]["data"].ndim == 3
-    assert sorted(seen["pretrain.dealer:done"]["wrapped_for"]) == [1, 2]
-    assert seen["pretrain.client:done"]["encodings"] is not None
-    # no private key travels in a state (the identity is given to build())
-    blob = driver.parties[1].state_value().to_bytes(b"k" * 32)
-    for secret in (other._signer.private_bytes(), other._wrapping.private_bytes()):
-        assert secret not in blob
-    assert "identity" not in driver.parties[1].state_value().fields
+                seen.setdefault("partial-buckets", progress)
+    clients = parties.clients
+    assert {c.PARTY_KIND for c in clients.values()} == {"pretrain.client"}
+    others = len(clients) - 1
+    # from start() on: the client's own CKKS secret context and HPKE private keys
+    keyed = seen["await-roster"]
+    assert isinstance(keyed["holder"]["secret"], bytes) and len(keyed["session_keys"]) == 96
+    assert keyed["participants"] == [] and keyed["releases"] == [] and keyed["my_keys"] == []
+    # after RosterReady: the relayed keys (as frames), contexts and claims, its releases and check keys
+    upload = seen["uploading"]
+    assert len(upload["peers"]) == len(upload["contexts"]) == others
+    assert all(isinstance(f, bytes) for f in upload["peers"] + upload["claims"])
+    assert upload["participants"] == sorted(clients)
+    assert len(upload["my_keys"]) == others and all(len(k) == 64 for _, k in upload["my_keys"])
+    assert {p for p, _ in upload["owner_keys"]} >= {r for r, _ in upload["releases"]}
+    assert any(len(nodes) for c in clients.values() for nodes in c.releases.values())
+    assert "half-uploaded" in seen and seen["half-uploaded"]["queue"] and seen["half-uploaded"]["uploaded"]
+    bucket = seen["partial-buckets"]["assemblies"][0]
+    assert bucket["buffer"]["data"].ndim == 3 and bucket["owners"].shape == bucket["neighbours"].shape
+    assert seen["done"]["encodings"] is not None
+    # no long-term private key travels in a state (the identity is given to build())
+    client = driver.parties[1]
+    blob = client.state_value().to_bytes(b"k" * 32)
+    assert client._signer.private_bytes() not in blob
+    assert "identity" not in client.state_value().fields
 
 
 def test_timed_out_client_keeps_its_failure(tiny_graph, tiny_partition):
@@ -273,11 +288,13 @@ def test_unsupported_kinds_raise(started):
 
 
 def test_state_key_is_the_partys_own():
-    a, b = Identity.generate(client=True), Identity.generate(client=True)
+    a, b = Identity.generate(), Identity.generate()
     assert state_key(a, "x") == state_key(a, "x") and len(state_key(a, "x")) == 32
     assert state_key(a, "x") != state_key(a, "y") != state_key(b, "x")
-    server = Identity.generate(client=False)
-    assert len(state_key(server, "x")) == 32
+    # derived, never the private key itself; an older identity value (with an X25519 key) reads
+    assert state_key(a, "x") != a.signer.private_bytes()
+    old = Identity.from_value({**a.to_value(), "wrapping": bytes(32)})
+    assert state_key(old, "x") == state_key(a, "x")
 
 
 def test_state_modules_import_no_pickle():

@@ -334,7 +334,7 @@ def test_hosted_rejection_surfaces_typed(tiny_graph, tiny_partition, monkeypatch
     r = parties.deployment.roster
     victim = r.clients[-1]
     keys = dict(r.signing_keys)
-    keys[r.server] = keys[r.dealer]
+    keys[r.server] = keys[r.clients[0]]
     parties.clients[victim].verifier = Verifier(
         dataclasses.replace(r, signing_keys=keys), victim, parties.config.session
     )

@@ -34,7 +34,8 @@ def test_transcript_records_every_frame(tiny_graph, tiny_partition, tmp_path, sp
     assert kinds == {
         "KeyAnnounce",
         "PublicContext",
-        "WrappedKeyDelivery",
+        "EdgeClaims",
+        "SealedCheckKeys",
         "GraphAnnounce",
         "FeatureUpload",
         "UploadDone",

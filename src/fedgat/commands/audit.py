@@ -5,11 +5,17 @@
     fedgat audit --dataset cora --dp-epsilon 4 --dp-dim 64        # with the DP release
     fedgat audit --dataset cora --sweep 0.5 1 2 4 8 16 --json audit.json --report audit.md
 
-Runs (1) the encrypted pre-training round with a recorded transcript and checks everything the
-server received (:func:`fedgat.audit.server_checks`), (2) every client-side attack on every client's
-view (:func:`fedgat.audit.audit_clients`), (3) FedGAT training under the same mitigation for its test
-accuracy, and optionally (4) a sweep over epsilon with DistGAT's accuracy (no sharing at all) as the
-reference line. Writes a Markdown report with a table per party and, with ``--json``, the numbers.
+Runs (1) the server side (:func:`fedgat.audit.audit_server`): the encrypted pre-training round with
+a recorded transcript, the checks of everything the server received and whether any two clients
+share a CKKS key, then every server-side attack against the real protocol -- a hostile server, alone
+or with a colluding client (substituted results, injected ciphertexts, fake edges, server plus one
+client, trap weights against one client's update and against the aggregate, inconsistent models) --
+each with the fraction of foreign feature vectors it recovers and whether an honest party detected
+it; (2) every client-side attack on every client's view (:func:`fedgat.audit.audit_clients`: what an
+honest recipient learns), (3) FedGAT training under the same mitigation for its test accuracy, and
+optionally (4) a sweep over epsilon with DistGAT's accuracy (no sharing at all) as the reference line.
+Writes a Markdown report with a table per party and, with ``--json``, the numbers (top level:
+``server_attacks``, ``shared_secret_key``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -59,7 +64,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-server-check",
         action="store_true",
-        help="skip the encrypted round (the server-side checks need it)",
+        help="skip the server side (the encrypted round, its checks and every server-side attack)",
+    )
+    parser.add_argument(
+        "--server-attacks",
+        nargs="*",
+        default=None,
+        metavar="NAME",
+        help="server-side attacks to run (default all; none: only the encrypted round's checks)",
+    )
+    parser.add_argument(
+        "--attack-rounds", type=int, default=3, help="training rounds of the trap-weight attacks (default 3)"
+    )
+    parser.add_argument(
+        "--colluder",
+        type=int,
+        default=None,
+        help="the colluding client (default: the first that receives rows)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="server processes for the encrypted rounds (default: auto)"
     )
     parser.add_argument("--no-training", action="store_true", help="skip the accuracy runs")
     parser.add_argument("--json", type=Path, default=None)
@@ -76,7 +100,7 @@ def _accuracy(graph, args, **hp) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedgat.audit import Mitigation, audit_clients, chance_reidentification, server_checks
+    from fedgat.audit import Mitigation, audit_clients, chance_reidentification
     from fedgat.data import load_dataset
     from fedgat.dp import FeatureDP
     from fedgat.methods import run_method
@@ -106,22 +130,21 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
 
     if not args.no_server_check:
-        from fedgat.pipeline import run_encrypted_pretraining
-        from fedgat.protocols import InProcessTransport, Transcript
+        from fedgat.audit import SERVER_ATTACKS, audit_server
 
-        print("server side: encrypted pre-training with a recorded transcript ...", file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix="fedgat-audit-") as tmp:
-            transcript = Transcript(keep_payloads=True, directory=tmp)
-            result = run_encrypted_pretraining(
+        print("server side: encrypted round, checks and server-side attacks ...", file=sys.stderr)
+        report.update(
+            audit_server(
                 graph,
                 part,
                 args.variant,
                 seed=args.seed,
-                transport=InProcessTransport(transcript),
-                progress=True,
+                workers=args.workers,
+                colluder=args.colluder,
+                attacks=SERVER_ATTACKS if args.server_attacks is None else args.server_attacks,
+                training_rounds=args.attack_rounds,
             )
-            report["server"] = server_checks(transcript, result.deployment.roster.server, graph.x.numpy())
-            transcript.close()
+        )
     print("client side: attacks on every client's view ...", file=sys.stderr)
     report["client_attacks"] = audit_clients(
         graph, args.variant, args.clients, args.beta, args.seed, mitigation, clients=clients, partition=part
@@ -226,8 +249,10 @@ def render_markdown(report: dict) -> str:
         lines += ["## Server", "", "| check | result |", "|---|---|"]
         for key in (
             "only_allowed_message_types",
+            "client_contexts",
+            "distinct_client_keys",
             "uploaded_ciphertexts",
-            "all_uploads_are_ciphertexts_of_the_session_key",
+            "all_uploads_are_ciphertexts_of_the_recipients_keys",
             "feature_row_anchor_candidates",
             "feature_row_anchor_hits",
             "longest_zero_byte_run_in_ciphertexts",
@@ -241,6 +266,8 @@ def render_markdown(report: dict) -> str:
         lines += (
             [
                 "",
+                f"Shared secret key: **{report.get('shared_secret_key')}**.",
+                "",
                 "Messages received: " + ", ".join(f"{k} x{v}" for k, v in server["message_types"].items()),
                 "",
                 "What the server learns:",
@@ -249,6 +276,8 @@ def render_markdown(report: dict) -> str:
             + [f"- {item}" for item in server["server_learns"]]
             + [""]
         )
+    if report.get("server_attacks"):
+        lines += server_attacks_markdown(report)
     lines += [
         "## Clients (honest but curious)",
         "",
@@ -301,6 +330,42 @@ def render_markdown(report: dict) -> str:
                     f"{s['mean_cosine']:.3f} | {s['reidentification_rate']:.3f} | {null_reid} | {acc} |"
                 )
     return "\n".join(lines) + "\n"
+
+
+def server_attacks_markdown(report: dict) -> list[str]:
+    """The server-side attacks as a table, with each attack's own explanation below it."""
+    lines = [
+        "## Server-side attacks (hostile server, alone or with a colluding client)",
+        "",
+        (
+            "Each attack ran against the real protocol (in-process parties, the actual state machines). "
+            "Recovered: foreign feature vectors the attacker got at cosine >= 0.99 against the ground truth "
+            "(or, for forged results, that reached an honest client's training input); detected: an honest "
+            "party refused with a typed error before training on the attack's output."
+        ),
+        "",
+        "| attack | targets | recovered | recovered fraction | detected | ran |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, a in report["server_attacks"].items():
+        lines.append(
+            f"| {name} | {a['targets']} | {a['recovered']} | {a['recovered_fraction']:.4f} | {a['detected']} | "
+            f"{a['ran']} |"
+        )
+    lines.append("")
+    for name, a in report["server_attacks"].items():
+        extra = {
+            k: v
+            for k, v in a.items()
+            if k not in ("recovered_fraction", "detected", "ran", "targets", "recovered", "note")
+        }
+        lines += [f"- **{name}**: {a.get('note', '')}", f"  `{json.dumps(extra, default=str)[:1500]}`"]
+    if report.get("server_attacks_not_run"):
+        lines += [
+            "",
+            "Not run (nothing to target in this setting): " + ", ".join(report["server_attacks_not_run"]),
+        ]
+    return [*lines, ""]
 
 
 def plot_sweep(report: dict, path: Path) -> None:

@@ -71,6 +71,13 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         help="folder for overhead.{json,md,png} (default benchmarks/results)",
     )
     parser.add_argument("--progress", action="store_true", help="progress bars")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="an earlier overhead JSON to show before/after (e.g. one taken before a protocol change)",
+    )
+    parser.add_argument("--baseline-label", default="baseline", help="what the baseline was")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

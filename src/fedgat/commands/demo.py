@@ -3,8 +3,10 @@
     fedgat demo                                  # Cora, 10 clients, vector encodings, n4096
     fedgat demo --variant matrix --json out.json # matrix encodings (neighbour cap 16; slow: see the estimate)
 
-Clients CKKS-encrypt their features, the server computes the FedGAT encodings on ciphertexts (no
-secret key), each client decrypts its own, then FedGAT trains through FedAvg rounds. By default
+Each client generates its own CKKS key; owners encrypt the rows a client needs under that client's
+key (only for edges both owners confirmed), the server computes each client's encodings on
+ciphertexts (no secret key), each client decrypts and checks its own, then FedGAT trains through
+FedAvg rounds. By default
 everything runs in one process over the in-process transport (:mod:`fedgat.protocols.transport`);
 ``--engine ray`` hosts the clients in a pool of Ray actors and runs the server's homomorphic work as
 Ray tasks (:mod:`fedgat.protocols.ray_engine`; a local Ray, or ``--address`` for a cluster). Printed: time per
@@ -280,10 +282,22 @@ def format_report(r: dict) -> str:
         "of all result slots"
     )
     lines.append(f"max |decrypted - plaintext| (same bases): {r['max_abs_error_vs_plaintext']:.2e}")
-    lines.append(f"server_has_secret_key: {r['server_has_secret_key']}")
+    lines.append(
+        f"keys: every client has its own CKKS key (shared secret key: {r['shared_secret_key']}); "
+        f"the server holds a secret key: {r['server_has_secret_key']}; "
+        f"{r['rows_released']} rows released, each encrypted for the one client that needs it"
+    )
     lines.append(
         f"FedGAT test accuracy (encrypted pre-training): {r['test_accuracy']:.3f} "
         f"(best round {r['best_round']} of {r['rounds']}, {r['training_seconds']:.1f} s)"
+    )
+    lines.append(
+        "training updates: "
+        + (
+            "securely aggregated (the server sees only their weighted sum)"
+            if r.get("secure_aggregation")
+            else "in the clear (fewer than 3 clients per round: secure aggregation needs 3)"
+        )
     )
     if r["plaintext_test_accuracy"] is not None:
         lines.append(f"FedGAT test accuracy (plaintext twin, same seed): {r['plaintext_test_accuracy']:.3f}")

@@ -1,0 +1,187 @@
+r"""Verifiable encodings: secret tag columns that let a recipient check every decrypted result.
+
+The server's work is linear: the foreign share of node :math:`i`'s encodings for recipient
+:math:`a` is :math:`F = C H` (:math:`C` the public coefficient rows over :math:`i`'s foreign
+neighbours, :math:`H` their feature rows). Each owner appends ``T`` *tag columns* to every row it
+releases to :math:`a`:
+
+.. math::  \tau_t(u) = \mathrm{PRF}_{k_{ab}}(u)_t + \langle r_a^{(t)}, h_u \rangle, \qquad t = 1..T
+
+where :math:`k_{ab}` is a key recipient :math:`a` chose for owner :math:`b` and :math:`r_a` are
+:math:`a`'s secret *check vectors*; both reach :math:`b` sealed (HPKE) and signed by :math:`a`, so
+the server never learns them. For an honest result the tag columns are
+:math:`C \tau = C\,\mathrm{PRF} + \langle r_a, F \rangle`, which the recipient predicts from the
+public coefficients, the owners' keys and the decrypted features :math:`F` (:func:`check_share`).
+
+What it catches:
+
+* **other coefficients, other rows or a substituted ciphertext** (e.g. an owner's raw row sent as
+  an encoding): the PRF part of the tags is unknown to the server, so any combination other than
+  the announced one misses the prediction by a uniform-looking amount; it passes with probability
+  about ``(2 tol)^T`` per row (``T = 2``, ``tol ~ 1e-4``: ~1e-8);
+* **slot-wise recombination** (feature slots of one combination, tag slots of another, which
+  plaintext masks could produce): the :math:`\langle r_a, F\rangle` part ties the tag slots to the
+  feature slots, and with no rotation keys the server cannot move values between slots.
+
+A failing result raises :class:`ResultCheckError` naming the node and the owners whose rows it
+should have combined. Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
+(:func:`check_share` refuses more, and anything not finite).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+__all__ = [
+    "TAG_COLUMNS",
+    "TAG_TOLERANCE",
+    "CheckKeys",
+    "ResultCheckError",
+    "check_share",
+    "prf_tags",
+    "tag_columns",
+]
+
+#: tag columns appended to every released row
+TAG_COLUMNS = 2
+#: a tag may miss its prediction by ``TAG_TOLERANCE * (1 + sum |C|)`` (CKKS noise is ~1e-6 at n4096)
+TAG_TOLERANCE = 1e-4
+#: uint64 words per 64-byte ChaCha20 block
+_WORDS_PER_BLOCK = 8
+#: keystream blocks between two needed ones that :func:`prf_tags` draws rather than start a new run
+_MAX_GAP = 64
+
+
+class ResultCheckError(ValueError):
+    """A decrypted encoding is not the announced linear map of the released rows (or out of range)."""
+
+    def __init__(self, message: str, *, node: int, owners: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.node = node
+        self.owners = owners
+
+
+@dataclass(frozen=True)
+class CheckKeys:
+    """What recipient ``a`` gives owner ``b``: the PRF key ``prf`` (32 bytes, for this pair only) and
+    the seed of ``a``'s check vectors (32 bytes, the same for every owner). Fresh from the OS CSPRNG
+    per session (:meth:`generate`); 64 bytes on the wire (:meth:`to_bytes`)."""
+
+    prf: bytes
+    check_seed: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.prf) != 32 or len(self.check_seed) != 32:
+            raise ValueError("check keys are two 32-byte keys")
+
+    @classmethod
+    def generate(cls, check_seed: bytes) -> CheckKeys:
+        return cls(os.urandom(32), check_seed)
+
+    def to_bytes(self) -> bytes:
+        return self.prf + self.check_seed
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CheckKeys:
+        if len(data) != 64:
+            raise ValueError(f"check keys are 64 bytes, got {len(data)}")
+        return cls(bytes(data[:32]), bytes(data[32:]))
+
+    def vectors(self, dim: int) -> np.ndarray:
+        """``(T, dim)`` check vectors, entries uniform on ``(-1, 1) / sqrt(dim)``."""
+        return _uniform(
+            hashlib.sha256(b"fedgat/check-vectors/v1" + self.check_seed).digest(), TAG_COLUMNS * dim
+        ).reshape(TAG_COLUMNS, dim) / np.sqrt(dim)
+
+
+def _uniform(key: bytes, count: int, block: int = 0) -> np.ndarray:
+    """``count`` uniform draws on (-1, 1) from the ChaCha20 keystream of ``key`` from ``block`` on."""
+    nonce = int(block).to_bytes(4, "little") + bytes(12)
+    enc = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+    raw = np.frombuffer(enc.update(bytes(8 * count)), dtype=np.uint64)
+    return ((raw >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-52 - 1.0
+
+
+def prf_tags(prf: bytes, session: int, nodes: np.ndarray) -> np.ndarray:
+    """``(len(nodes), T)``: the PRF part of the tags of ``nodes`` under a pair's key, uniform on
+    (-1, 1). A node's values sit at a fixed place of a ChaCha20 keystream keyed by the pair's key
+    and the session, so both parties compute them for any node subset without a per-node loop."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if not len(nodes):
+        return np.zeros((0, TAG_COLUMNS))
+    key = hashlib.sha256(b"fedgat/tag-prf/v1" + prf + int(session).to_bytes(8, "big")).digest()
+    first = nodes * TAG_COLUMNS  # node u's values: keystream words u*T .. u*T+T-1
+    # the keystream blocks holding them, drawn in runs (blocks at most _MAX_GAP apart): memory and
+    # time follow len(nodes), not the id range (ids come from the bases a server sends)
+    blocks = np.unique(np.concatenate([first, first + TAG_COLUMNS - 1]) // _WORDS_PER_BLOCK)
+    runs = np.split(blocks, np.flatnonzero(np.diff(blocks) > _MAX_GAP) + 1)
+    order = np.argsort(first, kind="stable")
+    ranked = first[order]
+    out = np.empty((len(nodes), TAG_COLUMNS))
+    for run in runs:
+        lo, hi = int(run[0]) * _WORDS_PER_BLOCK, (int(run[-1]) + 1) * _WORDS_PER_BLOCK
+        at = order[np.searchsorted(ranked, lo) : np.searchsorted(ranked, hi)]
+        words = _uniform(key, hi - lo, block=int(run[0]))
+        out[at] = words[first[at, None] - lo + np.arange(TAG_COLUMNS)]
+    return out
+
+
+def tag_columns(keys: CheckKeys, session: int, nodes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``(k, T)``: the tag columns an owner appends to the rows ``rows`` (k, d) of ``nodes``."""
+    return prf_tags(keys.prf, session, nodes) + rows @ keys.vectors(rows.shape[1]).T
+
+
+def check_share(
+    decrypted: np.ndarray,
+    coefficients: np.ndarray,
+    source_prf: np.ndarray,
+    vectors: np.ndarray,
+    *,
+    node: int,
+    owners: tuple[int, ...],
+    max_row_norm: float | None = 1.0,
+) -> np.ndarray:
+    """Check one decrypted foreign share and return its feature columns.
+
+    Args:
+        decrypted: ``(R + 1, d + T)`` decrypted rows (features, then tag columns).
+        coefficients: ``(R + 1, n_f)`` the public coefficients over the node's foreign sources.
+        source_prf: ``(n_f, T)`` the PRF tags of those sources (each under its owner's pair key).
+        vectors: ``(T, d)`` the recipient's check vectors.
+        node, owners: named in the error.
+        max_row_norm: the largest norm of a released row (1 for unit-norm rows; None: no range check,
+            e.g. DP releases, whose noise is unbounded).
+
+    Raises:
+        ResultCheckError: not finite, out of range, or the tags miss their prediction.
+    """
+    d = vectors.shape[1]
+    features, tags = decrypted[:, :d], decrypted[:, d:]
+    if not np.all(np.isfinite(decrypted)):
+        raise ResultCheckError(
+            f"node {node}: the decrypted encodings are not finite", node=node, owners=owners
+        )
+    scale = 1.0 + np.abs(coefficients).sum(axis=1)
+    if max_row_norm is not None:
+        norms = np.linalg.norm(features, axis=1)
+        if np.any(norms > max_row_norm * scale * (1 + TAG_TOLERANCE)):
+            raise ResultCheckError(
+                f"node {node}: an encoding row has norm {norms.max():.3g}, above what unit-norm rows allow",
+                node=node,
+                owners=owners,
+            )
+    expected = coefficients @ source_prf + features @ vectors.T
+    miss = np.abs(tags - expected) / scale[:, None]
+    if np.any(miss > TAG_TOLERANCE):
+        raise ResultCheckError(
+            f"node {node}: the result is not the announced combination of the rows of parties "
+            f"{list(owners)} (tag off by {miss.max():.3g})",
+            node=node,
+            owners=owners,
+        )
+    return features

@@ -1,0 +1,239 @@
+r"""Message types of secure aggregation (ids 20-26), the stages of a secure FedAvg round
+(:mod:`fedgat.protocols.fedavg`). Framed, signed and checked like every message
+(:mod:`fedgat.protocols.frame`); registered in :data:`~fedgat.protocols.frame.MESSAGE_TYPES` on import.
+
+==  =====================  ================  ===============================================  ========
+id  type                   direction         fields                                           limit
+==  =====================  ================  ===============================================  ========
+20  SecAggAdvert           client -> server  round, c_pk, s_pk, b_commit, model_digest        1 KiB
+                                             (32 B each), binding_signature (64 B)
+21  SecAggCohort           server -> client  round, adverts: <= 4096 x (party, c_pk, s_pk,   1 MiB
+                                             b_commit, model_digest, signature), by party
+22  SecAggShares           client -> server  round, shares: <= 4096 x (recipient, sealed      1 MiB
+                                             146 B), by party
+23  SecAggRelay            server -> client  round, shares: <= 4096 x (sender, sealed), by    1 MiB
+                                             party
+24  SecAggMasked           client -> server  round, masked (int64 2 x m, the Z_2^128 vector,  256 MiB
+                                             m <= 2^24)                                       +1 KiB
+25  SecAggUnmaskRequest    server -> client  round, survivors (<= 4096 party ids, sorted)     32 KiB
+26  SecAggUnmaskShares     client -> server  round, b_shares, s_shares: (party, 16 B share),  128 KiB
+                                             by party, no party in both lists
+==  =====================  ================  ===============================================  ========
+
+The advert's ``binding_signature`` (Ed25519 of :func:`~fedgat.protocols.secagg.advert_bytes`) and the
+sender's signature inside each sealed share make the relayed parts trustworthy end to end: the
+server re-frames them but can neither forge nor alter them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .codec import Array, FixedBytes, ListOf, Record
+from .errors import PayloadError
+from .frame import FP, U32, KiB, Message, MiB, register
+from .secagg import MAX_COHORT, MAX_SECAGG_ELEMS, SEALED_SHARE_BYTES, SEED_BYTES
+
+__all__ = [
+    "SECAGG_MESSAGES",
+    "AdvertItem",
+    "RevealedShare",
+    "SealedShare",
+    "SecAggAdvert",
+    "SecAggCohort",
+    "SecAggMasked",
+    "SecAggRelay",
+    "SecAggShares",
+    "SecAggUnmaskRequest",
+    "SecAggUnmaskShares",
+]
+
+
+@dataclass(frozen=True)
+class AdvertItem:
+    """One client's signed advert, as the server relays it to the cohort."""
+
+    party: int
+    c_pk: bytes
+    s_pk: bytes
+    b_commit: bytes
+    model_digest: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class SealedShare:
+    """A sealed pair of shares: ``party`` is the recipient (SecAggShares) or the sender (SecAggRelay)."""
+
+    party: int
+    sealed: bytes
+
+
+@dataclass(frozen=True)
+class RevealedShare:
+    """The share a client holds of ``party``'s :math:`b` seed or mask-key seed."""
+
+    party: int
+    share: bytes
+
+
+SIG = FixedBytes(64)
+ADVERT = Record(
+    AdvertItem,
+    (("party", U32), ("c_pk", FP), ("s_pk", FP), ("b_commit", FP), ("model_digest", FP), ("signature", SIG)),
+)
+SEALED = Record(SealedShare, (("party", U32), ("sealed", FixedBytes(SEALED_SHARE_BYTES))))
+REVEALED = Record(RevealedShare, (("party", U32), ("share", FixedBytes(SEED_BYTES))))
+
+
+def _sorted_parties(parties: list[int], what: str) -> None:
+    if any(b <= a for a, b in itertools.pairwise(parties)):
+        raise PayloadError(f"{what} must name distinct parties in increasing order")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggAdvert(Message):
+    """Stage 1 (advertise keys): the client's round keys -- ``c_pk`` (X25519, receives sealed shares),
+    ``s_pk`` (X25519, pairwise masks) -- a commitment to its self-mask seed and the digest of the
+    global model it trains on, bound to it by ``binding_signature``."""
+
+    TYPE: ClassVar[int] = 20
+    MAX_PAYLOAD: ClassVar[int] = 1 * KiB
+    SCHEMA: ClassVar = (
+        ("round", U32),
+        ("c_pk", FP),
+        ("s_pk", FP),
+        ("b_commit", FP),
+        ("model_digest", FP),
+        ("binding_signature", SIG),
+    )
+
+    round: int
+    c_pk: bytes
+    s_pk: bytes
+    b_commit: bytes
+    model_digest: bytes
+    binding_signature: bytes
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggCohort(Message):
+    """Stage 2 request (share keys): the signed adverts of the round's cohort, sorted by party (a
+    client's position + 1 is its Shamir share index)."""
+
+    TYPE: ClassVar[int] = 21
+    MAX_PAYLOAD: ClassVar[int] = 1 * MiB
+    SCHEMA: ClassVar = (("round", U32), ("adverts", ListOf(ADVERT, MAX_COHORT)))
+
+    round: int
+    adverts: tuple[AdvertItem, ...]
+
+    def check(self) -> None:
+        _sorted_parties([a.party for a in self.adverts], "SecAggCohort.adverts")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggShares(Message):
+    """Stage 2 answer: the client's shares for every other cohort member, each sealed to it."""
+
+    TYPE: ClassVar[int] = 22
+    MAX_PAYLOAD: ClassVar[int] = 1 * MiB
+    SCHEMA: ClassVar = (("round", U32), ("shares", ListOf(SEALED, MAX_COHORT)))
+
+    round: int
+    shares: tuple[SealedShare, ...]
+
+    def check(self) -> None:
+        _sorted_parties([s.party for s in self.shares], "SecAggShares.shares")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggRelay(Message):
+    """Stage 3 request (masked input): the sealed shares other clients dealt to the recipient; their
+    senders and the recipient form the set :math:`U_2` it masks against."""
+
+    TYPE: ClassVar[int] = 23
+    MAX_PAYLOAD: ClassVar[int] = 1 * MiB
+    SCHEMA: ClassVar = (("round", U32), ("shares", ListOf(SEALED, MAX_COHORT)))
+
+    round: int
+    shares: tuple[SealedShare, ...]
+
+    def check(self) -> None:
+        _sorted_parties([s.party for s in self.shares], "SecAggRelay.shares")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggMasked(Message):
+    """Stage 3 answer: the client's masked input, a :math:`\\mathbb{Z}_{2^{128}}` vector as int64
+    ``(2, m)`` (low words, then high words; two's complement bits)."""
+
+    TYPE: ClassVar[int] = 24
+    MAX_PAYLOAD: ClassVar[int] = 16 * MAX_SECAGG_ELEMS + 1 * KiB
+    SCHEMA: ClassVar = (("round", U32), ("masked", Array("<i8", 2 * MAX_SECAGG_ELEMS, ndim=2)))
+
+    round: int
+    masked: np.ndarray
+
+    def check(self) -> None:
+        if self.masked.shape[0] != 2 or self.masked.shape[1] < 1:
+            raise PayloadError(f"SecAggMasked.masked must have shape (2, m), got {self.masked.shape}")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggUnmaskRequest(Message):
+    """Stage 4 request (unmask): the survivors :math:`U_3` whose masked inputs the server holds; the
+    other members of :math:`U_2` count as dropped."""
+
+    TYPE: ClassVar[int] = 25
+    MAX_PAYLOAD: ClassVar[int] = 32 * KiB
+    SCHEMA: ClassVar = (("round", U32), ("survivors", ListOf(U32, MAX_COHORT)))
+
+    round: int
+    survivors: tuple[int, ...]
+
+    def check(self) -> None:
+        _sorted_parties(list(self.survivors), "SecAggUnmaskRequest.survivors")
+        if not self.survivors:
+            raise PayloadError("an unmask request names at least one survivor")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggUnmaskShares(Message):
+    """Stage 4 answer: the shares of the survivors' self-mask seeds and of the dropped clients'
+    mask-key seeds -- never both for one party."""
+
+    TYPE: ClassVar[int] = 26
+    MAX_PAYLOAD: ClassVar[int] = 128 * KiB
+    SCHEMA: ClassVar = (
+        ("round", U32),
+        ("b_shares", ListOf(REVEALED, MAX_COHORT)),
+        ("s_shares", ListOf(REVEALED, MAX_COHORT)),
+    )
+
+    round: int
+    b_shares: tuple[RevealedShare, ...]
+    s_shares: tuple[RevealedShare, ...]
+
+    def check(self) -> None:
+        _sorted_parties([s.party for s in self.b_shares], "SecAggUnmaskShares.b_shares")
+        _sorted_parties([s.party for s in self.s_shares], "SecAggUnmaskShares.s_shares")
+        both = {s.party for s in self.b_shares} & {s.party for s in self.s_shares}
+        if both:
+            raise PayloadError(f"both shares of parties {sorted(both)}: a client reveals one or the other")
+
+
+SECAGG_MESSAGES: tuple[type[Message], ...] = (
+    SecAggAdvert,
+    SecAggCohort,
+    SecAggShares,
+    SecAggRelay,
+    SecAggMasked,
+    SecAggUnmaskRequest,
+    SecAggUnmaskShares,
+)
+register(*SECAGG_MESSAGES)

@@ -1,0 +1,291 @@
+r"""Confirmed edges: which rows an owner releases to whom, decided by the owner itself.
+
+A cross-client edge counts only when the owners of *both* endpoints claim it. Each client signs,
+per client it borders, an :class:`~fedgat.protocols.messages.EdgeClaims`: the graph edges between
+its nodes and the peer's, and for each whether the peer's node is in the attention neighbourhood
+of its own (``uses``). The server relays the claims an owner needs to check a release; it cannot
+forge one (signatures) and a client can claim only its own side.
+
+Recipient :math:`a` needs, for every node :math:`v` it needs (its own nodes and their attention
+neighbours), the rows of :math:`v`'s attention neighbourhood. Owner :math:`b` therefore releases its
+row :math:`u` to :math:`a` only if some :math:`v` *uses* :math:`u` and :math:`v` is needed by
+:math:`a`, each fact backed by the claims of the owners involved (:func:`releases`):
+
+* (a) :math:`v` owned by :math:`a`: :math:`a` claims ``(v, u)`` as used and :math:`b` has the edge;
+* (b) :math:`v` owned by :math:`b`: :math:`u \in N(v)` (:math:`b`'s own data) and :math:`a` claims a
+  used edge ``(i, v)`` that :math:`b` has;
+* (c) :math:`v` owned by :math:`c`: :math:`c` claims ``(v, u)`` as used and :math:`b` has the edge,
+  and :math:`a` claims a used edge ``(i, v)`` that :math:`c` claims too.
+
+So neither the server nor a single client can invent a need: a fake edge of :math:`a` to
+:math:`b`'s node is not in :math:`b`'s edges; a fake 2-hop need must be claimed by the middle
+node's honest owner. What the claims reveal: an owner learns, besides its own edges, the claimed
+edges between the clients it borders and any other client (those it needs to check (c)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedgat.crypto import SignatureError as CryptoSignatureError
+from fedgat.crypto import verify as verify_signature
+
+from .errors import PayloadError, SignatureError
+from .messages import EdgeClaims, GraphAnnounce, claim_bytes
+from .roster import Roster
+
+__all__ = [
+    "ClaimSet",
+    "LocalGraph",
+    "OwnerMap",
+    "check_claims",
+    "expected_releases",
+    "relay_targets",
+    "releases",
+    "verify_claim",
+]
+
+_SHIFT = np.int64(1 << 32)
+
+
+def _keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.int64) * _SHIFT + np.asarray(b, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class LocalGraph:
+    """What a client knows of the graph: its ``owned`` nodes (sorted), their attention
+    neighbourhoods (``indptr``/``indices``, CSR over ``owned``, self first), and its cross-client
+    graph edges ``cross`` (k, 2) = (own node, foreign node) with the foreign node's owner in
+    ``cross_owner`` (an organisation knows which organisation the other end of its edge belongs to).
+
+    Raises:
+        PayloadError: an attention neighbour that is neither owned nor the end of a cross edge.
+    """
+
+    owned: np.ndarray
+    indptr: np.ndarray
+    indices: np.ndarray
+    cross: np.ndarray
+    cross_owner: np.ndarray
+
+    def __post_init__(self) -> None:
+        cross = np.asarray(self.cross, dtype=np.int64).reshape(-1, 2)
+        cross_owner = np.asarray(self.cross_owner, dtype=np.int64).reshape(-1)
+        if len(cross_owner) != len(cross):
+            raise PayloadError("one owner per cross edge")
+        keys = _keys(cross[:, 0], cross[:, 1])
+        order = np.unique(keys, return_index=True)[1]
+        object.__setattr__(self, "cross", cross[order])
+        object.__setattr__(self, "cross_owner", cross_owner[order])
+        if np.any(np.isin(self.cross[:, 1], self.owned)) or not np.all(np.isin(self.cross[:, 0], self.owned)):
+            raise PayloadError("a cross edge joins an owned node to a node of another client")
+        src, dst = self.attention_pairs()
+        foreign = ~np.isin(dst, self.owned)
+        if not np.all(np.isin(_keys(src[foreign], dst[foreign]), self.cross_keys)):
+            raise PayloadError("an attention neighbour of another client is not the end of a cross edge")
+
+    @property
+    def cross_keys(self) -> np.ndarray:
+        return _keys(self.cross[:, 0], self.cross[:, 1])
+
+    def attention_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(v, u)`` for every owned ``v`` and every ``u`` in its attention neighbourhood."""
+        src = np.repeat(np.asarray(self.owned, dtype=np.int64), np.diff(self.indptr))
+        return src, np.asarray(self.indices, dtype=np.int64)
+
+    def claims(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per bordering client: ``(edges (k, 2) sorted, uses (k,) 0/1)`` of this client's claim."""
+        src, dst = self.attention_pairs()
+        used = np.isin(self.cross_keys, _keys(src, dst))
+        return {
+            int(p): (self.cross[self.cross_owner == p], used[self.cross_owner == p].astype(np.int64))
+            for p in np.unique(self.cross_owner)
+        }
+
+    def peers(self) -> list[int]:
+        return [int(p) for p in np.unique(self.cross_owner)]
+
+
+@dataclass(frozen=True)
+class ClaimSet:
+    """Verified claims by ``(claimer, peer)``: ``edges`` keys (sorted) and the used subset."""
+
+    edges: dict[tuple[int, int], np.ndarray]
+    used: dict[tuple[int, int], np.ndarray]
+
+    @classmethod
+    def of(cls, claims: Iterable[EdgeClaims]) -> ClaimSet:
+        edges, used = {}, {}
+        for c in claims:
+            keys = _keys(c.edges[:, 0], c.edges[:, 1])
+            edges[(c.claimer, c.peer)] = keys
+            used[(c.claimer, c.peer)] = keys[c.uses.astype(bool)]
+        return cls(edges, used)
+
+    def get_edges(self, claimer: int, peer: int) -> np.ndarray:
+        return self.edges.get((claimer, peer), np.zeros(0, np.int64))
+
+    def get_used(self, claimer: int, peer: int) -> np.ndarray:
+        return self.used.get((claimer, peer), np.zeros(0, np.int64))
+
+
+def verify_claim(msg: EdgeClaims, roster: Roster, session: int) -> None:
+    """Check the claimer's signature over its claim (the server relays it re-framed).
+
+    Raises:
+        PayloadError: the claimer is not a client. SignatureError: the signature does not verify.
+    """
+    if not roster.is_client(msg.claimer) or not roster.is_client(msg.peer):
+        raise PayloadError(f"a claim between parties {msg.claimer} and {msg.peer}, not both clients")
+    try:
+        verify_signature(
+            roster.signing_key(msg.claimer),
+            claim_bytes(session, msg.claimer, msg.peer, msg.edges, msg.uses),
+            msg.claim_signature,
+        )
+    except CryptoSignatureError as exc:
+        raise SignatureError(
+            f"party {msg.claimer}'s claim of its edges to {msg.peer} is not signed by it"
+        ) from exc
+
+
+def _swap(keys: np.ndarray) -> np.ndarray:
+    return (keys % _SHIFT) * _SHIFT + keys // _SHIFT
+
+
+def releases(
+    me: int, local: LocalGraph, claims: ClaimSet, recipients: Iterable[int]
+) -> dict[int, np.ndarray]:
+    """Owner ``me``'s releases: recipient -> sorted owned node ids whose rows it may receive,
+    from ``me``'s own graph and the verified ``claims`` of the others (see the module docstring)."""
+    owned = np.asarray(local.owned, dtype=np.int64)
+    mine = local.cross_keys  # (own, foreign) edges of me
+    src, dst = local.attention_pairs()
+    out: dict[int, np.ndarray] = {}
+    for a in recipients:
+        if a == me:
+            continue
+        rows: list[np.ndarray] = []
+        # (a) a's node v uses my u: a's used claim (v, u), and my edge (u, v)
+        used = claims.get_used(a, me)
+        ok = used[np.isin(_swap(used), mine)]
+        rows.append(ok % _SHIFT)
+        # (b) a needs my node v (a's used claim (i, v), my edge (v, i)): v's neighbourhood, mine only
+        needed_mine = np.unique(ok % _SHIFT)
+        at = np.isin(src, needed_mine)
+        rows.append(dst[at][np.isin(dst[at], owned)])
+        # (c) c's node v uses my u (c's used claim (v, u), my edge (u, v)) and a needs v (a's used claim
+        #     (i, v), c's edge (v, i))
+        for c in {k[0] for k in claims.used if k[1] == me and k[0] not in (a, me)}:
+            via = claims.get_used(c, me)
+            via = via[np.isin(_swap(via), mine)]
+            need = claims.get_used(a, c)
+            need = need[np.isin(_swap(need), claims.get_edges(c, a))]
+            v_needed = np.unique(need % _SHIFT)
+            rows.append(via[np.isin(via // _SHIFT, v_needed)] % _SHIFT)
+        got = np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64)
+        if len(got):
+            out[int(a)] = got
+    return out
+
+
+def relay_targets(
+    claims: Iterable[tuple[int, int]], participants: Iterable[int]
+) -> dict[int, list[tuple[int, int]]]:
+    """Which claims the server relays to whom: to owner ``b`` every claim ``(x, y)`` with ``x != b``
+    and ``y == b`` or ``x`` or ``y`` a client ``b`` borders (what :func:`releases` reads)."""
+    pairs = sorted(set(claims))
+    borders: dict[int, set[int]] = {}
+    for x, y in pairs:
+        borders.setdefault(x, set()).add(y)
+    out: dict[int, list[tuple[int, int]]] = {}
+    for b in participants:
+        near = borders.get(b, set())
+        out[b] = [(x, y) for x, y in pairs if x != b and (y == b or x in near or y in near)]
+    return out
+
+
+class OwnerMap:
+    """Owner lookups for arrays of node ids (-1: no owner), from the announced graphs."""
+
+    def __init__(self, graphs: Mapping[int, GraphAnnounce]) -> None:
+        empty = np.zeros(0, np.int64)
+        parts = list(graphs.items())
+        ids = np.concatenate([g.owned for _, g in parts]) if parts else empty
+        who = np.concatenate([np.full(len(g.owned), c, np.int64) for c, g in parts]) if parts else empty
+        sizes = np.concatenate([np.diff(g.indptr) for _, g in parts]) if parts else empty
+        self.indices = np.concatenate([g.indices for _, g in parts]) if parts else empty
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if len(sizes) else empty
+        order = np.argsort(ids, kind="stable")
+        self.ids, self.who, self.sizes, self.starts = ids[order], who[order], sizes[order], starts[order]
+
+    def _at(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        nodes = np.asarray(nodes, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.ids, nodes), max(len(self.ids) - 1, 0))
+        found = (self.ids[pos] == nodes) if len(self.ids) else np.zeros(len(nodes), bool)
+        return pos, found
+
+    def owner(self, nodes: np.ndarray) -> np.ndarray:
+        pos, found = self._at(nodes)
+        return np.where(found, self.who[pos] if len(self.ids) else -1, -1)
+
+    def neighbours(self, nodes: np.ndarray) -> np.ndarray:
+        """The attention neighbourhoods of ``nodes`` (all owned), concatenated."""
+        pos, found = self._at(nodes)
+        if not np.all(found):
+            raise PayloadError("a needed node is owned by no client")
+        sizes = self.sizes[pos]
+        offsets = np.repeat(self.starts[pos] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+        return self.indices[offsets + np.arange(int(sizes.sum()))]
+
+
+def check_claims(graphs: Mapping[int, GraphAnnounce], claims: ClaimSet, owners: OwnerMap) -> None:
+    """The server's check that the claims agree with the announced neighbourhoods: every claimed
+    edge joins the claimer's node to the peer's, the used edges are exactly the announced
+    cross-client attention pairs, and each is confirmed by the peer's claim.
+
+    Raises:
+        PayloadError: naming the client whose announcement or claim is inconsistent.
+    """
+    for c, g in graphs.items():
+        src = np.repeat(g.owned, np.diff(g.indptr))
+        dst = g.indices
+        other = owners.owner(dst)
+        cross = other != c
+        for p in np.unique(other[cross]):
+            p = int(p)
+            sel = cross & (other == p)
+            want = np.unique(_keys(src[sel], dst[sel]))
+            if p < 0 or not np.array_equal(np.sort(claims.get_used(c, p)), want):
+                raise PayloadError(
+                    f"party {c}'s claimed edges to party {p} do not match its announced neighbourhoods"
+                )
+            if not np.all(np.isin(_swap(want), claims.get_edges(p, c))):
+                raise PayloadError(
+                    f"party {c} attends over edges to party {p} that party {p} does not confirm"
+                )
+        for p in {k[1] for k in claims.used if k[0] == c} - {int(p) for p in np.unique(other[cross])}:
+            if len(claims.get_used(c, p)):
+                raise PayloadError(f"party {c} claims to attend over edges to party {p} it does not announce")
+    for (x, y), keys in claims.edges.items():
+        if np.any(owners.owner(keys // _SHIFT) != x) or np.any(owners.owner(keys % _SHIFT) != y):
+            raise PayloadError(f"party {x} claims edges that do not join its nodes to party {y}'s")
+
+
+def expected_releases(
+    needed: Mapping[int, np.ndarray], owners: OwnerMap
+) -> dict[tuple[int, int], np.ndarray]:
+    """``(owner, recipient) -> sorted node ids``: the rows the server needs to compute every
+    recipient's foreign shares (each needed node's neighbourhood minus the recipient's own nodes)."""
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for a, nodes in needed.items():
+        rows = np.unique(owners.neighbours(nodes))
+        who = owners.owner(rows)
+        for b in np.unique(who):
+            if int(b) != a:
+                out[(int(b), a)] = rows[who == b]
+    return out

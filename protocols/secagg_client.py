@@ -1,0 +1,332 @@
+r"""A client's half of one secure-aggregation round (:class:`ClientSecAgg`): pure state, no messages.
+:class:`~fedgat.protocols.fedavg_client.ClientRounds` wraps what it returns into messages.
+
+Stages (Bonawitz et al. 2017, Fig. 4, over the complete graph of the round's cohort):
+
+1. **advertise keys** (:meth:`ClientSecAgg.begin`, :meth:`~ClientSecAgg.advert`) -- after local
+   training on the round's global model: fresh round keys :math:`c_u` (receives shares) and
+   :math:`s_u` (masks), a fresh self-mask seed :math:`b_u`, and the encoded input
+   :math:`x_u = (n_u w_u, n_u, n_u L_u)`; the advert binds the public keys, a commitment to
+   :math:`b_u` and the model's digest to the client's roster identity.
+2. **share keys** (:meth:`~ClientSecAgg.on_cohort`) -- checks every advert of the cohort (roster
+   member, valid signature, distinct keys, the same model digest as its own, at least
+   ``min_cohort`` clients), then Shamir-splits the seeds of :math:`s_u` and :math:`b_u` with
+   threshold :math:`t` and seals one pair of shares to each other member.
+3. **masked input** (:meth:`~ClientSecAgg.on_relay`) -- opens the shares dealt to it (each must
+   open, carry its sender's signature and its own index); their senders and itself are
+   :math:`U_2`, at least :math:`t`; sends :math:`y_u = x_u + \mathrm{PRG}(b_u) + \sum_{v \in U_2}
+   \pm \mathrm{PRG}(s_{uv})`.
+4. **unmask** (:meth:`~ClientSecAgg.on_unmask`) -- once per round: for the survivors :math:`U_3`
+   (at least :math:`t`, itself among them, all in :math:`U_2`) it reveals their :math:`b` shares,
+   for :math:`U_2 \setminus U_3` their mask-key shares; never both for one client. Then the round's
+   secrets are dropped.
+
+Every check runs before anything changes: a refused message leaves the round as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from fedgat.crypto import SignatureError as CryptoSignatureError
+from fedgat.crypto import SigningIdentity, verify
+
+from .errors import AuthError, PayloadError, ReplayError, SignatureError, StateError
+from .messages_secagg import (
+    AdvertItem,
+    RevealedShare,
+    SealedShare,
+    SecAggCohort,
+    SecAggRelay,
+    SecAggUnmaskRequest,
+)
+from .roster import Roster
+from .secagg import (
+    SecAggConfig,
+    advert_bytes,
+    b_commitment,
+    mask_input,
+    mask_key,
+    open_share,
+    private_bytes,
+    public_bytes,
+    random_seed,
+    seal_share,
+    split_secret,
+)
+
+__all__ = ["ClientSecAgg", "check_advert"]
+
+
+def check_advert(roster: Roster, session: int, round_: int, advert: AdvertItem) -> None:
+    """An advert of a roster client with a valid binding signature.
+
+    Raises:
+        AuthError: the party is not a client of the roster.
+        SignatureError: the signature is not the party's over its keys, commitment and digest.
+    """
+    if not roster.is_client(advert.party):
+        raise AuthError(f"party {advert.party} advertised secure-aggregation keys but is not a client")
+    data = advert_bytes(
+        session, round_, advert.party, advert.c_pk, advert.s_pk, advert.b_commit, advert.model_digest
+    )
+    try:
+        verify(roster.signing_key(advert.party), data, advert.signature)
+    except CryptoSignatureError as exc:
+        raise SignatureError(f"the advert of party {advert.party} is not signed by it") from exc
+
+
+@dataclass(eq=False)
+class ClientSecAgg:
+    """One client's secure-aggregation round (see the module docstring)."""
+
+    config: SecAggConfig
+    session: int
+    round: int
+    party: int
+    digest: bytes
+    #: the encoded input x_u, (2, m) uint64 (dropped once masked)
+    vector: np.ndarray | None = field(repr=False)
+    c_secret: bytes = field(repr=False)
+    s_seed: bytes = field(repr=False)
+    b_seed: bytes = field(repr=False)
+    stage: str = "advertised"
+    cohort: dict[int, AdvertItem] = field(default_factory=dict)
+    threshold: int = 0
+    #: this client's own share of its s and b seeds
+    own: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    #: sender -> (share of its s seed, share of its b seed)
+    received: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def begin(
+        cls, config: SecAggConfig, session: int, round_: int, party: int, digest: bytes, vector: np.ndarray
+    ) -> ClientSecAgg:
+        """Stage 1: fresh keys and seeds from the OS CSPRNG (never a seed) for ``vector``."""
+        c_secret = private_bytes(X25519PrivateKey.from_private_bytes(random_seed(32)))
+        return cls(config, session, round_, party, digest, vector, c_secret, random_seed(), random_seed())
+
+    # --- keys ------------------------------------------------------------------------------------
+    def _c_key(self) -> X25519PrivateKey:
+        return X25519PrivateKey.from_private_bytes(self.c_secret)
+
+    def _s_key(self) -> X25519PrivateKey:
+        return mask_key(self.s_seed, self.session, self.round, self.party)
+
+    def advert(self, signer: SigningIdentity) -> dict[str, Any]:
+        """The fields of this round's SecAggAdvert."""
+        c_pk, s_pk = public_bytes(self._c_key()), public_bytes(self._s_key())
+        b_commit = b_commitment(self.b_seed, self.session, self.round, self.party)
+        data = advert_bytes(self.session, self.round, self.party, c_pk, s_pk, b_commit, self.digest)
+        return {
+            "round": self.round,
+            "c_pk": c_pk,
+            "s_pk": s_pk,
+            "b_commit": b_commit,
+            "model_digest": self.digest,
+            "binding_signature": signer.sign(data),
+        }
+
+    def _expect(self, round_: int, stage: str, what: str) -> None:
+        if round_ != self.round:
+            raise ReplayError(f"{what} for round {round_}; this client's secure round is {self.round}")
+        if self.stage != stage:
+            raise StateError(
+                f"{what} arrived in stage {self.stage!r} of round {self.round} (expected {stage!r})"
+            )
+
+    @property
+    def index(self) -> int:
+        """This client's Shamir share index (its position in the sorted cohort + 1)."""
+        return sorted(self.cohort).index(self.party) + 1
+
+    # --- stage 2 -----------------------------------------------------------------------------------
+    def on_cohort(self, msg: SecAggCohort, roster: Roster, signer: SigningIdentity) -> dict[str, Any]:
+        """Check the cohort's adverts and deal this client's shares; the fields of SecAggShares."""
+        self._expect(msg.round, "advertised", "SecAggCohort")
+        adverts = {a.party: a for a in msg.adverts}
+        n = len(adverts)
+        if n < self.config.min_cohort:
+            raise PayloadError(
+                f"round {self.round}: a cohort of {n} clients is below the minimum {self.config.min_cohort}"
+            )
+        mine = adverts.get(self.party)
+        if mine is None or (mine.c_pk, mine.s_pk, mine.b_commit, mine.model_digest) != (
+            public_bytes(self._c_key()),
+            public_bytes(self._s_key()),
+            b_commitment(self.b_seed, self.session, self.round, self.party),
+            self.digest,
+        ):
+            raise PayloadError(f"round {self.round}: the cohort does not carry this client's own advert")
+        keys = [a.c_pk for a in msg.adverts] + [a.s_pk for a in msg.adverts]
+        if len(set(keys)) != len(keys):
+            raise PayloadError(f"round {self.round}: two adverts of the cohort share a key")
+        s_key = self._s_key()
+        for a in msg.adverts:
+            check_advert(roster, self.session, self.round, a)
+            if a.model_digest != self.digest:
+                raise PayloadError(
+                    f"round {self.round}: party {a.party} trains on another global model than this "
+                    "client's (the server sent different models)"
+                )
+            if a.party != self.party:
+                try:
+                    X25519PublicKey.from_public_bytes(a.c_pk)
+                    s_key.exchange(X25519PublicKey.from_public_bytes(a.s_pk))
+                except ValueError as exc:
+                    raise PayloadError(f"party {a.party} advertised an unusable X25519 key ({exc})") from exc
+        t = self.config.threshold(n)
+        order = sorted(adverts)
+        s_shares = split_secret(self.s_seed, t, n)
+        b_shares = split_secret(self.b_seed, t, n)
+        sealed = tuple(
+            SealedShare(
+                v,
+                seal_share(
+                    signer,
+                    adverts[v].c_pk,
+                    self.session,
+                    self.round,
+                    self.party,
+                    v,
+                    i + 1,
+                    s_shares[i],
+                    b_shares[i],
+                ),
+            )
+            for i, v in enumerate(order)
+            if v != self.party
+        )
+        me = order.index(self.party)
+        self.cohort, self.threshold, self.own = adverts, t, (s_shares[me], b_shares[me])
+        self.stage = "shared"
+        return {"round": self.round, "shares": sealed}
+
+    # --- stage 3 -----------------------------------------------------------------------------------
+    def on_relay(self, msg: SecAggRelay, roster: Roster) -> dict[str, Any]:
+        """Open the shares dealt to this client and mask its input; the fields of SecAggMasked."""
+        self._expect(msg.round, "shared", "SecAggRelay")
+        senders = [s.party for s in msg.shares]
+        foreign = [p for p in senders if p not in self.cohort or p == self.party]
+        if foreign:
+            raise PayloadError(
+                f"round {self.round}: shares relayed from parties {foreign} outside the cohort"
+            )
+        if len(senders) + 1 < self.threshold:
+            raise PayloadError(
+                f"round {self.round}: {len(senders) + 1} clients in U2, below the threshold {self.threshold}"
+            )
+        c_key, index = self._c_key(), self.index
+        received = {
+            s.party: open_share(
+                c_key,
+                s.sealed,
+                roster.signing_key(s.party),
+                self.session,
+                self.round,
+                s.party,
+                self.party,
+                index,
+            )
+            for s in msg.shares
+        }
+        assert self.vector is not None
+        peers = {v: self.cohort[v].s_pk for v in senders}
+        y = mask_input(
+            self.vector, self.b_seed, self._s_key(), self.party, peers, self.session, self.round, self.digest
+        )
+        self.received, self.vector, self.stage = received, None, "masked"
+        return {"round": self.round, "masked": y.view(np.int64)}
+
+    # --- stage 4 -----------------------------------------------------------------------------------
+    def on_unmask(self, msg: SecAggUnmaskRequest) -> dict[str, Any]:
+        """Reveal one share per member of U2: b for survivors, the mask key for the dropped; the fields
+        of SecAggUnmaskShares. Answered once per round."""
+        if msg.round == self.round and self.stage == "done":
+            raise StateError(
+                f"round {self.round}: this client already answered an unmask request; it never answers twice"
+            )
+        self._expect(msg.round, "masked", "SecAggUnmaskRequest")
+        u2 = set(self.received) | {self.party}
+        survivors = set(msg.survivors)
+        if not survivors <= u2:
+            raise PayloadError(
+                f"round {self.round}: survivors {sorted(survivors - u2)} did not deal shares to this client"
+            )
+        if self.party not in survivors:
+            raise PayloadError(
+                f"round {self.round}: the server counts this client as dropped, but it sent its input"
+            )
+        if len(survivors) < self.threshold:
+            raise PayloadError(
+                f"round {self.round}: {len(survivors)} survivors, below the threshold {self.threshold}; "
+                "unmasking fewer inputs than that is refused"
+            )
+        assert self.own is not None
+        shares = {**self.received, self.party: self.own}
+        b = tuple(RevealedShare(p, shares[p][1]) for p in sorted(survivors))
+        s = tuple(RevealedShare(p, shares[p][0]) for p in sorted(u2 - survivors))
+        self.stage = "done"
+        self.s_seed = self.b_seed = self.c_secret = b""
+        self.own, self.received = None, {}
+        return {"round": self.round, "b_shares": b, "s_shares": s}
+
+    # --- state ---------------------------------------------------------------------------------------
+    def snapshot(self) -> tuple:
+        return (
+            self.round,
+            self.stage,
+            self.threshold,
+            tuple(sorted(self.cohort)),
+            tuple(sorted(self.received)),
+            None if self.vector is None else self.vector.tobytes(),
+        )
+
+    def to_value(self) -> dict[str, Any]:
+        """Plain values (:mod:`~fedgat.protocols.party_state`): the round's secrets included."""
+        return {
+            "config": self.config.to_value(),
+            "session": self.session,
+            "round": self.round,
+            "party": self.party,
+            "digest": self.digest,
+            "vector": self.vector,
+            "c_secret": self.c_secret,
+            "s_seed": self.s_seed,
+            "b_seed": self.b_seed,
+            "stage": self.stage,
+            "cohort": [
+                [a.party, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.signature]
+                for a in self.cohort.values()
+            ],
+            "threshold": self.threshold,
+            "own": None if self.own is None else list(self.own),
+            "received": [[p, s, b] for p, (s, b) in self.received.items()],
+        }
+
+    @classmethod
+    def from_value(cls, v: Mapping[str, Any]) -> ClientSecAgg:
+        config = SecAggConfig.from_value(v["config"])
+        assert config is not None
+        vector = v["vector"]
+        return cls(
+            config,
+            int(v["session"]),
+            int(v["round"]),
+            int(v["party"]),
+            bytes(v["digest"]),
+            None if vector is None else np.asarray(vector, dtype=np.uint64).reshape(2, -1),
+            bytes(v["c_secret"]),
+            bytes(v["s_seed"]),
+            bytes(v["b_seed"]),
+            str(v["stage"]),
+            {int(a[0]): AdvertItem(int(a[0]), *(bytes(x) for x in a[1:])) for a in v["cohort"]},
+            int(v["threshold"]),
+            None if v["own"] is None else (bytes(v["own"][0]), bytes(v["own"][1])),
+            {int(p): (bytes(s), bytes(b)) for p, s, b in v["received"]},
+        )

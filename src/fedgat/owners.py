@@ -1,0 +1,221 @@
+"""Node owners given by the user: which client (organisation) holds which node.
+
+An owners file gives one client id per node, in node order:
+
+* ``.npy``: a 1-D integer array of length ``N`` (an ``(N, 1)`` column is accepted; float arrays are
+  accepted when every value is a whole number). Opened with ``allow_pickle=False``.
+* ``.csv`` or ``.txt``: one id per line (a single column), optionally under a header line. With more
+  than one column a header is required: the ids are taken from the column named ``client``
+  (or ``client_id``, ``owner``, ``party``), and a column named ``node`` (or ``node_id``) may give
+  each row's node, in any order (it must then list every node ``0..N-1`` exactly once). Lines
+  starting with ``#`` and trailing blank lines are skipped; a blank line inside the data is an error.
+
+:func:`load_owners` reads and checks a file, :func:`check_owners` an array: the length equals the
+number of nodes, the ids are whole numbers in ``0..K-1`` (``K`` given, or ``max + 1``), finite, and
+every client owns at least one node. Every failure raises :class:`OwnersError` (a ``ValueError``)
+naming the file and the problem, before anything else runs. The checked array goes to
+:func:`fedgat.partition.make_partition` as ``owner=`` (with ``num_clients=K``), which then applies the
+minimum-cross rule and the neighbour cap exactly as for the default Dirichlet split.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+CLIENT_COLUMNS = ("client", "client_id", "owner", "party")
+NODE_COLUMNS = ("node", "node_id")
+SUFFIXES = (".csv", ".txt", ".npy")
+
+
+class OwnersError(ValueError):
+    """An owners file or array is unreadable or invalid; the message names the problem."""
+
+
+def load_owners(path: str | Path, num_nodes: int, num_clients: int | None = None) -> np.ndarray:
+    """Read and check an owners file (format in the module docstring).
+
+    Args:
+        path: a ``.csv``, ``.txt`` or ``.npy`` file.
+        num_nodes: the graph's node count ``N``.
+        num_clients: ``K``; default ``max(id) + 1``.
+
+    Returns:
+        ``(N,)`` int64 client ids in ``0..K-1``, every client owning at least one node.
+
+    Raises:
+        OwnersError: a missing or unreadable file, an unsupported suffix, or owners that fail
+            :func:`check_owners`.
+    """
+    path = Path(path).expanduser()
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise OwnersError(
+            f"owners file {path}: unsupported type {suffix or '(no suffix)'!r}; use {', '.join(SUFFIXES)}"
+        )
+    if not path.is_file():
+        raise OwnersError(f"owners file {path} not found" + (" (a directory)" if path.is_dir() else ""))
+    owners = _read_npy(path) if suffix == ".npy" else _read_text(path, num_nodes)
+    return check_owners(owners, num_nodes, num_clients, source=f"owners file {path}")
+
+
+def check_owners(
+    owners: object, num_nodes: int, num_clients: int | None = None, *, source: str = "owners"
+) -> np.ndarray:
+    """Check an owner array: ``(N,)`` whole numbers in ``0..K-1``, each client owning a node.
+
+    Args:
+        owners: anything :func:`numpy.asarray` takes (an ``(N, 1)`` column is flattened).
+        num_nodes: ``N``.
+        num_clients: ``K``; default ``max + 1``.
+        source: how messages name the owners (e.g. the file).
+
+    Returns:
+        the owners as ``(N,)`` int64.
+
+    Raises:
+        OwnersError: naming the first problem found.
+    """
+    a = np.asarray(owners)
+    if a.ndim == 2 and a.shape[1] == 1:
+        a = a[:, 0]
+    if a.ndim != 1:
+        raise OwnersError(f"{source}: shape {a.shape}; give a 1-D array, one client id per node")
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise OwnersError(f"{source}: dtype {a.dtype}; give integer client ids")
+    if len(a) != num_nodes:
+        raise OwnersError(
+            f"{source} gives {len(a)} owners but the graph has {num_nodes} nodes; give one client id per "
+            f"node, in node order"
+        )
+    if num_nodes == 0:
+        raise OwnersError(f"{source}: the graph has no nodes")
+    if np.issubdtype(a.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(a))
+        if len(bad):
+            raise OwnersError(f"{source} holds {a[bad[0]]} (node {bad[0]}); client ids must be finite")
+        bad = np.flatnonzero(a != np.round(a))
+        if len(bad):
+            raise OwnersError(f"{source} holds {a[bad[0]]} (node {bad[0]}); client ids must be whole numbers")
+    if a.min() < 0:
+        node = int(np.flatnonzero(a < 0)[0])
+        raise OwnersError(f"{source} holds client id {a[node]:g} (node {node}); ids must be >= 0")
+    k = int(a.max()) + 1 if num_clients is None else num_clients
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise OwnersError(f"num_clients must be an integer >= 1, got {num_clients!r}")
+    if a.max() >= k:
+        node = int(np.flatnonzero(a >= k)[0])
+        raise OwnersError(
+            f"{source} holds client id {a[node]:g} (node {node}) but there are {k} clients; ids must lie "
+            f"in 0..{k - 1}"
+        )
+    owners64 = a.astype(np.int64)
+    empty = np.flatnonzero(np.bincount(owners64, minlength=k) == 0)
+    if len(empty):
+        shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
+        raise OwnersError(
+            f"{source}: client{'s' if len(empty) > 1 else ''} {shown} own{'' if len(empty) > 1 else 's'} "
+            f"no nodes; every client in 0..{k - 1} must own at least one node"
+        )
+    return owners64
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    try:
+        a = np.load(path, allow_pickle=False)
+    except Exception as exc:  # pickled objects, a truncated or foreign file
+        raise OwnersError(f"owners file {path} is not a readable .npy array ({exc})") from exc
+    if not isinstance(a, np.ndarray):
+        raise OwnersError(f"owners file {path} holds several arrays (an .npz?); save one array with np.save")
+    return a
+
+
+def _read_text(path: Path, num_nodes: int) -> np.ndarray:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OwnersError(f"owners file {path} is unreadable ({exc})") from exc
+    rows = [(i + 1, line) for i, line in enumerate(text.splitlines()) if not line.lstrip().startswith("#")]
+    while rows and not rows[-1][1].strip():
+        rows.pop()
+    if not rows:
+        raise OwnersError(f"owners file {path} is empty; give one client id per node")
+    for lineno, line in rows:
+        if not line.strip():
+            raise OwnersError(f"owners file {path}, line {lineno} is empty; give one client id per line")
+    cells = [(lineno, [c.strip() for c in cols]) for lineno, cols in _split(rows)]
+    width = len(cells[0][1])
+    header = [c.lower() for c in cells[0][1]] if any(_number(c) is None for c in cells[0][1]) else None
+    body = cells[1:] if header else cells
+    for lineno, cols in body:
+        if len(cols) != width:
+            raise OwnersError(f"owners file {path}, line {lineno} has {len(cols)} columns; expected {width}")
+
+    client_col, node_col = 0, None
+    if width > 1:
+        if header is None:
+            raise OwnersError(
+                f"owners file {path} has {width} columns and no header; name the client id column "
+                f"{CLIENT_COLUMNS[0]!r} (and optionally a node column {NODE_COLUMNS[0]!r}) in a header line"
+            )
+        found = [c for c in CLIENT_COLUMNS if c in header]
+        if not found:
+            raise OwnersError(
+                f"owners file {path} has columns {header}; name the client id column one of {list(CLIENT_COLUMNS)}"
+            )
+        client_col = header.index(found[0])
+        nodes = [c for c in NODE_COLUMNS if c in header]
+        node_col = header.index(nodes[0]) if nodes else None
+
+    ids = np.array([_id(path, lineno, cols[client_col], "client id") for lineno, cols in body])
+    if node_col is None:
+        return ids
+    order = np.array([_id(path, lineno, cols[node_col], "node id") for lineno, cols in body])
+    if len(order) != num_nodes:
+        return ids  # check_owners reports the length
+    seen = np.full(num_nodes, -1, dtype=np.int64)
+    for row, value in enumerate(order):
+        node = int(value)
+        if not 0 <= node < num_nodes:
+            raise OwnersError(
+                f"owners file {path}, line {body[row][0]}: node {node} outside 0..{num_nodes - 1}"
+            )
+        if seen[node] >= 0:
+            raise OwnersError(
+                f"owners file {path}: node {node} listed twice (lines {body[seen[node]][0]} and {body[row][0]})"
+            )
+        seen[node] = row
+    return ids[seen]
+
+
+def _split(rows: list[tuple[int, str]]) -> list[tuple[int, list[str]]]:
+    """CSV cells of each line (comma-, semicolon- or tab-separated; a single column has none)."""
+    sample = "\n".join(line for _, line in rows[:50])
+    delimiter = next((d for d in (",", ";", "\t") if d in sample), ",")
+    parsed = csv.reader([line for _, line in rows], delimiter=delimiter)
+    return [(lineno, cols) for (lineno, _), cols in zip(rows, parsed, strict=True)]
+
+
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _id(path: Path, lineno: int, cell: str, what: str) -> float:
+    try:
+        return int(cell)
+    except ValueError:
+        pass
+    value = _number(cell)
+    if value is None:
+        raise OwnersError(f"owners file {path}, line {lineno} holds {cell!r}, not a {what}")
+    if not math.isfinite(value) or value != round(value):
+        raise OwnersError(
+            f"owners file {path}, line {lineno} holds {cell!r}; a {what} must be a finite whole number"
+        )
+    return value

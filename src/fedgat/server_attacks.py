@@ -1,0 +1,778 @@
+r"""Attacks by a hostile server (alone or with colluding clients) on the encrypted pre-training round,
+run against the real protocol: the real state machines of :mod:`fedgat.protocols.pretrain`, in
+process, over the real transport and frames. A hostile server is a subclass of
+:class:`~fedgat.protocols.ServerPretrain` that deviates where the attack says; a colluding client is
+a real :class:`~fedgat.protocols.ClientPretrain` (or a subclass that deviates) whose CKKS secret key
+the attacker holds. Honest parties are the unmodified classes.
+
+Every attack is scored against ground truth, never assumed: ``recovered`` counts the foreign feature
+vectors it targets that the attacker gets at cosine >= :data:`RECOVERY_COSINE` (or, for attacks whose
+payoff comes later through training, that reached an honest client's training input), and
+``detected`` says whether an honest party refused with a typed
+:class:`~fedgat.protocols.errors.ProtocolError` before training on the attack's output.
+
+* :func:`forged_results_attacks` -- one round with a hostile server that, for the first recipient
+  it computes for (the *victim*), replaces some results: ``substituted_result`` (a single released
+  row of another owner sent as a node's encoding, other coefficients, another node's combination)
+  and ``injected_ciphertexts`` (chosen plaintexts encrypted under the victim's public key in place of
+  an owner's rows; a ciphertext made under the attacker's own key re-enveloped as the victim's; and a
+  colluding client's upload of a chosen row as another owner's node, which the server's upload check
+  refuses);
+* :func:`fake_edges_attack` -- a colluding client claims edges to another client's nodes that do
+  not exist: once with the honest server (its claim check), once with a server that skips the check
+  and hands the colluder every ciphertext it receives;
+* :func:`collusion_attack` -- the server gives a colluding client every ciphertext it holds
+  (uploads and results of an honest round); the client decrypts each with its own secret key,
+  ignoring the envelopes' key fingerprints.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import tenseal as ts
+import torch
+
+from fedgat.app import PretrainParties, bases_rng, build_pretrain_parties, cross_edges, owned_neighbourhoods
+from fedgat.crypto import KeyHolderContext, SlotLayout, deserialize, encrypt_rows, serialize
+from fedgat.crypto.encoders import local_encoder
+from fedgat.crypto.encodings import ShareBucket
+from fedgat.crypto.tasks import NodeResult, encode_node
+from fedgat.graph import Graph
+from fedgat.partition import Partition
+from fedgat.protocols import (
+    ClientPretrain,
+    Delivery,
+    Driver,
+    EncodingBases,
+    EncodingResults,
+    EncodingsDone,
+    FeatureUpload,
+    InProcessTransport,
+    Message,
+    PayloadError,
+    ProtocolError,
+    ResultRejectedError,
+    ServerPretrain,
+    Transcript,
+    UploadItem,
+    decode_message,
+    run_parties,
+)
+from fedgat.protocols import pretrain_server as _pretrain_server
+from fedgat.protocols.driver import Observer
+from fedgat.protocols.messages import peek_type
+from fedgat.protocols.pretrain_plan import needed_from_neighbourhoods
+
+__all__ = [
+    "RECOVERY_COSINE",
+    "AttackOutcome",
+    "AttackSetting",
+    "collusion_attack",
+    "fake_edges_attack",
+    "first_recipient",
+    "foreign_rows",
+    "forged_results_attacks",
+    "honest_round",
+    "shared_secret_key",
+]
+
+#: a vector counts as recovered at this cosine with the ground truth
+RECOVERY_COSINE = 0.99
+
+#: substitutions a hostile server tries on the victim's results (kind -> attack it belongs to)
+FORGERIES = {
+    "single_row": "substituted_result",
+    "other_coefficients": "substituted_result",
+    "other_node": "substituted_result",
+    "chosen_plaintext": "injected_ciphertexts",
+    "foreign_key": "injected_ciphertexts",
+}
+
+# the documented ciphertext envelope (fedgat.crypto.serialize): magic, version, level, key fingerprint,
+# payload length; an attacker reads the payload and ignores the rest
+_ENVELOPE = struct.Struct(">4sBB32sI")
+
+
+@dataclass
+class AttackOutcome:
+    """One attack's measured result: ``recovered`` of ``targets`` foreign vectors, ``detected`` by an
+    honest party (a typed error before any training on the attack's output), ``ran`` False when the
+    setting gave the attack nothing to target; ``detail`` says how."""
+
+    name: str
+    targets: int
+    recovered: int
+    detected: bool
+    ran: bool = True
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def recovered_fraction(self) -> float:
+        return self.recovered / self.targets if self.targets else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "recovered_fraction": self.recovered_fraction,
+            "detected": self.detected,
+            "ran": self.ran,
+            "targets": self.targets,
+            "recovered": self.recovered,
+            **self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class AttackSetting:
+    """The federation the attacks run on: a graph, its 2-layer partition, the variant, the seed of
+    the server's bases, the CKKS preset and the server's worker processes (0: in process)."""
+
+    graph: Graph
+    partition: Partition
+    variant: str = "vector"
+    seed: int = 0
+    preset: str = "n4096"
+    workers: int | None = 0
+
+    @property
+    def truth(self) -> np.ndarray:
+        """Ground truth: every node's feature row (what the attacker wants)."""
+        return self.graph.x.double().numpy()
+
+
+# ------------------------------------------------------------------------------------ helpers
+def shared_secret_key(parties: PretrainParties) -> bool:
+    """Whether any two clients hold the same CKKS key (fingerprints of their key holders) or the
+    server holds a secret key: read from the parties of a round, never assumed."""
+    fps = [c.holder.fingerprint() for c in parties.clients.values() if c.holder is not None]
+    return len(set(fps)) != len(fps) or parties.server.has_secret_key
+
+
+def cosines(rows: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """``(k, t)`` cosines between decrypted ``rows`` (non-finite values count as 0) and ``truth``."""
+    rows = np.nan_to_num(np.asarray(rows, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    with np.errstate(all="ignore"):
+        a = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-300)
+        b = truth / np.maximum(np.linalg.norm(truth, axis=1, keepdims=True), 1e-300)
+        out = np.nan_to_num(a @ b.T, nan=0.0, posinf=0.0, neginf=0.0)
+    return out
+
+
+def raw_decrypt(holder: KeyHolderContext, blob: bytes) -> np.ndarray | None:
+    """What a key holder gets from any ciphertext envelope, its key fingerprint ignored: the payload
+    loaded against the holder's context and decrypted with its secret key (None: it does not load).
+    A ciphertext under another key with the same parameters loads and decrypts to garbage."""
+    try:
+        length = _ENVELOPE.unpack_from(blob, 0)[4]
+        payload = bytes(blob[_ENVELOPE.size : _ENVELOPE.size + length])
+        return holder.decrypt_vector(ts.ckks_vector_from(holder.tenseal, payload))
+    except Exception:  # noqa: BLE001 - whatever does not load yields nothing to the attacker
+        return None
+
+
+def _reenvelope(ctx: Any, blob: bytes) -> bytes:
+    """A ciphertext's payload under another context's envelope (that context's key fingerprint)."""
+    length = _ENVELOPE.unpack_from(blob, 0)[4]
+    payload = bytes(blob[_ENVELOPE.size : _ENVELOPE.size + length])
+    return serialize(ctx, ts.ckks_vector_from(ctx.tenseal, payload))
+
+
+def _build(
+    setting: AttackSetting,
+    *,
+    server: Callable[[PretrainParties], ServerPretrain] | None = None,
+    clients: Mapping[int, Callable[[PretrainParties], ClientPretrain]] | None = None,
+    result_batch_bytes: int = 16 << 20,
+) -> PretrainParties:
+    """The parties of one round (:func:`fedgat.app.build_pretrain_parties`), with the server and
+    some clients replaced by the given factories (each called with the honest parties)."""
+    parties = build_pretrain_parties(
+        setting.graph,
+        setting.partition,
+        variant=setting.variant,
+        preset=setting.preset,
+        seed=setting.seed,
+        workers=setting.workers,
+        result_batch_bytes=result_batch_bytes,
+    )
+    new_server = parties.server
+    if server is not None:
+        parties.server.close()
+        new_server = server(parties)
+    new_clients = dict(parties.clients)
+    for c, make in (clients or {}).items():
+        new_clients[c] = make(parties)
+    return PretrainParties(parties.deployment, parties.config, new_server, new_clients)
+
+
+def _server_args(parties: PretrainParties, setting: AttackSetting, result_batch_bytes: int) -> dict[str, Any]:
+    roster = parties.deployment.roster
+    return {
+        "party_id": roster.server,
+        "roster": roster,
+        "config": parties.config,
+        "identity": parties.deployment.identities[roster.server],
+        "bases_rng": bases_rng(setting.seed),
+        "encoder": local_encoder(setting.workers),
+        "result_batch_bytes": result_batch_bytes,
+    }
+
+
+def _drive(
+    parties: PretrainParties,
+    until: Callable[[InProcessTransport], bool] | None = None,
+    observer: Observer | None = None,
+) -> Driver:
+    """Run the round (rejections recorded, not raised: ``driver.rejected``) until idle or ``until``."""
+    transport = InProcessTransport()
+    driver = Driver(transport, parties.all(), observer, strict=False)
+    try:
+        driver.start()
+        driver.run(until=None if until is None else (lambda: until(transport)))
+    finally:
+        parties.server.close()
+    return driver
+
+
+def _rejections(driver: Driver, party: int) -> list[ProtocolError]:
+    return [exc for pid, exc in driver.rejected if pid == party]
+
+
+def first_recipient(partition: Partition) -> int | None:
+    """The lowest client id that needs a foreign row (the first recipient the server computes for)."""
+    owner, nbh = partition.owner, partition.neighbourhoods
+    for c, cp in enumerate(partition.clients):
+        if any(np.any(owner[nbh.row(int(i))] != c) for i in cp.needed):
+            return c
+    return None
+
+
+def foreign_rows(partition: Partition, client: int) -> np.ndarray:
+    """The rows an honest ``client`` is released: its needed nodes' neighbours that others own."""
+    nbh = partition.neighbourhoods
+    rows = np.unique(np.concatenate([nbh.row(int(i)) for i in partition.clients[client].needed]))
+    return rows[partition.owner[rows] != client]
+
+
+# ------------------------------------------------------------------------- forged results
+@dataclass
+class Forgery:
+    """One result the hostile server replaces: the victim's encoding of ``node``, made as ``kind``."""
+
+    kind: str
+    node: int
+    owners: tuple[int, ...]
+    target: int | None = None  # the other owner's row a single-row substitution sends
+
+
+class ForgingServer(ServerPretrain):
+    """A hostile server: honest until it computes, then, for the first recipient it computes for
+    (the victim), replaces ``per_kind`` results of each kind in ``kinds`` (:data:`FORGERIES`) with
+    forged ones, valid ciphertexts of the right size and level under the victim's key. It sends the
+    victim EncodingsDone right after the victim's results, so the victim completes if it accepted
+    them all."""
+
+    def __init__(
+        self, *args: Any, kinds: Iterable[str] = tuple(FORGERIES), per_kind: int = 2, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self.kinds, self.per_kind = list(kinds), per_kind
+        self.victim: int | None = None
+        self.forgeries: dict[int, Forgery] = {}
+        self.victim_finished = False
+        self._victim_left = 0
+        self._rng = np.random.default_rng(0)
+
+    def _begin_compute(self) -> list[Message]:
+        out = super()._begin_compute()
+        assert self.plan is not None and self.plan.shares is not None
+        recipients = [c for c, s in sorted(self.plan.shares.items()) if s]
+        if recipients:
+            self.victim = recipients[0]
+            shares = self.plan.shares[self.victim]
+            self._victim_left = sum(len(b) for b in shares)
+            self._choose(shares)
+        return out
+
+    def _choose(self, shares: list[ShareBucket]) -> None:
+        """Nodes to forge: each with at least two foreign sources (another node in its bucket for
+        ``other_node``), kinds taken in turn."""
+        wanted = [k for k in self.kinds for _ in range(self.per_kind)]
+        for b in shares:
+            for s in range(len(b)):
+                if not wanted:
+                    return
+                sources = b.neighbours[s]
+                if len(sources) < 2:
+                    continue
+                kind = wanted[0]
+                if kind == "other_node" and len(b) < 2:
+                    continue
+                node = int(b.nodes[s])
+                owners = tuple(sorted({self._owner[int(u)] for u in sources}))
+                target = int(sources[-1]) if kind == "single_row" else None
+                self.forgeries[node] = Forgery(kind, node, owners, target)
+                wanted.pop(0)
+
+    def _compute_results(self) -> Iterator[tuple[int, NodeResult]]:
+        assert self.plan is not None
+        for k, (g, result) in enumerate(super()._compute_results()):
+            recipient = self.plan.recipients[k][0]
+            if recipient == self.victim:
+                self._victim_left -= 1
+                forgery = self.forgeries.get(result.node)
+                if forgery is not None:
+                    result = self._forge(recipient, self.buckets[g], forgery)
+            yield g, result
+
+    def _forge(self, recipient: int, bucket: ShareBucket, forgery: Forgery) -> NodeResult:
+        assert self.layout is not None
+        ctx, layout, spool = self.contexts[recipient], self.layout, self._spool(recipient)
+        slot = int(np.flatnonzero(bucket.nodes == forgery.node)[0])
+        sources_ids = bucket.neighbours[slot]
+        coef = bucket.coefficients(slot)
+        sources = [spool.get(int(j)) for j in sources_ids]
+        node, kind = forgery.node, forgery.kind
+        if kind == "single_row":  # another owner's released row, as every row of the encoding
+            chosen = np.zeros_like(coef)
+            chosen[:, -1] = 1.0
+            return encode_node(ctx, layout, sources, node, chosen)
+        if kind == "other_coefficients":  # the same rows, two sources' coefficients swapped
+            return encode_node(ctx, layout, sources, node, coef[:, [1, 0, *range(2, coef.shape[1])]])
+        if kind == "other_node":  # the honest combination of another node of the bucket
+            other = (slot + 1) % len(bucket)
+            others = [spool.get(int(j)) for j in bucket.neighbours[other]]
+            return encode_node(ctx, layout, others, node, bucket.coefficients(other))
+        chosen_rows = self._chosen_rows(len(sources_ids), layout)
+        if kind == "chosen_plaintext":  # chosen rows encrypted under the victim's public key
+            fresh = [
+                [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], layout)]
+                for row in chosen_rows
+            ]
+            return encode_node(ctx, layout, fresh, node, coef)
+        if kind == "foreign_key":  # computed under the attacker's own key, re-enveloped as the victim's
+            own = KeyHolderContext.generate(self.config.preset)
+            fresh = [
+                [deserialize(own, blob, level="fresh") for blob in encrypt_rows(own, row[None], layout)]
+                for row in chosen_rows
+            ]
+            made = encode_node(own, layout, fresh, node, coef)
+            return NodeResult(node, [_reenvelope(ctx, blob) for blob in made.row_blobs])
+        raise ValueError(f"unknown forgery {kind!r}")
+
+    def _chosen_rows(self, n: int, layout: SlotLayout) -> np.ndarray:
+        """Unit-norm chosen feature rows with guessed (zero) tag columns: the server knows no tag key."""
+        rows = np.zeros((n, layout.d))
+        assert self._dim is not None
+        dim = self._dim
+        x = self._rng.standard_normal((n, dim))
+        rows[:, :dim] = x / np.linalg.norm(x, axis=1, keepdims=True)
+        return rows
+
+    def step(self) -> list[Message]:
+        out = super().step()
+        if self.victim is not None and self._victim_left == 0 and not self.victim_finished:
+            assert self.plan is not None
+            plan, v = self.plan, self.victim
+            out.append(self._new(EncodingsDone, v, buckets=len(plan.views[v]), nodes=plan.results_for(v)))
+            self.victim_finished = True
+        return out
+
+
+class InjectingClient(ClientPretrain):
+    """A colluding client that, with its first upload batch, also uploads a chosen row (encrypted
+    under the recipient's key, zero tag columns) as another owner's node ``node`` for ``recipient``."""
+
+    def __init__(self, *args: Any, inject: tuple[int, int], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.inject = inject
+        self.injected_seq: int | None = None
+
+    def step(self) -> list[Message]:
+        out: list[Message] = []
+        if self.injected_seq is None and self.layout is not None:
+            recipient, node = self.inject
+            row = np.zeros((1, self.layout.d))
+            row[0, : self.dim] = 1.0 / np.sqrt(self.dim)
+            blobs = list(encrypt_rows(self._peer_contexts[recipient], row, self.layout))
+            items = tuple(UploadItem(node, k, blob) for k, blob in enumerate(blobs))
+            msg = self._new(FeatureUpload, self.roster.server, target=recipient, items=items)
+            self.injected_seq = msg.seq
+            out.append(msg)
+        return out + super().step()
+
+
+def _client_args(parties: PretrainParties, c: int) -> dict[str, Any]:
+    return {
+        "party_id": c,
+        "roster": parties.deployment.roster,
+        "config": parties.config,
+        "identity": parties.deployment.identities[c],
+    }
+
+
+def _client_graph(setting: AttackSetting, c: int) -> dict[str, Any]:
+    cp = setting.partition.clients[c]
+    indptr, indices = owned_neighbourhoods(setting.partition, cp.owned)
+    cross, cross_owner = cross_edges(setting.graph, setting.partition, c)
+    return {
+        "owned": cp.owned,
+        "features": setting.graph.x.numpy()[cp.owned],
+        "indptr": indptr,
+        "indices": indices,
+        "cross": cross,
+        "cross_owner": cross_owner,
+        "needed": cp.needed,
+        "dtype": torch.float64,
+    }
+
+
+def forged_results_attacks(setting: AttackSetting, per_kind: int = 2) -> dict[str, AttackOutcome]:
+    """``substituted_result`` and ``injected_ciphertexts`` in one round (see the module docstring).
+
+    The victim is the first recipient the server computes for; the colluding client (for the
+    client-side injection) another client, which uploads a chosen row as the node of a third owner
+    that the victim needs. Each forged result travels in its own message, so that every rejection
+    names its node. ``recovered``: forged results the victim accepted into the encodings it trains
+    on (what the server could then read back through training); ``detected``: every forged result
+    was refused with :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and the
+    owners whose rows it should have combined, and the client's injected upload with a typed error.
+    """
+    part = setting.partition
+    victim = first_recipient(part)
+    if victim is None:
+        note = "no client needs a foreign row: nothing to substitute"
+        return {
+            name: AttackOutcome(name, 0, 0, False, ran=False, detail={"note": note})
+            for name in ("substituted_result", "injected_ciphertexts")
+        }
+    rows = foreign_rows(part, victim)
+    third = [
+        (int(u), int(part.owner[u])) for u in rows if part.num_clients > 2 and int(part.owner[u]) != victim
+    ]
+    colluder = (
+        next((c for c in range(part.num_clients) if c not in (victim, third[0][1])), None) if third else None
+    )
+    inject = None if colluder is None else (victim, next(u for u, o in third if o != colluder))
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        return ForgingServer(**_server_args(parties, setting, 1), per_kind=per_kind)
+
+    clients = {}
+    if colluder is not None and inject is not None:
+        pair = inject
+
+        def injecting(parties: PretrainParties) -> ClientPretrain:
+            return InjectingClient(
+                **_client_args(parties, colluder), **_client_graph(setting, colluder), inject=pair
+            )
+
+        clients[colluder] = injecting
+    parties = _build(setting, server=server, clients=clients, result_batch_bytes=1)
+    hostile = parties.server
+    assert isinstance(hostile, ForgingServer)
+    driver = _drive(parties, until=lambda t: hostile.victim_finished and not t.pending())
+    v = hostile.victim
+    refused: dict[int, ResultRejectedError] = {}
+    if v is not None:
+        refused = {exc.node: exc for exc in _rejections(driver, v) if isinstance(exc, ResultRejectedError)}
+    done = v is not None and parties.clients[v].done
+    out = {}
+    for name in ("substituted_result", "injected_ciphertexts"):
+        forged = [f for f in hostile.forgeries.values() if FORGERIES[f.kind] == name]
+        rejected = [f for f in forged if f.node in refused and refused[f.node].owners == f.owners]
+        accepted = [f for f in forged if f.node not in refused and done]
+        detail: dict[str, Any] = {
+            "victim": v,
+            "forged": [
+                {"kind": f.kind, "node": f.node, "owners": list(f.owners), "refused": f in rejected}
+                for f in forged
+            ],
+            "victim_completed": done,
+            "note": (
+                "recovered counts forged results the victim accepted into the encodings it trains on; "
+                "detected: each was refused with ResultRejectedError naming the node and the owners"
+            ),
+        }
+        detected = bool(forged) and len(rejected) == len(forged)
+        targets, recovered = len(forged), len(accepted)
+        if name == "injected_ciphertexts" and inject is not None and colluder is not None:
+            server_refused = [
+                exc
+                for exc in _rejections(driver, hostile.party_id)
+                if isinstance(exc, PayloadError) and f"party {colluder}" in str(exc)
+            ]
+            detail["client_upload"] = {
+                "colluder": colluder,
+                "recipient": inject[0],
+                "node": inject[1],
+                "owner": int(part.owner[inject[1]]),
+                "refused_by_server": bool(server_refused),
+                "error": str(server_refused[0]) if server_refused else None,
+            }
+            targets += 1
+            recovered += 0 if server_refused else 1
+            detected = detected and bool(server_refused)
+        out[name] = AttackOutcome(name, targets, recovered, detected, ran=bool(forged), detail=detail)
+    return out
+
+
+# ------------------------------------------------------------------------------ fake edges
+class ClaimBlindServer(ServerPretrain):
+    """A colluding server that skips its check of the edge claims (it relays every claim and plans
+    with every announced neighbourhood) and keeps every upload, whatever an owner reports."""
+
+    def _maybe_ready(self) -> list[Message]:
+        with mock.patch.object(_pretrain_server, "check_claims", lambda *a, **k: None):
+            return super()._maybe_ready()
+
+
+def _fake_edge_client(setting: AttackSetting, c: int, fakes: np.ndarray) -> dict[str, Any]:
+    """Client ``c``'s graph with fake edges: each fake target attached to one of its nodes, in that
+    node's attention neighbourhood, as a cross edge claimed (signed) as used."""
+    args = _client_graph(setting, c)
+    owned, indptr, indices = args["owned"], args["indptr"], args["indices"]
+    rows = [list(indices[indptr[k] : indptr[k + 1]]) for k in range(len(owned))]
+    extra = []
+    for n, u in enumerate(fakes.tolist()):
+        k = n % len(owned)
+        rows[k].append(u)
+        extra.append((int(owned[k]), u))
+    sizes = [len(r) for r in rows]
+    args["indptr"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    args["indices"] = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows])
+    args["cross"] = np.concatenate([args["cross"].reshape(-1, 2), np.asarray(extra, dtype=np.int64)])
+    args["cross_owner"] = np.concatenate([args["cross_owner"], setting.partition.owner[fakes]]).astype(
+        np.int64
+    )
+    args["needed"] = needed_from_neighbourhoods(owned, args["indices"])
+    return args
+
+
+def _upload_groups(messages: Iterable[FeatureUpload]) -> Iterator[tuple[int, int, int, list[bytes]]]:
+    """``(sender, recipient, node, chunk blobs)`` of every row in ``messages`` (a client sends all
+    chunks of a row in one message)."""
+    for msg in messages:
+        rows: dict[int, dict[int, bytes]] = {}
+        for item in msg.items:
+            rows.setdefault(item.node, {})[item.chunk] = item.ciphertext
+        for node, chunks in rows.items():
+            yield msg.sender, msg.target, node, [chunks[k] for k in sorted(chunks)]
+
+
+def _server_uploads(transcript: Transcript, server: int) -> Iterator[FeatureUpload]:
+    """Every upload the server received, in one pass over the transcript."""
+    for e in transcript.entries:
+        if e.recipient == server and e.type_name == "FeatureUpload" and e.data is not None:
+            msg = decode_message(e.data)
+            assert isinstance(msg, FeatureUpload)
+            yield msg
+
+
+def _upload_collector(server: int, recipient: int, kept: list[FeatureUpload]) -> Observer:
+    """A driver observer that keeps every upload the server receives for ``recipient``."""
+
+    def observe(event: str, pid: int, delivery: Delivery | None, out: list) -> None:
+        if delivery is None or delivery.recipient != server or peek_type(delivery.data) != FeatureUpload.TYPE:
+            return
+        msg = decode_message(delivery.data)
+        if isinstance(msg, FeatureUpload) and msg.target == recipient:
+            kept.append(msg)
+
+    return observe
+
+
+def fake_edges_attack(setting: AttackSetting, colluder: int | None = None, fakes: int = 8) -> AttackOutcome:
+    """A colluding client claims (signed, as attention edges) edges to ``fakes`` nodes of other
+    clients that it has no edge to and would not be released honestly.
+
+    Run twice: with the honest server, whose claim check must refuse (the claim is not confirmed by
+    the owner; the round aborts with a typed error naming the colluder: ``detected``); and with a
+    server that skips the check and gives the colluder every ciphertext it received for it, which
+    the colluder decrypts with its key: ``recovered`` counts fake targets whose row it gets at
+    cosine >= 0.99 in either run (the owners decide their releases from confirmed edges only)."""
+    part, truth = setting.partition, setting.truth
+    colluder = first_recipient(part) if colluder is None else colluder
+    if colluder is None or part.num_clients < 2:
+        return AttackOutcome(
+            "fake_edges", 0, 0, False, ran=False, detail={"note": "no client to collude with"}
+        )
+    honest_rows = set(foreign_rows(part, colluder).tolist()) | set(part.clients[colluder].needed.tolist())
+    candidates = [u for u in np.flatnonzero(part.owner != colluder).tolist() if u not in honest_rows]
+    rng = np.random.default_rng(setting.seed)
+    targets = np.sort(rng.choice(candidates, size=min(fakes, len(candidates)), replace=False)).astype(
+        np.int64
+    )
+    if not len(targets):
+        return AttackOutcome(
+            "fake_edges", 0, 0, False, ran=False, detail={"note": "no node to fake an edge to"}
+        )
+
+    def client(parties: PretrainParties) -> ClientPretrain:
+        return ClientPretrain(
+            **_client_args(parties, colluder), **_fake_edge_client(setting, colluder, targets)
+        )
+
+    def blind(parties: PretrainParties) -> ServerPretrain:
+        return ClaimBlindServer(**_server_args(parties, setting, 16 << 20))
+
+    runs: dict[str, dict[str, Any]] = {}
+    best = np.zeros(len(targets))
+    for mode, factory in (("honest_server", None), ("claim_blind_server", blind)):
+        parties = _build(setting, server=factory, clients={colluder: client})
+        server = parties.server
+        kept: list[FeatureUpload] = []  # what the server received for the colluder
+        keep = _upload_collector(server.party_id, colluder, kept)
+        driver = _drive(parties, observer=keep)
+        holder = parties.clients[colluder].holder
+        layout = parties.clients[colluder].layout
+        released = beyond = total = readable = 0
+        if holder is not None and layout is not None:
+            for _sender, _to, node, blobs in _upload_groups(kept):
+                total += 1
+                beyond += node not in honest_rows
+                vectors = [raw_decrypt(holder, b) for b in blobs]
+                if any(vec is None for vec in vectors):
+                    continue
+                row = layout.unpack([v for v in vectors if v is not None], 1)[:, : truth.shape[1]]
+                cos = float(cosines(row, truth[[node]])[0, 0])
+                readable += cos >= RECOVERY_COSINE
+                if node in set(targets.tolist()):
+                    released += 1
+                    k = int(np.searchsorted(targets, node))
+                    best[k] = max(best[k], cos)
+        reason = server.abort_reason or ""
+        runs[mode] = {
+            "server_refused": server.aborted and f"party {colluder} " in reason and "confirm" in reason,
+            "server_error": server.abort_reason,
+            "rows_released_to_colluder": total,
+            "rows_released_to_colluder_recovered": int(readable),
+            "rows_released_for_fake_targets": released,
+            "rows_released_beyond_honest_view": int(beyond),
+            "rejections": len(driver.rejected),
+        }
+    recovered = int(np.sum(best >= RECOVERY_COSINE))
+    return AttackOutcome(
+        "fake_edges",
+        len(targets),
+        recovered,
+        bool(runs["honest_server"]["server_refused"]),
+        detail={
+            "colluder": colluder,
+            "fake_targets": targets.tolist(),
+            "runs": runs,
+            "note": (
+                "detected: the honest server's claim check refused the unconfirmed edges (typed error, round "
+                "aborted); recovered: fake targets whose row the colluder decrypts from anything released to it, "
+                "with the honest server or one that skips the check"
+            ),
+        },
+    )
+
+
+# --------------------------------------------------------------------- server + one client
+def honest_round(setting: AttackSetting, transcript: Transcript | None = None) -> PretrainParties:
+    """An honest round of the real parties over an in-process transport (recorded in ``transcript``);
+    returns the finished parties (their keys: what a colluder holds).
+
+    Raises:
+        ProtocolError: a party rejected a frame. RuntimeError: the round did not complete.
+    """
+    parties = _build(setting)
+    transport = InProcessTransport(transcript)
+    try:
+        run_parties(transport, parties.all())
+    finally:
+        parties.server.close()
+    failed = [p for p in parties.all().values() if not p.done]
+    if failed:
+        raise RuntimeError(f"the honest round did not complete: parties {[p.party_id for p in failed]}")
+    return parties
+
+
+def collusion_attack(
+    transcript: Transcript, parties: PretrainParties, truth: np.ndarray, colluder: int
+) -> AttackOutcome:
+    """``server_plus_one_client`` on an honest round's ``transcript``: the colluder decrypts every
+    ciphertext the server received (uploads) or sent (results) with its own secret key, ignoring the
+    envelopes' key fingerprints, and compares what it gets with the ground truth (an upload with its
+    node's row; a result's rows with the rows of the node and its neighbourhood, read from the bases
+    the server sent).
+
+    ``targets``: foreign nodes (not the colluder's) whose rows the server holds in a ciphertext made
+    for another client and that were not released to the colluder; ``recovered``: those the colluder
+    gets at cosine >= 0.99. The rows released to the colluder (its honest view) are counted apart."""
+    client = parties.clients[colluder]
+    holder, layout = client.holder, client.layout
+    server = parties.server.party_id
+    if holder is None or layout is None:
+        raise ValueError("the round did not run: the colluder has no key")
+    dim = truth.shape[1]
+    mine = set(client.owned.tolist())
+    released: dict[int, float] = {}  # rows made for the colluder: best cosine
+    others: dict[int, float] = {}  # rows of others made for other clients: best cosine
+    uploads = 0
+    for _sender, recipient, node, blobs in _upload_groups(_server_uploads(transcript, server)):
+        uploads += 1
+        vectors = [raw_decrypt(holder, b) for b in blobs]
+        if any(v is None for v in vectors):
+            continue
+        row = layout.unpack([v for v in vectors if v is not None], 1)[:, :dim]
+        cos = float(cosines(row, truth[[node]])[0, 0])
+        book = released if recipient == colluder else others
+        book[node] = max(book.get(node, -1.0), cos)
+    neighbours: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+    results = 0
+    for e in transcript.entries:
+        if e.sender != server or e.type_name not in ("EncodingBases", "EncodingResults") or e.data is None:
+            continue
+        msg = decode_message(e.data)
+        if isinstance(msg, EncodingBases):
+            neighbours[(msg.recipient, msg.bucket)] = dict(
+                zip(msg.nodes.tolist(), msg.neighbours, strict=True)
+            )
+            continue
+        assert isinstance(msg, EncodingResults)
+        for item in msg.items:
+            results += 1
+            vectors = [raw_decrypt(holder, b) for b in item.row_blobs]
+            if any(v is None for v in vectors):
+                continue
+            groups = len(item.row_blobs) // layout.chunks
+            rows = layout.unpack_blocks([v for v in vectors if v is not None], groups * layout.blocks)[
+                :, :dim
+            ]
+            ids = np.asarray(neighbours[(msg.recipient, msg.bucket)][item.node], dtype=np.int64)
+            best = cosines(rows, truth[ids]).max(axis=0)
+            book = released if msg.recipient == colluder else others
+            for u, cos in zip(ids.tolist(), best.tolist(), strict=True):
+                if u not in mine:
+                    book[u] = max(book.get(u, -1.0), cos)
+    target_nodes = sorted(u for u in others if u not in released and u not in mine)
+    recovered = sum(others[u] >= RECOVERY_COSINE for u in target_nodes)
+    honest = sorted(u for u in released if u not in mine)
+    return AttackOutcome(
+        "server_plus_one_client",
+        len(target_nodes),
+        int(recovered),
+        False,
+        detail={
+            "colluder": colluder,
+            "uploads_decrypted": uploads,
+            "results_decrypted": results,
+            "released_to_colluder": len(honest),
+            "released_to_colluder_recovered": int(sum(released[u] >= RECOVERY_COSINE for u in honest)),
+            "best_cosine_not_released": max((others[u] for u in target_nodes), default=None),
+            "note": (
+                "the colluder decrypts every ciphertext the server held with its own key (fingerprints "
+                "ignored); targets: foreign rows held only in ciphertexts made for other clients. Rows "
+                "released to the colluder are its honest view (released_to_colluder*). Nothing to detect: "
+                "the colluding pair learns without deviating from the protocol in any message"
+            ),
+        },
+    )

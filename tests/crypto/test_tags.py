@@ -1,0 +1,303 @@
+"""Tag columns (:mod:`fedgat.crypto.tags`): an honest combination of tagged rows passes
+:func:`check_share` at CKKS-level noise; any other combination, a substituted row, a scaled or
+recombined result, a non-finite or out-of-range one is refused, naming the node and the owners."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedgat.crypto import tags
+from fedgat.crypto.tags import (
+    TAG_COLUMNS,
+    TAG_TOLERANCE,
+    CheckKeys,
+    ResultCheckError,
+    check_share,
+    prf_tags,
+    tag_columns,
+)
+
+SESSION = 42
+D = 16
+NOISE = 1e-6  # CKKS noise of a result at n4096 is ~1e-7..1e-6
+
+
+def _unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:
+    x = rng.standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+class Share:
+    """One node's foreign share for recipient ``a``: sources owned by two owners, each releasing its
+    rows with tag columns under the pair key ``a`` gave it; ``spare`` rows are released too (what a
+    server could substitute)."""
+
+    def __init__(self, seed: int, n_f: int = 5, rows: int = 4, spare: int = 3) -> None:
+        rng = np.random.default_rng(seed)
+        check_seed = rng.bytes(32)
+        self.keys = {7: CheckKeys(rng.bytes(32), check_seed), 9: CheckKeys(rng.bytes(32), check_seed)}
+        ids = rng.choice(10_000, size=n_f + spare, replace=False)
+        self.ids, self.spare_ids = ids[:n_f], ids[n_f:]
+        self.owners = np.where(np.arange(n_f) % 2 == 0, 7, 9)
+        self.spare_owners = np.full(spare, 7)
+        self.h, self.spare_h = _unit(rng, n_f), _unit(rng, spare)
+        self.tagged = self.release(self.ids, self.owners, self.h)
+        self.spare_tagged = self.release(self.spare_ids, self.spare_owners, self.spare_h)
+        # row 0: the node itself (a foreign source), then rows like the bases' coefficients
+        self.c = np.vstack([np.eye(1, n_f), rng.uniform(-2.0, 2.0, (rows - 1, n_f))])
+        self.vectors = check_seed_vectors(check_seed)
+        self.noise = rng.standard_normal((rows, D + TAG_COLUMNS)) * NOISE
+
+    def release(self, ids: np.ndarray, owners: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """What the owners encrypt: features then tag columns, each owner under its own pair key."""
+        out = np.zeros((len(ids), D + TAG_COLUMNS))
+        out[:, :D] = h
+        for o, k in self.keys.items():
+            at = owners == o
+            out[at, D:] = tag_columns(k, SESSION, ids[at], h[at])
+        return out
+
+    def prf(self) -> np.ndarray:
+        out = np.zeros((len(self.ids), TAG_COLUMNS))
+        for o, k in self.keys.items():
+            at = self.owners == o
+            out[at] = prf_tags(k.prf, SESSION, self.ids[at])
+        return out
+
+    def honest(self) -> np.ndarray:
+        return self.c @ self.tagged + self.noise
+
+    def check(self, decrypted: np.ndarray, **kw) -> np.ndarray:
+        return check_share(
+            decrypted, self.c, self.prf(), self.vectors, node=int(self.ids[0]), owners=(7, 9), **kw
+        )
+
+
+def check_seed_vectors(seed: bytes) -> np.ndarray:
+    return CheckKeys(bytes(32), seed).vectors(D)
+
+
+SEEDS = range(8)
+
+
+# ---------------------------------------------------------------------------------- honest results
+@pytest.mark.parametrize("seed", SEEDS)
+def test_an_honest_combination_passes_at_ckks_noise(seed):
+    s = Share(seed)
+    got = s.check(s.honest())
+    np.testing.assert_allclose(got, s.c @ s.h, atol=10 * NOISE)
+    # DP releases: no range check, the tags still hold
+    np.testing.assert_allclose(s.check(s.honest(), max_row_norm=None), s.c @ s.h, atol=10 * NOISE)
+
+
+def test_noise_far_above_ckks_is_refused():
+    s = Share(0)
+    noisy = s.c @ s.tagged
+    noisy[:, D:] += 100 * TAG_TOLERANCE * (1 + np.abs(s.c).sum(axis=1))[:, None]
+    with pytest.raises(ResultCheckError, match="not the announced combination"):
+        s.check(noisy)
+
+
+# -------------------------------------------------------------------------------------- attacks
+def _refused(s: Share, decrypted: np.ndarray, match: str = "not the announced combination", **kw):
+    with pytest.raises(ResultCheckError, match=match) as info:
+        s.check(decrypted, **kw)
+    assert info.value.node == int(s.ids[0]) and info.value.owners == (7, 9)
+    assert f"node {int(s.ids[0])}" in str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_substituted_row_is_refused(seed):
+    """The server combines another released row (with its genuine tags) in place of a source."""
+    s = Share(seed)
+    for k in range(len(s.ids)):
+        rows = s.tagged.copy()
+        rows[k] = s.spare_tagged[k % len(s.spare_ids)]
+        err = _refused(s, s.c @ rows + s.noise)
+        assert "parties [7, 9]" in str(err)
+    # an owner's raw row sent as the whole share (row 0 is that row; the others are not)
+    raw = np.repeat(s.tagged[:1], len(s.c), axis=0)
+    _refused(s, raw)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_changed_coefficient_is_refused(seed):
+    s = Share(seed)
+    for r in range(len(s.c)):
+        for k in range(len(s.ids)):
+            for delta in (0.05, -1.0):
+                other = s.c.copy()
+                other[r, k] += delta
+                _refused(s, other @ s.tagged + s.noise)
+    # a dropped source (coefficient set to zero), e.g. a server leaving an owner out
+    other = s.c.copy()
+    other[:, 1] = 0.0
+    _refused(s, other @ s.tagged + s.noise)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_slot_wise_recombination_is_refused(seed):
+    """Feature slots of one combination with the tag slots of another (what plaintext masks could
+    assemble without rotations), either way round."""
+    s = Share(seed)
+    other = s.c.copy()
+    other[1:] = np.random.default_rng(seed + 100).uniform(-2.0, 2.0, other[1:].shape)
+    honest, forged = s.c @ s.tagged, other @ s.tagged
+    features_forged = np.hstack([forged[:, :D], honest[:, D:]]) + s.noise
+    _refused(s, features_forged)
+    tags_forged = np.hstack([honest[:, :D], forged[:, D:]]) + s.noise
+    _refused(s, tags_forged)
+    # and the features of the honest combination over *other* rows, with the honest tag slots
+    swapped = s.tagged.copy()
+    swapped[:2, :D] = s.spare_tagged[:2, :D]
+    _refused(s, np.hstack([(s.c @ swapped)[:, :D], honest[:, D:]]) + s.noise)
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.5, -1.0, 0.0, 1.01])
+def test_a_scaled_result_is_refused(factor):
+    """Refused by the tags themselves: no range check (as for DP releases)."""
+    for seed in SEEDS:
+        s = Share(seed)
+        _refused(s, factor * (s.c @ s.tagged) + s.noise, max_row_norm=None)
+    s = Share(0)
+    scaled_features = s.honest()
+    scaled_features[:, :D] *= 1.5  # the features alone
+    _refused(s, scaled_features, max_row_norm=None)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_result_is_refused(bad):
+    s = Share(1)
+    for at in ((0, 0), (2, D - 1), (1, D)):  # a feature slot, the last feature, a tag slot
+        dec = s.honest()
+        dec[at] = bad
+        _refused(s, dec, "not finite")
+        _refused(s, dec, "not finite", max_row_norm=None)
+
+
+def test_an_out_of_range_row_is_refused_even_with_matching_tags():
+    """Rows far from unit norm, tagged consistently (an owner's tags follow its rows): the tags
+    hold, the range check refuses; without a range check (DP) the same result passes."""
+    s = Share(2)
+    big = s.h * 50.0
+    tagged = s.release(s.ids, s.owners, big)
+    dec = s.c @ tagged + s.noise
+    _refused(s, dec, "norm")
+    np.testing.assert_allclose(s.check(dec, max_row_norm=None), s.c @ big, atol=1e-4)
+    # at the bound itself: sum |C| over unit rows is allowed
+    aligned = np.tile(s.h[:1], (len(s.ids), 1))  # all sources equal: norms reach sum |C_k|
+    c_pos = np.abs(s.c)
+    tagged = s.release(s.ids, s.owners, aligned)
+    check_share(c_pos @ tagged, c_pos, s.prf(), s.vectors, node=1, owners=(7,))
+
+
+# ----------------------------------------------------------------------------------------- PRF
+def _reference_prf(prf: bytes, session: int, nodes: np.ndarray) -> np.ndarray:
+    """The documented layout: node u's T values are keystream words u*T .. u*T+T-1 of ChaCha20 keyed
+    by SHA-256("fedgat/tag-prf/v1" || key || session), from block 0."""
+    import hashlib
+
+    key = hashlib.sha256(b"fedgat/tag-prf/v1" + prf + int(session).to_bytes(8, "big")).digest()
+    top = int(np.max(nodes)) + 1
+    enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    raw = np.frombuffer(enc.update(bytes(8 * TAG_COLUMNS * top)), dtype=np.uint64)
+    words = ((raw >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-52 - 1.0
+    return words.reshape(top, TAG_COLUMNS)[nodes]
+
+
+KEY = bytes(range(32))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=40), st.integers(0, 2**64 - 1))
+def test_prf_tags_are_consistent_for_any_node_subset(nodes, session):
+    nodes = np.array(nodes, dtype=np.int64)
+    got = prf_tags(KEY, session, nodes)
+    assert got.shape == (len(nodes), TAG_COLUMNS)
+    np.testing.assert_array_equal(got, _reference_prf(KEY, session, nodes))
+    # each node alone gives the same values (what the other party computes for its own subset)
+    for k in np.unique(np.array([0, len(nodes) - 1, len(nodes) // 2])):
+        np.testing.assert_array_equal(prf_tags(KEY, session, nodes[k : k + 1])[0], got[k])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=30), st.data())
+def test_prf_tags_of_any_u32_ids_agree_with_any_subset(nodes, data):
+    nodes = np.array(nodes, dtype=np.int64)
+    got = prf_tags(KEY, 11, nodes)
+    subset = np.array(data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=1, max_size=10)))
+    np.testing.assert_array_equal(prf_tags(KEY, 11, nodes[subset]), got[subset])
+
+
+def test_prf_tags_depend_on_the_key_and_the_session_and_look_uniform():
+    nodes = np.arange(5000)
+    a = prf_tags(KEY, 1, nodes)
+    assert np.all(np.abs(a) < 1.0) and abs(a.mean()) < 0.05 and abs(a.var() - 1 / 3) < 0.02
+    assert len(np.unique(a)) == a.size
+    assert not np.array_equal(a, prf_tags(KEY, 2, nodes))
+    assert not np.array_equal(a, prf_tags(bytes(32), 1, nodes))
+    assert prf_tags(KEY, 1, np.zeros(0, np.int64)).shape == (0, TAG_COLUMNS)
+
+
+def test_prf_tags_cost_follows_the_node_count_not_the_id_range():
+    """Node ids come from the bases a server sends: ids spread over the u32 range must not make a
+    client draw (and allocate) the keystream of the whole range."""
+    spread = np.array([2**32 - 1, 0, 2**31, 5, 2**32 - 3, 6], dtype=np.int64)
+    tracemalloc.start()
+    try:
+        got = prf_tags(KEY, 1, spread)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    for k, u in enumerate(spread):  # each equals the value drawn alone, and the reference's near 0
+        np.testing.assert_array_equal(got[k], prf_tags(KEY, 1, spread[k : k + 1])[0])
+    np.testing.assert_array_equal(got[[1, 3, 5]], _reference_prf(KEY, 1, spread[[1, 3, 5]]))
+    # a run of neighbouring ids across the gap threshold, in shuffled order
+    ids = np.random.default_rng(0).permutation(np.concatenate([np.arange(0, 300, 7), np.arange(9000, 9010)]))
+    np.testing.assert_array_equal(prf_tags(KEY, 3, ids), _reference_prf(KEY, 3, ids))
+
+
+def test_tag_columns_are_the_prf_plus_the_check_vector_projection():
+    s = Share(3)
+    k = s.keys[7]
+    got = tag_columns(k, SESSION, s.ids, s.h)
+    np.testing.assert_allclose(got, prf_tags(k.prf, SESSION, s.ids) + s.h @ k.vectors(D).T)
+
+
+# ---------------------------------------------------------------------------------- check keys
+def test_check_keys_come_from_the_os_csprng(monkeypatch):
+    seed = bytes(32)
+    a, b = CheckKeys.generate(seed), CheckKeys.generate(seed)
+    assert a.prf != b.prf and a.check_seed == b.check_seed == seed
+    calls = []
+
+    def fake(n: int) -> bytes:
+        calls.append(n)
+        return b"\x07" * n
+
+    monkeypatch.setattr(tags.os, "urandom", fake)
+    assert CheckKeys.generate(seed).prf == b"\x07" * 32 and calls == [32]
+
+
+def test_check_keys_round_trip_and_refuse_other_lengths():
+    k = CheckKeys(b"p" * 32, b"s" * 32)
+    assert CheckKeys.from_bytes(k.to_bytes()) == k and len(k.to_bytes()) == 64
+    for bad in (b"", b"x" * 63, b"x" * 65):
+        with pytest.raises(ValueError):
+            CheckKeys.from_bytes(bad)
+    with pytest.raises(ValueError):
+        CheckKeys(b"p" * 31, b"s" * 32)
+    v = k.vectors(D)
+    assert v.shape == (TAG_COLUMNS, D) and np.all(np.abs(v) < 1 / np.sqrt(D))
+    np.testing.assert_array_equal(
+        v, CheckKeys(b"q" * 32, b"s" * 32).vectors(D)
+    )  # the seed's, not the PRF key's
+    assert not np.array_equal(v, CheckKeys(b"p" * 32, b"t" * 32).vectors(D))

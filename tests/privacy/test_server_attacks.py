@@ -1,0 +1,149 @@
+"""Attacks by a hostile server (alone or with a colluding client) against the real protocol, on a
+small graph: each outcome is measured, and the checks are not blind (the same read-outs recover
+what they should where the protocol allows it)."""
+
+import numpy as np
+import pytest
+
+from fedgat.audit import SERVER_ATTACKS, audit_server
+from fedgat.partition import make_partition
+from fedgat.pipeline import run_plaintext_pretraining
+from fedgat.server_attacks import FORGERIES, AttackSetting, fake_edges_attack, forged_results_attacks
+from fedgat.synthetic import synthetic_graph
+from fedgat.training_attacks import TrainingSetting, digest_binding_check, training_attacks, unmix
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return synthetic_graph(num_nodes=400, num_features=16, avg_degree=4.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def setting(graph):
+    return AttackSetting(graph, make_partition(graph, 3, beta=1.0, seed=0), "vector", seed=1)
+
+
+@pytest.fixture(scope="module")
+def forged(setting):
+    return forged_results_attacks(setting)
+
+
+@pytest.mark.parametrize("name", ["substituted_result", "injected_ciphertexts"])
+def test_forged_results_are_refused_before_training(forged, name):
+    """Every forged result (another owner's single row, other coefficients, another node's
+    combination; chosen plaintexts under the victim's key; a ciphertext of the attacker's own key
+    re-enveloped) is refused by the victim's tag check, naming the node and the owners; the victim
+    never completes, so nothing forged is trained on."""
+    out = forged[name]
+    d = out.as_dict()
+    kinds = {f["kind"] for f in d["forged"]}
+    assert kinds == {k for k, a in FORGERIES.items() if a == name}
+    assert len(d["forged"]) == 2 * len(kinds)
+    assert all(f["refused"] for f in d["forged"])
+    assert out.detected and out.recovered == 0 and d["recovered_fraction"] == 0.0
+    assert d["victim_completed"] is False
+
+
+def test_a_clients_upload_of_another_owners_node_is_refused_by_the_server(forged):
+    upload = forged["injected_ciphertexts"].as_dict()["client_upload"]
+    assert upload["refused_by_server"] is True
+    assert upload["owner"] not in (upload["colluder"], upload["recipient"])
+    assert f"party {upload['colluder']} uploads node {upload['node']}" in upload["error"]
+
+
+def test_fake_edges_are_refused_and_release_nothing(setting):
+    out = fake_edges_attack(setting, fakes=6)
+    d = out.as_dict()
+    honest, blind = d["runs"]["honest_server"], d["runs"]["claim_blind_server"]
+    assert honest["server_refused"] and "does not confirm" in honest["server_error"]
+    assert honest["rows_released_to_colluder"] == 0
+    # a server that skips its check: the owners still release no row for the fake edges ...
+    assert blind["rows_released_for_fake_targets"] == 0 and blind["rows_released_beyond_honest_view"] == 0
+    # ... while the colluder's honest rows decrypt (the scan is not blind)
+    assert blind["rows_released_to_colluder_recovered"] == blind["rows_released_to_colluder"] > 0
+    assert out.targets == 6 and out.recovered == 0 and out.detected
+
+
+@pytest.fixture(scope="module")
+def training(graph):
+    part = make_partition(graph, 4, beta=1.0, seed=0)
+    enc = run_plaintext_pretraining(graph, part, "vector", seed=1)
+    return training_attacks(TrainingSetting(graph, part, enc, seed=0), rounds=2)
+
+
+def test_one_clients_update_is_never_isolated(training):
+    """A cohort of one and a server that claims the others dropped after their masked inputs are
+    refused by the clients; without secure aggregation the same traps read layer-1 inputs out of
+    the client's update (the read-out works: secure aggregation is what stops it)."""
+    out = training["chosen_weights_one_client"]
+    runs = out.as_dict()["runs"]
+    assert "below the minimum" in runs["cohort_of_one"]["errors"][0]
+    assert any("below the threshold" in e for e in runs["lying_survivors"]["errors"])
+    for name in ("cohort_of_one", "lying_survivors"):
+        assert runs[name]["refused_by_clients"] and runs[name]["rounds_received"] == 0
+    assert out.detected and out.recovered == 0
+    ref = runs["without_secure_aggregation"]
+    assert ref["secure_aggregation"] is False and ref["rounds_received"] == 2
+    assert ref["layer1_inputs_recovered"] > 0
+
+
+def test_aggregate_attack_runs_and_is_measured(training):
+    out = training["chosen_weights_aggregate"]
+    d = out.as_dict()
+    assert out.ran and not out.detected and out.targets > 0
+    for label, r in d["by_strategy"].items():
+        assert r["rounds_aggregated"] == 2 and r["cohort_sizes"] == [4, 4], label
+        assert 0.0 <= r["recovered_fraction"] <= 1.0
+    # with plain SGD steps and no dropout the traps read layer-1 inputs out of the aggregate
+    assert d["by_strategy"]["strategy=fedadam,feature_dropout=0.0,dropout=0.0"]["layer1_inputs_recovered"] > 0
+    assert d["recovered_fraction"] == d["by_strategy"][d["headline"]]["recovered_fraction"]
+
+
+def test_model_inconsistency_is_refused_and_masks_do_not_cancel(training):
+    out = training["model_inconsistency"]
+    d = out.as_dict()
+    assert out.detected and out.recovered == 0 and d["rounds_aggregated"] == 0
+    assert all("another global model" in e for e in d["errors"])
+    binding = digest_binding_check()
+    assert binding["same_digest_cosine_to_true_sum"] > 0.999999
+    assert abs(binding["mismatched_digest_cosine_to_true_sum"]) < 0.5
+
+
+def test_unmix_splits_binary_mixtures():
+    """A mean of binary rows 1_S / sqrt|S| with distinct support sizes splits back into the rows."""
+    d = 200
+    rng = np.random.default_rng(0)
+    rows = []
+    for size in (5, 9, 14):
+        row = np.zeros(d)
+        row[rng.choice(d, size, replace=False)] = 1 / np.sqrt(size)
+        rows.append(row)
+    parts = unmix(np.mean(rows, axis=0))
+    best = np.array([[p @ r for p in parts] for r in rows]).max(axis=1)
+    assert np.all(best > 0.999)
+    assert unmix(-np.ones(d)) == []
+
+
+def test_audit_server_report(graph):
+    part = make_partition(graph, 3, beta=1.0, seed=0)
+    report = audit_server(graph, part, "vector", seed=1, workers=0, attacks=("server_plus_one_client",))
+    assert report["shared_secret_key"] is False and report["server"]["passed"]
+    assert list(report["server_attacks"]) == ["server_plus_one_client"]
+    assert set(report["server_attacks_not_run"]) == set(SERVER_ATTACKS) - {"server_plus_one_client"}
+    entry = report["server_attacks"]["server_plus_one_client"]
+    assert entry["recovered_fraction"] == 0.0 and isinstance(entry["detected"], bool)
+    with pytest.raises(ValueError, match="unknown server attacks"):
+        audit_server(graph, part, attacks=("nope",))
+
+
+@pytest.mark.slow
+def test_cora_pretraining_attacks_are_refused_or_recover_nothing(cora):
+    """Cora, 10 clients, vector variant: the pre-training attacks at full size (tens of minutes)."""
+    part = make_partition(cora, 10, beta=1.0, seed=0)
+    names = ("substituted_result", "injected_ciphertexts", "fake_edges", "server_plus_one_client")
+    report = audit_server(cora, part, "vector", seed=0, attacks=names)
+    assert report["shared_secret_key"] is False and report["server"]["passed"]
+    for name in names:
+        attack = report["server_attacks"][name]
+        assert attack["ran"] and attack["recovered_fraction"] == 0.0, name
+        assert attack["detected"] or name == "server_plus_one_client", name

@@ -1,0 +1,347 @@
+"""Confirmed edges (:mod:`fedgat.protocols.pretrain_edges`): what each owner releases, decided from
+its own edges and the others' signed claims, is exactly what the server's plan needs
+(:func:`expected_releases`) on real partitions; an edge claimed by one side only, or a 2-hop need
+without the middle owner's claim, releases nothing, and the server's :func:`check_claims` refuses
+the claimer by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fedgat.app import cross_edges, owned_neighbourhoods
+from fedgat.crypto import SigningIdentity
+from fedgat.partition import make_partition
+from fedgat.protocols import EdgeClaims, GraphAnnounce, PayloadError, Roster, SignatureError
+from fedgat.protocols.messages import claim_bytes
+from fedgat.protocols.pretrain_edges import (
+    ClaimSet,
+    LocalGraph,
+    OwnerMap,
+    check_claims,
+    expected_releases,
+    relay_targets,
+    releases,
+    verify_claim,
+)
+from fedgat.protocols.pretrain_plan import needed_from_neighbourhoods
+
+SESSION = 5
+
+
+def _claim(c: int, p: int, edges, uses, signature: bytes = bytes(64)) -> EdgeClaims:
+    return EdgeClaims(
+        sender=c,
+        recipient=99,
+        session=SESSION,
+        seq=1,
+        claimer=c,
+        peer=p,
+        edges=np.asarray(edges, dtype=np.int64).reshape(-1, 2),
+        uses=np.asarray(uses, dtype=np.int64),
+        claim_signature=signature,
+    )
+
+
+def _announce(c: int, local: LocalGraph) -> GraphAnnounce:
+    return GraphAnnounce(
+        sender=c,
+        recipient=99,
+        session=SESSION,
+        seq=1,
+        dim=1,
+        owned=np.asarray(local.owned, dtype=np.int64),
+        indptr=np.asarray(local.indptr, dtype=np.int64),
+        indices=np.asarray(local.indices, dtype=np.int64),
+    )
+
+
+class World:
+    """Every client's local graph and claims, as the clients of a round hold and send them."""
+
+    def __init__(self, locals_: dict[int, LocalGraph]) -> None:
+        self.locals = locals_
+        self.claims = {
+            (c, p): _claim(c, p, edges, uses)
+            for c, lg in locals_.items()
+            for p, (edges, uses) in lg.claims().items()
+        }
+
+    @classmethod
+    def of(cls, graph, partition) -> World:
+        out = {}
+        for c, cp in enumerate(partition.clients):
+            indptr, indices = owned_neighbourhoods(partition, cp.owned)
+            cross, owner = cross_edges(graph, partition, c)
+            out[c] = LocalGraph(np.asarray(cp.owned, dtype=np.int64), indptr, indices, cross, owner)
+        return cls(out)
+
+    def graphs(self) -> dict[int, GraphAnnounce]:
+        return {c: _announce(c, lg) for c, lg in self.locals.items()}
+
+    def relayed(self, b: int) -> ClaimSet:
+        """The claims the server relays to owner ``b``."""
+        keys = relay_targets(self.claims, list(self.locals))[b]
+        return ClaimSet.of(self.claims[k] for k in keys)
+
+    def releases(self, b: int, claims: ClaimSet | None = None) -> dict[int, np.ndarray]:
+        others = [a for a in self.locals if a != b]
+        return releases(b, self.locals[b], self.relayed(b) if claims is None else claims, others)
+
+    def expected(self) -> dict[tuple[int, int], np.ndarray]:
+        graphs = self.graphs()
+        needed = {c: needed_from_neighbourhoods(g.owned, g.indices) for c, g in graphs.items()}
+        return expected_releases(needed, OwnerMap(graphs))
+
+    def check(self) -> None:
+        graphs = self.graphs()
+        check_claims(graphs, ClaimSet.of(self.claims.values()), OwnerMap(graphs))
+
+
+def _assert_releases_match_the_plan(world: World) -> int:
+    world.check()
+    want = world.expected()
+    got = {(b, a): rows for b in world.locals for a, rows in world.releases(b).items()}
+    assert sorted(got) == sorted(want)
+    for key, rows in want.items():
+        np.testing.assert_array_equal(got[key], rows, err_msg=f"owner {key[0]} -> recipient {key[1]}")
+    # every claim at once gives the same: what the server relays to an owner is all it reads
+    for b in world.locals:
+        full = world.releases(b, ClaimSet.of(c for k, c in world.claims.items() if k[0] != b))
+        assert sorted(full) == sorted(world.releases(b))
+        assert all(np.array_equal(full[a], world.releases(b)[a]) for a in full)
+    return sum(len(r) for r in want.values())
+
+
+def _two_hop_rows(world: World) -> int:
+    """Released rows of a node adjacent to none of the recipient's nodes (only rule (c) covers them)."""
+    count = 0
+    for (b, a), rows in world.expected().items():
+        near = set(world.locals[a].cross[:, 1].tolist())
+        count += sum(int(u) not in near for u in rows)
+    return count
+
+
+@pytest.mark.parametrize("clients", [2, 3, 5])
+def test_releases_equal_the_servers_plan_on_synthetic_partitions(small_graph, clients):
+    part = make_partition(small_graph, clients, beta=1.0, seed=clients, num_layers=2)
+    world = World.of(small_graph, part)
+    assert _assert_releases_match_the_plan(world) > 0
+    if clients > 2:
+        assert _two_hop_rows(world) > 0  # the 2-hop rule is exercised
+    # unused cross edges (dropped by the partition's rules) are claimed but release nothing
+    assert any(
+        not uses.all() for _, uses in (lg.claims()[p] for lg in world.locals.values() for p in lg.peers())
+    )
+
+
+def test_releases_equal_the_servers_plan_on_cora(cora):
+    part = make_partition(cora, 10, beta=1.0, seed=0, num_layers=2)
+    world = World.of(cora, part)
+    assert _assert_releases_match_the_plan(world) > 1000
+    assert _two_hop_rows(world) > 0
+
+
+def test_releases_equal_the_plan_with_a_neighbour_cap_and_no_cross_rule(small_graph):
+    part = make_partition(small_graph, 4, beta=0.5, seed=1, num_layers=2, min_cross=0, neighbour_cap=3)
+    _assert_releases_match_the_plan(World.of(small_graph, part))
+
+
+# --------------------------------------------------------------------------------------- faking
+def _with_fake_edge(world: World, a: int, v: int, u: int, b: int, *, attend: bool = True) -> World:
+    """Client ``a`` claims an edge (v, u) to client ``b``'s node ``u`` that ``b`` does not have, and
+    (``attend``) announces ``u`` in ``v``'s attention neighbourhood."""
+    lg = world.locals[a]
+    k = int(np.searchsorted(lg.owned, v))
+    rows = [lg.indices[lg.indptr[i] : lg.indptr[i + 1]] for i in range(len(lg.owned))]
+    if attend:
+        rows[k] = np.append(rows[k], u)
+    indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    fake = LocalGraph(
+        lg.owned, indptr, np.concatenate(rows), np.vstack([lg.cross, [[v, u]]]), np.append(lg.cross_owner, b)
+    )
+    return World({**world.locals, a: fake})
+
+
+def _non_adjacent(world: World, a: int, b: int) -> tuple[int, int]:
+    """A node of ``a`` and a node of ``b`` with no edge between them (from ``b``'s view), whose row
+    ``b`` does not release to ``a``."""
+    theirs = {(int(x), int(y)) for x, y in world.locals[b].cross}
+    released = set(world.releases(b).get(a, np.zeros(0)).tolist())
+    for v in world.locals[a].owned:
+        for u in world.locals[b].owned:
+            if (int(u), int(v)) not in theirs and int(u) not in released:
+                return int(v), int(u)
+    raise AssertionError("no non-adjacent pair")
+
+
+def test_an_edge_claimed_by_one_side_releases_nothing_and_is_refused(small_graph):
+    part = make_partition(small_graph, 3, beta=1.0, seed=0, num_layers=2)
+    honest = World.of(small_graph, part)
+    a, b = 0, 1
+    v, u = _non_adjacent(honest, a, b)
+    faked = _with_fake_edge(honest, a, v, u, b)
+    # owner b releases to a exactly what it did before: nothing of u, nothing of u's neighbourhood
+    for owner in faked.locals:
+        before, after = honest.releases(owner), faked.releases(owner)
+        assert sorted(before) == sorted(after)
+        assert all(np.array_equal(before[r], after[r]) for r in before)
+    assert u not in honest.releases(b).get(a, np.zeros(0)).tolist()
+    # the server's plan (trusting the graph) would need u from b: the check refuses first, naming a
+    assert u in faked.expected()[(b, a)]
+    with pytest.raises(
+        PayloadError, match=rf"party {a} attends over edges to party {b} that party {b} does not confirm"
+    ):
+        faked.check()
+
+
+def test_claims_that_disagree_with_the_announced_graph_are_refused(small_graph):
+    part = make_partition(small_graph, 3, beta=1.0, seed=0, num_layers=2)
+    world = World.of(small_graph, part)
+    world.check()
+    graphs = world.graphs()
+    owners = OwnerMap(graphs)
+    (c, p), claim = next((k, m) for k, m in world.claims.items() if m.uses.any() and not m.uses.all())
+    # a used edge the claimer's graph does not announce
+    extra = dict(world.claims)
+    extra[(c, p)] = dataclasses.replace(claim, uses=np.ones_like(claim.uses))
+    with pytest.raises(PayloadError, match=rf"party {c}'s claimed edges to party {p} do not match"):
+        check_claims(graphs, ClaimSet.of(extra.values()), owners)
+    # an announced cross attention pair left out of the claim
+    dropped = dict(world.claims)
+    dropped[(c, p)] = dataclasses.replace(claim, uses=np.zeros_like(claim.uses))
+    with pytest.raises(PayloadError, match=rf"party {c}'s claimed edges to party {p}"):
+        check_claims(graphs, ClaimSet.of(dropped.values()), owners)
+    # an edge that does not join the claimer's node to the peer's
+    q = next(x for x in world.locals if x not in (c, p))
+    stolen = dict(world.claims)
+    wrong = claim.edges.copy()
+    wrong[:, 1] = world.locals[q].owned[0]
+    stolen[(c, p)] = _claim(c, p, np.unique(wrong, axis=0), np.zeros(len(np.unique(wrong, axis=0))))
+    with pytest.raises(PayloadError, match=rf"party {c}"):
+        check_claims(graphs, ClaimSet.of(stolen.values()), owners)
+
+
+# ------------------------------------------------------------------------------------- 2 hops
+def _three_clients(fake_a_to_3: bool = False) -> World:
+    """a = 0 owns {0, 1}, c = 1 owns {2, 3}, b = 2 owns {4, 5}; graph edges 0-2, 2-4, 3-5; every
+    edge in both attention neighbourhoods. a needs node 2 (its neighbour), hence N(2) = {2, 0, 4}:
+    b's row 4 reaches a only through c's node 2 (a 2-hop need)."""
+    a_rows = [[0, 2], [1]]
+    a_cross, a_owner = [[0, 2]], [1]
+    if fake_a_to_3:  # a claims an edge to c's node 3 (whose neighbourhood holds b's node 5)
+        a_rows = [[0, 2, 3], [1]]
+        a_cross, a_owner = [[0, 2], [0, 3]], [1, 1]
+
+    def lg(owned, rows, cross, owner):
+        indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+        return LocalGraph(np.array(owned), indptr, np.concatenate(rows), np.array(cross), np.array(owner))
+
+    return World(
+        {
+            0: lg([0, 1], a_rows, a_cross, a_owner),
+            1: lg([2, 3], [[2, 0, 4], [3, 5]], [[2, 0], [2, 4], [3, 5]], [0, 2, 2]),
+            2: lg([4, 5], [[4, 2], [5, 3]], [[4, 2], [5, 3]], [1, 1]),
+        }
+    )
+
+
+def test_a_two_hop_need_is_released_through_the_middle_owners_claims():
+    world = _three_clients()
+    world.check()
+    assert {k: v.tolist() for k, v in world.expected().items()} == {
+        (1, 0): [2],
+        (2, 0): [4],
+        (0, 1): [0],
+        (2, 1): [4, 5],
+        (1, 2): [2, 3],
+        (0, 2): [0],  # b needs node 2 (its node 4's neighbour), hence a's row 0: 2 hops the other way
+    }
+    _assert_releases_match_the_plan(world)
+    assert world.releases(2)[0].tolist() == [4]
+
+
+@pytest.mark.parametrize(
+    "withheld",
+    [
+        (1, 2),  # c's claim that its node 2 uses b's node 4
+        (1, 0),  # c's confirmation of a's edge (0, 2)
+        (0, 1),  # a's claim that its node 0 uses c's node 2
+    ],
+)
+def test_a_two_hop_need_needs_every_owners_claim(withheld):
+    """Without the middle owner's claim (or the recipient's, or the middle owner's confirmation of
+    it), b does not release row 4 to a; its own direct releases are unchanged."""
+    world = _three_clients()
+    keys = [k for k in relay_targets(world.claims, [0, 1, 2])[2] if k != withheld]
+    got = world.releases(2, ClaimSet.of(world.claims[k] for k in keys))
+    assert 0 not in got
+    if withheld != (1, 2):
+        assert got[1].tolist() == [4, 5]
+
+
+def test_a_fake_edge_cannot_create_a_two_hop_need():
+    """a claims an edge to c's node 3 that c does not have: b does not release 3's neighbour 5 to
+    a (c's edges to a do not confirm it), and the server refuses a's claims by name."""
+    world = _three_clients(fake_a_to_3=True)
+    assert world.releases(2)[0].tolist() == [4]  # not 5
+    assert world.releases(1)[0].tolist() == [2]  # c releases its own node 3 neither
+    assert world.expected()[(2, 0)].tolist() == [4, 5]  # what a lenient server would compute
+    with pytest.raises(
+        PayloadError, match="party 0 attends over edges to party 1 that party 1 does not confirm"
+    ):
+        world.check()
+
+
+def test_the_server_relays_each_owner_the_claims_it_reads_and_never_its_own():
+    world = _three_clients()
+    relay = relay_targets(world.claims, [0, 1, 2])
+    assert relay[2] == [(0, 1), (1, 0), (1, 2)]
+    assert relay[0] == [(1, 0), (1, 2), (2, 1)]
+    assert all(x != b for b, keys in relay.items() for x, _ in keys)
+
+
+# ---------------------------------------------------------------------------- signatures, input
+def test_claims_are_signed_by_their_claimer():
+    signers = {p: SigningIdentity.generate() for p in range(4)}
+    roster = Roster(
+        server=3, clients=(0, 1, 2), signing_keys={p: s.public_bytes() for p, s in signers.items()}
+    )
+    edges, uses = np.array([[0, 2], [1, 3]]), np.array([1, 0])
+    sig = signers[0].sign(claim_bytes(SESSION, 0, 1, edges, uses))
+    ok = _claim(0, 1, edges, uses, sig)
+    verify_claim(ok, roster, SESSION)
+    for bad in (
+        dataclasses.replace(ok, uses=np.array([1, 1])),  # the relaying server marks an edge used
+        dataclasses.replace(ok, edges=np.array([[0, 2], [1, 4]])),
+        dataclasses.replace(ok, peer=2),
+        dataclasses.replace(ok, claim_signature=signers[3].sign(claim_bytes(SESSION, 0, 1, edges, uses))),
+    ):
+        with pytest.raises(SignatureError, match="party 0"):
+            verify_claim(bad, roster, SESSION)
+    with pytest.raises(SignatureError):
+        verify_claim(ok, roster, SESSION + 1)
+    with pytest.raises(PayloadError, match="not both clients"):
+        verify_claim(dataclasses.replace(ok, peer=3), roster, SESSION)
+
+
+def test_a_local_graph_refuses_inconsistent_cross_edges():
+    owned, indptr = np.array([0, 1]), np.array([0, 2, 3])
+    with pytest.raises(PayloadError, match="attention neighbour"):
+        LocalGraph(owned, indptr, np.array([0, 5, 1]), np.zeros((0, 2)), np.zeros(0))
+    with pytest.raises(PayloadError, match="joins an owned node"):
+        LocalGraph(owned, indptr, np.array([0, 5, 1]), np.array([[7, 5]]), np.array([1]))
+    with pytest.raises(PayloadError, match="joins an owned node"):
+        LocalGraph(owned, indptr, np.array([0, 1, 1]), np.array([[0, 1]]), np.array([1]))
+    with pytest.raises(PayloadError, match="one owner per cross edge"):
+        LocalGraph(owned, indptr, np.array([0, 5, 1]), np.array([[0, 5], [1, 6]]), np.array([1]))
+    lg = LocalGraph(
+        owned, indptr, np.array([0, 5, 1]), np.array([[1, 6], [0, 5], [0, 5]]), np.array([2, 1, 1])
+    )
+    assert lg.cross.tolist() == [[0, 5], [1, 6]] and lg.cross_owner.tolist() == [1, 2]
+    assert {p: (e.tolist(), u.tolist()) for p, (e, u) in lg.claims().items()} == {
+        1: ([[0, 5]], [1]),
+        2: ([[1, 6]], [0]),
+    }
