@@ -49,3 +49,10 @@ def test_audit_command_writes_report_json_and_plot(tmp_path):
     assert point["client_attacks"]["basis"]["recovered_fraction"] < 0.1
     text = md.read_text()
     assert "## Server" in text and "## Server-side attacks" in text and png.stat().st_size > 1000
+    one = report["server_attacks"]["chosen_weights_one_client"]
+    agg = report["server_attacks"]["chosen_weights_aggregate"]
+    assert f"Trap weights against one client's update (target: client {one['target']})" in text
+    for run, r in one["runs"].items():
+        assert f"| {run} | {r['secure_aggregation']} | {r['rounds_received']} |" in text
+    for label, r in agg["by_strategy"].items():
+        assert f"| {label} | {r['cohort_sizes']} | {r['recovered_foreign']} |" in text

@@ -353,13 +353,41 @@ def server_attacks_markdown(report: dict) -> list[str]:
             f"{a['ran']} |"
         )
     lines.append("")
+    tabled = {"chosen_weights_one_client", "chosen_weights_aggregate"}
     for name, a in report["server_attacks"].items():
-        extra = {
-            k: v
-            for k, v in a.items()
-            if k not in ("recovered_fraction", "detected", "ran", "targets", "recovered", "note")
-        }
-        lines += [f"- **{name}**: {a.get('note', '')}", f"  `{json.dumps(extra, default=str)[:1500]}`"]
+        lines.append(f"- **{name}**: {a.get('note', '')}")
+        if name not in tabled:
+            keep = ("recovered_fraction", "detected", "ran", "targets", "recovered", "note")
+            extra = {k: v for k, v in a.items() if k not in keep}
+            lines.append(f"  `{json.dumps(extra, default=str)[:1500]}`")
+    one = report["server_attacks"].get("chosen_weights_one_client")
+    if one:
+        lines += [
+            "",
+            f"Trap weights against one client's update (target: client {one['target']}):",
+            "",
+            "| run | secure aggregation | rounds received | foreign rows recovered | layer-1 inputs recovered | refused by clients |",
+            "|---|---|---|---|---|---|",
+        ]
+        for run, r in one["runs"].items():
+            lines.append(
+                f"| {run} | {r['secure_aggregation']} | {r['rounds_received']} | {r['recovered_foreign']} | "
+                f"{r['layer1_inputs_recovered']} | {r['refused_by_clients']} |"
+            )
+    agg = report["server_attacks"].get("chosen_weights_aggregate")
+    if agg:
+        lines += [
+            "",
+            f"Trap weights against the aggregate ({agg['rounds']} attack rounds, {agg['targets']} foreign rows in play):",
+            "",
+            "| configuration | cohort | foreign rows recovered | fraction | any rows recovered | layer-1 inputs recovered | best foreign cosine |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for label, r in agg["by_strategy"].items():
+            lines.append(
+                f"| {label} | {r['cohort_sizes']} | {r['recovered_foreign']} | {r['recovered_fraction']:.4f} | "
+                f"{r['recovered_any_node']} | {r['layer1_inputs_recovered']} | {r['best_foreign_cosine']:.3f} |"
+            )
     if report.get("server_attacks_not_run"):
         lines += [
             "",
