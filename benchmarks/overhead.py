@@ -186,8 +186,11 @@ def run_overhead(
     rounds: int | None = None,
     progress: bool = False,
     measure_repeats: int = 5,
+    owner: np.ndarray | None = None,
 ) -> dict:
-    """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc."""
+    """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc.
+    ``owner``: the user's split (one client id per node, ``fedgat bench overhead --owners``) instead of
+    the Dirichlet one."""
     import torch
 
     from fedgat.crypto.measure import (
@@ -202,7 +205,7 @@ def run_overhead(
     torch.set_num_threads(1)
     graph = load_graph(dataset, nodes, seed)
     hp = resolve_hparams("fedgat", {"variant": variant, "neighbour_cap": neighbour_cap})
-    partition = fedgat_partition(graph, clients, beta, seed, hp)
+    partition = fedgat_partition(graph, clients, beta, seed, hp, owner)
     cores = os.cpu_count() or 1
     d = graph.num_features
 
@@ -907,6 +910,7 @@ def main_args(args: argparse.Namespace) -> int:
         train=args.train,
         rounds=args.rounds,
         progress=args.progress,
+        owner=getattr(args, "owner_array", None),
     )
     matrix = None
     if args.matrix_estimate:

@@ -120,12 +120,22 @@ class ConfigMismatchError(PayloadError):
 class ResultRejectedError(PayloadError):
     """A decrypted encoding is not the announced linear map of the rows released to the recipient,
     or out of range (:mod:`fedgat.crypto.tags`): it is never trained on. ``node`` is the result's
-    node, ``owners`` the parties whose rows it should have combined (the server computed it)."""
+    node, ``owners`` the parties whose rows it should have combined (the server computed it).
 
-    def __init__(self, message: str, *, node: int, owners: tuple[int, ...]) -> None:
-        super().__init__(message)
+    The message is the same whichever check failed and names no decrypted value: an engine may send
+    an error's text back to the server (Flower returns a ClientApp's exception as the reply's
+    reason), and a norm or a tag miss in it would make every forged result a decryption query.
+    ``detail`` says what failed, with its values, for local logs only: never send it.
+    """
+
+    def __init__(self, node: int, owners: tuple[int, ...], *, detail: str = "") -> None:
+        super().__init__(
+            f"node {node}: the server's result fails its check against the tags and range of the "
+            f"rows of parties {list(owners)}; refused"
+        )
         self.node = node
         self.owners = owners
+        self.detail = detail
 
 
 class FaultError(ProtocolError):

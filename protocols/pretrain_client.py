@@ -25,8 +25,8 @@ from fedgat.crypto import (
     encrypt_rows,
 )
 from fedgat.crypto.tags import CheckKeys, ResultCheckError, check_share, prf_tags, tag_columns
+from fedgat.dp_ledger import DPLedger, dataset_id
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
-from fedgat.randomness import RandomSource
 
 from .errors import (
     AuthError,
@@ -110,11 +110,12 @@ class ClientPretrain(Party):
         timeouts: the client's deadlines (``keys``, ``download``).
         limits: ``max_neighbours`` and ``max_encoding_bytes`` bound what the server's bases may make
             this client allocate.
-        release_rng: with ``config.dp``, the randomness of this client's DP release noise
-            (:meth:`fedgat.dp.FeatureDP.release_rows`): None (default) draws a fresh CSPRNG key; a
-            :class:`~fedgat.randomness.RandomSource` or int seed only for tests and plaintext twins.
-        release: with ``config.dp``, a release drawn before (a :class:`PartySpec`'s): ``features``
-            are then the clean projected rows it was drawn from, and ``release_rng`` is not used.
+        ledger: with ``config.dp``, this owner's :class:`~fedgat.dp_ledger.DPLedger`: the release
+            (:meth:`fedgat.dp.FeatureDP.release_rows`, noise from a fresh CSPRNG, recipients the
+            roster's other clients) is charged to it here, before anything is sent; required unless
+            ``release`` is given.
+        release: with ``config.dp``, a release drawn (and charged) before (a :class:`PartySpec`'s):
+            ``features`` are then the clean projected rows it was drawn from.
 
     With ``config.dp`` the rows it releases to others are its DP release; its own share uses its
     clean projected rows; it announces its :class:`PrivacyTerms` before its graph and refuses bases
@@ -122,6 +123,9 @@ class ClientPretrain(Party):
 
     Raises:
         PayloadError: invalid features, neighbourhoods or cross edges (nothing is sent).
+        MissingLedgerError: ``config.dp`` without ``ledger`` or ``release`` (nothing is drawn or sent).
+        BudgetExceededError: the release would exceed the ledger's budget (nothing is drawn or sent,
+            the ledger is unchanged).
     """
 
     PARTY_KIND = "pretrain.client"
@@ -144,7 +148,7 @@ class ClientPretrain(Party):
         upload_batch: int = 32,
         timeouts: PretrainTimeouts | None = None,
         limits: PretrainLimits | None = None,
-        release_rng: RandomSource | int | None = None,
+        ledger: DPLedger | None = None,
         release: np.ndarray | None = None,
     ) -> None:
         super().__init__(party_id, roster, config.session, identity.signer)
@@ -156,6 +160,7 @@ class ClientPretrain(Party):
         self.config = config
         owned = np.asarray(owned, dtype=np.int64)
         self._release: np.ndarray | None = None
+        self.dp_spent: tuple[float, float] | None = None  # (epsilon, delta) after this client's release
         self._terms_confirmed = False
         if config.dp is None or release is not None:
             if release is not None and config.dp is None:
@@ -165,7 +170,10 @@ class ClientPretrain(Party):
                 self._release = validate_features(release, len(owned), self._features.shape[1])
         else:  # any finite rows: the projection normalises them
             raw = validate_features(features, len(owned), tol=np.inf)
-            clean, self._release = config.dp.release_rows(raw, release_rng)
+            others = tuple(c for c in roster.clients if c != party_id)
+            clean, self._release = config.dp.release_rows(raw, ledger=ledger, recipients=others)
+            assert ledger is not None  # release_rows refused otherwise
+            self.dp_spent = ledger.spent(dataset_id(raw))
             self._features = validate_features(clean, len(owned))
         self._graph = GraphAnnounce(
             sender=party_id,
@@ -600,9 +608,7 @@ class ClientPretrain(Party):
         ids, owners = asm.bases.neighbours[slot][foreign], asm.owners[slot][foreign]
         named = tuple(sorted({int(o) for o in owners}))
         if vectors is None or any(o not in self._my_keys for o in named):
-            raise ResultRejectedError(
-                f"node {node}: no check keys for its owners {list(named)}", node=node, owners=named
-            )
+            raise ResultRejectedError(node, named, detail=f"no check keys for owners {list(named)}")
         prf = np.zeros((len(ids), vectors.shape[0]))
         for o in named:
             at = owners == o
@@ -618,7 +624,7 @@ class ClientPretrain(Party):
                 max_row_norm=1.0,  # released rows are unit-norm (DP releases are renormalised)
             )
         except ResultCheckError as exc:
-            raise ResultRejectedError(str(exc), node=node, owners=named) from exc
+            raise ResultRejectedError(node, named, detail=str(exc)) from exc
 
     def _on_done(self, msg: EncodingsDone) -> list[Message]:
         self._from_server(msg)

@@ -78,6 +78,9 @@ class PretrainConfig:
             client's encodings read its own clean rows and every other node's release.
             Every party must hold the same terms: they are exchanged (:class:`PrivacyTerms`) and a
             mismatch is refused (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
+            The terms are public and shared with the server, so the owner's ledger is not part of
+            them: each client is built with its own :class:`~fedgat.dp_ledger.DPLedger`
+            (``ClientPretrain(ledger=...)``), charged before its release is drawn.
     """
 
     session: int

@@ -1,9 +1,25 @@
 """Benchmark plumbing: ``fedgat bench overhead`` on a tiny synthetic setting (the JSON, Markdown and plot it
-writes) and the accuracy benchmark's cached-only mode."""
+writes), the accuracy benchmark's cached-only mode, results written where the user asks (default
+``./fedgat-results``, never the checkout's ``benchmarks/results``) and ``fedgat bench layer`` from a
+wheel installed outside the checkout."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+from test_cli_inputs import write_npz
 
 from fedgat import cli
+from fedgat.commands.bench import load_benchmark
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+#: a layer benchmark small enough for a test (60 nodes, one repeat)
+TINY_LAYER = ["--repeats", "1", "--heads", "1", "--hidden", "2", "--cap", "4"]
 
 REQUIRED = {"plaintext", "encrypted", "ratios", "slot_utilisation", "op_bound"}
 RATIOS = {"time", "bytes", "memory", "server_vs_op_bound"}
@@ -65,7 +81,10 @@ def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
         "pretrain_bytes": 0,
         "train_seconds": 1.0,
     }
-    runs = {bench.run_key("gat", "cora", 10, 1.0, 0, {"rounds": 5, "patience": 2}): done}
+    # stored under the paper's setting, which the runner starts every run from
+    runs = {
+        bench.run_key("gat", "cora", 10, 1.0, 0, {"rounds": 5, "patience": 2, "strategy": "fedavg"}): done
+    }
     run = bench.Runner(runs, rounds=5, patience=2, save=lambda: None, cached_only=True)
     assert run("gat", "cora", 10, 1.0, 0) == done
     assert run("gat", "cora", 10, 1.0, 1) is None  # not run, and nothing was trained
@@ -75,14 +94,7 @@ def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
 
 
 def _accuracy_bench():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
-    spec = importlib.util.spec_from_file_location("accuracy_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("accuracy")
 
 
 def test_accuracy_bench_rows_per_strategy_and_gaps_within_a_strategy():
@@ -92,7 +104,11 @@ def test_accuracy_bench_rows_per_strategy_and_gaps_within_a_strategy():
     assert labels.count("gat") == 1 and "fedgat [FedAdam]" in labels and "fedgcn [FedAdam]" in labels
     adam = {label: hp for label, _, hp in rows}["fedgat, min_cross 0 [FedAdam]"]
     assert adam == {"domain": 8.0, "min_cross": 0, "strategy": "fedadam"}
-    assert all("strategy" not in hp for label, _, hp in rows if "[" not in label)
+    # every federated row names its strategy, so the library's default does not change the table
+    assert all(
+        hp["strategy"] == "fedavg" for label, m, hp in rows if "[" not in label and m not in ("gat", "gcn")
+    )
+    assert {label: hp for label, _, hp in rows}["fedgat"]["min_cross"] == 2  # the paper's rule, named
     only = [label for label, _, _ in bench.table_rows({}, ("fedavg",))]
     assert not any("FedAdam" in label for label in only)
     gaps = bench._gaps(
@@ -106,3 +122,104 @@ def test_accuracy_bench_rows_per_strategy_and_gaps_within_a_strategy():
         }
     )
     assert gaps == ["fedgat -2.0 (fedgcn -1.0, distgat +28.0)", "fedgat [FedAdam] +1.0 (fedgcn -1.0)"]
+
+
+def test_benchmarks_are_the_fedgat_benchmarks_package():
+    for name, module in (("overhead", "overhead"), ("layer", "layer_speed"), ("scale", "scale")):
+        bench = load_benchmark(name)
+        assert bench.__name__ == f"fedgat.benchmarks.{module}"
+        assert Path(bench.__file__).resolve() == CHECKOUT / "benchmarks" / f"{module}.py"
+
+
+def test_bench_layer_writes_into_the_working_directory_by_default(tmp_path, monkeypatch, capsys):
+    committed = CHECKOUT / "benchmarks" / "results" / "layer_speed.json"
+    stamp = committed.stat().st_mtime_ns if committed.exists() else None
+    graph = write_npz(tmp_path / "g.npz")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "layer", "--dataset", str(graph), *TINY_LAYER]) == 0
+    result = json.loads((tmp_path / "fedgat-results" / "layer_speed.json").read_text())
+    assert result["num_nodes"] == 60 and len(result["rows"]) == 4
+    assert all(r["fedgat_ms"] > 0 and r["pyg_gatconv_ms"] > 0 for r in result["rows"])
+    assert (tmp_path / "fedgat-results" / "layer_speed.md").read_text().startswith("# FedGAT layer vs PyG")
+    assert (committed.stat().st_mtime_ns if committed.exists() else None) == stamp
+    assert "wrote fedgat-results/layer_speed.json" in capsys.readouterr().out
+
+
+def test_bench_accuracy_passes_options_on_and_writes_to_out(tmp_path, monkeypatch):
+    """``accuracy`` takes its own options (``--render`` here: only re-write from the JSON)."""
+    out = tmp_path / "res"
+    out.mkdir()
+    meta = {"date": "2026-01-01", "torch": "2", "torch_threads": 1, "machine": "test", "rounds": 5}
+    meta |= {"patience": 2, "seeds": 1, "sweep_seeds": 1, "tune_seeds": 1}
+    (out / "accuracy.json").write_text(json.dumps({"runs": {}, "meta": meta, "hparams": {}}))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "accuracy", "--render", "--out", str(out)]) == 0
+    assert (out / "accuracy.md").is_file() and not (tmp_path / "fedgat-results").exists()
+
+
+def test_bench_layer_from_an_installed_wheel(tmp_path):
+    """Build a wheel from a copy of the checkout, install it into a fresh venv (dependencies from this
+    environment's site-packages through a .pth file, fedgat only from the wheel) and run ``fedgat
+    bench layer`` from another directory: the results land in ``--out``."""
+    source = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", ".venv", "*.pyc")
+    for part in ("src", "crypto", "protocols", "benchmarks"):
+        shutil.copytree(CHECKOUT / part, source / part, ignore=ignore)
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy2(CHECKOUT / part, source / part)
+    wheels = tmp_path / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", str(source), "-w"]
+    done = subprocess.run([*build, str(wheels)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (wheel,) = wheels.glob("fedgat-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "fedgat/benchmarks/layer_speed.py" in names and "fedgat/benchmarks/__init__.py" in names
+    assert not [n for n in names if n.startswith("fedgat/benchmarks/results")]
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # this environment's packages (torch, ...), appended after the venv's own: fedgat comes from the wheel
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index"]
+    done = subprocess.run([*install, str(wheel)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    work, out = tmp_path / "elsewhere", tmp_path / "results"
+    work.mkdir()
+    graph = write_npz(work / "g.npz")
+    env = {**os.environ, "PYTHONPATH": "", "MPLBACKEND": "Agg"}
+    where = subprocess.run(
+        [python, "-c", "import fedgat.benchmarks as b; print(b.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=env,
+        check=True,
+    ).stdout.strip()
+    assert Path(where).is_relative_to(venv) and not Path(where).is_relative_to(CHECKOUT)
+    run = [venv / "bin" / "fedgat", "bench", "layer", "--dataset", str(graph), *TINY_LAYER, "--out", str(out)]
+    done = subprocess.run(run, capture_output=True, text=True, cwd=work, env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads((out / "layer_speed.json").read_text())["num_nodes"] == 60
+    assert (out / "layer_speed.md").is_file()
+    assert sorted(p.name for p in work.iterdir()) == ["g.npz"]  # nothing in the working directory
+
+
+def test_bench_overhead_with_a_graph_file_and_owners(tmp_path, monkeypatch):
+    from test_cli_inputs import owners_array, write_owners
+
+    graph = write_npz(tmp_path / "g.npz")
+    owners = write_owners(tmp_path / "owners.csv", owners_array(4))
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "overhead", "--dataset", str(graph), "--owners", str(owners), "--workers", "0"]
+    assert cli.main([*argv, "--no-train", "--no-progress"]) == 0
+    data = json.loads((tmp_path / "fedgat-results" / "overhead.json").read_text())
+    assert data["clients"] == 4  # from the owners file
+    assert data["encrypted"]["bytes_up"] > 0 and 0 < data["encrypted"]["max_abs_error"] < 1e-5

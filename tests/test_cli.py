@@ -132,10 +132,45 @@ def test_train_strategy_flag(tmp_path):
     )
     hp = json.loads(out.read_text())["hparams"]
     assert hp["strategy"] == "fedadam" and hp["client_lr"] == 0.5
-    with pytest.raises(SystemExit, match="strategy"):
-        cli.main(["train", "--dataset", "synthetic", "--method", "gcn", "--strategy", "fedsgd", "--quiet"])
 
 
-def test_train_rejects_flag_the_method_does_not_use():
-    with pytest.raises(SystemExit, match="unknown hyper-parameter"):
-        cli.main(["train", "--dataset", "synthetic", "--method", "gcn", "--heads", "4", "--quiet"])
+def test_train_refuses_an_unknown_strategy(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    argv = ["train", "--dataset", "synthetic", "--method", "gcn", "--strategy", "fedsgd", "--quiet"]
+    assert cli.main([*argv, "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedgat train: error: ") and "strategy" in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_train_rejects_flag_the_method_does_not_use(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    argv = ["train", "--dataset", "synthetic", "--method", "gcn", "--heads", "4", "--quiet"]
+    assert cli.main([*argv, "--json", str(out)]) == 2
+    assert "unknown hyper-parameter" in capsys.readouterr().err and not out.exists()
+
+
+def test_train_says_where_the_json_went(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    argv = ["train", "--dataset", "synthetic", "--method", "gcn", "--rounds", "1", "--quiet"]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    assert f"wrote the results as JSON to {out}" in capsys.readouterr().err and out.is_file()
+
+
+def test_demo_reports_pre_training_before_training_and_names_strategy_and_rule(capsys, monkeypatch):
+    import fedgat.pipeline
+
+    real = fedgat.pipeline.train_fedgat
+    seen = []
+
+    def train_after_the_report(*args, **kwargs):
+        seen.append(capsys.readouterr().out)  # what the user has seen when training starts
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fedgat.pipeline, "train_fedgat", train_after_the_report)
+    assert cli.main(["demo", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--quiet"]) == 0
+    before = seen[0]
+    assert "training: fedadam, minimum-cross rule off" in before  # the header names the defaults
+    assert "pre-training (encrypted), seconds per phase" in before and "packing: a ciphertext holds" in before
+    assert "test accuracy" not in before
+    assert "FedGAT test accuracy (encrypted pre-training)" in capsys.readouterr().out

@@ -271,9 +271,13 @@ def test_fedadam_and_strategy_settings_are_validated():
             FedAdam(**kwargs)
     hp = resolve_hparams("gat", {"strategy": "fedadam"})
     assert isinstance(strategy_from_hparams(hp).server, FedAdam)
-    assert isinstance(strategy_from_hparams(resolve_hparams("gat", {"mu": 0.1})).server, FedProx)
+    prox = resolve_hparams("gat", {"strategy": "fedavg", "mu": 0.1})
+    assert isinstance(strategy_from_hparams(prox).server, FedProx)
     with pytest.raises(ValueError, match="mu"):
         strategy_from_hparams(resolve_hparams("gat", {"strategy": "fedadam", "mu": 0.1}))
+    # FedAdam is the default, so mu alone is refused with the fix in the message
+    with pytest.raises(ValueError, match="--strategy fedavg --mu"):
+        strategy_from_hparams(resolve_hparams("gat", {"mu": 0.1}))
     with pytest.raises(ValueError, match="strategy"):
         resolve_hparams("gat", {"strategy": "fedsgd"})
 
@@ -282,8 +286,9 @@ def test_strategy_halves():
     """strategy_from_hparams builds both halves; the client half is what the server half asks for, and a
     client given the server half (or nothing) trains as with the client half (or FedAvg's)."""
     for overrides, server_type, client in (
-        ({}, FedAvg, ClientStrategy()),
-        ({"mu": 0.1}, FedProx, ClientStrategy(mu=0.1)),
+        ({}, FedAdam, ClientStrategy("sgd", lr=1.0, weight_decay=0.0)),  # the default
+        ({"strategy": "fedavg"}, FedAvg, ClientStrategy()),
+        ({"strategy": "fedavg", "mu": 0.1}, FedProx, ClientStrategy(mu=0.1)),
         ({"strategy": "fedadam", "client_lr": 0.5}, FedAdam, ClientStrategy("sgd", lr=0.5, weight_decay=0.0)),
     ):
         pair = strategy_from_hparams(resolve_hparams("gat", overrides))

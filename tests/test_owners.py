@@ -166,8 +166,8 @@ def test_partition_from_the_dirichlet_owner_file_equals_the_dirichlet_partition(
     else:
         path.write_text("client\n" + _lines(owner))
     given = load_owners(path, graph.num_nodes, num_clients=k)
-    want = make_partition(graph, k, beta=beta, seed=seed, neighbour_cap=cap)
-    got = make_partition(graph, k, seed=seed, neighbour_cap=cap, owner=given)
+    want = make_partition(graph, k, beta=beta, seed=seed, neighbour_cap=cap, min_cross=2)
+    got = make_partition(graph, k, seed=seed, neighbour_cap=cap, owner=given, min_cross=2)
     _same_partition(got, want)
     assert want.cross_dropped_by_rule > 0  # the rule had something to do
 
@@ -184,3 +184,23 @@ def test_rules_apply_to_user_owners(graph):
         cross = int((owner[others] != owner[i]).sum())
         assert cross == 0 or cross >= 2
     assert [c.owned.tolist() for c in p.clients] == [np.flatnonzero(owner == c).tolist() for c in range(4)]
+
+
+def test_methods_and_the_pipeline_take_the_users_owners(graph):
+    """``owner=`` reaches every method's partition (not the Dirichlet split) and the encrypted run."""
+    from fedgat.methods import _fedgat_bytes, build_federation, pretrain_bytes, resolve_hparams
+    from fedgat.pipeline import run_encrypted_fedgat
+
+    owner = np.arange(graph.num_nodes) % 3
+    want = make_partition(graph, 3, seed=0, num_layers=2, owner=owner)
+    got_bytes = pretrain_bytes("fedgat", graph, 3, owner=owner)
+    assert got_bytes == _fedgat_bytes(want, "vector", graph.num_features)
+    assert got_bytes != pretrain_bytes("fedgat", graph, 3)  # the Dirichlet split differs
+    fed = build_federation("distgat", graph, 3, owner=owner)
+    assert [task.inputs[0].shape[0] for task, _ in fed.tasks] == np.bincount(owner).tolist()
+    hp = {"rounds": 2, "patience": 2}
+    run = run_encrypted_fedgat(graph, owner=owner, progress=False, workers=0, **hp)
+    assert np.array_equal(run.partition.owner, owner) and len(run.pretrain.encodings) == 3
+    assert run.training.hparams == resolve_hparams("fedgat", {"variant": "vector", **hp})
+    with pytest.raises(OwnersError, match="client"):
+        run_encrypted_fedgat(graph, owner=np.where(owner == 1, 2, owner), progress=False, **hp)

@@ -119,7 +119,7 @@ def test_dirichlet_split_bad_arguments(args, match):
 
 @pytest.fixture(scope="module")
 def cora_partition(cora):
-    return make_partition(cora, num_clients=10, beta=1.0, seed=0)
+    return make_partition(cora, num_clients=10, beta=1.0, seed=0, min_cross=2)  # the paper's rule
 
 
 def test_cora_partition_invariants(cora, cora_partition):

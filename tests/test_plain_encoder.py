@@ -18,6 +18,7 @@ from fedgat import plain_encoder
 from fedgat.app import bases_rng, build_pretrain_parties
 from fedgat.crypto.encodings import plan_views, release_key
 from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import Budget, DPLedger
 from fedgat.encodings import BucketBases, draw_bases, encode
 from fedgat.partition import make_partition
 from fedgat.pipeline import dp_features, drive, max_abs_error, plaintext_round, run_plaintext_pretraining
@@ -30,6 +31,14 @@ from graph_helpers import random_csr, unit_rows
 
 SEED = 11
 DP = FeatureDP(epsilon=4.0, delta=1e-5, dim=8, seed=5)
+
+
+def _release(graph, partition, dp):
+    """One CSPRNG release, charged to in-memory ledgers, for both the protocol and its twin."""
+    ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(partition.num_clients)}
+    return None if dp is None else dp_features(graph, partition, dp, ledgers=ledgers)
+
+
 VARIANTS = ["vector", "matrix"]
 
 
@@ -143,12 +152,13 @@ def test_plaintext_round_is_the_servers_plan(federation, dp):
     server computes is the plaintext encoding's columns over the recipient's foreign neighbours,
     and the plaintext encodings match the decrypted ones."""
     graph, partition = federation
-    parties = build_pretrain_parties(graph, partition, seed=SEED, workers=0, dp=dp)
+    drawn = _release(graph, partition, dp)
+    parties = build_pretrain_parties(graph, partition, seed=SEED, workers=0, dp=dp, dp_release=drawn)
     drive(InProcessTransport(), parties.all())
     assert all(p.done for p in parties.all().values())
     server = parties.server
     assert server.plan is not None and server.plan.shares is not None
-    rnd = plaintext_round(graph, partition, "vector", SEED, dp=dp)
+    rnd = plaintext_round(graph, partition, "vector", SEED, dp=dp, dp_release=drawn)
     plan = rnd.plan
     assert len(plan.bases) == len(server.bases)
     for a, b in zip(plan.bases, server.bases, strict=True):
@@ -235,11 +245,12 @@ class Noisy:
 
 def test_owners_keep_their_own_row_and_the_encoder_is_injected(federation):
     graph, partition = federation
-    rnd = plaintext_round(graph, partition, "vector", SEED, dp=DP)
+    drawn = _release(graph, partition, DP)
+    rnd = plaintext_round(graph, partition, "vector", SEED, dp=DP, dp_release=drawn)
     noisy = Noisy(rnd.rows)
     got = rnd.run(noisy)
     assert noisy.closed
-    clean, release = dp_features(graph, partition, DP, SEED)
+    clean, release = drawn
     for c, enc in got.items():
         own = set(partition.clients[c].owned.tolist())
         for n, rows in rows_by_node(enc).items():

@@ -12,8 +12,8 @@ process) -- so all of them run the same protocol on the same data, from a graph,
   :func:`build_rounds_server` and one :func:`build_rounds_client` per client: FedGAT clients
   (:func:`fedgat.methods.fedgat_model_fn`) trained on their decrypted encodings
   (:func:`fedgat.tasks.tasks_from_encodings`);
-* :func:`bases_rng`, :func:`release_rng` -- the server's basis randomness and a client's DP release
-  noise: a CSPRNG, or streams seeded to pair a run with its plaintext twin;
+* :func:`bases_rng` -- the server's basis randomness: a CSPRNG, or a stream seeded to pair a run
+  with its plaintext twin (DP release noise is never seeded: :meth:`fedgat.dp.FeatureDP.release_rows`);
 * :func:`run_summary` -- a run's plain JSON values (``fedgat demo``, the pipeline's results).
 """
 
@@ -32,6 +32,7 @@ import torch
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.crypto.spool import CiphertextSpool
 from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import DPLedger, MissingLedgerError
 from fedgat.encodings import Encodings
 from fedgat.federated import Client, strategy_from_hparams
 from fedgat.graph import Graph
@@ -68,7 +69,6 @@ __all__ = [
     "build_training_parties",
     "make_deployment",
     "owned_neighbourhoods",
-    "release_rng",
     "run_summary",
     "training_secagg",
 ]
@@ -110,11 +110,6 @@ def make_deployment(num_clients: int) -> Deployment:
 def bases_rng(seed: int | str | None) -> RandomSource:
     """The server's basis randomness: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
     return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-pretrain-bases:{seed}")
-
-
-def release_rng(seed: int | str | None, client: int) -> RandomSource:
-    """Client ``client``'s DP release noise: a CSPRNG, or a seeded stream to pair with the plaintext twin."""
-    return RandomSource() if seed is None else RandomSource.from_seed(f"fedgat-dp-release:{seed}:{client}")
 
 
 # -------------------------------------------------------------------------------- pre-training
@@ -195,13 +190,18 @@ def build_pretrain_client(
     seed: int | str | None = None,
     dtype: torch.dtype = torch.float64,
     upload_batch: int = 32,
+    ledger: DPLedger | None = None,
+    release: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> ClientPretrain:
     """Client ``client``'s party of a pre-training round: its owned rows of ``graph.x``, its
     neighbourhoods, cross-client edges (:func:`cross_edges`) and ``needed`` nodes from ``partition``.
-    With ``config.dp`` its release noise comes from :func:`release_rng` (``seed``).
+    With ``config.dp`` the client draws its release (noise from a fresh CSPRNG, never from ``seed``)
+    and charges it to ``ledger`` (required) at construction, or uploads ``release`` -- ``(clean,
+    release)`` rows of every node, :func:`fedgat.pipeline.dp_features`, drawn and charged before.
 
     Raises:
         ValueError: the client owns no node.
+        MissingLedgerError, BudgetExceededError: see :class:`~fedgat.protocols.ClientPretrain`.
     """
     cp = partition.clients[client]
     if len(cp.owned) == 0:
@@ -214,7 +214,7 @@ def build_pretrain_client(
         config,
         identity,
         owned=cp.owned,
-        features=graph.x.numpy()[cp.owned],
+        features=graph.x.numpy()[cp.owned] if release is None else release[0].numpy()[cp.owned],
         indptr=indptr,
         indices=indices,
         cross=cross,
@@ -222,7 +222,8 @@ def build_pretrain_client(
         needed=cp.needed,
         dtype=dtype,
         upload_batch=upload_batch,
-        release_rng=None if config.dp is None else release_rng(seed, client),
+        ledger=ledger,
+        release=None if release is None else release[1].numpy()[cp.owned],
     )
 
 
@@ -243,14 +244,30 @@ def build_pretrain_parties(
     spool_dir: str | None = None,
     dp: FeatureDP | None = None,
     encoder: EncoderFactory | None = None,
+    dp_ledgers: Mapping[int, DPLedger] | None = None,
+    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> PretrainParties:
     """Build the server and the clients of a pre-training round for ``partition``.
 
     ``encoder``: where the server computes (default :func:`fedgat.crypto.encoders.local_encoder`
     with ``workers`` processes); ``spool_dir``: where it stores uploads (default a temporary folder).
 
-    ``dp``: the DP release of shared features (``PretrainConfig.dp``); each client draws its release
-    noise from a CSPRNG, or, with ``seed``, from a stream seeded with it (tests, plaintext twin)."""
+    ``dp``: the DP release of shared features (``PretrainConfig.dp``); each client ``c`` draws its
+    release with noise from a fresh CSPRNG (never from ``seed``) and charges it to ``dp_ledgers[c]``
+    (required with ``dp``: e.g. :meth:`fedgat.dp_ledger.DPLedger.for_owner`, a persistent file), or
+    uploads its rows of ``dp_release`` (``(clean, release)`` of every node, drawn and charged before
+    by :func:`fedgat.pipeline.dp_features`; to compare a run with its plaintext twin).
+
+    Raises:
+        MissingLedgerError: ``dp`` without ``dp_ledgers`` (or ``dp_release``), or a client without one.
+        BudgetExceededError: a client's release would exceed its budget (no party is built, nothing sent).
+    """
+    if dp is not None and dp_release is None:
+        missing = [c for c in range(partition.num_clients) if dp_ledgers is None or c not in dp_ledgers]
+        if missing:
+            raise MissingLedgerError(
+                f"a DP release needs every owner's ledger (dp_ledgers); none for clients {missing}"
+            )
     if partition.num_layers != 2:
         raise ValueError(
             "the pre-training protocol ships the 1-hop expansion: build the partition with num_layers=2"
@@ -285,6 +302,8 @@ def build_pretrain_parties(
             seed=seed,
             dtype=dtype,
             upload_batch=upload_batch,
+            ledger=None if dp_ledgers is None else dp_ledgers.get(c),
+            release=dp_release,
         )
         for c in roster.clients
     }
@@ -509,6 +528,8 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
                 "rows_released": pre.rows_released,
             }
         )
+        if pre.dp_spent is not None:  # client -> [epsilon, delta] its ledger has spent
+            out["dp_spent"] = {str(c): list(v) for c, v in pre.dp_spent.items()}
     if training is not None:
         fit = training.fit
         out.update(

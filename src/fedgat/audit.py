@@ -31,6 +31,7 @@ from fedgat.attacks import (
     spectral_attack,
 )
 from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import Budget, DPLedger, dataset_id
 from fedgat.encodings import encode
 from fedgat.graph import Graph
 from fedgat.partition import Partition, make_partition
@@ -40,10 +41,10 @@ from fedgat.variants import VariantLike, as_variant
 
 @dataclass(frozen=True)
 class Mitigation:
-    """The audited setting: ``min_cross`` (paper's k; 1 disables), ``neighbour_cap`` (None: off),
-    ``dp`` (None: features shared in the clear, inside ciphertexts)."""
+    """The audited setting: ``min_cross`` (paper's k; 0, the default, is off), ``neighbour_cap``
+    (None: off), ``dp`` (None: features shared in the clear, inside ciphertexts)."""
 
-    min_cross: int = 2
+    min_cross: int = 0
     neighbour_cap: int | None = None
     dp: FeatureDP | None = None
 
@@ -54,12 +55,22 @@ class Mitigation:
             "dp": None if self.dp is None else self.dp.describe(),
         }
 
+    def dp_spent(self) -> list[float] | None:
+        """``[epsilon, delta]`` one audited release spends (composed by :mod:`fedgat.dp_ledger`'s
+        accountant, as :func:`audit_clients` charges it; the audit report's ``dp_spent``), or None."""
+        if self.dp is None:
+            return None
+        ledger = DPLedger(Budget(self.dp.epsilon, self.dp.delta))
+        return list(ledger.charge("audited-release", self.dp.sigma))
+
 
 @dataclass
 class ClientAudit:
     """Pooled attack scores over all clients, plus per-attack raw counts."""
 
     scores: dict[str, RecoveryScore] = field(default_factory=dict)
+    #: with DP: the ``(epsilon, delta)`` the audited release spent (:func:`client_features`' ledger)
+    dp_spent: tuple[float, float] | None = None
 
     def add(self, score: RecoveryScore) -> None:
         old = self.scores.get(score.attack)
@@ -83,9 +94,17 @@ class ClientAudit:
 
 
 def client_features(
-    graph: Graph, mitigation: Mitigation, seed: int, null_release: bool = False
+    graph: Graph,
+    mitigation: Mitigation,
+    seed: int,
+    null_release: bool = False,
+    *,
+    ledger: DPLedger | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clean, shared)`` float64 features: what owners use and what other clients' encodings use.
+
+    With ``mitigation.dp`` the shared features are a release (:meth:`fedgat.dp.FeatureDP.release`,
+    noise from a fresh CSPRNG, never from ``seed``) charged to ``ledger`` (required).
 
     ``null_release`` shares the features of a random permutation of the nodes instead (released
     through the same mechanism): a release with the same distribution that carries no information on
@@ -97,7 +116,7 @@ def client_features(
     clean = graph.x.double() if mitigation.dp is None else mitigation.dp.project(graph.x).double()
     if mitigation.dp is None:
         return clean, x.double()
-    return clean, mitigation.dp.release(x, torch.Generator().manual_seed(seed)).double()
+    return clean, mitigation.dp.release(x, ledger=ledger).double()
 
 
 def audit_clients(
@@ -110,12 +129,16 @@ def audit_clients(
     clients: Iterable[int] | None = None,
     partition: Partition | None = None,
     null_release: bool = False,
+    dp_ledger: DPLedger | None = None,
 ) -> ClientAudit:
     """Run every applicable attack on every client's view and pool the scores.
 
     Ground truth is what the attacker wants: the *clean* features of foreign nodes (projected when
     the DP release projects, since that is all any party's model ever uses). ``null_release``: the
-    chance reference of :func:`client_features`.
+    chance reference of :func:`client_features`. ``dp_ledger``: charged for the audited release
+    (default with DP: an in-memory ledger whose budget is the mitigation's own ``(epsilon, delta)``:
+    the audit's release never leaves this process, so it only reports what one release spends,
+    ``dp_spent``).
     """
     kind = as_variant(variant)
     part = partition or make_partition(
@@ -126,10 +149,18 @@ def audit_clients(
         min_cross=mitigation.min_cross,
         neighbour_cap=mitigation.neighbour_cap,
     )
-    clean, shared = client_features(graph, mitigation, seed, null_release)
+    if mitigation.dp is not None and dp_ledger is None:
+        dp_ledger = DPLedger(Budget(mitigation.dp.epsilon, mitigation.dp.delta))
+    clean, shared = client_features(graph, mitigation, seed, null_release, ledger=dp_ledger)
     truth = clean.numpy()
     csr = part.neighbourhoods
     result = ClientAudit()
+    if mitigation.dp is not None and dp_ledger is not None:
+        shared_source = graph.x
+        if null_release:  # the permuted features client_features released
+            perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed + 7919))
+            shared_source = graph.x[perm]
+        result.dp_spent = dp_ledger.spent(dataset_id(np.asarray(shared_source, dtype=np.float64)))
     for cid in range(part.num_clients) if clients is None else clients:
         c = part.clients[cid]
         if len(c.needed) == 0:

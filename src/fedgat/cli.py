@@ -10,6 +10,14 @@ Every module in :mod:`fedgat.commands` that defines
 is a sub-command; :data:`COMMANDS` maps names to those modules. Adding a command means adding a
 module, nothing here. Command modules import heavy dependencies (torch, ...) inside ``run`` so that
 ``fedgat --help`` stays quick.
+
+Errors (one path for every command, :mod:`fedgat.cli_engine`): a bad argument is reported in one line
+on stderr, ``fedgat <command>: error: <message>``, with exit status 2 (argparse's errors and
+:class:`~fedgat.cli_engine.UsageError`, raised by the checks every command runs before any work);
+fedgat's typed errors raised while a command runs (a malformed graph or owners file, a missing
+dataset, a refused ciphertext: :func:`~fedgat.cli_engine.runtime_errors`) in the same form with exit
+status 1. ``--debug`` shows their tracebacks instead; any other exception is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from fedgat import __version__, commands
+from fedgat.cli_engine import ArgumentParser, UsageError, add_debug_argument, runtime_errors
 
 _REQUIRED = ("NAME", "HELP", "configure", "run")
 
@@ -51,20 +60,47 @@ COMMANDS: dict[str, ModuleType] = discover_commands()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``fedgat`` parser: one sub-parser per command, each with ``--debug``; every parser reports
+    its errors in one line (:class:`fedgat.cli_engine.ArgumentParser`)."""
+    parser = ArgumentParser(
         prog="fedgat", description="Federated graph attention networks (FedGAT, AAAI 2025) and baselines."
     )
     parser.add_argument("--version", action="version", version=f"fedgat {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
-        module.configure(sub.add_parser(name, help=module.HELP, description=module.HELP))
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        command.set_defaults(prog=command.prog)
+        module.configure(command)
+        add_debug_argument(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``) and run the chosen command; returns its status."""
-    args = build_parser().parse_args(argv)
-    return int(COMMANDS[args.command].run(args) or 0)
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen command and return its exit status:
+    0 on success, 2 for a bad argument, 1 for one of fedgat's typed errors (module docstring)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # only benchmarks with their own parser take options fedgat does not know
+        if not getattr(args, "passthrough", False):
+            prog = getattr(args, "prog", parser.prog)
+            parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
+        args.extra = extra
+    try:
+        return int(COMMANDS[args.command].run(args) or 0)
+    except UsageError as exc:
+        return _report(args, exc, 2)
+    except Exception as exc:
+        if not isinstance(exc, runtime_errors()):
+            raise
+        return _report(args, exc, 1)
+
+
+def _report(args: argparse.Namespace, exc: Exception, status: int) -> int:
+    if getattr(args, "debug", False):
+        raise exc
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"{getattr(args, 'prog', 'fedgat')}: error: {message}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -1,15 +1,363 @@
-"""``--engine``, ``--address`` and ``--actors``, shared by ``fedgat demo`` and ``fedgat train`` (kept
-outside :mod:`fedgat.commands`, whose every module is a subcommand)."""
+"""What every ``fedgat`` command shares: argument checks, error reporting, datasets, owners, outputs.
+
+Kept outside :mod:`fedgat.commands` (whose every module is a subcommand). One path for all commands:
+
+* :class:`UsageError`: a bad argument (a count below 1, a negative ``beta``, an output path that is a
+  directory, an unknown dataset name, more clients than nodes, ...). :func:`fedgat.cli.main` prints it
+  as one line, ``fedgat <command>: error: <message>``, and returns exit status 2, as argparse does for
+  its own errors.
+* fedgat's typed errors (:func:`runtime_errors`: a malformed graph or owners file, a missing dataset,
+  a refused ciphertext, ...) raised while a command runs: the same one line, exit status 1.
+* anything else is a bug and keeps its traceback; ``--debug`` shows the traceback of the two above too.
+
+Checks run before any work: :func:`check_counts` and :func:`check_output_file` /
+:func:`check_output_dir` on the arguments alone, then :func:`load_graph` and :func:`resolve_owners`
+(which also check ``--clients`` against the graph and the owners file) before anything is computed or
+written. Command modules import heavy dependencies (torch, ...) lazily so ``fedgat --help`` stays quick.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NoReturn
 
 ENGINE_CHOICES = ("inprocess", "ray")
+#: dataset names ``--dataset`` takes besides ``<family>:<name>`` and file paths
+DATASET_NAMES = ("cora", "citeseer", "pubmed", "synthetic")
+#: default client count when neither ``--clients`` nor ``--owners`` gives one
+DEFAULT_CLIENTS = 10
+_GRAPH_SUFFIXES = (".npz", ".pt", ".pth")
+_OWNERS_SUFFIXES = (".csv", ".txt", ".npy")
+
+
+class UsageError(Exception):
+    """A bad command-line argument; :func:`fedgat.cli.main` reports it in one line, exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``fedgat <command>: error: <message>`` and a pointer to
+    ``--help`` instead of the usage block (exit status 2, as argparse's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    """``--debug``: show the traceback of an error instead of its one-line report."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the full traceback of an error instead of a one-line message",
+    )
+
+
+def runtime_errors() -> tuple[type[BaseException], ...]:
+    """fedgat's own typed errors: reported in one line with exit status 1 (imported on demand)."""
+    from fedgat.checkpoint import CheckpointError
+    from fedgat.crypto.errors import CryptoError
+    from fedgat.federated import NonFiniteUpdateError
+    from fedgat.graph import GraphError
+    from fedgat.graph_files import DatasetNotFoundError
+    from fedgat.owners import OwnersError
+    from fedgat.protocols.errors import ProtocolError
+
+    errors: list[type[BaseException]] = [
+        GraphError,
+        DatasetNotFoundError,
+        OwnersError,
+        CryptoError,
+        ProtocolError,
+        CheckpointError,
+        NonFiniteUpdateError,
+    ]
+    try:
+        from fedgat.crypto.ray_encoder import RayUnavailableError
+        from fedgat.protocols.ray_host import RayEngineError
+
+        errors += [RayUnavailableError, RayEngineError]
+    except ImportError:  # pragma: no cover - the modules import ray lazily; kept defensive
+        pass
+    return tuple(errors)
+
+
+# ------------------------------------------------------------------------------------ numbers
+
+
+def check_counts(minimums: dict[str, tuple[float | None, float]]) -> None:
+    """Refuse counts below their minimum: ``{"--clients": (args.clients, 1), ...}`` (None: unset).
+
+    Raises:
+        UsageError: naming the first flag below its minimum.
+    """
+    for flag, (value, minimum) in minimums.items():
+        if value is not None and value < minimum:
+            raise UsageError(f"{flag} must be >= {minimum:g}, got {value:g}")
+
+
+def check_beta(beta: float) -> None:
+    """``--beta``: the Dirichlet concentration must be finite and > 0."""
+    if not (math.isfinite(beta) and beta > 0):
+        raise UsageError(f"--beta must be finite and > 0 (1: non-iid, 10000: ~iid), got {beta:g}")
+
+
+def parse_cap(value: str) -> int | None:
+    """``--neighbour-cap``'s value: 'none' or a whole number >= 1.
+
+    Raises:
+        UsageError: anything else.
+    """
+    if str(value).lower() == "none":
+        return None
+    try:
+        cap = int(value)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise UsageError(f"--neighbour-cap must be a whole number >= 1 or 'none', got {value!r}")
+    return cap
+
+
+# ------------------------------------------------------------------------------------ outputs
+
+
+def check_output_file(flag: str, path: Path | None) -> None:
+    """Refuse an output file that cannot be written: an existing directory, or a place under a file
+    or an unwritable folder. Nothing is left behind: a probe file is created and removed at once in
+    the nearest existing folder, and missing folders are made only when the result is written.
+
+    Raises:
+        UsageError: naming ``flag`` and the problem.
+    """
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file path (e.g. {path / 'results.json'})")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path} is not writable")
+    _check_creatable(flag, path.parent, path)
+
+
+def check_output_dir(flag: str, path: Path | None) -> None:
+    """Refuse an output folder that cannot be written: an existing file, or under an unwritable folder.
+
+    Raises:
+        UsageError: naming ``flag`` and the problem.
+    """
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file; give a folder")
+    _check_creatable(flag, path if path.is_dir() else path.parent, path)
+
+
+def _check_creatable(flag: str, parent: Path, path: Path) -> None:
+    ancestor = parent.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"{flag} {path}: {ancestor} is a file, not a folder")
+    # a real probe (created and removed at once): os.access says yes to root even on read-only mounts
+    try:
+        with tempfile.TemporaryFile(dir=ancestor, prefix=".fedgat-write-check-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"{flag} {path}: cannot create files in {ancestor} ({reason})") from None
+
+
+def write_text(path: Path, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` (making its folder) and say where it went (stderr)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {what} to {path}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------ datasets
+
+
+def add_dataset_argument(parser: argparse.ArgumentParser, default: str = "cora") -> None:
+    """``--dataset``: a name, ``<family>:<name>`` or a ``.npz``/``.pt`` path (:func:`fedgat.data.load_dataset`)."""
+    parser.add_argument(
+        "--dataset",
+        default=default,
+        metavar="DATASET",
+        help=f"{', '.join(DATASET_NAMES)} (synthetic: a planted-class graph for quick checks); a PyG "
+        "dataset as FAMILY:NAME (citationfull:cora_ml, coauthor:cs, amazon:photo, ...; raw files under "
+        "$FEDGAT_DATA); or a path to a gnn-benchmark .npz or a saved torch_geometric Data (.pt) "
+        f"(default {default})",
+    )
+
+
+def check_dataset(spec: str) -> None:
+    """The form of ``--dataset`` alone (nothing is read): a known name, ``<family>:<name>`` of a known
+    family, or an existing file with a graph suffix (its content is checked when loading).
+
+    Raises:
+        UsageError: an unknown name or family, a missing file, or a file type fedgat cannot read.
+    """
+    from fedgat.data import PYG_DATASETS
+
+    lower = spec.lower()
+    if lower.endswith(_GRAPH_SUFFIXES):
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            raise UsageError(f"--dataset {spec} is a directory; give a .npz or .pt file")
+        if not path.is_file():
+            raise UsageError(f"--dataset {spec}: no such file")
+        return
+    if "/" in spec or os.sep in spec or Path(spec).suffix:
+        raise UsageError(
+            f"--dataset {spec}: unsupported file type {Path(spec).suffix or '(no suffix)'!r}; fedgat reads "
+            ".npz (gnn-benchmark layout) and .pt/.pth (a saved torch_geometric Data)"
+        )
+    if lower in DATASET_NAMES:
+        return
+    family, colon, name = lower.partition(":")
+    if colon and family in PYG_DATASETS:
+        if name in PYG_DATASETS[family]:
+            return
+        raise UsageError(
+            f"--dataset {spec}: unknown {family} dataset {name!r}; choose one of "
+            f"{', '.join(f'{family}:{n}' for n in PYG_DATASETS[family])}"
+        )
+    raise UsageError(
+        f"--dataset {spec}: unknown dataset; give one of {', '.join(DATASET_NAMES)}, a PyG dataset as "
+        f"FAMILY:NAME ({', '.join(f'{f}:' for f in PYG_DATASETS)}), or a path to a .npz or .pt file"
+    )
+
+
+def check_nodes(dataset: str, nodes: int | None, minimum: int = 40) -> None:
+    """``--nodes`` applies to ``--dataset synthetic`` only and must be >= ``minimum``."""
+    if nodes is None:
+        return
+    if dataset.lower() != "synthetic":
+        raise UsageError("--nodes applies to --dataset synthetic only")
+    if nodes < minimum:
+        raise UsageError(f"--nodes must be >= {minimum}, got {nodes}")
+
+
+def load_graph(dataset: str, quiet: bool = False, **synthetic: Any):
+    """Load ``--dataset`` (``synthetic`` with the ``synthetic`` keyword arguments) and print its report
+    (what was dropped, merged or symmetrised on the way in) in one line on stderr.
+
+    Raises:
+        DatasetNotFoundError, DatasetFormatError, GraphError: from :func:`fedgat.data.load_dataset`.
+    """
+    from fedgat.data import load_dataset
+
+    graph = (
+        load_dataset("synthetic", **synthetic) if dataset.lower() == "synthetic" else load_dataset(dataset)
+    )
+    if not quiet and graph.report is not None:
+        print(report_line(graph), file=sys.stderr)
+    return graph
+
+
+def report_line(graph) -> str:
+    """The graph's :class:`~fedgat.graph_pyg.GraphReport` in one short line: nodes, edges, what was
+    removed, merged or added on the way in, and where the split came from (the full account is
+    ``str(graph.report)``)."""
+    r = graph.report
+    changes = [
+        f"{count} {what}"
+        for count, what in (
+            (r.self_loops_removed, "self-loops removed"),
+            (r.duplicates_removed, "duplicates merged"),
+            (r.edges_added, "reverse edges added (the input was directed)"),
+            (r.isolated_nodes, "isolated nodes kept"),
+        )
+        if count
+    ]
+    split = "its own split" if r.split.startswith("given") else "a seeded per-class split"
+    if "clipped" in r.split:
+        split += " (clipped to the graph's size)"
+    edges = f"{r.output_edges} directed edges" + (f" ({', '.join(changes)})" if changes else "")
+    return f"graph: {graph.name}, {r.num_nodes} nodes, {edges}, {split}"
+
+
+# ------------------------------------------------------------------------------------ owners
+
+
+def add_owners_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--clients`` and ``--owners`` (the client count defaults to the owners file's, else 10)."""
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=None,
+        help=f"number of clients (default: the owners file's, else {DEFAULT_CLIENTS})",
+    )
+    parser.add_argument(
+        "--owners",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="which client owns which node: one client id (0..K-1) per node, in node order, as CSV "
+        "(one column, or a header with a 'client' column and optionally 'node') or .npy; replaces the "
+        "Dirichlet label split (--beta is then unused); see fedgat.owners",
+    )
+
+
+def check_owners_path(path: Path | None) -> None:
+    """The form of ``--owners`` alone: a file of a readable type (its content is checked later)."""
+    if path is None:
+        return
+    if path.suffix.lower() not in _OWNERS_SUFFIXES:
+        raise UsageError(
+            f"--owners {path}: unsupported type {path.suffix or '(no suffix)'!r}; "
+            f"give {', '.join(_OWNERS_SUFFIXES)}"
+        )
+    if path.is_dir():
+        raise UsageError(f"--owners {path} is a directory; give a file")
+    if not path.is_file():
+        raise UsageError(f"--owners {path}: no such file")
+
+
+def resolve_owners(args: argparse.Namespace, graph) -> Any:
+    """Read ``--owners`` against ``graph`` and settle ``args.clients`` (in place).
+
+    Without ``--owners``: ``args.clients`` defaults to 10 and must not exceed the graph's nodes. With
+    it: the file's client count, or ``--clients`` when given (every id must then lie below it and every
+    client own a node).
+
+    Returns:
+        the ``(N,)`` int64 owner array, or None (the Dirichlet split).
+
+    Raises:
+        UsageError: more clients than nodes.
+        OwnersError: a malformed or inconsistent owners file (:func:`fedgat.owners.load_owners`).
+    """
+    if args.owners is None:
+        if args.clients is None:
+            args.clients = DEFAULT_CLIENTS
+        if args.clients > graph.num_nodes:
+            raise UsageError(
+                f"--clients {args.clients}: {graph.name} has {graph.num_nodes} nodes, so some client would "
+                f"own no node; give at most {graph.num_nodes} clients"
+            )
+        return None
+    from fedgat.owners import load_owners
+
+    owners = load_owners(args.owners, graph.num_nodes, args.clients)
+    args.clients = int(owners.max()) + 1 if args.clients is None else args.clients
+    return owners
+
+
+def describe_split(args: argparse.Namespace) -> str:
+    """How the nodes were split, for headers: ``beta 1`` or ``owners from FILE``."""
+    return f"owners from {args.owners}" if args.owners is not None else f"beta {args.beta:g}"
+
+
+# ------------------------------------------------------------------------------------ engines
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--engine``, ``--address``, ``--actors`` (shared with ``fedgat train``)."""
+    """``--engine``, ``--address``, ``--actors`` (shared by ``fedgat demo`` and ``fedgat train``)."""
     parser.add_argument(
         "--engine",
         default="inprocess",
@@ -30,21 +378,28 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_engine_arguments(args: argparse.Namespace) -> None:
+    """``--address``/``--actors`` need ``--engine ray``; ``--actors`` >= 1.
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    if args.engine != "ray" and (args.address is not None or args.actors is not None):
+        raise UsageError("--address and --actors need --engine ray")
+    if args.actors is not None and args.actors < 1:
+        raise UsageError(f"--actors must be >= 1, got {args.actors}")
+
+
 def open_engine(args: argparse.Namespace, command: str):
     """The :class:`~fedgat.protocols.ray_engine.RayEngine` of ``--engine ray`` (None for inprocess).
 
     Raises:
-        SystemExit: Ray is missing, or ``--address``/``--actors`` without ``--engine ray``.
+        UsageError: ``--address``/``--actors`` without ``--engine ray``, or ``--actors`` below 1.
+        RayUnavailableError: Ray is missing (a runtime error, exit status 1).
     """
+    check_engine_arguments(args)
     if args.engine != "ray":
-        if args.address is not None or args.actors is not None:
-            raise SystemExit(f"fedgat {command}: --address and --actors need --engine ray")
         return None
-    if args.actors is not None and args.actors < 1:
-        raise SystemExit(f"fedgat {command}: --actors must be >= 1")
-    from fedgat.protocols.ray_engine import RayEngine, RayUnavailableError
+    from fedgat.protocols.ray_engine import RayEngine
 
-    try:
-        return RayEngine(args.actors, address=args.address, threads=args.threads)
-    except RayUnavailableError as exc:
-        raise SystemExit(f"fedgat {command}: {exc}") from None
+    return RayEngine(args.actors, address=args.address, threads=args.threads)

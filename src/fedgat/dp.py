@@ -22,19 +22,32 @@ only for unit-norm features (:func:`fedgat.approx.logit_scale`). An unnormalised
 outside the domain and collapsed training to below-chance accuracy (measured: 0.15 on Cora) before
 this step was added. It also bounds every released value by 1, well inside CKKS's headroom.
 
-Accounting. The unit of privacy is one node's feature vector (neighbouring datasets differ in the
-features of one node). Each vector is released exactly once, before training; encodings, training
-and everything else other clients see are post-processing of the release, so the guarantee
-against other clients is :math:`(\varepsilon, \delta)` per node for the whole run, with no
-composition over rounds. The owner's own encodings use the clean features. Against the server the
-features are protected by encryption, not by this mechanism. Graph structure is not protected.
+Accounting and scope, per channel. The unit of privacy is one node's feature vector (neighbouring
+datasets differ in the features of one node); graph structure is not protected.
+
+* Released rows against recipients (other clients): covered. What a client receives about another
+  owner's nodes (encodings built from the release, in the encrypted round or the plaintext paths) is
+  post-processing of the release, so one release is :math:`(\varepsilon, \delta)`-DP per node
+  against them. Releases compose: every release is charged to the owner's persistent ledger
+  (:class:`fedgat.dp_ledger.DPLedger`, composed with ``dp_accounting``) *before* its noise is drawn,
+  and one that would exceed the owner's budget is refused (:class:`~fedgat.dp_ledger.BudgetExceededError`);
+  a release without a ledger is refused too (:class:`~fedgat.dp_ledger.MissingLedgerError`).
+* Model updates against the server (and, through the global model, against other clients): NOT
+  covered. Owners train on their *clean* features, so the updates and the global model depend on them
+  directly and are not post-processing of the release; no DP bound holds for that channel yet
+  (secure aggregation hides individual updates, not the aggregate).
+* Against the server the uploaded rows are protected by encryption, not by this mechanism.
+
+The noise always comes from a fresh :class:`fedgat.randomness.RandomSource` (ChaCha20 keyed from
+``os.urandom``); a seed drives only public choices (the projection ``FeatureDP.seed``, the partition,
+the bases), never the noise, so nobody can subtract it from public inputs.
 
 Encrypted pre-training (:mod:`fedgat.protocols.pretrain`, ``PretrainConfig.dp``): each client
 computes :meth:`FeatureDP.release_rows` of its own nodes -- the clean projection and the release,
-with noise from its own ChaCha20 CSPRNG (:class:`fedgat.randomness.RandomSource`; seedable for
-tests only) -- and uploads both, encrypted. The server builds the encodings a client receives from
-that client's clean ciphertexts for the sources it owns and from the released ciphertexts for every
-other source, so no client ever receives a result that depends on another client's clean copy.
+charged to its ledger -- and uploads both, encrypted. The server builds the encodings a client
+receives from that client's clean ciphertexts for the sources it owns and from the released
+ciphertexts for every other source, so no client ever receives a result that depends on another
+client's clean copy.
 
 The projection is what makes moderate :math:`\varepsilon` usable: the noise norm grows like
 :math:`\sigma\sqrt{k}`, so on Cora's 1433 dimensions plain Gaussian noise at
@@ -50,7 +63,8 @@ import numpy as np
 import torch
 from scipy.special import log_ndtr, ndtr
 
-from fedgat.randomness import RandomSource, as_random_source
+from fedgat.dp_ledger import DPLedger, MissingLedgerError, dataset_id
+from fedgat.randomness import RandomSource
 
 SENSITIVITY = 2.0  # L2 distance between two unit vectors
 
@@ -135,24 +149,46 @@ class FeatureDP:
         y = x if R is None else x @ R.T.to(x.dtype)
         return torch.nn.functional.normalize(y, dim=1)
 
-    def release(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The release of features ``x`` ``(N, d)``: projected, unit norm, plus Gaussian noise, renormalised."""
-        y = self.project(x)
-        return _unit_rows(y + self.sigma * torch.randn(y.shape, generator=generator, dtype=y.dtype))
+    def release(
+        self, x: torch.Tensor, *, ledger: DPLedger | None, recipients: tuple[int, ...] = ()
+    ) -> torch.Tensor:
+        """The release of features ``x`` ``(N, d)``: projected, unit norm, plus Gaussian noise,
+        renormalised (:meth:`release_rows`, same dtype as ``x``)."""
+        _, rows = self.release_rows(x, ledger=ledger, recipients=recipients)
+        return torch.from_numpy(rows).to(x.dtype)
 
     def release_rows(
-        self, x: np.ndarray | torch.Tensor, rng: RandomSource | int | None = None
+        self,
+        x: np.ndarray | torch.Tensor,
+        *,
+        ledger: DPLedger | None,
+        recipients: tuple[int, ...] = (),
+        _test_rng: RandomSource | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(clean, release)`` float64 ``(N, k)`` rows of the features ``x`` ``(N, d)`` of one owner.
 
         ``clean`` is :meth:`project` (computed in float64); ``release`` adds ``sigma`` times standard
-        normal noise and renormalises each row (see the module docstring); the noise comes from ``rng``: a :class:`~fedgat.randomness.RandomSource` (ChaCha20), an int seed
-        (reproducible: tests and plaintext-vs-encrypted comparisons only) or None (a fresh CSPRNG key,
-        the default). The noise is drawn row-major in one call, so the same stream gives the same
-        release whoever computes it.
+        normal noise and renormalises each row (see the module docstring). The release is first charged
+        to the owner's ``ledger`` (:meth:`fedgat.dp_ledger.DPLedger.charge`, dataset
+        :func:`~fedgat.dp_ledger.dataset_id` of ``x``, ``recipients``); the noise is then drawn from a
+        fresh :class:`~fedgat.randomness.RandomSource` (ChaCha20 keyed from ``os.urandom``): it never
+        derives from a seed or any other public input. ``_test_rng`` replaces that source in tests only.
+
+        Raises:
+            MissingLedgerError: ``ledger`` is None (nothing is drawn).
+            BudgetExceededError: the release would exceed the ledger's budget (nothing is drawn).
         """
-        clean = self.project(torch.as_tensor(np.asarray(x), dtype=torch.float64)).numpy()
-        noise = as_random_source(rng).normal(clean.shape)
+        if ledger is None:
+            raise MissingLedgerError(
+                "a DP release needs the owner's ledger (fedgat.dp_ledger.DPLedger): its budget bounds what "
+                "all of the owner's releases may spend"
+            )
+        if _test_rng is not None and not isinstance(_test_rng, RandomSource):
+            raise TypeError(f"_test_rng must be a RandomSource, not {type(_test_rng).__name__}")
+        raw = np.asarray(x, dtype=np.float64)
+        clean = self.project(torch.from_numpy(raw)).numpy()
+        ledger.charge(dataset_id(raw), self.sigma, recipients)
+        noise = (_test_rng if _test_rng is not None else RandomSource()).normal(clean.shape)
         return clean, _unit_rows(torch.from_numpy(clean + self.sigma * noise)).numpy()
 
     def describe(self) -> dict:

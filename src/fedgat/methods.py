@@ -36,6 +36,7 @@ from torch import nn
 
 from fedgat.approx import fit_score
 from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import owner_ledgers
 from fedgat.encodings import as_variant, encode, encoding_size
 from fedgat.federated import Client, LocalTask, Server, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
@@ -59,7 +60,7 @@ _TRAINING = {
     "weight_decay": 5e-4,
     "fraction": 1.0,
     "mu": 0.0,
-    "strategy": "fedavg",
+    "strategy": "fedadam",
     "client_lr": 1.0,
 }
 _GAT = {"hidden": 8, "heads": 8, "dropout": 0.6}
@@ -75,10 +76,12 @@ _DEFAULTS: dict[str, dict] = {
         "psi": "leaky_relu",
         "fit": "interpolation",
         "neighbour_cap": "auto",
-        "min_cross": 2,
+        "min_cross": 0,
         "dp_epsilon": None,
         "dp_delta": 1e-5,
         "dp_dim": 64,
+        "dp_budget": None,
+        "dp_ledger_dir": None,
     },
     "distgat": {**_TRAINING, **_GAT},
     "fedgcn": {**_TRAINING, **_GCN},
@@ -92,14 +95,18 @@ def default_hparams(method: str) -> dict:
 
     Shared: ``rounds`` (max rounds), ``patience`` (early stopping, rounds), ``local_epochs`` (E),
     ``lr``, ``weight_decay`` (Adam), ``fraction`` (clients per round), ``mu`` (FedProx; 0 = FedAvg),
-    ``strategy`` ("fedavg": clients run Adam, the server averages; "fedadam": clients run SGD with
-    ``client_lr``, the server runs Adam, :class:`fedgat.federated.FedAdam`).
+    ``strategy`` ("fedadam", the default: clients run SGD with ``client_lr``, the server runs Adam,
+    :class:`fedgat.federated.FedAdam`; "fedavg", the paper's: clients run Adam, the server averages).
     GAT-type: ``hidden``, ``heads``, ``dropout``. GCN-type: ``hidden``, ``dropout``.
     FedGAT: ``variant`` ("vector"/"matrix"), ``feature_dropout`` (columns of W), ``degree``,
     ``domain``, ``psi``, ``fit`` (score polynomial, :func:`fedgat.approx.fit_score`),
-    ``neighbour_cap`` ("auto": 16 for matrix, None for vector), ``min_cross``; ``dp_epsilon``
+    ``neighbour_cap`` ("auto": 16 for matrix, None for vector), ``min_cross`` (the paper's rule k;
+    0, the default, is off: see :func:`fedgat.partition.make_partition`); ``dp_epsilon``
     (None: off), ``dp_delta``, ``dp_dim``: the DP release of the features other clients' encodings
-    use (:class:`fedgat.dp.FeatureDP`; every model then reads the ``dp_dim``-dim projection).
+    use (:class:`fedgat.dp.FeatureDP`; every model then reads the ``dp_dim``-dim projection);
+    ``dp_budget`` (``(epsilon, delta)``, needed for owners without a ledger yet) and ``dp_ledger_dir``
+    (None: ``~/.fedgat/dp_ledger`` or ``$FEDGAT_DP_LEDGER_DIR``): each owner's persistent ledger
+    (:func:`fedgat.dp_ledger.owner_ledgers`), charged before its release is drawn.
     """
     _check_method(method)
     return dict(_DEFAULTS[method])
@@ -181,6 +188,8 @@ def run_method(
     beta: float = 1.0,
     seed: int = 0,
     callback: Callable[[int, dict], None] | None = None,
+    *,
+    owner: np.ndarray | None = None,
     **hparams,
 ) -> RunResult:
     """Set up ``method`` on ``graph`` split among ``num_clients`` clients and train it.
@@ -192,6 +201,9 @@ def run_method(
         seed: seeds the split, the encodings' bases, model initialisation, dropout and client
             sampling; a run is reproducible from its arguments.
         callback: ``callback(round, metrics)`` after every round (progress bars).
+        owner: ``(N,)`` client id of every node, the user's split instead of the Dirichlet one
+            (``num_clients`` must match it; ``beta`` is unused); check a user's file with
+            :func:`fedgat.owners.load_owners`. Ignored by centralised methods.
         **hparams: overrides of :func:`default_hparams`.
 
     Returns:
@@ -203,7 +215,7 @@ def run_method(
     hp = resolve_hparams(method, hparams)
     clients = 1 if method in CENTRALISED else num_clients
     start = time.perf_counter()
-    fed = _BUILDERS[method](graph, clients, beta, seed, hp)
+    fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)
     torch.manual_seed(seed)
     model = fed.model_fn()
     initial = model.state_dict()
@@ -244,45 +256,70 @@ def run_method(
 
 
 def build_federation(
-    method: str, graph: Graph, num_clients: int = 10, beta: float = 1.0, seed: int = 0, **hparams
+    method: str,
+    graph: Graph,
+    num_clients: int = 10,
+    beta: float = 1.0,
+    seed: int = 0,
+    *,
+    owner: np.ndarray | None = None,
+    **hparams,
 ) -> Federation:
     """The clients' pre-training data and model factory of ``method``, without training (what
     :func:`run_method` trains on; centralised methods get one client whatever ``num_clients``)."""
     hp = resolve_hparams(method, hparams)
-    return _BUILDERS[method](graph, 1 if method in CENTRALISED else num_clients, beta, seed, hp)
+    return _BUILDERS[method](graph, 1 if method in CENTRALISED else num_clients, beta, seed, hp, owner)
 
 
 def pretrain_bytes(
-    method: str, graph: Graph, num_clients: int = 10, beta: float = 1.0, seed: int = 0, **hparams
+    method: str,
+    graph: Graph,
+    num_clients: int = 10,
+    beta: float = 1.0,
+    seed: int = 0,
+    *,
+    owner: np.ndarray | None = None,
+    **hparams,
 ) -> int:
     """The float32 bytes ``method``'s pre-training round ships (summed over clients), without
     building the encodings or training; equals :attr:`RunResult.pretrain_bytes`."""
     hp = resolve_hparams(method, hparams)
     if method == "fedgat":
         return _fedgat_bytes(
-            fedgat_partition(graph, num_clients, beta, seed, hp), hp["variant"], graph.num_features
+            fedgat_partition(graph, num_clients, beta, seed, hp, owner), hp["variant"], graph.num_features
         )
     if method == "fedgcn":
-        return _fedgcn_bytes(make_partition(graph, num_clients, beta, seed, min_cross=0), graph.num_features)
+        part = make_partition(graph, num_clients, beta, seed, min_cross=0, owner=owner)
+        return _fedgcn_bytes(part, graph.num_features)
     return 0
 
 
 # ----------------------------------------------------------------------------------------- builders
 
 
-def _build_fedgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Federation:
+def _build_fedgat(
+    graph: Graph, num_clients: int, beta: float, seed: int, hp: dict, owner: np.ndarray | None = None
+) -> Federation:
     """FedGAT clients: encodings of their training/eval supports (subsets of ``needed``).
 
     With ``dp_epsilon`` set, a client's encodings use its own nodes' clean (projected) features and
-    every other node's DP release (:mod:`fedgat.dp`).
+    every other node's DP release (:mod:`fedgat.dp`): each owner draws its rows with fresh CSPRNG
+    noise, charged first to its ledger (``dp_budget``, ``dp_ledger_dir``).
     """
-    part = fedgat_partition(graph, num_clients, beta, seed, hp)
+    part = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
     nbh = part.neighbourhoods
     bases = RandomSource.from_seed(f"fedgat-bases:{seed}")
     x, shared = graph.x, None
     if hp["dp_epsilon"] is not None:
         dp = FeatureDP(hp["dp_epsilon"], hp["dp_delta"], hp["dp_dim"], seed=seed)
-        x, shared = dp.project(graph.x), dp.release(graph.x, torch.Generator().manual_seed(seed))
+        ledgers = owner_ledgers(part.num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
+        x = dp.project(graph.x)
+        shared = torch.zeros_like(x)
+        for c, cp in enumerate(part.clients):
+            if len(cp.owned):
+                others = tuple(o for o in range(part.num_clients) if o != c)
+                _, rows = dp.release_rows(graph.x[cp.owned], ledger=ledgers[c], recipients=others)
+                shared[cp.owned] = torch.from_numpy(rows).to(x.dtype)
 
     def inputs(nodes: np.ndarray, edges: torch.Tensor, client: int) -> tuple:
         enc = encode(
@@ -302,9 +339,11 @@ def _build_fedgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: di
     return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]))
 
 
-def _build_distgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Federation:
+def _build_distgat(
+    graph: Graph, num_clients: int, beta: float, seed: int, hp: dict, owner: np.ndarray | None = None
+) -> Federation:
     """DistGAT clients: raw features of owned nodes, edges between owned nodes only."""
-    part = make_partition(graph, num_clients, beta, seed)
+    part = make_partition(graph, num_clients, beta, seed, owner=owner)
     csr = drop_cross_client(part)
     tasks = []
     for cp in part.clients:
@@ -317,14 +356,16 @@ def _build_distgat(graph: Graph, num_clients: int, beta: float, seed: int, hp: d
     return Federation(tasks, _gat_factory(graph, hp), 0)
 
 
-def _build_fedgcn(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Federation:
+def _build_fedgcn(
+    graph: Graph, num_clients: int, beta: float, seed: int, hp: dict, owner: np.ndarray | None = None
+) -> Federation:
     r"""FedGCN clients: :math:`(\hat A X)` rows of their needed nodes, full-graph :math:`\hat A`.
 
     The partition keeps every edge (``min_cross=0``: FedGCN has no minimum-cross rule), so each
     client's local edges are all edges into its owned nodes, weighted :math:`1/\sqrt{\tilde d_i \tilde
     d_j}` with full-graph degrees; owned nodes' logits then equal the centralised GCN's.
     """
-    part = make_partition(graph, num_clients, beta, seed, min_cross=0)
+    part = make_partition(graph, num_clients, beta, seed, min_cross=0, owner=owner)
     nbh = part.neighbourhoods  # = graph.neighbourhoods(self_loops=True): nothing was filtered
     ax = normalised_aggregate(graph.x, nbh)  # (N, d): the server's one-round aggregate
     inv_sqrt_deg = torch.from_numpy(nbh.degrees()).float().rsqrt()
@@ -341,7 +382,9 @@ def _build_fedgcn(graph: Graph, num_clients: int, beta: float, seed: int, hp: di
     return Federation(tasks, model_fn, _fedgcn_bytes(part, graph.num_features))
 
 
-def _build_gat(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Federation:
+def _build_gat(
+    graph: Graph, num_clients: int, beta: float, seed: int, hp: dict, owner: np.ndarray | None = None
+) -> Federation:
     """Centralised GAT: one client holding the whole graph."""
     everyone = np.arange(graph.num_nodes)
     edges = graph.neighbourhoods(self_loops=True).to_edge_index()
@@ -349,7 +392,9 @@ def _build_gat(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict)
     return Federation([(task, task)], _gat_factory(graph, hp), 0)
 
 
-def _build_gcn(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Federation:
+def _build_gcn(
+    graph: Graph, num_clients: int, beta: float, seed: int, hp: dict, owner: np.ndarray | None = None
+) -> Federation:
     """Centralised GCN: one client holding the whole graph."""
     task = LocalTask((graph.x, graph.edge_index), owned_targets(graph, np.arange(graph.num_nodes)))
 
@@ -376,10 +421,13 @@ def _check_method(method: str) -> None:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
 
 
-def fedgat_partition(graph: Graph, num_clients: int, beta: float, seed: int, hp: dict) -> Partition:
-    """FedGAT's 2-layer Dirichlet split ``(num_clients, beta, seed)`` with the ``min_cross`` and
-    ``neighbour_cap`` of resolved hyper-parameters ``hp`` (:func:`resolve_hparams`); every FedGAT
-    engine splits this way (:func:`fedgat.pipeline.run_encrypted_fedgat`, the Flower apps)."""
+def fedgat_partition(
+    graph: Graph, num_clients: int, beta: float, seed: int, hp: dict, owner: np.ndarray | None = None
+) -> Partition:
+    """FedGAT's 2-layer split with the ``min_cross`` and ``neighbour_cap`` of resolved
+    hyper-parameters ``hp`` (:func:`resolve_hparams`): the Dirichlet split ``(num_clients, beta,
+    seed)``, or the user's ``owner`` array; every FedGAT engine splits this way
+    (:func:`fedgat.pipeline.run_encrypted_fedgat`, the Flower apps)."""
     return make_partition(
         graph,
         num_clients,
@@ -388,6 +436,7 @@ def fedgat_partition(graph: Graph, num_clients: int, beta: float, seed: int, hp:
         num_layers=2,
         min_cross=hp["min_cross"],
         neighbour_cap=hp["neighbour_cap"],
+        owner=owner,
     )
 
 

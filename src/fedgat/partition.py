@@ -9,9 +9,9 @@ neighbours in increasing id order. An edge ``j -> i`` is *cross-client* when
 :func:`make_partition` builds the attention neighbourhood every node uses in FedGAT from the graph's
 ``N(i) ∪ {i}`` by two rules, applied as *minimum-cross rule, cap, minimum-cross rule*:
 
-* minimum-cross rule (the paper's): a node with ``0 < c < min_cross`` cross-client neighbours loses all
-  of them, because an aggregate over a single foreign neighbour would reveal that neighbour
-  (``min_cross=2`` drops the cross-client neighbour of a node that has exactly one);
+* minimum-cross rule (the paper's; off by default): a node with ``0 < c < min_cross`` cross-client
+  neighbours loses all of them, because an aggregate over a single foreign neighbour would reveal that
+  neighbour (``min_cross=2`` drops the cross-client neighbour of a node that has exactly one);
 * neighbour cap (optional): a node with more than ``k`` neighbours besides itself keeps a uniform
   random subset of ``k`` of them, and always itself.
 
@@ -193,7 +193,7 @@ def make_partition(
     beta: float = 1.0,
     seed: int = 0,
     num_layers: int = 2,
-    min_cross: int = 2,
+    min_cross: int = 0,
     neighbour_cap: int | None = None,
     owner: np.ndarray | None = None,
 ) -> Partition:
@@ -205,8 +205,11 @@ def make_partition(
         beta: Dirichlet concentration for :func:`dirichlet_split` (1: non-iid, 10000: ~iid).
         seed: seeds both the split and the neighbour cap's sampling.
         num_layers: GAT depth ``L >= 1``; ``needed`` is the ``(L-1)``-hop expansion of owned nodes.
-        min_cross: minimum number of cross-client neighbours a node may keep (``<= 1`` disables the
-            rule; 2 is the paper's rule).
+        min_cross: the paper's minimum-cross rule ``k``: a node with fewer than ``k`` cross-client
+            neighbours loses them (2 is the paper's; 0, the default, is off, and so is 1). Off by
+            default because it protects nothing the audit can measure: it stops the neighbour-sum
+            attack alone, while the basis and spectral attacks recover every cross-client neighbour
+            with or without it (SECURITY.md), and it costs 1-4 points of accuracy.
         neighbour_cap: ``k >= 1`` to keep at most ``k`` neighbours besides the node itself, or None.
         owner: optional ``(N,)`` owner ids in ``0..K-1`` to use instead of a Dirichlet split
             (``beta`` is then unused; the minimum-cross rule and the cap apply as usual); clients may

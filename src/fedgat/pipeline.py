@@ -45,16 +45,17 @@ from fedgat.app import (
     build_pretrain_parties,
     build_training_parties,
     make_deployment,
-    release_rng,
     run_summary,
 )
 from fedgat.crypto import SlotLayout
 from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import DPLedger, dataset_id, owner_ledgers
 from fedgat.encodings import Encodings
 from fedgat.estimate import estimate_pretraining
 from fedgat.federated import FitResult
 from fedgat.graph import Graph
 from fedgat.methods import fedgat_partition, resolve_hparams
+from fedgat.owners import check_owners
 from fedgat.partition import Partition
 from fedgat.plain_encoder import PlaintextRound
 from fedgat.protocols import Delivery, InProcessTransport, Party, Transport, run_parties
@@ -99,16 +100,28 @@ def drive(transport: Transport, parties: Mapping[int, Party], observer: Observer
 
 
 def dp_features(
-    graph: Graph, partition: Partition, dp: FeatureDP, seed: int | str
+    graph: Graph, partition: Partition, dp: FeatureDP, *, ledgers: Mapping[int, DPLedger] | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(clean, release)`` float64 ``(N, k)``: every node's projected features and the DP release its
-    owner draws in :func:`run_encrypted_pretraining` with the same ``seed`` (the plaintext reference
-    of what each client uploads; :meth:`fedgat.dp.FeatureDP.release_rows`)."""
+    """``(clean, release)`` float64 ``(N, k)``: every node's projected features and a DP release of
+    them, each client's rows drawn as that client draws them (:meth:`fedgat.dp.FeatureDP.release_rows`,
+    fresh CSPRNG noise, charged to ``ledgers[c]``, recipients the other clients). Draw it once and hand
+    it to both :func:`run_encrypted_pretraining` and :func:`run_plaintext_pretraining` (``dp_release``)
+    to compare the two: no seed reproduces the noise.
+
+    Raises:
+        MissingLedgerError: no ledger for some client; BudgetExceededError: a client's budget is spent
+            (clients before it have been charged; nothing is returned).
+    """
     x = graph.x.numpy()
     k = dp.projected_dim(x.shape[1])
     clean, release = np.zeros((len(x), k)), np.zeros((len(x), k))
+    clients = tuple(range(partition.num_clients))
     for c, cp in enumerate(partition.clients):
-        clean[cp.owned], release[cp.owned] = dp.release_rows(x[cp.owned], release_rng(seed, c))
+        if len(cp.owned) == 0:
+            continue
+        ledger = None if ledgers is None else ledgers.get(c)
+        others = tuple(o for o in clients if o != c)
+        clean[cp.owned], release[cp.owned] = dp.release_rows(x[cp.owned], ledger=ledger, recipients=others)
     return torch.from_numpy(clean), torch.from_numpy(release)
 
 
@@ -161,6 +174,9 @@ class PretrainResult:
     fingerprint: bytes
     session: int
     deployment: Deployment = field(repr=False)
+    #: with DP: client id -> ``(epsilon, delta)`` its ledger has spent on its features after this
+    #: round's release (None without DP, or with a release drawn before: see ``dp_release``)
+    dp_spent: dict[int, tuple[float, float]] | None = None
     #: CPU seconds per phase of this process (the server's worker processes are not included)
     cpu_phases: dict[str, float] = field(default_factory=dict)
     #: the server's worker processes (0: it computed in this process)
@@ -244,6 +260,8 @@ def run_encrypted_pretraining(
     result_batch_bytes: int = 16 << 20,
     dp: FeatureDP | None = None,
     measure_server_alone: bool = False,
+    dp_ledgers: Mapping[int, DPLedger] | None = None,
+    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> PretrainResult:
     """Run the encrypted pre-training round (:mod:`fedgat.protocols.pretrain`) over ``transport``.
 
@@ -263,7 +281,10 @@ def run_encrypted_pretraining(
         dp: DP release of the features shared across clients (:class:`fedgat.dp.FeatureDP`): each
             client's encodings then read its own clean projected features and every other node's
             release (:func:`fedgat.encodings.encode` with ``shared_x``, ``owner``, ``viewer``); the
-            release noise is seeded by ``seed`` (None: each client's CSPRNG).
+            release noise comes from each client's CSPRNG, never from ``seed``.
+        dp_ledgers: with ``dp``, client id -> its :class:`~fedgat.dp_ledger.DPLedger` (required),
+            charged before anything is sent; the spent ``(epsilon, delta)`` is ``dp_spent``.
+        dp_release: with ``dp``, a release drawn before (:func:`dp_features`) to upload instead.
         measure_server_alone: after the round, compute every result again with the clients idle
             (:meth:`ServerPretrain.replay_compute`) and report its wall time as
             ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
@@ -282,6 +303,8 @@ def run_encrypted_pretraining(
         result_batch_bytes=result_batch_bytes,
         dp=dp,
         encoder=transport.encoder_factory(workers),
+        dp_ledgers=dp_ledgers,
+        dp_release=dp_release,
     )
     bars = _Progress(parties, progress)
     server = parties.server
@@ -356,6 +379,11 @@ def run_encrypted_pretraining(
         server_compute_span=marks["end"] - marks["start"] if "end" in marks else float("nan"),
         server_compute_alone=replay.wall if replay is not None else float("nan"),
         server_compute_alone_cpu=(replay.cpu, replay.worker_cpu) if replay is not None else (0.0, 0.0),
+        dp_spent=(
+            {c: client.dp_spent for c, client in parties.clients.items() if client.dp_spent is not None}
+            if dp is not None and dp_release is None
+            else None
+        ),
     )
 
 
@@ -368,17 +396,23 @@ def plaintext_round(
     dtype: torch.dtype = torch.float64,
     embed_factor: int = 1,
     dp: FeatureDP | None = None,
+    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dp_ledgers: Mapping[int, DPLedger] | None = None,
 ) -> PlaintextRound:
     """The round :func:`run_plaintext_pretraining` runs, planned: the server's
     :func:`~fedgat.protocols.pretrain_plan.plan_round` over the clients' graph announcements
     (:func:`~fedgat.protocols.pretrain_plan.partition_graphs`) with the encrypted server's basis
     randomness (:func:`fedgat.app.bases_rng` of ``seed``), and every upload in the clear, keyed like
-    the spool (with ``dp`` the clean projections and the releases of :func:`dp_features`)."""
+    the spool (with ``dp`` the clean projections and the release ``dp_release``, or one drawn here by
+    :func:`dp_features` and charged to ``dp_ledgers``)."""
     if seed is None:
         raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
     x, release = graph.x.to(dtype), None
     if dp is not None:
-        x, release = (t.to(dtype) for t in dp_features(graph, partition, dp, seed))
+        drawn = (
+            dp_release if dp_release is not None else dp_features(graph, partition, dp, ledgers=dp_ledgers)
+        )
+        x, release = (t.to(dtype) for t in drawn)
     return PlaintextRound.from_partition(
         partition, x, variant, bases_rng(seed), release=release, embed_factor=embed_factor
     )
@@ -393,17 +427,30 @@ def run_plaintext_pretraining(
     dtype: torch.dtype = torch.float64,
     embed_factor: int = 1,
     dp: FeatureDP | None = None,
+    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dp_ledgers: Mapping[int, DPLedger] | None = None,
 ) -> dict[int, Encodings]:
     """The encodings every client would decrypt, computed in plaintext with the same bases as
     :func:`run_encrypted_pretraining` with the same ``seed`` (a seed is required) and ``dp`` (then
-    with the same release noise, :func:`dp_features`: a client's own sources read the clean
-    projection, all others the release).
+    with the release ``dp_release`` -- pass the one the encrypted run uploaded to compare them -- or
+    one drawn here and charged to ``dp_ledgers``: a client's own sources read the clean projection,
+    all others the release).
 
     The same round as the encrypted one, in the clear: the server's plan (:func:`plaintext_round`),
     its compute buckets run by the plaintext encoder (:class:`fedgat.plain_encoder.PlainEncoder`) and
     the results routed to the clients as the protocol routes them
     (:func:`fedgat.plain_encoder.assemble_encodings`). A client that owns no node gets empty encodings."""
-    rnd = plaintext_round(graph, partition, variant, seed, dtype=dtype, embed_factor=embed_factor, dp=dp)
+    rnd = plaintext_round(
+        graph,
+        partition,
+        variant,
+        seed,
+        dtype=dtype,
+        embed_factor=embed_factor,
+        dp=dp,
+        dp_release=dp_release,
+        dp_ledgers=dp_ledgers,
+    )
     got = rnd.run()
     empty = Encodings(rnd.variant, np.zeros(0, np.int64), [])
     return {c: got.get(c, empty) for c in range(partition.num_clients)}
@@ -514,6 +561,8 @@ class FedGATRun:
     pretrain: PretrainResult | None
     training: TrainingResult
     partition: Partition = field(repr=False)
+    #: with DP: client id -> ``(epsilon, delta)`` its ledger has spent on its features after this run
+    dp_spent: dict[int, tuple[float, float]] | None = None
 
     @property
     def test_accuracy(self) -> float:
@@ -521,7 +570,10 @@ class FedGATRun:
 
     def summary(self) -> dict:
         """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
-        return run_summary(self.pretrain, self.training)
+        out = run_summary(self.pretrain, self.training)
+        if self.dp_spent is not None:
+            out["dp_spent"] = {str(c): list(v) for c, v in self.dp_spent.items()}
+        return out
 
 
 def run_encrypted_fedgat(
@@ -537,12 +589,19 @@ def run_encrypted_fedgat(
     progress: bool = True,
     workers: int | None = None,
     chunks: int | None = None,
+    owner: np.ndarray | None = None,
+    dp_ledgers: Mapping[int, DPLedger] | None = None,
     **hparams,
 ) -> FedGATRun:
     """Encrypted pre-training (or, with ``encrypted=False``, its plaintext twin) and FedGAT training
-    through the FedAvg protocol, for the Dirichlet split ``(num_clients, beta, seed)``. With the
+    through the federated rounds protocol, for the Dirichlet split ``(num_clients, beta, seed)`` or,
+    with ``owner`` (``(N,)`` client ids, e.g. :func:`fedgat.owners.load_owners`), the user's split
+    (``num_clients`` defaults to its number of clients). With the
     ``dp_epsilon`` hyper-parameter (and ``dp_delta``, ``dp_dim``) the pre-training shares the DP
-    release (:class:`fedgat.dp.FeatureDP`, projection seeded by ``seed`` as in :mod:`fedgat.methods`).
+    release (:class:`fedgat.dp.FeatureDP`, projection seeded by ``seed`` as in :mod:`fedgat.methods`;
+    noise from each client's CSPRNG), charged to ``dp_ledgers`` (client id -> ledger, required with
+    DP: e.g. ``{c: DPLedger.for_owner(c, budget)}``); ``pretrain.dp_spent`` (encrypted) or
+    ``training.dp_spent`` reports what each client has spent.
     The split is :func:`fedgat.methods.fedgat_partition`'s."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
     dp = (
@@ -550,7 +609,12 @@ def run_encrypted_fedgat(
         if hp["dp_epsilon"] is not None
         else None
     )
-    partition = fedgat_partition(graph, num_clients, beta, seed, hp)
+    if owner is not None:
+        owner = check_owners(owner, graph.num_nodes)
+        num_clients = int(owner.max()) + 1
+    partition = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
+    if dp is not None and dp_ledgers is None:
+        dp_ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
     deployment = make_deployment(num_clients)
     pre = None
     if encrypted:
@@ -566,10 +630,12 @@ def run_encrypted_fedgat(
             workers=workers,
             chunks=chunks,
             dp=dp,
+            dp_ledgers=dp_ledgers,
         )
         encodings, fingerprint = pre.encodings, pre.fingerprint
     else:
-        encodings, fingerprint = run_plaintext_pretraining(graph, partition, variant, seed, dp=dp), None
+        plain = run_plaintext_pretraining(graph, partition, variant, seed, dp=dp, dp_ledgers=dp_ledgers)
+        encodings, fingerprint = plain, None
     training = train_fedgat(
         graph,
         partition,
@@ -581,4 +647,12 @@ def run_encrypted_fedgat(
         progress=progress,
         **hp,
     )
-    return FedGATRun(pre, training, partition)
+    dp_spent = None
+    if dp is not None and dp_ledgers is not None:
+        x = graph.x.numpy()
+        dp_spent = {
+            c: dp_ledgers[c].spent(dataset_id(x[cp.owned]))
+            for c, cp in enumerate(partition.clients)
+            if len(cp.owned) and c in dp_ledgers
+        }
+    return FedGATRun(pre, training, partition, dp_spent)

@@ -3,7 +3,10 @@
 The bases and ratios ``r`` that obfuscate the FedGAT encodings are drawn by the party that builds
 the encodings (the server). numpy's generators are not cryptographically secure, so by default we
 draw from a ChaCha20 keystream keyed with 32 bytes from ``os.urandom``; a seed makes the stream
-reproducible for tests and for plaintext-vs-encrypted comparisons.
+reproducible for tests and for plaintext-vs-encrypted comparisons of the *bases*.
+
+Differential-privacy noise (:mod:`fedgat.dp`) never comes from a seeded stream: it is always drawn
+from ``RandomSource()`` (a fresh ``os.urandom`` key), so nothing public reproduces it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class RandomSource:
 
     @classmethod
     def from_seed(cls, seed: int | str | bytes) -> RandomSource:
-        """A reproducible stream for tests; never use a guessable seed in deployment."""
+        """A reproducible stream for tests and public choices (bases); never for DP noise, and never
+        with a guessable seed where the stream must stay secret in deployment."""
         material = seed if isinstance(seed, bytes) else str(seed).encode()
         source = cls(hashlib.sha256(b"fedgat-random-source:" + material).digest())
         source.seeded = True

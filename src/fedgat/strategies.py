@@ -391,7 +391,10 @@ def strategy_from_hparams(hp: dict, model: nn.Module | None = None) -> StrategyP
     server: ServerStrategy
     if name == "fedadam":
         if mu > 0:
-            raise ValueError("FedProx's mu applies to strategy 'fedavg'; FedAdam clients run plain SGD")
+            raise ValueError(
+                "FedProx's mu applies to strategy 'fedavg' (FedAdam, the default, has clients run plain "
+                "SGD): pass strategy 'fedavg' with mu (CLI: --strategy fedavg --mu ...)"
+            )
         parameters = None if model is None else [name for name, _ in model.named_parameters()]
         server = FedAdam(
             hp["lr"], hp["weight_decay"], client_lr=hp.get("client_lr", 1.0), parameters=parameters

@@ -8,8 +8,10 @@ import torch
 
 from fedgat.attacks import basis_attack, score_recovery
 from fedgat.dp import FeatureDP, analytic_gaussian_sigma, classic_gaussian_sigma, gaussian_delta
+from fedgat.dp_ledger import Budget, DPLedger
 from fedgat.encodings import encode
 from fedgat.partition import make_partition
+from fedgat.randomness import RandomSource
 from fedgat.synthetic import synthetic_graph
 
 
@@ -27,9 +29,11 @@ def test_release_statistics():
     x = torch.nn.functional.normalize(torch.rand(4000, 100), dim=1)
     clean = dp.project(x)
     torch.testing.assert_close(clean.norm(dim=1), torch.ones(4000))
-    release = dp.release(x, torch.Generator().manual_seed(0))
+    key = bytes(range(32))  # a test-only injected source, to check the arithmetic of the release
+    _, rows = dp.release_rows(x, ledger=DPLedger(Budget(2.0, 1e-5)), _test_rng=RandomSource(key))
+    release = torch.from_numpy(rows).float()
     # the Gaussian mechanism on the unit-norm projection, then renormalised (post-processing)
-    z = torch.randn(clean.shape, generator=torch.Generator().manual_seed(0))
+    z = torch.from_numpy(RandomSource(key).normal(tuple(clean.shape))).float()
     torch.testing.assert_close(release, torch.nn.functional.normalize(clean + dp.sigma * z, dim=1))
     torch.testing.assert_close(release.norm(dim=1), torch.ones(4000))
     # at epsilon 2 the release keeps a little of the signal: cosine with the truth ~ 1 / (sigma sqrt k)
@@ -49,7 +53,8 @@ def test_dp_release_blinds_the_basis_attack():
     for eps in (None, 64.0, 1.0):
         dp = FeatureDP(epsilon=eps or 1.0, dim=None)
         x = dp.project(graph.x).double()
-        shared = x if eps is None else dp.release(graph.x, torch.Generator().manual_seed(1)).double()
+        ledger = DPLedger(Budget(dp.epsilon, dp.delta))
+        shared = x if eps is None else dp.release(graph.x, ledger=ledger).double()
         enc = encode(
             "vector",
             x,

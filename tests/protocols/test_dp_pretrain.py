@@ -5,6 +5,10 @@ the share of its own rows from its clean projection: its decrypted encodings mus
 plaintext reference ``encode(..., shared_x=release, owner=, viewer=client)`` -- its own sources
 clean, every other source released. No ciphertext a client receives may hold another client's
 clean row, and parties refuse other DP terms.
+
+The release noise comes from each client's CSPRNG and never from the seed: to compare the encrypted
+round with its plaintext twin, a release is drawn once (:func:`dp_features`, the ``drawn`` fixture)
+and handed to both (``dp_release``); rounds that draw their own charge in-memory ledgers.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from fedgat.crypto.encodings import RELEASE_OFFSET, plan_views
 from fedgat.crypto.packing import decrypt_rows
 from fedgat.crypto.tags import TAG_COLUMNS
 from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import Budget, DPLedger
 from fedgat.encodings import BucketBases, encode
 from fedgat.pipeline import (
     dp_features,
@@ -48,6 +53,17 @@ SEED = 1
 TOL = 1e-5
 
 
+def ledgers(partition) -> dict[int, DPLedger]:
+    """In-memory ledgers with room for many releases (the ledger itself: tests/privacy/test_dp_ledger.py)."""
+    return {c: DPLedger(Budget(1000.0, DP.delta)) for c in range(partition.num_clients)}
+
+
+@pytest.fixture(scope="module")
+def drawn(tiny_graph, tiny_partition):
+    """One release of every node, drawn once and handed to the encrypted round and its twin."""
+    return dp_features(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
+
+
 def rows_by_node(enc) -> dict[int, np.ndarray]:
     """Every node's feature-dependent rows ``(R + 1, d)`` in the coefficient layout."""
     out = {}
@@ -57,10 +73,10 @@ def rows_by_node(enc) -> dict[int, np.ndarray]:
     return out
 
 
-def reference(graph, partition, variant, viewer):
+def reference(graph, partition, variant, viewer, drawn):
     """``encode(..., shared_x=release, owner=, viewer=)`` over the server's bases (drawn over all nodes
-    with the same seed) and the release each owner drew."""
-    clean, release = dp_features(graph, partition, DP, SEED)
+    with the same seed) and the release ``drawn``."""
+    clean, release = drawn
     return rows_by_node(
         encode(
             variant,
@@ -90,35 +106,38 @@ def released_rows(partition) -> int:
 
 
 @pytest.fixture(scope="module", params=["vector", "matrix"])
-def dp_round(request, tiny_graph, tiny_partition):
+def dp_round(request, tiny_graph, tiny_partition, drawn):
     variant = request.param
-    h = Harness(tiny_graph, tiny_partition, variant=variant, seed=SEED, dp=DP).start().run()
+    h = Harness(tiny_graph, tiny_partition, variant=variant, seed=SEED, dp=DP, dp_release=drawn).start().run()
     assert all(p.done for p in h.parties.all().values())
     return variant, h
 
 
 # ------------------------------------------------------------------------- (1) equals the reference
-def test_decrypted_encodings_equal_the_plaintext_reference(dp_round, tiny_graph, tiny_partition):
+def test_decrypted_encodings_equal_the_plaintext_reference(dp_round, tiny_graph, tiny_partition, drawn):
     variant, h = dp_round
     for c in h.roster.clients:
         enc = h.client(c).encodings
         np.testing.assert_array_equal(enc.nodes, tiny_partition.clients[c].needed)
         assert enc.buckets[0].h_self.shape[1] == DP.projected_dim(tiny_graph.num_features) == 8
-        err = worst(rows_by_node(enc), reference(tiny_graph, tiny_partition, variant, c), enc.nodes)
+        err = worst(rows_by_node(enc), reference(tiny_graph, tiny_partition, variant, c, drawn), enc.nodes)
         assert err <= TOL, (c, err)
     # the pipeline's plaintext twin is the same reference
     got = {c: h.client(c).encodings for c in h.roster.clients}
     assert (
-        max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, variant, SEED, dp=DP)) <= TOL
+        max_abs_error(
+            got, run_plaintext_pretraining(tiny_graph, tiny_partition, variant, SEED, dp=DP, dp_release=drawn)
+        )
+        <= TOL
     )
     assert not h.server.has_secret_key
 
 
-def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition):
+def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition, drawn):
     res = run_encrypted_pretraining(
-        tiny_graph, tiny_partition, "vector", seed=SEED, progress=False, workers=0, dp=DP
+        tiny_graph, tiny_partition, "vector", seed=SEED, progress=False, workers=0, dp=DP, dp_release=drawn
     )
-    want = run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", SEED, dp=DP)
+    want = run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", SEED, dp=DP, dp_release=drawn)
     assert max_abs_error(res.encodings, want) <= TOL
     # one 1-chunk ciphertext per released (row, recipient) pair: 8 projected dims and the tag columns
     assert res.layout.d == 8 + TAG_COLUMNS and res.layout.chunks == 1
@@ -128,12 +147,12 @@ def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition):
 
 # ------------------------------------------------------------ (2) own sources clean, others released
 def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
-    dp_round, tiny_graph, tiny_partition
+    dp_round, tiny_graph, tiny_partition, drawn
 ):
     variant, h = dp_round
     owner = tiny_partition.owner
     nbh = tiny_partition.neighbourhoods
-    clean, release = dp_features(tiny_graph, tiny_partition, DP, SEED)
+    clean, release = drawn
     assert float((clean - release).abs().max()) > 0.5  # the release is far from the clean features
     for c in h.roster.clients:
         got = rows_by_node(h.client(c).encodings)
@@ -143,7 +162,7 @@ def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
         for other in h.roster.clients:
             if other == c:
                 continue
-            wrong = reference(tiny_graph, tiny_partition, variant, other)
+            wrong = reference(tiny_graph, tiny_partition, variant, other, drawn)
             # a node with a source of c or of `other` differs under the wrong viewer ...
             touched = [i for i in needed if np.isin(owner[nbh.row(int(i))], (c, other)).any()]
             assert min(float(np.abs(got[int(i)] - wrong[int(i)]).max()) for i in touched) > 100 * TOL
@@ -159,13 +178,13 @@ def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
 
 # ------------------------------------------- (3) no client receives anything built on a foreign clean copy
 def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
-    dp_round, tiny_graph, tiny_partition
+    dp_round, tiny_graph, tiny_partition, drawn
 ):
     """Decrypting what crossed the wire with the key it was made for: every upload is the owner's
     release of the row (never its clean projection), every result the foreign share over releases."""
     _, h = dp_round
     owner = tiny_partition.owner
-    clean, release = dp_features(tiny_graph, tiny_partition, DP, SEED)
+    clean, release = drawn
     clean, release = clean.numpy(), release.numpy()
     layout = h.server.layout
     uploads = 0
@@ -200,7 +219,7 @@ def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
 
 def test_a_result_over_other_coefficients_is_rejected_under_dp_too(tiny_graph, tiny_partition):
     """DP releases skip the range check, not the tags."""
-    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP).start()
+    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition)).start()
     h.run(until=lambda: computing(h))
     plan = h.server.plan
     victim = next(c for c in sorted(plan.shares) if plan.shares[c])
@@ -242,9 +261,14 @@ def test_plan_views_shares_the_all_release_view_and_splits_the_rest():
 
 
 def test_the_release_is_drawn_by_its_owner_afresh_each_session(tiny_graph, tiny_partition):
-    """The release is drawn by the client (CSPRNG unless seeded) and differs between sessions."""
-    a = build_pretrain_parties(tiny_graph, tiny_partition, dp=DP)  # no seed: CSPRNG noise
-    b = build_pretrain_parties(tiny_graph, tiny_partition, dp=DP)
+    """The release is drawn by the client from its CSPRNG, never from the seed: two sessions with the
+    same seed release different noise."""
+    a = build_pretrain_parties(
+        tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition)
+    )
+    b = build_pretrain_parties(
+        tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition)
+    )
     ca, cb = a.clients[1], b.clients[1]
     np.testing.assert_allclose(ca._features, cb._features)  # the clean projection is deterministic
     assert np.abs(ca._release - cb._release).max() > 0.1  # fresh noise each time
@@ -268,6 +292,7 @@ def _swap_client(parties, c: int, config, features: np.ndarray) -> None:
         cross_owner=old.local.cross_owner,
         needed=old.needed,
         dtype=old.dtype,
+        ledger=DPLedger(Budget(1000.0, DP.delta)),
     )
 
 
@@ -276,7 +301,9 @@ def _swap_client(parties, c: int, config, features: np.ndarray) -> None:
 )
 def test_mismatched_dp_terms_are_refused(case, tiny_graph, tiny_partition):
     server_dp = None if case == "server-without-dp" else DP
-    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=SEED, dp=server_dp)
+    parties = build_pretrain_parties(
+        tiny_graph, tiny_partition, seed=SEED, dp=server_dp, dp_ledgers=ledgers(tiny_partition)
+    )
     client_dp = {
         "other-epsilon": dataclasses.replace(DP, epsilon=2.0),
         "client-without-dp": None,
@@ -291,7 +318,7 @@ def test_mismatched_dp_terms_are_refused(case, tiny_graph, tiny_partition):
 
 
 def test_client_refuses_other_terms_or_bases_without_terms(tiny_graph, tiny_partition):
-    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP).start()
+    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition)).start()
     client = h.client(1)
     h.run(until=lambda: client.state.value == "await-encodings")  # the server's terms are not out yet
     bad = h.craft(h.roster.server, PrivacyTerms, 1, epsilon=2.0, delta=DP.delta, dim=DP.dim, seed=DP.seed)
@@ -315,7 +342,7 @@ def test_client_refuses_other_terms_or_bases_without_terms(tiny_graph, tiny_part
 
 
 def test_the_server_confirms_the_terms_and_refuses_graphs_without_them(tiny_graph, tiny_partition):
-    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP)
+    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition))
     server, sid = h.server, h.roster.server
     g = h.client(1)._graph
     graph = {"dim": g.dim, "owned": g.owned, "indptr": g.indptr, "indices": g.indices}
@@ -337,24 +364,39 @@ def test_the_server_confirms_the_terms_and_refuses_graphs_without_them(tiny_grap
         plain.server, plain.craft(1, PrivacyTerms, sid, **h.parties.config.dp_fields()), ConfigMismatchError
     )
     # in a full round, every client hears the server's terms before its first bases
-    h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP).start().run()
+    h = (
+        Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition))
+        .start()
+        .run()
+    )
     for c in h.roster.clients:
         kinds = [e.type_name for e in h.transport.transcript.received_by(c)]
         assert kinds.count("PrivacyTerms") == 1 and kinds.index("PrivacyTerms") < kinds.index("EncodingBases")
 
 
-def test_run_encrypted_fedgat_trains_on_the_dp_encodings(tiny_graph):
-    kw = {"rounds": 2, "patience": 2, "progress": False, "dp_epsilon": 4.0, "dp_dim": 8}
+def test_run_encrypted_fedgat_trains_on_the_dp_encodings(tiny_graph, tmp_path):
+    """The app-level run charges each owner's persistent ledger (``dp_ledger_dir``, ``dp_budget``) and
+    reports what it spent; the plaintext twin charges the same ledgers again (same features)."""
+    kw = {
+        "rounds": 2,
+        "patience": 2,
+        "progress": False,
+        "dp_epsilon": 4.0,
+        "dp_dim": 8,
+        "dp_budget": (20.0, 1e-5),
+        "dp_ledger_dir": str(tmp_path),
+    }
     enc = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, workers=0, **kw)
     plain = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, encrypted=False, **kw)
     assert enc.pretrain is not None and enc.pretrain.layout.d == 8 + TAG_COLUMNS
-    assert (
-        max_abs_error(
-            enc.pretrain.encodings,
-            run_plaintext_pretraining(
-                tiny_graph, enc.partition, "vector", 0, dp=FeatureDP(4.0, dim=8, seed=0)
-            ),
-        )
-        <= TOL
-    )
     assert len(enc.training.fit.history) == len(plain.training.fit.history) == 2
+    # one release per owner so far: the accountant charges exactly epsilon (PLD is tight here)
+    assert enc.pretrain.dp_spent is not None and sorted(enc.pretrain.dp_spent) == [0, 1, 2]
+    for eps, delta in enc.pretrain.dp_spent.values():
+        assert eps == pytest.approx(4.0, rel=1e-6) and delta == 1e-5
+    assert enc.summary()["dp_spent"]["0"][0] == pytest.approx(4.0, rel=1e-6)
+    # the twin is a second release of the same rows: composed, more than 4 and less than 8
+    assert plain.dp_spent is not None
+    for eps, _ in plain.dp_spent.values():
+        assert 4.5 < eps < 8.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["client-0.json", "client-1.json", "client-2.json"]

@@ -17,7 +17,9 @@ import torch
 from fedgat.app import build_pretrain_parties, build_training_parties
 from fedgat.checkpoint import CheckpointError
 from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import Budget, DPLedger
 from fedgat.pipeline import (
+    dp_features,
     drive,
     max_abs_error,
     run_encrypted_pretraining,
@@ -99,7 +101,10 @@ def test_pretrain_spec_rebuilds_equal_clients(tiny_graph, tiny_partition):
 
 def test_dp_spec_ships_the_release_not_a_redraw(tiny_graph, tiny_partition):
     dp = FeatureDP(epsilon=4.0, dim=8)
-    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=None, workers=0, dp=dp)
+    ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(tiny_partition.num_clients)}
+    parties = build_pretrain_parties(
+        tiny_graph, tiny_partition, seed=None, workers=0, dp=dp, dp_ledgers=ledgers
+    )
     for client in parties.clients.values():
         twin = rebuilt(client)
         assert twin.config == client.config
@@ -301,13 +306,14 @@ def test_engine_modules_import_no_pickle():
 
 @pytest.mark.parametrize("dp", [None, FeatureDP(epsilon=4.0, dim=8)], ids=["plain", "dp"])
 def test_hosted_run_equals_in_process_without_pickle(tiny_graph, tiny_partition, monkeypatch, dp):
-    want = run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, progress=False, workers=0, dp=dp)
+    ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(tiny_partition.num_clients)}
+    drawn = None if dp is None else dp_features(tiny_graph, tiny_partition, dp, ledgers=ledgers)
+    kw = {"seed": 2, "progress": False, "workers": 0, "dp": dp, "dp_release": drawn}
+    want = run_encrypted_pretraining(tiny_graph, tiny_partition, **kw)
     engine = FakeEngine()
     transport = RayTransport(engine, server_tasks=False)
     _no_pickle(monkeypatch)
-    got = run_encrypted_pretraining(
-        tiny_graph, tiny_partition, seed=2, transport=transport, progress=False, workers=0, dp=dp
-    )
+    got = run_encrypted_pretraining(tiny_graph, tiny_partition, transport=transport, **kw)
     assert [len(a.host.parties) for a in engine.actors] == [0, 0]  # reported and dropped
     assert max_abs_error(got.encodings, want.encodings) <= 1e-5
     for c, enc in got.encodings.items():

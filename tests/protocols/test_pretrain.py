@@ -253,7 +253,7 @@ def _victim_share(h: Harness):
     raise AssertionError("no foreign share with a foreign neighbour")
 
 
-@pytest.mark.parametrize("attack", ["coefficient", "substituted-row", "dropped-source"])
+@pytest.mark.parametrize("attack", ["coefficient", "substituted-row", "dropped-source", "amplified"])
 def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
     tiny_graph, tiny_partition, attack
 ):
@@ -271,6 +271,8 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
         spare = np.setdiff1d(h.client(int(tiny_partition.owner[u])).releases[victim], sources)
         assert len(spare)
         share.neighbours[s] = np.where(sources == u, spare[0], sources)  # another row released to victim
+    elif attack == "amplified":
+        share.bases.p[s] *= 40.0  # out of range: rows far above unit norm (a norm probe)
     else:
         share.bases.p[s, :, k] = 0.0  # leave source u out
     client = h.client(victim)
@@ -293,6 +295,10 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
     err = rejected(client, h.server.encode(hit), ResultRejectedError, rf"node {node}")
     assert err.node == node and err.owners == owners and isinstance(err, PayloadError)
     assert str(list(owners)) in str(err)
+    # the text is the same whichever check failed and carries no decrypted value (an engine may send
+    # it to the server: a norm or a tag miss in it would make each forgery a decryption query)
+    assert str(err) == str(ResultRejectedError(node, owners))
+    assert ("norm" if attack == "amplified" else "tag off by") in err.detail
     # the round goes on without that batch: the victim ends with no encodings, the others with theirs
     h.driver.strict = False
     h.driver.emit(h.server.party_id, [m for m in out if m is not hit])

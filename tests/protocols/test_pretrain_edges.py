@@ -126,7 +126,7 @@ def _two_hop_rows(world: World) -> int:
 
 @pytest.mark.parametrize("clients", [2, 3, 5])
 def test_releases_equal_the_servers_plan_on_synthetic_partitions(small_graph, clients):
-    part = make_partition(small_graph, clients, beta=1.0, seed=clients, num_layers=2)
+    part = make_partition(small_graph, clients, beta=1.0, seed=clients, num_layers=2, min_cross=2)
     world = World.of(small_graph, part)
     assert _assert_releases_match_the_plan(world) > 0
     if clients > 2:
@@ -178,7 +178,7 @@ def _non_adjacent(world: World, a: int, b: int) -> tuple[int, int]:
 
 
 def test_an_edge_claimed_by_one_side_releases_nothing_and_is_refused(small_graph):
-    part = make_partition(small_graph, 3, beta=1.0, seed=0, num_layers=2)
+    part = make_partition(small_graph, 3, beta=1.0, seed=0, num_layers=2, min_cross=2)
     honest = World.of(small_graph, part)
     a, b = 0, 1
     v, u = _non_adjacent(honest, a, b)
@@ -198,7 +198,7 @@ def test_an_edge_claimed_by_one_side_releases_nothing_and_is_refused(small_graph
 
 
 def test_claims_that_disagree_with_the_announced_graph_are_refused(small_graph):
-    part = make_partition(small_graph, 3, beta=1.0, seed=0, num_layers=2)
+    part = make_partition(small_graph, 3, beta=1.0, seed=0, num_layers=2, min_cross=2)
     world = World.of(small_graph, part)
     world.check()
     graphs = world.graphs()

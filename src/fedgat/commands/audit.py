@@ -4,6 +4,7 @@
     fedgat audit --dataset cora --variant matrix --neighbour-cap 16
     fedgat audit --dataset cora --dp-epsilon 4 --dp-dim 64        # with the DP release
     fedgat audit --dataset cora --sweep 0.5 1 2 4 8 16 --json audit.json --report audit.md
+    fedgat audit --dataset my_graph.npz --owners owners.csv --quiet   # your graph, your organisations
 
 Runs (1) the server side (:func:`fedgat.audit.audit_server`): the encrypted pre-training round with
 a recorded transcript, the checks of everything the server received and whether any two clients
@@ -26,17 +27,36 @@ import sys
 import time
 from pathlib import Path
 
+from fedgat.cli_engine import (
+    UsageError,
+    add_dataset_argument,
+    add_owners_arguments,
+    check_beta,
+    check_counts,
+    check_dataset,
+    check_output_file,
+    check_owners_path,
+    load_graph,
+    resolve_owners,
+    write_text,
+)
+
 NAME = "audit"
 HELP = "privacy audit: server-side checks and client-side attacks, with mitigations and their accuracy"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="cora", choices=("cora", "citeseer", "pubmed", "synthetic"))
+    add_dataset_argument(parser)
     parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
-    parser.add_argument("--clients", type=int, default=10)
+    add_owners_arguments(parser)
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-cross", type=int, default=2, help="paper's rule k (1 disables; default 2)")
+    parser.add_argument(
+        "--min-cross",
+        type=int,
+        default=0,
+        help="paper's minimum-cross rule k (default 0: off; the paper uses 2)",
+    )
     parser.add_argument(
         "--neighbour-cap",
         type=int,
@@ -89,32 +109,94 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="Markdown report path")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the epsilon sweep")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines on stderr (the report is still printed)"
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every check on the arguments alone, before anything is loaded or attacked.
+
+    Raises:
+        UsageError: naming the flag and the fix.
+    """
+    check_counts(
+        {
+            "--clients": (args.clients, 1),
+            "--rounds": (args.rounds, 1),
+            "--attack-rounds": (args.attack_rounds, 1),
+            "--attack-clients": (args.attack_clients, 1),
+            "--min-cross": (args.min_cross, 0),
+            "--neighbour-cap": (args.neighbour_cap, 1),
+            "--dp-dim": (args.dp_dim, 1),
+            "--workers": (args.workers, 0),
+            "--colluder": (args.colluder, 0),
+        }
+    )
+    check_beta(args.beta)
+    for flag, eps in [("--dp-epsilon", args.dp_epsilon), *(("--sweep", e) for e in args.sweep or ())]:
+        if eps is not None and not (eps > 0 and eps != float("inf")):
+            raise UsageError(f"{flag} must be a finite epsilon > 0, got {eps:g}")
+    if not 0 < args.dp_delta < 1:
+        raise UsageError(f"--dp-delta must lie in (0, 1), got {args.dp_delta:g}")
+    check_dataset(args.dataset)
+    check_owners_path(args.owners)
+    for flag, path in (("--json", args.json), ("--report", args.report), ("--plot", args.plot)):
+        check_output_file(flag, path)
+    if args.plot is not None and not args.sweep:
+        raise UsageError("--plot draws the epsilon sweep; give --sweep EPS ... too")
 
 
 def _accuracy(graph, args, **hp) -> float:
+    """FedGAT's test accuracy in the audited setting. With a DP release, each owner's release is
+    charged to a ledger with a budget of exactly that release, in a folder that lives as long as
+    the run: the audit simulates the release in this process (nothing leaves it), so it must not
+    spend a persistent budget (a data owner's real releases are charged in ``~/.fedgat/dp_ledger``)."""
+    import tempfile
+
     from fedgat.methods import run_method
 
-    return run_method(
-        "fedgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds, **hp
-    ).test_accuracy
+    with tempfile.TemporaryDirectory(prefix="fedgat-audit-ledger-") as folder:
+        if hp.get("dp_epsilon") is not None:
+            hp = {**hp, "dp_budget": (hp["dp_epsilon"], hp["dp_delta"]), "dp_ledger_dir": folder}
+        return run_method(
+            "fedgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds, **hp
+        ).test_accuracy
+
+
+def _log(args: argparse.Namespace, text: str) -> None:
+    """A progress line on stderr (none with ``--quiet``)."""
+    if not args.quiet:
+        print(text, file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from fedgat.audit import Mitigation, audit_clients, chance_reidentification
-    from fedgat.data import load_dataset
     from fedgat.dp import FeatureDP
     from fedgat.methods import run_method
     from fedgat.partition import make_partition
     from fedgat.variants import as_variant
 
-    graph = load_dataset(args.dataset)
+    check_arguments(args)
+    graph = load_graph(args.dataset, quiet=args.quiet)
+    owners = resolve_owners(args, graph)
+    if args.colluder is not None and args.colluder >= args.clients:
+        raise UsageError(
+            f"--colluder {args.colluder}: there are {args.clients} clients (0..{args.clients - 1})"
+        )
     cap = args.neighbour_cap
     if cap is None:
         cap = as_variant(args.variant).default_neighbour_cap
     dp = FeatureDP(args.dp_epsilon, args.dp_delta, args.dp_dim, seed=args.seed) if args.dp_epsilon else None
     mitigation = Mitigation(args.min_cross, cap, dp)
     part = make_partition(
-        graph, args.clients, beta=args.beta, seed=args.seed, min_cross=args.min_cross, neighbour_cap=cap
+        graph,
+        args.clients,
+        beta=args.beta,
+        seed=args.seed,
+        min_cross=args.min_cross,
+        neighbour_cap=cap,
+        owner=owners,
     )
     clients = range(min(args.attack_clients or part.num_clients, part.num_clients))
     report: dict = {
@@ -122,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         "variant": args.variant,
         "clients": args.clients,
         "beta": args.beta,
+        "owners": None if args.owners is None else str(args.owners),
         "seed": args.seed,
         "mitigation": mitigation.describe(),
         "attacked_clients": len(clients),
@@ -132,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_server_check:
         from fedgat.audit import SERVER_ATTACKS, audit_server
 
-        print("server side: encrypted round, checks and server-side attacks ...", file=sys.stderr)
+        _log(args, "server side: encrypted round, checks and server-side attacks ...")
         report.update(
             audit_server(
                 graph,
@@ -145,18 +228,25 @@ def run(args: argparse.Namespace) -> int:
                 training_rounds=args.attack_rounds,
             )
         )
-    print("client side: attacks on every client's view ...", file=sys.stderr)
+    _log(args, "client side: attacks on every client's view ...")
     report["client_attacks"] = audit_clients(
         graph, args.variant, args.clients, args.beta, args.seed, mitigation, clients=clients, partition=part
     ).as_dict()
+    report["dp_spent"] = mitigation.dp_spent()  # [epsilon, delta] of the audited release (None: no DP)
     dp_hp = {} if dp is None else {"dp_epsilon": dp.epsilon, "dp_delta": dp.delta, "dp_dim": dp.dim}
     if not args.no_training:
-        print("training FedGAT under this setting ...", file=sys.stderr)
+        _log(args, "training FedGAT under this setting ...")
         report["test_accuracy"] = _accuracy(
-            graph, args, variant=args.variant, min_cross=args.min_cross, neighbour_cap=cap, **dp_hp
+            graph,
+            args,
+            variant=args.variant,
+            min_cross=args.min_cross,
+            neighbour_cap=cap,
+            owner=owners,
+            **dp_hp,
         )
         report["distgat_test_accuracy"] = run_method(
-            "distgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds
+            "distgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds, owner=owners
         ).test_accuracy
     if args.sweep:
         sweep = []
@@ -199,14 +289,15 @@ def run(args: argparse.Namespace) -> int:
                     dp_epsilon=eps,
                     dp_delta=args.dp_delta,
                     dp_dim=args.dp_dim,
+                    owner=owners,
                 )
-            print(
+            _log(
+                args,
                 f"  epsilon {eps:g}: "
                 + ", ".join(
                     f"{k} reid {v['reidentification_rate']:.3f}" for k, v in point["client_attacks"].items()
                 )
                 + (f", accuracy {point['test_accuracy']:.3f}" if "test_accuracy" in point else ""),
-                file=sys.stderr,
             )
             sweep.append(point)
         report["epsilon_sweep"] = sweep
@@ -215,13 +306,12 @@ def run(args: argparse.Namespace) -> int:
     markdown = render_markdown(report)
     print(markdown)
     if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(markdown)
+        write_text(args.report, markdown, "the Markdown report")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, default=_jsonable))
+        write_text(args.json, json.dumps(report, indent=2, default=_jsonable), "the results as JSON")
     if args.plot and args.sweep:
         plot_sweep(report, args.plot)
+        print(f"wrote the epsilon sweep's plot to {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -238,7 +328,7 @@ def render_markdown(report: dict) -> str:
     lines = [
         (
             f"# Privacy audit: {report['dataset']}, {report['variant']} variant, {report['clients']} clients, "
-            f"beta {report['beta']:g}"
+            + (f"owners from {report['owners']}" if report.get("owners") else f"beta {report['beta']:g}")
         ),
         "",
         f"Mitigation: `{json.dumps(report['mitigation'], default=str)}`",

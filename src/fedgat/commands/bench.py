@@ -1,50 +1,84 @@
-"""``fedgat bench``: benchmarks from the repository's ``benchmarks/`` folder.
+"""``fedgat bench``: the benchmarks of the repository's ``benchmarks/`` folder, shipped in the wheel as
+:mod:`fedgat.benchmarks`, so they run from an installed fedgat as from a source checkout.
 
     fedgat bench overhead                                   # Cora, 10 clients, vector: encrypted vs plaintext
     fedgat bench overhead --dataset citeseer --clients 5 --json out.json
     fedgat bench overhead --sweep --datasets cora citeseer --client-counts 2 5 10
+    fedgat bench layer --dataset cora --repeats 20          # FedGAT layer vs PyG GATConv
+    fedgat bench accuracy --seeds 3 --sections table        # options: fedgat bench accuracy --help
+    fedgat bench scale --quick                              # in-process vs Ray
 
 ``overhead`` runs the pre-training round plaintext and encrypted on the same partition and bases and
 reports per phase wall/CPU seconds, memory, bytes, ciphertexts, slot use, the numerical error, the
 accuracy reached by training on each and the server's op-count lower bound
-(``benchmarks/overhead.py``; writes JSON, Markdown and a PNG into ``benchmarks/results``).
+(:mod:`fedgat.benchmarks.overhead`). Every benchmark writes its JSON, Markdown and plots into
+``--out``, by default ``./fedgat-results`` under the current directory (never into the installed
+package or the source checkout; ``python benchmarks/<name>.py`` in a checkout keeps writing to
+``benchmarks/results``). ``accuracy`` and ``scale`` pass every other option on to the benchmark's own
+parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 from types import ModuleType
 
-NAME = "bench"
-HELP = "benchmarks: 'overhead' (encrypted vs plaintext pre-training)"
+from fedgat.cli_engine import (
+    UsageError,
+    add_dataset_argument,
+    add_debug_argument,
+    add_owners_arguments,
+    check_beta,
+    check_counts,
+    check_dataset,
+    check_nodes,
+    check_output_dir,
+    check_output_file,
+    check_owners_path,
+    report_line,
+    resolve_owners,
+)
 
-#: the repository's benchmarks folder (the command needs a source checkout)
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+NAME = "bench"
+HELP = "benchmarks: overhead (encrypted vs plaintext pre-training), layer, accuracy, scale"
+
+#: where results go unless ``--out`` says otherwise (relative to the working directory)
+DEFAULT_OUT = Path("fedgat-results")
+#: benchmark name -> module of :mod:`fedgat.benchmarks`
+MODULES = {"overhead": "overhead", "layer": "layer_speed", "accuracy": "accuracy", "scale": "scale"}
+_PASSTHROUGH = ("accuracy", "scale")
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """The module ``benchmarks/<name>.py`` of the source checkout (notebooks call its functions).
+    """The benchmark module ``name`` (``overhead``, ``layer``/``layer_speed``, ``accuracy``, ``scale``)
+    of :mod:`fedgat.benchmarks` (notebooks call its functions).
 
     Raises:
-        SystemExit: no such file (``fedgat bench`` needs a source checkout).
+        UsageError: an unknown benchmark.
     """
-    path = BENCHMARKS / f"{name}.py"
-    if not path.is_file():
-        raise SystemExit(f"fedgat bench: {path} not found (fedgat bench needs a source checkout)")
-    spec = importlib.util.spec_from_file_location(f"fedgat_benchmarks_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    module = MODULES.get(name, name)
+    if module not in MODULES.values():
+        raise UsageError(f"unknown benchmark {name!r}; choose one of {', '.join(MODULES)}")
+    return importlib.import_module(f"fedgat.benchmarks.{module}")
+
+
+def _add_out(parser: argparse.ArgumentParser, files: str) -> None:
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"folder for {files} (default ./{DEFAULT_OUT}, made when needed)",
+    )
 
 
 def _configure_overhead(parser: argparse.ArgumentParser) -> None:
-    # mirrors benchmarks/overhead.py's add_arguments without importing it (``fedgat --help`` stays quick)
-    parser.add_argument("--dataset", default="cora", choices=("cora", "citeseer", "pubmed", "synthetic"))
+    # mirrors fedgat.benchmarks.overhead.add_arguments without importing it (``fedgat --help`` stays quick)
+    add_dataset_argument(parser)
     parser.add_argument("--nodes", type=int, default=None, help="synthetic only: nodes (default 200)")
-    parser.add_argument("--clients", type=int, default=10, help="clients (default 10)")
+    add_owners_arguments(parser)
     parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
     parser.add_argument("--neighbour-cap", type=int, default=None)
     parser.add_argument("--preset", default="n4096", choices=("n4096", "n8192", "n8192-small", "n16384"))
@@ -64,13 +98,13 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--datasets", nargs="+", default=["cora", "citeseer"])
     parser.add_argument("--client-counts", nargs="+", type=int, default=[2, 5, 10])
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
+    _add_out(parser, "overhead.{json,md,png}")
     parser.add_argument(
-        "--out",
-        type=Path,
-        default=BENCHMARKS / "results",
-        help="folder for overhead.{json,md,png} (default benchmarks/results)",
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bars (default on; --no-progress turns them off)",
     )
-    parser.add_argument("--progress", action="store_true", help="progress bars")
     parser.add_argument(
         "--baseline",
         type=Path,
@@ -80,18 +114,93 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-label", default="baseline", help="what the baseline was")
 
 
+def _configure_layer(parser: argparse.ArgumentParser) -> None:
+    # mirrors fedgat.benchmarks.layer_speed.add_arguments without importing it
+    add_dataset_argument(parser)
+    parser.add_argument("--repeats", type=int, default=15, help="timed repeats per layer (default 15)")
+    parser.add_argument(
+        "--cap", type=int, default=16, help="neighbour cap for the matrix variant (default 16)"
+    )
+    parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
+    parser.add_argument("--hidden", type=int, default=8, help="hidden units per head (default 8)")
+    _add_out(parser, "layer_speed.{json,md}")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    _configure_overhead(
-        sub.add_parser(
-            "overhead",
-            help="encrypted vs plaintext pre-training round",
-            description="encrypted vs plaintext pre-training round",
-        )
+    overhead = sub.add_parser(
+        "overhead",
+        help="encrypted vs plaintext pre-training round",
+        description="encrypted vs plaintext pre-training round",
     )
+    _configure_overhead(overhead)
+    layer = sub.add_parser(
+        "layer", help="FedGAT's first layer vs PyG GATConv", description="FedGAT's first layer vs PyG GATConv"
+    )
+    _configure_layer(layer)
+    helps = {
+        "accuracy": "the accuracy experiments (Table 1, client and degree sweeps, communication)",
+        "scale": "scale-out: in-process vs Ray, time and memory per client",
+    }
+    for name in _PASSTHROUGH:
+        # the benchmark's own parser reads every other option (and -h/--help)
+        passthrough = sub.add_parser(name, help=helps[name], description=helps[name], add_help=False)
+        _add_out(passthrough, f"{name}'s JSON, Markdown and plots")
+        passthrough.set_defaults(passthrough=True)
+    for name, command in sub.choices.items():
+        command.set_defaults(prog=command.prog)
+        if name not in _PASSTHROUGH:
+            add_debug_argument(command)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.clients < 1 or (args.nodes is not None and args.nodes < 40):
-        raise SystemExit("fedgat bench overhead: --clients must be >= 1 and --nodes >= 40")
-    return int(load_benchmark(args.benchmark).main_args(args) or 0)
+    check_output_dir("--out", args.out)
+    if args.benchmark == "overhead":
+        return _run_overhead(args)
+    if args.benchmark == "layer":
+        check_counts({"--repeats": (args.repeats, 1), "--cap": (args.cap, 1), "--heads": (args.heads, 1)})
+        check_counts({"--hidden": (args.hidden, 1)})
+        check_dataset(args.dataset)
+        module = load_benchmark("layer")
+        return int(module.main_args(args) or 0)
+    module = load_benchmark(args.benchmark)
+    extra = list(getattr(args, "extra", []))
+    if any(a in ("-h", "--help") for a in extra):
+        extra = ["--help"]
+    else:
+        extra += ["--out", str(args.out)]
+    return int(module.main(extra) or 0)
+
+
+def _run_overhead(args: argparse.Namespace) -> int:
+    check_counts(
+        {
+            "--clients": (args.clients, 1),
+            "--neighbour-cap": (args.neighbour_cap, 1),
+            "--workers": (args.workers, 0),
+            "--rounds": (args.rounds, 1),
+        }
+    )
+    check_beta(args.beta)
+    check_output_file("--json", args.json)
+    if args.baseline is not None and not args.baseline.is_file():
+        raise UsageError(f"--baseline {args.baseline}: no such file")
+    check_owners_path(args.owners)
+    if args.sweep:
+        if args.owners is not None or args.clients is not None:
+            raise UsageError(
+                "--sweep takes --client-counts (and --datasets); leave --clients and --owners out"
+            )
+        for dataset in args.datasets:
+            check_dataset(dataset)
+        check_counts({"--client-counts": (min(args.client_counts), 1)})
+    else:
+        check_dataset(args.dataset)
+        check_nodes(args.dataset, args.nodes)
+        graph = load_benchmark("overhead").load_graph(args.dataset, args.nodes, args.seed)
+        if graph.report is not None:
+            print(report_line(graph), file=sys.stderr)
+        args.owner_array = resolve_owners(args, graph)
+        if args.matrix_estimate and args.owners is not None:
+            raise UsageError("--matrix-estimate uses the Dirichlet split; leave --owners out")
+    return int(load_benchmark("overhead").main_args(args) or 0)

@@ -2,6 +2,7 @@
 
     fedgat demo                                  # Cora, 10 clients, vector encodings, n4096
     fedgat demo --variant matrix --json out.json # matrix encodings (neighbour cap 16; slow: see the estimate)
+    fedgat demo --dataset my_graph.pt --owners owners.npy  # a saved PyG Data, one client id per node
 
 Each client generates its own CKKS key; owners encrypt the rows a client needs under that client's
 key (only for edges both owners confirmed), the server computes each client's encodings on
@@ -25,12 +26,29 @@ import sys
 import time
 from pathlib import Path
 
-from fedgat.cli_engine import add_engine_arguments, open_engine
+from fedgat.cli_engine import (
+    UsageError,
+    add_dataset_argument,
+    add_engine_arguments,
+    add_owners_arguments,
+    check_beta,
+    check_counts,
+    check_dataset,
+    check_engine_arguments,
+    check_nodes,
+    check_output_file,
+    check_owners_path,
+    describe_split,
+    load_graph,
+    open_engine,
+    parse_cap,
+    resolve_owners,
+    write_text,
+)
 
 NAME = "demo"
 HELP = "encrypted pre-training + FedGAT training end to end (Cora, 10 clients by default)"
 
-DATASET_CHOICES = ("cora", "citeseer", "pubmed", "synthetic")
 PRESET_CHOICES = ("n4096", "n8192", "n8192-small", "n16384")
 MATRIX_DEFAULT_CAP = 16
 #: FedAvg rounds of the demo: Cora's best validation round is ~250 (fedgat train runs up to 500); 300
@@ -39,7 +57,7 @@ DEMO_ROUNDS = 300
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="cora", choices=DATASET_CHOICES)
+    add_dataset_argument(parser)
     parser.add_argument(
         "--nodes", type=int, default=None, help="synthetic dataset only: number of nodes (default 500)"
     )
@@ -49,7 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("vector", "matrix"),
         help="FedGAT encodings (default vector; matrix is ~m^2 rows per node)",
     )
-    parser.add_argument("--clients", type=int, default=10, help="number of clients (default 10)")
+    add_owners_arguments(parser)
     parser.add_argument("--beta", type=float, default=1.0, help="Dirichlet label split (default 1: non-iid)")
     parser.add_argument(
         "--seed",
@@ -99,19 +117,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args: argparse.Namespace):
-    from fedgat.data import load_dataset
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every check on the arguments alone, before anything is loaded or computed.
 
-    if args.dataset != "synthetic":
-        if args.nodes is not None:
-            raise SystemExit("fedgat demo: --nodes applies to --dataset synthetic only")
-        return load_dataset(args.dataset)
+    Raises:
+        UsageError: naming the flag and the fix.
+    """
+    check_counts(
+        {
+            "--clients": (args.clients, 1),
+            "--rounds": (args.rounds, 1),
+            "--patience": (args.patience, 1),
+            "--threads": (args.threads, 1),
+            "--workers": (args.workers, 0),
+        }
+    )
+    check_beta(args.beta)
+    check_dataset(args.dataset)
+    check_nodes(args.dataset, args.nodes)
+    check_owners_path(args.owners)
+    check_engine_arguments(args)
+    check_output_file("--json", args.json)
+    _cap(args)
+
+
+def _load(args: argparse.Namespace):
     n = 500 if args.nodes is None else args.nodes
-    if n < 40:
-        raise SystemExit("fedgat demo: --nodes must be >= 40")
     classes = 4
-    return load_dataset(
-        "synthetic",
+    return load_graph(
+        args.dataset,
         num_nodes=n,
         num_classes=classes,
         num_features=64,
@@ -123,11 +157,16 @@ def _load(args: argparse.Namespace):
 
 
 def _cap(args: argparse.Namespace) -> int | None:
+    """``--neighbour-cap`` as a count or None (the variant's default when left out).
+
+    Raises:
+        UsageError: not a whole number >= 1 nor 'none'.
+    """
     if args.neighbour_cap is None:
         from fedgat.variants import as_variant
 
         return as_variant(args.variant).default_neighbour_cap
-    return None if str(args.neighbour_cap).lower() == "none" else int(args.neighbour_cap)
+    return parse_cap(args.neighbour_cap)
 
 
 def _available_memory() -> int | None:
@@ -151,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fedgat.app import run_summary
     from fedgat.estimate import estimate_pretraining
+    from fedgat.methods import resolve_hparams
     from fedgat.partition import make_partition
     from fedgat.pipeline import (
         max_abs_error,
@@ -160,22 +200,26 @@ def run(args: argparse.Namespace) -> int:
     )
     from fedgat.variants import as_variant
 
-    if min(args.clients, args.threads, args.rounds or 1, args.patience or 1) < 1:
-        raise SystemExit("fedgat demo: --clients, --rounds, --patience and --threads must be >= 1")
+    check_arguments(args)
     torch.set_num_threads(args.threads)
     progress = not args.quiet
     start = time.perf_counter()
-    try:
-        graph = _load(args)
-        cap = _cap(args)
-        partition = make_partition(graph, args.clients, args.beta, args.seed, num_layers=2, neighbour_cap=cap)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"fedgat demo: {exc}") from None
+    graph = _load(args)
+    owners = resolve_owners(args, graph)
+    cap = _cap(args)
+    partition = make_partition(
+        graph, args.clients, args.beta, args.seed, num_layers=2, neighbour_cap=cap, owner=owners
+    )
 
     est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset)
+    hp = {"neighbour_cap": cap, "variant": args.variant}
+    hp.update({k: v for k, v in (("rounds", args.rounds), ("patience", args.patience)) if v is not None})
+    settings = resolve_hparams("fedgat", hp)
+    rule = "off" if settings["min_cross"] <= 1 else f"k = {settings['min_cross']}"
     print(
         f"fedgat demo: {graph.name} ({graph.num_nodes} nodes, d={graph.num_features}), {args.clients} clients, "
-        f"beta {args.beta:g}, {args.variant} encodings, preset {args.preset}, neighbour cap {cap}"
+        f"{describe_split(args)}, {args.variant} encodings, preset {args.preset}, neighbour cap {cap}; "
+        f"training: {settings['strategy']}, minimum-cross rule {rule}"
     )
     memory = 2 * est["decrypted_bytes_float64"]  # decrypted encodings + the plaintext twin, float64
     if as_variant(args.variant).has_m2 or est["server_seconds"] > 600:  # M2: m^2 rows per node
@@ -190,8 +234,8 @@ def run(args: argparse.Namespace) -> int:
         )
     available = _available_memory()
     if available is not None and memory > 0.7 * available and not args.force:
-        raise SystemExit(
-            f"fedgat demo: the decrypted encodings need ~{_gb(memory)}, more than 70% of the "
+        raise UsageError(
+            f"the decrypted encodings need ~{_gb(memory)}, more than 70% of the "
             f"{_gb(available)} available; lower --neighbour-cap, use a smaller dataset, or pass "
             "--force"
         )
@@ -213,8 +257,8 @@ def run(args: argparse.Namespace) -> int:
         error = max_abs_error(pre.encodings, plain)
         if not args.plaintext_training:
             del plain
-        hp = {"neighbour_cap": cap, "variant": args.variant}
-        hp.update({k: v for k, v in (("rounds", args.rounds), ("patience", args.patience)) if v is not None})
+        # the pre-training report now, not after the training rounds
+        print(format_pretraining({**run_summary(pre), "max_abs_error_vs_plaintext": error}), flush=True)
         encrypted = train_fedgat(
             graph,
             partition,
@@ -243,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         "num_features": graph.num_features,
         "clients": args.clients,
         "beta": args.beta,
+        "owners": None if args.owners is None else str(args.owners),
         "seed": args.seed,
         "neighbour_cap": cap,
         **run_summary(pre, encrypted),  # variant, preset, pre-training costs, training outcome
@@ -255,15 +300,24 @@ def run(args: argparse.Namespace) -> int:
         "actors": len(actors),
         "actor_peak_rss_bytes": [a["peak_rss"] for a in actors],
     }
-    print(format_report(result))
+    print(format_training(result))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_text(args.json, json.dumps(result, indent=2) + "\n", "the results as JSON")
     return 0
 
 
 def format_report(r: dict) -> str:
-    lines = ["", "pre-training (encrypted), seconds per phase:"]
+    """The whole report of a finished run: :func:`format_pretraining` then :func:`format_training`."""
+    return format_pretraining(r) + "\n" + format_training(r)
+
+
+def format_pretraining(r: dict) -> str:
+    """The encrypted pre-training round's report (printed as soon as the round ends)."""
+    lines = [
+        "",
+        "pre-training (encrypted), seconds per phase, summed over the parties (parties work at the same",
+        "time, so the phases add up to more than the round's wall time; the progress bars show wall time):",
+    ]
     lines += [f"  {name:<15} {sec:8.2f}" for name, sec in r["phases"].items()]
     layout = r["slot_layout"]
     lines.append(f"  {'wall':<15} {r['pretrain_wall_seconds']:8.2f}")
@@ -277,9 +331,11 @@ def format_report(r: dict) -> str:
     )
     lines.append(f"server multiply-adds:           {r['multiply_adds']}")
     lines.append(
-        f"slot layout: {layout['chunks']} chunk(s) x {layout['blocks']} block(s) of {layout['slots']} "
-        f"slots; utilisation {r['slot_utilisation']:.1%} nominal, {r['result_slot_utilisation']:.1%} "
-        "of all result slots"
+        f"packing: a ciphertext holds {layout['slots']} numbers: "
+        + ("a whole row" if layout["chunks"] == 1 else f"1/{layout['chunks']} of a row")
+        + f" (d = {layout['d']} numbers) for {layout['blocks']} rows at once; "
+        f"{r['slot_utilisation']:.0%} of the numbers sent carry data "
+        f"({r['result_slot_utilisation']:.0%} in the results), the rest is padding"
     )
     lines.append(f"max |decrypted - plaintext| (same bases): {r['max_abs_error_vs_plaintext']:.2e}")
     lines.append(
@@ -287,6 +343,12 @@ def format_report(r: dict) -> str:
         f"the server holds a secret key: {r['server_has_secret_key']}; "
         f"{r['rows_released']} rows released, each encrypted for the one client that needs it"
     )
+    return "\n".join(lines)
+
+
+def format_training(r: dict) -> str:
+    """The training rounds' report and the run's totals."""
+    lines = []
     lines.append(
         f"FedGAT test accuracy (encrypted pre-training): {r['test_accuracy']:.3f} "
         f"(best round {r['best_round']} of {r['rounds']}, {r['training_seconds']:.1f} s)"

@@ -2,6 +2,7 @@
 
     fedgat train --dataset cora --method fedgat --variant vector --clients 10 --beta 1 \\
         --seeds 10 --rounds 300 --json out.json
+    fedgat train --dataset my_graph.npz --owners owners.csv   # your graph and who owns which node
 
 Seeds are ``first_seed .. first_seed + seeds - 1``; each seeds the split, the encodings' bases, the
 model and dropout. Hyper-parameter flags left out take the method's defaults
@@ -23,14 +24,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedgat.cli_engine import add_engine_arguments, open_engine
+from fedgat.cli_engine import (
+    UsageError,
+    add_dataset_argument,
+    add_engine_arguments,
+    add_owners_arguments,
+    check_beta,
+    check_counts,
+    check_dataset,
+    check_engine_arguments,
+    check_output_file,
+    check_owners_path,
+    load_graph,
+    open_engine,
+    parse_cap,
+    resolve_owners,
+    write_text,
+)
 
 NAME = "train"
 HELP = "train one method (fedgat, distgat, fedgcn, gat, gcn) over several seeds and summarise"
 
 #: = fedgat.methods.METHODS (kept literal so that ``fedgat --help`` does not import torch)
 METHOD_CHOICES = ("fedgat", "distgat", "fedgcn", "gat", "gcn")
-DATASET_CHOICES = ("cora", "citeseer", "pubmed", "synthetic")
 
 # flag dest -> (type, help); each maps to the hyper-parameter of the same name
 _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
@@ -44,8 +60,8 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "strategy": (
         str,
         (
-            "fedavg (clients run Adam, server averages; default) or fedadam (clients run "
-            "SGD, server runs Adam on the averaged step)"
+            "fedadam (clients run SGD, server runs Adam on the averaged step; default) or "
+            "fedavg (clients run Adam, server averages; the paper's)"
         ),
     ),
     "client_lr": (float, "FedAdam: the clients' SGD step (default 1; cancels out with one local epoch)"),
@@ -58,19 +74,14 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "domain": (float, "FedGAT: half-width of the polynomial's domain (default 4)"),
     "psi": (str, "FedGAT: leaky_relu (default) or smooth_leaky_relu"),
     "neighbour_cap": (str, "FedGAT: neighbours kept per node, or 'none' (default: 16 matrix, none vector)"),
-    "min_cross": (int, "FedGAT: minimum cross-client neighbours a node keeps (default 2)"),
+    "min_cross": (int, "FedGAT: paper's minimum-cross rule k (default 0: off; the paper uses 2)"),
 }
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dataset",
-        default="cora",
-        choices=DATASET_CHOICES,
-        help="dataset (synthetic: a 500-node planted-class graph for quick checks)",
-    )
+    add_dataset_argument(parser)
     parser.add_argument("--method", default="fedgat", choices=METHOD_CHOICES)
-    parser.add_argument("--clients", type=int, default=10, help="number of clients (default 10)")
+    add_owners_arguments(parser)
     parser.add_argument(
         "--beta",
         type=float,
@@ -95,38 +106,66 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
+    """Every check on the arguments alone, before anything is loaded or trained.
+
+    Returns:
+        the hyper-parameter overrides given as flags and the method's resolved hyper-parameters.
+
+    Raises:
+        UsageError: naming the flag and the fix.
+    """
+    from fedgat.methods import resolve_hparams
+
+    check_counts(
+        {
+            "--clients": (args.clients, 1),
+            "--seeds": (args.seeds, 1),
+            "--threads": (args.threads, 1),
+            "--rounds": (args.rounds, 1),
+            "--patience": (args.patience, 1),
+            "--local-epochs": (args.local_epochs, 1),
+            "--hidden": (args.hidden, 1),
+            "--heads": (args.heads, 1),
+            "--degree": (args.degree, 1),
+        }
+    )
+    check_beta(args.beta)
+    check_dataset(args.dataset)
+    check_owners_path(args.owners)
+    check_engine_arguments(args)
+    check_output_file("--json", args.json)
+    if args.engine != "inprocess" and args.method != "fedgat":
+        raise UsageError(
+            f"--engine {args.engine} runs FedGAT's protocol; {args.method} trains in process only "
+            "(leave --engine out)"
+        )
+    overrides = {k: getattr(args, k) for k in _HPARAM_FLAGS if getattr(args, k) is not None}
+    if "neighbour_cap" in overrides:
+        overrides["neighbour_cap"] = parse_cap(overrides["neighbour_cap"])
+    try:
+        hparams = resolve_hparams(args.method, overrides)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return overrides, hparams
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from fedgat.data import load_dataset
-    from fedgat.methods import resolve_hparams, run_method
+    from fedgat.methods import run_method
 
-    if args.seeds < 1:
-        raise SystemExit("fedgat train: --seeds must be >= 1")
-    if args.threads < 1:
-        raise SystemExit("fedgat train: --threads must be >= 1")
+    overrides, hparams = check_arguments(args)
     torch.set_num_threads(args.threads)
-    overrides = {k: getattr(args, k) for k in _HPARAM_FLAGS if getattr(args, k) is not None}
-    if "neighbour_cap" in overrides:
-        cap = overrides["neighbour_cap"]
-        overrides["neighbour_cap"] = None if cap.lower() == "none" else int(cap)
-    try:
-        hparams = resolve_hparams(args.method, overrides)
-        graph = load_dataset(args.dataset)
-    except ValueError as exc:
-        raise SystemExit(f"fedgat train: {exc}") from None
+    graph = load_graph(args.dataset)
+    owners = resolve_owners(args, graph)
 
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    if args.engine != "inprocess" and args.method != "fedgat":
-        raise SystemExit(
-            f"fedgat train: --engine {args.engine} runs FedGAT's protocol; {args.method} "
-            "trains in process only (leave --engine out)"
-        )
     engine = open_engine(args, "train")
     if engine is not None:
         try:
-            results = [_run_on_engine(engine, graph, args, seed, overrides) for seed in seeds]
+            results = [_run_on_engine(engine, graph, args, seed, overrides, owners) for seed in seeds]
         finally:
             engine.shutdown()
         return _report(args, graph.name, hparams, results)
@@ -146,34 +185,40 @@ def run(args: argparse.Namespace) -> int:
                 bar.set_postfix(seed=seed, val=f"{metrics['val_accuracy']:.3f}")
 
             result = run_method(
-                args.method, graph, args.clients, args.beta, seed, callback=progress, **overrides
+                args.method,
+                graph,
+                args.clients,
+                args.beta,
+                seed,
+                callback=progress,
+                owner=owners,
+                **overrides,
             )
             bar.update(rounds - result.rounds)  # early stopping skipped these
             results.append(result)
     return _report(args, graph.name, hparams, results)
 
 
-def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides: dict):
-    """One FedGAT seed through the protocol over ``engine``'s transport, as a ``RunResult``."""
+def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides: dict, owners=None):
+    """One FedGAT seed through the protocol over ``engine``'s transport, as a ``RunResult`` (``owners``:
+    the user's split, None for the Dirichlet one)."""
     import time
 
     from fedgat.methods import RunResult, pretrain_bytes
     from fedgat.pipeline import run_encrypted_fedgat
 
     start = time.perf_counter()
-    try:
-        run = run_encrypted_fedgat(
-            graph,
-            args.clients,
-            args.beta,
-            seed,
-            encrypted=False,
-            transport=engine.transport(),
-            progress=not args.quiet,
-            **overrides,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"fedgat train: {exc}") from None
+    run = run_encrypted_fedgat(
+        graph,
+        args.clients,
+        args.beta,
+        seed,
+        encrypted=False,
+        transport=engine.transport(),
+        progress=not args.quiet,
+        owner=owners,
+        **overrides,
+    )
     t = run.training
     return RunResult(
         method="fedgat",
@@ -185,7 +230,9 @@ def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides
         best_val_accuracy=t.fit.best_val_accuracy,
         best_round=t.fit.best_round,
         rounds=t.fit.rounds,
-        pretrain_bytes=pretrain_bytes("fedgat", graph, args.clients, args.beta, seed, **overrides),
+        pretrain_bytes=pretrain_bytes(
+            "fedgat", graph, args.clients, args.beta, seed, owner=owners, **overrides
+        ),
         pretrain_seconds=time.perf_counter() - start - t.seconds,
         train_seconds=t.seconds,
         hparams=t.hparams,
@@ -198,8 +245,8 @@ def _report(args: argparse.Namespace, dataset: str, hparams: dict, results: list
     print(format_table(summary))
     if args.json is not None:
         per_seed = [r.to_dict(history=args.history) for r in results]
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({**summary, "per_seed": per_seed}, indent=2) + "\n")
+        text = json.dumps({**summary, "per_seed": per_seed}, indent=2) + "\n"
+        write_text(args.json, text, "the results as JSON")
     return 0
 
 
@@ -212,6 +259,7 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
         "dataset": dataset,
         "clients": results[0].num_clients,
         "beta": args.beta,
+        "owners": None if args.owners is None else str(args.owners),
         "seeds": [r.seed for r in results],
         "test_accuracy_mean": statistics.fmean(acc),
         "test_accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
@@ -239,10 +287,8 @@ def format_table(summary: dict) -> str:
     """A readable per-seed table with a mean +- std line."""
     hp = summary["hparams"]
     extra = f", {hp['variant']}" if "variant" in hp else ""
-    head = (
-        f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), "
-        f"beta {summary['beta']:g}{extra}"
-    )
+    split = f"owners from {summary['owners']}" if summary.get("owners") else f"beta {summary['beta']:g}"
+    head = f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), {split}{extra}"
     cols = f"{'seed':>6} {'test acc':>9} {'best val':>9} {'best rnd':>9} {'rounds':>7} {'pretrain MB':>12} {'train s':>8}"
     lines = [head, cols, "-" * len(cols)]
     for row in summary["rows"]:

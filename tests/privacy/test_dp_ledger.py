@@ -1,0 +1,145 @@
+"""The owner's DP ledger (:mod:`fedgat.dp_ledger`) and the plaintext release paths that charge it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+
+import numpy as np
+import pytest
+import torch
+
+from fedgat.dp import FeatureDP
+from fedgat.dp_ledger import (
+    Budget,
+    BudgetExceededError,
+    DPError,
+    DPLedger,
+    LedgerFileError,
+    MissingLedgerError,
+    dataset_id,
+    owner_ledgers,
+)
+from fedgat.methods import run_method
+from fedgat.partition import make_partition
+from fedgat.pipeline import dp_features
+from fedgat.synthetic import synthetic_graph
+
+DP = FeatureDP(epsilon=2.0, delta=1e-5, dim=8, seed=5)
+
+
+def rows(n: int = 20, d: int = 16, seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "epsilon, delta, needle",
+    [
+        (0.0, 1e-5, "epsilon"),
+        (-1.0, 1e-5, "epsilon"),
+        (math.nan, 1e-5, "epsilon"),
+        (math.inf, 1e-5, "epsilon"),
+        (1.0, 0.0, "delta"),
+        (1.0, 1.0, "delta"),
+        (1.0, -1e-5, "delta"),
+    ],
+)
+def test_bad_budgets_are_refused(epsilon, delta, needle):
+    with pytest.raises(DPError, match=needle):
+        Budget(epsilon, delta)
+    with pytest.raises(ValueError, match="epsilon > 0 and 0 < delta < 1"):  # the mechanism too
+        FeatureDP(epsilon, delta)
+
+
+def test_one_release_spends_its_epsilon_and_releases_compose_sublinearly():
+    ledger = DPLedger(Budget(10.0, 1e-5))
+    data = dataset_id(rows())
+    eps1, delta = ledger.charge(data, DP.sigma, (1, 2))
+    assert delta == 1e-5 and eps1 == pytest.approx(2.0, rel=1e-6)  # tight for one analytic release
+    eps2, _ = ledger.charge(data, DP.sigma, (1,))
+    assert 2.0 * 1.1 < eps2 < 2.0 * 2.0  # composed, better than adding epsilons
+    assert ledger.spent(data) == (eps2, 1e-5)
+    # another dataset has its own account
+    assert ledger.spent(dataset_id(rows(seed=1)))[0] == 0.0
+    rec = ledger.releases[0]
+    assert rec["recipients"] == [1, 2] and rec["mechanism"] == "gaussian" and rec["sensitivity"] == 2.0
+    assert rec["sigma"] == DP.sigma and rec["count"] == 1 and rec["timestamp"] > 0
+
+
+def test_the_ledger_persists_atomically_and_privately(tmp_path):
+    path = tmp_path / "owner" / "client.json"
+    ledger = DPLedger(Budget(10.0, 1e-5), path)
+    assert not path.exists()  # nothing written before a release
+    data = dataset_id(rows())
+    spent = ledger.charge(data, DP.sigma)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["client.json"]  # no temporary file left
+    again = DPLedger(None, path)  # the stored budget
+    assert again.budget == Budget(10.0, 1e-5) and again.spent(data) == spent
+    with pytest.raises(LedgerFileError, match="holds budget"):
+        DPLedger(Budget(20.0, 1e-5), path)  # a budget cannot be raised by asking for another
+    path.write_text("{not json")
+    with pytest.raises(LedgerFileError, match="cannot read DP ledger"):
+        DPLedger(None, path)
+    with pytest.raises(DPError, match="needs the owner's budget"):
+        DPLedger(None, tmp_path / "new.json")
+
+
+def test_a_release_over_the_budget_is_refused_and_changes_nothing(tmp_path):
+    path = tmp_path / "c.json"
+    x = rows()
+    ledger = DPLedger(Budget(2.5, 1e-5), path)
+    DP.release_rows(x, ledger=ledger)  # spends 2
+    before = path.read_bytes()
+    with pytest.raises(BudgetExceededError) as err:
+        DP.release_rows(x, ledger=ledger)
+    msg = str(err.value)
+    assert "has spent epsilon 2" in msg and "(sigma " in msg and "budget epsilon 2.5" in msg
+    requested = float(msg.split("would bring it to ")[1].split()[0])
+    assert 2.5 < requested < 4.0  # two epsilon-2 releases, composed
+    assert path.read_bytes() == before and len(ledger.releases) == 1
+    # a budget already spent: even the smallest release is refused
+    tight = DPLedger(Budget(2.0, 1e-5), tmp_path / "d.json")
+    DP.release_rows(x, ledger=tight)
+    with pytest.raises(BudgetExceededError, match="over the budget epsilon 2"):
+        FeatureDP(epsilon=1000.0, delta=1e-5, dim=8).release_rows(x, ledger=tight)
+
+
+def test_a_release_without_a_ledger_is_refused():
+    with pytest.raises(MissingLedgerError, match="needs the owner's ledger"):
+        DP.release_rows(rows(), ledger=None)
+    with pytest.raises(MissingLedgerError):
+        DP.release(torch.from_numpy(rows()), ledger=None)
+    graph = synthetic_graph(num_nodes=48, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
+    part = make_partition(graph, 3, beta=1.0, seed=0)
+    with pytest.raises(MissingLedgerError):
+        dp_features(graph, part, DP, ledgers=None)
+
+
+def test_the_plaintext_method_needs_a_budget_and_charges_the_owners_ledgers(tmp_path):
+    graph = synthetic_graph(num_nodes=48, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
+    hp = {"rounds": 1, "patience": 1, "dp_epsilon": 2.0, "dp_dim": 8, "dp_ledger_dir": str(tmp_path)}
+    with pytest.raises(DPError, match="needs the owner's budget"):
+        run_method("fedgat", graph, num_clients=3, seed=0, **hp)
+    assert list(tmp_path.iterdir()) == []  # nothing released, nothing recorded
+    run_method("fedgat", graph, num_clients=3, seed=0, dp_budget=(2.5, 1e-5), **hp)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["client-0.json", "client-1.json", "client-2.json"]
+    stored = json.loads((tmp_path / "client-0.json").read_text())
+    assert stored["budget"] == {"epsilon": 2.5, "delta": 1e-5} and len(stored["releases"]) == 1
+    assert stored["releases"][0]["recipients"] == [1, 2]
+    snapshot = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(BudgetExceededError):  # epsilon 2 then 1.5 on the same rows: over 2.5
+        run_method("fedgat", graph, num_clients=3, seed=0, dp_budget=(2.5, 1e-5), **{**hp, "dp_epsilon": 1.5})
+    # the first owner was refused before anything was drawn; no ledger changed
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == snapshot
+
+
+def test_owner_ledgers_checks_the_budget(tmp_path):
+    with pytest.raises(DPError, match=r"\(epsilon, delta\)"):
+        owner_ledgers(2, (1.0,), tmp_path)
+    got = owner_ledgers(2, (1.0, 1e-6), tmp_path)
+    assert sorted(got) == [0, 1] and got[1].path == tmp_path / "client-1.json"

@@ -1,0 +1,456 @@
+"""The red-team review's breaks, run against the real state machines on small synthetic graphs.
+
+These tests pin the *current* behaviour that SECURITY.md's "Known breaks" section describes: each
+one asserts that an attack still works (or, for the error-text oracle, what remains of it after the
+fix). A fix flips the test, and the failure is the reminder to change the doc with it.
+
+1. A server colluding with one client knows a recipient's check vectors (the recipient seals its
+   check keys to every other participant) and forges a result that passes the tag and range check.
+2. A rejected result's error text used to print a decrypted norm (a decryption oracle, since an
+   engine may send the text back to the server); now the text is constant, but a refused result
+   leaves the victim's state unchanged, so the server may keep sending probes.
+3. Secure aggregation hides updates within a round only: a server that sends the same model and
+   samples overlapping cohorts differences the sums into every client's update.
+4. Evaluation reports are per client and in plaintext: finite differences of ``loss_sum`` around a
+   model the server chooses read out a client's per-class feature sums.
+"""
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedgat.crypto import deserialize, encrypt_rows, serialize
+from fedgat.crypto.packing import linear_combination
+from fedgat.crypto.tags import TAG_COLUMNS
+from fedgat.crypto.tasks import encode_node
+from fedgat.federated import Client, FedAdam
+from fedgat.partition import make_partition
+from fedgat.pipeline import make_deployment, run_plaintext_pretraining
+from fedgat.protocols import (
+    ClientState,
+    Driver,
+    EncodingResults,
+    EvaluationReport,
+    GlobalModel,
+    InProcessTransport,
+    ResultItem,
+    ResultRejectedError,
+    ServerPretrain,
+    decode_message,
+    encode_message,
+)
+from fedgat.protocols.fedavg import ServerRounds
+from fedgat.protocols.fedavg_client import ClientRounds, secure_vector, state_to_arrays
+from fedgat.protocols.messages import peek_type
+from fedgat.protocols.secagg import SecAggConfig
+from fedgat.server_attacks import AttackSetting, _build, _drive, _server_args, first_recipient
+from fedgat.synthetic import synthetic_graph
+from fedgat.tasks import LocalTask
+
+RESULT_BATCH_BYTES = 16 << 20
+
+
+# ------------------------------------------------------------------------------ pre-training
+def pretraining_setting() -> AttackSetting:
+    """120 nodes, 16 features, 3 clients: the vector variant under the default CKKS preset."""
+    graph = synthetic_graph(
+        num_nodes=120, num_features=16, avg_degree=4.0, seed=3, train_per_class=5, num_val=20, num_test=40
+    )
+    return AttackSetting(graph, make_partition(graph, 3, beta=1.0, seed=0), "vector", seed=1)
+
+
+def rows_by_node(encodings) -> dict[int, np.ndarray]:
+    """Every node's encoding rows, as float64 arrays."""
+    out = {}
+    for bucket in encodings.buckets:
+        feats = bucket.features.double().numpy()
+        out.update((int(n), feats[k]) for k, n in enumerate(bucket.bases.nodes))
+    return out
+
+
+class DeltaServer(ServerPretrain):
+    """Honest, except that it adds ``delta`` to row 0 of one node's foreign share for the first
+    recipient other than the colluder, with the tag columns ``<r, delta>`` the colluder's copy of
+    the victim's check keys gives (their PRF part is 0: ``delta`` has no sources)."""
+
+    def __init__(self, *args, colluder, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.colluder = colluder  # a real client whose secrets the attacker holds
+        self.victim: int | None = None
+        self.target: int | None = None  # a node whose foreign rows are all a third, honest party's
+        self.target_owners: list[int] = []
+        self.delta: np.ndarray | None = None
+
+    def _begin_compute(self):
+        out = super()._begin_compute()
+        recipients = [c for c, s in sorted(self.plan.shares.items()) if s and c != self.colluder.party_id]
+        self.victim = recipients[0]
+        for bucket in self.plan.shares[self.victim]:
+            for s in range(len(bucket)):
+                owners = {self._owner[int(u)] for u in bucket.neighbours[s]}
+                if self.colluder.party_id not in owners:
+                    self.target, self.target_owners = int(bucket.nodes[s]), sorted(owners)
+                    return out
+        return out
+
+    def _compute_results(self):
+        for k, (g, result) in enumerate(super()._compute_results()):
+            if self.plan.recipients[k][0] == self.victim and result.node == self.target:
+                result = self._forge(self.buckets[g])
+            yield g, result
+
+    def _forge(self, bucket):
+        d = self._dim
+        vectors = self.colluder._owner_keys[self.victim].vectors(d)  # (T, d): the victim's check vectors
+        delta = np.random.default_rng(7).standard_normal(d)
+        self.delta = delta * 0.5 / np.linalg.norm(delta)
+        row = np.zeros(self.layout.d)
+        row[:d] = self.delta
+        row[d : d + TAG_COLUMNS] = vectors @ self.delta
+        ctx, spool = self.contexts[self.victim], self._spool(self.victim)
+        slot = int(np.flatnonzero(bucket.nodes == self.target)[0])
+        coef = bucket.coefficients(slot)
+        sources = [spool.get(int(j)) for j in bucket.neighbours[slot]]
+        fresh = [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], self.layout)]
+        extra = np.zeros((coef.shape[0], 1))
+        extra[0, 0] = 1.0  # the fresh "source" enters row 0 only
+        return encode_node(ctx, self.layout, [*sources, fresh], self.target, np.hstack([coef, extra]))
+
+
+def test_server_plus_one_client_can_forge_a_result_that_passes_the_check():
+    setting = pretraining_setting()
+    made = {}
+
+    def make_server(parties):
+        colluder = parties.clients[max(parties.clients)]  # the same object the round runs
+        made["server"] = DeltaServer(**_server_args(parties, setting, RESULT_BATCH_BYTES), colluder=colluder)
+        return made["server"]
+
+    parties = _build(setting, server=make_server)
+    driver = _drive(parties)
+    server = made["server"]
+    victim, node = server.victim, server.target
+    assert server.delta is not None and node is not None
+    assert server.colluder.party_id not in server.target_owners  # only an honest third party's rows
+
+    # the victim accepts the forged result and completes: nothing is refused
+    assert [exc for pid, exc in driver.rejected if pid == victim] == []
+    assert parties.clients[victim].state is ClientState.DONE
+
+    got = rows_by_node(parties.clients[victim].encodings)
+    want = rows_by_node(run_plaintext_pretraining(setting.graph, setting.partition, "vector", 1)[victim])
+    assert got.keys() == want.keys()
+    diff = got[node] - want[node]
+    np.testing.assert_allclose(diff[0], server.delta, rtol=0, atol=1e-6)  # trained on: honest + Delta
+    assert np.abs(diff[1:]).max() <= 1e-6
+    assert max(np.abs(got[n] - want[n]).max() for n in got if n != node) <= 1e-6
+
+
+class WithholdingServer(ServerPretrain):
+    """Honest, except that it keeps the serialized rows other clients released to the victim."""
+
+    def _compute_results(self):
+        self.victim = min(c for c, s in self.plan.shares.items() if s)
+        ctx, spool = self.contexts[self.victim], self._spool(self.victim)
+        released = [u for (_, a), nodes in self._expected.items() if a == self.victim for u in nodes.tolist()]
+        self.kept = {u: [serialize(ctx, ct) for ct in spool.get(u)] for u in released}
+        yield from super()._compute_results()
+
+
+@dataclass
+class NormProbe:
+    """The server's probe of the victim: a foreign share of ``node`` whose row 0 is
+    ``lam * (h_u[j] - t) e_j``, for a row ``h_u`` another client released to the victim (made from
+    the kept ciphertext with plaintext multiply-adds only). Its norm is ``lam * |h_u[j] - t|``."""
+
+    server: WithholdingServer
+    victim: object
+    signer: object
+    bucket: int
+    node: int
+    owners: tuple[int, ...]
+    source: list = field(default_factory=list)
+    seq: int = 10**9
+
+    def message(self, j: int, t: float, lam: float) -> bytes:
+        server, ctx, layout = self.server, self.server.contexts[self.victim.party_id], self.server.layout
+        asm = self.victim._assemblies[self.bucket]
+        blobs = layout.groups(asm.bases.num_feature_rows()) * layout.chunks
+        chunk, pos = divmod(j, layout.width)
+        one = np.zeros(ctx.slots)
+        one[pos] = 1.0
+        scale_u, scale_1 = np.zeros(ctx.slots), np.zeros(ctx.slots)
+        scale_u[pos], scale_1[pos] = lam, -lam * t
+        zero = ctx.encrypt_vector(np.zeros(ctx.slots))
+        cts = [
+            linear_combination(
+                ctx, [self.source[chunk], ctx.encrypt_vector(one)], np.stack([scale_u, scale_1])
+            )
+            if k == chunk  # group 0, chunk of j: block 0 (row 0), slot of j
+            else linear_combination(ctx, [zero], np.ones((1, ctx.slots)))
+            for k in range(blobs)
+        ]
+        self.seq += 1
+        msg = EncodingResults(
+            sender=server.party_id,
+            recipient=self.victim.party_id,
+            session=server.session,
+            seq=self.seq,
+            fingerprint=server.verifier.fingerprint,
+            bucket=self.bucket,
+            items=(ResultItem(self.node, tuple(serialize(ctx, ct) for ct in cts)),),
+        )
+        return encode_message(msg, self.signer)
+
+
+def withheld_victim(setting: AttackSetting, monkeypatch):
+    """Run a round whose server withholds the victim's results (their frames never arrive): the
+    victim waits for encodings, every other party completes. Returns (parties, victim id)."""
+    parties = _build(
+        setting, server=lambda p: WithholdingServer(**_server_args(p, setting, RESULT_BATCH_BYTES))
+    )
+    victim_id = first_recipient(setting.partition)
+    victim = parties.clients[victim_id]
+    receive = victim.receive
+
+    def dropping(data):
+        if isinstance(data, bytes | bytearray) and peek_type(data) == EncodingResults.TYPE:
+            return []
+        return receive(data)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(victim, "receive", dropping)
+        driver = Driver(InProcessTransport(), parties.all(), strict=False)
+        driver.start()
+        driver.run()
+    assert parties.server.victim == victim_id
+    assert victim.state is ClientState.AWAIT_ENCODINGS
+    return parties, victim_id
+
+
+def test_a_rejected_result_reads_no_decrypted_value(monkeypatch):
+    """FIXED: the norm the range check saw was in the error's text, which Flower returns to the
+    server as the reply's reason: a per-coordinate decryption oracle (64 probes for a 16-dim row).
+    The text is now the same for every failure of a node and owners; the value is only in
+    ``exc.detail``, for local logs."""
+    setting = pretraining_setting()
+    parties, victim_id = withheld_victim(setting, monkeypatch)
+    server, victim = parties.server, parties.clients[victim_id]
+    try:
+        ctx = server.contexts[victim_id]
+        bucket = next(i for i, a in enumerate(victim._assemblies) if not a.filled.all())
+        asm = victim._assemblies[bucket]
+        slot = int(np.flatnonzero(~asm.filled)[0])
+        owners = tuple(sorted({int(o) for o in asm.owners[slot] if o != victim_id}))
+        u = min(server.kept)  # a row another client released to the victim
+        probe = NormProbe(
+            server,
+            victim,
+            parties.deployment.identities[server.party_id].signer,
+            bucket,
+            int(asm.bases.nodes[slot]),
+            owners,
+            [deserialize(ctx, blob, level="fresh") for blob in server.kept[u]],
+        )
+        h_u = setting.truth[u]
+        errors = []
+        for j, lam in ((0, 30.0), (1, 45.0)):  # two probes of different values, far out of range
+            frame = probe.message(j, t=-3.0, lam=lam)
+            before = victim.snapshot()
+            try:
+                victim.receive(frame)
+            except ResultRejectedError as exc:
+                errors.append(exc)
+            else:
+                raise AssertionError("the norm probe was accepted")
+            # a refused result changes nothing and is not terminal: the server may send another
+            # probe. This retry-ability is what remains of the finding (the detail is the oracle if
+            # it ever leaves the client).
+            assert victim.snapshot() == before
+            # what a local log sees: the decrypted norm, lam * |h_u[j] - t|
+            match = re.search(r"has norm ([0-9.e+-]+)", errors[-1].detail)
+            assert match is not None, errors[-1].detail
+            assert float(match.group(1)) == pytest.approx(lam * (h_u[j] + 3.0), rel=1e-2)  # 3 digits
+        for exc in errors:
+            assert (exc.node, exc.owners) == (probe.node, owners)
+            assert str(exc) == str(ResultRejectedError(probe.node, owners))  # what the server may see
+            assert "norm" not in str(exc)
+        assert str(errors[0]) == str(errors[1]) and errors[0].detail != errors[1].detail
+        assert victim.state is ClientState.AWAIT_ENCODINGS
+    finally:
+        server.close()
+
+
+# ---------------------------------------------------------------------------------- training
+NUM_CLIENTS = 4
+
+
+def training_graph():
+    return synthetic_graph(num_nodes=90, num_features=12, train_per_class=4, num_val=20, num_test=30, seed=5)
+
+
+def local_task(graph, client: int) -> LocalTask:
+    """Client ``client``'s task: the nodes ``i`` with ``i % NUM_CLIENTS == client``."""
+    nodes = np.flatnonzero(np.arange(graph.num_nodes) % NUM_CLIENTS == client)
+    targets = {}
+    for split in ("train", "val", "test"):
+        rows = torch.from_numpy(np.flatnonzero(getattr(graph, f"{split}_mask").numpy()[nodes]))
+        targets[split] = (rows, graph.y[nodes][rows])
+    return LocalTask((graph.x[nodes],), targets)
+
+
+def linear_model(graph, dropout: float) -> nn.Module:
+    return nn.Sequential(nn.Dropout(dropout), nn.Linear(graph.num_features, graph.num_classes))
+
+
+class DifferencingServer(ServerRounds):
+    """Sends the same model ``weights`` every round and samples the given cohorts in turn; keeps
+    each round's unmasked sum (all it is meant to learn)."""
+
+    def __init__(self, *args, weights, cohorts, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.weights, self.cohorts = weights, cohorts
+        self.sums: dict[int, tuple[np.ndarray, list[int]]] = {}
+
+    def _sample(self):
+        return self.cohorts[len(self.sums) % len(self.cohorts)]
+
+    def _send_round(self, t, fit, splits):
+        self.loop.state = {k: v.clone() for k, v in self.weights.items()}
+        return super()._send_round(t, fit, splits)
+
+    def _secure_aggregate(self):
+        sec = self._secure
+        if sec is not None and sec.result is not None and not self.loop.evaluating:
+            self.sums.setdefault(self._fit_round, (np.array(sec.result, dtype=np.float64), sorted(sec.u3)))
+        return super()._secure_aggregate()
+
+
+def test_secure_aggregation_is_per_round_a_server_differences_cohorts():
+    """Server alone, secure aggregation on (min_cohort 3), no collusion: cohorts {1,2,3}, {0,2,3},
+    {0,1,3}, {0,1,2} of the same model. Under FedAdam (plain local SGD) with dropout off, local
+    training is a function of the model, so x_k = (sum of the 4 sums) / 3 - (the sum without k)."""
+    graph = training_graph()
+    torch.manual_seed(3)
+    initial = linear_model(graph, 0.0).state_dict()
+    strategy = FedAdam(0.05, 5e-4, client_lr=0.5)
+    dep = make_deployment(NUM_CLIENTS)
+    roster, sid = dep.roster, dep.roster.server
+    cohorts = [[c for c in roster.clients if c != excluded] for excluded in roster.clients]
+    server = DifferencingServer(
+        sid,
+        roster,
+        9,
+        dep.identities[sid],
+        initial_state=initial,
+        rounds=NUM_CLIENTS,
+        patience=None,
+        seed=4,
+        strategy=strategy,
+        fraction=0.75,
+        secagg=SecAggConfig(),
+        weights={k: v.clone() for k, v in initial.items()},
+        cohorts=cohorts,
+    )
+    clients, updates = {}, {}
+    for i, c in enumerate(roster.clients):
+        task = local_task(graph, i)
+        member = Client(i, linear_model(graph, 0.0), task, task, lr=0.05, local_epochs=2, strategy=strategy)
+        clients[c] = ClientRounds(
+            c, roster, 9, dep.identities[c], client=member, seed=100 + c, secagg=SecAggConfig()
+        )
+        updates[c] = record_updates(member, initial)
+    driver = Driver(InProcessTransport(), {sid: server, **clients}, strict=False)
+    driver.start()
+    driver.run()
+
+    assert driver.rejected == []
+    assert [server.sums[t][1] for t in sorted(server.sums)] == cohorts
+    sums = [server.sums[t][0] for t in sorted(server.sums)]
+    total = sum(sums) / (NUM_CLIENTS - 1)
+    for excluded, c in enumerate(roster.clients):
+        truth = updates[c][0]
+        assert np.abs(total - sums[excluded] - truth).max() <= 1e-9  # client c's own update, exactly
+        assert np.abs(truth).max() > 1.0  # (a real update: weights, count, loss)
+
+
+def record_updates(member: Client, initial) -> list[np.ndarray]:
+    """Wrap ``member.fit`` so that each update it sends is recorded as the secure-aggregation
+    vector (the ground truth the server should never see alone)."""
+    seen: list[np.ndarray] = []
+    fit = member.fit
+
+    def recording(weights):
+        update = fit(weights)
+        seen.append(secure_vector(update, initial))
+        return update
+
+    member.fit = recording
+    return seen
+
+
+def test_evaluation_reports_are_a_per_client_oracle():
+    """Server alone, training phase: a client evaluates any ``GlobalModel(fit=False)`` whose round
+    grows and reports ``loss_sum`` in plaintext, outside secure aggregation. Central differences of
+    it around W = 0 give sum_i (softmax(0) - onehot(y_i)) x_i^T over the client's validation nodes:
+    its per-class feature sums."""
+    graph = training_graph()
+    torch.manual_seed(3)
+    initial = linear_model(graph, 0.3).state_dict()
+    dep = make_deployment(NUM_CLIENTS)
+    sid, c = dep.roster.server, dep.roster.clients[1]
+    task = local_task(graph, 1)
+    client = ClientRounds(
+        c,
+        dep.roster,
+        9,
+        dep.identities[c],
+        client=Client(1, linear_model(graph, 0.3), task, task, lr=0.05),
+        secagg=SecAggConfig(),
+    )
+    client.start()
+    signer = dep.identities[sid].signer
+    queries = []
+
+    def loss_sum(state) -> float:
+        t = len(queries) + 1
+        msg = GlobalModel(
+            sender=sid,
+            recipient=c,
+            session=9,
+            seq=t,
+            fingerprint=bytes(32),
+            round=t,
+            fit=False,
+            splits=("val",),
+            arrays=state_to_arrays(state),
+        )
+        out = client.receive(encode_message(msg, signer))  # raises if refused
+        report = decode_message(client.encode(out[0]))
+        assert isinstance(report, EvaluationReport)
+        queries.append(report.splits[0].count)
+        return report.splits[0].loss_sum
+
+    zero = {k: torch.zeros_like(v) for k, v in initial.items()}
+    loss_sum(zero)
+    eps, classes = 1e-2, graph.num_classes
+    recovered = np.zeros((classes, graph.num_features))
+    for cls in range(classes):
+        for j in range(graph.num_features):
+            state = {k: v.clone() for k, v in zero.items()}
+            state["1.weight"][cls, j] = eps
+            up = loss_sum(state)
+            state["1.weight"][cls, j] = -eps
+            recovered[cls, j] = (up - loss_sum(state)) / (2 * eps)
+
+    rows, y = task.targets["val"]
+    x = task.inputs[0][rows].double().numpy()
+    truth = (np.full((len(y), classes), 1.0 / classes) - np.eye(classes)[y.numpy()]).T @ x
+    assert len(queries) == 1 + 2 * classes * graph.num_features  # every query answered
+    assert set(queries) == {len(y)} and len(y) > 0
+    assert np.abs(recovered - truth).max() <= 1e-3
+    assert np.abs(truth).max() > 0.1

@@ -1,0 +1,307 @@
+"""The command line with a user's own graph and owners, and its one error path (issues 21 and 22).
+
+A ``.npz`` (gnn-benchmark layout) and a ``.pt`` (a saved PyG ``Data``) made here from random data
+(60 nodes, 6 features, 3 classes) run through ``demo``, ``train`` and ``audit``, with owners given as
+CSV and as ``.npy``. Every bad input is refused in one line on stderr (``fedgat <command>: error:``)
+with exit status 2 (usage) or 1 (fedgat's typed errors), before any work, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data
+
+import fedgat
+from fedgat.cli import main
+from fedgat.graph import Graph
+from fedgat.owners import OwnersError
+
+N, D, C = 60, 6, 3
+#: a tiny, quick setting for every command (seconds per run)
+TINY = {
+    "demo": ["--rounds", "2", "--workers", "0", "--quiet"],
+    "train": ["--rounds", "2", "--quiet"],
+    "audit": ["--rounds", "2", "--attack-rounds", "1", "--no-server-check", "--quiet"],
+}
+
+
+def _edges(seed: int = 0) -> np.ndarray:
+    """A connected-ish random graph: a ring plus random chords, one direction only (fedgat symmetrises)."""
+    rng = np.random.default_rng(seed)
+    ring = np.stack([np.arange(N), (np.arange(N) + 1) % N])
+    chords = rng.integers(0, N, size=(2, 2 * N))
+    return np.concatenate([ring, chords], axis=1)
+
+
+def _features(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((N, D)).astype(np.float32) + 0.1
+
+
+def _labels(seed: int = 0) -> np.ndarray:
+    return np.arange(N) % C  # every class present, 20 nodes each
+
+
+def write_npz(path: Path, **override) -> Path:
+    """A gnn-benchmark ``.npz``: CSR adjacency, dense ``features``, ``labels``."""
+    ei = _edges()
+    order = np.lexsort((ei[1], ei[0]))
+    rows, cols = ei[0, order], ei[1, order]
+    indptr = np.zeros(N + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=N), out=indptr[1:])
+    arrays = {
+        "adj_data": np.ones(len(cols), dtype=np.float32),
+        "adj_indices": cols.astype(np.int32),
+        "adj_indptr": indptr,
+        "adj_shape": np.array([N, N]),
+        "features": _features(),
+        "labels": _labels(),
+        **override,
+    }
+    np.savez(path, **arrays)
+    return path
+
+
+def write_pt(path: Path) -> Path:
+    """A saved PyG ``Data`` with the same graph."""
+    data = Data(
+        x=torch.from_numpy(_features()), y=torch.from_numpy(_labels()), edge_index=torch.from_numpy(_edges())
+    )
+    torch.save(data, path)
+    return path
+
+
+def owners_array(k: int = 3) -> np.ndarray:
+    return np.random.default_rng(1).permutation(np.arange(N) % k)
+
+
+def write_owners(path: Path, owners: np.ndarray) -> Path:
+    if path.suffix == ".npy":
+        np.save(path, owners)
+    else:
+        path.write_text("client\n" + "".join(f"{o}\n" for o in owners))
+    return path
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """The input files in ``tmp_path/in``; outputs go to ``tmp_path/out`` (absent until written)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    return {
+        "npz": write_npz(folder / "g.npz"),
+        "pt": write_pt(folder / "g.pt"),
+        "csv": write_owners(folder / "owners.csv", owners_array()),
+        "npy": write_owners(folder / "owners.npy", owners_array()),
+        "out": tmp_path / "out",
+    }
+
+
+def test_graph_is_exported_at_the_top_level():
+    assert fedgat.Graph is Graph
+    assert "Graph" in fedgat.__all__
+
+
+# ------------------------------------------------------------------------------- user graphs
+
+
+@pytest.mark.parametrize("kind", ["npz", "pt"])
+@pytest.mark.parametrize("command", ["demo", "train", "audit"])
+def test_graph_file_runs_through_the_command(inputs, kind, command, capsys):
+    out = inputs["out"] / f"{command}.json"
+    argv = [command, "--dataset", str(inputs[kind]), "--clients", "3", *TINY[command], "--json", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["clients"] == 3
+    if command == "train":
+        assert result["dataset"] == "g" and 0.0 <= result["test_accuracy_mean"] <= 1.0
+    elif command == "demo":
+        assert result["num_nodes"] == N and result["num_features"] == D
+        assert 0 < result["max_abs_error_vs_plaintext"] < 1e-3
+    else:
+        assert 0.0 <= result["test_accuracy"] <= 1.0 and "basis" in result["client_attacks"]
+    err = capsys.readouterr().err
+    if command != "audit":  # audit --quiet prints nothing on stderr but what it wrote
+        # the graph report, one line: the input was directed, so reverse edges were added
+        report = [line for line in err.splitlines() if line.startswith("graph: ")]
+        assert len(report) == 1 and "reverse edges added" in report[0]
+    assert f"wrote the results as JSON to {out}" in err
+
+
+@pytest.mark.parametrize("owners", ["csv", "npy"])
+@pytest.mark.parametrize("command", ["demo", "audit"])
+def test_owners_file_sets_the_split_and_the_client_count(inputs, owners, command):
+    out = inputs["out"] / "r.json"
+    argv = [command, "--dataset", str(inputs["npz"]), "--owners", str(inputs[owners]), *TINY[command]]
+    assert main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["clients"] == 3  # from the file (the default without it is 10)
+    assert result["owners"] == str(inputs[owners])
+
+
+def test_owners_checked_against_clients(inputs, capsys):
+    """``--clients`` with ``--owners``: ids must lie below it and every client must own a node."""
+    out = inputs["out"] / "r.json"
+    base = ["demo", "--dataset", str(inputs["npz"]), "--owners", str(inputs["csv"]), *TINY["demo"]]
+    assert main([*base, "--clients", "2", "--json", str(out)]) == 1
+    assert "client id 2" in capsys.readouterr().err and not inputs["out"].exists()
+    assert main([*base, "--clients", "4", "--json", str(out)]) == 1
+    assert "client 3 owns no nodes" in capsys.readouterr().err and not inputs["out"].exists()
+    assert main([*base, "--clients", "3", "--json", str(out)]) == 0
+
+
+def test_train_with_owners(inputs, capsys):
+    out = inputs["out"] / "t.json"
+    argv = ["train", "--dataset", str(inputs["pt"]), "--owners", str(inputs["npy"]), *TINY["train"]]
+    assert main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["clients"] == 3 and result["owners"] == str(inputs["npy"])
+    assert "3 client(s), owners from" in capsys.readouterr().out
+
+
+def test_audit_quiet_prints_no_progress(inputs, capsys):
+    argv = ["audit", "--dataset", "synthetic", "--clients", "3", *TINY["audit"], "--no-training"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.startswith("# Privacy audit")
+    assert main([a for a in argv if a != "--quiet"]) == 0
+    assert "client side: attacks" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- bad inputs
+
+
+def _bad_inputs(folder: Path) -> dict[str, Path]:
+    """Malformed owners and graph files."""
+    files = {
+        "short": write_owners(folder / "short.csv", owners_array()[:-1]),
+        "empty_client": write_owners(folder / "gap.npy", np.where(owners_array() == 1, 2, owners_array())),
+        "nan": folder / "nan.npy",
+        "malformed": folder / "bad.csv",
+        "pickle": folder / "obj.npy",
+        "nan_features": write_npz(folder / "nanx.npz", features=np.full((N, D), np.nan, dtype=np.float32)),
+        "bad_labels": write_npz(folder / "labels.npz", labels=-np.ones(N, dtype=np.int64)),
+        "not_npz": folder / "junk.npz",
+        "xlsx": folder / "owners.xlsx",
+    }
+    np.save(files["nan"], np.where(np.arange(N) == 5, np.nan, owners_array().astype(float)))
+    files["malformed"].write_text("client\n0\nzero\n" + "1\n" * (N - 2))
+    np.save(files["pickle"], np.array([{"a": 1}] * N, dtype=object), allow_pickle=True)
+    files["not_npz"].write_text("not a zip archive")
+    files["xlsx"].write_text("x")
+    return files
+
+
+#: (argv, exit status, message fragment); {name} is a file of _bad_inputs or the fixture's inputs,
+#: {out} the output folder that must stay absent
+BAD = [
+    (["train", "--clients", "0"], 2, "--clients must be >= 1, got 0"),
+    (["train", "--beta", "-1"], 2, "--beta must be finite and > 0"),
+    (["demo", "--beta", "-1"], 2, "--beta must be finite and > 0"),
+    (["audit", "--beta", "nan"], 2, "--beta must be finite and > 0"),
+    (["audit", "--clients", "0"], 2, "--clients must be >= 1"),
+    (["demo", "--rounds", "0"], 2, "--rounds must be >= 1"),
+    (["train", "--seeds", "0"], 2, "--seeds must be >= 1"),
+    (["train", "--dataset", "synthetic", "--clients", "5000"], 2, "synthetic has 500 nodes"),
+    (["demo", "--dataset", "synthetic", "--nodes", "60", "--clients", "61"], 2, "give at most 60 clients"),
+    (["train", "--dataset", "nosuch"], 2, "--dataset nosuch: unknown dataset"),
+    (["demo", "--dataset", "coauthor:xx"], 2, "unknown coauthor dataset 'xx'"),
+    (["audit", "--dataset", "{out}/g.csv"], 2, "unsupported file type '.csv'"),
+    (["train", "--dataset", "{out}/missing.npz"], 2, "missing.npz: no such file"),
+    (["demo", "--dataset", "{nan_features}"], 1, "finite"),
+    (["train", "--dataset", "{bad_labels}"], 1, "label"),
+    (["audit", "--dataset", "{not_npz}"], 1, "junk.npz"),
+    (
+        ["train", "--dataset", "{npz}", "--owners", "{short}"],
+        1,
+        f"gives {N - 1} owners but the graph has {N}",
+    ),
+    (["demo", "--dataset", "{npz}", "--owners", "{empty_client}"], 1, "client 1 owns no nodes"),
+    (["audit", "--dataset", "{npz}", "--owners", "{nan}", "--no-training"], 1, "must be finite"),
+    (["demo", "--dataset", "{pt}", "--owners", "{malformed}"], 1, "line 3 holds 'zero'"),
+    (["demo", "--dataset", "{pt}", "--owners", "{pickle}"], 1, "not a readable .npy array"),
+    (["train", "--dataset", "{npz}", "--owners", "{xlsx}"], 2, "unsupported type '.xlsx'"),
+    (["train", "--dataset", "{npz}", "--owners", "{out}/none.csv"], 2, "none.csv: no such file"),
+    (["train", "--dataset", "synthetic", "--json", "{dir}"], 2, "is a directory; give a file path"),
+    (["demo", "--dataset", "synthetic", "--json", "{dir}"], 2, "is a directory; give a file path"),
+    (["audit", "--dataset", "synthetic", "--report", "{dir}"], 2, "--report"),
+    (["audit", "--dataset", "synthetic", "--sweep", "1", "--plot", "{dir}"], 2, "--plot"),
+    (["train", "--dataset", "synthetic", "--json", "{npz}/x.json"], 2, "is a file, not a folder"),
+    (["audit", "--dataset", "synthetic", "--plot", "{out}/p.png"], 2, "--plot draws the epsilon sweep"),
+    (["bench", "overhead", "--clients", "0"], 2, "--clients must be >= 1"),
+    (["bench", "overhead", "--dataset", "synthetic", "--nodes", "60", "--clients", "61"], 2, "at most 60"),
+    (["bench", "overhead", "--beta", "-1"], 2, "--beta must be finite and > 0"),
+    (["bench", "overhead", "--dataset", "nosuch"], 2, "unknown dataset"),
+    (["bench", "overhead", "--out", "{npz}"], 2, "--out"),
+    (["bench", "layer", "--out", "{npz}"], 2, "is a file; give a folder"),
+    (["bench", "accuracy", "--out", "{npz}"], 2, "is a file; give a folder"),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "message"), BAD, ids=[" ".join(a[:4]) for a, _, _ in BAD])
+def test_bad_input_is_refused_in_one_line_before_any_work(
+    inputs, tmp_path, capsys, monkeypatch, argv, status, message
+):
+    monkeypatch.chdir(tmp_path)  # bench's default --out is ./fedgat-results: it must not appear either
+    names = {k: str(v) for k, v in inputs.items()} | {
+        k: str(v) for k, v in _bad_inputs(tmp_path / "in").items()
+    }
+    (tmp_path / "in" / "dir").mkdir()
+    names["dir"] = str(tmp_path / "in" / "dir")
+    before = sorted(p.name for p in (tmp_path / "in").rglob("*"))
+    argv = [a.format(**names) for a in argv]
+    json_out = [] if "--json" in argv or argv[0] == "bench" else ["--json", str(inputs["out"] / "r.json")]
+    assert main([*argv, *json_out]) == status
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("graph: ")]
+    command = " ".join(argv[:2]) if argv[0] == "bench" else argv[0]
+    assert len(lines) == 1 and lines[0].startswith(f"fedgat {command}: error: "), lines
+    assert message in lines[0]
+    assert not inputs["out"].exists() and not (tmp_path / "fedgat-results").exists()  # nothing written
+    assert sorted(p.name for p in (tmp_path / "in").rglob("*")) == before
+    assert not any((tmp_path / "in" / "dir").iterdir())
+
+
+def test_debug_shows_the_traceback(inputs, tmp_path):
+    bad = write_owners(tmp_path / "short.csv", owners_array()[:-1])
+    argv = ["demo", "--dataset", str(inputs["npz"]), "--owners", str(bad), *TINY["demo"]]
+    with pytest.raises(OwnersError, match="gives 59 owners"):
+        main([*argv, "--debug"])
+
+
+def test_argparse_errors_are_one_line_with_status_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--clients", "many"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("fedgat train: error: argument --clients: invalid int value") and err.count("\n") == 1
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "--no-such-flag"])
+    assert exc.value.code == 2
+    assert "fedgat audit: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def test_train_refuses_more_clients_than_cora_has_nodes(cora, capsys, tmp_path):
+    out = tmp_path / "out" / "r.json"
+    assert main(["train", "--clients", "5000", "--json", str(out), "--quiet"]) == 2
+    assert "cora has 2708 nodes" in capsys.readouterr().err and not out.parent.exists()
+
+
+def test_engine_flags_are_usage_errors(tmp_path, capsys):
+    """``--engine``/``--address``/``--actors`` misuse: exit 2 in one line, before anything runs."""
+    out = tmp_path / "out" / "r.json"
+    base = ["train", "--dataset", "synthetic", "--rounds", "1", "--quiet", "--json", str(out)]
+    assert main([*base, "--method", "gcn", "--engine", "ray"]) == 2
+    assert "fedgat train: error: --engine ray runs FedGAT's protocol; gcn trains in process only" in (
+        capsys.readouterr().err
+    )
+    assert main([*base, "--actors", "2"]) == 2
+    assert "fedgat train: error: --address and --actors need --engine ray" in capsys.readouterr().err
+    assert main(["demo", "--dataset", "synthetic", "--engine", "ray", "--actors", "0"]) == 2
+    assert "--actors must be >= 1, got 0" in capsys.readouterr().err
+    assert not out.parent.exists()
