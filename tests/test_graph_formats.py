@@ -437,12 +437,13 @@ def test_missing_family_file_offline(tmp_path, monkeypatch):
         raise OSError("network unreachable")
 
     monkeypatch.setattr(fdata.fs, "cp", offline_cp)
-    with pytest.raises(DatasetNotFoundError, match="network unreachable"):
+    with pytest.raises(DatasetNotFoundError, match=r"OSError: offline\?") as err:
         load_dataset("amazon:computers", root=tmp_path / "r")
+    assert "network unreachable" not in str(err.value)
     assert calls == [
         "https://github.com/shchur/gnn-benchmark/raw/master/data/npz/amazon_electronics_computers.npz"
     ]
-    assert list((tmp_path / "r" / "Computers" / "raw").iterdir()) == []
+    assert not (tmp_path / "r").exists()  # the folders the download made are removed again
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ isolated nodes, the split drawn).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from pathlib import Path
@@ -270,16 +271,22 @@ def _load_planetoid(pyg_name: str, root: Path, download: bool) -> Graph:
 def _download(
     raw_dir: Path, files: list[str], url: str = Planetoid.url, what: str = "Planetoid raw files"
 ) -> None:
-    """Fetch ``files`` from ``url`` into ``raw_dir``; a partial file is removed."""
+    """Fetch ``files`` from ``url`` into ``raw_dir``. On failure nothing is left behind: the partial
+    file, and the folders this call created (only those, and only when empty), are removed; the error
+    names every missing file and the failure's kind, not the network library's whole exception."""
+    created = [d for d in (raw_dir, *raw_dir.parents) if not d.exists()]  # deepest first
     for f in files:
         try:
             raw_dir.mkdir(parents=True, exist_ok=True)
             fs.cp(f"{url}/{f}", str(raw_dir))
         except Exception as exc:  # network, SSL, permission and fsspec errors all mean "not available"
             (raw_dir / f).unlink(missing_ok=True)
-            raise DatasetNotFoundError(
-                _not_found_message(raw_dir, [f], f"download from {url} failed: {exc!r}", what)
-            ) from exc
+            for d in created:
+                with contextlib.suppress(OSError):  # not empty, or not ours to remove: keep it
+                    d.rmdir()
+            missing = [g for g in files if not (raw_dir / g).is_file()]
+            reason = f"downloading them from {url} failed ({type(exc).__name__}: offline?)"
+            raise DatasetNotFoundError(_not_found_message(raw_dir, missing, reason, what)) from exc
 
 
 def _not_found_message(
