@@ -76,6 +76,8 @@ def test_train_writes_json(tmp_path, capsys):
     assert all("history" not in row for row in data["per_seed"])
     table = capsys.readouterr().out
     assert "fedgat on synthetic" in table and "+-" in table
+    # the header names the defaults the numbers depend on: the strategy and the minimum-cross rule
+    assert "vector, minimum-cross rule off, fedadam" in table.splitlines()[0]
 
 
 def test_train_history_and_hparam_flags(tmp_path):
@@ -174,3 +176,19 @@ def test_demo_reports_pre_training_before_training_and_names_strategy_and_rule(c
     assert "pre-training (encrypted), seconds per phase" in before and "packing: a ciphertext holds" in before
     assert "test accuracy" not in before
     assert "FedGAT test accuracy (encrypted pre-training)" in capsys.readouterr().out
+
+
+def test_a_finished_progress_bar_stops_its_clock():
+    """A phase's bar closes when it is full, not when the whole round ends (its clock stops there)."""
+    import io
+
+    from tqdm import tqdm
+
+    from fedgat.pipeline import _advance
+
+    bar = tqdm(total=3, file=io.StringIO())
+    _advance(bar, 2)
+    assert not bar.disable  # still open
+    _advance(bar, 1)
+    assert bar.disable and bar.n == 3  # closed at 3 of 3
+    _advance(bar, 0)  # a late observer call on a closed bar is harmless

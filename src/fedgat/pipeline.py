@@ -196,6 +196,15 @@ class PretrainResult:
         return run_summary(self)
 
 
+def _advance(bar: tqdm, n: int) -> None:
+    """Move ``bar`` on by ``n``; close it once full, so that a finished phase's clock stops there
+    instead of running on until the whole round ends."""
+    if n:
+        bar.update(n)
+    if bar.total is not None and bar.n >= bar.total:
+        bar.close()
+
+
 class _Progress:
     """tqdm bars per phase, fed by the driver's observer."""
 
@@ -225,16 +234,16 @@ class _Progress:
             self.messages[side] += 1
             if side == "down" and peek_type(delivery.data) == EncodingResults.TYPE:
                 done = sum(c.nodes_decrypted for c in self.parties.clients.values())
-                self.decrypt.update(done - self.decrypt.n)
+                _advance(self.decrypt, done - self.decrypt.n)
         if event == "step" and party_id != server.party_id:
             chunks = self.parties.clients[party_id].layout.chunks  # type: ignore[union-attr]
-            self.upload.update(sum(len(m.items) for m in out if isinstance(m, FeatureUpload)) // chunks)
+            _advance(self.upload, sum(len(m.items) for m in out if isinstance(m, FeatureUpload)) // chunks)
         if event == "step" and party_id == server.party_id and self.enabled:
             if self.compute is None:
                 self.compute = tqdm(
                     total=server.nodes_total, desc="server compute (HE)", unit="node", **self._kw
                 )
-            self.compute.update(server.nodes_computed - self._computed)
+            _advance(self.compute, server.nodes_computed - self._computed)
             self._computed = server.nodes_computed
 
     def close(self) -> None:
@@ -523,7 +532,9 @@ def train_fedgat(
     server, roster, hp = parties.server, parties.deployment.roster, parties.hparams
     transport = transport if transport is not None else InProcessTransport()
     traffic = {"up": 0, "down": 0, "messages": 0}
-    bar = tqdm(total=hp["rounds"], desc="FedAvg rounds", unit="round", disable=not progress, file=sys.stderr)
+    bar = tqdm(
+        total=hp["rounds"], desc="training rounds", unit="round", disable=not progress, file=sys.stderr
+    )
 
     def observe(event: str, party_id: int, delivery: Delivery | None, out: list) -> None:
         if delivery is not None:

@@ -287,6 +287,10 @@ def format_table(summary: dict) -> str:
     """A readable per-seed table with a mean +- std line."""
     hp = summary["hparams"]
     extra = f", {hp['variant']}" if "variant" in hp else ""
+    if "min_cross" in hp:
+        extra += ", minimum-cross rule " + ("off" if hp["min_cross"] <= 1 else f"k = {hp['min_cross']}")
+    if summary["clients"] > 1 and "strategy" in hp:
+        extra += f", {hp['strategy']}"
     split = f"owners from {summary['owners']}" if summary.get("owners") else f"beta {summary['beta']:g}"
     head = f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), {split}{extra}"
     cols = f"{'seed':>6} {'test acc':>9} {'best val':>9} {'best rnd':>9} {'rounds':>7} {'pretrain MB':>12} {'train s':>8}"
