@@ -305,3 +305,18 @@ def test_engine_flags_are_usage_errors(tmp_path, capsys):
     assert main(["demo", "--dataset", "synthetic", "--engine", "ray", "--actors", "0"]) == 2
     assert "--actors must be >= 1, got 0" in capsys.readouterr().err
     assert not out.parent.exists()
+
+
+def test_a_dp_budget_refusal_is_a_one_line_runtime_error(monkeypatch, capsys):
+    """A release over its owner's budget (or without a ledger) ends the command with one line, exit 1."""
+    from fedgat import cli
+    from fedgat.commands import train
+    from fedgat.dp_ledger import BudgetExceededError
+
+    def refused(args):
+        raise BudgetExceededError("client 0: spent 4.0 of 4.0; this release would make it 5.99")
+
+    monkeypatch.setattr(train, "run", refused)
+    assert cli.main(["train", "--dataset", "synthetic", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "spent 4.0 of 4.0" in err[0] and err[0].startswith("fedgat train: error:")

@@ -61,6 +61,7 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     """fedgat's own typed errors: reported in one line with exit status 1 (imported on demand)."""
     from fedgat.checkpoint import CheckpointError
     from fedgat.crypto.errors import CryptoError
+    from fedgat.dp_ledger import DPError
     from fedgat.federated import NonFiniteUpdateError
     from fedgat.graph import GraphError
     from fedgat.graph_files import DatasetNotFoundError
@@ -75,6 +76,7 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
         ProtocolError,
         CheckpointError,
         NonFiniteUpdateError,
+        DPError,  # a DP release over its owner's budget, or without a ledger
     ]
     try:
         from fedgat.crypto.ray_encoder import RayUnavailableError
