@@ -88,6 +88,11 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def describe_rule(min_cross: int) -> str:
+    """The minimum-cross rule as run headers print it: "off" (k <= 1) or "k = <k>"."""
+    return "off" if min_cross <= 1 else f"k = {min_cross}"
+
+
 # ------------------------------------------------------------------------------------ numbers
 
 

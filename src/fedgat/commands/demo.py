@@ -38,6 +38,7 @@ from fedgat.cli_engine import (
     check_nodes,
     check_output_file,
     check_owners_path,
+    describe_rule,
     describe_split,
     load_graph,
     open_engine,
@@ -190,8 +191,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fedgat.app import run_summary
     from fedgat.estimate import estimate_pretraining
-    from fedgat.methods import resolve_hparams
-    from fedgat.partition import make_partition
+    from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import (
         max_abs_error,
         run_encrypted_pretraining,
@@ -207,15 +207,14 @@ def run(args: argparse.Namespace) -> int:
     graph = _load(args)
     owners = resolve_owners(args, graph)
     cap = _cap(args)
-    partition = make_partition(
-        graph, args.clients, args.beta, args.seed, num_layers=2, neighbour_cap=cap, owner=owners
-    )
-
-    est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset)
     hp = {"neighbour_cap": cap, "variant": args.variant}
     hp.update({k: v for k, v in (("rounds", args.rounds), ("patience", args.patience)) if v is not None})
     settings = resolve_hparams("fedgat", hp)
-    rule = "off" if settings["min_cross"] <= 1 else f"k = {settings['min_cross']}"
+    # the split every FedGAT engine makes, with the rule and cap of the settings the run trains with
+    partition = fedgat_partition(graph, args.clients, args.beta, args.seed, settings, owners)
+
+    est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset)
+    rule = describe_rule(settings["min_cross"])
     print(
         f"fedgat demo: {graph.name} ({graph.num_nodes} nodes, d={graph.num_features}), {args.clients} clients, "
         f"{describe_split(args)}, {args.variant} encodings, preset {args.preset}, neighbour cap {cap}; "

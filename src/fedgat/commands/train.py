@@ -35,6 +35,7 @@ from fedgat.cli_engine import (
     check_engine_arguments,
     check_output_file,
     check_owners_path,
+    describe_rule,
     load_graph,
     open_engine,
     parse_cap,
@@ -288,7 +289,7 @@ def format_table(summary: dict) -> str:
     hp = summary["hparams"]
     extra = f", {hp['variant']}" if "variant" in hp else ""
     if "min_cross" in hp:
-        extra += ", minimum-cross rule " + ("off" if hp["min_cross"] <= 1 else f"k = {hp['min_cross']}")
+        extra += f", minimum-cross rule {describe_rule(hp['min_cross'])}"
     if summary["clients"] > 1 and "strategy" in hp:
         extra += f", {hp['strategy']}"
     split = f"owners from {summary['owners']}" if summary.get("owners") else f"beta {summary['beta']:g}"
