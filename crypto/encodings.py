@@ -153,12 +153,17 @@ def plan_views(
 @dataclass
 class ShareBucket:
     """One recipient's *foreign share* of some nodes of a drawn bucket: the linear map over the
-    neighbours the recipient does not own (``foreign[s]``), whose rows it released to the server
-    under its own key; the recipient adds the share of its own rows in plaintext. What an encoder
-    reads: ``nodes``, ``neighbours[s]`` (spool keys = node ids), ``coefficients(s)``."""
+    neighbours selected by ``foreign[s]``, whose rows were released to the server under the
+    recipient's key; the recipient adds the share of its own rows in plaintext. In the encrypted
+    round (:func:`fedgat.protocols.pretrain_plan.plan_shares`) a share bucket holds one foreign
+    ``owner``'s *partial* (``foreign`` selects that owner's neighbours), so each result is checked
+    against that owner's tags alone (:mod:`fedgat.crypto.tags`). What an encoder reads: ``nodes``,
+    ``neighbours[s]`` (spool keys = node ids), ``coefficients(s)``."""
 
     bases: BucketBases
     foreign: np.ndarray  # (B, n) bool
+    #: the owner of every selected neighbour (None: any foreign owner, one result for all of them)
+    owner: int | None = None
     neighbours: list[np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,17 +1,19 @@
 r"""Verifiable encodings: secret tag columns that let a recipient check every decrypted result.
 
-The server's work is linear: the foreign share of node :math:`i`'s encodings for recipient
-:math:`a` is :math:`F = C H` (:math:`C` the public coefficient rows over :math:`i`'s foreign
-neighbours, :math:`H` their feature rows). Each owner appends ``T`` *tag columns* to every row it
-releases to :math:`a`:
+The server's work is linear. For recipient :math:`a`, node :math:`i` and each *foreign owner*
+:math:`b` of some of :math:`i`'s neighbours, the server computes the *partial* :math:`F_b = C_b H_b`
+(:math:`C_b` the public coefficient rows over :math:`i`'s neighbours owned by :math:`b`, :math:`H_b`
+their feature rows); the recipient adds the partials and its own share. Owner :math:`b` appends
+``T`` *tag columns* to every row it releases to :math:`a`:
 
-.. math::  \tau_t(u) = \mathrm{PRF}_{k_{ab}}(u)_t + \langle r_a^{(t)}, h_u \rangle, \qquad t = 1..T
+.. math::  \tau_t(u) = \mathrm{PRF}_{k_{ab}}(u)_t + \langle r_{ab}^{(t)}, h_u \rangle, \qquad t = 1..T
 
-where :math:`k_{ab}` is a key recipient :math:`a` chose for owner :math:`b` and :math:`r_a` are
-:math:`a`'s secret *check vectors*; both reach :math:`b` sealed (HPKE) and signed by :math:`a`, so
-the server never learns them. For an honest result the tag columns are
-:math:`C \tau = C\,\mathrm{PRF} + \langle r_a, F \rangle`, which the recipient predicts from the
-public coefficients, the owners' keys and the decrypted features :math:`F` (:func:`check_share`).
+where the PRF key :math:`k_{ab}` and the *check vectors* :math:`r_{ab}` are secrets recipient
+:math:`a` chose for owner :math:`b` alone; they reach :math:`b` sealed (HPKE) and signed by
+:math:`a`, so the server never learns them. For an honest partial the tag columns are
+:math:`C_b \tau = C_b\,\mathrm{PRF}_{k_{ab}} + \langle r_{ab}, F_b \rangle`, which the recipient
+predicts from the public coefficients, :math:`b`'s keys and the decrypted features :math:`F_b`
+(:func:`check_share`).
 
 What it catches:
 
@@ -20,10 +22,14 @@ What it catches:
   the announced one misses the prediction by a uniform-looking amount; it passes with probability
   about ``(2 tol)^T`` per row (``T = 2``, ``tol ~ 1e-4``: ~1e-8);
 * **slot-wise recombination** (feature slots of one combination, tag slots of another, which
-  plaintext masks could produce): the :math:`\langle r_a, F\rangle` part ties the tag slots to the
-  feature slots, and with no rotation keys the server cannot move values between slots.
+  plaintext masks could produce): the :math:`\langle r_{ab}, F_b\rangle` part ties the tag slots to
+  the feature slots, and with no rotation keys the server cannot move values between slots;
+* **a server colluding with an owner** :math:`c`: :math:`c` knows :math:`k_{ac}` and
+  :math:`r_{ac}` only, which check nothing but the partial of :math:`c`'s own rows. Keys shared
+  across owners (one :math:`r_a` for all, as before protocol version 3) let the pair add any
+  :math:`\Delta` to another owner's result with the tag :math:`\langle r_a, \Delta\rangle`.
 
-A failing result raises :class:`ResultCheckError` naming the node and the owners whose rows it
+A failing result raises :class:`ResultCheckError` naming the node and the owner whose rows it
 should have combined. Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
 (:func:`check_share` refuses more, and anything not finite).
 """
@@ -68,9 +74,9 @@ class ResultCheckError(ValueError):
 
 @dataclass(frozen=True)
 class CheckKeys:
-    """What recipient ``a`` gives owner ``b``: the PRF key ``prf`` (32 bytes, for this pair only) and
-    the seed of ``a``'s check vectors (32 bytes, the same for every owner). Fresh from the OS CSPRNG
-    per session (:meth:`generate`); 64 bytes on the wire (:meth:`to_bytes`)."""
+    """What recipient ``a`` gives owner ``b``: the PRF key ``prf`` and the seed of the check vectors
+    ``r_ab`` (32 bytes each, both for this pair only). Fresh from the OS CSPRNG per session and pair
+    (:meth:`generate`); 64 bytes on the wire (:meth:`to_bytes`)."""
 
     prf: bytes
     check_seed: bytes
@@ -80,8 +86,8 @@ class CheckKeys:
             raise ValueError("check keys are two 32-byte keys")
 
     @classmethod
-    def generate(cls, check_seed: bytes) -> CheckKeys:
-        return cls(os.urandom(32), check_seed)
+    def generate(cls) -> CheckKeys:
+        return cls(os.urandom(32), os.urandom(32))
 
     def to_bytes(self) -> bytes:
         return self.prf + self.check_seed

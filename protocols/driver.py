@@ -73,6 +73,17 @@ class ManualClock:
 Observer = Callable[[str, int, Delivery | None, list], None]
 
 
+def _detached(exc: ProtocolError) -> ProtocolError:
+    """``exc`` without its traceback (nor its causes'): a recorded rejection must not keep the frames'
+    locals, i.e. the refused message and its ciphertexts, alive (thousands of frames refused by an
+    aborted party held gigabytes)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return exc
+
+
 class Driver:
     """Event-by-event driver (tests use :meth:`advance` to stop between events).
 
@@ -201,7 +212,7 @@ class Driver:
         except ProtocolError as exc:
             if self.strict:
                 raise
-            self.rejected.append((pid, exc))
+            self.rejected.append((pid, _detached(exc)))
             return []
         self._handled(pid, out)
         return out

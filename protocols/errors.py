@@ -3,7 +3,9 @@
 Everything that can go wrong because of bytes received from another party is a subclass of
 :class:`ProtocolError`, one class per cause, so that a party (or a test) can tell a truncated frame
 from a replay or a forged signature. A party that raises any of them has changed no state: the
-message is rejected as a whole (see :mod:`fedgat.protocols.party`).
+message is rejected as a whole (see :mod:`fedgat.protocols.party`). The exception are *terminal*
+refusals (``terminal = True``, e.g. :class:`ResultRejectedError`): a signed message that proves its
+sender cheated ends the receiver's session (it is aborted and refuses everything after).
 
 =====================  ====================================================================
 error                  cause
@@ -44,6 +46,8 @@ QuorumError            fewer clients answered a FedAvg round than the minimum pa
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "AuthError",
     "ConfigMismatchError",
@@ -66,7 +70,16 @@ __all__ = [
 
 
 class ProtocolError(Exception):
-    """Base class of every error raised for a rejected message."""
+    """Base class of every error raised for a rejected message.
+
+    ``terminal`` (a class attribute): the refusal proves that a signed peer misbehaved (e.g. a result
+    that fails its check), so the receiving party ends its session instead of waiting for a better
+    message: it consumes the frame, goes to its aborted state, drops what it decrypted and refuses
+    everything after (:meth:`fedgat.protocols.party.Party.receive`). A peer that could probe with
+    refused messages would otherwise learn one answer per probe.
+    """
+
+    terminal: ClassVar[bool] = False
 
 
 class FrameError(ProtocolError):
@@ -126,7 +139,12 @@ class ResultRejectedError(PayloadError):
     an error's text back to the server (Flower returns a ClientApp's exception as the reply's
     reason), and a norm or a tag miss in it would make every forged result a decryption query.
     ``detail`` says what failed, with its values, for local logs only: never send it.
+
+    Terminal: the recipient aborts its session at the first refused result (see
+    :class:`ProtocolError`), so a forger gets one try, not one query per probe.
     """
+
+    terminal = True
 
     def __init__(self, node: int, owners: tuple[int, ...], *, detail: str = "") -> None:
         super().__init__(

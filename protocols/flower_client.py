@@ -41,6 +41,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     raise FlowerUnavailableError(f"{FLOWER_HINT} ({_exc})") from _exc
 
 from .driver import Driver
+from .errors import ProtocolError
 from .fedavg import ClientRounds
 from .flower_roster import check_pinned, roster_fingerprint, roster_from_json, roster_to_json
 from .flower_state import ClientStore, load_client, save_client, save_encodings
@@ -247,7 +248,12 @@ def handle_message(message: Message, context: Context) -> Message:
         driver.start()
     # stop once the frames are consumed and no streamed work is left: a party's armed deadline is
     # checked on its next message, never waited for inside a ClientApp
-    driver.run(until=lambda: transport.idle() and not party.has_work())
+    try:
+        driver.run(until=lambda: transport.idle() and not party.has_work())
+    except ProtocolError:
+        if party.aborted:  # a terminal refusal: the abort must outlive this ClientApp call
+            save_client(context, store)
+        raise
     if isinstance(party, ClientPretrain) and party.done and not store.exported:
         out = context.node_config.get("output-dir")
         if out and party.encodings is not None:

@@ -60,7 +60,8 @@ __all__ = [
 ]
 
 MAGIC = b"FGAT"
-VERSION = 2
+#: 3: results are per (node, owner) partials (``ResultItem.owner``); evaluation reports changed
+VERSION = 3
 HEADER = struct.Struct(">4sBHIIQQ32sI")
 SIGNATURE_SIZE = 64
 ZERO_FINGERPRINT = bytes(32)

@@ -31,6 +31,7 @@ __all__ = [
     "UploadDone",
     "UploadItem",
     "claim_bytes",
+    "claim_keys_digest",
     "key_binding_bytes",
     "keyset_fingerprint",
     "sealed_keys_bytes",
@@ -48,14 +49,15 @@ class UploadItem:
 
 @dataclass(frozen=True, eq=False)
 class ResultItem:
-    """Encrypted encodings of one node (:class:`fedgat.crypto.encodings.NodeResult` on the wire).
-
-    ``self_blobs`` (forwarded upload ciphertexts) stays in the schema for wire compatibility but is
-    no longer used: :math:`h_i` is result row 0, and clients refuse items that carry it."""
+    """Encrypted *partial* encodings of one node: the linear map over the node's neighbours owned by
+    ``owner`` only (:class:`fedgat.crypto.encodings.NodeResult` on the wire). A recipient receives
+    one item per (node, foreign owner) and checks each against that owner's check keys
+    (:mod:`fedgat.crypto.tags`), so a server colluding with one owner can alter only the partial of
+    that owner's own rows."""
 
     node: int
+    owner: int
     row_blobs: tuple[bytes, ...]
-    self_blobs: tuple[bytes, ...] | None = None
 
     def __eq__(self, other: object) -> bool:
         return type(other) is ResultItem and fields_equal(self, other)
@@ -63,7 +65,7 @@ class ResultItem:
     __hash__ = object.__hash__
 
     def nbytes(self) -> int:
-        return sum(map(len, self.row_blobs)) + sum(map(len, self.self_blobs or ()))
+        return sum(map(len, self.row_blobs))
 
 
 UPLOAD_ITEMS = ListOf(Record(UploadItem, (("node", U32), ("chunk", U16), ("ciphertext", CT))), 4096)
@@ -187,11 +189,22 @@ class SealedCheckKeys(Message):
             raise PayloadError("owners must be distinct party ids")
 
 
-def claim_bytes(session: int, claimer: int, peer: int, edges: np.ndarray, uses: np.ndarray) -> bytes:
-    """What a client signs over its claim of the edges between its nodes and ``peer``'s."""
+def claim_keys_digest(hpke: bytes, context_fingerprint: bytes) -> bytes:
+    """The digest of a client's session keys (its :class:`KeyAnnounce`'s HPKE key and CKKS context
+    fingerprint, both fresh per session) that its edge claims are bound to."""
+    return hashlib.sha256(b"fedgat/claim-keys/v1" + hpke + context_fingerprint).digest()
+
+
+def claim_bytes(
+    session: int, claimer: int, peer: int, edges: np.ndarray, uses: np.ndarray, keys: bytes
+) -> bytes:
+    """What a client signs over its claim of the edges between its nodes and ``peer``'s: bound to the
+    session id and to the claimer's fresh session keys (``keys``, :func:`claim_keys_digest`), so a
+    claim signed in an earlier session cannot be replayed in one that reuses its id."""
     return (
-        b"fedgat/edge-claim/v1"
+        b"fedgat/edge-claim/v2"
         + struct.pack(">QII", session, claimer, peer)
+        + keys
         + hashlib.sha256(
             np.asarray(edges, dtype="<i8").tobytes() + np.asarray(uses, dtype="<i8").tobytes()
         ).digest()
@@ -393,8 +406,8 @@ class EncodingBases(Message):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class EncodingResults(Message):
-    """Encrypted foreign shares of some nodes of one bucket (row ciphertexts under the recipient's
-    key; ``self_blobs`` is never used and refused)."""
+    """Encrypted foreign shares of some nodes of one bucket, one item per (node, foreign owner) (row
+    ciphertexts under the recipient's key)."""
 
     TYPE: ClassVar[int] = 8
     MAX_PAYLOAD: ClassVar[int] = 256 * MiB
@@ -403,15 +416,7 @@ class EncodingResults(Message):
         (
             "items",
             ListOf(
-                Record(
-                    ResultItem,
-                    (
-                        ("node", U32),
-                        ("row_blobs", ListOf(CT, 65536)),
-                        ("self_blobs", Optional(ListOf(CT, 256))),
-                    ),
-                ),
-                65536,
+                Record(ResultItem, (("node", U32), ("owner", U32), ("row_blobs", ListOf(CT, 65536)))), 65536
             ),
         ),
     )

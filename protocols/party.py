@@ -12,7 +12,12 @@ state (:class:`~fedgat.protocols.errors.StateError` if none), check the key fing
 handler validates the payload *completely* before it changes anything. Only after the handler
 returns is the sequence number recorded. So a rejected message leaves the party exactly as it was:
 :meth:`Party.snapshot` is equal before and after (tested for every rejection in
-``tests/protocols``).
+``tests/protocols``). One kind of rejection is different: a *terminal* one
+(:attr:`ProtocolError.terminal <fedgat.protocols.errors.ProtocolError>`), raised by a handler for
+an authenticated message that proves its sender cheated (a result failing its tag check). The
+party then consumes the frame, aborts (:meth:`Party._terminate`: state ``aborted``, deadlines
+cleared, decrypted material dropped) and refuses every later message, so a cheating peer gets one
+try instead of one probe per message; the error is still raised, for the engine to report.
 
 Time is an input, never read inside a state machine: the driver calls :meth:`Party.tick` with the
 current time (any monotonic clock, or a simulated one in tests). A party arms a deadline per phase
@@ -44,7 +49,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedgat.crypto import SigningIdentity
 
-from .errors import FaultError, SizeLimitError, StateError
+from .errors import FaultError, ProtocolError, SizeLimitError, StateError
 from .frame import signed_message
 from .messages import (
     Abort,
@@ -149,6 +154,8 @@ class Party:
         signature it was received with (a locally built message is refused), and its fields must be
         exactly those of the bytes that signature covers (:func:`~fedgat.protocols.frame.signed_message`):
         the party then handles the message decoded from those bytes, never the object's own fields.
+
+        A *terminal* refusal (see the module docstring) is the exception: the party aborts, then raises.
         """
         start, cpu = time.perf_counter(), time.process_time()
         self._clock_stack.append([0.0, 0.0])
@@ -178,11 +185,30 @@ class Party:
             self.verifier.check_fingerprint(
                 msg, introduces_key=isinstance(msg, _KEY_INTRODUCING), key_bound=not isinstance(msg, _PRE_KEY)
             )
-            out = handler(msg)
+            try:
+                out = handler(msg)
+            except ProtocolError as exc:
+                if exc.terminal:
+                    self.verifier.commit(msg)
+                    self._terminate(exc)
+                raise
             self.verifier.commit(msg)
             return out
         finally:
             self._stop_clock(phase, start, cpu)
+
+    def _terminate(self, exc: ProtocolError) -> None:
+        """End the session after a terminal refusal: aborted state (every party's state enum has
+        ``"aborted"``), no deadlines, then :meth:`_discard` what the session holds. The reason is the
+        error's text, which names no secret value (terminal errors keep values in local details)."""
+        self.abort_reason = f"refused {type(exc).__name__}: {exc}"
+        self._deadlines.clear()
+        if isinstance(self.state, enum.Enum):
+            self.state = type(self.state)("aborted")
+        self._discard()
+
+    def _discard(self) -> None:
+        """Drop what an aborted session holds (decrypted material); nothing by default."""
 
     def tick(self, now: float) -> list[Message]:
         """Advance this party's clock to ``now``; handle every deadline that passed (earliest first)

@@ -7,8 +7,7 @@ the encodings of the nodes it needs. See :mod:`fedgat.protocols.pretrain` for th
 from __future__ import annotations
 
 import enum
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -55,6 +54,7 @@ from .messages import (
     UploadDone,
     UploadItem,
     claim_bytes,
+    claim_keys_digest,
     key_binding_bytes,
     keyset_fingerprint,
 )
@@ -87,9 +87,24 @@ class _Assembly:
 
     bases: BucketBases
     owners: np.ndarray  # (B, n) owner of each neighbour
-    rows: torch.Tensor  # (B, R + 1, d): the own share, then own + foreign
-    filled: np.ndarray  # (B,) bool
+    rows: torch.Tensor  # (B, R + 1, d): the own share, then own + each checked partial
+    remaining: np.ndarray  # (B,) foreign owners whose partial has not arrived
     slot: dict[int, int]  # node -> position in the bucket
+    received: set[tuple[int, int]] = field(default_factory=set)  # (slot, owner) partials added
+
+    @property
+    def filled(self) -> np.ndarray:
+        """(B,) bool: every partial of the node is in."""
+        return self.remaining == 0
+
+
+def foreign_owner_counts(owners: np.ndarray, me: int) -> np.ndarray:
+    """``(B,)``: per row of ``owners`` (B, n), the number of distinct owners other than ``me``."""
+    if owners.shape[1] == 0:
+        return np.zeros(len(owners), dtype=np.int64)
+    srt = np.sort(np.where(owners == me, -1, owners), axis=1)
+    distinct = 1 + (np.diff(srt, axis=1) != 0).sum(axis=1)
+    return distinct - (srt[:, 0] == -1)
 
 
 class ClientPretrain(Party):
@@ -220,6 +235,7 @@ class ClientPretrain(Party):
         self.releases: dict[int, np.ndarray] = {}
         self._owner_keys: dict[int, CheckKeys] = {}  # what each recipient gave this client
         self._my_keys: dict[int, CheckKeys] = {}  # what this client gave each owner
+        self._vectors: dict[int, np.ndarray] = {}  # each owner's check vectors (derived from its keys)
         self._queue: list[tuple[int, int]] = []  # (recipient, start) batches still to upload
         self._uploaded = 0
         self._assemblies: list[_Assembly] = []
@@ -303,8 +319,9 @@ class ClientPretrain(Party):
         ]
         if self.config.dp is not None:
             out.append(self._new(PrivacyTerms, server, **self.config.dp_fields()))
+        keys = claim_keys_digest(hpke, fp)
         for peer, (edges, uses) in self.local.claims().items():
-            signature = self._signer.sign(claim_bytes(self.session, self.party_id, peer, edges, uses))
+            signature = self._signer.sign(claim_bytes(self.session, self.party_id, peer, edges, uses, keys))
             out.append(
                 self._new(
                     EdgeClaims,
@@ -404,7 +421,10 @@ class ClientPretrain(Party):
             raise PayloadError("the server relays this client's own claim back")
         if (msg.claimer, msg.peer) in self._claims:
             raise StateError(f"party {msg.claimer}'s claim of its edges to {msg.peer} was already relayed")
-        verify_claim(msg, self.roster, self.session)
+        announced = self._peers.get(msg.claimer)
+        if announced is None:
+            raise StateError(f"party {msg.claimer}'s claim before its keys")
+        verify_claim(msg, self.roster, self.session, announced)
         self._claims[(msg.claimer, msg.peer)] = msg
         return []
 
@@ -427,8 +447,7 @@ class ClientPretrain(Party):
             c for k, c in self._claims.items() if k[0] in participants and k[1] in participants
         )
         rel = releases(self.party_id, self.local, claims, others)
-        check_seed = os.urandom(32)
-        my_keys = {p: CheckKeys.generate(check_seed) for p in others}
+        my_keys = {p: CheckKeys.generate() for p in others}  # per owner: no key checks two owners' rows
         sealed = seal_check_keys(
             self.session, self.party_id, self._signer, my_keys, {p: self._peers[p].hpke for p in others}
         )
@@ -541,9 +560,9 @@ class ClientPretrain(Party):
         mine = msg.owners == self.party_id
         with self.clock("decrypt"):
             buf = torch.from_numpy(self._own_share(bases, mine)).to(self.dtype)
-        filled = ~np.any(~mine, axis=1)  # no foreign neighbour: the own share is the whole encoding
+        remaining = foreign_owner_counts(msg.owners, self.party_id)  # 0: the own share is all of it
         self._assemblies.append(
-            _Assembly(bases, msg.owners, buf, filled, {n: i for i, n in enumerate(nodes)})
+            _Assembly(bases, msg.owners, buf, remaining, {n: i for i, n in enumerate(nodes)})
         )
         self._assigned.update(nodes)
         self._encoding_bytes += need
@@ -570,61 +589,65 @@ class ClientPretrain(Party):
         asm = self._assemblies[msg.bucket]
         R = asm.bases.num_feature_rows()
         want_rows = self.layout.groups(R) * self.layout.chunks
-        slots: list[int] = []
+        parts: list[tuple[int, int]] = []
         for item in msg.items:
             slot = asm.slot.get(item.node)
             if slot is None:
                 raise PayloadError(f"node {item.node} is not in bucket {msg.bucket}")
-            if asm.filled[slot] or slot in slots:
-                raise PayloadError(f"duplicate (or unexpected) results for node {item.node}")
+            if item.owner == self.party_id or item.owner not in asm.owners[slot]:
+                raise PayloadError(
+                    f"node {item.node}: a partial of party {item.owner}, which owns none of its foreign neighbours"
+                )
+            if (slot, item.owner) in asm.received or (slot, item.owner) in parts:
+                raise PayloadError(
+                    f"duplicate results for node {item.node} from the rows of party {item.owner}"
+                )
             if len(item.row_blobs) != want_rows:
                 raise PayloadError(
                     f"node {item.node}: {len(item.row_blobs)} row ciphertexts, expected {want_rows}"
                 )
-            if item.self_blobs is not None:
-                raise PayloadError(f"node {item.node}: forwarded upload ciphertexts are not accepted")
-            slots.append(slot)
-        vectors = next(iter(self._my_keys.values())).vectors(self.dim) if self._my_keys else None
+            parts.append((slot, item.owner))
         shares = []
         with self.clock("decrypt"):
-            for item, slot in zip(msg.items, slots, strict=True):
+            for item, (slot, owner) in zip(msg.items, parts, strict=True):
                 try:
                     dec = decrypt_rows(self.holder, item.row_blobs, R, self.layout, kind="result")
                 except (CiphertextFormatError, KeyMismatchError) as exc:
                     raise crypto_error(exc, f"results of node {item.node}") from exc
-                shares.append(self._check(asm, slot, dec, vectors))
-        for slot, share in zip(slots, shares, strict=True):  # all checked: now store
+                shares.append(self._check(asm, slot, owner, dec))
+        for (slot, owner), share in zip(parts, shares, strict=True):  # all checked: now store
             asm.rows[slot] += torch.from_numpy(share).to(self.dtype)
-            asm.filled[slot] = True
+            asm.received.add((slot, owner))
+            asm.remaining[slot] -= 1
         self._arm("download", self.timeouts.download)
-        self.nodes_decrypted += len(slots)
+        done = np.unique([slot for slot, _ in parts])
+        self.nodes_decrypted += int(asm.filled[done].sum())  # nodes whose last partial came in
         self.ciphertexts_decrypted += sum(len(item.row_blobs) for item in msg.items)
         return []
 
-    def _check(self, asm: _Assembly, slot: int, dec: np.ndarray, vectors: np.ndarray | None) -> np.ndarray:
-        """The verified feature columns of one decrypted foreign share (:func:`check_share`)."""
+    def _check(self, asm: _Assembly, slot: int, owner: int, dec: np.ndarray) -> np.ndarray:
+        """The verified feature columns of one decrypted partial: the rows of ``owner``'s neighbours
+        of the node, against ``owner``'s check keys alone (:func:`check_share`)."""
         node = int(asm.bases.nodes[slot])
-        foreign = asm.owners[slot] != self.party_id
-        ids, owners = asm.bases.neighbours[slot][foreign], asm.owners[slot][foreign]
-        named = tuple(sorted({int(o) for o in owners}))
-        if vectors is None or any(o not in self._my_keys for o in named):
-            raise ResultRejectedError(node, named, detail=f"no check keys for owners {list(named)}")
-        prf = np.zeros((len(ids), vectors.shape[0]))
-        for o in named:
-            at = owners == o
-            prf[at] = prf_tags(self._my_keys[o].prf, self.session, ids[at])
+        theirs = asm.owners[slot] == owner
+        keys = self._my_keys.get(owner)
+        if keys is None:
+            raise ResultRejectedError(node, (owner,), detail=f"no check keys for owner {owner}")
+        ids = asm.bases.neighbours[slot][theirs]
+        if owner not in self._vectors:
+            self._vectors[owner] = keys.vectors(self.dim)
         try:
             return check_share(
                 dec,
-                asm.bases.coefficients(slot)[:, foreign],
-                prf,
-                vectors,
+                asm.bases.coefficients(slot)[:, theirs],
+                prf_tags(keys.prf, self.session, ids),
+                self._vectors[owner],
                 node=node,
-                owners=named,
+                owners=(owner,),
                 max_row_norm=1.0,  # released rows are unit-norm (DP releases are renormalised)
             )
         except ResultCheckError as exc:
-            raise ResultRejectedError(node, named, detail=str(exc)) from exc
+            raise ResultRejectedError(node, (owner,), detail=str(exc)) from exc
 
     def _on_done(self, msg: EncodingsDone) -> list[Message]:
         self._from_server(msg)
@@ -640,6 +663,11 @@ class ClientPretrain(Party):
         self.state = ClientState.DONE
         self._disarm("download")
         return []
+
+    def _discard(self) -> None:
+        """After a terminal refusal: the partly assembled encodings are dropped, never trained on."""
+        self._assemblies = []
+        self.encodings = None
 
     # --- checkpoint -----------------------------------------------------------------------------------
     @property

@@ -34,7 +34,7 @@ from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import verify as verify_signature
 
 from .errors import PayloadError, SignatureError
-from .messages import EdgeClaims, GraphAnnounce, claim_bytes
+from .messages import EdgeClaims, GraphAnnounce, KeyAnnounce, claim_bytes, claim_keys_digest
 from .roster import Roster
 
 __all__ = [
@@ -133,23 +133,29 @@ class ClaimSet:
         return self.used.get((claimer, peer), np.zeros(0, np.int64))
 
 
-def verify_claim(msg: EdgeClaims, roster: Roster, session: int) -> None:
-    """Check the claimer's signature over its claim (the server relays it re-framed).
+def verify_claim(msg: EdgeClaims, roster: Roster, session: int, keys: KeyAnnounce) -> None:
+    """Check the claimer's signature over its claim (the server relays it re-framed), bound to the
+    session and to the claimer's session keys ``keys`` (its announcement, already checked).
 
     Raises:
-        PayloadError: the claimer is not a client. SignatureError: the signature does not verify.
+        PayloadError: the claimer is not a client, or ``keys`` are another party's.
+        SignatureError: the signature does not verify (also: a claim made under other session keys).
     """
     if not roster.is_client(msg.claimer) or not roster.is_client(msg.peer):
         raise PayloadError(f"a claim between parties {msg.claimer} and {msg.peer}, not both clients")
+    if keys.party != msg.claimer:
+        raise PayloadError(f"party {msg.claimer}'s claim checked against party {keys.party}'s keys")
+    digest = claim_keys_digest(keys.hpke, keys.context_fingerprint)
     try:
         verify_signature(
             roster.signing_key(msg.claimer),
-            claim_bytes(session, msg.claimer, msg.peer, msg.edges, msg.uses),
+            claim_bytes(session, msg.claimer, msg.peer, msg.edges, msg.uses, digest),
             msg.claim_signature,
         )
     except CryptoSignatureError as exc:
         raise SignatureError(
-            f"party {msg.claimer}'s claim of its edges to {msg.peer} is not signed by it"
+            f"party {msg.claimer}'s claim of its edges to {msg.peer} is not signed by it under this "
+            "session's keys"
         ) from exc
 
 

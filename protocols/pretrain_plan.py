@@ -222,23 +222,33 @@ def plan_shares(
     max_bucket_elems: int = 1 << 20,
 ) -> RoundPlan:
     """Plan the encrypted round: the bases of every needed node drawn once, and per recipient the
-    *foreign share* of each node it needs that has a neighbour it does not own
-    (:class:`~fedgat.crypto.encodings.ShareBucket`, computed under that recipient's key from the
-    rows released to it); a recipient adds the share of its own rows itself. ``buckets`` lists the
-    share buckets recipient by recipient (sorted), ``recipients`` one client per result."""
+    *partials* of its foreign share: for each node it needs and each other client owning some of the
+    node's neighbours, the linear map over that owner's neighbours
+    (:class:`~fedgat.crypto.encodings.ShareBucket` with ``owner``, computed under the recipient's
+    key from the rows released to it). A recipient adds the partials and the share of its own rows
+    itself. ``buckets`` lists the share buckets recipient by recipient (sorted), then by client
+    bucket, then by owner; ``recipients`` one client per result.
+
+    Per-owner partials cost no extra multiply-add (each neighbour is read by one partial) but one
+    result per (node, foreign owner) instead of per node: more download bytes and decryptions. They
+    are what lets the recipient check each partial against its owner's keys alone."""
     needed, bases = _draw(graphs, variant, rng, embed_factor)
     views, route = _views(bases, needed, max_bucket_elems)
+    ids = np.concatenate([graphs[c].owned for c in graphs])
+    who = np.repeat(list(graphs), [len(graphs[c].owned) for c in graphs])
+    order = np.argsort(ids, kind="stable")
+    ids, who = ids[order], who[order]
     shares: dict[int, list[ShareBucket]] = {}
     buckets: list[ShareBucket] = []
     recipients: list[tuple[int, ...]] = []
     for c in sorted(graphs):
-        own = graphs[c].owned
         shares[c] = []
         for view in views[c]:
-            foreign = ~np.isin(view.neighbours, own)
-            has = np.flatnonzero(foreign.any(axis=1))
-            if len(has):
-                shares[c].append(ShareBucket(view.take(has), foreign[has]))
+            owner = who[np.minimum(np.searchsorted(ids, view.neighbours), len(ids) - 1)]
+            for o in np.unique(owner[owner != c]).tolist():
+                part = owner == o
+                has = np.flatnonzero(part.any(axis=1))
+                shares[c].append(ShareBucket(view.take(has), part[has], owner=int(o)))
         buckets += shares[c]
         recipients += [(c,)] * sum(len(b) for b in shares[c])
     return RoundPlan(needed, bases, buckets, recipients, views, route, shares)

@@ -297,7 +297,10 @@ class ServerPretrain(Party):
             raise StateError(f"party {msg.sender}'s claims must come before its graph")
         if (msg.sender, msg.peer) in self._claims:
             raise StateError(f"party {msg.sender} has already claimed its edges to party {msg.peer}")
-        verify_claim(msg, self.roster, self.session)
+        announced = self._announced.get(msg.sender)
+        if announced is None:
+            raise StateError(f"party {msg.sender}'s claims must follow its key announcement")
+        verify_claim(msg, self.roster, self.session, announced)
         self._claims[(msg.sender, msg.peer)] = msg
         return []
 
@@ -549,8 +552,11 @@ class ServerPretrain(Party):
             g, result = nxt
             self.nodes_computed += 1
             self.result_ciphertexts += len(result.row_blobs)
-            self.result_rows += self.buckets[g].num_feature_rows()
-            for c, cb, items in self._batcher.add(ResultItem(result.node, tuple(result.row_blobs))):
+            bucket = plan.buckets[g]
+            assert isinstance(bucket, ShareBucket) and bucket.owner is not None
+            self.result_rows += bucket.num_feature_rows()
+            item = ResultItem(result.node, bucket.owner, tuple(result.row_blobs))
+            for c, cb, items in self._batcher.add(item):
                 out.append(self._new(EncodingResults, c, bucket=cb, items=items))
         return out
 

@@ -265,7 +265,7 @@ def state_progress(client: ClientPretrain) -> dict[str, Any]:
                 "q": None if a.bases.q is None else np.asarray(a.bases.q),
                 "owners": np.asarray(a.owners, dtype=np.int64),
                 "buffer": _tensor_to_value(a.rows),
-                "filled": np.asarray(a.filled, dtype=bool),
+                "received": np.array(sorted(a.received), dtype=np.int64).reshape(-1, 2),
             }
             for a in client._assemblies
         ],
@@ -285,7 +285,7 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
     """
     from fedgat.encodings import BucketBases
 
-    from .pretrain_client import _Assembly
+    from .pretrain_client import _Assembly, foreign_owner_counts
 
     preset = client.config.preset
     h = progress["holder"]
@@ -335,8 +335,27 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
                 f"a saved bucket's owners have shape {owners.shape}, not {bases.neighbours.shape}"
             )
         nodes = [int(n) for n in bases.nodes]
-        filled = np.asarray(a["filled"], dtype=bool)
-        assemblies.append(_Assembly(bases, owners, rows, filled, {n: i for i, n in enumerate(nodes)}))
+        received = np.asarray(a["received"], dtype=np.int64).reshape(-1, 2)
+        slots, got = received[:, 0], received[:, 1]
+        if len(received) and (
+            slots.min() < 0
+            or slots.max() >= len(nodes)
+            or not np.all((owners[slots] == got[:, None]).any(axis=1))
+            or np.any(got == client.party_id)
+            or len(np.unique(received, axis=0)) != len(received)
+        ):
+            raise ValueError("a saved bucket's received partials name a node or owner outside it")
+        remaining = foreign_owner_counts(owners, client.party_id) - np.bincount(slots, minlength=len(nodes))
+        assemblies.append(
+            _Assembly(
+                bases,
+                owners,
+                rows,
+                remaining,
+                {n: i for i, n in enumerate(nodes)},
+                {(int(k), int(o)) for k, o in received},
+            )
+        )
     client._assemblies = assemblies
     client._assigned = {int(n) for n in progress["assigned"]}
     enc = progress["encodings"]

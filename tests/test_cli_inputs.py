@@ -232,6 +232,19 @@ BAD = [
     (["audit", "--dataset", "synthetic", "--sweep", "1", "--plot", "{dir}"], 2, "--plot"),
     (["train", "--dataset", "synthetic", "--json", "{npz}/x.json"], 2, "is a file, not a folder"),
     (["audit", "--dataset", "synthetic", "--plot", "{out}/p.png"], 2, "--plot draws the epsilon sweep"),
+    (["train", "--dataset", "synthetic", "--dp-epsilon", "0"], 2, "--dp-epsilon must be a number > 0"),
+    (["train", "--dataset", "synthetic", "--dp-epsilon", "1", "--dp-delta", "1"], 2, "--dp-delta must be in"),
+    (
+        ["train", "--dataset", "synthetic", "--dp-epsilon", "1", "--dp-budget", "1", "2"],
+        2,
+        "--dp-budget needs",
+    ),
+    (["train", "--dataset", "synthetic", "--dp-budget", "4", "1e-5"], 2, "add --dp-epsilon"),
+    (
+        ["train", "--dataset", "synthetic", "--method", "gat", "--dp-epsilon", "1"],
+        2,
+        "unknown hyper-parameter",
+    ),
     (["bench", "overhead", "--clients", "0"], 2, "--clients must be >= 1"),
     (["bench", "overhead", "--dataset", "synthetic", "--nodes", "60", "--clients", "61"], 2, "at most 60"),
     (["bench", "overhead", "--beta", "-1"], 2, "--beta must be finite and > 0"),
@@ -320,3 +333,26 @@ def test_a_dp_budget_refusal_is_a_one_line_runtime_error(monkeypatch, capsys):
     assert cli.main(["train", "--dataset", "synthetic", "--quiet"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "spent 4.0 of 4.0" in err[0] and err[0].startswith("fedgat train: error:")
+
+
+def test_train_runs_one_dp_point_and_charges_the_owners_ledgers(tmp_path, capsys):
+    """``fedgat train --method fedgat --dp-epsilon E``: one point of the DP sweep, JSON with the mean
+    accuracy and the spent (epsilon, delta) read back from the owners' ledgers; the same release
+    again on the same split (same seed) composes, and over a budget it is refused in one line."""
+    ledgers, out = tmp_path / "ledgers", tmp_path / "dp.json"
+    argv = ["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--quiet"]
+    dp = ["--dp-epsilon", "2", "--dp-ledger-dir", str(ledgers)]
+    assert main([*argv, *dp, "--dp-budget", "2.5", "1e-5", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert 0.0 <= got["test_accuracy_mean"] <= 1.0
+    assert got["epsilon_spent"] == pytest.approx(2.0, rel=1e-3) and got["delta"] == 1e-5
+    assert got["hparams"]["dp_epsilon"] == 2.0
+    files = sorted(ledgers.glob("*.json"))
+    assert len(files) == 3  # one persistent ledger per owner
+    assert "DP: the owners' ledgers have spent up to (epsilon 2" in capsys.readouterr().out
+    # the same split again: a second release would compose above the budget of 2.5 -> refused, exit 1
+    before = [f.read_bytes() for f in files]
+    assert main([*argv, *dp]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedgat train: error:")
+    assert [f.read_bytes() for f in files] == before  # nothing charged

@@ -148,9 +148,9 @@ def test_plain_rows_keys():
 # ------------------------------------------------------------------- the baseline runs the plan
 @pytest.mark.parametrize("dp", [None, DP], ids=["clean", "dp"])
 def test_plaintext_round_is_the_servers_plan(federation, dp):
-    """Same seed: the plaintext round draws the server's bases and views, every foreign share the
-    server computes is the plaintext encoding's columns over the recipient's foreign neighbours,
-    and the plaintext encodings match the decrypted ones."""
+    """Same seed: the plaintext round draws the server's bases and views, every partial the server
+    computes is over the neighbours of one foreign owner, and the plaintext encodings match the
+    decrypted ones."""
     graph, partition = federation
     drawn = _release(graph, partition, dp)
     parties = build_pretrain_parties(graph, partition, seed=SEED, workers=0, dp=dp, dp_release=drawn)
@@ -167,12 +167,14 @@ def test_plaintext_round_is_the_servers_plan(federation, dp):
     assert plan.route == server.plan.route
     for c, views in plan.views.items():
         assert [v.nodes.tolist() for v in views] == [v.nodes.tolist() for v in server.plan.views[c]]
-        owned = set(partition.clients[c].owned.tolist())
-        for share in server.plan.shares[c]:  # a share covers exactly the nodes with a foreign neighbour
+        # each share is the partial of one foreign owner: exactly the nodes with a neighbour it owns
+        for share in server.plan.shares[c]:
+            assert share.owner is not None and share.owner != c
             for s, node in enumerate(share.nodes):
                 nbrs = share.bases.neighbours[s]
-                np.testing.assert_array_equal(share.foreign[s], [int(u) not in owned for u in nbrs])
-                assert share.foreign[s].any(), f"node {node} has no foreign neighbour"
+                want = [int(partition.owner[u]) == share.owner for u in nbrs]
+                np.testing.assert_array_equal(share.foreign[s], want)
+                assert share.foreign[s].any(), f"node {node} has no neighbour of party {share.owner}"
     got = {c: client.encodings for c, client in parties.clients.items()}
     assert max_abs_error(got, rnd.run()) <= 1e-5  # type: ignore[arg-type]
     server.close()

@@ -418,6 +418,7 @@ SERVER_ATTACKS = (
     "injected_ciphertexts",
     "fake_edges",
     "server_plus_one_client",
+    "colluder_forgery",
     "chosen_weights_one_client",
     "chosen_weights_aggregate",
     "model_inconsistency",
@@ -445,7 +446,8 @@ def audit_server(
     server-plus-one-client collusion (:func:`fedgat.server_attacks.collusion_attack`, ``colluder``
     default the first client that receives foreign rows). Then the hostile rounds
     (:func:`fedgat.server_attacks.forged_results_attacks`,
-    :func:`fedgat.server_attacks.fake_edges_attack`) and, on the clients' decrypted encodings of
+    :func:`fedgat.server_attacks.fake_edges_attack`,
+    :func:`fedgat.server_attacks.colluder_forgery_attack`) and, on the clients' decrypted encodings of
     the honest round, the training attacks (:func:`fedgat.training_attacks.training_attacks`,
     ``training_rounds`` attack rounds, the aggregate attack under each of ``strategies``, default
     :data:`fedgat.training_attacks.ATTACK_STRATEGIES`).
@@ -459,6 +461,7 @@ def audit_server(
     from fedgat.protocols import Transcript
     from fedgat.server_attacks import (
         AttackSetting,
+        colluder_forgery_attack,
         collusion_attack,
         fake_edges_attack,
         first_recipient,
@@ -499,6 +502,8 @@ def audit_server(
                 results[name] = outcome
     if "fake_edges" in wanted:
         results["fake_edges"] = fake_edges_attack(setting, colluder)
+    if "colluder_forgery" in wanted:
+        results["colluder_forgery"] = colluder_forgery_attack(setting, colluder)
     training = {"chosen_weights_one_client", "chosen_weights_aggregate", "model_inconsistency"}
     if wanted & training:
         tsetting = TrainingSetting(graph, partition, encodings, seed, {"variant": kind.name})

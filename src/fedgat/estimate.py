@@ -22,8 +22,8 @@ def estimate_pretraining(
     ship_m2: bool = False,
 ) -> dict:
     """Cost of the pre-training round without running it: multiply-adds, ciphertexts and bytes of the
-    per-recipient protocol (each client's foreign shares under its key; each released row uploaded
-    once per client that needs it).
+    per-recipient protocol (each client's foreign shares under its key, one partial per foreign owner
+    of a node's neighbours; each released row uploaded once per client that needs it).
 
     ``ship_m2``: cost the paper's protocol, whose server also computes and ships the matrix variant's
     ``M2`` (this implementation's clients derive it from ``K2``).
@@ -57,8 +57,12 @@ def estimate_pretraining(
             if len(foreign)
             else foreign
         )
+        # one result per (needed node, foreign owner): the partial over that owner's neighbours
+        seg = np.repeat(np.arange(len(needed)), sizes)[foreign.astype(bool)]
+        pairs = np.unique(seg * partition.num_clients + owner[sources][foreign.astype(bool)])
+        partials = np.bincount(pairs // partition.num_clients, minlength=len(needed))
         mads += int((groups[needed] * per_node).sum()) * layout.chunks
-        down_cts += int((groups[needed] * (per_node > 0)).sum()) * layout.chunks
+        down_cts += int((groups[needed] * partials).sum()) * layout.chunks
         released += int(np.unique(sources[foreign.astype(bool)]).size)
     held = np.array([cfg.rows_per_node(int(k), True) for k in n])  # M2 is held, shipped or derived
     decrypted_reals = int(((1 + held) * uses).sum()) * d

@@ -36,7 +36,7 @@ from torch import nn
 
 from fedgat.approx import fit_score
 from fedgat.dp import FeatureDP
-from fedgat.dp_ledger import owner_ledgers
+from fedgat.dp_ledger import dataset_id, owner_ledgers
 from fedgat.encodings import as_variant, encode, encoding_size
 from fedgat.federated import Client, LocalTask, Server, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
@@ -163,6 +163,9 @@ class RunResult:
     train_seconds: float
     hparams: dict
     history: list[dict] = field(default_factory=list, repr=False)
+    #: with a DP release (``dp_epsilon``): the largest ``(epsilon, delta)`` any owner's ledger has
+    #: spent on its rows after this run's release (composed with its earlier releases)
+    dp_spent: tuple[float, float] | None = None
 
     def to_dict(self, history: bool = False) -> dict:
         out = asdict(self)
@@ -179,6 +182,8 @@ class Federation:
     tasks: Sequence[tuple[LocalTask, LocalTask | Sequence[LocalTask]]]
     model_fn: Callable[[], nn.Module]
     pretrain_bytes: int
+    #: with a DP release: the largest ``(epsilon, delta)`` an owner's ledger has spent on its rows
+    dp_spent: tuple[float, float] | None = None
 
 
 def run_method(
@@ -252,6 +257,7 @@ def run_method(
         train_seconds=time.perf_counter() - start,
         hparams=hp,
         history=fit.history,
+        dp_spent=fed.dp_spent,
     )
 
 
@@ -309,17 +315,20 @@ def _build_fedgat(
     part = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
     nbh = part.neighbourhoods
     bases = RandomSource.from_seed(f"fedgat-bases:{seed}")
-    x, shared = graph.x, None
+    x, shared, dp_spent = graph.x, None, None
     if hp["dp_epsilon"] is not None:
         dp = FeatureDP(hp["dp_epsilon"], hp["dp_delta"], hp["dp_dim"], seed=seed)
         ledgers = owner_ledgers(part.num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
         x = dp.project(graph.x)
         shared = torch.zeros_like(x)
+        spent = []
         for c, cp in enumerate(part.clients):
             if len(cp.owned):
                 others = tuple(o for o in range(part.num_clients) if o != c)
                 _, rows = dp.release_rows(graph.x[cp.owned], ledger=ledgers[c], recipients=others)
                 shared[cp.owned] = torch.from_numpy(rows).to(x.dtype)
+                spent.append(ledgers[c].spent(dataset_id(np.asarray(graph.x[cp.owned], dtype=np.float64))))
+        dp_spent = max(spent) if spent else None
 
     def inputs(nodes: np.ndarray, edges: torch.Tensor, client: int) -> tuple:
         enc = encode(
@@ -336,7 +345,7 @@ def _build_fedgat(
 
     tasks = support_tasks(graph, part, inputs)
     model_fn = fedgat_model_fn(x.shape[1], graph.num_classes, hp)
-    return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]))
+    return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]), dp_spent)
 
 
 def _build_distgat(

@@ -21,6 +21,8 @@ payoff comes later through training, that reached an honest client's training in
 * :func:`fake_edges_attack` -- a colluding client claims edges to another client's nodes that do
   not exist: once with the honest server (its claim check), once with a server that skips the check
   and hands the colluder every ciphertext it receives;
+* :func:`colluder_forgery_attack` -- the server and a colluding client forge an honest owner's
+  partial for a victim with the check keys the victim gave the colluder;
 * :func:`collusion_attack` -- the server gives a colluding client every ciphertext it holds
   (uploads and results of an honest round); the client decrypts each with its own secret key,
   ignoring the envelopes' key fingerprints.
@@ -73,6 +75,8 @@ __all__ = [
     "RECOVERY_COSINE",
     "AttackOutcome",
     "AttackSetting",
+    "colluder_forgery_attack",
+    "colluder_forgery_run",
     "collusion_attack",
     "fake_edges_attack",
     "first_recipient",
@@ -262,72 +266,83 @@ def foreign_rows(partition: Partition, client: int) -> np.ndarray:
 # ------------------------------------------------------------------------- forged results
 @dataclass
 class Forgery:
-    """One result the hostile server replaces: the victim's encoding of ``node``, made as ``kind``."""
+    """One result the hostile server replaces: the victim's partial of ``node`` over the rows of
+    ``owners`` (one owner), made as ``kind``."""
 
     kind: str
+    victim: int
     node: int
     owners: tuple[int, ...]
     target: int | None = None  # the other owner's row a single-row substitution sends
 
 
 class ForgingServer(ServerPretrain):
-    """A hostile server: honest until it computes, then, for the first recipient it computes for
-    (the victim), replaces ``per_kind`` results of each kind in ``kinds`` (:data:`FORGERIES`) with
-    forged ones, valid ciphertexts of the right size and level under the victim's key. It sends the
-    victim EncodingsDone right after the victim's results, so the victim completes if it accepted
-    them all."""
+    """A hostile server: honest until it computes, then, for each of the first ``len(kinds)``
+    recipients it computes for (the victims), replaces one result with a forgery of that victim's
+    kind (:data:`FORGERIES`): valid ciphertexts of the right size and level under the victim's key.
+    One per victim, because a refusal is terminal (the victim aborts and checks nothing after).
+    It sends each victim EncodingsDone right after that victim's results, so a victim completes if
+    it accepted everything."""
 
-    def __init__(
-        self, *args: Any, kinds: Iterable[str] = tuple(FORGERIES), per_kind: int = 2, **kw: Any
-    ) -> None:
+    def __init__(self, *args: Any, kinds: Iterable[str] = tuple(FORGERIES), **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.kinds, self.per_kind = list(kinds), per_kind
-        self.victim: int | None = None
-        self.forgeries: dict[int, Forgery] = {}
-        self.victim_finished = False
-        self._victim_left = 0
+        self.kinds = list(kinds)
+        self.forgeries: dict[tuple[int, int, int], Forgery] = {}  # (victim, node, owner)
+        self.finished: set[int] = set()
+        self._left: dict[int, int] = {}
         self._rng = np.random.default_rng(0)
+
+    @property
+    def victims(self) -> list[int]:
+        return sorted({f.victim for f in self.forgeries.values()})
+
+    @property
+    def victims_finished(self) -> bool:
+        """Every victim has had its results and EncodingsDone (once computing; with no victim: the
+        round is over)."""
+        if self.plan is None:
+            return False
+        return set(self.victims) <= self.finished if self.victims else self.done
 
     def _begin_compute(self) -> list[Message]:
         out = super()._begin_compute()
         assert self.plan is not None and self.plan.shares is not None
         recipients = [c for c, s in sorted(self.plan.shares.items()) if s]
-        if recipients:
-            self.victim = recipients[0]
-            shares = self.plan.shares[self.victim]
-            self._victim_left = sum(len(b) for b in shares)
-            self._choose(shares)
+        for victim, kind in zip(recipients, self.kinds, strict=False):
+            shares = self.plan.shares[victim]
+            if self._choose(victim, shares, kind):
+                self._left[victim] = sum(len(b) for b in shares)
         return out
 
-    def _choose(self, shares: list[ShareBucket]) -> None:
-        """Nodes to forge: each with at least two foreign sources (another node in its bucket for
-        ``other_node``), kinds taken in turn."""
-        wanted = [k for k in self.kinds for _ in range(self.per_kind)]
+    def _choose(self, victim: int, shares: list[ShareBucket], kind: str) -> bool:
+        """A partial to forge as ``kind``: one with at least two sources (another node in its bucket
+        for ``other_node``)."""
         for b in shares:
+            if kind == "other_node" and len(b) < 2:
+                continue
             for s in range(len(b)):
-                if not wanted:
-                    return
                 sources = b.neighbours[s]
                 if len(sources) < 2:
                     continue
-                kind = wanted[0]
-                if kind == "other_node" and len(b) < 2:
-                    continue
-                node = int(b.nodes[s])
-                owners = tuple(sorted({self._owner[int(u)] for u in sources}))
+                node, owner = int(b.nodes[s]), int(b.owner if b.owner is not None else -1)
                 target = int(sources[-1]) if kind == "single_row" else None
-                self.forgeries[node] = Forgery(kind, node, owners, target)
-                wanted.pop(0)
+                self.forgeries[(victim, node, owner)] = Forgery(kind, victim, node, (owner,), target)
+                return True
+        return False
 
     def _compute_results(self) -> Iterator[tuple[int, NodeResult]]:
         assert self.plan is not None
         for k, (g, result) in enumerate(super()._compute_results()):
             recipient = self.plan.recipients[k][0]
-            if recipient == self.victim:
-                self._victim_left -= 1
-                forgery = self.forgeries.get(result.node)
+            if recipient in self._left:
+                self._left[recipient] -= 1
+                bucket = self.plan.buckets[g]
+                assert isinstance(bucket, ShareBucket)
+                forgery = self.forgeries.get(
+                    (recipient, result.node, -1 if bucket.owner is None else bucket.owner)
+                )
                 if forgery is not None:
-                    result = self._forge(recipient, self.buckets[g], forgery)
+                    result = self._forge(recipient, bucket, forgery)
             yield g, result
 
     def _forge(self, recipient: int, bucket: ShareBucket, forgery: Forgery) -> NodeResult:
@@ -376,11 +391,16 @@ class ForgingServer(ServerPretrain):
 
     def step(self) -> list[Message]:
         out = super().step()
-        if self.victim is not None and self._victim_left == 0 and not self.victim_finished:
-            assert self.plan is not None
-            plan, v = self.plan, self.victim
-            out.append(self._new(EncodingsDone, v, buckets=len(plan.views[v]), nodes=plan.results_for(v)))
-            self.victim_finished = True
+        assert self.plan is not None or not self._left
+        for v, left in self._left.items():
+            if left == 0 and v not in self.finished:
+                assert self.plan is not None
+                out.append(
+                    self._new(
+                        EncodingsDone, v, buckets=len(self.plan.views[v]), nodes=self.plan.results_for(v)
+                    )
+                )
+                self.finished.add(v)
         return out
 
 
@@ -432,25 +452,28 @@ def _client_graph(setting: AttackSetting, c: int) -> dict[str, Any]:
     }
 
 
-def forged_results_attacks(setting: AttackSetting, per_kind: int = 2) -> dict[str, AttackOutcome]:
-    """``substituted_result`` and ``injected_ciphertexts`` in one round (see the module docstring).
+def forged_results_attacks(setting: AttackSetting) -> dict[str, AttackOutcome]:
+    """``substituted_result`` and ``injected_ciphertexts`` (see the module docstring).
 
-    The victim is the first recipient the server computes for; the colluding client (for the
-    client-side injection) another client, which uploads a chosen row as the node of a third owner
-    that the victim needs. Each forged result travels in its own message, so that every rejection
-    names its node. ``recovered``: forged results the victim accepted into the encodings it trains
-    on (what the server could then read back through training); ``detected``: every forged result
-    was refused with :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and the
-    owners whose rows it should have combined, and the client's injected upload with a typed error.
+    Each forgery kind of :data:`FORGERIES` is tried on its own victim (a refusal is terminal, so a
+    victim answers one forgery): the recipients the server computes for, in order, as many rounds
+    as the kinds need. In the first round a colluding client also uploads a chosen row as the node of
+    a third owner that a victim needs. Each forged result travels in its own message, so that every
+    rejection names its node. ``recovered``: forged results a victim accepted into the encodings it
+    trains on (what the server could then read back through training); ``detected``: every forged
+    result was refused with :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and
+    the owner whose rows it should have combined, the victim aborted (it never completes), and the
+    client's injected upload was refused with a typed error.
     """
     part = setting.partition
-    victim = first_recipient(part)
-    if victim is None:
+    recipients = [c for c in range(part.num_clients) if len(foreign_rows(part, c))]
+    if not recipients:
         note = "no client needs a foreign row: nothing to substitute"
         return {
             name: AttackOutcome(name, 0, 0, False, ran=False, detail={"note": note})
             for name in ("substituted_result", "injected_ciphertexts")
         }
+    victim = recipients[0]
     rows = foreign_rows(part, victim)
     third = [
         (int(u), int(part.owner[u])) for u in rows if part.num_clients > 2 and int(part.owner[u]) != victim
@@ -459,54 +482,76 @@ def forged_results_attacks(setting: AttackSetting, per_kind: int = 2) -> dict[st
         next((c for c in range(part.num_clients) if c not in (victim, third[0][1])), None) if third else None
     )
     inject = None if colluder is None else (victim, next(u for u, o in third if o != colluder))
+    kinds = list(FORGERIES)
+    forgeries: list[tuple[Forgery, ProtocolError | None, bool]] = []  # (forgery, refusal, victim done)
+    server_refused: list[ProtocolError] = []
+    for start in range(0, len(kinds), len(recipients)):
+        chunk = kinds[start : start + len(recipients)]
 
-    def server(parties: PretrainParties) -> ServerPretrain:
-        return ForgingServer(**_server_args(parties, setting, 1), per_kind=per_kind)
+        def server(parties: PretrainParties, chunk: list[str] = chunk) -> ServerPretrain:
+            return ForgingServer(**_server_args(parties, setting, 1), kinds=chunk)
 
-    clients = {}
-    if colluder is not None and inject is not None:
-        pair = inject
+        clients = {}
+        if start == 0 and colluder is not None and inject is not None:
+            pair, who = inject, colluder
 
-        def injecting(parties: PretrainParties) -> ClientPretrain:
-            return InjectingClient(
-                **_client_args(parties, colluder), **_client_graph(setting, colluder), inject=pair
-            )
+            def injecting(
+                parties: PretrainParties, who: int = who, pair: tuple[int, int] = pair
+            ) -> ClientPretrain:
+                return InjectingClient(
+                    **_client_args(parties, who), **_client_graph(setting, who), inject=pair
+                )
 
-        clients[colluder] = injecting
-    parties = _build(setting, server=server, clients=clients, result_batch_bytes=1)
-    hostile = parties.server
-    assert isinstance(hostile, ForgingServer)
-    driver = _drive(parties, until=lambda t: hostile.victim_finished and not t.pending())
-    v = hostile.victim
-    refused: dict[int, ResultRejectedError] = {}
-    if v is not None:
-        refused = {exc.node: exc for exc in _rejections(driver, v) if isinstance(exc, ResultRejectedError)}
-    done = v is not None and parties.clients[v].done
-    out = {}
-    for name in ("substituted_result", "injected_ciphertexts"):
-        forged = [f for f in hostile.forgeries.values() if FORGERIES[f.kind] == name]
-        rejected = [f for f in forged if f.node in refused and refused[f.node].owners == f.owners]
-        accepted = [f for f in forged if f.node not in refused and done]
-        detail: dict[str, Any] = {
-            "victim": v,
-            "forged": [
-                {"kind": f.kind, "node": f.node, "owners": list(f.owners), "refused": f in rejected}
-                for f in forged
-            ],
-            "victim_completed": done,
-            "note": (
-                "recovered counts forged results the victim accepted into the encodings it trains on; "
-                "detected: each was refused with ResultRejectedError naming the node and the owners"
-            ),
-        }
-        detected = bool(forged) and len(rejected) == len(forged)
-        targets, recovered = len(forged), len(accepted)
-        if name == "injected_ciphertexts" and inject is not None and colluder is not None:
+            clients[colluder] = injecting
+        parties = _build(setting, server=server, clients=clients, result_batch_bytes=1)
+        hostile = parties.server
+        assert isinstance(hostile, ForgingServer)
+
+        def until(t: Any, h: ForgingServer = hostile) -> bool:
+            return h.victims_finished and not t.pending()
+
+        driver = _drive(parties, until=until)
+        for f in hostile.forgeries.values():
+            first = next(iter(_rejections(driver, f.victim)), None)
+            forgeries.append((f, first, parties.clients[f.victim].done))
+        if start == 0 and colluder is not None:
             server_refused = [
                 exc
                 for exc in _rejections(driver, hostile.party_id)
                 if isinstance(exc, PayloadError) and f"party {colluder}" in str(exc)
             ]
+    out = {}
+    for name in ("substituted_result", "injected_ciphertexts"):
+        mine = [(f, exc, done) for f, exc, done in forgeries if FORGERIES[f.kind] == name]
+        refused = [
+            f
+            for f, exc, done in mine
+            if isinstance(exc, ResultRejectedError)
+            and (exc.node, exc.owners) == (f.node, f.owners)
+            and not done
+        ]
+        accepted = [f for f, _, done in mine if done]
+        detail: dict[str, Any] = {
+            "forged": [
+                {
+                    "kind": f.kind,
+                    "victim": f.victim,
+                    "node": f.node,
+                    "owners": list(f.owners),
+                    "refused": f in refused,
+                    "victim_completed": done,
+                }
+                for f, _, done in mine
+            ],
+            "note": (
+                "one forgery per victim (a refusal is terminal); recovered counts forged results a victim "
+                "accepted into the encodings it trains on; detected: each was refused with "
+                "ResultRejectedError naming the node and the owner, and its victim aborted"
+            ),
+        }
+        detected = bool(mine) and len(refused) == len(mine)
+        targets, recovered = len(mine), len(accepted)
+        if name == "injected_ciphertexts" and inject is not None and colluder is not None:
             detail["client_upload"] = {
                 "colluder": colluder,
                 "recipient": inject[0],
@@ -518,7 +563,7 @@ def forged_results_attacks(setting: AttackSetting, per_kind: int = 2) -> dict[st
             targets += 1
             recovered += 0 if server_refused else 1
             detected = detected and bool(server_refused)
-        out[name] = AttackOutcome(name, targets, recovered, detected, ran=bool(forged), detail=detail)
+        out[name] = AttackOutcome(name, targets, recovered, detected, ran=bool(mine), detail=detail)
     return out
 
 
@@ -670,6 +715,121 @@ def fake_edges_attack(setting: AttackSetting, colluder: int | None = None, fakes
                 "detected: the honest server's claim check refused the unconfirmed edges (typed error, round "
                 "aborted); recovered: fake targets whose row the colluder decrypts from anything released to it, "
                 "with the honest server or one that skips the check"
+            ),
+        },
+    )
+
+
+# ------------------------------------------------------------- server + one client, forging
+class ColluderForgingServer(ServerPretrain):
+    """A server colluding with client ``colluder`` (whose secrets it holds): it adds ``delta`` (norm
+    0.5) to row 0 of one partial for the first recipient other than the colluder, with the tag
+    columns ``<r, delta>`` for the check vectors ``r`` that recipient gave the colluder (the PRF part
+    is 0: ``delta`` has no sources). ``own`` picks the partial of the colluder's own rows (True) or
+    of an honest third party's (False)."""
+
+    def __init__(self, *args: Any, colluder: ClientPretrain, own: bool, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.colluder, self.own = colluder, own
+        self.victim: int | None = None
+        self.target: tuple[int, int] | None = None  # (node, owner) of the forged partial
+        self.delta: np.ndarray | None = None
+
+    def _begin_compute(self) -> list[Message]:
+        out = super()._begin_compute()
+        assert self.plan is not None and self.plan.shares is not None
+        me = self.colluder.party_id
+        for victim, shares in sorted(self.plan.shares.items()):
+            if victim == me:
+                continue
+            bucket = next((b for b in shares if (b.owner == me) == self.own), None)
+            if bucket is not None:
+                assert bucket.owner is not None
+                self.victim, self.target = victim, (int(bucket.nodes[0]), bucket.owner)
+                break
+        return out
+
+    def _compute_results(self) -> Iterator[tuple[int, NodeResult]]:
+        assert self.plan is not None
+        for k, (g, result) in enumerate(super()._compute_results()):
+            bucket = self.plan.buckets[g]
+            assert isinstance(bucket, ShareBucket)
+            if self.plan.recipients[k][0] == self.victim and (result.node, bucket.owner) == self.target:
+                result = self._forge(bucket)
+            yield g, result
+
+    def _forge(self, bucket: ShareBucket) -> NodeResult:
+        assert self.layout is not None and self._dim is not None
+        assert self.victim is not None and self.target is not None
+        d = self._dim
+        vectors = self.colluder._owner_keys[self.victim].vectors(d)  # r_{victim, colluder}
+        delta = np.random.default_rng(7).standard_normal(d)
+        self.delta = delta * 0.5 / np.linalg.norm(delta)
+        row = np.zeros(self.layout.d)
+        row[:d] = self.delta
+        row[d : d + vectors.shape[0]] = vectors @ self.delta
+        ctx, spool = self.contexts[self.victim], self._spool(self.victim)
+        slot = int(np.flatnonzero(bucket.nodes == self.target[0])[0])
+        coef = bucket.coefficients(slot)
+        sources = [spool.get(int(j)) for j in bucket.neighbours[slot]]
+        fresh = [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], self.layout)]
+        extra = np.zeros((coef.shape[0], 1))
+        extra[0, 0] = 1.0  # the fresh "source" enters row 0 only
+        return encode_node(ctx, self.layout, [*sources, fresh], self.target[0], np.hstack([coef, extra]))
+
+
+def colluder_forgery_run(
+    setting: AttackSetting, *, own: bool, colluder: int | None = None
+) -> tuple[PretrainParties, Driver, ColluderForgingServer]:
+    """Run a round whose server forges one partial with ``colluder``'s keys (default the last client);
+    returns the parties, the driver (its ``rejected``) and the server (victim, target, delta)."""
+    made: dict[str, ColluderForgingServer] = {}
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        pick = max(parties.clients) if colluder is None else colluder
+        made["server"] = ColluderForgingServer(
+            **_server_args(parties, setting, 16 << 20), colluder=parties.clients[pick], own=own
+        )
+        return made["server"]
+
+    parties = _build(setting, server=server)
+    driver = _drive(parties)
+    return parties, driver, made["server"]
+
+
+def colluder_forgery_attack(setting: AttackSetting, colluder: int | None = None) -> AttackOutcome:
+    """``colluder_forgery``: the server and one client forge a partial of an honest third owner's
+    rows for a victim, with the check keys the victim gave the colluder (which predicted every tag
+    when one set of check vectors served all owners, protocol version 2). ``recovered``: 1 when the
+    victim accepted the forgery into the encodings it trains on; ``detected``: it refused it with
+    :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and the owner, and aborted."""
+    parties, driver, server = colluder_forgery_run(setting, own=False, colluder=colluder)
+    if server.victim is None or server.target is None:
+        return AttackOutcome(
+            "colluder_forgery", 0, 0, False, ran=False, detail={"note": "no partial of a third owner"}
+        )
+    first = next(iter(_rejections(driver, server.victim)), None)
+    victim = parties.clients[server.victim]
+    detected = (
+        isinstance(first, ResultRejectedError)
+        and (first.node, first.owners) == (server.target[0], (server.target[1],))
+        and not victim.done
+    )
+    return AttackOutcome(
+        "colluder_forgery",
+        1,
+        int(victim.done),
+        detected,
+        detail={
+            "colluder": server.colluder.party_id,
+            "victim": server.victim,
+            "node": server.target[0],
+            "owner": server.target[1],
+            "victim_completed": victim.done,
+            "note": (
+                "server + one client add a chosen vector to an honest owner's partial with the tags the "
+                "colluder's check keys predict; keys are per (recipient, owner), so they predict nothing of "
+                "another owner's partial. The pair can still change the partial of the colluder's own rows"
             ),
         },
     )

@@ -273,10 +273,10 @@ def test_tag_columns_are_the_prf_plus_the_check_vector_projection():
 
 
 # ---------------------------------------------------------------------------------- check keys
-def test_check_keys_come_from_the_os_csprng(monkeypatch):
-    seed = bytes(32)
-    a, b = CheckKeys.generate(seed), CheckKeys.generate(seed)
-    assert a.prf != b.prf and a.check_seed == b.check_seed == seed
+def test_check_keys_come_from_the_os_csprng_fresh_per_pair(monkeypatch):
+    a, b = CheckKeys.generate(), CheckKeys.generate()
+    assert a.prf != b.prf and a.check_seed != b.check_seed  # per pair: no key is shared across owners
+    assert not np.allclose(a.vectors(D), b.vectors(D))
     calls = []
 
     def fake(n: int) -> bytes:
@@ -284,7 +284,8 @@ def test_check_keys_come_from_the_os_csprng(monkeypatch):
         return b"\x07" * n
 
     monkeypatch.setattr(tags.os, "urandom", fake)
-    assert CheckKeys.generate(seed).prf == b"\x07" * 32 and calls == [32]
+    k = CheckKeys.generate()
+    assert k.prf == k.check_seed == b"\x07" * 32 and calls == [32, 32]
 
 
 def test_check_keys_round_trip_and_refuse_other_lengths():

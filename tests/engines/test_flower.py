@@ -16,6 +16,7 @@ state refused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -520,6 +521,40 @@ def test_client_refuses_a_changed_roster():
     for c in range(CLIENTS):
         store = load_client(grid.contexts[100 + c], c)
         assert store.roster is not None and roster_to_json(store.roster) == first
+
+
+def test_a_terminal_refusal_is_saved_before_the_clientapp_raises(monkeypatch):
+    """A result that fails its check ends the recipient's session; the ClientApp raises, and the
+    aborted state it leaves is saved first (a restarted ClientApp must not accept the next probe)."""
+    from fedgat.protocols import EncodingResults, ResultItem, ResultRejectedError
+    from fedgat.protocols.flower_app import FlowerRunConfig, run_server
+    from fedgat.protocols.flower_state import load_client
+    from fedgat.protocols.pretrain_server import ServerPretrain
+
+    step = ServerPretrain.step
+    swapped: list[int] = []
+
+    def swapping(self):  # the first batch for party 1 with two items: their ciphertexts swapped
+        out = step(self)
+        for k, m in enumerate(out):
+            if isinstance(m, EncodingResults) and m.recipient == 1 and len(m.items) >= 2 and not swapped:
+                a, b = m.items[0], m.items[1]
+                items = (ResultItem(a.node, a.owner, b.row_blobs), ResultItem(b.node, b.owner, a.row_blobs))
+                out[k] = dataclasses.replace(m, items=items + m.items[2:])
+                swapped.append(a.node)
+        return out
+
+    monkeypatch.setattr(ServerPretrain, "step", swapping)
+    nodes = [{"partition-id": c, "num-partitions": CLIENTS} for c in range(CLIENTS)]
+    run_config = {**RUN_CONFIG, "hparams": json.dumps({**HPARAMS, "rounds": 1})}
+    grid = _InProcessGrid(run_config, nodes)
+    with pytest.raises(ResultRejectedError):
+        run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    assert swapped
+    party = load_client(grid.contexts[101], 1).party
+    assert (
+        party is not None and party.state_name() == "aborted" and "ResultRejectedError" in party.abort_reason
+    )
 
 
 # =================================================================================== the deployment

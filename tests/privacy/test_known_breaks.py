@@ -4,11 +4,12 @@ These tests pin the *current* behaviour that SECURITY.md's "Known breaks" sectio
 one asserts that an attack still works (or, for the error-text oracle, what remains of it after the
 fix). A fix flips the test, and the failure is the reminder to change the doc with it.
 
-1. A server colluding with one client knows a recipient's check vectors (the recipient seals its
-   check keys to every other participant) and forges a result that passes the tag and range check.
-2. A rejected result's error text used to print a decrypted norm (a decryption oracle, since an
-   engine may send the text back to the server); now the text is constant, but a refused result
-   leaves the victim's state unchanged, so the server may keep sending probes.
+1. FIXED: a server colluding with one client knew a recipient's check vectors (shared by every
+   owner) and forged a result that passed the tag and range check. Now keys are per owner and
+   results per (node, owner): the pair can change only the partial of the colluder's own rows.
+2. FIXED: a rejected result's error text printed a decrypted norm (a decryption oracle, since an
+   engine may send the text back to the server), and a refusal left the victim's state unchanged,
+   so the server could keep probing. Now the text is constant and the refusal terminal.
 3. Secure aggregation hides updates within a round only: a server that sends the same model and
    samples overlapping cohorts differences the sums into every client's update.
 4. Evaluation reports are per client and in plaintext: finite differences of ``loss_sum`` around a
@@ -23,10 +24,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedgat.crypto import deserialize, encrypt_rows, serialize
+from fedgat.crypto import deserialize, serialize
 from fedgat.crypto.packing import linear_combination
-from fedgat.crypto.tags import TAG_COLUMNS
-from fedgat.crypto.tasks import encode_node
 from fedgat.federated import Client, FedAdam
 from fedgat.partition import make_partition
 from fedgat.pipeline import make_deployment, run_plaintext_pretraining
@@ -40,6 +39,7 @@ from fedgat.protocols import (
     ResultItem,
     ResultRejectedError,
     ServerPretrain,
+    StateError,
     decode_message,
     encode_message,
 )
@@ -47,7 +47,7 @@ from fedgat.protocols.fedavg import ServerRounds
 from fedgat.protocols.fedavg_client import ClientRounds, secure_vector, state_to_arrays
 from fedgat.protocols.messages import peek_type
 from fedgat.protocols.secagg import SecAggConfig
-from fedgat.server_attacks import AttackSetting, _build, _drive, _server_args, first_recipient
+from fedgat.server_attacks import AttackSetting, _build, _server_args, colluder_forgery_run, first_recipient
 from fedgat.synthetic import synthetic_graph
 from fedgat.tasks import LocalTask
 
@@ -72,80 +72,36 @@ def rows_by_node(encodings) -> dict[int, np.ndarray]:
     return out
 
 
-class DeltaServer(ServerPretrain):
-    """Honest, except that it adds ``delta`` to row 0 of one node's foreign share for the first
-    recipient other than the colluder, with the tag columns ``<r, delta>`` the colluder's copy of
-    the victim's check keys gives (their PRF part is 0: ``delta`` has no sources)."""
-
-    def __init__(self, *args, colluder, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.colluder = colluder  # a real client whose secrets the attacker holds
-        self.victim: int | None = None
-        self.target: int | None = None  # a node whose foreign rows are all a third, honest party's
-        self.target_owners: list[int] = []
-        self.delta: np.ndarray | None = None
-
-    def _begin_compute(self):
-        out = super()._begin_compute()
-        recipients = [c for c, s in sorted(self.plan.shares.items()) if s and c != self.colluder.party_id]
-        self.victim = recipients[0]
-        for bucket in self.plan.shares[self.victim]:
-            for s in range(len(bucket)):
-                owners = {self._owner[int(u)] for u in bucket.neighbours[s]}
-                if self.colluder.party_id not in owners:
-                    self.target, self.target_owners = int(bucket.nodes[s]), sorted(owners)
-                    return out
-        return out
-
-    def _compute_results(self):
-        for k, (g, result) in enumerate(super()._compute_results()):
-            if self.plan.recipients[k][0] == self.victim and result.node == self.target:
-                result = self._forge(self.buckets[g])
-            yield g, result
-
-    def _forge(self, bucket):
-        d = self._dim
-        vectors = self.colluder._owner_keys[self.victim].vectors(d)  # (T, d): the victim's check vectors
-        delta = np.random.default_rng(7).standard_normal(d)
-        self.delta = delta * 0.5 / np.linalg.norm(delta)
-        row = np.zeros(self.layout.d)
-        row[:d] = self.delta
-        row[d : d + TAG_COLUMNS] = vectors @ self.delta
-        ctx, spool = self.contexts[self.victim], self._spool(self.victim)
-        slot = int(np.flatnonzero(bucket.nodes == self.target)[0])
-        coef = bucket.coefficients(slot)
-        sources = [spool.get(int(j)) for j in bucket.neighbours[slot]]
-        fresh = [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], self.layout)]
-        extra = np.zeros((coef.shape[0], 1))
-        extra[0, 0] = 1.0  # the fresh "source" enters row 0 only
-        return encode_node(ctx, self.layout, [*sources, fresh], self.target, np.hstack([coef, extra]))
+def test_server_plus_one_client_cannot_forge_another_owners_partial():
+    """FIXED (protocol version 3): every owner has its own check keys from the recipient and every
+    result is the partial of one owner's rows, checked against that owner's keys alone. The
+    colluder's keys (``r_{victim, colluder}``) do not predict the tags of an honest owner's partial:
+    the victim refuses the forgery, for good, and never trains on it."""
+    parties, driver, server = colluder_forgery_run(pretraining_setting(), own=False)
+    victim = parties.clients[server.victim]
+    refused = [exc for pid, exc in driver.rejected if pid == server.victim]
+    assert isinstance(refused[0], ResultRejectedError)
+    assert (refused[0].node, refused[0].owners) == (server.target[0], (server.target[1],))
+    assert "tag off by" in refused[0].detail
+    assert victim.state is ClientState.ABORTED and victim.encodings is None
+    assert all(not isinstance(exc, ResultRejectedError) for exc in refused[1:])  # later: StateError
+    others = [c for c in parties.clients.values() if c.party_id != server.victim]
+    assert all(c.state is ClientState.DONE for c in others)
 
 
-def test_server_plus_one_client_can_forge_a_result_that_passes_the_check():
+def test_server_plus_one_client_can_change_the_colluders_own_partial():
+    """What remains: the pair can change the partial of the *colluder's own* rows (it holds that
+    pair's keys), as the colluder could by releasing other rows. Nothing of an honest party enters."""
     setting = pretraining_setting()
-    made = {}
-
-    def make_server(parties):
-        colluder = parties.clients[max(parties.clients)]  # the same object the round runs
-        made["server"] = DeltaServer(**_server_args(parties, setting, RESULT_BATCH_BYTES), colluder=colluder)
-        return made["server"]
-
-    parties = _build(setting, server=make_server)
-    driver = _drive(parties)
-    server = made["server"]
-    victim, node = server.victim, server.target
-    assert server.delta is not None and node is not None
-    assert server.colluder.party_id not in server.target_owners  # only an honest third party's rows
-
-    # the victim accepts the forged result and completes: nothing is refused
+    parties, driver, server = colluder_forgery_run(setting, own=True)
+    assert server.target[1] == server.colluder.party_id
+    victim, node = server.victim, server.target[0]
     assert [exc for pid, exc in driver.rejected if pid == victim] == []
     assert parties.clients[victim].state is ClientState.DONE
-
     got = rows_by_node(parties.clients[victim].encodings)
     want = rows_by_node(run_plaintext_pretraining(setting.graph, setting.partition, "vector", 1)[victim])
-    assert got.keys() == want.keys()
     diff = got[node] - want[node]
-    np.testing.assert_allclose(diff[0], server.delta, rtol=0, atol=1e-6)  # trained on: honest + Delta
+    np.testing.assert_allclose(diff[0], server.delta, rtol=0, atol=1e-6)  # honest + Delta
     assert np.abs(diff[1:]).max() <= 1e-6
     assert max(np.abs(got[n] - want[n]).max() for n in got if n != node) <= 1e-6
 
@@ -202,7 +158,7 @@ class NormProbe:
             seq=self.seq,
             fingerprint=server.verifier.fingerprint,
             bucket=self.bucket,
-            items=(ResultItem(self.node, tuple(serialize(ctx, ct) for ct in cts)),),
+            items=(ResultItem(self.node, self.owners[0], tuple(serialize(ctx, ct) for ct in cts)),),
         )
         return encode_message(msg, self.signer)
 
@@ -232,11 +188,12 @@ def withheld_victim(setting: AttackSetting, monkeypatch):
     return parties, victim_id
 
 
-def test_a_rejected_result_reads_no_decrypted_value(monkeypatch):
+def test_a_rejected_result_reads_no_decrypted_value_and_ends_the_session(monkeypatch):
     """FIXED: the norm the range check saw was in the error's text, which Flower returns to the
     server as the reply's reason: a per-coordinate decryption oracle (64 probes for a 16-dim row).
-    The text is now the same for every failure of a node and owners; the value is only in
-    ``exc.detail``, for local logs."""
+    The text is now the same for every failure of a node and owners (the value is only in
+    ``exc.detail``, for local logs), and a refusal is terminal: the victim aborts at the first
+    probe and refuses the second unread, so even its local log holds one value."""
     setting = pretraining_setting()
     parties, victim_id = withheld_victim(setting, monkeypatch)
     server, victim = parties.server, parties.clients[victim_id]
@@ -245,7 +202,7 @@ def test_a_rejected_result_reads_no_decrypted_value(monkeypatch):
         bucket = next(i for i, a in enumerate(victim._assemblies) if not a.filled.all())
         asm = victim._assemblies[bucket]
         slot = int(np.flatnonzero(~asm.filled)[0])
-        owners = tuple(sorted({int(o) for o in asm.owners[slot] if o != victim_id}))
+        owners = (min(int(o) for o in asm.owners[slot] if o != victim_id),)
         u = min(server.kept)  # a row another client released to the victim
         probe = NormProbe(
             server,
@@ -257,30 +214,21 @@ def test_a_rejected_result_reads_no_decrypted_value(monkeypatch):
             [deserialize(ctx, blob, level="fresh") for blob in server.kept[u]],
         )
         h_u = setting.truth[u]
-        errors = []
-        for j, lam in ((0, 30.0), (1, 45.0)):  # two probes of different values, far out of range
-            frame = probe.message(j, t=-3.0, lam=lam)
-            before = victim.snapshot()
-            try:
-                victim.receive(frame)
-            except ResultRejectedError as exc:
-                errors.append(exc)
-            else:
-                raise AssertionError("the norm probe was accepted")
-            # a refused result changes nothing and is not terminal: the server may send another
-            # probe. This retry-ability is what remains of the finding (the detail is the oracle if
-            # it ever leaves the client).
-            assert victim.snapshot() == before
-            # what a local log sees: the decrypted norm, lam * |h_u[j] - t|
-            match = re.search(r"has norm ([0-9.e+-]+)", errors[-1].detail)
-            assert match is not None, errors[-1].detail
-            assert float(match.group(1)) == pytest.approx(lam * (h_u[j] + 3.0), rel=1e-2)  # 3 digits
-        for exc in errors:
-            assert (exc.node, exc.owners) == (probe.node, owners)
-            assert str(exc) == str(ResultRejectedError(probe.node, owners))  # what the server may see
-            assert "norm" not in str(exc)
-        assert str(errors[0]) == str(errors[1]) and errors[0].detail != errors[1].detail
-        assert victim.state is ClientState.AWAIT_ENCODINGS
+        first, second = probe.message(0, t=-3.0, lam=30.0), probe.message(1, t=-3.0, lam=45.0)
+        with pytest.raises(ResultRejectedError) as info:
+            victim.receive(first)
+        exc = info.value
+        assert (exc.node, exc.owners) == (probe.node, owners)
+        assert str(exc) == str(ResultRejectedError(probe.node, owners))  # what the server may see
+        assert "norm" not in str(exc)
+        # what a local log sees: the decrypted norm, lam * |h_u[j] - t|
+        match = re.search(r"has norm ([0-9.e+-]+)", exc.detail)
+        assert match is not None, exc.detail
+        assert float(match.group(1)) == pytest.approx(30.0 * (h_u[0] + 3.0), rel=1e-2)
+        # terminal: aborted, nothing decrypted kept, the next probe is refused before any decryption
+        assert victim.state is ClientState.ABORTED and victim._assemblies == []
+        with pytest.raises(StateError):
+            victim.receive(second)
     finally:
         server.close()
 

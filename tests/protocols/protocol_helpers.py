@@ -15,6 +15,7 @@ from fedgat.protocols import (
     decode_message,
     encode_message,
 )
+from fedgat.protocols.errors import ProtocolError
 from fedgat.protocols.messages import peek_type
 
 
@@ -120,6 +121,22 @@ def rejected(party, data, error: type[Exception], match: str | None = None):
         party.receive(data)
     assert party.snapshot() == before
     return info.value
+
+
+def refused_for_good(party, data, error: type[Exception], match: str | None = None):
+    """``data`` is refused with a *terminal* ``error``: the party consumed the frame, is aborted (the
+    reason is the error's constant text), holds no decrypted material and refuses the same frame
+    again (as a replay: its sequence number is spent). Returns the error."""
+    with pytest.raises(error, match=match) as info:
+        party.receive(data)
+    exc = info.value
+    assert type(exc).terminal
+    assert party.state_name() == "aborted" and party.aborted and str(exc) in party.abort_reason
+    assert not party.next_deadline()
+    assert getattr(party, "_assemblies", []) == [] and getattr(party, "encodings", None) is None
+    with pytest.raises(ProtocolError):
+        party.receive(data)
+    return exc
 
 
 def unit(n: int, d: int, seed: int = 0) -> np.ndarray:

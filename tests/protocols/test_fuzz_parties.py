@@ -25,7 +25,7 @@ from fedgat.protocols import (
     Transcript,
     encode_message,
 )
-from fedgat.protocols.messages import claim_bytes, peek_type, sealed_keys_bytes
+from fedgat.protocols.messages import claim_bytes, claim_keys_digest, peek_type, sealed_keys_bytes
 from fedgat.synthetic import synthetic_graph
 
 from protocol_helpers import Harness
@@ -191,7 +191,13 @@ def test_fuzz_signed_claims_with_random_edges(pretrain_round, claimer, peer, edg
     uses = np.array(flags[: len(e)], dtype=np.int64)
     session = fresh.parties.config.session
     key = fresh.parties.deployment.identities[claimer].signer
-    sig = key.sign(claim_bytes(session, claimer, peer, e, uses)) if signed else bytes(64)
+    client = fresh.client(claimer) if claimer in fresh.parties.clients else None
+    keys = (
+        claim_keys_digest(client._session_keys.public_bytes(), client.holder.fingerprint())
+        if client is not None and client.holder is not None and client._session_keys is not None
+        else bytes(32)
+    )
+    sig = key.sign(claim_bytes(session, claimer, peer, e, uses, keys)) if signed else bytes(64)
     try:
         frame = fresh.craft(
             1, EdgeClaims, 3, claimer=claimer, peer=peer, edges=e, uses=uses, claim_signature=sig

@@ -112,9 +112,7 @@ def samples() -> list:
             **bases,
             **HDR,
         ),
-        EncodingResults(
-            bucket=2, items=(ResultItem(4, (b"a", b"b")), ResultItem(7, (b"c",), (b"s",))), **HDR
-        ),
+        EncodingResults(bucket=2, items=(ResultItem(4, 0, (b"a", b"b")), ResultItem(7, 2, (b"c",))), **HDR),
         EncodingsDone(buckets=3, nodes=9, **HDR),
         GlobalModel(
             round=4,
@@ -194,10 +192,10 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 2
+    assert data[4] == VERSION == 3
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
-    for version in (1, 3, 255):  # the dealer protocol's frames (version 1) included
+    for version in (1, 2, 4, 255):  # the dealer protocol (1) and shared check keys (2) included
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):

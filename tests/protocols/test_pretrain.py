@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from fault_helpers import FaultyTransport
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedgat.crypto import (
     KeyHolderContext,
@@ -57,10 +59,18 @@ from fedgat.protocols import (
     encode_message,
     validate_features,
 )
-from fedgat.protocols.messages import key_binding_bytes, keyset_fingerprint, peek_type, sealed_keys_bytes
+from fedgat.protocols.messages import (
+    claim_bytes,
+    claim_keys_digest,
+    key_binding_bytes,
+    keyset_fingerprint,
+    peek_type,
+    sealed_keys_bytes,
+)
+from fedgat.protocols.pretrain_client import foreign_owner_counts
 from fedgat.protocols.pretrain_keys import SessionKeys, seal_check_keys
 
-from protocol_helpers import Harness, computing, keys_distributed, rejected
+from protocol_helpers import Harness, computing, keys_distributed, refused_for_good, rejected
 
 TOL = 1e-5
 
@@ -93,6 +103,12 @@ def _foreign_results(partition, c: int) -> int:
     return sum(bool((owner[nbh.row(int(i))] != c).any()) for i in partition.clients[c].needed)
 
 
+def _foreign_partials(partition, c: int) -> int:
+    """(needed node, other owner of one of its neighbours) pairs of ``c``: the partials it receives."""
+    nbh, owner = partition.neighbourhoods, partition.owner
+    return sum(len(set(owner[nbh.row(int(i))].tolist()) - {c}) for i in partition.clients[c].needed)
+
+
 # ------------------------------------------------------------------------------- full round
 @pytest.mark.parametrize("variant", ["vector", "matrix"])
 def test_round_matches_plaintext_with_the_same_bases(tiny_graph, tiny_partition, variant):
@@ -112,8 +128,10 @@ def test_round_matches_plaintext_with_the_same_bases(tiny_graph, tiny_partition,
     per_client = {c: _foreign_results(tiny_partition, c) for c in h.roster.clients}
     assert all(n > 0 for n in per_client.values())
     assert sum(per_client.values()) < sum(len(cp.needed) for cp in tiny_partition.clients)
-    assert h.server.nodes_computed == sum(per_client.values())
     assert {c: h.client(c).nodes_decrypted for c in h.roster.clients} == per_client
+    # one partial per (node, foreign owner): each checked against its owner's keys alone
+    partials = {c: _foreign_partials(tiny_partition, c) for c in h.roster.clients}
+    assert h.server.nodes_computed == sum(partials.values()) > sum(per_client.values())
     # ... from exactly the rows the plan needs, each uploaded once for each recipient
     assert h.server.ciphertexts_received == h.server.rows_released * h.server.layout.chunks
 
@@ -262,9 +280,10 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
     victim, share, s = _victim_share(h)
     node = int(share.nodes[s])
     sources = share.neighbours[s]  # the foreign sources, spool keys of the rows released to victim
-    owners = tuple(sorted({int(tiny_partition.owner[u]) for u in sources}))
     k = 1 + int(np.flatnonzero(share.foreign[s, 1:])[0])  # a foreign source other than the node
     u = int(share.bases.neighbours[s, k])
+    owners = (share.owner,)  # a partial: the rows of one owner
+    assert {int(tiny_partition.owner[j]) for j in sources} == {share.owner} == {int(tiny_partition.owner[u])}
     if attack == "coefficient":
         share.bases.p[s, 0, k] += 0.25  # what the server computes, not the bases the victim holds
     elif attack == "substituted-row":
@@ -292,19 +311,21 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
             break
         h.driver.emit(h.server.party_id, out)
         h.run()
-    err = rejected(client, h.server.encode(hit), ResultRejectedError, rf"node {node}")
+    err = refused_for_good(client, h.server.encode(hit), ResultRejectedError, rf"node {node}")
     assert err.node == node and err.owners == owners and isinstance(err, PayloadError)
     assert str(list(owners)) in str(err)
     # the text is the same whichever check failed and carries no decrypted value (an engine may send
     # it to the server: a norm or a tag miss in it would make each forgery a decryption query)
     assert str(err) == str(ResultRejectedError(node, owners))
     assert ("norm" if attack == "amplified" else "tag off by") in err.detail
-    # the round goes on without that batch: the victim ends with no encodings, the others with theirs
+    # the round goes on without the victim: it refuses everything after its refusal (one try per
+    # forger, not one probe per message); the others end with their encodings
     h.driver.strict = False
     h.driver.emit(h.server.party_id, [m for m in out if m is not hit])
     h.run()
-    assert client.encodings is None and client.state is ClientState.AWAIT_ENCODINGS
-    assert any(pid == victim and "incomplete" in str(e) for pid, e in h.driver.rejected)
+    assert client.encodings is None and client.state is ClientState.ABORTED
+    late = [e for pid, e in h.driver.rejected if pid == victim]
+    assert late and all(isinstance(e, StateError) for e in late)
     assert all(h.client(c).done for c in h.roster.clients if c != victim)
 
 
@@ -411,7 +432,7 @@ def test_clients_refuse_check_keys_the_recipient_did_not_seal(tiny_graph, tiny_p
     # the server seals check keys of its own choosing to client 1: r's signature breaks
     mine = client._session_keys.public_bytes()
     rogue = seal_check_keys(
-        session, r, h.parties.deployment.identities[sid].signer, {1: CheckKeys.generate(bytes(32))}, {1: mine}
+        session, r, h.parties.deployment.identities[sid].signer, {1: CheckKeys.generate()}, {1: mine}
     )
     rejected(
         client, h.relay(msg, 1, sealed=rogue["sealed"], owners=rogue["owners"]), SignatureError, f"party {r}"
@@ -547,6 +568,35 @@ def test_server_refuses_uploads_the_plan_does_not_need(harness):
     )
 
 
+def test_the_server_refuses_claims_of_another_session_under_the_same_id(harness):
+    """Claims are signed over the claimer's fresh session keys: one from an earlier session that
+    reused the id (other keys), or with an edge flag changed, is refused; the genuine one passes."""
+    h = harness
+    server, sid = h.server, h.roster.server
+    _start_only(h)
+    frames = {(d.sender, peek_type(d.data)): d.data for d in h.queued()}
+    server.receive(frames[(0, KeyAnnounce.TYPE)])
+    claim = next(
+        decode_message(d.data) for d in h.queued() if d.sender == 0 and peek_type(d.data) == EdgeClaims.TYPE
+    )
+    signer = h.parties.deployment.identities[0].signer
+    session = h.parties.config.session
+    old_keys = claim_keys_digest(SessionKeys.generate().public_bytes(), bytes(32))
+    stale = signer.sign(claim_bytes(session, 0, claim.peer, claim.edges, claim.uses, old_keys))
+    body = claim.body()
+    rejected(
+        server,
+        h.craft(0, EdgeClaims, sid, **{**body, "claim_signature": stale}),
+        SignatureError,
+        "session's keys",
+    )
+    flipped = claim.uses.copy()
+    flipped[0] = 1 - flipped[0]
+    rejected(server, h.craft(0, EdgeClaims, sid, **{**body, "uses": flipped}), SignatureError)
+    server.receive(h.craft(0, EdgeClaims, sid, **body))
+    assert (0, claim.peer) in server._claims
+
+
 def test_server_refuses_inconsistent_announcements_and_roles(harness):
     h = harness  # nothing delivered yet
     server, sid = h.server, h.roster.server
@@ -572,9 +622,7 @@ def test_server_refuses_inconsistent_announcements_and_roles(harness):
     # claims: of another claimer, with a broken signature
     claim = first(0, EdgeClaims)
     rejected(server, h.craft(1, EdgeClaims, sid, **claim.body()), PayloadError, "sends party 0's claim")
-    flipped = claim.uses.copy()
-    flipped[0] = 1 - flipped[0]
-    rejected(server, h.craft(0, EdgeClaims, sid, **{**claim.body(), "uses": flipped}), SignatureError)
+    rejected(server, h.craft(0, EdgeClaims, sid, **claim.body()), StateError, "must follow its key")
     # a party that is not in the roster
     intruder = encode_message(
         UploadDone(sender=99, recipient=sid, session=session, seq=1, nodes=1, ciphertexts=1),
@@ -719,12 +767,18 @@ def test_clients_reject_bad_results_without_changing_state(harness):
     # ciphertexts under a key that is not the recipient's (correctly framed and signed)
     foreign = KeyHolderContext.generate("n4096")
     blob = next(encrypt_rows(foreign, np.zeros((1, client.layout.d)), client.layout))
-    rejected(client, results((ResultItem(item.node, (blob,) * len(item.row_blobs)),)), KeyFingerprintError)
-    short = ResultItem(item.node, item.row_blobs[:-1])
-    forwarded = ResultItem(item.node, item.row_blobs, item.row_blobs[:1])
+    rejected(
+        client,
+        results((ResultItem(item.node, item.owner, (blob,) * len(item.row_blobs)),)),
+        KeyFingerprintError,
+    )
+    short = ResultItem(item.node, item.owner, item.row_blobs[:-1])
+    own = ResultItem(item.node, c, item.row_blobs)  # a "partial" of the recipient's own rows
+    stranger = ResultItem(item.node, 1000, item.row_blobs)  # of a party owning none of the neighbours
     for items, bucket, err in (
         ((short,), target.bucket, "row ciphertexts"),
-        ((forwarded,), target.bucket, "forwarded"),
+        ((own,), target.bucket, "owns none"),
+        ((stranger,), target.bucket, "owns none"),
         ((item,), 10_000, "unknown bucket"),
         ((item, item), target.bucket, "duplicate"),
     ):
@@ -758,11 +812,15 @@ def test_a_result_under_another_recipients_key_is_refused(tiny_graph, tiny_parti
         for m in out:
             if isinstance(m, EncodingResults):
                 for item in m.items:
-                    by_node.setdefault(item.node, {})[m.recipient] = (m.bucket, item)
-    node, got = next((n, g) for n, g in sorted(by_node.items()) if len(g) >= 2)
+                    by_node.setdefault((item.node, item.owner), {})[m.recipient] = (m.bucket, item)
+    (node, _), got = next((k, g) for k, g in sorted(by_node.items()) if len(g) >= 2)  # one owner's rows
     (a, (bucket, _)), (_, (_, theirs)) = sorted(got.items())[:2]
     forged = h.craft(
-        server.party_id, EncodingResults, a, bucket=bucket, items=(ResultItem(node, theirs.row_blobs),)
+        server.party_id,
+        EncodingResults,
+        a,
+        bucket=bucket,
+        items=(ResultItem(node, theirs.owner, theirs.row_blobs),),
     )
     rejected(h.client(a), forged, KeyFingerprintError, f"node {node}")
     h.driver.emit(server.party_id, sent)
@@ -839,3 +897,19 @@ def test_config_takes_a_variant_or_its_name():
     sizes = np.array([1, 3, 3])
     assert bases_bytes("matrix", sizes, 1) == bases_bytes(MATRIX, sizes, 5) == 8 * 2 * (2 + 18 + 18)
     assert bases_bytes("vector", sizes, 2) == 8 * (2 + 18 + 18)
+
+
+# ------------------------------------------------------------------------------- partials
+@settings(max_examples=60, deadline=None)
+@given(
+    owners=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=6), min_size=1, max_size=8).filter(
+        lambda rows: len({len(r) for r in rows}) == 1
+    ),
+    me=st.integers(0, 4),
+)
+def test_foreign_owner_counts_are_the_distinct_other_owners_per_node(owners, me):
+    """How many partials a node waits for: the distinct owners of its neighbours other than the
+    recipient (a direct set count per row)."""
+    arr = np.array(owners, dtype=np.int64)
+    want = [len(set(row) - {me}) for row in owners]
+    assert foreign_owner_counts(arr, me).tolist() == want

@@ -15,7 +15,7 @@ from fedgat.app import cross_edges, owned_neighbourhoods
 from fedgat.crypto import SigningIdentity
 from fedgat.partition import make_partition
 from fedgat.protocols import EdgeClaims, GraphAnnounce, PayloadError, Roster, SignatureError
-from fedgat.protocols.messages import claim_bytes
+from fedgat.protocols.messages import KeyAnnounce, claim_bytes, claim_keys_digest
 from fedgat.protocols.pretrain_edges import (
     ClaimSet,
     LocalGraph,
@@ -304,27 +304,52 @@ def test_the_server_relays_each_owner_the_claims_it_reads_and_never_its_own():
 
 
 # ---------------------------------------------------------------------------- signatures, input
-def test_claims_are_signed_by_their_claimer():
+def _keys(party: int, seed: int = 0) -> KeyAnnounce:
+    """A key announcement of ``party`` (only the fields a claim is bound to matter here)."""
+    rng = np.random.default_rng(seed)
+    return KeyAnnounce(
+        sender=party,
+        recipient=99,
+        session=SESSION,
+        seq=1,
+        party=party,
+        hpke=rng.bytes(1216),
+        ed25519=bytes(32),
+        context_fingerprint=rng.bytes(32),
+        binding_signature=bytes(64),
+    )
+
+
+def test_claims_are_signed_by_their_claimer_under_its_session_keys():
     signers = {p: SigningIdentity.generate() for p in range(4)}
     roster = Roster(
         server=3, clients=(0, 1, 2), signing_keys={p: s.public_bytes() for p, s in signers.items()}
     )
+    keys = _keys(0)
+    digest = claim_keys_digest(keys.hpke, keys.context_fingerprint)
     edges, uses = np.array([[0, 2], [1, 3]]), np.array([1, 0])
-    sig = signers[0].sign(claim_bytes(SESSION, 0, 1, edges, uses))
+    sig = signers[0].sign(claim_bytes(SESSION, 0, 1, edges, uses, digest))
     ok = _claim(0, 1, edges, uses, sig)
-    verify_claim(ok, roster, SESSION)
+    verify_claim(ok, roster, SESSION, keys)
     for bad in (
         dataclasses.replace(ok, uses=np.array([1, 1])),  # the relaying server marks an edge used
         dataclasses.replace(ok, edges=np.array([[0, 2], [1, 4]])),
         dataclasses.replace(ok, peer=2),
-        dataclasses.replace(ok, claim_signature=signers[3].sign(claim_bytes(SESSION, 0, 1, edges, uses))),
+        dataclasses.replace(
+            ok, claim_signature=signers[3].sign(claim_bytes(SESSION, 0, 1, edges, uses, digest))
+        ),
     ):
         with pytest.raises(SignatureError, match="party 0"):
-            verify_claim(bad, roster, SESSION)
+            verify_claim(bad, roster, SESSION, keys)
     with pytest.raises(SignatureError):
-        verify_claim(ok, roster, SESSION + 1)
+        verify_claim(ok, roster, SESSION + 1, keys)
+    # a claim of an earlier session that reused the id: signed under that session's keys
+    with pytest.raises(SignatureError, match="this session's keys"):
+        verify_claim(ok, roster, SESSION, _keys(0, seed=1))
     with pytest.raises(PayloadError, match="not both clients"):
-        verify_claim(dataclasses.replace(ok, peer=3), roster, SESSION)
+        verify_claim(dataclasses.replace(ok, peer=3), roster, SESSION, keys)
+    with pytest.raises(PayloadError, match="party 1's keys"):
+        verify_claim(ok, roster, SESSION, _keys(1))
 
 
 def test_a_local_graph_refuses_inconsistent_cross_edges():

@@ -157,8 +157,7 @@ def _sealed(
 
 
 def test_each_owner_opens_exactly_its_own_check_keys(hpke):
-    seed = b"s" * 32
-    keys = {0: CheckKeys.generate(seed), 2: CheckKeys.generate(seed)}
+    keys = {0: CheckKeys.generate(), 2: CheckKeys.generate()}
     msg = _sealed(1, hpke, keys)
     assert msg.owners.tolist() == [0, 2] and all(keys[0].prf not in s for s in msg.sealed)
     for b in (0, 2):
@@ -182,11 +181,10 @@ def test_each_owner_opens_exactly_its_own_check_keys(hpke):
 
 
 def test_the_relaying_server_can_neither_replace_nor_reorder_check_keys(hpke):
-    seed = b"t" * 32
-    keys = {0: CheckKeys.generate(seed), 2: CheckKeys.generate(seed)}
+    keys = {0: CheckKeys.generate(), 2: CheckKeys.generate()}
     msg = _sealed(1, hpke, keys)
     # the server seals keys of its own choosing to owner 0 (it knows the public HPKE keys)
-    rogue = _sealed(1, hpke, {0: CheckKeys.generate(seed), 2: keys[2]})
+    rogue = _sealed(1, hpke, {0: CheckKeys.generate(), 2: keys[2]})
     swapped = dataclasses.replace(msg, sealed=(rogue.sealed[0], msg.sealed[1]))
     with pytest.raises(SignatureError, match="party 1"):
         open_check_keys(swapped, 0, hpke[0], ROSTER, SESSION)

@@ -76,6 +76,19 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "psi": (str, "FedGAT: leaky_relu (default) or smooth_leaky_relu"),
     "neighbour_cap": (str, "FedGAT: neighbours kept per node, or 'none' (default: 16 matrix, none vector)"),
     "min_cross": (int, "FedGAT: paper's minimum-cross rule k (default 0: off; the paper uses 2)"),
+    "dp_epsilon": (
+        float,
+        (
+            "FedGAT: share other clients' rows only as a DP release with this epsilon (default: off; "
+            "each owner's ledger is charged first, see --dp-budget)"
+        ),
+    ),
+    "dp_delta": (float, "FedGAT: the DP release's delta (default 1e-5)"),
+    "dp_dim": (int, "FedGAT: dimension of the projection the DP release adds noise to (default 64)"),
+    "dp_ledger_dir": (
+        str,
+        "FedGAT: folder of the owners' DP ledgers (default $FEDGAT_DP_LEDGER_DIR or ~/.fedgat/dp_ledger)",
+    ),
 }
 
 
@@ -94,6 +107,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hyper-parameters (default: the method's own)")
     for dest, (kind, text) in _HPARAM_FLAGS.items():
         group.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, default=None, help=text)
+    group.add_argument(
+        "--dp-budget",
+        dest="dp_budget",
+        type=float,
+        nargs=2,
+        metavar=("EPSILON", "DELTA"),
+        default=None,
+        help="FedGAT with --dp-epsilon: the total (epsilon, delta) an owner's ledger allows, needed "
+        "the first time an owner releases (every seed's release is charged and composed)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--history", action="store_true", help="include per-round metrics in the JSON")
     parser.add_argument(
@@ -141,7 +164,14 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
             f"--engine {args.engine} runs FedGAT's protocol; {args.method} trains in process only "
             "(leave --engine out)"
         )
-    overrides = {k: getattr(args, k) for k in _HPARAM_FLAGS if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in (*_HPARAM_FLAGS, "dp_budget") if getattr(args, k) is not None}
+    if "dp_budget" in overrides:
+        overrides["dp_budget"] = tuple(overrides["dp_budget"])
+    dp_flags = [f for f in ("dp_delta", "dp_dim", "dp_budget", "dp_ledger_dir") if f in overrides]
+    if dp_flags and "dp_epsilon" not in overrides:
+        named = ", ".join("--" + f.replace("_", "-") for f in dp_flags)
+        raise UsageError(f"{named}: only for a DP release; add --dp-epsilon")
+    _check_dp(overrides)
     if "neighbour_cap" in overrides:
         overrides["neighbour_cap"] = parse_cap(overrides["neighbour_cap"])
     try:
@@ -149,6 +179,20 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return overrides, hparams
+
+
+def _check_dp(overrides: dict) -> None:
+    """The DP flags' ranges (the release itself refuses the same, but only after loading the data)."""
+    eps, delta = overrides.get("dp_epsilon"), overrides.get("dp_delta")
+    if eps is not None and not (math.isfinite(eps) and eps > 0):
+        raise UsageError(f"--dp-epsilon must be a number > 0, got {eps}")
+    if delta is not None and not 0 < delta < 1:
+        raise UsageError(f"--dp-delta must be in (0, 1), got {delta}")
+    if overrides.get("dp_dim") is not None and overrides["dp_dim"] < 1:
+        raise UsageError(f"--dp-dim must be >= 1, got {overrides['dp_dim']}")
+    budget = overrides.get("dp_budget")
+    if budget is not None and not (math.isfinite(budget[0]) and budget[0] > 0 and 0 < budget[1] < 1):
+        raise UsageError(f"--dp-budget needs EPSILON > 0 and 0 < DELTA < 1, got {budget[0]} {budget[1]}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -255,6 +299,8 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
     """The JSON summary (without ``per_seed``). Standard deviations are sample ones (ddof 1)."""
     acc = [r.test_accuracy for r in results]
     val = [r.best_val_accuracy for r in results]
+    spent = [r.dp_spent for r in results if r.dp_spent is not None]
+    dp = {} if not spent else {"epsilon_spent": max(e for e, _ in spent), "delta": spent[0][1]}
     return {
         "method": args.method,
         "dataset": dataset,
@@ -268,6 +314,7 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
         "pretrain_bytes": statistics.fmean(r.pretrain_bytes for r in results),
         "train_seconds": statistics.fmean(r.train_seconds for r in results),
         "rounds_mean": statistics.fmean(r.rounds for r in results),
+        **dp,
         "hparams": hparams,
         "rows": [
             {
@@ -293,6 +340,8 @@ def format_table(summary: dict) -> str:
     if summary["clients"] > 1 and "strategy" in hp:
         extra += f", {hp['strategy']}"
     split = f"owners from {summary['owners']}" if summary.get("owners") else f"beta {summary['beta']:g}"
+    if hp.get("dp_epsilon") is not None:
+        extra += f", DP release epsilon {hp['dp_epsilon']:g} per run"
     head = f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), {split}{extra}"
     cols = f"{'seed':>6} {'test acc':>9} {'best val':>9} {'best rnd':>9} {'rounds':>7} {'pretrain MB':>12} {'train s':>8}"
     lines = [head, cols, "-" * len(cols)]
@@ -309,6 +358,11 @@ def format_table(summary: dict) -> str:
         f"{'':>9} {summary['rounds_mean']:>8.0f} {summary['pretrain_bytes'] / 1e6:>12.1f} "
         f"{summary['train_seconds']:>8.1f}"
     )
+    if "epsilon_spent" in summary:
+        lines.append(
+            f"DP: the owners' ledgers have spent up to (epsilon {summary['epsilon_spent']:.3g}, "
+            f"delta {summary['delta']:g}) on their rows, all releases so far composed"
+        )
     if not math.isnan(std):
         lines.append(
             f"test accuracy {summary['test_accuracy_mean']:.3f} +- {std:.3f} over "

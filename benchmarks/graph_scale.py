@@ -1,0 +1,398 @@
+"""Graph scale: how FedGAT's time, memory and bytes grow with the graph, 10k to 169k nodes.
+
+    python benchmarks/graph_scale.py                        # 10k, 20k, 40k, 80k, 169,343 nodes
+    python benchmarks/graph_scale.py --quick                # 200 and 400 nodes (a smoke run)
+    python benchmarks/graph_scale.py --nodes 10000 20000 --encrypted-max-nodes 20000
+
+Every size is a synthetic graph (:func:`fedgat.synthetic.synthetic_graph`, no download) with
+ogbn-arxiv's shape: 128 features, 40 classes, mean degree 13.77 (ogbn-arxiv's 1,166,243 edges over
+169,343 nodes, both directions stored), homophily 0.65; the splits scale with the graph. It is split
+among ``--clients`` (default 10) clients (Dirichlet beta 1e4, i.e. ~iid, 2 layers), and, in a fresh
+subprocess per size and mode (so that one run's memory does not leak into the next):
+
+* ``plain``: **plaintext pre-training** (:func:`fedgat.pipeline.run_plaintext_pretraining`, vector
+  variant: the same server plan and bases as the encrypted round, computed in the clear), then
+  **training**: ``--rounds`` FedAvg rounds of FedGAT through the protocol
+  (:func:`fedgat.pipeline.train_fedgat`, no early stop);
+* ``encrypted``: the **encrypted pre-training round** (:func:`fedgat.pipeline.run_encrypted_pretraining`,
+  vector variant, n4096, the server's work on a pool of every core), for sizes up to
+  ``--encrypted-max-nodes``.
+
+Each phase (``build``: graph; ``partition``; ``plaintext_pretrain``; ``train``; ``encrypted_pretrain``)
+reports wall seconds and its peak RSS, sampled every 20 ms by a thread in the subprocess (the process's
+RSS, so what earlier phases left allocated counts; the graph and partition stay alive throughout).
+Bytes: encrypted round and training, the frames on the wire (up: clients -> server); plaintext
+pre-training has no wire, so its bytes are the float32 size of the same traffic (every feature row up
+once, the clients' encodings down). The growth exponent of a phase between two consecutive sizes is
+``log(y2 / y1) / log(E2 / E1)`` with ``E`` the stored (directed) edge count: 1 is linear in edges.
+
+Writes ``graph_scale.json``, ``graph_scale.md`` and ``graph_scale.png`` (``graph_scale_quick.*`` with
+``--quick``) into ``--out`` (default ``benchmarks/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+#: ogbn-arxiv: 169,343 nodes, 1,166,243 edges (stored in both directions here), 128 features, 40 classes
+ARXIV_NODES = 169_343
+ARXIV_EDGES = 1_166_243
+ARXIV_DEGREE = 2 * ARXIV_EDGES / ARXIV_NODES
+ARXIV_FEATURES = 128
+ARXIV_CLASSES = 40
+ARXIV_HOMOPHILY = 0.65
+NODES = (10_000, 20_000, 40_000, 80_000, ARXIV_NODES)
+QUICK_NODES = (200, 400)
+PHASES = ("build", "partition", "plaintext_pretrain", "train", "encrypted_pretrain")
+MODES = ("plain", "encrypted")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakSampler:
+    """Peak RSS of this process since the last :meth:`reset`, sampled by a daemon thread."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, _rss())
+
+    def reset(self) -> None:
+        self.peak = _rss()
+
+    def read(self) -> int:
+        self.peak = max(self.peak, _rss())
+        return self.peak
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def arxiv_like(nodes: int, seed: int = 0):
+    """A synthetic graph of ``nodes`` nodes with ogbn-arxiv's degree, features and classes."""
+    from fedgat.synthetic import synthetic_graph
+
+    classes = min(ARXIV_CLASSES, max(2, nodes // 50))
+    return synthetic_graph(
+        num_nodes=nodes,
+        num_classes=classes,
+        num_features=ARXIV_FEATURES,
+        avg_degree=ARXIV_DEGREE,
+        homophily=ARXIV_HOMOPHILY,
+        train_per_class=max(2, min(nodes // classes // 4, nodes // 20 // classes)),
+        num_val=nodes // 10,
+        num_test=nodes // 10,
+        seed=seed,
+    )
+
+
+def one(mode: str, nodes: int, clients: int, rounds: int, seed: int) -> dict:
+    """One size and mode, in this process; returns its measurements."""
+    import torch
+
+    from fedgat.partition import make_partition
+    from fedgat.pipeline import run_encrypted_pretraining, run_plaintext_pretraining, train_fedgat
+
+    sampler = PeakSampler()
+    out: dict = {"mode": mode, "nodes": nodes, "clients": clients, "threads": torch.get_num_threads()}
+    phases: dict[str, dict] = {}
+
+    def phase(name: str, start: float, **extra) -> None:
+        phases[name] = {"seconds": round(time.perf_counter() - start, 3), "peak_rss": sampler.read(), **extra}
+
+    sampler.reset()
+    start = time.perf_counter()
+    graph = arxiv_like(nodes, seed)
+    phase("build", start)
+    out["edges"] = int(graph.edge_index.shape[1])
+    out["features"] = int(graph.x.shape[1])
+    out["classes"] = int(graph.num_classes)
+
+    sampler.reset()
+    start = time.perf_counter()
+    partition = make_partition(graph, clients, beta=1e4, seed=seed, num_layers=2)
+    phase("partition", start)
+    out["cross_client_edges"] = sum(c.cross_edges for c in partition.clients)
+
+    if mode == "plain":
+        sampler.reset()
+        start = time.perf_counter()
+        encodings = run_plaintext_pretraining(graph, partition, "vector", seed)
+        down = sum(e.nbytes(4) for e in encodings.values())
+        up = int(graph.x.numel()) * 4
+        phase("plaintext_pretrain", start, bytes_up=up, bytes_down=down, float32_equivalent=True)
+        sampler.reset()
+        start = time.perf_counter()
+        run = train_fedgat(
+            graph, partition, encodings, seed=seed, progress=False, rounds=rounds, patience=None
+        )
+        phase("train", start, bytes_up=run.bytes_up, bytes_down=run.bytes_down, rounds=run.fit.rounds)
+        out["test_accuracy"] = run.fit.test_accuracy
+    else:
+        sampler.reset()
+        start = time.perf_counter()
+        pre = run_encrypted_pretraining(graph, partition, "vector", "n4096", seed=seed, progress=False)
+        phase(
+            "encrypted_pretrain",
+            start,
+            bytes_up=pre.bytes_up,
+            bytes_down=pre.bytes_down,
+            round_seconds=round(pre.wall_seconds, 3),
+            server_workers=pre.server_workers,
+            multiply_adds=pre.multiply_adds,
+            ciphertexts_up=pre.ciphertexts_up,
+            ciphertexts_down=pre.ciphertexts_down,
+            phases={k: round(v, 3) for k, v in pre.phases.items()},
+        )
+    sampler.stop()
+    out["phases"] = phases
+    out["peak_rss"] = max(p["peak_rss"] for p in phases.values())
+    return out
+
+
+def _child(args: argparse.Namespace, mode: str, nodes: int) -> dict:
+    cmd = [sys.executable, __file__, "--one", mode, str(nodes)]
+    cmd += ["--clients", str(args.clients), "--rounds", str(args.rounds), "--seed", str(args.seed)]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MPLBACKEND": "Agg"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-5:]
+        return {"mode": mode, "nodes": nodes, "error": tail}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def slope(x1: float, y1: float, x2: float, y2: float) -> float | None:
+    """Log-log slope ``log(y2/y1) / log(x2/x1)`` (None where undefined)."""
+    if min(x1, y1, x2, y2) <= 0 or x1 == x2:
+        return None
+    return math.log(y2 / y1) / math.log(x2 / x1)
+
+
+def growth(runs: list[dict]) -> list[dict]:
+    """Growth exponents of every phase's seconds and peak RSS vs edges, between consecutive sizes."""
+    rows = []
+    for name in PHASES:
+        pts = sorted(
+            ((r["edges"], r["phases"][name]) for r in runs if "error" not in r and name in r["phases"]),
+            key=lambda p: p[0],
+        )
+        seen: dict[int, dict] = {}
+        for e, p in pts:  # build and partition run in both modes: keep the first of each size
+            seen.setdefault(e, p)
+        pts = sorted(seen.items())
+        for (e1, p1), (e2, p2) in itertools.pairwise(pts):
+            t = slope(e1, p1["seconds"], e2, p2["seconds"])
+            m = slope(e1, p1["peak_rss"], e2, p2["peak_rss"])
+            rows.append(
+                {
+                    "phase": name,
+                    "edges_from": e1,
+                    "edges_to": e2,
+                    "time_slope": None if t is None else round(t, 3),
+                    "rss_slope": None if m is None else round(m, 3),
+                }
+            )
+    return rows
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f}"
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def write_markdown(result: dict, path: Path) -> None:
+    runs = [r for r in result["runs"] if "error" not in r]
+    lines = [
+        "# Graph scale: time, memory and bytes vs graph size",
+        "",
+        (
+            f"Synthetic ogbn-arxiv-like graphs ({ARXIV_FEATURES} features, up to {ARXIV_CLASSES} classes, mean "
+            f"degree {ARXIV_DEGREE:.2f}, homophily {ARXIV_HOMOPHILY}), {result['clients']} clients (~iid), vector "
+            f"encodings; encrypted round at n4096 up to {result['encrypted_max_nodes']} nodes; {result['rounds']} "
+            f"FedAvg rounds. Machine: {result['cpus']} CPU(s), {result['memory_gib']} GiB RAM, "
+            f"{result['platform']}; {result['date']}. Command: `{result['command']}`."
+        ),
+        "",
+        (
+            "**Timings were taken on a shared machine, under load from other jobs** (load average "
+            f"{result['load_before']} before, {result['load_after']} after); the growth exponents compare sizes "
+            "within this run."
+        ),
+        "",
+        "| nodes | edges | phase | seconds | peak RSS GiB | bytes up MiB | bytes down MiB |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in sorted(runs, key=lambda r: (r["nodes"], r["mode"] != "plain")):
+        for name in PHASES:
+            p = r["phases"].get(name)
+            if p is None or (r["mode"] == "encrypted" and name in ("build", "partition")):
+                continue
+            note = " (float32)" if p.get("float32_equivalent") else ""
+            lines.append(
+                f"| {r['nodes']} | {r['edges']} | {name} | {p['seconds']:.2f} | {_gib(p['peak_rss'])} | "
+                f"{_mib(p.get('bytes_up'))}{note} | {_mib(p.get('bytes_down'))}{note} |"
+            )
+    lines += [
+        "",
+        "Growth exponents (log-log slope vs edges between consecutive sizes; 1 = linear):",
+        "",
+        "| phase | edges from | edges to | time slope | RSS slope |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for g in result["growth"]:
+        lines.append(
+            f"| {g['phase']} | {g['edges_from']} | {g['edges_to']} | {g['time_slope']} | {g['rss_slope']} |"
+        )
+    errors = [r for r in result["runs"] if "error" in r]
+    if errors:
+        lines += ["", "Failed runs:"] + [f"- {r['mode']} / {r['nodes']} nodes: {r['error']}" for r in errors]
+    skipped = result.get("encrypted_skipped", [])
+    if skipped:
+        lines += ["", f"Encrypted round not run (above `--encrypted-max-nodes`): {skipped} nodes."]
+    if result.get("notes"):
+        lines += ["", result["notes"]]
+    lines += [
+        "",
+        (
+            "Peak RSS is the subprocess's RSS sampled every 20 ms during the phase (graph and partition stay "
+            "allocated). Each size and mode runs in its own subprocess; build and partition are shown once per "
+            "size (from the plaintext run). Plaintext pre-training bytes are the float32 size of the same traffic "
+            "(feature rows up once, encodings down), not frames."
+        ),
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    runs = [r for r in result["runs"] if "error" not in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, style in zip(PHASES, ("o-", "s-", "^-", "v-", "D--")):
+        pts = {}
+        for r in runs:
+            if name in r["phases"]:
+                pts.setdefault(r["edges"], r["phases"][name])
+        if not pts:
+            continue
+        e = sorted(pts)
+        axes[0].plot(e, [pts[k]["seconds"] for k in e], style, label=name)
+        axes[1].plot(e, [pts[k]["peak_rss"] / 2**30 for k in e], style, label=name)
+    for ax, title in zip(axes, ("wall seconds", "peak RSS (GiB)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(title)
+        ax.set_xlabel("edges (directed)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"FedGAT vs graph size, {result['clients']} clients, {result['cpus']} shared CPUs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _memory_gib() -> float | None:
+    try:
+        return round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1)
+    except (ValueError, OSError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument(
+        "--nodes", type=int, nargs="+", default=None, help="graph sizes (default 10k..169,343)"
+    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds (default 3; --quick 1)")
+    parser.add_argument(
+        "--encrypted-max-nodes",
+        type=int,
+        default=None,
+        help="largest size for the encrypted round (default 20000; --quick 200)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 200 and 400 nodes")
+    parser.add_argument("--notes", default="", help="a paragraph for the Markdown (what ran where)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--one", nargs=2, metavar=("MODE", "NODES"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.encrypted_max_nodes is None:
+        args.encrypted_max_nodes = QUICK_NODES[0] if args.quick else 20_000
+    if args.one:
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.clients, args.rounds, args.seed)))
+        return 0
+    sizes = sorted(args.nodes or (QUICK_NODES if args.quick else NODES))
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    runs, skipped = [], []
+    for n in sizes:
+        for mode in args.modes:
+            if mode == "encrypted" and n > args.encrypted_max_nodes:
+                skipped.append(n)
+                continue
+            run = _child(args, mode, n)
+            runs.append(run)
+            print(json.dumps(run), flush=True)
+    result = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join(
+            ["python benchmarks/graph_scale.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "platform": platform.platform(),
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "encrypted_max_nodes": args.encrypted_max_nodes,
+        "encrypted_skipped": skipped,
+        "notes": args.notes,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "total_seconds": round(time.perf_counter() - start, 1),
+        "runs": runs,
+    }
+    result["growth"] = growth(runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "graph_scale_quick" if args.quick else "graph_scale"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_markdown(result, args.out / f"{stem}.md")
+    plot(result, args.out / f"{stem}.png")
+    print(f"wrote {args.out / stem}.json/.md/.png in {result['total_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
