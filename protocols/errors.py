@@ -56,6 +56,7 @@ __all__ = [
     "KeyFingerprintError",
     "MissingPartyError",
     "PayloadError",
+    "PrivacyBudgetError",
     "ProtocolError",
     "QuorumError",
     "ReplayError",
@@ -63,6 +64,7 @@ __all__ = [
     "SignatureError",
     "SizeLimitError",
     "StateError",
+    "TrainingRefusedError",
     "UnknownTypeError",
     "VersionError",
     "WrongRecipientError",
@@ -154,6 +156,35 @@ class ResultRejectedError(PayloadError):
         self.node = node
         self.owners = owners
         self.detail = detail
+
+
+class TrainingRefusedError(PayloadError):
+    """Local training or evaluation on a global model gave values a client cannot send (NaN,
+    infinite, or above the wire's bounds): the model is refused and the client rolled back.
+
+    The text is the same whatever failed and names no value: the values come from training on the
+    client's private data, and an engine may send the text back to the server (see
+    :class:`ResultRejectedError`). ``detail`` keeps them for local logs only. Terminal: the client
+    leaves the run at the first refusal, so a server choosing weights learns one bit per client and
+    session, not one per probe.
+    """
+
+    terminal = True
+
+    def __init__(self, round_: int, *, detail: str = "") -> None:
+        super().__init__(
+            f"GlobalModel of round {round_}: local training or evaluation on it gave values this client "
+            "cannot send; the model is refused and the client leaves the run"
+        )
+        self.round = round_
+        self.detail = detail
+
+
+class PrivacyBudgetError(StateError):
+    """The server asked a client to train in more rounds than its DP-FedAvg budget pays for
+    (:class:`fedgat.dp_fedavg.UpdateDP`): nothing is sent and, terminal, the client leaves the run."""
+
+    terminal = True
 
 
 class FaultError(ProtocolError):

@@ -9,32 +9,44 @@ messages, signatures, secure aggregation, deadlines, quorum and checkpoints. Wit
 aggregation, given the same seeds, they produce bit-identical weights and histories (tested).
 :class:`ClientRounds` lives in :mod:`fedgat.protocols.fedavg_client` (re-exported here).
 
-Messages of round ``t``: ``GlobalModel(round=t, fit, splits)`` to every client -- ``fit`` for the
-clients sampled in round ``t``, ``splits=("val",)`` to evaluate the same weights, which are the result
-of round ``t - 1``: one download serves both. Clients answer ``EvaluationReport`` and, if sampled,
-``LocalUpdate`` (plaintext) or ``SecAggAdvert`` (secure aggregation, below). When round ``t - 1``'s pooled validation accuracy is a new best, the server asks for
-the test split on the same weights (``EvaluateRequest``), as :meth:`~fedgat.federated.Server.fit`
-evaluates the test split only then. If round ``t - 1`` is the last (``rounds`` reached or early
-stopping), the round-``t`` updates already under way are received and dropped.
+Messages of round ``t``: ``GlobalModel(round=t, fit, splits)`` -- ``fit`` for the clients sampled in
+round ``t``, and, to every client, ``splits`` to evaluate the same weights, which are the result of
+round ``t - 1``: one download serves both. If round ``t - 1`` is the last (``rounds`` reached or
+early stopping), the round-``t`` updates already under way are dropped.
 
-Secure aggregation (default, ``secagg``; :mod:`~fedgat.protocols.secagg`): updates reach the
-server only as their sum. A fit round runs four stages after the GlobalModel
-(:mod:`~fedgat.protocols.secagg_server`): **advertise keys** (SecAggAdvert: round keys, bound to the
-digest of the model received), **share keys** (SecAggCohort out, SecAggShares back, relayed sealed as
-SecAggRelay), **masked input** (SecAggMasked) and **unmask** (SecAggUnmaskRequest, SecAggUnmaskShares).
-Each client masks :math:`(n_k w_k, n_k, n_k L_k)` in fixed point; the server decodes the sums over
-the survivors and hands the mean to :meth:`fedgat.rounds.RoundLoop.on_aggregate` (FedAvg, FedProx,
-FedAdam). The server still learns the global models (it makes them), who was sampled and who dropped
-out at which stage, the aggregate, and every client's evaluation counts (EvaluationReport, in
-plaintext). With ``secagg=None`` updates travel in plaintext (LocalUpdate), as in plain FedAvg.
+Secure aggregation (default, ``secagg``; :mod:`~fedgat.protocols.secagg`): updates and evaluation
+counts reach the server only as sums. Every client that receives a GlobalModel takes part in the
+round's secure sum with the vector of :func:`~fedgat.protocols.fedavg_client.secure_vector`:
+:math:`(n_k w_k, n_k, n_k L_k)` if it was sampled (zeros otherwise), then its ``(correct, count,
+loss_sum)`` on the splits of :data:`~fedgat.protocols.fedavg_client.SECURE_SPLITS` (validation and
+test, so the test counts of a new best are already in the sum). The round runs four stages after
+the GlobalModel (:mod:`~fedgat.protocols.secagg_server`): **advertise keys** (SecAggAdvert: round
+keys, bound to the digest of the model received), **share keys** (SecAggCohort out, SecAggShares
+back, relayed sealed as SecAggRelay), **masked input** (SecAggMasked) and **unmask**
+(SecAggUnmaskRequest, SecAggUnmaskShares). The server decodes the sums over the survivors, hands the
+pooled counts to :meth:`fedgat.rounds.RoundLoop.on_reports` and the sampled survivors' mean to
+:meth:`~fedgat.rounds.RoundLoop.on_aggregate` (FedAvg, FedProx, FedAdam). After the last round, one
+more secure round carries the counts of the final weights (no client trains). The server learns the
+global models (it makes them), who was sampled and who dropped out at which stage, the aggregate
+and the pooled counts; a client answers no ``EvaluateRequest`` and sends no ``EvaluationReport``.
 Weights match :meth:`~fedgat.federated.Server.fit` (which aggregates in the clear) to float64
-rounding of the mean, not bit for bit.
+rounding of the mean, not bit for bit; histories match.
+
+With ``secagg=None`` updates travel in plaintext (``LocalUpdate``, as in plain FedAvg) and every
+client answers ``EvaluationReport``; when round ``t - 1``'s pooled validation accuracy is a new best,
+the server asks for the test split on the same weights (``EvaluateRequest``), as
+:meth:`~fedgat.federated.Server.fit` evaluates the test split only then.
+
+Refusals: local training or evaluation that gives values a client cannot send raises
+:class:`~fedgat.protocols.errors.TrainingRefusedError` -- a constant text (the values come from
+private data), and terminal: the client leaves the run.
 
 Faults (:class:`RoundTimeouts`, time given by :meth:`~fedgat.protocols.party.Party.tick`): when the
 ``fit`` deadline of a round passes, the server aggregates the updates that arrived -- FedAvg over
 the clients that answered, weights renormalised over them -- provided at least
 ``min_participation`` of the sampled clients answered; the ``evaluate`` deadline pools the reports
-that arrived under the same rule. Below the minimum the run stops with a
+that arrived under the same rule (plaintext rounds; under secure aggregation the ``fit`` deadline
+covers the round's one secure sum, counts included). Below the minimum the run stops with a
 :class:`~fedgat.protocols.errors.QuorumError` naming the round, the phase and the missing clients.
 Under secure aggregation the ``fit`` deadline applies to each stage: the keys stage needs
 ``max(min_cohort, min_participation)`` advertisers, every later stage the threshold :math:`t`
@@ -65,6 +77,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedgat.checkpoint import Checkpoint, CheckpointMismatchError
+from fedgat.dp_fedavg import UpdateDP
 from fedgat.federated import ClientUpdate, Counts, StateDict
 from fedgat.rounds import RoundLoop
 from fedgat.strategies import ServerStrategy
@@ -82,6 +95,7 @@ from .errors import (
 from .fedavg_client import (
     DEFAULT_SECAGG,
     FRAME_OVERHEAD,
+    SECURE_SPLITS,
     ClientRounds,
     RoundsState,
     check_arrays,
@@ -148,6 +162,9 @@ class ServerRounds(LoopView, SecureRounds, Party):
         max_nodes: largest ``num_train`` or evaluation ``count`` a client may announce.
         secagg: secure aggregation (default :data:`~fedgat.protocols.fedavg_client.DEFAULT_SECAGG`);
             None: plaintext LocalUpdates. The clients must run the same setting.
+        update_dp: the clients' DP-FedAvg settings (:class:`fedgat.dp_fedavg.UpdateDP`; the clients
+            clip and noise, the server only records): the history's ``train_loss`` is NaN (not sent)
+            and :attr:`dp_epsilon` states what the rounds so far spent.
     """
 
     def __init__(
@@ -169,8 +186,10 @@ class ServerRounds(LoopView, SecureRounds, Party):
         min_participation: float = 0.5,
         max_nodes: int = MAX_NODES,
         secagg: SecAggConfig | None = DEFAULT_SECAGG,
+        update_dp: UpdateDP | None = None,
     ) -> None:
         super().__init__(party_id, roster, session, identity.signer)
+        self.update_dp = update_dp
         if not 0 < min_participation <= 1:
             raise ValueError(f"min_participation must lie in (0, 1], got {min_participation!r}")
         self.timeouts = timeouts if timeouts is not None else RoundTimeouts()
@@ -244,18 +263,25 @@ class ServerRounds(LoopView, SecureRounds, Party):
         return self._send_round(1, self._sample(), ())
 
     def _send_round(self, t: int, fit: list[int], splits: tuple[str, ...]) -> list[Message]:
+        """Round ``t``'s GlobalModel: ``fit`` for the clients in ``fit``, and, if ``splits``, to every
+        client for the evaluation of the same weights. Under secure aggregation every recipient takes
+        part in the round's secure sum and evaluates :data:`SECURE_SPLITS` (the loop still reads only
+        ``splits``, and the test split only after a new best)."""
         arrays = state_to_arrays(self.global_state)
+        secure = self.secagg is not None
+        sent = SECURE_SPLITS if secure and splits else splits
+        recipients = [c for c in self.clients if c in fit or splits]
         out = [
-            self._new(GlobalModel, c, round=t, fit=c in fit, splits=splits, arrays=arrays)
-            for c in self.clients
-            if c in fit or splits
+            self._new(GlobalModel, c, round=t, fit=c in fit, splits=sent, arrays=arrays) for c in recipients
         ]
         self._fit_round, self._sampled, self._updates = (t, list(fit), {}) if fit else (0, [], {})
         self._missing["fit"] = []
-        self._start_secure(t, fit, arrays)
-        if fit:
+        self._start_secure(t, recipients if secure else [], arrays)
+        if fit or (secure and recipients):
             self._arm("fit", self.timeouts.fit)
-        if splits:
+        if splits and secure:
+            self._eval_splits, self._missing["eval"] = tuple(splits), []
+        elif splits:
             self._expect(t, splits)
         self._boundary = (t, list(fit), tuple(splits))
         return out
@@ -270,8 +296,8 @@ class ServerRounds(LoopView, SecureRounds, Party):
         sec = self._secure
         if (
             self.state is not RoundsState.RUNNING
-            or not self._fit_round
-            or (len(self._updates) == len(self._sampled) if sec is None else sec.stage == "done")
+            or (sec is None and (not self._fit_round or len(self._updates) == len(self._sampled)))
+            or (sec is not None and sec.stage == "done")
         ):
             self._disarm("fit")
         if (
@@ -373,6 +399,10 @@ class ServerRounds(LoopView, SecureRounds, Party):
 
     def _on_report(self, msg: EvaluationReport) -> list[Message]:
         self._from_client(msg)
+        if self.secagg is not None:
+            raise ConfigMismatchError(
+                f"party {msg.sender} sent a plaintext EvaluationReport; this server runs secure aggregation"
+            )
         if msg.round != self._eval_round or self._eval_round == 0:
             raise ReplayError(f"report for round {msg.round}; the server awaits round {self._eval_round}")
         if msg.sender not in self._asked:

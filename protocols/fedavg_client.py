@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import enum
+import math
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -19,10 +21,19 @@ from fedgat.checkpoint import (
     optimizer_to_checkpoint,
     tensors_to_arrays,
 )
+from fedgat.dp_fedavg import UpdateBudgetError
 from fedgat.federated import Client, ClientUpdate, NonFiniteUpdateError, StateDict
-from fedgat.rounds import exact_weights
+from fedgat.rounds import Counts, exact_weights
 
-from .errors import AuthError, ConfigMismatchError, PayloadError, ReplayError, StateError
+from .errors import (
+    AuthError,
+    ConfigMismatchError,
+    PayloadError,
+    PrivacyBudgetError,
+    ReplayError,
+    StateError,
+    TrainingRefusedError,
+)
 from .messages import Abort, EvaluateRequest, EvaluationReport, GlobalModel, LocalUpdate, Message, SplitCounts
 from .messages_rounds import check_weights
 from .messages_secagg import (
@@ -46,8 +57,10 @@ __all__ = [
     "CLIENT_KIND",
     "DEFAULT_SECAGG",
     "FRAME_OVERHEAD",
+    "SECURE_SPLITS",
     "ClientRounds",
     "RoundsState",
+    "secure_length",
     "secure_mean",
     "secure_vector",
     "state_to_arrays",
@@ -58,6 +71,8 @@ FRAME_OVERHEAD = 64 * 1024
 CLIENT_KIND = "fedgat.fedavg.client"
 #: secure aggregation as ServerRounds and ClientRounds run it unless told otherwise (None: off)
 DEFAULT_SECAGG = SecAggConfig()
+#: the splits whose counts every secure input carries (their sum is all the server learns of them)
+SECURE_SPLITS = ("val", "test")
 # the secure-aggregation stages' framing and checks are timed as their own phase
 PHASES.update(dict.fromkeys(SECAGG_MESSAGES, "secagg"))
 
@@ -69,34 +84,59 @@ def model_frame_limit(state: StateDict, clients: int = 0, secure: bool = False) 
     plain = sum(t.numel() * 4 + 4 * t.dim() + 256 for t in state.values()) + FRAME_OVERHEAD
     if not secure:
         return plain
-    masked = 16 * (sum(t.numel() for t in state.values()) + 2) + 256 * clients + FRAME_OVERHEAD
+    masked = 16 * secure_length(state) + 256 * clients + FRAME_OVERHEAD
     return max(plain, masked)
 
 
-def secure_vector(update: ClientUpdate, reference: StateDict) -> np.ndarray:
+def secure_vector(
+    update: ClientUpdate | None, reference: StateDict, counts: Mapping[str, Counts] | None = None
+) -> np.ndarray:
     """A client's input to secure aggregation, float64: :math:`(n_k w_k, n_k, n_k L_k)` -- its weights
-    (in ``reference``'s order, flattened) and its loss scaled by its weight, then the weight itself.
-    A client without training nodes sends zeros (it adds nothing, and the server cannot tell)."""
-    n = update.num_train
+    (in ``reference``'s order, flattened) and its loss scaled by its weight, then the weight itself --
+    followed by its evaluation counts ``(correct, count, loss_sum)`` of each split of
+    :data:`SECURE_SPLITS` on the weights it received (zeros for a split not evaluated). A client that
+    does not train (``update`` None, or no training nodes) sends zeros in the first part: it adds
+    nothing there, and the server cannot tell."""
     size = sum(t.numel() for t in reference.values())
-    if n == 0:
-        return np.zeros(size + 2)
-    flat = np.concatenate([a.astype(np.float64).ravel() for a in state_to_arrays(update.state).values()])
-    return np.concatenate([flat * n, [n, n * update.loss]])
+    head = np.zeros(size + 2)
+    if update is not None and update.num_train > 0:
+        n = update.num_train
+        flat = np.concatenate([a.astype(np.float64).ravel() for a in state_to_arrays(update.state).values()])
+        loss = n * update.loss if math.isfinite(update.loss) else 0.0  # NaN: not sent (DP-FedAvg)
+        head = np.concatenate([flat * n, [n, loss]])
+    tail = np.zeros(3 * len(SECURE_SPLITS))
+    for i, split in enumerate(SECURE_SPLITS):
+        if counts is not None and split in counts:
+            tail[3 * i : 3 * i + 3] = tuple(counts[split])
+    return np.concatenate([head, tail])
 
 
-def secure_mean(sums: np.ndarray, reference: StateDict) -> tuple[StateDict | None, float, float]:
-    """``(mean state, total weight, weighted loss sum)`` from the decoded sum of :func:`secure_vector`
-    inputs: the weighted mean cast to ``reference``'s dtypes (None when the total weight is 0)."""
-    total, loss_sum = float(sums[-2]), float(sums[-1])
+def secure_length(reference: StateDict) -> int:
+    """Elements of a :func:`secure_vector` for a model shaped as ``reference``."""
+    return sum(t.numel() for t in reference.values()) + 2 + 3 * len(SECURE_SPLITS)
+
+
+def secure_mean(
+    sums: np.ndarray, reference: StateDict
+) -> tuple[StateDict | None, float, float, dict[str, Counts]]:
+    """``(mean state, total weight, weighted loss sum, pooled counts)`` from the decoded sum of
+    :func:`secure_vector` inputs: the weighted mean cast to ``reference``'s dtypes (None when the
+    total weight is 0) and, per split of :data:`SECURE_SPLITS`, the summed counts (integers rounded
+    from the fixed-point sum)."""
+    size = sum(t.numel() for t in reference.values())
+    total, loss_sum = float(sums[size]), float(sums[size + 1])
+    pooled = {}
+    for i, split in enumerate(SECURE_SPLITS):
+        correct, count, split_loss = sums[size + 2 + 3 * i : size + 5 + 3 * i]
+        pooled[split] = Counts(round(float(correct)), round(float(count)), float(split_loss))
     if total <= 0:
-        return None, 0.0, 0.0
+        return None, 0.0, 0.0, pooled
     mean, start = {}, 0
     for name, t in reference.items():
         part = sums[start : start + t.numel()] / total
         mean[name] = torch.from_numpy(part.reshape(tuple(t.shape))).to(t.dtype)
         start += t.numel()
-    return mean, total, loss_sum
+    return mean, total, loss_sum, pooled
 
 
 class RoundsState(enum.Enum):
@@ -193,6 +233,7 @@ class ClientRounds(Party):
             "evaluated": tuple(sorted(self._evaluated)),
             "weights": tuple(float(v.double().sum()) for v in self.client.model.state_dict().values()),
             "secure": None if self._secure is None else self._secure.snapshot(),
+            "dp_rounds": self.client.dp_rounds,
         }
 
     # --- as a value (fedgat.protocols.training_values) -------------------------------------------------
@@ -233,16 +274,13 @@ class ClientRounds(Party):
         return []
 
     def _report(self, t: int, splits: tuple[str, ...]) -> Message:
-        assert self._weights is not None
-        counts = self.client.evaluate(self._weights, splits)
-        self._evaluated.update(splits)
+        """A plaintext EvaluationReport (rounds without secure aggregation only)."""
+        counts = self._evaluate(splits)
         return self._new(
             EvaluationReport,
             self.roster.server,
             round=t,
-            splits=tuple(
-                SplitCounts(s, counts[s].correct, counts[s].count, counts[s].loss_sum) for s in splits
-            ),
+            splits=tuple(SplitCounts(s, *counts[s]) for s in splits),
         )
 
     def _on_model(self, msg: GlobalModel) -> list[Message]:
@@ -251,40 +289,48 @@ class ClientRounds(Party):
             raise ReplayError(
                 f"global model of round {msg.round}; round {self.last_round} was already served"
             )
+        if self.secagg is not None and not set(msg.splits) <= set(SECURE_SPLITS):
+            raise PayloadError(f"under secure aggregation a client evaluates only {SECURE_SPLITS}")
         weights = check_arrays(msg.arrays, self._reference, "GlobalModel")
         saved = self._save_for_rollback() if msg.fit else None
         self.last_round, self._weights, self._evaluated = msg.round, weights, set()
         out: list[Message] = []
-        secure = None  # a newer global model ends any secure round under way
+        update: ClientUpdate | None = None
+        counts: dict[str, Counts] = {}
         with self.clock("training"):
-            if msg.splits:
-                out.append(self._report(msg.round, msg.splits))
-            if msg.fit:
-                assert saved is not None
-                try:
+            try:
+                if msg.splits and self.secagg is None:
+                    out.append(self._report(msg.round, msg.splits))
+                elif msg.splits:
+                    counts = self._evaluate(msg.splits)
+                arrays: dict[str, np.ndarray] = {}
+                if msg.fit:
                     update = self._fit(weights)
                     arrays = state_to_arrays(update.state) if update.num_train else {}
                     check_weights(arrays, "LocalUpdate")
-                    if self.secagg is not None:  # FixedPointOverflowError is a PayloadError
-                        vector = encode(secure_vector(update, self._reference), len(self.roster.clients))
-                except (NonFiniteUpdateError, PayloadError) as exc:
+                if self.secagg is not None:  # FixedPointOverflowError is a PayloadError
+                    vector = encode(secure_vector(update, self._reference, counts), len(self.roster.clients))
+            except (NonFiniteUpdateError, PayloadError) as exc:
+                if saved is not None:
                     self._rollback(saved)
-                    raise PayloadError(
-                        f"GlobalModel of round {msg.round}: local training on it gave unusable weights "
-                        f"({exc}); the model is refused and this client is unchanged"
-                    ) from exc
-                if self.secagg is None:
-                    out.append(
-                        self._new(
-                            LocalUpdate,
-                            self.roster.server,
-                            round=msg.round,
-                            num_train=update.num_train,
-                            loss=update.loss,
-                            arrays=arrays,
-                        )
+                raise TrainingRefusedError(msg.round, detail=str(exc)) from None
+            except UpdateBudgetError as exc:
+                raise PrivacyBudgetError(
+                    f"GlobalModel of round {msg.round}: {exc}; the client leaves the run"
+                ) from None
+            if update is not None and self.secagg is None:
+                out.append(
+                    self._new(
+                        LocalUpdate,
+                        self.roster.server,
+                        round=msg.round,
+                        num_train=update.num_train,
+                        loss=update.loss,
+                        arrays=arrays,
                     )
-        if msg.fit and self.secagg is not None:
+                )
+        secure = None  # a newer global model ends any secure round under way
+        if self.secagg is not None:
             with self.clock("secagg"):
                 secure = ClientSecAgg.begin(
                     self.secagg, self.session, msg.round, self.party_id, model_digest(msg.arrays), vector
@@ -292,6 +338,13 @@ class ClientRounds(Party):
                 out.append(self._new(SecAggAdvert, self.roster.server, **secure.advert(self._signer)))
         self._secure = secure
         return out
+
+    def _evaluate(self, splits: tuple[str, ...]) -> dict[str, Counts]:
+        """Counts of the last global weights on ``splits`` (kept local; see :meth:`_report`)."""
+        assert self._weights is not None
+        counts = self.client.evaluate(self._weights, splits)
+        self._evaluated.update(splits)
+        return {s: Counts(counts[s].correct, counts[s].count, counts[s].loss_sum) for s in splits}
 
     def _on_secure(self, msg: SecAggCohort | SecAggRelay | SecAggUnmaskRequest) -> list[Message]:
         """A stage of the secure round under way (:mod:`~fedgat.protocols.secagg_client`)."""
@@ -316,6 +369,10 @@ class ClientRounds(Party):
 
     def _on_request(self, msg: EvaluateRequest) -> list[Message]:
         self._from_server(msg)
+        if self.secagg is not None:
+            raise ConfigMismatchError(
+                "EvaluateRequest: under secure aggregation counts travel only inside the masked sum"
+            )
         if msg.round != self.last_round or self._weights is None:
             raise ReplayError(
                 f"evaluation of round {msg.round}; the last weights are of round {self.last_round}"
@@ -384,6 +441,7 @@ class ClientRounds(Party):
             "optimizer": opt_meta,
             "has_weights": self._weights is not None,
             "shapes": {k: list(v.shape) for k, v in self._reference.items()},
+            "dp_rounds": self.client.dp_rounds,
         }
         return Checkpoint(CLIENT_KIND, meta, arrays)
 
@@ -418,3 +476,4 @@ class ClientRounds(Party):
         if self._rng is not None:
             self._rng = torch.from_numpy(np.array(arrays["rng"]))
         self.last_round, self._evaluated = int(meta["last_round"]), set(meta["evaluated"])
+        self.client.dp_rounds = int(meta.get("dp_rounds", 0))

@@ -3,9 +3,11 @@
 * :class:`LoopView` -- the round loop's state under the names callers know (``global_state``,
   ``history``, ``result``, ...);
 * :class:`SecureRounds` -- the secure-aggregation half: it starts a
-  :class:`~fedgat.protocols.secagg_server.ServerSecAgg` round with each fit round, takes the clients'
-  answers to its stages, sends the next stage's requests, and hands the unmasked aggregate to the
-  round loop (:meth:`fedgat.rounds.RoundLoop.on_aggregate`)."""
+  :class:`~fedgat.protocols.secagg_server.ServerSecAgg` round with each GlobalModel (every client that
+  receives it takes part: the sampled ones with their update, all with their evaluation counts),
+  takes the clients' answers to its stages, sends the next stage's requests, and hands the unmasked
+  sums to the round loop (:meth:`fedgat.rounds.RoundLoop.on_reports`, then
+  :meth:`~fedgat.rounds.RoundLoop.on_aggregate`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from fedgat.rounds import RoundLoop
 from fedgat.strategies import ServerStrategy
 
 from .errors import ConfigMismatchError, QuorumError, ReplayError
-from .fedavg_client import secure_mean
+from .fedavg_client import RoundsState, secure_length, secure_mean
 from .frame import Message
 from .secagg import model_digest
 from .secagg_server import ServerSecAgg
@@ -88,15 +90,16 @@ class LoopView:
 class SecureRounds:
     """Methods of :class:`~fedgat.protocols.fedavg.ServerRounds` for its secure rounds (``self._secure``)."""
 
-    def _start_secure(self, t: int, fit: list[int], arrays: dict[str, np.ndarray]) -> None:
-        """Round ``t``'s secure aggregation over ``fit``, for the model ``arrays`` just sent (or none)."""
+    def _start_secure(self, t: int, cohort: list[int], arrays: dict[str, np.ndarray]) -> None:
+        """Round ``t``'s secure aggregation over ``cohort`` (the clients just sent the model
+        ``arrays``; none: no secure round)."""
         srv = cast("ServerRounds", self)
         srv._secure = None
-        if fit and srv.secagg is not None:
-            length = sum(a.size for a in arrays.values()) + 2
+        if cohort and srv.secagg is not None:
             digest = model_digest(arrays)
-            quorum = srv._quorum(len(fit))
-            srv._secure = ServerSecAgg(srv.secagg, srv.roster, srv.session, t, fit, digest, length, quorum)
+            quorum = srv._quorum(len(cohort))
+            length = secure_length(srv.global_state)
+            srv._secure = ServerSecAgg(srv.secagg, srv.roster, srv.session, t, cohort, digest, length, quorum)
 
     def _on_secure(self, msg: Message) -> list[Message]:
         """A client's answer to a stage of the secure round under way."""
@@ -129,15 +132,45 @@ class SecureRounds:
             srv._arm("fit", srv.timeouts.fit)
         return out + srv._progress()
 
+    def _private_row(self) -> None:
+        """Under DP-FedAvg the clients send no loss: the round's row says NaN, not 0."""
+        srv = cast("ServerRounds", self)
+        if srv.update_dp is not None and srv.loop.metrics is not None:
+            srv.loop.metrics["train_loss"] = float("nan")
+
+    @property
+    def dp_epsilon(self) -> float | None:
+        """Epsilon (at the settings' delta) that the rounds aggregated so far spent of each client's
+        DP-FedAvg budget, counting every round as one a client trained in (None: DP-FedAvg off)."""
+        srv = cast("ServerRounds", self)
+        return None if srv.update_dp is None else srv.update_dp.epsilon(srv.loop.round)
+
     def _secure_aggregate(self) -> list[Message] | None:
-        """Hand a finished secure round's aggregate to the loop and send the next round (None: no
-        finished secure round, or the previous round is still under evaluation)."""
+        """Hand a finished secure round's sums to the loop -- first the pooled counts of the weights
+        the round sent (if they were under evaluation), then the sampled survivors' aggregate -- and
+        send the next round (None: no finished secure round)."""
         srv = cast("ServerRounds", self)
         sec, loop = srv._secure, srv.loop
-        if loop.evaluating or sec is None or sec.result is None:
+        if sec is None or sec.result is None:
             return None
-        t, ids, missing = srv._fit_round, sec.u3, sec.missing()
-        srv._secure, srv._missing["fit"] = None, missing
-        mean, total, loss_sum = secure_mean(sec.result, loop.state)
-        splits = loop.on_aggregate(srv._indices(ids), mean, total, loss_sum, srv._indices(missing))
+        t, survivors, missing = sec.round, set(sec.u3), sec.missing()
+        srv._secure = None
+        mean, total, loss_sum, pooled = secure_mean(sec.result, loop.state)
+        if loop.evaluating:
+            splits, dropped = srv._eval_splits, srv._indices(missing)
+            while splits:
+                splits = loop.on_reports(splits, [pooled], dropped)
+            srv._eval_splits = ()
+            if loop.done:
+                srv.state = RoundsState.DONE
+                srv._disarm("fit", "evaluate")
+                return []
+        fit = [c for c in srv._sampled if c in survivors]
+        srv._missing["fit"] = [c for c in srv._sampled if c not in survivors]
+        if not srv._fit_round:
+            return []
+        splits = loop.on_aggregate(
+            srv._indices(fit), mean, total, loss_sum, srv._indices(srv._missing["fit"])
+        )
+        srv._private_row()
         return srv._send_round(t + 1, srv._sample() if loop.more_rounds else [], splits)

@@ -28,8 +28,8 @@ delivers the frames in order, runs its party until it has no streamed work left 
 uploads all its rows) and replies with every frame it produced. The protocol needs only per-pair
 FIFO order, which this keeps.
 
-FedAvg: the protocol's own ``GlobalModel``/``LocalUpdate``/``EvaluationReport`` frames, not Flower's
-``FedAvg`` strategy. One protocol end to end: signed updates bound to the session and the
+FedAvg: the protocol's own ``GlobalModel`` and secure-aggregation frames (``LocalUpdate`` and
+``EvaluationReport`` only with secure aggregation off), not Flower's ``FedAvg`` strategy. One protocol end to end: signed updates bound to the session and the
 pre-training's key set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the aggregation,
 evaluation and early stopping of :meth:`fedgat.federated.Server.fit` (what
 :func:`fedgat.pipeline.train_fedgat` runs in process), so both engines give the same model.

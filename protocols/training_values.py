@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from fedgat.checkpoint import optimizer_from_checkpoint, optimizer_to_checkpoint, tensors_to_arrays
+from fedgat.dp_fedavg import UpdateDP
 from fedgat.federated import Client, LocalTask
 from fedgat.strategies import ClientStrategy
 
@@ -239,6 +240,8 @@ def client_to_value(client: Client) -> dict[str, Any]:
         "optimizer": {"meta": opt_meta, "arrays": opt_arrays},
         "train": task_to_value(client.train_task),
         "evaluation": [task_to_value(t) for t in client.eval_tasks],
+        "update_dp": None if client.update_dp is None else dataclasses.asdict(client.update_dp),
+        "dp_rounds": client.dp_rounds,
     }
 
 
@@ -255,7 +258,9 @@ def client_from_value(value: Mapping[str, Any]) -> Client:
         weight_decay=float(group.get("weight_decay", 0.0)),
         local_epochs=int(value["local_epochs"]),
         strategy=ClientStrategy(**value["strategy"]),
+        update_dp=None if value.get("update_dp") is None else UpdateDP(**value["update_dp"]),
     )
+    client.dp_rounds = int(value.get("dp_rounds", 0))
     optimizer_from_checkpoint(client.optimizer, opt["meta"], opt["arrays"], prefix="")
     return client
 
@@ -288,11 +293,12 @@ def rounds_from_spec(cls: type[ClientRounds], spec: PartySpec) -> ClientRounds:
 
 
 def report_rounds(party: ClientRounds) -> tuple[dict[str, int], dict[str, Any]]:
-    return {"last_round": int(party.last_round)}, {}
+    return {"last_round": int(party.last_round), "dp_rounds": int(party.client.dp_rounds)}, {}
 
 
 def absorb_rounds(party: ClientRounds, report: PartyReport) -> None:
     party.last_round = int(report.counters["last_round"])
+    party.client.dp_rounds = int(report.counters.get("dp_rounds", 0))
 
 
 # ------------------------------------------------------------------------------------ mid-run state

@@ -245,6 +245,23 @@ BAD = [
         2,
         "unknown hyper-parameter",
     ),
+    (["train", "--dataset", "synthetic", "--update-dp-epsilon", "-1"], 2, "--update-dp-epsilon must be"),
+    (["train", "--dataset", "synthetic", "--update-dp-clip", "1"], 2, "add --update-dp-epsilon"),
+    (
+        ["train", "--dataset", "synthetic", "--update-dp-epsilon", "1", "--update-dp-delta", "0"],
+        2,
+        "--update-dp-delta must be in",
+    ),
+    (
+        ["train", "--dataset", "synthetic", "--update-dp-epsilon", "1", "--update-dp-clip", "0"],
+        2,
+        "--update-dp-clip must be",
+    ),
+    (
+        ["train", "--dataset", "synthetic", "--method", "gcn", "--update-dp-epsilon", "1"],
+        2,
+        "gcn is centralised",
+    ),
     (["bench", "overhead", "--clients", "0"], 2, "--clients must be >= 1"),
     (["bench", "overhead", "--dataset", "synthetic", "--nodes", "60", "--clients", "61"], 2, "at most 60"),
     (["bench", "overhead", "--beta", "-1"], 2, "--beta must be finite and > 0"),
@@ -356,3 +373,19 @@ def test_train_runs_one_dp_point_and_charges_the_owners_ledgers(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedgat train: error:")
     assert [f.read_bytes() for f in files] == before  # nothing charged
+
+
+def test_train_with_dp_fedavg_reports_the_update_budget_spent(tmp_path, capsys):
+    """``fedgat train --update-dp-epsilon E``: client-level DP of the updates over ``--rounds``
+    rounds; the JSON states the (epsilon, delta) the rounds spent and the history has no loss."""
+    out = tmp_path / "upd.json"
+    argv = ["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "3", "--patience", "5"]
+    assert main([*argv, "--update-dp-epsilon", "4", "--quiet", "--history", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["update_epsilon_spent"] == pytest.approx(4.0, rel=1e-6) and got["update_delta"] == 1e-5
+    assert got["hparams"]["update_dp_epsilon"] == 4.0
+    assert all(
+        row["train_loss"] is None or row["train_loss"] != row["train_loss"]
+        for row in got["per_seed"][0]["history"]
+    )
+    assert "DP-FedAvg epsilon 4 over 3 rounds" in capsys.readouterr().out

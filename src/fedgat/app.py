@@ -32,6 +32,7 @@ import torch
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.crypto.spool import CiphertextSpool
 from fedgat.dp import FeatureDP
+from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import DPLedger, MissingLedgerError
 from fedgat.encodings import Encodings
 from fedgat.federated import Client, strategy_from_hparams
@@ -381,6 +382,7 @@ def build_rounds_server(
         seed=seed,
         fingerprint=fingerprint,
         secagg=training_secagg(secagg, len(roster.clients), hp["fraction"]),
+        update_dp=update_dp_from_hparams(hp),
     )
 
 
@@ -420,6 +422,7 @@ def build_rounds_client(
         weight_decay=hp["weight_decay"],
         local_epochs=hp["local_epochs"],
         strategy=strategy.client,
+        update_dp=update_dp_from_hparams(hp),
     )
     return ClientRounds(
         client,
@@ -547,4 +550,6 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
                 "secure_aggregation": training.secure_aggregation,
             }
         )
+        if training.update_dp_spent is not None:
+            out["update_epsilon_spent"], out["update_delta"] = training.update_dp_spent
     return out

@@ -232,7 +232,10 @@ SERVER_LEARNS = [
         "the training rounds' global models (it makes them) and, with secure aggregation (default), only "
         "the weighted sum of the sampled clients' updates, their total weight and loss, and who dropped out"
     ),
-    "per-client validation/test correct counts (EvaluationReport)",
+    (
+        "validation/test counts and losses pooled over the round's clients (inside the secure sum); "
+        "per client (EvaluationReport) only when secure aggregation is switched off"
+    ),
 ]
 
 

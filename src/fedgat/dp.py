@@ -32,10 +32,11 @@ datasets differ in the features of one node); graph structure is not protected.
   (:class:`fedgat.dp_ledger.DPLedger`, composed with ``dp_accounting``) *before* its noise is drawn,
   and one that would exceed the owner's budget is refused (:class:`~fedgat.dp_ledger.BudgetExceededError`);
   a release without a ledger is refused too (:class:`~fedgat.dp_ledger.MissingLedgerError`).
-* Model updates against the server (and, through the global model, against other clients): NOT
-  covered. Owners train on their *clean* features, so the updates and the global model depend on them
-  directly and are not post-processing of the release; no DP bound holds for that channel yet
-  (secure aggregation hides individual updates, not the aggregate).
+* Model updates against the server (and, through the global model, against other clients): not
+  covered by this release. Owners train on their *clean* features, so the updates and the global
+  model depend on them directly and are not post-processing of the release (secure aggregation hides
+  individual updates, not the aggregate). DP-FedAvg (:mod:`fedgat.dp_fedavg`, opt-in) covers that
+  channel with its own client-level (epsilon, delta).
 * Against the server the uploaded rows are protected by encryption, not by this mechanism.
 
 The noise always comes from a fresh :class:`fedgat.randomness.RandomSource` (ChaCha20 keyed from

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedgat.dp_fedavg import UpdateBudgetError, UpdateDP
 from fedgat.rounds import ClientUpdate, Counts, FitResult, RoundLoop, pool_counts
 from fedgat.strategies import (
     STRATEGIES,
@@ -123,9 +124,13 @@ class Client:
         strategy: the client half of the run's strategy (:attr:`StrategyPair.client`): the optimiser
             it builds and the proximal term of its local loss; a server strategy stands for the client
             half it asks for (:meth:`ServerStrategy.client_strategy`); default Adam, no penalty.
+        update_dp: client-level DP of its updates (:class:`fedgat.dp_fedavg.UpdateDP`; None: off):
+            each update is clipped and noised before it leaves :meth:`fit`, sent with weight 1 and
+            no loss, and the client trains in at most ``update_dp.max_rounds`` rounds.
 
     Attributes:
         training: the client half in use (:class:`ClientStrategy`).
+        dp_rounds: rounds this client trained in under ``update_dp`` (what its budget has spent).
     """
 
     def __init__(
@@ -139,6 +144,7 @@ class Client:
         weight_decay: float = 5e-4,
         local_epochs: int = 1,
         strategy: ClientStrategy | ServerStrategy | None = None,
+        update_dp: UpdateDP | None = None,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
@@ -149,6 +155,8 @@ class Client:
         self.local_epochs = int(local_epochs)
         self.training = as_client_strategy(strategy)
         self.optimizer = self.training.make_optimizer(model.parameters(), lr, weight_decay)
+        self.update_dp = update_dp
+        self.dp_rounds = 0
 
     def count(self, split: str) -> int:
         """Number of this client's nodes in ``split`` (over its evaluation tasks, or training)."""
@@ -165,13 +173,26 @@ class Client:
         """Load ``global_state``, run ``local_epochs`` full-batch steps of :attr:`training` (its
         proximal term anchored at ``global_state``), return the new weights.
 
-        A client without training nodes returns ``global_state`` unchanged with weight 0.
+        A client without training nodes returns ``global_state`` unchanged with weight 0. Under
+        :attr:`update_dp` every client returns ``global_state`` plus its clipped, noised update
+        (:meth:`fedgat.dp_fedavg.UpdateDP.privatize`; zero update without training nodes) with weight
+        1 and loss NaN (not sent).
 
         Raises:
             NonFiniteUpdateError: the trained weights hold NaN or infinite values (naming the first
                 such weight); nothing is returned.
+            UpdateBudgetError: under :attr:`update_dp`, the client has trained in its
+                ``max_rounds`` rounds already; nothing is returned.
         """
+        dp = self.update_dp
+        if dp is not None and self.dp_rounds >= dp.max_rounds:
+            raise UpdateBudgetError(
+                f"client {self.client_id}: its DP budget pays for {dp.max_rounds} rounds of training, all spent"
+            )
         if self.num_train == 0:
+            if dp is not None:
+                self.dp_rounds += 1
+                return ClientUpdate(dp.privatize(global_state, global_state), 1, float("nan"))
             return ClientUpdate(global_state, 0, 0.0)
         self.model.load_state_dict(global_state)
         self.model.train()
@@ -189,6 +210,9 @@ class Client:
                     f"client {self.client_id}: local training produced NaN or infinite values in {name!r} "
                     f"(loss {float(loss.detach()):.3g})"
                 )
+        if dp is not None:
+            self.dp_rounds += 1
+            return ClientUpdate(dp.privatize(state, global_state), 1, float("nan"))
         return ClientUpdate(state, self.num_train, float(loss.detach()))
 
     @torch.no_grad()

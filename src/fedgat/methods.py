@@ -36,6 +36,7 @@ from torch import nn
 
 from fedgat.approx import fit_score
 from fedgat.dp import FeatureDP
+from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import dataset_id, owner_ledgers
 from fedgat.encodings import as_variant, encode, encoding_size
 from fedgat.federated import Client, LocalTask, Server, strategy_from_hparams
@@ -62,6 +63,9 @@ _TRAINING = {
     "mu": 0.0,
     "strategy": "fedadam",
     "client_lr": 1.0,
+    "update_dp_epsilon": None,
+    "update_dp_delta": 1e-5,
+    "update_dp_clip": 1.0,
 }
 _GAT = {"hidden": 8, "heads": 8, "dropout": 0.6}
 _GCN = {"hidden": 16, "dropout": 0.5, "lr": 0.01}
@@ -107,6 +111,9 @@ def default_hparams(method: str) -> dict:
     ``dp_budget`` (``(epsilon, delta)``, needed for owners without a ledger yet) and ``dp_ledger_dir``
     (None: ``~/.fedgat/dp_ledger`` or ``$FEDGAT_DP_LEDGER_DIR``): each owner's persistent ledger
     (:func:`fedgat.dp_ledger.owner_ledgers`), charged before its release is drawn.
+    Every federated method: ``update_dp_epsilon`` (None: off), ``update_dp_delta``,
+    ``update_dp_clip``: client-level DP of the training updates over ``rounds`` rounds
+    (DP-FedAvg, :class:`fedgat.dp_fedavg.UpdateDP`).
     """
     _check_method(method)
     return dict(_DEFAULTS[method])
@@ -166,6 +173,9 @@ class RunResult:
     #: with a DP release (``dp_epsilon``): the largest ``(epsilon, delta)`` any owner's ledger has
     #: spent on its rows after this run's release (composed with its earlier releases)
     dp_spent: tuple[float, float] | None = None
+    #: with DP-FedAvg (``update_dp_epsilon``): the ``(epsilon, delta)`` the rounds spent of each
+    #: client's update budget (the most rounds any client trained in)
+    update_dp_spent: tuple[float, float] | None = None
 
     def to_dict(self, history: bool = False) -> dict:
         out = asdict(self)
@@ -225,6 +235,7 @@ def run_method(
     model = fed.model_fn()
     initial = model.state_dict()
     strategy = strategy_from_hparams(hp, model)
+    update_dp = None if method in CENTRALISED else update_dp_from_hparams(hp)
     members = [
         Client(
             i,
@@ -235,6 +246,7 @@ def run_method(
             weight_decay=hp["weight_decay"],
             local_epochs=hp["local_epochs"],
             strategy=strategy.client,
+            update_dp=update_dp,
         )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]
@@ -258,6 +270,9 @@ def run_method(
         hparams=hp,
         history=fit.history,
         dp_spent=fed.dp_spent,
+        update_dp_spent=None
+        if update_dp is None
+        else (update_dp.epsilon(max(m.dp_rounds for m in members)), update_dp.delta),
     )
 
 

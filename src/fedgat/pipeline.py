@@ -494,6 +494,9 @@ class TrainingResult:
     hparams: dict
     #: whether the server saw only the sum of the updates (:mod:`fedgat.protocols.secagg`)
     secure_aggregation: bool = False
+    #: with DP-FedAvg (``update_dp_epsilon``): the ``(epsilon, delta)`` the rounds spent of each
+    #: client's update budget
+    update_dp_spent: tuple[float, float] | None = None
 
     def summary(self) -> dict:
         """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
@@ -562,6 +565,9 @@ def train_fedgat(
         traffic["messages"],
         hp,
         secure_aggregation=server.secagg is not None,
+        update_dp_spent=None
+        if server.update_dp is None
+        else (server.update_dp.epsilon(server.loop.round), server.update_dp.delta),
     )
 
 

@@ -330,8 +330,8 @@ class TrapServer(ServerRounds):
 
     def _secure_aggregate(self) -> list[Message] | None:
         sec = self._secure
-        if sec is not None and sec.result is not None and not self.loop.evaluating:
-            mean, _total, _loss = secure_mean(sec.result, self.loop.state)
+        if sec is not None and sec.result is not None and self._fit_round:
+            mean, _total, _loss, _counts = secure_mean(sec.result, self.loop.state)
             if mean is not None:
                 self.captures.append(
                     Capture(self._fit_round, self._sent[self._fit_round], mean, list(sec.u3))

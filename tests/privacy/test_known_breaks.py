@@ -12,10 +12,12 @@ fix). A fix flips the test, and the failure is the reminder to change the doc wi
    so the server could keep probing. Now the text is constant and the refusal terminal.
 3. Secure aggregation hides updates within a round only: a server that sends the same model and
    samples overlapping cohorts differences the sums into every client's update.
-4. Evaluation reports are per client and in plaintext: finite differences of ``loss_sum`` around a
-   model the server chooses read out a client's per-class feature sums.
+4. FIXED: evaluation reports were per client and in plaintext: finite differences of ``loss_sum``
+   around a model the server chose read out a client's per-class feature sums. Now the counts travel
+   inside the secure sum, and the same read-out gives only the clients' total.
 """
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -26,25 +28,32 @@ from torch import nn
 
 from fedgat.crypto import deserialize, serialize
 from fedgat.crypto.packing import linear_combination
+from fedgat.dp_fedavg import UpdateDP
 from fedgat.federated import Client, FedAdam
 from fedgat.partition import make_partition
 from fedgat.pipeline import make_deployment, run_plaintext_pretraining
 from fedgat.protocols import (
     ClientState,
+    ConfigMismatchError,
     Driver,
     EncodingResults,
-    EvaluationReport,
-    GlobalModel,
+    EvaluateRequest,
     InProcessTransport,
     ResultItem,
     ResultRejectedError,
     ServerPretrain,
     StateError,
-    decode_message,
+    Transcript,
     encode_message,
 )
 from fedgat.protocols.fedavg import ServerRounds
-from fedgat.protocols.fedavg_client import ClientRounds, secure_vector, state_to_arrays
+from fedgat.protocols.fedavg_client import (
+    SECURE_SPLITS,
+    ClientRounds,
+    secure_length,
+    secure_mean,
+    secure_vector,
+)
 from fedgat.protocols.messages import peek_type
 from fedgat.protocols.secagg import SecAggConfig
 from fedgat.server_attacks import AttackSetting, _build, _server_args, colluder_forgery_run, first_recipient
@@ -273,8 +282,9 @@ class DifferencingServer(ServerRounds):
 
     def _secure_aggregate(self):
         sec = self._secure
-        if sec is not None and sec.result is not None and not self.loop.evaluating:
-            self.sums.setdefault(self._fit_round, (np.array(sec.result, dtype=np.float64), sorted(sec.u3)))
+        if sec is not None and sec.result is not None and self._fit_round:
+            fit = sorted(c for c in self._sampled if c in sec.u3)
+            self.sums.setdefault(self._fit_round, (np.array(sec.result, dtype=np.float64), fit))
         return super()._secure_aggregate()
 
 
@@ -318,12 +328,75 @@ def test_secure_aggregation_is_per_round_a_server_differences_cohorts():
 
     assert driver.rejected == []
     assert [server.sums[t][1] for t in sorted(server.sums)] == cohorts
-    sums = [server.sums[t][0] for t in sorted(server.sums)]
+    # the update part of each sum (every client also adds its evaluation counts, in every round)
+    head = secure_length(initial) - 3 * len(SECURE_SPLITS)
+    sums = [server.sums[t][0][:head] for t in sorted(server.sums)]
     total = sum(sums) / (NUM_CLIENTS - 1)
     for excluded, c in enumerate(roster.clients):
-        truth = updates[c][0]
+        truth = updates[c][0][:head]
         assert np.abs(total - sums[excluded] - truth).max() <= 1e-9  # client c's own update, exactly
         assert np.abs(truth).max() > 1.0  # (a real update: weights, count, loss)
+
+
+def test_with_dp_fedavg_the_same_differencing_gets_the_update_under_calibrated_noise():
+    """Known break 2 under DP-FedAvg (``update_dp``): the same four rounds and the same read-out now
+    give client c's *clipped* update plus the noise shares of the rounds it combines -- per weight a
+    normal of std sqrt(7/3) times one share's (the 3 shares of each other round weighted 1/3, those
+    of the subtracted round -2/3), which is what the Gaussian mechanism's epsilon accounts for."""
+    graph = training_graph()
+    torch.manual_seed(3)
+    initial = linear_model(graph, 0.0).state_dict()
+    strategy = FedAdam(0.05, 5e-4, client_lr=0.5)
+    dp = UpdateDP(clip=0.5, noise_multiplier=2.0, max_rounds=NUM_CLIENTS)
+    dep = make_deployment(NUM_CLIENTS)
+    roster, sid = dep.roster, dep.roster.server
+    cohorts = [[c for c in roster.clients if c != excluded] for excluded in roster.clients]
+    server = DifferencingServer(
+        sid,
+        roster,
+        9,
+        dep.identities[sid],
+        initial_state=initial,
+        rounds=NUM_CLIENTS,
+        patience=None,
+        seed=4,
+        strategy=strategy,
+        fraction=0.75,
+        secagg=SecAggConfig(),
+        update_dp=dp,
+        weights={k: v.clone() for k, v in initial.items()},
+        cohorts=cohorts,
+    )
+    clients, clipped = {}, {}
+    flat = lambda state: np.concatenate([v.double().numpy().ravel() for v in state.values()])
+    for i, c in enumerate(roster.clients):
+        task = local_task(graph, i)
+        member = Client(i, linear_model(graph, 0.0), task, task, lr=0.05, local_epochs=2, strategy=strategy)
+        raw = flat(member.fit(initial).state) - flat(initial)  # local training is deterministic here
+        clipped[c] = raw * min(1.0, dp.clip / np.linalg.norm(raw))
+        member = Client(
+            i, linear_model(graph, 0.0), task, task, lr=0.05, local_epochs=2, strategy=strategy, update_dp=dp
+        )
+        clients[c] = ClientRounds(
+            c, roster, 9, dep.identities[c], client=member, seed=100 + c, secagg=SecAggConfig()
+        )
+    driver = Driver(InProcessTransport(), {sid: server, **clients}, strict=False)
+    driver.start()
+    driver.run()
+
+    assert driver.rejected == [] and [server.sums[t][1] for t in sorted(server.sums)] == cohorts
+    size = len(flat(initial))
+    sums = [server.sums[t][0][:size] for t in sorted(server.sums)]
+    total = sum(sums) / (NUM_CLIENTS - 1)
+    residuals = np.concatenate(
+        [total - sums[k] - flat(initial) - clipped[c] for k, c in enumerate(roster.clients)]
+    )
+    want = math.sqrt(7 / 3) * dp.share_std
+    assert np.std(residuals) == pytest.approx(want, rel=0.25)  # 4 x 52 weights, correlated
+    for k, c in enumerate(roster.clients):  # the update drowns: the read-out points elsewhere
+        estimate = total - sums[k] - flat(initial)
+        cosine = estimate @ clipped[c] / (np.linalg.norm(estimate) * np.linalg.norm(clipped[c]))
+        assert abs(cosine) < 0.5
 
 
 def record_updates(member: Client, initial) -> list[np.ndarray]:
@@ -341,64 +414,107 @@ def record_updates(member: Client, initial) -> list[np.ndarray]:
     return seen
 
 
-def test_evaluation_reports_are_a_per_client_oracle():
-    """Server alone, training phase: a client evaluates any ``GlobalModel(fit=False)`` whose round
-    grows and reports ``loss_sum`` in plaintext, outside secure aggregation. Central differences of
-    it around W = 0 give sum_i (softmax(0) - onehot(y_i)) x_i^T over the client's validation nodes:
-    its per-class feature sums."""
+def class_feature_sums(graph, client: int) -> np.ndarray:
+    """The gradient of a client's summed validation loss at W = 0: sum_i (softmax(0) - onehot(y_i))
+    x_i^T over its validation nodes (its per-class feature sums), what the oracle reads out."""
+    task = local_task(graph, client)
+    rows, y = task.targets["val"]
+    x = task.inputs[0][rows].double().numpy()
+    k = graph.num_classes
+    return (np.full((len(y), k), 1.0 / k) - np.eye(k)[y.numpy()]).T @ x
+
+
+def probes(graph, initial):
+    """Central differences around W = 0: the zero model, then +eps / -eps on each weight."""
+    zero = {k: torch.zeros_like(v) for k, v in initial.items()}
+    out = [zero]
+    for cls in range(graph.num_classes):
+        for j in range(graph.num_features):
+            for sign in (1, -1):
+                state = {k: v.clone() for k, v in zero.items()}
+                state["1.weight"][cls, j] = sign * ORACLE_EPS
+                out.append(state)
+    return out
+
+
+def read_differences(graph, losses: list[float]) -> np.ndarray:
+    out = np.zeros((graph.num_classes, graph.num_features))
+    it = iter(losses[1:])
+    for cls in range(graph.num_classes):
+        for j in range(graph.num_features):
+            up, down = next(it), next(it)
+            out[cls, j] = (up - down) / (2 * ORACLE_EPS)
+    return out
+
+
+ORACLE_EPS = 1e-2
+
+
+class OracleServer(ServerRounds):
+    """Sends probe ``t - 1`` as round ``t``'s global model, always asks for the evaluation and keeps
+    the pooled validation loss of each secure round (all that reaches it)."""
+
+    def __init__(self, *args, probes, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.probes, self.losses = probes, {}
+
+    def _send_round(self, t, fit, splits):
+        if t <= len(self.probes):
+            self.loop.state = {k: v.clone() for k, v in self.probes[t - 1].items()}
+        return super()._send_round(t, fit, splits or ("val",))
+
+    def _secure_aggregate(self):
+        sec = self._secure
+        if sec is not None and sec.result is not None:
+            self.losses[sec.round] = secure_mean(sec.result, self.loop.state)[3]["val"].loss_sum
+        return super()._secure_aggregate()
+
+
+def test_evaluation_reports_are_no_per_client_oracle():
+    """FIXED: under secure aggregation (the default) a client's evaluation counts travel only inside
+    the masked sum; it answers no EvaluateRequest and sends no EvaluationReport. The same
+    central-difference read-out as before (around W = 0, one probe per round, through the real
+    server and secure rounds) now gives the *sum* of the clients' per-class feature sums -- an
+    aggregate, like trap weights against the update sum -- and no single client's. What remains is
+    differencing across rounds with other recipient sets (known break 2)."""
     graph = training_graph()
     torch.manual_seed(3)
     initial = linear_model(graph, 0.3).state_dict()
+    queries = probes(graph, initial)
     dep = make_deployment(NUM_CLIENTS)
-    sid, c = dep.roster.server, dep.roster.clients[1]
-    task = local_task(graph, 1)
-    client = ClientRounds(
-        c,
-        dep.roster,
+    roster, sid = dep.roster, dep.roster.server
+    server = OracleServer(
+        sid,
+        roster,
         9,
-        dep.identities[c],
-        client=Client(1, linear_model(graph, 0.3), task, task, lr=0.05),
+        dep.identities[sid],
+        initial_state=initial,
+        rounds=len(queries),
+        patience=None,
         secagg=SecAggConfig(),
+        probes=queries,
     )
-    client.start()
-    signer = dep.identities[sid].signer
-    queries = []
+    clients = {}
+    for i, c in enumerate(roster.clients):
+        task = local_task(graph, i)
+        member = Client(i, linear_model(graph, 0.3), task, task, lr=0.05)
+        clients[c] = ClientRounds(c, roster, 9, dep.identities[c], client=member, secagg=SecAggConfig())
+    transport = InProcessTransport(Transcript())
+    driver = Driver(transport, {sid: server, **clients}, strict=False)
+    driver.start()
+    driver.run()
+    assert driver.rejected == [] and server.done
+    assert {e.type_name for e in transport.transcript if e.recipient == sid}.isdisjoint(
+        {"EvaluationReport", "LocalUpdate"}
+    )
+    recovered = read_differences(graph, [server.losses[t] for t in range(1, len(queries) + 1)])
+    truths = [class_feature_sums(graph, i) for i in range(NUM_CLIENTS)]
+    assert np.abs(recovered - sum(truths)).max() <= 1e-3  # the aggregate is read exactly
+    for truth in truths:  # ... and no client's own sums
+        assert np.abs(recovered - truth).max() >= 0.2 * np.abs(truth).max() > 0.05
 
-    def loss_sum(state) -> float:
-        t = len(queries) + 1
-        msg = GlobalModel(
-            sender=sid,
-            recipient=c,
-            session=9,
-            seq=t,
-            fingerprint=bytes(32),
-            round=t,
-            fit=False,
-            splits=("val",),
-            arrays=state_to_arrays(state),
-        )
-        out = client.receive(encode_message(msg, signer))  # raises if refused
-        report = decode_message(client.encode(out[0]))
-        assert isinstance(report, EvaluationReport)
-        queries.append(report.splits[0].count)
-        return report.splits[0].loss_sum
-
-    zero = {k: torch.zeros_like(v) for k, v in initial.items()}
-    loss_sum(zero)
-    eps, classes = 1e-2, graph.num_classes
-    recovered = np.zeros((classes, graph.num_features))
-    for cls in range(classes):
-        for j in range(graph.num_features):
-            state = {k: v.clone() for k, v in zero.items()}
-            state["1.weight"][cls, j] = eps
-            up = loss_sum(state)
-            state["1.weight"][cls, j] = -eps
-            recovered[cls, j] = (up - loss_sum(state)) / (2 * eps)
-
-    rows, y = task.targets["val"]
-    x = task.inputs[0][rows].double().numpy()
-    truth = (np.full((len(y), classes), 1.0 / classes) - np.eye(classes)[y.numpy()]).T @ x
-    assert len(queries) == 1 + 2 * classes * graph.num_features  # every query answered
-    assert set(queries) == {len(y)} and len(y) > 0
-    assert np.abs(recovered - truth).max() <= 1e-3
-    assert np.abs(truth).max() > 0.1
+    # the per-client channel itself is closed: an evaluation request is refused unanswered
+    c = roster.clients[1]
+    request = EvaluateRequest(sender=sid, recipient=c, session=9, seq=10**6, round=1, splits=("val",))
+    with pytest.raises(ConfigMismatchError):
+        clients[c].receive(encode_message(request, dep.identities[sid].signer))

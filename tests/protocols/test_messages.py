@@ -192,7 +192,7 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 3
+    assert data[4] == VERSION == 4
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
     for version in (1, 2, 4, 255):  # the dealer protocol (1) and shared check keys (2) included

@@ -115,13 +115,26 @@ class Held:
 
 # ------------------------------------------------------------------------------- the aggregate
 @pytest.mark.parametrize(
-    "strategy_fn", [None, lambda: FedProx(0.1), lambda: FedAdam(0.05, 5e-4, client_lr=0.5)]
+    ("strategy_fn", "fraction", "num_clients"),
+    [
+        (None, 1.0, 4),
+        (lambda: FedProx(0.1), 1.0, 4),
+        (lambda: FedAdam(0.05, 5e-4, client_lr=0.5), 1.0, 4),
+        (None, 0.5, 6),  # 3 of 6 sampled: the other 3 add their counts only
+    ],
 )
-def test_secure_rounds_train_like_plaintext_rounds(strategy_fn):
+def test_secure_rounds_train_like_plaintext_rounds(strategy_fn, fraction, num_clients):
+    """Same weights and the same history: the pooled validation and test counts from the masked sums
+    (every client takes part with its counts; only the sampled ones with an update) are those the
+    plaintext run pools from per-client reports."""
     runs = {}
     for secure in (False, True):
         fed = Federation(
-            rounds=4, fraction=1.0, num_clients=4, strategy_fn=strategy_fn, secagg=SECURE if secure else None
+            rounds=4,
+            fraction=fraction,
+            num_clients=num_clients,
+            strategy_fn=strategy_fn,
+            secagg=SECURE if secure else None,
         )
         parties = fed.parties()
         run_parties(FaultyTransport(), parties, clock=ManualClock())
@@ -132,7 +145,11 @@ def test_secure_rounds_train_like_plaintext_rounds(strategy_fn):
         assert torch.allclose(secure.global_state[k], v, rtol=1e-5, atol=1e-6), k
     for a, b in zip(secure.history, plain.history, strict=True):
         assert a["clients"] == b["clients"] and a["val_accuracy"] == b["val_accuracy"]
+        assert a.get("test_accuracy") == b.get("test_accuracy")
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6)
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
+    assert secure.result.best_round == plain.result.best_round
+    assert secure.result.test_accuracy == plain.result.test_accuracy
 
 
 def test_the_server_sees_no_update_only_the_sum():
@@ -161,8 +178,7 @@ def test_the_server_sees_no_update_only_the_sum():
                 "SecAggShares",
                 "SecAggMasked",
                 "SecAggUnmaskShares",
-                "EvaluationReport",
-            }
+            }  # no EvaluationReport: counts travel inside the masked sums
             srv = parties[fed.sid]
             # round 2's aggregate: the weighted mean of the round-2 updates (FedAvg)
             last = [updates[2, c] for c in fed.roster.clients]

@@ -89,6 +89,15 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
         str,
         "FedGAT: folder of the owners' DP ledgers (default $FEDGAT_DP_LEDGER_DIR or ~/.fedgat/dp_ledger)",
     ),
+    "update_dp_epsilon": (
+        float,
+        (
+            "client-level DP of the training updates (DP-FedAvg) with this epsilon over --rounds rounds "
+            "(default: off); each client clips and noises its update before secure aggregation"
+        ),
+    ),
+    "update_dp_delta": (float, "DP-FedAvg: delta (default 1e-5)"),
+    "update_dp_clip": (float, "DP-FedAvg: L2 bound of each client's update (default 1)"),
 }
 
 
@@ -172,6 +181,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
         named = ", ".join("--" + f.replace("_", "-") for f in dp_flags)
         raise UsageError(f"{named}: only for a DP release; add --dp-epsilon")
     _check_dp(overrides)
+    _check_update_dp(overrides, args.method)
     if "neighbour_cap" in overrides:
         overrides["neighbour_cap"] = parse_cap(overrides["neighbour_cap"])
     try:
@@ -193,6 +203,27 @@ def _check_dp(overrides: dict) -> None:
     budget = overrides.get("dp_budget")
     if budget is not None and not (math.isfinite(budget[0]) and budget[0] > 0 and 0 < budget[1] < 1):
         raise UsageError(f"--dp-budget needs EPSILON > 0 and 0 < DELTA < 1, got {budget[0]} {budget[1]}")
+
+
+def _check_update_dp(overrides: dict, method: str) -> None:
+    """The DP-FedAvg flags: ranges, and the epsilon they belong to."""
+    given = [f for f in ("update_dp_delta", "update_dp_clip") if f in overrides]
+    eps = overrides.get("update_dp_epsilon")
+    if given and eps is None:
+        named = ", ".join("--" + f.replace("_", "-") for f in given)
+        raise UsageError(f"{named}: only with DP-FedAvg; add --update-dp-epsilon")
+    if eps is None:
+        return
+    if method in ("gat", "gcn"):
+        raise UsageError(f"--update-dp-epsilon: {method} is centralised (no federated updates to protect)")
+    if not (math.isfinite(eps) and eps > 0):
+        raise UsageError(f"--update-dp-epsilon must be a number > 0, got {eps}")
+    delta = overrides.get("update_dp_delta")
+    if delta is not None and not 0 < delta < 1:
+        raise UsageError(f"--update-dp-delta must be in (0, 1), got {delta}")
+    clip = overrides.get("update_dp_clip")
+    if clip is not None and not (math.isfinite(clip) and clip > 0):
+        raise UsageError(f"--update-dp-clip must be a number > 0, got {clip}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -282,6 +313,7 @@ def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides
         train_seconds=t.seconds,
         hparams=t.hparams,
         history=t.fit.history,
+        update_dp_spent=t.update_dp_spent,
     )
 
 
@@ -301,6 +333,10 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
     val = [r.best_val_accuracy for r in results]
     spent = [r.dp_spent for r in results if r.dp_spent is not None]
     dp = {} if not spent else {"epsilon_spent": max(e for e, _ in spent), "delta": spent[0][1]}
+    upd = [r.update_dp_spent for r in results if r.update_dp_spent is not None]
+    if upd:
+        dp["update_epsilon_spent"] = max(e for e, _ in upd)
+        dp["update_delta"] = upd[0][1]
     return {
         "method": args.method,
         "dataset": dataset,
@@ -342,6 +378,8 @@ def format_table(summary: dict) -> str:
     split = f"owners from {summary['owners']}" if summary.get("owners") else f"beta {summary['beta']:g}"
     if hp.get("dp_epsilon") is not None:
         extra += f", DP release epsilon {hp['dp_epsilon']:g} per run"
+    if hp.get("update_dp_epsilon") is not None:
+        extra += f", DP-FedAvg epsilon {hp['update_dp_epsilon']:g} over {hp['rounds']} rounds"
     head = f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), {split}{extra}"
     cols = f"{'seed':>6} {'test acc':>9} {'best val':>9} {'best rnd':>9} {'rounds':>7} {'pretrain MB':>12} {'train s':>8}"
     lines = [head, cols, "-" * len(cols)]

@@ -1,0 +1,203 @@
+"""DP-FedAvg (client-level DP of the training updates, :mod:`fedgat.dp_fedavg`): calibration against
+``dp_accounting``, clipping and noise of the exact size from the OS CSPRNG, the budget a client
+enforces, and the same mechanism through the secure FedAvg state machines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from fault_helpers import Federation
+
+from fedgat.dp_fedavg import UpdateBudgetError, UpdateDP, update_dp_from_hparams
+from fedgat.dp_ledger import gaussian_epsilon
+from fedgat.federated import Client
+from fedgat.methods import run_method
+from fedgat.protocols import InProcessTransport, run_parties
+from fedgat.protocols.driver import ManualClock
+from fedgat.protocols.errors import PrivacyBudgetError
+from fedgat.protocols.fedavg import ServerRounds
+from fedgat.protocols.fedavg_client import ClientRounds
+from fedgat.protocols.secagg import SecAggConfig
+from fedgat.randomness import RandomSource
+from fedgat.synthetic import synthetic_graph
+
+
+# ------------------------------------------------------------------------------------- calibration
+@pytest.mark.parametrize(("epsilon", "rounds"), [(0.5, 1), (1.0, 50), (4.0, 200), (8.0, 500)])
+def test_the_noise_multiplier_spends_exactly_the_budget_and_the_pld_accountant_agrees(epsilon, rounds):
+    dp = UpdateDP.for_budget(epsilon, 1e-5, rounds)
+    assert dp.epsilon(rounds) == pytest.approx(epsilon, rel=1e-6)
+    assert dp.epsilon(rounds // 2) < epsilon if rounds > 1 else True  # fewer rounds spend less
+    # dp_accounting's privacy-loss-distribution accountant composes the same rounds one by one
+    pld = gaussian_epsilon([(dp.noise_multiplier, rounds)], 1e-5)
+    assert pld == pytest.approx(epsilon, rel=0.02)
+    # a slightly smaller multiplier would overspend
+    smaller = UpdateDP(dp.clip, dp.noise_multiplier * 0.99, rounds)
+    assert smaller.epsilon(rounds) > epsilon
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"epsilon": 0.0, "delta": 1e-5, "rounds": 10},
+        {"epsilon": -1.0, "delta": 1e-5, "rounds": 10},
+        {"epsilon": math.inf, "delta": 1e-5, "rounds": 10},
+        {"epsilon": 1.0, "delta": 0.0, "rounds": 10},
+        {"epsilon": 1.0, "delta": 1.0, "rounds": 10},
+        {"epsilon": 1.0, "delta": 1e-5, "rounds": 0},
+        {"epsilon": 1.0, "delta": 1e-5, "rounds": 10, "clip": 0.0},
+        {"epsilon": 1.0, "delta": 1e-5, "rounds": 10, "honest": 0},
+    ],
+)
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        UpdateDP.for_budget(**kwargs)
+
+
+def test_hparams_turn_it_on_only_when_asked():
+    assert update_dp_from_hparams({"rounds": 10}) is None
+    dp = update_dp_from_hparams({"rounds": 10, "update_dp_epsilon": 2.0, "update_dp_clip": 0.5})
+    assert dp is not None and dp.clip == 0.5 and dp.max_rounds == 10
+    assert dp.epsilon(10) == pytest.approx(2.0, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------- the mechanism
+def _state(values: np.ndarray) -> dict[str, torch.Tensor]:
+    return {"a.weight": torch.from_numpy(values[:-3].reshape(-1, 3)), "a.bias": torch.from_numpy(values[-3:])}
+
+
+def _flat(state) -> np.ndarray:
+    return np.concatenate([v.double().numpy().ravel() for v in state.values()])
+
+
+@pytest.mark.parametrize("norm", [0.3, 5.0])
+def test_privatize_clips_the_whole_update_to_c_and_adds_shares_of_the_stated_std(norm):
+    """With a known stream the noise is subtracted again: what remains is the update, scaled to norm
+    ``C`` when longer, unchanged when shorter; the noise's empirical std is ``2 z C / sqrt(h)``."""
+    dp = UpdateDP(clip=1.0, noise_multiplier=0.7, max_rounds=5, honest=3)
+    rng = np.random.default_rng(0)
+    size = 30_003
+    reference = rng.standard_normal(size)
+    step = rng.standard_normal(size)
+    step *= norm / np.linalg.norm(step)
+    out = dp.privatize(_state(reference + step), _state(reference), rng=RandomSource.from_seed(b"test"))
+    noise = RandomSource.from_seed(b"test").normal(size) * dp.share_std
+    kept = _flat(out) - reference - noise
+    assert np.linalg.norm(kept) == pytest.approx(min(norm, 1.0), rel=1e-9)
+    assert np.allclose(kept / np.linalg.norm(kept), step / norm, atol=1e-9)
+    assert dp.share_std == pytest.approx(2 * 0.7 * 1.0 / math.sqrt(3))
+    assert np.std(_flat(out) - reference - kept) == pytest.approx(dp.share_std, rel=0.02)
+
+
+def test_the_noise_comes_from_the_os_and_differs_every_time():
+    """No seed reaches the noise: the same update privatised twice gives two different outputs, whose
+    difference has the std of two independent shares."""
+    dp = UpdateDP(clip=1.0, noise_multiplier=1.0, max_rounds=5)
+    ref = _state(np.zeros(20_004))
+    a, b = _flat(dp.privatize(ref, ref)), _flat(dp.privatize(ref, ref))
+    assert not np.array_equal(a, b)
+    assert np.std(a - b) == pytest.approx(math.sqrt(2) * dp.share_std, rel=0.03)
+
+
+def tiny_client(update_dp: UpdateDP | None, with_training: bool = True) -> tuple[Client, dict]:
+    g = synthetic_graph(num_nodes=60, num_features=8, train_per_class=4, num_val=10, num_test=10, seed=2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, g.num_classes))
+    targets = {}
+    for split in ("train", "val", "test"):
+        rows = torch.from_numpy(np.flatnonzero(getattr(g, f"{split}_mask").numpy()))
+        if split == "train" and not with_training:
+            rows = rows[:0]
+        targets[split] = (rows, g.y[rows])
+    from fedgat.federated import LocalTask
+
+    task = LocalTask((g.x,), targets)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    return Client(0, model, task, task, lr=0.1, update_dp=update_dp), initial
+
+
+def test_a_client_under_dp_sends_weight_one_no_loss_and_stops_at_its_budget():
+    dp = UpdateDP(clip=0.5, noise_multiplier=1e-6, max_rounds=2)  # tiny noise: the clip is visible
+    client, initial = tiny_client(dp)
+    update = client.fit(initial)
+    assert update.num_train == 1 and math.isnan(update.loss) and client.dp_rounds == 1
+    moved = math.sqrt(sum(float(((update.state[k] - initial[k]) ** 2).sum()) for k in initial))
+    assert moved == pytest.approx(0.5, rel=1e-3)  # lr 0.1 moves the weights by more than 0.5: clipped
+    client.fit(initial)
+    with pytest.raises(UpdateBudgetError, match="2 rounds"):
+        client.fit(initial)
+    assert client.dp_rounds == 2
+    # a client without training nodes still adds its noise share (else the sum would lack it)
+    idle, initial = tiny_client(UpdateDP(clip=1.0, noise_multiplier=1.0, max_rounds=2), with_training=False)
+    update = idle.fit(initial)
+    assert update.num_train == 1 and not all(torch.equal(update.state[k], initial[k]) for k in initial)
+
+
+# ----------------------------------------------------------------------------- through the protocol
+class DPFederation(Federation):
+    def __init__(self, dp: UpdateDP, **kw) -> None:
+        super().__init__(secagg=SecAggConfig(), fraction=1.0, num_clients=4, update_dp=dp, **kw)
+        self.dp = dp
+
+    def members(self):
+        members, initial = super().members()
+        for m in members:
+            m.update_dp = self.dp
+        return members, initial
+
+
+def test_secure_rounds_under_dp_aggregate_the_privatized_updates():
+    """The server's new weights are the plain mean of the clients' clipped, noised updates (each
+    recorded where it is computed); the history's train loss is NaN (not sent); the server states
+    the epsilon the rounds spent."""
+    dp = UpdateDP(clip=0.2, noise_multiplier=0.5, max_rounds=3)
+    fed = DPFederation(dp, rounds=3, patience=None)
+    parties = fed.parties()
+    sent: dict[int, list] = {}
+    for c in fed.roster.clients:
+        member = parties[c].client
+        fit = member.fit
+
+        def recording(weights, fit=fit, c=c):
+            update = fit(weights)
+            sent.setdefault(c, []).append((weights, update))
+            return update
+
+        member.fit = recording
+    run_parties(InProcessTransport(), parties, clock=ManualClock())
+    server: ServerRounds = parties[fed.sid]
+    assert server.done and len(server.history) == 3
+    assert all(math.isnan(row["train_loss"]) for row in server.history)
+    assert server.dp_epsilon == pytest.approx(dp.epsilon(3))
+    assert all(parties[c].client.dp_rounds == 3 for c in fed.roster.clients)
+    last = [sent[c][-1][1].state for c in fed.roster.clients]
+    want = {k: sum(s[k].double() for s in last) / len(last) for k in last[0]}
+    for k, v in want.items():
+        assert torch.allclose(server.global_state[k].double(), v, atol=1e-6), k
+
+
+def test_a_client_refuses_a_round_past_its_budget_for_good():
+    """A server that runs more rounds than the clients' budget pays for gets a terminal refusal."""
+    dp = UpdateDP(clip=0.2, noise_multiplier=0.5, max_rounds=2)
+    fed = DPFederation(dp, rounds=4, patience=None)
+    parties = fed.parties()
+    with pytest.raises(PrivacyBudgetError, match="2 rounds"):
+        run_parties(InProcessTransport(), parties, clock=ManualClock())
+    clients: list[ClientRounds] = [parties[c] for c in fed.roster.clients]
+    assert all(c.client.dp_rounds == 2 for c in clients)
+    assert any(c.state_name() == "aborted" for c in clients)
+
+
+def test_run_method_reports_what_the_update_budget_spent():
+    g = synthetic_graph(num_nodes=120, num_features=12, train_per_class=5, num_val=20, num_test=30, seed=1)
+    result = run_method(
+        "distgat", g, num_clients=3, seed=0, rounds=4, patience=None, hidden=4, heads=2, update_dp_epsilon=2.0
+    )
+    eps, delta = result.update_dp_spent
+    assert eps == pytest.approx(2.0, rel=1e-6) and delta == 1e-5  # all 4 budgeted rounds trained
+    assert all(math.isnan(row["train_loss"]) for row in result.history)
+    plain = run_method("distgat", g, num_clients=3, seed=0, rounds=4, patience=None, hidden=4, heads=2)
+    assert plain.update_dp_spent is None and not math.isnan(plain.history[0]["train_loss"])
