@@ -425,6 +425,7 @@ SERVER_ATTACKS = (
     "chosen_weights_one_client",
     "chosen_weights_aggregate",
     "model_inconsistency",
+    "cohort_differencing",
 )
 
 
@@ -507,7 +508,12 @@ def audit_server(
         results["fake_edges"] = fake_edges_attack(setting, colluder)
     if "colluder_forgery" in wanted:
         results["colluder_forgery"] = colluder_forgery_attack(setting, colluder)
-    training = {"chosen_weights_one_client", "chosen_weights_aggregate", "model_inconsistency"}
+    training = {
+        "chosen_weights_one_client",
+        "chosen_weights_aggregate",
+        "model_inconsistency",
+        "cohort_differencing",
+    }
     if wanted & training:
         tsetting = TrainingSetting(graph, partition, encodings, seed, {"variant": kind.name})
         chosen = list(ATTACK_STRATEGIES if strategies is None else strategies)

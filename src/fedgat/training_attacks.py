@@ -24,7 +24,12 @@ Attacks (:func:`training_attacks`):
   aggregated mean (the exception secure aggregation allows: measured, per strategy);
 * ``model_inconsistency`` -- trap weights to one client, the honest model to the others, hoping to
   isolate the target's trap units in the sum; and, to show what the binding of the masks to the
-  model digest does when that check is passed, the sum of masked inputs made for different digests.
+  model digest does when that check is passed, the sum of masked inputs made for different digests;
+* ``cohort_differencing`` -- the same trap weights in :math:`K` rounds, round :math:`j` sampling
+  every client but one (each cohort at least ``min_cohort``): secure aggregation is per round, so
+  :math:`x_t = \sum_j S_j / (K - 1) - S_{j = t}` is the target's own update (SECURITY.md, known
+  break 2), read out like a plaintext one; run with the default hyper-parameters, with the dropouts
+  off, and with DP-FedAvg (:mod:`fedgat.dp_fedavg`) on top.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ __all__ = [
     "TrainingSetting",
     "TrapPlan",
     "TrapServer",
+    "differencing_attack",
     "digest_binding_check",
     "read_out",
     "training_attacks",
@@ -227,7 +233,9 @@ class TrapPlan:
     """What the hostile server does: ``rounds`` rounds, fresh trap weights (calibrated on ``pool``)
     in each; ``cohort``: the clients it samples; ``target`` with ``forge_cohort`` (a cohort of the
     target's advert alone), ``lie_survivors`` (claim everyone but the target dropped after the
-    masked inputs), or ``inconsistent`` (traps to the target, ``honest`` weights to the others)."""
+    masked inputs), or ``inconsistent`` (traps to the target, ``honest`` weights to the others);
+    ``differencing``: one trap state for every round, round ``j`` sampling all clients but the
+    ``j``-th, each round's secure sum kept (:meth:`TrapServer.differenced`)."""
 
     pool: np.ndarray
     rounds: int = 1
@@ -238,6 +246,7 @@ class TrapPlan:
     inconsistent: bool = False
     dropout: float = 0.0
     seed: int = 0
+    differencing: bool = False
 
 
 @dataclass
@@ -289,13 +298,23 @@ class TrapServer(ServerRounds):
         self._sent: dict[int, StateDict] = {}
         self._honest = {k: v.detach().clone() for k, v in self.global_state.items()}
         self._rng = np.random.default_rng(plan.seed)
+        self._trap: StateDict | None = None  # the one trap state of a differencing plan
+        self._draws = 0
+        #: per secure round of a differencing plan: (the sampled clients that survived, the sum)
+        self.sums: list[tuple[list[int], np.ndarray]] = []
 
     def _sample(self) -> list[int]:
+        if self.plan.differencing:
+            excluded = self.clients[self._draws % len(self.clients)]
+            self._draws += 1
+            return [c for c in self.clients if c != excluded]
         return list(self.plan.cohort) if self.plan.cohort is not None else super()._sample()
 
     def _send_round(self, t: int, fit: list[int], splits: tuple[str, ...]) -> list[Message]:
         if fit:
-            self.loop.state = trap_state(self._honest, self.plan.pool, self._rng, self.plan.dropout)
+            if self._trap is None or not self.plan.differencing:
+                self._trap = trap_state(self._honest, self.plan.pool, self._rng, self.plan.dropout)
+            self.loop.state = {k: v.clone() for k, v in self._trap.items()}
             self._sent[t] = {k: v.clone() for k, v in self.loop.state.items()}
         out = super()._send_round(t, fit, splits)
         if fit and self.plan.inconsistent:
@@ -330,6 +349,9 @@ class TrapServer(ServerRounds):
 
     def _secure_aggregate(self) -> list[Message] | None:
         sec = self._secure
+        if sec is not None and sec.result is not None and self._fit_round and self.plan.differencing:
+            survivors = [c for c in self._sampled if c in sec.u3]
+            self.sums.append((survivors, np.array(sec.result[: self._weights_size() + 1], dtype=np.float64)))
         if sec is not None and sec.result is not None and self._fit_round:
             mean, _total, _loss, _counts = secure_mean(sec.result, self.loop.state)
             if mean is not None:
@@ -337,6 +359,28 @@ class TrapServer(ServerRounds):
                     Capture(self._fit_round, self._sent[self._fit_round], mean, list(sec.u3))
                 )
         return super()._secure_aggregate()
+
+    def _weights_size(self) -> int:
+        return sum(v.numel() for v in self._honest.values())
+
+    def differenced(self, target: int) -> StateDict | None:
+        """The target's own weights from the kept sums (``x_t = sum_j S_j / (K - 1) - S_{j = t}``,
+        then ``w_t = x_t / n_t``), or None when the rounds' cohorts were not the planned ones."""
+        k = len(self.clients)
+        cohorts = [sorted(ids) for ids, _ in self.sums[:k]]
+        if len(cohorts) < k or cohorts != [[c for c in self.clients if c != e] for e in self.clients]:
+            return None
+        total = sum(vec for _, vec in self.sums[:k]) / (k - 1)
+        x = total - self.sums[self.clients.index(target)][1]
+        n = float(x[-1])
+        if not n > 0:
+            return None
+        out, start = {}, 0
+        for name, ref in self._honest.items():
+            part = x[start : start + ref.numel()] / n
+            out[name] = torch.from_numpy(part.reshape(tuple(ref.shape))).to(ref.dtype)
+            start += ref.numel()
+        return out
 
     def _on_update(self, msg: Any) -> list[Message]:
         out = super()._on_update(msg)  # raises (nothing kept) if the update is refused
@@ -635,4 +679,79 @@ def training_attacks(
             ),
         },
     )
+    out["cohort_differencing"] = differencing_attack(
+        setting, target, pool_t, foreign_t, secagg, hp0, strategies
+    )
     return out
+
+
+#: the DP-FedAvg budget of the differencing attack's protected run, over its K rounds
+DIFFERENCING_DP_EPSILON = 8.0
+
+
+def differencing_attack(
+    setting: TrainingSetting,
+    target: int,
+    pool: np.ndarray,
+    foreign: np.ndarray,
+    secagg: SecAggConfig,
+    headline: Mapping[str, Any],
+    strategies: Sequence[Mapping[str, Any]],
+) -> AttackOutcome:
+    """``cohort_differencing`` (see the module docstring): K rounds of one trap state, round j without
+    client j; the target's update differenced out of the sums and read out."""
+    k = setting.partition.num_clients
+    off = dict(strategies[-1]) if strategies else {}
+    runs: dict[str, dict[str, Any]] = {}
+    settings = {
+        "default": dict(headline),
+        "dropouts_off": off,
+        "dropouts_off_dp_fedavg": {**off, "update_dp_epsilon": DIFFERENCING_DP_EPSILON},
+    }
+    for label, hp in settings.items():
+        drop = float({**setting.hparams, **hp}.get("feature_dropout", 0.6))
+        plan = TrapPlan(pool, k, None, target, dropout=drop, seed=setting.seed, differencing=True)
+        parties = _parties(setting, plan, secagg, hp)
+        driver = _run(parties)
+        server = parties.server
+        assert isinstance(server, TrapServer)
+        own = server.differenced(target)
+        refused = _refusals(driver, list(range(k)))
+        sent = next(iter(server._sent.values()), None)
+        score = (
+            _score([Capture(0, sent, own, [target])], setting.truth, foreign, pool)
+            if own is not None and sent is not None
+            else _Score()
+        )
+        runs[label] = {
+            "hparams": hp,
+            "rounds_summed": len(server.sums),
+            "differenced": own is not None,
+            "recovered_foreign": len(score.foreign),
+            "recovered_fraction": len(score.foreign) / len(foreign) if len(foreign) else 0.0,
+            "layer1_inputs_recovered": len(score.inputs),
+            "best_foreign_cosine": score.best_foreign_cosine,
+            "refused_by_clients": bool(refused),
+            "errors": refused[:3],
+        }
+    head = runs["default"]
+    return AttackOutcome(
+        "cohort_differencing",
+        len(foreign),
+        int(head["recovered_foreign"]),
+        bool(head["refused_by_clients"]),
+        ran=k - 1 >= secagg.min_cohort,
+        detail={
+            "target": target,
+            "clients": k,
+            "min_cohort": secagg.min_cohort,
+            "dp_fedavg_epsilon": DIFFERENCING_DP_EPSILON,
+            "runs": runs,
+            "note": (
+                "the same trap weights in K rounds, round j sampling every client but j: secure aggregation is "
+                "per round, so the sums difference into the target's own update (known break 2), read out like "
+                "a plaintext one; needs K - 1 >= min_cohort. dropouts_off_dp_fedavg adds DP-FedAvg "
+                f"(epsilon {DIFFERENCING_DP_EPSILON:g} over the K rounds, off by default)"
+            ),
+        },
+    )

@@ -122,6 +122,23 @@ def test_model_inconsistency_is_refused_and_masks_do_not_cancel(training):
     assert abs(binding["mismatched_digest_cosine_to_true_sum"]) < 0.5
 
 
+def test_cohort_differencing_isolates_one_update_unless_dp_fedavg_is_on(training):
+    """Known break 2 through the real protocol: K rounds of one trap state, round j without client j,
+    each cohort of K - 1 = 3 accepted by the clients; the sums difference into the target's own
+    update. With the dropouts off its read-out recovers layer-1 inputs, as a plaintext update's does;
+    with DP-FedAvg on top the same read-out recovers none."""
+    out = training["cohort_differencing"]
+    d = out.as_dict()
+    assert out.ran and not out.detected and d["clients"] == 4
+    runs = d["runs"]
+    for label, r in runs.items():
+        assert r["differenced"] and r["rounds_summed"] == 4 and not r["refused_by_clients"], label
+    assert runs["dropouts_off"]["layer1_inputs_recovered"] > 0
+    assert runs["dropouts_off_dp_fedavg"]["layer1_inputs_recovered"] == 0
+    assert runs["dropouts_off_dp_fedavg"]["recovered_foreign"] == 0
+    assert d["recovered_fraction"] == runs["default"]["recovered_fraction"]
+
+
 def test_unmix_splits_binary_mixtures():
     """A mean of binary rows 1_S / sqrt|S| with distinct support sizes splits back into the rows."""
     d = 200

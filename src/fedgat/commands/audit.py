@@ -443,7 +443,7 @@ def server_attacks_markdown(report: dict) -> list[str]:
             f"{a['ran']} |"
         )
     lines.append("")
-    tabled = {"chosen_weights_one_client", "chosen_weights_aggregate"}
+    tabled = {"chosen_weights_one_client", "chosen_weights_aggregate", "cohort_differencing"}
     for name, a in report["server_attacks"].items():
         lines.append(f"- **{name}**: {a.get('note', '')}")
         if name not in tabled:
@@ -463,6 +463,20 @@ def server_attacks_markdown(report: dict) -> list[str]:
             lines.append(
                 f"| {run} | {r['secure_aggregation']} | {r['rounds_received']} | {r['recovered_foreign']} | "
                 f"{r['layer1_inputs_recovered']} | {r['refused_by_clients']} |"
+            )
+    diff = report["server_attacks"].get("cohort_differencing")
+    if diff and diff.get("runs"):
+        lines += [
+            "",
+            f"Cohort differencing (target: client {diff['target']}, {diff['clients']} rounds, each without one client):",
+            "",
+            "| run | differenced | foreign rows recovered | fraction | layer-1 inputs recovered | best foreign cosine |",
+            "|---|---|---|---|---|---|",
+        ]
+        for run, r in diff["runs"].items():
+            lines.append(
+                f"| {run} | {r['differenced']} | {r['recovered_foreign']} | {r['recovered_fraction']:.4f} | "
+                f"{r['layer1_inputs_recovered']} | {r['best_foreign_cosine']:.3f} |"
             )
     agg = report["server_attacks"].get("chosen_weights_aggregate")
     if agg:
