@@ -111,7 +111,13 @@ def render(result: dict, out: Path) -> list[Path]:
             f"| {r['method']} | {r['rounds']} | {eps} | {r['test_accuracy_mean']:.3f} +- "
             f"{r['test_accuracy_std']:.3f} | {z} | {ns} | {r['seconds_per_run']:.1f} |"
         )
-    lines += ["", result["verdict"], ""]
+    lines += [
+        "",
+        "(s per run: wall time of one seed; a side column, not a speed measurement.)",
+        "",
+        result["verdict"],
+        "",
+    ]
     paths[1].write_text("\n".join(lines))
     import matplotlib
 

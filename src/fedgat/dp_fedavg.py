@@ -40,9 +40,9 @@ Scope, said plainly:
 
 Utility: the noise on the mean update has norm about :math:`2 z C \sqrt{P n / h} / n` for :math:`P`
 weights and :math:`n` clients, against a signal of norm at most :math:`C`: with few clients and
-large models (10 organisations, FedGAT's ~92k weights on Cora) it swamps the signal at any
-meaningful :math:`\varepsilon` -- measured in ``benchmarks/results/dp_fedavg.*``. It is off by
-default.
+large models (10 organisations, FedGAT's 92,373 weights on Cora) it swamps the signal: 94x to
+5,070x for :math:`\varepsilon` from 64 down to 1, and test accuracy at chance level (0.12-0.23
+against 0.81 without DP; ``benchmarks/results/dp_fedavg.*``). It is off by default.
 """
 
 from __future__ import annotations
