@@ -195,7 +195,7 @@ def test_header_fields_map_to_their_errors():
     assert data[4] == VERSION == 4
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
-    for version in (1, 2, 4, 255):  # the dealer protocol (1) and shared check keys (2) included
+    for version in (1, 2, 3, 5, 255):  # the dealer (1), shared check keys (2), per-client reports (3)
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):
