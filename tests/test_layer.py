@@ -220,3 +220,44 @@ def test_factorise_tolerates_decryption_noise_and_refuses_foreign_rows():
     with pytest.raises(ValueError, match="not combinations"):
         bad.factorise()
     assert bad.factors is None
+
+
+def test_vector_layer_with_embed_factor_and_its_cached_sparse_plan(small):
+    """The vector path's block-diagonal sparse operators (``_VectorPlan``): ``m = 2n`` rows per node,
+    one plan per (encodings, dtype), reused across calls and dropped with the encodings."""
+    import gc
+
+    from fedgat import layer as layer_module
+
+    csr, x = small
+    enc = encode("vector", x.double(), csr, rng=6, embed_factor=2)
+    assert all(b.bases.m == 2 * b.bases.n for b in enc.buckets)
+    torch.manual_seed(0)
+    layer = FedGATConv(x.shape[1], 5, heads=4, score=fit_score(degree=16)).double().eval()
+    ours = layer(enc)
+    ref = layer.to_gatconv().double().eval()(x.double(), csr.to_edge_index())
+    assert (ours - ref).abs().max().item() <= output_error_bound(layer)
+    plan = layer_module._vector_plan(enc, torch.float64)
+    torch.testing.assert_close(layer(enc), ours)
+    assert layer_module._vector_plan(enc, torch.float64) is plan
+    float_plan = layer_module._vector_plan(enc, torch.float32)  # row sums in the layer's dtype
+    assert float_plan is not plan and float_plan.row_sum.A.dtype == torch.float32
+    float_out = layer.float()(encode("vector", x, csr, rng=6, embed_factor=2))
+    torch.testing.assert_close(float_out.double(), ours, atol=1e-5, rtol=1e-4)
+    keys = [k for k in layer_module._PLANS if k[0] == id(enc)]
+    assert len(keys) == 2
+    del enc, plan
+    gc.collect()
+    assert not any(k in layer_module._PLANS for k in keys)
+
+
+def test_polynomial_backward_is_the_derivative():
+    from fedgat.layer import _Polynomial
+
+    coeffs = fit_score(degree=8).power.tolist()
+    x = torch.linspace(-3.9, 3.9, 41, dtype=torch.float64).view(-1, 1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: _Polynomial.apply(t, coeffs), (x,))
+    horner = torch.zeros_like(x)
+    for c in reversed(coeffs):
+        horner = horner * x + c
+    torch.testing.assert_close(_Polynomial.apply(x, coeffs), horner)

@@ -34,6 +34,8 @@ float32, so the matrix variant's recurrence stays float32 like the big contracti
 from __future__ import annotations
 
 import math
+import warnings
+import weakref
 
 import torch
 from torch import nn
@@ -65,6 +67,114 @@ def _gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return _GatherRows.apply(table, index)
 
 
+class _Polynomial(torch.autograd.Function):
+    """Power-basis Horner ``p(x)`` elementwise (``coeffs`` lowest degree first), with ``p'(x)`` from the
+    same loop: one autograd node instead of two per degree, in-place on one buffer each."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, coeffs: list[float]) -> torch.Tensor:
+        p = torch.full_like(x, coeffs[-1])
+        dp = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
+        for c in reversed(coeffs[:-1]):
+            if dp is not None:
+                dp.mul_(x).add_(p)
+            p.mul_(x).add_(c)
+        ctx.save_for_backward(dp)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (dp,) = ctx.saved_tensors
+        return grad * dp, None
+
+
+class _SparseMatmul(torch.autograd.Function):
+    """``A @ x`` for a constant sparse CSR ``A`` with its transpose ``At`` kept for the backward
+    (built once with the plan, not per backward)."""
+
+    @staticmethod
+    def forward(ctx, A: torch.Tensor, At: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.At = At
+        return A @ x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return None, None, ctx.At @ grad
+
+
+class _SparseOp:
+    """A constant sparse ``(rows, cols)`` matrix applied with autograd (CSR, and its transpose)."""
+
+    def __init__(self, row: torch.Tensor, col: torch.Tensor, value: torch.Tensor, shape: tuple[int, int]):
+        def csr(r: torch.Tensor, c: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+            coo = torch.sparse_coo_tensor(torch.stack([r, c]), value, size, check_invariants=False)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+                return coo.coalesce().to_sparse_csr()
+
+        self.A, self.At = csr(row, col, shape), csr(col, row, (shape[1], shape[0]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _SparseMatmul.apply(self.A, self.At, x.contiguous())
+
+
+class _VectorPlan:
+    r"""The vector layer's feature-free block-diagonal operators for one :class:`Encodings`.
+
+    Rows ``r`` index ``flat_K2`` (``rows = sum_i m_i``), edges ``e`` the neighbour slots ``(i, j)`` in
+    bucket order (``E = sum_i n_i``), nodes the output rows in ``encodings.nodes`` order (``N``):
+
+    * ``logits (E, 2 rows)``: edge ``(i, j)`` gets :math:`Q_i[:, j]` on the ``a_{src}`` columns and
+      :math:`Q_i[:, 0]` on the ``a_{dst}`` columns of node ``i``'s rows (``va`` viewed as ``(2 rows, H)``
+      interleaves them), so ``logits @ va`` is :math:`Q_i^\top V_i b_2 + b_1 \cdot h_i`;
+    * ``spread (rows, E)``: :math:`Q_i`, giving :math:`Q_i \hat s(x_i)`;
+    * ``row_sum (N, rows)`` and ``edge_sum (N, E)``: ones, summing each node's rows and edges.
+    """
+
+    def __init__(self, encodings: Encodings, dtype: torch.dtype) -> None:
+        r_off = e_off = 0
+        lr, lc, lv, sr, sc, sv, rr, rc, er, ec = ([] for _ in range(10))
+        for b in encodings.buckets:
+            Q = b.plain["Q"]  # (B, m, n) float64
+            B, m, n = Q.shape
+            node = torch.from_numpy(b.bases.rows).long()  # (B,) positions in encodings.nodes
+            row = r_off + torch.arange(B * m).view(B, m, 1).expand(B, m, n)
+            edge = e_off + torch.arange(B * n).view(B, 1, n).expand(B, m, n)
+            lr += [edge.reshape(-1), edge.reshape(-1)]
+            lc += [2 * row.reshape(-1), 2 * row.reshape(-1) + 1]
+            lv += [Q.reshape(-1), Q[:, :, :1].expand(B, m, n).reshape(-1)]
+            sr.append(row.reshape(-1))
+            sc.append(edge.reshape(-1))
+            sv.append(Q.reshape(-1))
+            rr.append(node.repeat_interleave(m))
+            rc.append(r_off + torch.arange(B * m))
+            er.append(node.repeat_interleave(n))
+            ec.append(e_off + torch.arange(B * n))
+            r_off, e_off = r_off + B * m, e_off + B * n
+        N, cat = encodings.num_nodes, torch.cat
+        f64 = torch.float64
+        self.logits = _SparseOp(cat(lr), cat(lc), cat(lv), (e_off, 2 * r_off))
+        self.spread = _SparseOp(cat(sr), cat(sc), cat(sv), (r_off, e_off))
+        self.row_sum = _SparseOp(cat(rr), cat(rc), torch.ones(r_off, dtype=dtype), (N, r_off))
+        self.edge_sum = _SparseOp(cat(er), cat(ec), torch.ones(e_off, dtype=f64), (N, e_off))
+
+
+#: (id of the encodings, dtype) -> (weak reference to them, plan); entries leave with the encodings
+_PLANS: dict[tuple[int, torch.dtype], tuple[weakref.ref, _VectorPlan]] = {}
+
+
+def _vector_plan(encodings: Encodings, dtype: torch.dtype) -> _VectorPlan:
+    """The cached :class:`_VectorPlan` of ``encodings`` (built on first use; encodings are not mutated)."""
+    key = (id(encodings), dtype)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0]() is encodings:
+        return hit[1]
+    plan = _VectorPlan(encodings, dtype)
+    _PLANS[key] = (weakref.ref(encodings), plan)
+    weakref.finalize(encodings, _PLANS.pop, key, None)
+    return plan
+
+
 def projected_rows(encodings: Encodings) -> torch.Tensor:
     """The rows :class:`FedGATConv` multiplies by ``W^T`` (its one large GEMM), ``(rows, d)``:
     ``V`` rows (vector), :class:`~fedgat.encodings.RowFactors` basis rows (factorised matrix), or
@@ -74,11 +184,6 @@ def projected_rows(encodings: Encodings) -> torch.Tensor:
     if encodings.factorised:
         return encodings.flat_R
     return torch.cat([encodings.flat_K2, encodings.flat_h_self])
-
-
-def _pad_rows(t: torch.Tensor, m: int) -> torch.Tensor:
-    """Zero-pad dimension 1 of ``(B, rows, C)`` to ``m`` rows."""
-    return t if t.shape[1] == m else torch.nn.functional.pad(t, [0, 0, 0, m - t.shape[1]])
 
 
 class FedGATConv(nn.Module):
@@ -149,11 +254,8 @@ class FedGATConv(nn.Module):
         gamma = logit_scale(b1.norm(dim=-1), b2.norm(dim=-1), self.score.domain)
         return W, b1, b2, gamma
 
-    def _horner(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for c in self._power.flip(0):
-            out = out * x + c
-        return out
+    def _power_list(self) -> list[float]:
+        return self._power.tolist()
 
     def _attention_projection(self, rows_W: torch.Tensor) -> torch.Tensor:
         """``(R, 2, H)``: rows of ``X W^T`` (``(R, H*F)``) dotted with ``a_src`` and ``a_dst`` per head,
@@ -164,40 +266,27 @@ class FedGATConv(nn.Module):
         block = torch.einsum("shf,hg->hfsg", att, eye).reshape(H * Fo, 2 * H)
         return (rows_W @ block).view(-1, 2, H)
 
-    def _vector_outputs(
-        self, encodings: Encodings, Wf: torch.Tensor, gamma: torch.Tensor
-    ) -> list[torch.Tensor]:
-        r"""Per padded group ``(G, H, F)``: :math:`W V_i^\top Q_i \hat s(x_i) / \mathbf 1^\top \hat s(x_i)`.
+    def _vector_outputs(self, encodings: Encodings, Wf: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        r"""``(N, H, F)`` in ``encodings.nodes`` order:
+        :math:`W V_i^\top Q_i \hat s(x_i) / \mathbf 1^\top \hat s(x_i)`.
 
         One GEMM ``V W^T`` over every bucket's rows; the logits come from it
         (:math:`V_i b_2 = (V_i W^\top) a_{src}`), and so does the self term, since
         :math:`Q_i^\top V_i = H_i` (orthonormal columns) puts :math:`h_i = H_i[0]` at
-        :math:`Q_i[:, 0]^\top V_i`. The scalar Horner runs in float64 (cheap here). Buckets are
-        merged into zero-padded groups (:attr:`Encodings.padded_groups`) to cut per-bucket op calls.
+        :math:`Q_i[:, 0]^\top V_i`. Every per-node contraction with ``Q_i`` and every per-node sum
+        is one product with a block-diagonal sparse matrix (:class:`_VectorPlan`, built once per
+        encodings), so there is no padding and no per-bucket op; the scores run in float64.
         """
         H, Fo = self.heads, self.out_channels
-        KW = encodings.flat_K2 @ Wf.T  # (sum m, H*F)
-        va = self._attention_projection(KW).double()  # (sum m, 2, H): V_i b2, V_i b1
-        sizes = [len(b.bases) * b.bases.m for b in encodings.buckets]
-        kws, vas = KW.split(sizes), va.split(sizes)
-        outs = []
-        for group in encodings.padded_groups:
-            m, chosen = group.m, range(group.start, group.stop)
-            kw = torch.cat(
-                [_pad_rows(kws[i].view(-1, encodings.buckets[i].bases.m, H * Fo), m) for i in chosen]
-            )
-            v = torch.cat(
-                [_pad_rows(vas[i].view(-1, encodings.buckets[i].bases.m, 2 * H), m) for i in chosen]
-            )
-            Q, valid = group.plain["Q"], group.plain["valid"]
-            v_src, v_dst = v[:, :, :H], v[:, :, H:]
-            self_logit = torch.einsum("gm,gmh->gh", Q[:, :, 0], v_dst)  # b1 . h_i
-            logits = (Q.transpose(1, 2) @ v_src + self_logit[:, None, :]) * gamma.double()  # (G, n, H)
-            s = self._horner(logits) * valid[:, :, None]
-            z = (Q @ s).to(kw.dtype)  # (G, m, H)
-            num = torch.einsum("gmh,gmhf->ghf", z, kw.view(-1, m, H, Fo))
-            outs.append(num / s.sum(1).to(kw.dtype)[:, :, None])
-        return outs
+        plan = _vector_plan(encodings, Wf.dtype)
+        KW = encodings.flat_K2 @ Wf.T  # (rows, H*F)
+        va = self._attention_projection(KW).double()  # (rows, 2, H): V_i b2, V_i b1
+        logits = plan.logits(va.view(-1, H)) * gamma.double()  # (E, H)
+        s = _Polynomial.apply(logits, self._power_list())  # (E, H) float64
+        z = plan.spread(s).to(KW.dtype)  # (rows, H): Q_i s_i
+        num = plan.row_sum((z[:, :, None] * KW.view(-1, H, Fo)).view(-1, H * Fo))  # (N, H*F)
+        den = plan.edge_sum(s).to(KW.dtype)  # (N, H)
+        return num.view(-1, H, Fo) / den[:, :, None]
 
     def _matrix_parts(
         self, encodings: Encodings, Wf: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, gamma: torch.Tensor
@@ -277,10 +366,9 @@ class FedGATConv(nn.Module):
         H, Fo = self.heads, self.out_channels
         Wf = W.reshape(H * Fo, -1)
         if encodings.kind.has_m2:
-            outs = self._matrix_outputs(encodings, Wf, b1, b2, gamma)
+            out = torch.cat(self._matrix_outputs(encodings, Wf, b1, b2, gamma))[encodings.order]
         else:
-            outs = self._vector_outputs(encodings, Wf, gamma)
-        out = torch.cat(outs)[encodings.order]
+            out = self._vector_outputs(encodings, Wf, gamma)
         out = out.reshape(-1, H * Fo) if self.concat else out.mean(1)
         return out + self.bias if self.bias is not None else out
 
