@@ -50,6 +50,19 @@ workers compute while this process frames, checks and decrypts earlier results).
 ``ratios.server_cpu_vs_op_count``: the server's CPU seconds (workers included) / (multiply-adds x
 cost of one).
 
+Critical path of a deployment (``critical_path_s``, ``critical_path``): the simulation runs every
+party in one process (``wall_s``, the round's wall time); on a deployment each party has a machine of
+its own. For each protocol phase in order (:data:`PATH_PHASES`), the slowest party in that phase --
+the one whose own clock (:attr:`fedgat.protocols.party.Party.timings`) charged it the most -- takes
+its compute time plus the bytes it sends and receives in that phase (frames counted by the
+transport, each charged to its message type's phase, :data:`fedgat.protocols.party.PHASES`) at
+``--link-gbps`` (default 1 Gbit/s); ``critical_path_s`` sums the phases. A model: phases as
+barriers (no overlap of one phase with the next, which the round does have), no latency, and the
+per-party table (``critical_path.parties``) recomputes it at another speed (:func:`critical_path`).
+With server workers the server's clock only counts the time it waited for them, so its
+``server_compute`` is the larger of that and the compute replayed with the clients idle
+(``server_compute_alone``, which leaves its planning out).
+
 Writes ``overhead.json``, ``overhead.md`` and ``overhead.png`` (sweep: ``overhead_sweep.*``) into
 ``--out`` (default ``benchmarks/results``).
 """
@@ -78,6 +91,11 @@ FEDGRAPH_FEDGCN_HE = {
     "source": "FedGraph (Yao et al., 2024), FedGCN pre-training with HE; different algorithm",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
+#: the protocol's phases in the order a deployment runs them, for the critical path (the keys, the
+#: graphs, the clients' encryption, the uploads, the server's compute, the results, the decryption)
+PATH_PHASES = ("keygen", "setup", "encrypt", "upload", "server_compute", "download", "decrypt")
+#: default link speed of every party for the critical path, Gbit/s
+LINK_GBPS = 1.0
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -170,6 +188,97 @@ def plaintext_bytes(partition, encodings: dict, d: int) -> dict:
     return {"bytes_up": up, "bytes_down": down}
 
 
+# ----------------------------------------------------------------------------- critical path
+def party_phase_table(
+    party_timings: dict[int, dict[str, float]], traffic: dict[tuple[int, int, str], list[int]], server: int
+) -> dict[str, dict]:
+    """Per party (id as a string, for JSON): its role, the seconds its own clock charged to each phase
+    (``compute_s``) and the frame bytes it sent and received per phase. ``traffic`` is a transport's
+    count, (sender, recipient, message type name) -> [messages, bytes]
+    (:class:`fedgat.protocols.transport.TrafficLog`); a frame is charged to its message type's phase
+    (:data:`fedgat.protocols.party.PHASES`; unknown types to ``setup``, as a party's clock does)."""
+    from fedgat.protocols.party import PHASES as MESSAGE_PHASES
+
+    phase_of = {cls.__name__: phase for cls, phase in MESSAGE_PHASES.items()}
+    pids = sorted(set(party_timings) | {s for s, _, _ in traffic} | {r for _, r, _ in traffic})
+    table: dict[str, dict] = {
+        str(pid): {
+            "role": "server" if pid == server else "client",
+            "compute_s": {ph: float(t) for ph, t in party_timings.get(pid, {}).items()},
+            "bytes_sent": {},
+            "bytes_received": {},
+        }
+        for pid in pids
+    }
+    for (sender, recipient, type_name), (_, size) in sorted(traffic.items()):
+        phase = phase_of.get(type_name, "setup")
+        for pid, key in ((sender, "bytes_sent"), (recipient, "bytes_received")):
+            counts = table[str(pid)][key]
+            counts[phase] = counts.get(phase, 0) + int(size)
+    return table
+
+
+def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dict:
+    """The critical path of a deployment with every party on its own machine, from
+    :func:`party_phase_table`: for each phase (in :data:`PATH_PHASES` order, then any other, by name),
+    the party whose clock charged the most to it, that compute time, and the bytes that party sent and
+    received in the phase at ``link_gbps`` Gbit/s. ``seconds`` sums the phases; ``busiest_link`` names
+    the party with the most bytes in the phase (None: no frames), for reading only: the path takes the
+    slowest party's bytes."""
+    if not link_gbps > 0:
+        raise ValueError(f"link speed must be positive, got {link_gbps} Gbit/s")
+    bits_per_second = link_gbps * 1e9
+    seen = {
+        ph for p in parties.values() for key in ("compute_s", "bytes_sent", "bytes_received") for ph in p[key]
+    }
+    order = [ph for ph in PATH_PHASES if ph in seen] + sorted(seen - set(PATH_PHASES))
+
+    def moved(pid: str, phase: str) -> int:
+        p = parties[pid]
+        return p["bytes_sent"].get(phase, 0) + p["bytes_received"].get(phase, 0)
+
+    rows = []
+    for phase in order:
+        slowest = max(parties, key=lambda pid: parties[pid]["compute_s"].get(phase, 0.0))
+        busiest = max(parties, key=lambda pid: moved(pid, phase))
+        p = parties[slowest]
+        compute, sent, received = (
+            p["compute_s"].get(phase, 0.0),
+            p["bytes_sent"].get(phase, 0),
+            p["bytes_received"].get(phase, 0),
+        )
+        transfer = (sent + received) * 8 / bits_per_second
+        rows.append(
+            {
+                "phase": phase,
+                "party": int(slowest),
+                "role": p["role"],
+                "compute_s": compute,
+                "bytes_sent": sent,
+                "bytes_received": received,
+                "bytes": sent + received,
+                "transfer_s": transfer,
+                "seconds": compute + transfer,
+                "busiest_link": (
+                    {
+                        "party": int(busiest),
+                        "bytes": moved(busiest, phase),
+                        "transfer_s": moved(busiest, phase) * 8 / bits_per_second,
+                    }
+                    if moved(busiest, phase)
+                    else None
+                ),
+            }
+        )
+    return {
+        "link_gbps": link_gbps,
+        "seconds": sum(r["seconds"] for r in rows),
+        "compute_s": sum(r["compute_s"] for r in rows),
+        "transfer_s": sum(r["transfer_s"] for r in rows),
+        "phases": rows,
+    }
+
+
 # ------------------------------------------------------------------------------------ one run
 def run_overhead(
     dataset: str = "cora",
@@ -187,10 +296,13 @@ def run_overhead(
     progress: bool = False,
     measure_repeats: int = 5,
     owner: np.ndarray | None = None,
+    link_gbps: float = LINK_GBPS,
 ) -> dict:
     """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc.
     ``owner``: the user's split (one client id per node, ``fedgat bench overhead --owners``) instead of
-    the Dirichlet one."""
+    the Dirichlet one. ``link_gbps``: every party's link speed for the critical path."""
+    if not link_gbps > 0:
+        raise ValueError(f"link speed must be positive, got {link_gbps} Gbit/s")
     import torch
 
     from fedgat.crypto.measure import (
@@ -201,6 +313,7 @@ def run_overhead(
     )
     from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import max_abs_error, plaintext_round, run_encrypted_pretraining, train_fedgat
+    from fedgat.protocols import InProcessTransport
 
     torch.set_num_threads(1)
     graph = load_graph(dataset, nodes, seed)
@@ -242,6 +355,7 @@ def run_overhead(
 
     # --- encrypted round
     child_cpu0 = children_cpu_seconds()
+    transport = InProcessTransport()  # the default one, kept for its per-party, per-type byte counts
     with PeakRSS() as enc_mem:
         c0 = time.process_time()
         pre = run_encrypted_pretraining(
@@ -250,6 +364,7 @@ def run_overhead(
             variant,
             preset,
             seed,
+            transport,
             progress=progress,
             workers=workers,
             measure_server_alone=True,
@@ -267,6 +382,20 @@ def run_overhead(
     phases["server_compute"]["cpu"] += worker_cpu
     phases["round"] = {"wall": pre.wall_seconds, "cpu": enc_cpu + worker_cpu}
     span = pre.server_compute_span
+
+    # --- critical path of a deployment (every party on its own machine)
+    server = pre.deployment.server
+    parties = party_phase_table(pre.party_timings, transport.traffic, server)
+    clock = parties[str(server)]["compute_s"].get("server_compute", 0.0)
+    if pre.server_workers:  # its clock counted the waits for its workers, not their compute
+        parties[str(server)]["compute_s"]["server_compute"] = max(clock, pre.server_compute_alone)
+    path = critical_path(parties, link_gbps)
+    path["server_compute"] = {
+        "clock_s": clock,
+        "replay_alone_s": pre.server_compute_alone,
+        "used": "max(clock, replay alone): server workers" if pre.server_workers else "clock",
+    }
+    path["parties"] = parties
     encrypted = {
         "phases": phases,
         "bytes_up": pre.bytes_up,
@@ -398,6 +527,11 @@ def run_overhead(
     return {
         "dataset": graph.name,
         "num_nodes": graph.num_nodes,
+        # the simulation's wall time of the encrypted round (every party in this process) and the
+        # critical path of a deployment with every party on its own machine (see the module doc)
+        "wall_s": pre.wall_seconds,
+        "critical_path_s": path["seconds"],
+        "critical_path": path,
         "num_features": d,
         "clients": clients,
         "variant": variant,
@@ -554,9 +688,51 @@ def format_table(r: dict) -> str:
             f"recipient would be {_r(k['growth_per_recipient'])}, the own share saves {k['own_share_saving']:.0%}; "
             f"{k['releases_per_row']:.2f} releases per row"
         )
+    cp = r.get("critical_path")
+    if cp:
+        lines.append(
+            f"deployment    critical path {r['critical_path_s']:.2f} s at {cp['link_gbps']:g} Gbit/s "
+            f"(compute {cp['compute_s']:.2f} s + transfer {cp['transfer_s']:.2f} s); simulation wall "
+            f"{r['wall_s']:.2f} s"
+        )
     if p.get("test_accuracy") is not None:
         lines.append(f"test accuracy plaintext {p['test_accuracy']:.3f}  encrypted {e['test_accuracy']:.3f}")
     return "\n".join(lines)
+
+
+def render_critical_path(r: dict) -> list[str]:
+    """The markdown section of ``r["critical_path"]`` (none for results written before it)."""
+    cp = r.get("critical_path")
+    if not cp:
+        return []
+    out = [
+        "",
+        f"## Critical path of a deployment: every party on its own machine, {cp['link_gbps']:g} Gbit/s links",
+        "",
+        (
+            "Per phase in protocol order: the slowest party (the most time on its own clock in that phase), "
+            "that compute time, and the bytes it sends and receives in the phase at the link speed. Phases "
+            "are taken as barriers (the round overlaps some of them), latency is left out. "
+            f"Server compute: {cp.get('server_compute', {}).get('used', 'clock')}."
+        ),
+        "",
+        "| phase | slowest party | compute s | bytes sent + received | transfer s | phase s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in cp["phases"]:
+        out.append(
+            f"| {row['phase']} | {row['role']} {row['party']} | {row['compute_s']:.3f} | {_mb(row['bytes'])} | "
+            f"{row['transfer_s']:.3f} | {row['seconds']:.3f} |"
+        )
+    out += [
+        (
+            f"| **critical path** | | {cp['compute_s']:.3f} | {_mb(sum(x['bytes'] for x in cp['phases']))} | "
+            f"{cp['transfer_s']:.3f} | **{r['critical_path_s']:.2f}** |"
+        ),
+        "",
+        f"Simulation wall time of the encrypted round (every party in one process): {r['wall_s']:.2f} s.",
+    ]
+    return out
 
 
 #: quantities of the before/after table: (label, path into the result)
@@ -728,6 +904,7 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
             ),
             f"| tag columns per released row | {k['tag_columns']} |",
         ]
+    out += render_critical_path(r)
     out += render_before_after(r)
     if matrix:
         out += [
@@ -788,19 +965,29 @@ def render_sweep(rows: list[dict], out: Path) -> None:
         "# Encrypted vs plaintext overhead: sweep",
         "",
         (
-            "| dataset | clients | enc round s | plain s | time ratio | bytes ratio | server span / op bound "
-            "| server alone / op bound | slots |"
+            "| dataset | clients | enc round s | critical path s | plain s | time ratio | bytes ratio "
+            "| server span / op bound | server alone / op bound | slots |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         md.append(
             f"| {r['dataset']} | {r['clients']} | {r['encrypted']['phases']['round']['wall']:.1f} | "
-            f"{r['plaintext']['phases']['round']['wall']:.2f} | {_r(r['ratios']['time'], 0)} | "
+            f"{_cell(r.get('critical_path_s'))} | {r['plaintext']['phases']['round']['wall']:.2f} | {_r(r['ratios']['time'], 0)} | "
             f"{_r(r['ratios']['bytes'], 1)} | {_r(r['ratios']['server_vs_op_bound'])} | "
             f"{_r(r['ratios'].get('server_alone_vs_op_bound'))} | "
             f"{r['slot_utilisation']['nominal']:.1%} |"
         )
+    links = sorted({r["critical_path"]["link_gbps"] for r in rows if r.get("critical_path")})
+    if links:
+        md += [
+            "",
+            (
+                "Critical path: a deployment with every party on its own machine, links of "
+                f"{', '.join(f'{g:g}' for g in links)} Gbit/s (the model: the module doc of "
+                "`benchmarks/overhead.py`)."
+            ),
+        ]
     md += [
         "",
         (
@@ -870,9 +1057,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an earlier overhead JSON to show before/after (e.g. one taken before a protocol change)",
     )
     parser.add_argument("--baseline-label", default="baseline", help="what the baseline was")
+    parser.add_argument(
+        "--link-gbps",
+        type=float,
+        default=LINK_GBPS,
+        help=f"every party's link speed in Gbit/s for the deployment's critical path (default {LINK_GBPS:g})",
+    )
 
 
 def main_args(args: argparse.Namespace) -> int:
+    link_gbps = getattr(args, "link_gbps", LINK_GBPS)  # `fedgat bench overhead` does not pass it yet
+    if not link_gbps > 0:
+        raise SystemExit(f"--link-gbps must be positive, got {link_gbps}")
     if args.sweep:
         rows = []
         for ds in args.datasets:
@@ -888,6 +1084,7 @@ def main_args(args: argparse.Namespace) -> int:
                     workers=args.workers,
                     train=False,
                     progress=args.progress,
+                    link_gbps=link_gbps,
                 )
                 print(format_table(r), flush=True)
                 rows.append(r)
@@ -911,6 +1108,7 @@ def main_args(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         progress=args.progress,
         owner=getattr(args, "owner_array", None),
+        link_gbps=link_gbps,
     )
     matrix = None
     if args.matrix_estimate:

@@ -4,6 +4,7 @@ writes), the accuracy benchmark's cached-only mode, results written where the us
 wheel installed outside the checkout."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
 from test_cli_inputs import write_npz
 
 from fedgat import cli
@@ -70,6 +72,65 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     assert (out / "overhead.md").read_text().count("FedGraph") == 1
     assert (out / "overhead.png").stat().st_size > 0
     assert "op bound" in capsys.readouterr().out
+
+
+def test_bench_overhead_critical_path_of_a_deployment(tmp_path, capsys):
+    """The critical path beside the simulation's wall time: per phase the slowest party's own clock and
+    its bytes at the link speed, consistent with the summed phases and the transport's byte counts."""
+    bench = load_benchmark("overhead")
+    out, path = tmp_path / "res", tmp_path / "o.json"
+    argv = ["--dataset", "synthetic", "--nodes", "60", "--clients", "2", "--workers", "0", "--no-train"]
+    assert bench.main([*argv, "--link-gbps", "0.5", "--out", str(out), "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    enc, cp = data["encrypted"], data["critical_path"]
+    assert data["wall_s"] == enc["phases"]["round"]["wall"] > 0
+    assert cp["link_gbps"] == 0.5 and cp["server_compute"]["used"] == "clock"  # no server workers
+    assert data["critical_path_s"] > 0
+    assert math.isclose(data["critical_path_s"], sum(r["seconds"] for r in cp["phases"]))
+
+    parties = cp["parties"]
+    assert sorted(p["role"] for p in parties.values()) == ["client", "client", "server"]
+    # the per-party clocks add up to the phases the round reports (summed over parties) ...
+    for phase in PHASES - {"round"}:
+        total = sum(p["compute_s"].get(phase, 0.0) for p in parties.values())
+        assert math.isclose(total, enc["phases"][phase]["wall"], rel_tol=1e-9, abs_tol=1e-12)
+    # ... and their bytes to the transport's: every frame sent once and received once
+    sent = sum(sum(p["bytes_sent"].values()) for p in parties.values())
+    received = sum(sum(p["bytes_received"].values()) for p in parties.values())
+    assert sent == received == enc["bytes_up"] + enc["bytes_down"]
+
+    names = [r["phase"] for r in cp["phases"]]
+    assert names[:1] == ["keygen"] and {"encrypt", "upload", "server_compute", "download", "decrypt"} <= set(
+        names
+    )
+    for row in cp["phases"]:
+        phase, slowest = row["phase"], parties[str(row["party"])]
+        assert row["compute_s"] == max(p["compute_s"].get(phase, 0.0) for p in parties.values())
+        assert row["compute_s"] == slowest["compute_s"][phase] and row["role"] == slowest["role"]
+        assert row["bytes"] == slowest["bytes_sent"].get(phase, 0) + slowest["bytes_received"].get(phase, 0)
+        assert math.isclose(row["transfer_s"], row["bytes"] * 8 / 0.5e9)
+        assert math.isclose(row["seconds"], row["compute_s"] + row["transfer_s"])
+    # the uploads and the results cross the server's link
+    by_phase = {r["phase"]: r for r in cp["phases"]}
+    assert by_phase["upload"]["bytes"] > 0 and by_phase["download"]["bytes"] > 0
+
+    # at most every party's compute plus every byte over one link
+    everything = sum(sum(p["compute_s"].values()) for p in parties.values()) + sent * 8 / 0.5e9
+    assert data["critical_path_s"] <= everything
+    # recomputed from the per-party table: the same path; a 10x slower link, 10x the transfer
+    again = bench.critical_path(parties, 0.5)
+    assert math.isclose(again["seconds"], data["critical_path_s"])
+    slow = bench.critical_path(parties, 0.05)
+    assert cp["transfer_s"] > 0 and math.isclose(slow["transfer_s"], 10 * cp["transfer_s"])
+    assert math.isclose(slow["compute_s"], cp["compute_s"])
+    assert math.isclose(slow["seconds"] - data["critical_path_s"], 9 * cp["transfer_s"])
+    with pytest.raises(ValueError, match="positive"):
+        bench.critical_path(parties, 0)
+
+    md = (out / "overhead.md").read_text()
+    assert "## Critical path of a deployment" in md and "0.5 Gbit/s" in md
+    assert f"**{data['critical_path_s']:.2f}**" in md
+    assert "critical path" in capsys.readouterr().out
 
 
 def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():

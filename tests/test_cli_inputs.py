@@ -265,6 +265,7 @@ BAD = [
     (["bench", "overhead", "--clients", "0"], 2, "--clients must be >= 1"),
     (["bench", "overhead", "--dataset", "synthetic", "--nodes", "60", "--clients", "61"], 2, "at most 60"),
     (["bench", "overhead", "--beta", "-1"], 2, "--beta must be finite and > 0"),
+    (["bench", "overhead", "--link-gbps", "0"], 2, "--link-gbps must be a number > 0"),
     (["bench", "overhead", "--dataset", "nosuch"], 2, "unknown dataset"),
     (["bench", "overhead", "--out", "{npz}"], 2, "--out"),
     (["bench", "layer", "--out", "{npz}"], 2, "is a file; give a folder"),

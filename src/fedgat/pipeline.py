@@ -190,6 +190,9 @@ class PretrainResult:
     #: CPU seconds of that replay: ``(this process, worker processes)``; benchmarks that time the
     #: whole call subtract them
     server_compute_alone_cpu: tuple[float, float] = (0.0, 0.0)
+    #: party id -> phase -> wall seconds that party's own clock charged
+    #: (:attr:`~fedgat.protocols.party.Party.timings`; ``phases`` is their sum over parties)
+    party_timings: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def summary(self) -> dict:
         """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
@@ -388,6 +391,7 @@ def run_encrypted_pretraining(
         server_compute_span=marks["end"] - marks["start"] if "end" in marks else float("nan"),
         server_compute_alone=replay.wall if replay is not None else float("nan"),
         server_compute_alone_cpu=(replay.cpu, replay.worker_cpu) if replay is not None else (0.0, 0.0),
+        party_timings={pid: dict(p.timings) for pid, p in parties.all().items()},
         dp_spent=(
             {c: client.dp_spent for c, client in parties.clients.items() if client.dp_spent is not None}
             if dp is not None and dp_release is None

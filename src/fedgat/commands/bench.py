@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -87,6 +88,12 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the accuracy comparison")
     parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds of the accuracy comparison")
+    parser.add_argument(
+        "--link-gbps",
+        type=float,
+        default=1.0,
+        help="every party's link speed in Gbit/s for the deployment's critical path (default 1)",
+    )
     parser.add_argument(
         "--matrix-estimate",
         action="store_true",
@@ -182,6 +189,8 @@ def _run_overhead(args: argparse.Namespace) -> int:
         }
     )
     check_beta(args.beta)
+    if not (math.isfinite(args.link_gbps) and args.link_gbps > 0):
+        raise UsageError(f"--link-gbps must be a number > 0, got {args.link_gbps}")
     check_output_file("--json", args.json)
     if args.baseline is not None and not args.baseline.is_file():
         raise UsageError(f"--baseline {args.baseline}: no such file")
