@@ -175,7 +175,9 @@ def test_demo_reports_pre_training_before_training_and_names_strategy_and_rule(c
     assert "training: fedadam, minimum-cross rule off" in before  # the header names the defaults
     assert "pre-training (encrypted), seconds per phase" in before and "packing: a ciphertext holds" in before
     assert "test accuracy" not in before
-    assert "FedGAT test accuracy (encrypted pre-training)" in capsys.readouterr().out
+    after = capsys.readouterr().out
+    assert "FedGAT test accuracy (encrypted pre-training)" in after
+    assert "differential privacy: off, (epsilon, delta) spent: none" in after  # the demo spends no budget
 
 
 def test_a_finished_progress_bar_stops_its_clock():

@@ -47,8 +47,11 @@ def test_audit_command_writes_report_json_and_plot(tmp_path):
     assert 0.0 <= report["test_accuracy"] <= 1.0 and "distgat_test_accuracy" in report
     point = report["epsilon_sweep"][0]
     assert point["client_attacks"]["basis"]["recovered_fraction"] < 0.1
+    trap = point["chosen_predictor"]  # label_rr (the default): a trap published as its predictor
+    assert trap["epsilon"] == 2.0 and trap["trap_accuracy"] == 1.0 and trap["within_bound"] is True
     text = md.read_text()
     assert "## Server" in text and "## Server-side attacks" in text and png.stat().st_size > 1000
+    assert "## A hostile server chooses label_rr's predictor" in text
     one = report["server_attacks"]["chosen_weights_one_client"]
     agg = report["server_attacks"]["chosen_weights_aggregate"]
     assert f"Trap weights against one client's update (target: client {one['target']})" in text

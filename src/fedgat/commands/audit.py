@@ -260,6 +260,13 @@ def run(args: argparse.Namespace) -> int:
     ).as_dict()
     # [epsilon, delta] of the audited release (None: no DP)
     report["dp_spent"] = mitigation.dp_spent(graph.num_features, graph.num_classes)
+    if dp is not None and dp.mechanism == "label_rr" and not args.no_server_check:
+        from fedgat.dp_attacks import chosen_predictor_attack
+
+        _log(args, "server side: a trap published as label_rr's predictor ...")
+        report["chosen_predictor"] = chosen_predictor_attack(
+            graph, part, dp.epsilon, seed=args.seed, delta=dp.delta
+        ).as_dict()
     dp_hp = (
         {}
         if dp is None
@@ -312,6 +319,12 @@ def run(args: argparse.Namespace) -> int:
                 "client_attacks": scores.as_dict(),
                 "null_release_attacks": null.as_dict(),
             }
+            if point_dp.mechanism == "label_rr" and not args.no_server_check:
+                from fedgat.dp_attacks import chosen_predictor_attack
+
+                point["chosen_predictor"] = chosen_predictor_attack(
+                    graph, part, eps, seed=args.seed, delta=args.dp_delta
+                ).as_dict()
             if not args.no_training:
                 point["test_accuracy"] = _accuracy(
                     graph,
@@ -418,6 +431,27 @@ def render_markdown(report: dict) -> str:
             f"| {name} | {s['victims']} | {s['recovered_fraction']:.3f} | {s['mean_cosine']:.3f} | "
             f"{s['reidentification_rate']:.3f} |"
         )
+    traps = [report["chosen_predictor"]] if report.get("chosen_predictor") else []
+    traps += [p["chosen_predictor"] for p in report.get("epsilon_sweep") or () if p.get("chosen_predictor")]
+    if traps:
+        lines += [
+            "",
+            "## A hostile server chooses label_rr's predictor",
+            "",
+            (
+                "The server publishes a trap instead of the trained predictor (fedgat.dp_attacks): the label "
+                "is 1 when one chosen word is present. A recipient guesses the word from the released label. "
+                "Epsilon-DP bounds any such test's balanced accuracy by e^eps / (1 + e^eps)."
+            ),
+            "",
+            "| epsilon | word | nodes | trap's own accuracy | balanced accuracy | bound | within bound |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for t in traps:
+            lines.append(
+                f"| {t['epsilon']:g} | {t['feature']} | {t['nodes']} | {t['trap_accuracy']:.3f} | "
+                f"{t['balanced_accuracy']:.3f} | {t['bound']:.3f} | {t['within_bound']} |"
+            )
     if "test_accuracy" in report:
         lines += [
             "",
