@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
-ENGINE_CHOICES = ("inprocess", "ray")
+ENGINE_CHOICES = ("inprocess", "process", "ray")
 #: dataset names ``--dataset`` takes besides ``<family>:<name>`` and file paths
 DATASET_NAMES = ("cora", "citeseer", "pubmed", "synthetic")
 #: default client count when neither ``--clients`` nor ``--owners`` gives one
@@ -80,9 +80,9 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     ]
     try:
         from fedgat.crypto.ray_encoder import RayUnavailableError
-        from fedgat.protocols.ray_host import RayEngineError
+        from fedgat.protocols.hosting import EngineError
 
-        errors += [RayUnavailableError, RayEngineError]
+        errors += [RayUnavailableError, EngineError]  # Ray's and the process engine's
     except ImportError:  # pragma: no cover - the modules import ray lazily; kept defensive
         pass
     return tuple(errors)
@@ -369,8 +369,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         default="inprocess",
         choices=ENGINE_CHOICES,
-        help="where the parties run: inprocess (default) or ray (clients in Ray actors, the "
-        'server\'s homomorphic work as Ray tasks; pip install "fedgat[ray]")',
+        help="where the parties run: inprocess (default: every party in this process), process (the "
+        "clients in worker processes on this machine's cores, the server here) or ray (clients in Ray "
+        'actors, the server\'s homomorphic work as Ray tasks; pip install "fedgat[ray]")',
     )
     parser.add_argument(
         "--address",
@@ -381,30 +382,39 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--actors",
         type=int,
         default=None,
-        help="ray: actors hosting the clients (default min(cluster CPUs, clients))",
+        help="process: worker processes hosting the clients (default min(usable cores, clients)); ray: "
+        "actors hosting the clients (default min(cluster CPUs, clients))",
     )
 
 
 def check_engine_arguments(args: argparse.Namespace) -> None:
-    """``--address``/``--actors`` need ``--engine ray``; ``--actors`` >= 1.
+    """``--address`` needs ``--engine ray``; ``--actors`` needs ``ray`` or ``process`` and is >= 1.
 
     Raises:
         UsageError: naming the flag.
     """
-    if args.engine != "ray" and (args.address is not None or args.actors is not None):
-        raise UsageError("--address and --actors need --engine ray")
+    if args.engine != "ray" and args.address is not None:
+        raise UsageError("--address needs --engine ray")
+    if args.engine not in ("ray", "process") and args.actors is not None:
+        raise UsageError("--actors needs --engine process or --engine ray")
     if args.actors is not None and args.actors < 1:
         raise UsageError(f"--actors must be >= 1, got {args.actors}")
 
 
 def open_engine(args: argparse.Namespace, command: str):
-    """The :class:`~fedgat.protocols.ray_engine.RayEngine` of ``--engine ray`` (None for inprocess).
+    """The engine of ``--engine``: a :class:`~fedgat.protocols.process_engine.ProcessEngine` (process),
+    a :class:`~fedgat.protocols.ray_engine.RayEngine` (ray), or None (inprocess).
 
     Raises:
-        UsageError: ``--address``/``--actors`` without ``--engine ray``, or ``--actors`` below 1.
+        UsageError: ``--address`` without ``--engine ray``, ``--actors`` without ``process`` or
+            ``ray``, or ``--actors`` below 1.
         RayUnavailableError: Ray is missing (a runtime error, exit status 1).
     """
     check_engine_arguments(args)
+    if args.engine == "process":
+        from fedgat.protocols.process_engine import ProcessEngine
+
+        return ProcessEngine(args.actors, threads=args.threads)
     if args.engine != "ray":
         return None
     from fedgat.protocols.ray_engine import RayEngine

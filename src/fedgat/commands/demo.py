@@ -9,7 +9,8 @@ key (only for edges both owners confirmed), the server computes each client's en
 ciphertexts (no secret key), each client decrypts and checks its own, then FedGAT trains through
 FedAvg rounds. By default
 everything runs in one process over the in-process transport (:mod:`fedgat.protocols.transport`);
-``--engine ray`` hosts the clients in a pool of Ray actors and runs the server's homomorphic work as
+``--engine process`` hosts the clients in worker processes on this machine's cores (the server and its
+process pool stay here; :mod:`fedgat.protocols.process_engine`); ``--engine ray`` hosts the clients in a pool of Ray actors and runs the server's homomorphic work as
 Ray tasks (:mod:`fedgat.protocols.ray_engine`; a local Ray, or ``--address`` for a cluster). Printed: time per
 phase, bytes each way, slot use, the largest decryption error against the plaintext encodings built
 with the same bases, the test accuracy (with ``--plaintext-training`` also the plaintext twin's, same seed and bases)
@@ -363,10 +364,11 @@ def format_training(r: dict) -> str:
     if r["plaintext_test_accuracy"] is not None:
         lines.append(f"FedGAT test accuracy (plaintext twin, same seed): {r['plaintext_test_accuracy']:.3f}")
     lines.append(f"total {r['total_seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
-    if r.get("engine") == "ray":
+    if r.get("engine") in ("ray", "process"):
         peaks = r["actor_peak_rss_bytes"]
+        hosts = "actor(s)" if r["engine"] == "ray" else "worker process(es)"
         lines.append(
-            f"engine ray: clients in {r['actors']} actor(s), peak RSS "
+            f"engine {r['engine']}: clients in {r['actors']} {hosts}, peak RSS "
             f"{sum(peaks) / 2**30:.2f} GiB together ({sum(peaks) / max(1, r['clients']) / 2**20:.0f} MiB "
             "per client)"
         )
