@@ -311,8 +311,9 @@ class HostedTransport(TrafficLog, Transport):
         for answer in self._check(self._results(calls)):
             yield from answer["reports"].items()
 
-    def _abandon(self, calls: list[Any]) -> None:
-        """After a failed run (``calls``: those still in flight): every host drops its parties."""
+    def _abandon(self, calls: list[Any], error: BaseException) -> None:
+        """After a run failed with ``error`` (``calls``: those still in flight): every host drops its
+        parties."""
 
     # --- Transport interface (the coordinator's parties) -----------------------------------------
     def _reset(self, placement: dict[int, int], hosts: int) -> None:
@@ -476,8 +477,8 @@ class HostedTransport(TrafficLog, Transport):
             for pid, blob in self._reports(blocks):
                 parties[pid].absorb(PartyReport.from_bytes(blob))
             self.export_seconds = time.perf_counter() - clock
-        except BaseException:
-            self._abandon(list(inflight))
+        except BaseException as exc:
+            self._abandon(list(inflight), exc)
             raise
         finally:
             self._reset({}, 0)

@@ -506,5 +506,8 @@ class ProcessTransport(HostedTransport):
         for answer in self._each_party("report", blocks, lambda pid: [pid]):
             yield from answer["reports"].items()
 
-    def _abandon(self, calls: list[Any]) -> None:
-        self.engine.recover()
+    def _abandon(self, calls: list[Any], error: BaseException) -> None:
+        if isinstance(error, Exception):
+            self.engine.recover()
+        else:  # KeyboardInterrupt, SystemExit: no waiting for answers still in flight
+            self.engine.discard()

@@ -269,7 +269,7 @@ class RayTransport(HostedTransport):
     def _results(self, calls: list[Any]) -> list[dict]:
         return self.engine._get(calls)
 
-    def _abandon(self, calls: list[Any]) -> None:
+    def _abandon(self, calls: list[Any], error: BaseException) -> None:
         for actor in self.engine.actors:
             with contextlib.suppress(Exception):  # a dead actor holds nothing
                 actor.reset.remote()
