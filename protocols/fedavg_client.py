@@ -224,6 +224,11 @@ class ClientRounds(Party):
         self.max_frame_bytes = model_frame_limit(self._reference, len(roster.clients), secagg is not None)
 
     @property
+    def global_weights(self) -> StateDict | None:
+        """The last global weights received (after the run: the final model's; None before any)."""
+        return self._weights
+
+    @property
     def done(self) -> bool:
         return self.state is not RoundsState.ABORTED
 

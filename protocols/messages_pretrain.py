@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from fedgat.dp import MECHANISMS
 from fedgat.variants import as_variant
 
 from .codec import Array, Bytes, FixedBytes, Float64, ListOf, Optional, Record, Text
@@ -323,22 +324,44 @@ class FeatureUpload(Message):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class PrivacyTerms(Message):
     """The differential-privacy terms the sender runs the session with (:class:`fedgat.dp.FeatureDP`):
-    ``epsilon``, ``delta``, projection ``dim`` (0: no projection) and projection ``seed``."""
+    the ``mechanism`` (:data:`fedgat.dp.MECHANISMS`), ``epsilon``, ``delta``, gaussian's projection
+    ``dim`` (0: no projection) and ``seed``, multibit's ``bits`` (0: LPGNN's rule) and ``low``/``high``
+    bounds."""
 
     TYPE: ClassVar[int] = 16
-    MAX_PAYLOAD: ClassVar[int] = 64
-    SCHEMA: ClassVar = (("epsilon", Float64()), ("delta", Float64()), ("dim", U32), ("seed", U64))
+    MAX_PAYLOAD: ClassVar[int] = 128
+    SCHEMA: ClassVar = (
+        ("mechanism", Text(16)),
+        ("epsilon", Float64()),
+        ("delta", Float64()),
+        ("dim", U32),
+        ("seed", U64),
+        ("bits", U32),
+        ("low", Float64()),
+        ("high", Float64()),
+    )
 
+    mechanism: str
     epsilon: float
     delta: float
     dim: int
     seed: int
+    bits: int
+    low: float
+    high: float
+
+    #: the terms themselves (what two parties must agree on), in schema order
+    SCHEMA_FIELDS: ClassVar[tuple[str, ...]] = tuple(name for name, _ in SCHEMA)
 
     def check(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise PayloadError(f"unknown DP mechanism {self.mechanism!r}; known: {MECHANISMS}")
         if not self.epsilon > 0 or not 0 < self.delta < 1:
             raise PayloadError(
                 f"DP terms need epsilon > 0 and 0 < delta < 1, got ({self.epsilon}, {self.delta})"
             )
+        if not self.low < self.high:
+            raise PayloadError(f"DP bounds need low < high, got ({self.low}, {self.high})")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

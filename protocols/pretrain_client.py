@@ -24,6 +24,7 @@ from fedgat.crypto import (
     encrypt_rows,
 )
 from fedgat.crypto.tags import CheckKeys, ResultCheckError, check_share, prf_tags, tag_columns
+from fedgat.dp import LabelPredictor
 from fedgat.dp_ledger import DPLedger, dataset_id
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
 
@@ -87,7 +88,7 @@ class _Assembly:
 
     bases: BucketBases
     owners: np.ndarray  # (B, n) owner of each neighbour
-    rows: torch.Tensor  # (B, R + 1, d): the own share, then own + each checked partial
+    rows: torch.Tensor  # (B, R + 1, encoding_dim): the own share, then own + each checked partial
     remaining: np.ndarray  # (B,) foreign owners whose partial has not arrived
     slot: dict[int, int]  # node -> position in the bucket
     received: set[tuple[int, int]] = field(default_factory=set)  # (slot, owner) partials added
@@ -126,15 +127,19 @@ class ClientPretrain(Party):
         limits: ``max_neighbours`` and ``max_encoding_bytes`` bound what the server's bases may make
             this client allocate.
         ledger: with ``config.dp``, this owner's :class:`~fedgat.dp_ledger.DPLedger`: the release
-            (:meth:`fedgat.dp.FeatureDP.release_rows`, noise from a fresh CSPRNG, recipients the
+            (:meth:`fedgat.dp.FeatureDP.release_rows`, randomness from a fresh CSPRNG, recipients the
             roster's other clients) is charged to it here, before anything is sent; required unless
             ``release`` is given.
-        release: with ``config.dp``, a release drawn (and charged) before (a :class:`PartySpec`'s):
-            ``features`` are then the clean projected rows it was drawn from.
+        release: with ``config.dp``, the ``(len(owned), w)`` rows of a release drawn (and charged)
+            before (a :class:`PartySpec`'s, or :func:`fedgat.dp_release.draw_release`'s).
+        predictor: with ``config.dp`` of mechanism ``label_rr`` and no ``release``, the published
+            label predictor (:mod:`fedgat.dp_predictor`) the release randomises.
 
-    With ``config.dp`` the rows it releases to others are its DP release; its own share uses its
-    clean projected rows; it announces its :class:`PrivacyTerms` before its graph and refuses bases
-    before the server confirmed the same terms.
+    With ``config.dp`` the rows it releases to others are its DP release (``w`` values per row, what
+    it announces as its ``dim`` and the server computes on); its encodings follow the block layout of
+    :mod:`fedgat.dp` (own share in the first ``d`` columns, every checked partial in the last ``w``);
+    it announces its :class:`PrivacyTerms` before its graph and refuses bases before the server
+    confirmed the same terms.
 
     Raises:
         PayloadError: invalid features, neighbourhoods or cross edges (nothing is sent).
@@ -165,6 +170,7 @@ class ClientPretrain(Party):
         limits: PretrainLimits | None = None,
         ledger: DPLedger | None = None,
         release: np.ndarray | None = None,
+        predictor: LabelPredictor | None = None,
     ) -> None:
         super().__init__(party_id, roster, config.session, identity.signer)
         self.timeouts = timeouts if timeouts is not None else PretrainTimeouts()
@@ -177,25 +183,24 @@ class ClientPretrain(Party):
         self._release: np.ndarray | None = None
         self.dp_spent: tuple[float, float] | None = None  # (epsilon, delta) after this client's release
         self._terms_confirmed = False
-        if config.dp is None or release is not None:
-            if release is not None and config.dp is None:
-                raise ValueError("a release needs the session's DP terms (config.dp)")
-            self._features = validate_features(features, len(owned))
-            if release is not None:
-                self._release = validate_features(release, len(owned), self._features.shape[1])
-        else:  # any finite rows: the projection normalises them
-            raw = validate_features(features, len(owned), tol=np.inf)
+        if release is not None and config.dp is None:
+            raise ValueError("a release needs the session's DP terms (config.dp)")
+        self._features = validate_features(features, len(owned))
+        if release is not None:
+            self._release = validate_features(release, len(owned))
+        elif config.dp is not None:
             others = tuple(c for c in roster.clients if c != party_id)
-            clean, self._release = config.dp.release_rows(raw, ledger=ledger, recipients=others)
+            self._release = config.dp.release_rows(
+                self._features, ledger=ledger, recipients=others, predictor=predictor
+            )
             assert ledger is not None  # release_rows refused otherwise
-            self.dp_spent = ledger.spent(dataset_id(raw))
-            self._features = validate_features(clean, len(owned))
+            self.dp_spent = ledger.spent(dataset_id(self._features))
         self._graph = GraphAnnounce(
             sender=party_id,
             recipient=roster.server,
             session=config.session,
             seq=0,
-            dim=self._features.shape[1],
+            dim=self.dim,
             owned=owned,
             indptr=np.asarray(indptr, dtype=np.int64),
             indices=np.asarray(indices, dtype=np.int64),
@@ -250,7 +255,18 @@ class ClientPretrain(Party):
 
     @property
     def dim(self) -> int:
-        return int(self._features.shape[1])
+        """Values per row this client releases (its features', or with DP its release's width)."""
+        return int((self._features if self._release is None else self._release).shape[1])
+
+    @property
+    def encoding_dim(self) -> int:
+        """Feature columns of its encodings: ``d``, or with DP ``d + w`` (the block layout)."""
+        return int(self._features.shape[1]) + (0 if self._release is None else self.dim)
+
+    @property
+    def _offset(self) -> int:
+        """First encoding column the foreign partials fill (the released block, with DP)."""
+        return self.encoding_dim - self.dim
 
     def _snapshot(self) -> dict:
         return {
@@ -549,7 +565,7 @@ class ClientPretrain(Party):
         if msg.bucket != len(self._assemblies):
             raise PayloadError(f"bucket {msg.bucket} out of order (expected {len(self._assemblies)})")
         element = torch.empty((), dtype=self.dtype).element_size()
-        need = check_bases(msg, cfg, self.limits, self.dim * element, self._encoding_bytes)
+        need = check_bases(msg, cfg, self.limits, self.encoding_dim * element, self._encoding_bytes)
         nodes = [int(n) for n in msg.nodes]
         check_bucket_nodes(nodes, msg.n, self._position, self._assigned, self._degree)
         self._check_neighbours(msg)
@@ -570,15 +586,15 @@ class ClientPretrain(Party):
         return []
 
     def _own_share(self, bases: BucketBases, mine: np.ndarray) -> np.ndarray:
-        """``(B, R + 1, d)``: the encodings' share of this client's own rows, in plaintext
-        (one pass per neighbourhood position, not per node)."""
+        """``(B, R + 1, encoding_dim)``: the encodings' share of this client's own rows, in plaintext
+        (one pass per neighbourhood position, not per node; with DP the released block stays zero)."""
         coef = bases.coefficients()
-        out = np.zeros((len(bases), coef.shape[1], self.dim))
+        out = np.zeros((len(bases), coef.shape[1], self.encoding_dim))
         for k in range(bases.n):
             at = np.flatnonzero(mine[:, k])
             if len(at):
                 h = self._features[np.searchsorted(self.owned, bases.neighbours[at, k])]
-                out[at] += coef[at, :, k, None] * h[:, None, :]
+                out[at, :, : h.shape[1]] += coef[at, :, k, None] * h[:, None, :]
         return out
 
     def _on_results(self, msg: EncodingResults) -> list[Message]:
@@ -615,8 +631,9 @@ class ClientPretrain(Party):
                 except (CiphertextFormatError, KeyMismatchError) as exc:
                     raise crypto_error(exc, f"results of node {item.node}") from exc
                 shares.append(self._check(asm, slot, owner, dec))
+        lo = self._offset
         for (slot, owner), share in zip(parts, shares, strict=True):  # all checked: now store
-            asm.rows[slot] += torch.from_numpy(share).to(self.dtype)
+            asm.rows[slot, :, lo:] += torch.from_numpy(share).to(self.dtype)
             asm.received.add((slot, owner))
             asm.remaining[slot] -= 1
         self._arm("download", self.timeouts.download)

@@ -73,9 +73,11 @@ class PretrainConfig:
         chunks: feature chunks per node in the slot layout; None picks
             :meth:`~fedgat.crypto.SlotLayout.for_dimension` (3 chunks for Cora at n4096).
         embed_factor: vector variant's ``m = embed_factor * n``.
-        dp: differential privacy of the features shared across clients (:class:`fedgat.dp.FeatureDP`;
-            None: off). With it the rows a client releases to others are its DP release, and a
-            client's encodings read its own clean rows and every other node's release.
+        dp: differential privacy of the rows shared across clients (:class:`fedgat.dp.FeatureDP`;
+            None: off). With it the rows a client releases to others are its DP release, the server
+            computes on the release's width only, and a client's encodings follow the block layout
+            of :mod:`fedgat.dp`: its own clean rows in the first ``d`` columns, every other node's
+            release in the last ``w``.
             Every party must hold the same terms: they are exchanged (:class:`PrivacyTerms`) and a
             mismatch is refused (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
             The terms are public and shared with the server, so the owner's ledger is not part of
@@ -111,11 +113,16 @@ class PretrainConfig:
     def dp_fields(self) -> dict:
         """The :class:`PrivacyTerms` fields of :attr:`dp` (which must be set)."""
         assert self.dp is not None
+        dp = self.dp
         return {
-            "epsilon": float(self.dp.epsilon),
-            "delta": float(self.dp.delta),
-            "dim": 0 if self.dp.dim is None else int(self.dp.dim),
-            "seed": int(self.dp.seed),
+            "mechanism": dp.mechanism,
+            "epsilon": float(dp.epsilon),
+            "delta": float(dp.delta),
+            "dim": 0 if dp.dim is None else int(dp.dim),
+            "seed": int(dp.seed),
+            "bits": 0 if dp.bits is None else int(dp.bits),
+            "low": float(dp.bounds[0]),
+            "high": float(dp.bounds[1]),
         }
 
     def check_terms(self, msg: PrivacyTerms, who: str) -> None:
@@ -124,7 +131,7 @@ class PretrainConfig:
         Raises:
             ConfigMismatchError: the terms differ.
         """
-        got = {"epsilon": msg.epsilon, "delta": msg.delta, "dim": msg.dim, "seed": msg.seed}
+        got = {k: getattr(msg, k) for k in PrivacyTerms.SCHEMA_FIELDS}
         if self.dp is None:
             raise ConfigMismatchError(
                 f"{who} runs the session with DP terms {got}; this party runs it without DP"

@@ -321,9 +321,10 @@ class ServerPretrain(Party):
             raise ConfigMismatchError(
                 f"party {msg.sender} announces its graph without the session's DP terms"
             )
-        if dp is not None and dp.dim is not None and msg.dim > dp.dim:
+        if dp is not None and dp.mechanism == "gaussian" and dp.dim is not None and msg.dim > 1 + dp.dim:
             raise ConfigMismatchError(
-                f"party {msg.sender} announces {msg.dim}-dim features; the session's DP release projects to {dp.dim} dims"
+                f"party {msg.sender} announces {msg.dim}-value rows; the session's DP release projects to "
+                f"{dp.dim} dims (+ 1 marker column)"
             )
         if self._dim is not None and msg.dim != self._dim:
             raise PayloadError(f"feature dimension {msg.dim} differs from the session's {self._dim}")

@@ -150,9 +150,33 @@ def _build_fedgat(kwargs: Mapping[str, Any]) -> nn.Module:
     )
 
 
+def _describe_predictor(model: nn.Module) -> dict[str, Any]:
+    from fedgat.dp_predictor import MLPPredictor
+
+    assert isinstance(model, MLPPredictor)
+    return {
+        "in_channels": model.lin1.in_features,
+        "num_classes": model.lin2.out_features,
+        "hidden": model.lin1.out_features,
+        "dropout": model.dropout,
+    }
+
+
+def _build_predictor(kwargs: Mapping[str, Any]) -> nn.Module:
+    from fedgat.dp_predictor import MLPPredictor
+
+    return MLPPredictor(
+        int(kwargs["in_channels"]),
+        int(kwargs["num_classes"]),
+        int(kwargs["hidden"]),
+        float(kwargs["dropout"]),
+    )
+
+
 #: model class name -> ("module:class", describe(model) -> kwargs, build(kwargs) -> model)
 MODELS: dict[str, tuple[str, Callable[[nn.Module], dict], Callable[[Mapping[str, Any]], nn.Module]]] = {
-    "FedGAT": ("fedgat.models:FedGAT", _describe_fedgat, _build_fedgat)
+    "FedGAT": ("fedgat.models:FedGAT", _describe_fedgat, _build_fedgat),
+    "MLPPredictor": ("fedgat.dp_predictor:MLPPredictor", _describe_predictor, _build_predictor),
 }
 
 
@@ -293,12 +317,20 @@ def rounds_from_spec(cls: type[ClientRounds], spec: PartySpec) -> ClientRounds:
 
 
 def report_rounds(party: ClientRounds) -> tuple[dict[str, int], dict[str, Any]]:
-    return {"last_round": int(party.last_round), "dp_rounds": int(party.client.dp_rounds)}, {}
+    """Counters, and the last global weights the client received (e.g. a published predictor's)."""
+    weights = party._weights
+    counters = {"last_round": int(party.last_round), "dp_rounds": int(party.client.dp_rounds)}
+    return counters, {"weights": None if weights is None else tensors_to_arrays(weights, "")}
 
 
 def absorb_rounds(party: ClientRounds, report: PartyReport) -> None:
     party.last_round = int(report.counters["last_round"])
     party.client.dp_rounds = int(report.counters.get("dp_rounds", 0))
+    weights = report.result.get("weights")
+    if weights is not None:
+        if list(weights) != list(party._reference):
+            raise ValueError("the reported global weights do not match the model's")
+        party._weights = {k: torch.from_numpy(np.array(a)) for k, a in weights.items()}
 
 
 # ------------------------------------------------------------------------------------ mid-run state

@@ -17,11 +17,12 @@ import torch
 from fedgat import plain_encoder
 from fedgat.app import bases_rng, build_pretrain_parties
 from fedgat.crypto.encodings import plan_views, release_key
-from fedgat.dp import FeatureDP
+from fedgat.dp import FeatureDP, block_rows
 from fedgat.dp_ledger import Budget, DPLedger
+from fedgat.dp_release import draw_release
 from fedgat.encodings import BucketBases, draw_bases, encode
 from fedgat.partition import make_partition
-from fedgat.pipeline import dp_features, drive, max_abs_error, plaintext_round, run_plaintext_pretraining
+from fedgat.pipeline import drive, max_abs_error, plaintext_round, run_plaintext_pretraining
 from fedgat.plain_encoder import PlainEncoder, PlainResult, PlainRows, PlaintextRound, assemble_encodings
 from fedgat.protocols import InProcessTransport
 from fedgat.protocols.pretrain_plan import partition_graphs, plan_round
@@ -30,13 +31,13 @@ from fedgat.synthetic import synthetic_graph
 from graph_helpers import random_csr, unit_rows
 
 SEED = 11
-DP = FeatureDP(epsilon=4.0, delta=1e-5, dim=8, seed=5)
+DP = FeatureDP(epsilon=4.0, delta=1e-5, mechanism="gaussian", dim=8, seed=5)
 
 
 def _release(graph, partition, dp):
     """One CSPRNG release, charged to in-memory ledgers, for both the protocol and its twin."""
     ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(partition.num_clients)}
-    return None if dp is None else dp_features(graph, partition, dp, ledgers=ledgers)
+    return None if dp is None else draw_release(graph, partition, dp, ledgers=ledgers)
 
 
 VARIANTS = ["vector", "matrix"]
@@ -252,7 +253,7 @@ def test_owners_keep_their_own_row_and_the_encoder_is_injected(federation):
     noisy = Noisy(rnd.rows)
     got = rnd.run(noisy)
     assert noisy.closed
-    clean, release = drawn
+    clean, release = block_rows(graph.x.double(), drawn)  # the block layout of fedgat.dp
     for c, enc in got.items():
         own = set(partition.clients[c].owned.tolist())
         for n, rows in rows_by_node(enc).items():

@@ -8,6 +8,8 @@ process) -- so all of them run the same protocol on the same data, from a graph,
 * :class:`Deployment`, :func:`make_deployment` -- party ids, private identities, the pinned roster;
 * :func:`build_pretrain_parties` -- the state machines of the encrypted pre-training round, built
   from :func:`build_pretrain_server` and one :func:`build_pretrain_client` per client;
+* :func:`build_predictor_parties` -- with the ``label_rr`` DP release, the FedAvg rounds that train
+  its label predictor first (:mod:`fedgat.dp_predictor`);
 * :func:`build_training_parties` -- the state machines of the FedAvg rounds, built from
   :func:`build_rounds_server` and one :func:`build_rounds_client` per client: FedGAT clients
   (:func:`fedgat.methods.fedgat_model_fn`) trained on their decrypted encodings
@@ -31,9 +33,10 @@ import torch
 
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.crypto.spool import CiphertextSpool
-from fedgat.dp import FeatureDP
+from fedgat.dp import FeatureDP, LabelPredictor
 from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import DPLedger, MissingLedgerError
+from fedgat.dp_predictor import predictor_model_fn, predictor_tasks
 from fedgat.encodings import Encodings
 from fedgat.federated import Client, strategy_from_hparams
 from fedgat.graph import Graph
@@ -62,6 +65,7 @@ __all__ = [
     "PretrainParties",
     "TrainingParties",
     "bases_rng",
+    "build_predictor_parties",
     "build_pretrain_client",
     "build_pretrain_parties",
     "build_pretrain_server",
@@ -192,13 +196,15 @@ def build_pretrain_client(
     dtype: torch.dtype = torch.float64,
     upload_batch: int = 32,
     ledger: DPLedger | None = None,
-    release: tuple[torch.Tensor, torch.Tensor] | None = None,
+    release: torch.Tensor | None = None,
+    predictor: LabelPredictor | None = None,
 ) -> ClientPretrain:
     """Client ``client``'s party of a pre-training round: its owned rows of ``graph.x``, its
     neighbourhoods, cross-client edges (:func:`cross_edges`) and ``needed`` nodes from ``partition``.
-    With ``config.dp`` the client draws its release (noise from a fresh CSPRNG, never from ``seed``)
-    and charges it to ``ledger`` (required) at construction, or uploads ``release`` -- ``(clean,
-    release)`` rows of every node, :func:`fedgat.pipeline.dp_features`, drawn and charged before.
+    With ``config.dp`` the client draws its release (randomness from a fresh CSPRNG, never from
+    ``seed``; ``label_rr`` from the published ``predictor``) and charges it to ``ledger`` (required)
+    at construction, or uploads its rows of ``release`` -- ``(N, w)`` rows of every node,
+    :func:`fedgat.dp_release.draw_release`, drawn and charged before.
 
     Raises:
         ValueError: the client owns no node.
@@ -215,7 +221,7 @@ def build_pretrain_client(
         config,
         identity,
         owned=cp.owned,
-        features=graph.x.numpy()[cp.owned] if release is None else release[0].numpy()[cp.owned],
+        features=graph.x.numpy()[cp.owned],
         indptr=indptr,
         indices=indices,
         cross=cross,
@@ -224,7 +230,8 @@ def build_pretrain_client(
         dtype=dtype,
         upload_batch=upload_batch,
         ledger=ledger,
-        release=None if release is None else release[1].numpy()[cp.owned],
+        release=None if release is None else release.numpy()[cp.owned],
+        predictor=predictor,
     )
 
 
@@ -246,18 +253,20 @@ def build_pretrain_parties(
     dp: FeatureDP | None = None,
     encoder: EncoderFactory | None = None,
     dp_ledgers: Mapping[int, DPLedger] | None = None,
-    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dp_release: torch.Tensor | None = None,
+    predictors: Mapping[int, LabelPredictor] | None = None,
 ) -> PretrainParties:
     """Build the server and the clients of a pre-training round for ``partition``.
 
     ``encoder``: where the server computes (default :func:`fedgat.crypto.encoders.local_encoder`
     with ``workers`` processes); ``spool_dir``: where it stores uploads (default a temporary folder).
 
-    ``dp``: the DP release of shared features (``PretrainConfig.dp``); each client ``c`` draws its
-    release with noise from a fresh CSPRNG (never from ``seed``) and charges it to ``dp_ledgers[c]``
-    (required with ``dp``: e.g. :meth:`fedgat.dp_ledger.DPLedger.for_owner`, a persistent file), or
-    uploads its rows of ``dp_release`` (``(clean, release)`` of every node, drawn and charged before
-    by :func:`fedgat.pipeline.dp_features`; to compare a run with its plaintext twin).
+    ``dp``: the DP release of shared rows (``PretrainConfig.dp``); each client ``c`` draws its
+    release with randomness from a fresh CSPRNG (never from ``seed``; ``label_rr`` from the published
+    predictor it holds, ``predictors[c]``) and charges it to ``dp_ledgers[c]`` (required with ``dp``: e.g.
+    :meth:`fedgat.dp_ledger.DPLedger.for_owner`, a persistent file), or uploads its rows of
+    ``dp_release`` (``(N, w)``, drawn and charged before by :func:`fedgat.dp_release.draw_release`;
+    to compare a run with its plaintext twin).
 
     Raises:
         MissingLedgerError: ``dp`` without ``dp_ledgers`` (or ``dp_release``), or a client without one.
@@ -305,6 +314,7 @@ def build_pretrain_parties(
             upload_batch=upload_batch,
             ledger=None if dp_ledgers is None else dp_ledgers.get(c),
             release=dp_release,
+            predictor=None if predictors is None else predictors.get(c),
         )
         for c in roster.clients
     }
@@ -401,11 +411,13 @@ def build_rounds_client(
     fingerprint: bytes | None = None,
     compact_tol: float = COMPACT_TOLERANCE,
     secagg: SecAggConfig | str | None = "auto",
+    dp_rounds: int = 0,
 ) -> ClientRounds:
     """Client ``client``'s party of the FedAvg rounds: a :class:`fedgat.federated.Client` training
     FedGAT (hyper-parameters ``hp``) on the tasks of its (decrypted) ``encodings`` of its ``needed``
     nodes (:func:`fedgat.tasks.tasks_from_encodings`, compacted at ``compact_tol``); ``secagg`` as
-    :func:`build_rounds_server` (both sides must agree).
+    :func:`build_rounds_server` (both sides must agree); ``dp_rounds``: the rounds DP-FedAvg has
+    already counted against the client's budget (the release predictor's, :func:`build_predictor_parties`).
 
     Raises:
         ValueError: the encodings do not cover the client's ``needed`` nodes in order.
@@ -424,6 +436,7 @@ def build_rounds_client(
         strategy=strategy.client,
         update_dp=update_dp_from_hparams(hp),
     )
+    member.dp_rounds = dp_rounds
     return ClientRounds(
         client,
         roster,
@@ -446,6 +459,7 @@ def build_training_parties(
     session: int | None = None,
     compact_tol: float = COMPACT_TOLERANCE,
     secagg: SecAggConfig | str | None = "auto",
+    dp_rounds: Mapping[int, int] | None = None,
     **hparams: Any,
 ) -> TrainingParties:
     """The server and the clients of the FedAvg rounds from the clients' (decrypted) encodings.
@@ -456,14 +470,15 @@ def build_training_parties(
     encodings' feature dimension (the DP projection's, with DP). ``secagg``: secure aggregation of
     the updates for every party (:mod:`fedgat.protocols.secagg`; "auto", the default, as
     :func:`training_secagg`; None: plaintext updates). The in-process simulator
-    :meth:`fedgat.federated.Server.fit` aggregates in the clear.
+    :meth:`fedgat.federated.Server.fit` aggregates in the clear. ``dp_rounds``: client -> rounds
+    DP-FedAvg has already counted (the release predictor's).
     """
     hp = resolve_hparams("fedgat", hparams)
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
     secagg = training_secagg(secagg, len(roster.clients), hp["fraction"])
-    in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # projected with DP
+    in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # d + w with DP (block layout)
     shape = {"num_features": in_dim, "num_classes": graph.num_classes}
     server = build_rounds_server(
         roster,
@@ -489,10 +504,68 @@ def build_training_parties(
             fingerprint=fingerprint,
             compact_tol=compact_tol,
             secagg=secagg,
+            dp_rounds=0 if dp_rounds is None else int(dp_rounds.get(c, 0)),
             **shape,
         )
         for c in roster.clients
     }
+    return TrainingParties(deployment, hp, server, clients)
+
+
+def build_predictor_parties(
+    graph: Graph,
+    partition: Partition,
+    *,
+    seed: int = 0,
+    deployment: Deployment | None = None,
+    session: int | None = None,
+    secagg: SecAggConfig | str | None = "auto",
+    **hparams: Any,
+) -> TrainingParties:
+    """The FedAvg rounds that train ``label_rr``'s release predictor (:mod:`fedgat.dp_predictor`):
+    the same server and client state machines as FedGAT's rounds (secure aggregation, strategy,
+    DP-FedAvg), on each client's owned feature rows and training labels, for
+    ``dp_predictor_rounds`` rounds without early stopping. Models are drawn after
+    ``torch.manual_seed(seed)`` as :func:`fedgat.dp_predictor.train_predictor` draws them, so the
+    protocol and the simulation train the same predictor (up to the secure sum's rounding)."""
+    hp = resolve_hparams("fedgat", hparams)
+    deployment = deployment or make_deployment(partition.num_clients)
+    roster = deployment.roster
+    session = secrets.randbits(63) if session is None else session
+    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"])
+    model_fn = predictor_model_fn(graph.num_features, graph.num_classes, hp)
+    torch.manual_seed(seed)
+    model = model_fn()
+    strategy = strategy_from_hparams(hp, model)
+    update_dp = update_dp_from_hparams(hp)
+    server = ServerRounds(
+        roster.server,
+        roster,
+        session,
+        deployment.identities[roster.server],
+        initial_state=model.state_dict(),
+        rounds=hp["dp_predictor_rounds"],
+        patience=None,
+        strategy=strategy.server,
+        fraction=hp["fraction"],
+        seed=seed,
+        secagg=secagg,
+        update_dp=update_dp,
+    )
+    clients = {}
+    for c, task in zip(roster.clients, predictor_tasks(graph, partition), strict=True):
+        member = Client(
+            c,
+            model_fn(),
+            task,
+            task,
+            lr=hp["lr"],
+            weight_decay=hp["weight_decay"],
+            local_epochs=hp["local_epochs"],
+            strategy=strategy_from_hparams(hp).client,
+            update_dp=update_dp,
+        )
+        clients[c] = ClientRounds(c, roster, session, deployment.identities[c], client=member, secagg=secagg)
     return TrainingParties(deployment, hp, server, clients)
 
 

@@ -24,11 +24,13 @@ needs anything beyond the client's own view; all are exact up to floating-point 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fedgat.dp import FeatureDP, LabelPredictor
 from fedgat.encodings import EncodingBucket, Encodings
 
 
@@ -135,6 +137,41 @@ def prior_knowledge(targets: dict[int, list[int]], own_feats: dict[int, np.ndarr
         np.asarray([own_feats[j] for j in nbrs if j in own_feats]).reshape(-1, d) for nbrs in targets.values()
     ]
     return Recovery("prior_knowledge", list(targets), guesses)
+
+
+def release_decoder(
+    dp: FeatureDP, known: np.ndarray, predictor: LabelPredictor | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The attacker's map from rows of a DP block layout (:mod:`fedgat.dp`, ``(g, d + w)``) back to
+    feature space (``(g, d)``): block A as is, plus its best estimate of the features behind block B.
+
+    ``gaussian``: the projection's transpose applied to the mechanism's output (the least-squares
+    inverse of a projection with orthonormal rows); ``multibit``: the output itself (an unbiased
+    estimate up to scale); ``label_rr``: the mean feature row of the class the release names, the
+    means taken over ``known`` (the attacker's own ``(n, d)`` rows) labelled by the published
+    ``predictor`` (classes it sees none of decode to zero).
+    """
+    d = known.shape[1]
+    if dp.mechanism == "label_rr":
+        if predictor is None:
+            raise ValueError("decoding a label_rr release needs the published predictor")
+        labels = predictor.labels(known)
+        counts = np.bincount(labels, minlength=predictor.num_classes)
+        means = np.zeros((predictor.num_classes, d))
+        np.add.at(means, labels, known)
+        means /= np.maximum(counts, 1)[:, None]
+        inverse = means
+    elif dp.mechanism == "gaussian":
+        R = dp.projection(d)
+        inverse = np.eye(d) if R is None else R.double().numpy()
+    else:
+        inverse = np.eye(d)
+
+    def decode(rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.float64)
+        return rows[:, :d] + rows[:, d + 1 :] @ inverse  # column d is the constant marker
+
+    return decode
 
 
 def recover_basis_from_tensor(T: np.ndarray, n: int, seed: int = 0) -> np.ndarray:

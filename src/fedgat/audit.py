@@ -9,31 +9,36 @@ client, against the real protocol (:mod:`fedgat.server_attacks` for the pre-trai
 :mod:`fedgat.training_attacks` for the training rounds), each scored against the ground truth.
 
 Mitigations, each a setting: the paper's minimum cross-client rule ``min_cross`` (k), a neighbour
-cap with random sampling, and a DP release of the features shared for cross-client use
-(:class:`fedgat.dp.FeatureDP`).
+cap with random sampling, and a DP release of the rows shared for cross-client use
+(:class:`fedgat.dp.FeatureDP`: then the attacks are scored in the release's space, against the
+noise-free release, and against a null release for chance).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from fedgat.attacks import (
+    Recovery,
     RecoveryScore,
     basis_attack,
     m1_trace_attack,
     neighbour_sum_attack,
     prior_knowledge,
+    release_decoder,
     score_recovery,
     spectral_attack,
 )
-from fedgat.dp import FeatureDP
-from fedgat.dp_ledger import Budget, DPLedger, dataset_id
+from fedgat.dp import FeatureDP, LabelPredictor, block_rows
+from fedgat.dp_ledger import Budget, DPLedger, MissingLedgerError, dataset_id
+from fedgat.dp_predictor import train_predictor
 from fedgat.encodings import encode
 from fedgat.graph import Graph
+from fedgat.methods import resolve_hparams
 from fedgat.partition import Partition, make_partition
 from fedgat.randomness import RandomSource
 from fedgat.variants import VariantLike, as_variant
@@ -55,13 +60,14 @@ class Mitigation:
             "dp": None if self.dp is None else self.dp.describe(),
         }
 
-    def dp_spent(self) -> list[float] | None:
-        """``[epsilon, delta]`` one audited release spends (composed by :mod:`fedgat.dp_ledger`'s
-        accountant, as :func:`audit_clients` charges it; the audit report's ``dp_spent``), or None."""
+    def dp_spent(self, d: int, num_classes: int) -> list[float] | None:
+        """``[epsilon, delta]`` one audited release of ``d``-dimensional rows spends (composed by
+        :mod:`fedgat.dp_ledger`'s accountant, as :func:`audit_clients` charges it; the audit report's
+        ``dp_spent``), or None."""
         if self.dp is None:
             return None
         ledger = DPLedger(Budget(self.dp.epsilon, self.dp.delta))
-        return list(ledger.charge("audited-release", self.dp.sigma))
+        return list(ledger.charge("audited-release", self.dp.record(d, num_classes)))
 
 
 @dataclass
@@ -100,23 +106,44 @@ def client_features(
     null_release: bool = False,
     *,
     ledger: DPLedger | None = None,
+    predictor: LabelPredictor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(clean, shared)`` float64 features: what owners use and what other clients' encodings use.
+    """``(own, shared)`` float64 rows of every node: what its owner's encodings use and what other
+    clients' encodings use.
 
-    With ``mitigation.dp`` the shared features are a release (:meth:`fedgat.dp.FeatureDP.release`,
-    noise from a fresh CSPRNG, never from ``seed``) charged to ``ledger`` (required).
+    Without DP both are the features. With ``mitigation.dp`` they follow the block layout of
+    :mod:`fedgat.dp`: ``own = [x, 0]``, ``shared = [0, release]`` (:meth:`fedgat.dp.FeatureDP.release_rows`,
+    randomness from a fresh CSPRNG, never from ``seed``, charged to ``ledger``, which is required;
+    ``predictor``: ``label_rr``'s).
 
-    ``null_release`` shares the features of a random permutation of the nodes instead (released
-    through the same mechanism): a release with the same distribution that carries no information on
-    which node has which features. Attacks scored on it measure chance under the same scoring.
+    ``null_release`` shares the rows of a random permutation of the nodes instead (released through
+    the same mechanism): a release with the same distribution that carries no information on which
+    node has which features. Attacks scored on it measure chance under the same scoring.
     """
     x = graph.x
     if null_release:
         x = x[torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed + 7919))]
-    clean = graph.x.double() if mitigation.dp is None else mitigation.dp.project(graph.x).double()
-    if mitigation.dp is None:
-        return clean, x.double()
-    return clean, mitigation.dp.release(x, ledger=ledger).double()
+    dp = mitigation.dp
+    if dp is None:
+        return graph.x.double(), x.double()
+    if ledger is None:
+        raise MissingLedgerError("the audited DP release needs a ledger to charge")
+    release = dp.release_rows(x, ledger=ledger, predictor=predictor)
+    return block_rows(graph.x.double(), torch.from_numpy(release))
+
+
+def _decoded(recovery: Recovery, decode: Callable[[np.ndarray], np.ndarray] | None) -> Recovery:
+    """The attack's guesses in feature space: block A as is plus the attacker's decoding of block B."""
+    if decode is None:
+        return recovery
+    return Recovery(recovery.attack, recovery.targets, [decode(g) for g in recovery.guesses])
+
+
+def audit_predictor(graph: Graph, part: Partition, seed: int) -> LabelPredictor:
+    """``label_rr``'s predictor as a run with default hyper-parameters trains it
+    (:func:`fedgat.dp_predictor.train_predictor`)."""
+    predictor, _ = train_predictor(graph, part, seed, resolve_hparams("fedgat", {}))
+    return predictor
 
 
 def audit_clients(
@@ -130,15 +157,19 @@ def audit_clients(
     partition: Partition | None = None,
     null_release: bool = False,
     dp_ledger: DPLedger | None = None,
+    predictor: LabelPredictor | None = None,
 ) -> ClientAudit:
     """Run every applicable attack on every client's view and pool the scores.
 
-    Ground truth is what the attacker wants: the *clean* features of foreign nodes (projected when
-    the DP release projects, since that is all any party's model ever uses). ``null_release``: the
-    chance reference of :func:`client_features`. ``dp_ledger``: charged for the audited release
-    (default with DP: an in-memory ledger whose budget is the mitigation's own ``(epsilon, delta)``:
-    the audit's release never leaves this process, so it only reports what one release spends,
-    ``dp_spent``).
+    Ground truth is what the attacker wants: the *clean* features of foreign nodes. With DP the
+    attacks recover rows of the release (:func:`client_features`), which the attacker maps back to
+    feature space with its best decoder (:func:`fedgat.attacks.release_decoder`, built from its own
+    rows and, for ``label_rr``, the published predictor) before they are scored, so every mechanism
+    is graded on the same scale as no DP. ``null_release``: the chance reference of
+    :func:`client_features`. ``dp_ledger``: charged for the audited release (default with DP: an
+    in-memory ledger whose budget is the mitigation's own ``(epsilon, delta)``: the audit's release
+    never leaves this process, so it only reports what one release spends, ``dp_spent``).
+    ``predictor``: ``label_rr``'s (default: :func:`audit_predictor`).
     """
     kind = as_variant(variant)
     part = partition or make_partition(
@@ -149,13 +180,18 @@ def audit_clients(
         min_cross=mitigation.min_cross,
         neighbour_cap=mitigation.neighbour_cap,
     )
-    if mitigation.dp is not None and dp_ledger is None:
-        dp_ledger = DPLedger(Budget(mitigation.dp.epsilon, mitigation.dp.delta))
-    clean, shared = client_features(graph, mitigation, seed, null_release, ledger=dp_ledger)
-    truth = clean.numpy()
+    dp = mitigation.dp
+    if dp is not None and dp_ledger is None:
+        dp_ledger = DPLedger(Budget(dp.epsilon, dp.delta))
+    if dp is not None and dp.needs_predictor and predictor is None:
+        predictor = audit_predictor(graph, part, seed)
+    own_rows, shared = client_features(
+        graph, mitigation, seed, null_release, ledger=dp_ledger, predictor=predictor
+    )
+    truth = graph.x.double().numpy()
     csr = part.neighbourhoods
     result = ClientAudit()
-    if mitigation.dp is not None and dp_ledger is not None:
+    if dp is not None and dp_ledger is not None:
         shared_source = graph.x
         if null_release:  # the permuted features client_features released
             perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed + 7919))
@@ -166,9 +202,10 @@ def audit_clients(
         if len(c.needed) == 0:
             continue
         owned = set(c.owned.tolist())
+        decode = None if dp is None else release_decoder(dp, truth[c.owned], predictor)
         enc = encode(
             kind,
-            clean,
+            own_rows,
             csr,
             nodes=c.needed,
             rng=RandomSource.from_seed(f"audit-{seed}-{cid}"),
@@ -182,14 +219,20 @@ def audit_clients(
         neighbours = {i: [j for j in v if j not in owned] for i, v in full.items()}
         owned_targets = {i: v for i, v in neighbours.items() if i in owned}
         prior = prior_knowledge({i: v for i, v in full.items() if neighbours[i]}, own_feats)
+        own_blocks = {i: own_rows[i].numpy() for i in owned}  # what the neighbour sum subtracts
         result.add(score_recovery(prior, truth, neighbours, others))
-        result.add(score_recovery(neighbour_sum_attack(enc, own_feats), truth, owned_targets, others))
+        result.add(
+            score_recovery(
+                _decoded(neighbour_sum_attack(enc, own_blocks), decode), truth, owned_targets, others
+            )
+        )
         if kind.has_m2:  # M2 and M1 = h_i P_i: spectral and trace attacks; else Q_i: basis recovery
-            result.add(score_recovery(spectral_attack(enc, seed=seed), truth, neighbours, others))
+            spectral = _decoded(spectral_attack(enc, seed=seed), decode)
+            result.add(score_recovery(spectral, truth, neighbours, others))
             foreign_targets = {int(i): [int(i)] for i in c.needed if int(i) not in owned}
-            result.add(score_recovery(m1_trace_attack(enc), truth, foreign_targets, others))
+            result.add(score_recovery(_decoded(m1_trace_attack(enc), decode), truth, foreign_targets, others))
         else:
-            result.add(score_recovery(basis_attack(enc), truth, neighbours, others))
+            result.add(score_recovery(_decoded(basis_attack(enc), decode), truth, neighbours, others))
     return result
 
 

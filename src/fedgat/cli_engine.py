@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 ENGINE_CHOICES = ("inprocess", "process", "ray")
+#: ``--dp-mechanism`` choices: :data:`fedgat.dp.MECHANISMS`, spelled here so that ``--help`` needs no torch
+DP_MECHANISMS = ("label_rr", "gaussian", "multibit")
 #: dataset names ``--dataset`` takes besides ``<family>:<name>`` and file paths
 DATASET_NAMES = ("cora", "citeseer", "pubmed", "synthetic")
 #: default client count when neither ``--clients`` nor ``--owners`` gives one

@@ -33,7 +33,9 @@ Scope, said plainly:
   secure sums across rounds (SECURITY.md, known break 2): each difference carries the noise of the
   rounds it subtracts.
 * Not covered: the pooled evaluation counts (inside the same secure sums, without noise), the graph
-  structure, and the rows released in pre-training (:mod:`fedgat.dp`, its own ledger).
+  structure, and the rows released in pre-training (:mod:`fedgat.dp`, its own ledger). With the
+  ``label_rr`` release the predictor's rounds (:mod:`fedgat.dp_predictor`) run under the same
+  settings and count against the same budget (:func:`training_rounds`).
 * The noise is a float64 Gaussian from :class:`fedgat.randomness.RandomSource` (ChaCha20 keyed from
   ``os.urandom``), rounded to the secure sum's fixed point (:math:`2^{-48}`); floating-point attacks
   on the Gaussian's low bits (Mironov 2012) are not addressed.
@@ -56,7 +58,7 @@ import torch
 from fedgat.dp import analytic_gaussian_sigma, gaussian_delta
 from fedgat.randomness import RandomSource
 
-__all__ = ["UpdateBudgetError", "UpdateDP", "update_dp_from_hparams"]
+__all__ = ["UpdateBudgetError", "UpdateDP", "training_rounds", "update_dp_from_hparams"]
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -167,15 +169,25 @@ class UpdateDP:
         }
 
 
+def training_rounds(hp: Mapping) -> int:
+    """Rounds a client of a run trains in at most: ``rounds``, plus ``dp_predictor_rounds`` when the
+    run's DP release trains a label predictor first (``dp_mechanism`` "label_rr", :mod:`fedgat.dp_predictor`)."""
+    extra = 0
+    if hp.get("dp_epsilon") is not None and hp.get("dp_mechanism") == "label_rr":
+        extra = int(hp["dp_predictor_rounds"])
+    return int(hp["rounds"]) + extra
+
+
 def update_dp_from_hparams(hp: Mapping) -> UpdateDP | None:
     """The DP-FedAvg settings a method's hyper-parameters ask for: ``update_dp_epsilon`` (None: off)
-    over ``rounds`` rounds at ``update_dp_delta``, clipping at ``update_dp_clip``."""
+    over :func:`training_rounds` rounds (the release predictor's included) at ``update_dp_delta``,
+    clipping at ``update_dp_clip``."""
     epsilon = hp.get("update_dp_epsilon")
     if epsilon is None:
         return None
     return UpdateDP.for_budget(
         float(epsilon),
         float(hp.get("update_dp_delta", 1e-5)),
-        int(hp["rounds"]),
+        training_rounds(hp),
         float(hp.get("update_dp_clip", 1.0)),
     )

@@ -35,9 +35,11 @@ import torch
 from torch import nn
 
 from fedgat.approx import fit_score
-from fedgat.dp import FeatureDP
+from fedgat.dp import MECHANISMS, block_rows
 from fedgat.dp_fedavg import update_dp_from_hparams
-from fedgat.dp_ledger import dataset_id, owner_ledgers
+from fedgat.dp_ledger import owner_ledgers
+from fedgat.dp_predictor import train_predictor
+from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
 from fedgat.encodings import as_variant, encode, encoding_size
 from fedgat.federated import Client, LocalTask, Server, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
@@ -81,9 +83,14 @@ _DEFAULTS: dict[str, dict] = {
         "fit": "interpolation",
         "neighbour_cap": "auto",
         "min_cross": 0,
+        "share": "rows",
         "dp_epsilon": None,
         "dp_delta": 1e-5,
+        "dp_mechanism": "label_rr",
         "dp_dim": 64,
+        "dp_bounds": (-1.0, 1.0),
+        "dp_predictor_rounds": 50,
+        "dp_predictor_hidden": 64,
         "dp_budget": None,
         "dp_ledger_dir": None,
     },
@@ -105,15 +112,21 @@ def default_hparams(method: str) -> dict:
     FedGAT: ``variant`` ("vector"/"matrix"), ``feature_dropout`` (columns of W), ``degree``,
     ``domain``, ``psi``, ``fit`` (score polynomial, :func:`fedgat.approx.fit_score`),
     ``neighbour_cap`` ("auto": 16 for matrix, None for vector), ``min_cross`` (the paper's rule k;
-    0, the default, is off: see :func:`fedgat.partition.make_partition`); ``dp_epsilon``
-    (None: off), ``dp_delta``, ``dp_dim``: the DP release of the features other clients' encodings
-    use (:class:`fedgat.dp.FeatureDP`; every model then reads the ``dp_dim``-dim projection);
-    ``dp_budget`` (``(epsilon, delta)``, needed for owners without a ledger yet) and ``dp_ledger_dir``
-    (None: ``~/.fedgat/dp_ledger`` or ``$FEDGAT_DP_LEDGER_DIR``): each owner's persistent ledger
-    (:func:`fedgat.dp_ledger.owner_ledgers`), charged before its release is drawn.
+    0, the default, is off: see :func:`fedgat.partition.make_partition`); ``share`` ("rows", the
+    default: foreign rows, or their DP release, enter the encodings; "edges": only the cross-client
+    edges do -- every foreign row is the block layout's constant marker, no feature leaves its
+    owner: the zero-information limit of a DP release, in the simulation only); ``dp_epsilon``
+    (None: off), ``dp_delta``, ``dp_mechanism`` ("label_rr", "gaussian", "multibit"), ``dp_dim``
+    (gaussian's projection), ``dp_bounds`` (multibit's public coordinate range): the DP release of the rows other clients' encodings use
+    (:class:`fedgat.dp.FeatureDP`; every model then reads the block layout, own rows clean);
+    ``dp_predictor_rounds``, ``dp_predictor_hidden``: label_rr's predictor
+    (:mod:`fedgat.dp_predictor`); ``dp_budget`` (``(epsilon, delta)``, needed for owners without a
+    ledger yet) and ``dp_ledger_dir`` (None: ``~/.fedgat/dp_ledger`` or ``$FEDGAT_DP_LEDGER_DIR``):
+    each owner's persistent ledger (:func:`fedgat.dp_ledger.owner_ledgers`), charged before its
+    release is drawn.
     Every federated method: ``update_dp_epsilon`` (None: off), ``update_dp_delta``,
-    ``update_dp_clip``: client-level DP of the training updates over ``rounds`` rounds
-    (DP-FedAvg, :class:`fedgat.dp_fedavg.UpdateDP`).
+    ``update_dp_clip``: client-level DP of the training updates over ``rounds`` rounds (plus the
+    predictor's rounds with label_rr) (DP-FedAvg, :class:`fedgat.dp_fedavg.UpdateDP`).
     """
     _check_method(method)
     return dict(_DEFAULTS[method])
@@ -134,6 +147,14 @@ def resolve_hparams(method: str, overrides: dict) -> dict:
     strategy_from_hparams(hp)  # an unknown strategy, or mu with FedAdam, fails here, before any set-up
     if method == "fedgat":
         variant = as_variant(hp["variant"])  # ValueError for an unknown name, listing the choices
+        if hp["dp_mechanism"] not in MECHANISMS:
+            raise ValueError(f"unknown dp_mechanism {hp['dp_mechanism']!r}; choose one of {MECHANISMS}")
+        if hp["share"] not in ("rows", "edges"):
+            raise ValueError(f"share must be 'rows' or 'edges', got {hp['share']!r}")
+        if hp["share"] == "edges" and hp["dp_epsilon"] is not None:
+            raise ValueError("share='edges' releases no rows: it takes no dp_epsilon")
+        if not (isinstance(hp["dp_predictor_rounds"], int) and hp["dp_predictor_rounds"] >= 1):
+            raise ValueError(f"dp_predictor_rounds must be an int >= 1, got {hp['dp_predictor_rounds']!r}")
         if hp["neighbour_cap"] == "auto":
             hp["neighbour_cap"] = variant.default_neighbour_cap
     return hp
@@ -194,6 +215,8 @@ class Federation:
     pretrain_bytes: int
     #: with a DP release: the largest ``(epsilon, delta)`` an owner's ledger has spent on its rows
     dp_spent: tuple[float, float] | None = None
+    #: per client, the rounds it trained in before FedGAT's (label_rr's predictor), which DP-FedAvg counts
+    dp_rounds: Sequence[int] | None = None
 
 
 def run_method(
@@ -250,6 +273,8 @@ def run_method(
         )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]
+    for member, before in zip(members, fed.dp_rounds or (), strict=False):
+        member.dp_rounds = before  # the predictor's rounds count against the same DP-FedAvg budget
     server = Server(members, initial, strategy.server, fraction=hp["fraction"], seed=seed)
     pretrain_seconds = time.perf_counter() - start
     start = time.perf_counter()
@@ -323,27 +348,31 @@ def _build_fedgat(
 ) -> Federation:
     """FedGAT clients: encodings of their training/eval supports (subsets of ``needed``).
 
-    With ``dp_epsilon`` set, a client's encodings use its own nodes' clean (projected) features and
-    every other node's DP release (:mod:`fedgat.dp`): each owner draws its rows with fresh CSPRNG
-    noise, charged first to its ledger (``dp_budget``, ``dp_ledger_dir``).
+    With ``dp_epsilon`` set, a client's encodings use the block layout of :mod:`fedgat.dp`: its own
+    nodes' clean features and every other node's DP release, each owner's rows drawn with fresh
+    CSPRNG randomness and charged first to its ledger (``dp_budget``, ``dp_ledger_dir``); for
+    ``label_rr`` after the release predictor's rounds (:func:`fedgat.dp_predictor.train_predictor`).
+    With ``share="edges"`` every foreign row is the layout's marker alone.
     """
     part = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
     nbh = part.neighbourhoods
     bases = RandomSource.from_seed(f"fedgat-bases:{seed}")
-    x, shared, dp_spent = graph.x, None, None
-    if hp["dp_epsilon"] is not None:
-        dp = FeatureDP(hp["dp_epsilon"], hp["dp_delta"], hp["dp_dim"], seed=seed)
+    x, shared, dp_spent, dp_rounds = graph.x, None, None, None
+    dp = feature_dp_from_hparams(hp, seed)
+    if dp is not None:
         ledgers = owner_ledgers(part.num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
-        x = dp.project(graph.x)
-        shared = torch.zeros_like(x)
-        spent = []
-        for c, cp in enumerate(part.clients):
-            if len(cp.owned):
-                others = tuple(o for o in range(part.num_clients) if o != c)
-                _, rows = dp.release_rows(graph.x[cp.owned], ledger=ledgers[c], recipients=others)
-                shared[cp.owned] = torch.from_numpy(rows).to(x.dtype)
-                spent.append(ledgers[c].spent(dataset_id(np.asarray(graph.x[cp.owned], dtype=np.float64))))
-        dp_spent = max(spent) if spent else None
+        check_budgets(graph, part, dp, ledgers)
+        predictor = None
+        if dp.needs_predictor:
+            predictor, dp_rounds = train_predictor(
+                graph, part, seed, hp, update_dp=update_dp_from_hparams(hp)
+            )
+        release = draw_release(graph, part, dp, ledgers=ledgers, predictor=predictor)
+        x, shared = block_rows(graph.x, release)
+        spent = spent_by_owner(graph, part, ledgers)
+        dp_spent = max(spent.values()) if spent else None
+    elif hp["share"] == "edges":
+        x, shared = block_rows(graph.x, torch.ones(graph.num_nodes, 1, dtype=graph.x.dtype))
 
     def inputs(nodes: np.ndarray, edges: torch.Tensor, client: int) -> tuple:
         enc = encode(
@@ -360,7 +389,7 @@ def _build_fedgat(
 
     tasks = support_tasks(graph, part, inputs)
     model_fn = fedgat_model_fn(x.shape[1], graph.num_classes, hp)
-    return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]), dp_spent)
+    return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]), dp_spent, dp_rounds)
 
 
 def _build_distgat(

@@ -42,14 +42,17 @@ from fedgat.app import (
     Deployment,
     PretrainParties,
     bases_rng,
+    build_predictor_parties,
     build_pretrain_parties,
     build_training_parties,
     make_deployment,
     run_summary,
 )
 from fedgat.crypto import SlotLayout
-from fedgat.dp import FeatureDP
-from fedgat.dp_ledger import DPLedger, dataset_id, owner_ledgers
+from fedgat.dp import FeatureDP, LabelPredictor, block_rows
+from fedgat.dp_ledger import DPLedger, owner_ledgers
+from fedgat.dp_predictor import TrainedPredictor
+from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
 from fedgat.encodings import Encodings
 from fedgat.estimate import estimate_pretraining
 from fedgat.federated import FitResult
@@ -73,7 +76,6 @@ __all__ = [
     "PretrainResult",
     "TrainingResult",
     "build_pretrain_parties",
-    "dp_features",
     "drive",
     "estimate_pretraining",
     "make_deployment",
@@ -84,6 +86,7 @@ __all__ = [
     "run_plaintext_pretraining",
     "select_nodes",
     "train_fedgat",
+    "train_release_predictor",
 ]
 
 PHASES = ("keygen", "encrypt", "upload", "server_compute", "download", "decrypt")
@@ -97,32 +100,6 @@ def drive(transport: Transport, parties: Mapping[int, Party], observer: Observer
     if callable(hosted):
         return hosted(parties, observer=observer)
     return run_parties(transport, parties, observer=observer)
-
-
-def dp_features(
-    graph: Graph, partition: Partition, dp: FeatureDP, *, ledgers: Mapping[int, DPLedger] | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(clean, release)`` float64 ``(N, k)``: every node's projected features and a DP release of
-    them, each client's rows drawn as that client draws them (:meth:`fedgat.dp.FeatureDP.release_rows`,
-    fresh CSPRNG noise, charged to ``ledgers[c]``, recipients the other clients). Draw it once and hand
-    it to both :func:`run_encrypted_pretraining` and :func:`run_plaintext_pretraining` (``dp_release``)
-    to compare the two: no seed reproduces the noise.
-
-    Raises:
-        MissingLedgerError: no ledger for some client; BudgetExceededError: a client's budget is spent
-            (clients before it have been charged; nothing is returned).
-    """
-    x = graph.x.numpy()
-    k = dp.projected_dim(x.shape[1])
-    clean, release = np.zeros((len(x), k)), np.zeros((len(x), k))
-    clients = tuple(range(partition.num_clients))
-    for c, cp in enumerate(partition.clients):
-        if len(cp.owned) == 0:
-            continue
-        ledger = None if ledgers is None else ledgers.get(c)
-        others = tuple(o for o in clients if o != c)
-        clean[cp.owned], release[cp.owned] = dp.release_rows(x[cp.owned], ledger=ledger, recipients=others)
-    return torch.from_numpy(clean), torch.from_numpy(release)
 
 
 # ------------------------------------------------------------------------------------- results
@@ -273,7 +250,8 @@ def run_encrypted_pretraining(
     dp: FeatureDP | None = None,
     measure_server_alone: bool = False,
     dp_ledgers: Mapping[int, DPLedger] | None = None,
-    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dp_release: torch.Tensor | None = None,
+    predictors: Mapping[int, LabelPredictor] | None = None,
 ) -> PretrainResult:
     """Run the encrypted pre-training round (:mod:`fedgat.protocols.pretrain`) over ``transport``.
 
@@ -290,13 +268,16 @@ def run_encrypted_pretraining(
         dtype: dtype of the decrypted encodings.
         workers: processes for the server's homomorphic compute (0: in process; None: every core
             for rounds of :data:`~fedgat.protocols.pretrain.AUTO_POOL_MIN_NODES` nodes or more).
-        dp: DP release of the features shared across clients (:class:`fedgat.dp.FeatureDP`): each
-            client's encodings then read its own clean projected features and every other node's
-            release (:func:`fedgat.encodings.encode` with ``shared_x``, ``owner``, ``viewer``); the
-            release noise comes from each client's CSPRNG, never from ``seed``.
+        dp: DP release of the rows shared across clients (:class:`fedgat.dp.FeatureDP`): each
+            client's encodings then follow the block layout of :mod:`fedgat.dp` (its own clean
+            features, every other node's release); the release's randomness comes from each
+            client's CSPRNG, never from ``seed``.
         dp_ledgers: with ``dp``, client id -> its :class:`~fedgat.dp_ledger.DPLedger` (required),
             charged before anything is sent; the spent ``(epsilon, delta)`` is ``dp_spent``.
-        dp_release: with ``dp``, a release drawn before (:func:`dp_features`) to upload instead.
+        dp_release: with ``dp``, a release drawn before (:func:`fedgat.dp_release.draw_release`,
+            ``(N, w)``) to upload instead.
+        predictors: with ``dp`` of mechanism ``label_rr``, client id -> the published predictor it
+            holds (:func:`train_release_predictor`).
         measure_server_alone: after the round, compute every result again with the clients idle
             (:meth:`ServerPretrain.replay_compute`) and report its wall time as
             ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
@@ -317,6 +298,7 @@ def run_encrypted_pretraining(
         encoder=transport.encoder_factory(workers),
         dp_ledgers=dp_ledgers,
         dp_release=dp_release,
+        predictors=predictors,
     )
     bars = _Progress(parties, progress)
     server = parties.server
@@ -409,23 +391,27 @@ def plaintext_round(
     dtype: torch.dtype = torch.float64,
     embed_factor: int = 1,
     dp: FeatureDP | None = None,
-    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dp_release: torch.Tensor | None = None,
     dp_ledgers: Mapping[int, DPLedger] | None = None,
+    predictor: LabelPredictor | None = None,
 ) -> PlaintextRound:
     """The round :func:`run_plaintext_pretraining` runs, planned: the server's
     :func:`~fedgat.protocols.pretrain_plan.plan_round` over the clients' graph announcements
     (:func:`~fedgat.protocols.pretrain_plan.partition_graphs`) with the encrypted server's basis
     randomness (:func:`fedgat.app.bases_rng` of ``seed``), and every upload in the clear, keyed like
-    the spool (with ``dp`` the clean projections and the release ``dp_release``, or one drawn here by
-    :func:`dp_features` and charged to ``dp_ledgers``)."""
+    the spool (with ``dp`` the block layout of :mod:`fedgat.dp`: each node's clean row and its
+    release ``dp_release``, or one drawn here by :func:`fedgat.dp_release.draw_release`, charged to
+    ``dp_ledgers``, ``label_rr`` from ``predictor``)."""
     if seed is None:
         raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
     x, release = graph.x.to(dtype), None
     if dp is not None:
         drawn = (
-            dp_release if dp_release is not None else dp_features(graph, partition, dp, ledgers=dp_ledgers)
+            dp_release
+            if dp_release is not None
+            else draw_release(graph, partition, dp, ledgers=dp_ledgers, predictor=predictor)
         )
-        x, release = (t.to(dtype) for t in drawn)
+        x, release = block_rows(graph.x.to(dtype), drawn)
     return PlaintextRound.from_partition(
         partition, x, variant, bases_rng(seed), release=release, embed_factor=embed_factor
     )
@@ -440,14 +426,15 @@ def run_plaintext_pretraining(
     dtype: torch.dtype = torch.float64,
     embed_factor: int = 1,
     dp: FeatureDP | None = None,
-    dp_release: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dp_release: torch.Tensor | None = None,
     dp_ledgers: Mapping[int, DPLedger] | None = None,
+    predictor: LabelPredictor | None = None,
 ) -> dict[int, Encodings]:
     """The encodings every client would decrypt, computed in plaintext with the same bases as
     :func:`run_encrypted_pretraining` with the same ``seed`` (a seed is required) and ``dp`` (then
     with the release ``dp_release`` -- pass the one the encrypted run uploaded to compare them -- or
-    one drawn here and charged to ``dp_ledgers``: a client's own sources read the clean projection,
-    all others the release).
+    one drawn here and charged to ``dp_ledgers``, ``label_rr`` from ``predictor``: the block layout
+    of :mod:`fedgat.dp`, a client's own sources clean, all others the release).
 
     The same round as the encrypted one, in the clear: the server's plan (:func:`plaintext_round`),
     its compute buckets run by the plaintext encoder (:class:`fedgat.plain_encoder.PlainEncoder`) and
@@ -463,6 +450,7 @@ def run_plaintext_pretraining(
         dp=dp,
         dp_release=dp_release,
         dp_ledgers=dp_ledgers,
+        predictor=predictor,
     )
     got = rnd.run()
     empty = Encodings(rnd.variant, np.zeros(0, np.int64), [])
@@ -518,13 +506,15 @@ def train_fedgat(
     fingerprint: bytes | None = None,
     progress: bool = True,
     compact_tol: float = COMPACT_TOLERANCE,
+    dp_rounds: Mapping[int, int] | None = None,
     **hparams,
 ) -> TrainingResult:
     """FedGAT training from the clients' (decrypted) encodings through the FedAvg protocol.
 
     Models, clients, seeds and rounds are those of :func:`fedgat.methods.run_method` for
     ``"fedgat"`` (hyper-parameters: :func:`fedgat.methods.default_hparams`); only the encodings come
-    from the pre-training round instead of being built locally.
+    from the pre-training round instead of being built locally. ``dp_rounds``: client -> rounds
+    DP-FedAvg has already counted (the release predictor's, :func:`train_release_predictor`).
     """
     parties = build_training_parties(
         graph,
@@ -534,6 +524,7 @@ def train_fedgat(
         deployment=deployment,
         fingerprint=fingerprint,
         compact_tol=compact_tol,
+        dp_rounds=dp_rounds,
         **hparams,
     )
     server, roster, hp = parties.server, parties.deployment.roster, parties.hparams
@@ -571,8 +562,62 @@ def train_fedgat(
         secure_aggregation=server.secagg is not None,
         update_dp_spent=None
         if server.update_dp is None
-        else (server.update_dp.epsilon(server.loop.round), server.update_dp.delta),
+        else (  # the most rounds a client's budget paid for, the release predictor's included
+            server.update_dp.epsilon(max(c.client.dp_rounds for c in parties.clients.values())),
+            server.update_dp.delta,
+        ),
     )
+
+
+def train_release_predictor(
+    graph: Graph,
+    partition: Partition,
+    *,
+    seed: int = 0,
+    deployment: Deployment | None = None,
+    transport: Transport | None = None,
+    progress: bool = True,
+    **hparams,
+) -> tuple[dict[int, TrainedPredictor], dict[int, int]]:
+    """Train ``label_rr``'s release predictor (:mod:`fedgat.dp_predictor`) through the FedAvg protocol
+    (:func:`fedgat.app.build_predictor_parties`: secure aggregation, the run's strategy, DP-FedAvg
+    when on) and hand each client the weights it received last.
+
+    Returns:
+        ``(predictors, dp_rounds)``: client id -> its copy of the published predictor, and client id ->
+        the rounds DP-FedAvg has counted against its budget (the FedGAT rounds continue from there).
+    """
+    parties = build_predictor_parties(graph, partition, seed=seed, deployment=deployment, **hparams)
+    server, hp = parties.server, parties.hparams
+    transport = transport if transport is not None else InProcessTransport()
+    bar = tqdm(
+        total=hp["dp_predictor_rounds"],
+        desc="release predictor rounds",
+        unit="round",
+        disable=not progress,
+        file=sys.stderr,
+    )
+
+    def observe(event: str, party_id: int, delivery: Delivery | None, out: list) -> None:
+        if len(server.history) > bar.n:
+            bar.update(len(server.history) - bar.n)
+
+    try:
+        drive(transport, parties.all(), observer=observe)
+    finally:
+        bar.close()
+    if server.result is None:
+        raise RuntimeError(
+            f"the release predictor's rounds did not complete: {server.abort_reason or server.state}"
+        )
+    predictors, rounds = {}, {}
+    for c, client in parties.clients.items():
+        weights = client.global_weights
+        if weights is None:
+            raise RuntimeError(f"client {c} holds no published predictor after the rounds")
+        predictors[c] = TrainedPredictor(dict(weights), hp["dp_predictor_hidden"])
+        rounds[c] = client.client.dp_rounds
+    return predictors, rounds
 
 
 @dataclass
@@ -617,26 +662,34 @@ def run_encrypted_fedgat(
     """Encrypted pre-training (or, with ``encrypted=False``, its plaintext twin) and FedGAT training
     through the federated rounds protocol, for the Dirichlet split ``(num_clients, beta, seed)`` or,
     with ``owner`` (``(N,)`` client ids, e.g. :func:`fedgat.owners.load_owners`), the user's split
-    (``num_clients`` defaults to its number of clients). With the
-    ``dp_epsilon`` hyper-parameter (and ``dp_delta``, ``dp_dim``) the pre-training shares the DP
-    release (:class:`fedgat.dp.FeatureDP`, projection seeded by ``seed`` as in :mod:`fedgat.methods`;
-    noise from each client's CSPRNG), charged to ``dp_ledgers`` (client id -> ledger, required with
-    DP: e.g. ``{c: DPLedger.for_owner(c, budget)}``); ``pretrain.dp_spent`` (encrypted) or
-    ``training.dp_spent`` reports what each client has spent.
-    The split is :func:`fedgat.methods.fedgat_partition`'s."""
+    (``num_clients`` defaults to its number of clients). The split is
+    :func:`fedgat.methods.fedgat_partition`'s.
+
+    With the ``dp_epsilon`` hyper-parameter (and ``dp_mechanism``, ``dp_delta``, ``dp_dim``) the
+    pre-training shares a DP release (:class:`fedgat.dp.FeatureDP`, block layout; randomness from
+    each client's CSPRNG; for ``label_rr`` after the predictor's rounds,
+    :func:`train_release_predictor`), charged to ``dp_ledgers`` (client id -> ledger; default the
+    persistent ones of :func:`fedgat.dp_ledger.owner_ledgers` for ``dp_budget`` and
+    ``dp_ledger_dir``); ``dp_spent`` reports what each client has spent."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
-    dp = (
-        FeatureDP(hp["dp_epsilon"], hp["dp_delta"], hp["dp_dim"], seed=seed)
-        if hp["dp_epsilon"] is not None
-        else None
-    )
+    if hp["share"] != "rows":
+        raise ValueError(f"share={hp['share']!r} is simulated by fedgat.methods.run_method only")
+    dp = feature_dp_from_hparams(hp, seed)
     if owner is not None:
         owner = check_owners(owner, graph.num_nodes)
         num_clients = int(owner.max()) + 1
     partition = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
     if dp is not None and dp_ledgers is None:
         dp_ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
+    if dp is not None:
+        check_budgets(graph, partition, dp, dp_ledgers)  # before any round runs
     deployment = make_deployment(num_clients)
+    predictors: dict[int, TrainedPredictor] | None = None
+    dp_rounds: dict[int, int] | None = None
+    if dp is not None and dp.needs_predictor:
+        predictors, dp_rounds = train_release_predictor(
+            graph, partition, seed=seed, deployment=deployment, transport=transport, progress=progress, **hp
+        )
     pre = None
     if encrypted:
         pre = run_encrypted_pretraining(
@@ -652,10 +705,14 @@ def run_encrypted_fedgat(
             chunks=chunks,
             dp=dp,
             dp_ledgers=dp_ledgers,
+            predictors=predictors,
         )
         encodings, fingerprint = pre.encodings, pre.fingerprint
     else:
-        plain = run_plaintext_pretraining(graph, partition, variant, seed, dp=dp, dp_ledgers=dp_ledgers)
+        predictor = None if predictors is None else predictors[min(predictors)]
+        plain = run_plaintext_pretraining(
+            graph, partition, variant, seed, dp=dp, dp_ledgers=dp_ledgers, predictor=predictor
+        )
         encodings, fingerprint = plain, None
     training = train_fedgat(
         graph,
@@ -666,14 +723,10 @@ def run_encrypted_fedgat(
         transport=transport,
         fingerprint=fingerprint,
         progress=progress,
+        dp_rounds=dp_rounds,
         **hp,
     )
     dp_spent = None
     if dp is not None and dp_ledgers is not None:
-        x = graph.x.numpy()
-        dp_spent = {
-            c: dp_ledgers[c].spent(dataset_id(x[cp.owned]))
-            for c, cp in enumerate(partition.clients)
-            if len(cp.owned) and c in dp_ledgers
-        }
+        dp_spent = spent_by_owner(graph, partition, dp_ledgers)
     return FedGATRun(pre, training, partition, dp_spent)

@@ -83,6 +83,34 @@ def test_rejection_surfaces_typed(engine):
     assert engine.pool_starts == 1  # a protocol error costs no new pool
 
 
+def test_a_dp_release_runs_on_processes_without_pickle(engine, monkeypatch):
+    """A DP run with every client in a worker: label_rr's predictor rounds, the encrypted pre-training
+    round that uploads the release (the predictor travels in the clients' specs), the FedAvg rounds."""
+    from fedgat.dp_ledger import Budget, DPLedger
+    from fedgat.pipeline import run_encrypted_fedgat
+
+    fed = federation()
+    engine.ensure_workers(4)
+    _refuse_pickle(monkeypatch)
+    ledgers = {c: DPLedger(Budget(8.0, 1e-5)) for c in range(4)}
+    run = run_encrypted_fedgat(
+        fed.graph,
+        4,
+        1.0,
+        fed.seed,
+        transport=engine.transport(),
+        progress=False,
+        workers=0,
+        dp_ledgers=ledgers,
+        dp_epsilon=4.0,
+        dp_predictor_rounds=2,
+        rounds=2,
+    )
+    assert run.pretrain is not None and run.training.fit.rounds == 2
+    assert run.dp_spent and all(0 < eps <= 4.0 + 1e-6 for eps, _ in run.dp_spent.values())
+    assert [m["parties"] for m in engine.memory()] == [0, 0]  # reported and dropped
+
+
 def test_secrets_stay_in_the_worker(engine):
     """Clients that absorbed their hosted twins' reports carry results, not key material."""
     fed = federation()

@@ -31,7 +31,11 @@ def test_each_mitigation_reduces_recovery(graph):
         graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(min_cross=1, neighbour_cap=2)
     )
     dp = audit_clients(
-        graph, "vector", num_clients=4, seed=0, mitigation=Mitigation(dp=FeatureDP(epsilon=1.0, dim=None))
+        graph,
+        "vector",
+        num_clients=4,
+        seed=0,
+        mitigation=Mitigation(dp=FeatureDP(epsilon=1.0, mechanism="gaussian", dim=None)),
     )
     # the rule stops the sum attack; the cap shrinks the number of exposed neighbours; DP blinds all
     assert rule.scores["neighbour_sum"].recovered == 0 < base.scores["neighbour_sum"].recovered
@@ -58,7 +62,7 @@ def _at_chance(score, null) -> bool:
 
 def test_null_release_defines_chance_and_dp_reaches_it(graph):
     def audit(eps, null):
-        dp = None if eps is None else FeatureDP(epsilon=eps, dim=None)
+        dp = None if eps is None else FeatureDP(epsilon=eps, mechanism="gaussian", dim=None)
         return audit_clients(
             graph,
             "vector",

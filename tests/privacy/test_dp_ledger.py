@@ -9,7 +9,6 @@ import stat
 
 import numpy as np
 import pytest
-import torch
 
 from fedgat.dp import FeatureDP
 from fedgat.dp_ledger import (
@@ -22,12 +21,12 @@ from fedgat.dp_ledger import (
     dataset_id,
     owner_ledgers,
 )
+from fedgat.dp_release import check_budgets, draw_release
 from fedgat.methods import run_method
 from fedgat.partition import make_partition
-from fedgat.pipeline import dp_features
 from fedgat.synthetic import synthetic_graph
 
-DP = FeatureDP(epsilon=2.0, delta=1e-5, dim=8, seed=5)
+DP = FeatureDP(epsilon=2.0, delta=1e-5, mechanism="gaussian", dim=8, seed=5)
 
 
 def rows(n: int = 20, d: int = 16, seed: int = 0) -> np.ndarray:
@@ -50,7 +49,7 @@ def rows(n: int = 20, d: int = 16, seed: int = 0) -> np.ndarray:
 def test_bad_budgets_are_refused(epsilon, delta, needle):
     with pytest.raises(DPError, match=needle):
         Budget(epsilon, delta)
-    with pytest.raises(ValueError, match="epsilon > 0 and 0 < delta < 1"):  # the mechanism too
+    with pytest.raises(ValueError, match=needle):  # the mechanism too
         FeatureDP(epsilon, delta)
 
 
@@ -97,31 +96,38 @@ def test_a_release_over_the_budget_is_refused_and_changes_nothing(tmp_path):
     with pytest.raises(BudgetExceededError) as err:
         DP.release_rows(x, ledger=ledger)
     msg = str(err.value)
-    assert "has spent epsilon 2" in msg and "(sigma " in msg and "budget epsilon 2.5" in msg
+    assert "has spent epsilon 2" in msg and "(gaussian)" in msg and "budget epsilon 2.5" in msg
     requested = float(msg.split("would bring it to ")[1].split()[0])
     assert 2.5 < requested < 4.0  # two epsilon-2 releases, composed
     assert path.read_bytes() == before and len(ledger.releases) == 1
-    # a budget already spent: even the smallest release is refused
+    # a budget already spent: even a small release is refused
     tight = DPLedger(Budget(2.0, 1e-5), tmp_path / "d.json")
     DP.release_rows(x, ledger=tight)
     with pytest.raises(BudgetExceededError, match="over the budget epsilon 2"):
-        FeatureDP(epsilon=1000.0, delta=1e-5, dim=8).release_rows(x, ledger=tight)
+        FeatureDP(epsilon=0.05, delta=1e-5, mechanism="gaussian", dim=8).release_rows(x, ledger=tight)
 
 
 def test_a_release_without_a_ledger_is_refused():
     with pytest.raises(MissingLedgerError, match="needs the owner's ledger"):
         DP.release_rows(rows(), ledger=None)
-    with pytest.raises(MissingLedgerError):
-        DP.release(torch.from_numpy(rows()), ledger=None)
     graph = synthetic_graph(num_nodes=48, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
     part = make_partition(graph, 3, beta=1.0, seed=0)
     with pytest.raises(MissingLedgerError):
-        dp_features(graph, part, DP, ledgers=None)
+        draw_release(graph, part, DP, ledgers=None)
+    with pytest.raises(MissingLedgerError, match="none for client 1"):
+        check_budgets(graph, part, DP, {0: DPLedger(Budget(3.0, 1e-5))})
 
 
 def test_the_plaintext_method_needs_a_budget_and_charges_the_owners_ledgers(tmp_path):
     graph = synthetic_graph(num_nodes=48, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
-    hp = {"rounds": 1, "patience": 1, "dp_epsilon": 2.0, "dp_dim": 8, "dp_ledger_dir": str(tmp_path)}
+    hp = {
+        "rounds": 1,
+        "patience": 1,
+        "dp_epsilon": 2.0,
+        "dp_mechanism": "gaussian",
+        "dp_dim": 8,
+        "dp_ledger_dir": str(tmp_path),
+    }
     with pytest.raises(DPError, match="needs the owner's budget"):
         run_method("fedgat", graph, num_clients=3, seed=0, **hp)
     assert list(tmp_path.iterdir()) == []  # nothing released, nothing recorded
@@ -143,3 +149,26 @@ def test_owner_ledgers_checks_the_budget(tmp_path):
         owner_ledgers(2, (1.0,), tmp_path)
     got = owner_ledgers(2, (1.0, 1e-6), tmp_path)
     assert sorted(got) == [0, 1] and got[1].path == tmp_path / "client-1.json"
+
+
+def test_a_spent_budget_is_refused_before_the_release_predictor_trains(tmp_path, monkeypatch):
+    """label_rr trains a predictor before its release: the owners' budgets are checked first, so a
+    spent budget costs no training round (nothing leaves, not even a model update)."""
+    import fedgat.methods
+
+    graph = synthetic_graph(num_nodes=48, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
+    hp = {
+        "rounds": 1,
+        "patience": 1,
+        "dp_epsilon": 2.0,
+        "dp_predictor_rounds": 1,
+        "dp_ledger_dir": str(tmp_path),
+    }
+    run_method("fedgat", graph, num_clients=3, seed=0, dp_budget=(3.0, 1e-5), **hp)  # spends 2 of 3
+
+    def trained(*args, **kwargs):
+        raise AssertionError("the predictor trained although the budget was spent")
+
+    monkeypatch.setattr(fedgat.methods, "train_predictor", trained)
+    with pytest.raises(BudgetExceededError, match="over the budget epsilon 3"):
+        run_method("fedgat", graph, num_clients=3, seed=0, **hp)

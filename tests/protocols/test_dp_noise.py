@@ -3,7 +3,7 @@ charged before anything leaves (item 2), on the encrypted protocol path and the 
 
 A seed drives public choices only (partition, projection, bases): two runs with every public input
 identical release different noise, and neither the streams the old code seeded from public strings
-nor a seeded torch generator reproduce it.
+nor a seeded torch generator reproduce it. (The mechanisms' own distributions: tests/privacy/test_dp.py.)
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import torch
 from fedgat.app import build_pretrain_parties
 from fedgat.dp import FeatureDP
 from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger, MissingLedgerError, dataset_id
-from fedgat.pipeline import dp_features, run_encrypted_pretraining
+from fedgat.dp_release import draw_release
+from fedgat.pipeline import run_encrypted_pretraining
 from fedgat.protocols import ClientPretrain, InProcessTransport, Transcript
 from fedgat.randomness import RandomSource
 
-DP = FeatureDP(epsilon=4.0, delta=1e-5, dim=8, seed=5)
+DP = FeatureDP(epsilon=4.0, delta=1e-5, mechanism="gaussian", dim=8, seed=5)
 SEED = 1
 
 
@@ -43,27 +44,27 @@ def test_same_seed_same_inputs_release_different_noise_in_the_protocol(tiny_grap
     )
     for c in a.clients:
         ca, cb = a.clients[c], b.clients[c]
-        np.testing.assert_array_equal(ca._features, cb._features)  # public: the same projection
-        assert np.abs(ca._release - cb._release).min() > 0  # every released value differs
+        np.testing.assert_array_equal(ca._features, cb._features)  # its own clean rows
+        assert np.abs(ca._release[:, 1:] - cb._release[:, 1:]).min() > 0  # every released value differs
         # the old code's public stream does not reproduce it
         raw = tiny_graph.x.numpy()[tiny_partition.clients[c].owned].astype(np.float64)
-        old = RandomSource.from_seed(f"fedgat-dp-release:{SEED}:{c}").normal(ca._features.shape)
-        predicted = ca._features + DP.sigma * old
+        clean = DP.project(raw)
+        old = RandomSource.from_seed(f"fedgat-dp-release:{SEED}:{c}").normal(clean.shape)
+        predicted = clean + DP.sigma * old
         predicted /= np.linalg.norm(predicted, axis=1, keepdims=True)
-        assert np.abs(predicted - ca._release).max() > 0.1
+        assert np.abs(predicted - ca._release[:, 1:] * np.sqrt(2)).max() > 0.1
         assert ca.dp_spent == pytest.approx((4.0, 1e-5), rel=1e-6)
         assert held[c].spent(dataset_id(raw)) == ca.dp_spent  # charged under this owner's features
 
 
 def test_same_seed_same_inputs_release_different_noise_in_the_plaintext_paths(tiny_graph, tiny_partition):
-    c1, r1 = dp_features(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
-    c2, r2 = dp_features(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
-    torch.testing.assert_close(c1, c2)
-    assert (r1 - r2).abs().min() > 0
+    r1 = draw_release(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
+    r2 = draw_release(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
+    assert (r1[:, 1:] - r2[:, 1:]).abs().min() > 0
     # what fedgat.methods / fedgat.audit drew before: a torch generator seeded with the public seed
     x = tiny_graph.x
-    r3 = DP.release(x, ledger=DPLedger(Budget(1000.0, DP.delta)))
-    clean = DP.project(x)
+    r3 = torch.from_numpy(DP.release_rows(x, ledger=DPLedger(Budget(1000.0, DP.delta))))[:, 1:] * 2**0.5
+    clean = torch.from_numpy(DP.project(x))
     for seed in (0, SEED, DP.seed):
         z = torch.randn(clean.shape, generator=torch.Generator().manual_seed(seed), dtype=clean.dtype)
         old = torch.nn.functional.normalize(clean + DP.sigma * z, dim=1)

@@ -1,14 +1,16 @@
 """The DP release in the encrypted pre-training round (``PretrainConfig.dp``, :mod:`fedgat.dp`).
 
-Each client releases to the others only its nodes' DP release (noise drawn by the client), and adds
-the share of its own rows from its clean projection: its decrypted encodings must equal the
-plaintext reference ``encode(..., shared_x=release, owner=, viewer=client)`` -- its own sources
-clean, every other source released. No ciphertext a client receives may hold another client's
-clean row, and parties refuse other DP terms.
+Each client releases to the others only its nodes' DP release (randomness drawn by the client, ``W``
+values per row: the server computes on those alone), and adds the share of its own clean rows in
+plaintext: its decrypted encodings must equal the plaintext reference of the block layout,
+``encode(..., [x, 0], shared_x=[0, release], owner=, viewer=client)`` -- its own sources clean in
+the first ``d`` columns, every other source released in the last ``W``. No ciphertext a client
+receives may hold another client's clean row, and parties refuse other DP terms.
 
-The release noise comes from each client's CSPRNG and never from the seed: to compare the encrypted
-round with its plaintext twin, a release is drawn once (:func:`dp_features`, the ``drawn`` fixture)
-and handed to both (``dp_release``); rounds that draw their own charge in-memory ledgers.
+The release's randomness comes from each client's CSPRNG and never from the seed: to compare the
+encrypted round with its plaintext twin, a release is drawn once
+(:func:`fedgat.dp_release.draw_release`, the ``drawn`` fixture) and handed to both (``dp_release``);
+rounds that draw their own charge in-memory ledgers.
 """
 
 from __future__ import annotations
@@ -17,16 +19,19 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
 from fedgat.app import bases_rng, build_pretrain_parties
 from fedgat.crypto.encodings import RELEASE_OFFSET, plan_views
 from fedgat.crypto.packing import decrypt_rows
 from fedgat.crypto.tags import TAG_COLUMNS
-from fedgat.dp import FeatureDP
-from fedgat.dp_ledger import Budget, DPLedger
+from fedgat.dp import FeatureDP, block_rows
+from fedgat.dp_fedavg import update_dp_from_hparams
+from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger
+from fedgat.dp_release import draw_release
 from fedgat.encodings import BucketBases, encode
+from fedgat.partition import make_partition
 from fedgat.pipeline import (
-    dp_features,
     max_abs_error,
     run_encrypted_fedgat,
     run_encrypted_pretraining,
@@ -48,7 +53,9 @@ from fedgat.protocols import (
 
 from protocol_helpers import Harness, computing, refused_for_good, rejected
 
-DP = FeatureDP(epsilon=4.0, delta=1e-5, dim=8, seed=5)
+DP = FeatureDP(epsilon=4.0, delta=1e-5, mechanism="gaussian", dim=8, seed=5)
+W = 9  # the release's width: a marker column and the 8 projected values
+D = 16  # tiny_graph's features
 SEED = 1
 TOL = 1e-5
 
@@ -61,7 +68,7 @@ def ledgers(partition) -> dict[int, DPLedger]:
 @pytest.fixture(scope="module")
 def drawn(tiny_graph, tiny_partition):
     """One release of every node, drawn once and handed to the encrypted round and its twin."""
-    return dp_features(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
+    return draw_release(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
 
 
 def rows_by_node(enc) -> dict[int, np.ndarray]:
@@ -74,17 +81,17 @@ def rows_by_node(enc) -> dict[int, np.ndarray]:
 
 
 def reference(graph, partition, variant, viewer, drawn):
-    """``encode(..., shared_x=release, owner=, viewer=)`` over the server's bases (drawn over all nodes
-    with the same seed) and the release ``drawn``."""
-    clean, release = drawn
+    """``encode([x, 0], ..., shared_x=[0, release], owner=, viewer=)`` over the server's bases (drawn
+    over all nodes with the same seed) and the release ``drawn``."""
+    own, shared = block_rows(graph.x.double(), drawn)
     return rows_by_node(
         encode(
             variant,
-            clean,
+            own,
             partition.neighbourhoods,
             nodes=np.arange(graph.num_nodes),
             rng=bases_rng(SEED),
-            shared_x=release,
+            shared_x=shared,
             owner=partition.owner,
             viewer=viewer,
         )
@@ -119,7 +126,7 @@ def test_decrypted_encodings_equal_the_plaintext_reference(dp_round, tiny_graph,
     for c in h.roster.clients:
         enc = h.client(c).encodings
         np.testing.assert_array_equal(enc.nodes, tiny_partition.clients[c].needed)
-        assert enc.buckets[0].h_self.shape[1] == DP.projected_dim(tiny_graph.num_features) == 8
+        assert enc.buckets[0].h_self.shape[1] == D + W == D + DP.width(D, tiny_graph.num_classes)
         err = worst(rows_by_node(enc), reference(tiny_graph, tiny_partition, variant, c, drawn), enc.nodes)
         assert err <= TOL, (c, err)
     # the pipeline's plaintext twin is the same reference
@@ -139,8 +146,8 @@ def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition, drawn):
     )
     want = run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", SEED, dp=DP, dp_release=drawn)
     assert max_abs_error(res.encodings, want) <= TOL
-    # one 1-chunk ciphertext per released (row, recipient) pair: 8 projected dims and the tag columns
-    assert res.layout.d == 8 + TAG_COLUMNS and res.layout.chunks == 1
+    # one 1-chunk ciphertext per released (row, recipient) pair: the W released values and the tags
+    assert res.layout.d == W + TAG_COLUMNS and res.layout.chunks == 1
     assert res.ciphertexts_up == released_rows(tiny_partition) > 0
     assert not res.server_has_secret_key
 
@@ -152,8 +159,8 @@ def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
     variant, h = dp_round
     owner = tiny_partition.owner
     nbh = tiny_partition.neighbourhoods
-    clean, release = drawn
-    assert float((clean - release).abs().max()) > 0.5  # the release is far from the clean features
+    clean, release = block_rows(tiny_graph.x.double(), drawn)
+    assert np.abs(DP.clean_rows(tiny_graph.x) - drawn.numpy()).max() > 0.5  # the release is far from clean
     for c in h.roster.clients:
         got = rows_by_node(h.client(c).encodings)
         needed = tiny_partition.clients[c].needed
@@ -170,7 +177,7 @@ def test_each_client_sees_its_own_clean_features_and_the_release_of_others(
             rest = [i for i in needed if i not in set(touched)]
             if rest:
                 assert worst(got, wrong, rest) <= TOL
-        # the owner's own h_i is its clean row (row 0), every foreign h_i the release
+        # the owner's own h_i is its clean row [x, 0] (row 0), every foreign h_i the release [0, r]
         for i in needed:
             want = clean if owner[i] == c else release
             assert np.abs(got[int(i)][0] - want[int(i)].numpy()).max() <= TOL
@@ -184,15 +191,15 @@ def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
     release of the row (never its clean projection), every result the foreign share over releases."""
     _, h = dp_round
     owner = tiny_partition.owner
-    clean, release = drawn
-    clean, release = clean.numpy(), release.numpy()
+    release = drawn.numpy()
+    clean = DP.clean_rows(tiny_graph.x)  # the owner's row through the mechanism without noise
     layout = h.server.layout
     uploads = 0
     for b in h.roster.clients:
         for msg in h.sent(b, FeatureUpload):
             holder = h.client(msg.target).holder
             for item in msg.items:
-                got = decrypt_rows(holder, [item.ciphertext], 1, layout, kind="fresh")[0, :8]
+                got = decrypt_rows(holder, [item.ciphertext], 1, layout, kind="fresh")[0, :W]
                 assert owner[item.node] == b != msg.target
                 assert np.abs(got - release[item.node]).max() <= TOL
                 assert np.abs(got - clean[item.node]).max() > 100 * TOL
@@ -206,7 +213,7 @@ def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
             for item in msg.items:
                 bb, k = bases[item.node]
                 rows = bb.num_feature_rows()
-                got = decrypt_rows(client.holder, list(item.row_blobs), rows, layout, kind="result")[:, :8]
+                got = decrypt_rows(client.holder, list(item.row_blobs), rows, layout, kind="result")[:, :W]
                 part = owner[bb.neighbours[k]] == item.owner  # a partial: one foreign owner's rows
                 assert item.owner != c and part.any()
                 want = bb.coefficients(k)[:, part] @ release[bb.neighbours[k][part]]
@@ -271,7 +278,7 @@ def test_the_release_is_drawn_by_its_owner_afresh_each_session(tiny_graph, tiny_
         tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition)
     )
     ca, cb = a.clients[1], b.clients[1]
-    np.testing.assert_allclose(ca._features, cb._features)  # the clean projection is deterministic
+    np.testing.assert_allclose(ca._features, cb._features)  # its own clean rows
     assert np.abs(ca._release - cb._release).max() > 0.1  # fresh noise each time
     assert not hasattr(a.server, "_release")
 
@@ -298,7 +305,8 @@ def _swap_client(parties, c: int, config, features: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["other-epsilon", "client-without-dp", "server-without-dp", "other-projection-seed"]
+    "case",
+    ["other-epsilon", "client-without-dp", "server-without-dp", "other-projection-seed", "other-mechanism"],
 )
 def test_mismatched_dp_terms_are_refused(case, tiny_graph, tiny_partition):
     server_dp = None if case == "server-without-dp" else DP
@@ -310,6 +318,7 @@ def test_mismatched_dp_terms_are_refused(case, tiny_graph, tiny_partition):
         "client-without-dp": None,
         "server-without-dp": DP,
         "other-projection-seed": dataclasses.replace(DP, seed=6),
+        "other-mechanism": dataclasses.replace(DP, mechanism="multibit"),
     }[case]
     features = tiny_graph.x.numpy()[tiny_partition.clients[1].owned]
     _swap_client(parties, 1, dataclasses.replace(parties.config, dp=client_dp), features)
@@ -322,8 +331,10 @@ def test_client_refuses_other_terms_or_bases_without_terms(tiny_graph, tiny_part
     h = Harness(tiny_graph, tiny_partition, seed=SEED, dp=DP, dp_ledgers=ledgers(tiny_partition)).start()
     client = h.client(1)
     h.run(until=lambda: client.state.value == "await-encodings")  # the server's terms are not out yet
-    bad = h.craft(h.roster.server, PrivacyTerms, 1, epsilon=2.0, delta=DP.delta, dim=DP.dim, seed=DP.seed)
-    rejected(client, bad, ConfigMismatchError)
+    terms = h.parties.config.dp_fields()
+    for other in ({"epsilon": 2.0}, {"mechanism": "label_rr"}, {"bits": 3}, {"low": -2.0}):
+        bad = h.craft(h.roster.server, PrivacyTerms, 1, **{**terms, **other})
+        rejected(client, bad, ConfigMismatchError)
     node = client.owned[:1]
     bases = h.craft(
         h.roster.server,
@@ -352,9 +363,10 @@ def test_the_server_confirms_the_terms_and_refuses_graphs_without_them(tiny_grap
     )
     server.receive(h.craft(1, PrivacyTerms, sid, **h.parties.config.dp_fields()))
     rejected(server, h.craft(1, PrivacyTerms, sid, **h.parties.config.dp_fields()), StateError, "already")
+    assert graph["dim"] == W  # a client announces the width of what it uploads
     rejected(
         server,
-        h.craft(1, GraphAnnounce, sid, **{**graph, "dim": DP.dim + 1}),
+        h.craft(1, GraphAnnounce, sid, **{**graph, "dim": W + 1}),
         ConfigMismatchError,
         "projects to 8",
     )
@@ -383,13 +395,14 @@ def test_run_encrypted_fedgat_trains_on_the_dp_encodings(tiny_graph, tmp_path):
         "patience": 2,
         "progress": False,
         "dp_epsilon": 4.0,
+        "dp_mechanism": "gaussian",
         "dp_dim": 8,
         "dp_budget": (20.0, 1e-5),
         "dp_ledger_dir": str(tmp_path),
     }
     enc = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, workers=0, **kw)
     plain = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, encrypted=False, **kw)
-    assert enc.pretrain is not None and enc.pretrain.layout.d == 8 + TAG_COLUMNS
+    assert enc.pretrain is not None and enc.pretrain.layout.d == W + TAG_COLUMNS
     assert len(enc.training.fit.history) == len(plain.training.fit.history) == 2
     # one release per owner so far: the accountant charges exactly epsilon (PLD is tight here)
     assert enc.pretrain.dp_spent is not None and sorted(enc.pretrain.dp_spent) == [0, 1, 2]
@@ -401,3 +414,43 @@ def test_run_encrypted_fedgat_trains_on_the_dp_encodings(tiny_graph, tmp_path):
     for eps, _ in plain.dp_spent.values():
         assert 4.5 < eps < 8.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["client-0.json", "client-1.json", "client-2.json"]
+
+
+def test_label_rr_trains_its_predictor_through_the_protocol_and_releases_labels(tiny_graph, tmp_path):
+    """label_rr end to end: the predictor's secure FedAvg rounds first (every client ends with the same
+    published weights), then each owner uploads a marker plus a one-hot label (width 1 + classes), the
+    predictor's rounds counted against DP-FedAvg's budget when it is on."""
+    from fedgat.pipeline import train_release_predictor
+
+    kw = {
+        "rounds": 2,
+        "patience": 2,
+        "dp_predictor_rounds": 3,
+        "dp_epsilon": 2.0,
+        "dp_budget": (2.0, 1e-5),
+        "dp_ledger_dir": str(tmp_path),
+    }
+    part = make_partition(tiny_graph, 3, beta=1.0, seed=0, num_layers=2)
+    predictors, rounds = train_release_predictor(tiny_graph, part, seed=0, progress=False, **kw)
+    assert sorted(predictors) == [0, 1, 2] and rounds == {0: 0, 1: 0, 2: 0}  # no DP-FedAvg: nothing counted
+    first = predictors[0].state
+    for p in predictors.values():  # every client holds the weights of the last round
+        assert all(torch.equal(first[k], p.state[k]) for k in first)
+    assert predictors[0].labels(tiny_graph.x.numpy()).max() < tiny_graph.num_classes
+    run = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, workers=0, progress=False, **kw)
+    classes = tiny_graph.num_classes
+    assert run.pretrain is not None and run.pretrain.layout.d == 1 + classes + TAG_COLUMNS
+    for enc in run.pretrain.encodings.values():
+        assert enc.buckets[0].h_self.shape[1] == D + 1 + classes
+    assert {c: e for c, (e, _) in run.dp_spent.items()} == pytest.approx({0: 2.0, 1: 2.0, 2: 2.0}, rel=1e-4)
+    # the budget is spent: a second run refuses before its predictor trains or anything is sent
+    with pytest.raises(BudgetExceededError):
+        run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, workers=0, progress=False, **kw)
+    # with DP-FedAvg the predictor's rounds count: the clients' round budget covers both phases
+    upd = run_encrypted_fedgat(
+        tiny_graph, 3, 1.0, 0, workers=0, progress=False, update_dp_epsilon=8.0,
+        **{**kw, "dp_ledger_dir": str(tmp_path / "again")},
+    )  # fmt: skip
+    dp = update_dp_from_hparams(upd.training.hparams)
+    assert dp is not None and dp.max_rounds == 3 + 2
+    assert upd.training.update_dp_spent == pytest.approx((dp.epsilon(3 + 2), 1e-5))

@@ -129,7 +129,9 @@ def samples() -> list:
         ),
         EvaluateRequest(round=4, splits=("test",), **HDR),
         Abort(code=1, reason="stop: ünïcode", **HDR),
-        PrivacyTerms(epsilon=4.0, delta=1e-5, dim=64, seed=7, **HDR),
+        PrivacyTerms(
+            mechanism="label_rr", epsilon=4.0, delta=1e-5, dim=64, seed=7, bits=0, low=-1.0, high=1.0, **HDR
+        ),
         EdgeClaims(
             claimer=1,
             peer=2,
@@ -192,10 +194,11 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 4
+    assert data[4] == VERSION == 5
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
-    for version in (1, 2, 3, 5, 255):  # the dealer (1), shared check keys (2), per-client reports (3)
+    # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4)
+    for version in (1, 2, 3, 4, 6, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):
@@ -261,9 +264,14 @@ def test_bad_values_are_payload_errors():
         frame(bad_graph)
     with pytest.raises(KeyFingerprintError):
         frame(PublicContext(party=1, preset="n4096", context=b"other", context_fingerprint=FP, **HDR))
+    terms_fields = {"mechanism": "gaussian", "dim": 8, "seed": 0, "bits": 0, "low": -1.0, "high": 1.0}
     for eps, delta in ((0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0)):
         with pytest.raises(PayloadError, match="DP terms"):
-            frame(PrivacyTerms(epsilon=eps, delta=delta, dim=8, seed=0, **HDR))
+            frame(PrivacyTerms(**{**terms_fields, "epsilon": eps, "delta": delta}, **HDR))
+    with pytest.raises(PayloadError, match="unknown DP mechanism"):
+        frame(PrivacyTerms(**{**terms_fields, "mechanism": "laplace", "epsilon": 1.0, "delta": 1e-5}, **HDR))
+    with pytest.raises(PayloadError, match="low < high"):
+        frame(PrivacyTerms(**{**terms_fields, "low": 1.0, "epsilon": 1.0, "delta": 1e-5}, **HDR))
     terms = frame(sample(PrivacyTerms))
     at = terms.index(np.array(4.0, ">f8").tobytes())
     for bad in (float("nan"), float("inf"), 0.0):  # received: refused as a whole

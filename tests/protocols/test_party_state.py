@@ -17,7 +17,8 @@ import torch
 from fedgat.app import build_pretrain_parties, build_training_parties
 from fedgat.dp import FeatureDP
 from fedgat.dp_ledger import Budget, DPLedger
-from fedgat.pipeline import dp_features, max_abs_error, run_plaintext_pretraining
+from fedgat.dp_release import draw_release
+from fedgat.pipeline import max_abs_error, run_plaintext_pretraining
 from fedgat.protocols import (
     ClientPretrain,
     Driver,
@@ -105,10 +106,12 @@ def uninterrupted(parties: dict) -> Driver:
 
 
 # ------------------------------------------------------------------------------------ pre-training
-@pytest.mark.parametrize("dp", [None, FeatureDP(epsilon=4.0, dim=8)], ids=["plain", "dp"])
+@pytest.mark.parametrize(
+    "dp", [None, FeatureDP(epsilon=4.0, mechanism="gaussian", dim=8)], ids=["plain", "dp"]
+)
 def test_pretraining_survives_a_restore_after_every_event(tiny_graph, tiny_partition, monkeypatch, dp):
     ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(tiny_partition.num_clients)}
-    drawn = None if dp is None else dp_features(tiny_graph, tiny_partition, dp, ledgers=ledgers)
+    drawn = None if dp is None else draw_release(tiny_graph, tiny_partition, dp, ledgers=ledgers)
     kw = {"seed": 5, "workers": 0, "dp": dp, "dp_release": drawn, "upload_batch": 4}
     ref = build_pretrain_parties(tiny_graph, tiny_partition, **kw)
     want = uninterrupted(ref.all())

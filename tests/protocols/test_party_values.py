@@ -18,8 +18,8 @@ from fedgat.app import build_pretrain_parties, build_training_parties
 from fedgat.checkpoint import CheckpointError
 from fedgat.dp import FeatureDP
 from fedgat.dp_ledger import Budget, DPLedger
+from fedgat.dp_release import draw_release
 from fedgat.pipeline import (
-    dp_features,
     drive,
     max_abs_error,
     run_encrypted_pretraining,
@@ -100,7 +100,7 @@ def test_pretrain_spec_rebuilds_equal_clients(tiny_graph, tiny_partition):
 
 
 def test_dp_spec_ships_the_release_not_a_redraw(tiny_graph, tiny_partition):
-    dp = FeatureDP(epsilon=4.0, dim=8)
+    dp = FeatureDP(epsilon=4.0, mechanism="gaussian", dim=8)
     ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(tiny_partition.num_clients)}
     parties = build_pretrain_parties(
         tiny_graph, tiny_partition, seed=None, workers=0, dp=dp, dp_ledgers=ledgers
@@ -304,10 +304,12 @@ def test_engine_modules_import_no_pickle():
         assert not {n for n in names if "pickle" in n}, module.__name__
 
 
-@pytest.mark.parametrize("dp", [None, FeatureDP(epsilon=4.0, dim=8)], ids=["plain", "dp"])
+@pytest.mark.parametrize(
+    "dp", [None, FeatureDP(epsilon=4.0, mechanism="gaussian", dim=8)], ids=["plain", "dp"]
+)
 def test_hosted_run_equals_in_process_without_pickle(tiny_graph, tiny_partition, monkeypatch, dp):
     ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(tiny_partition.num_clients)}
-    drawn = None if dp is None else dp_features(tiny_graph, tiny_partition, dp, ledgers=ledgers)
+    drawn = None if dp is None else draw_release(tiny_graph, tiny_partition, dp, ledgers=ledgers)
     kw = {"seed": 2, "progress": False, "workers": 0, "dp": dp, "dp_release": drawn}
     want = run_encrypted_pretraining(tiny_graph, tiny_partition, **kw)
     engine = FakeEngine()

@@ -2,7 +2,8 @@
 
     fedgat audit --dataset cora --variant vector                  # unmitigated protocol
     fedgat audit --dataset cora --variant matrix --neighbour-cap 16
-    fedgat audit --dataset cora --dp-epsilon 4 --dp-dim 64        # with the DP release
+    fedgat audit --dataset cora --dp-epsilon 4                    # with the DP release (label_rr)
+    fedgat audit --dataset cora --dp-epsilon 4 --dp-mechanism gaussian --dp-dim 64
     fedgat audit --dataset cora --sweep 0.5 1 2 4 8 16 --json audit.json --report audit.md
     fedgat audit --dataset my_graph.npz --owners owners.csv --quiet   # your graph, your organisations
 
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from fedgat.cli_engine import (
+    DP_MECHANISMS,
     UsageError,
     add_dataset_argument,
     add_owners_arguments,
@@ -63,9 +65,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="neighbour sampling cap (default none; 16 for the matrix variant)",
     )
-    parser.add_argument("--dp-epsilon", type=float, default=None, help="DP release of shared features")
+    parser.add_argument("--dp-epsilon", type=float, default=None, help="DP release of shared rows")
     parser.add_argument("--dp-delta", type=float, default=1e-5)
-    parser.add_argument("--dp-dim", type=int, default=64, help="projection dimension before the noise")
+    parser.add_argument(
+        "--dp-mechanism",
+        default="label_rr",
+        choices=DP_MECHANISMS,
+        help="the DP release's mechanism (default label_rr; see fedgat.dp)",
+    )
+    parser.add_argument(
+        "--dp-dim", type=int, default=64, help="gaussian: projection dimension before the noise"
+    )
     parser.add_argument(
         "--sweep",
         type=float,
@@ -171,7 +181,7 @@ def _log(args: argparse.Namespace, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fedgat.audit import Mitigation, audit_clients, chance_reidentification
+    from fedgat.audit import Mitigation, audit_clients, audit_predictor, chance_reidentification
     from fedgat.dp import FeatureDP
     from fedgat.methods import run_method
     from fedgat.partition import make_partition
@@ -187,7 +197,11 @@ def run(args: argparse.Namespace) -> int:
     cap = args.neighbour_cap
     if cap is None:
         cap = as_variant(args.variant).default_neighbour_cap
-    dp = FeatureDP(args.dp_epsilon, args.dp_delta, args.dp_dim, seed=args.seed) if args.dp_epsilon else None
+    dp = (
+        FeatureDP(args.dp_epsilon, args.dp_delta, args.dp_mechanism, args.dp_dim, seed=args.seed)
+        if args.dp_epsilon
+        else None
+    )
     mitigation = Mitigation(args.min_cross, cap, dp)
     part = make_partition(
         graph,
@@ -229,11 +243,28 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     _log(args, "client side: attacks on every client's view ...")
+    predictor = None
+    if (dp is not None and dp.needs_predictor) or (args.sweep and args.dp_mechanism == "label_rr"):
+        _log(args, "training label_rr's release predictor ...")
+        predictor = audit_predictor(graph, part, args.seed)
     report["client_attacks"] = audit_clients(
-        graph, args.variant, args.clients, args.beta, args.seed, mitigation, clients=clients, partition=part
+        graph,
+        args.variant,
+        args.clients,
+        args.beta,
+        args.seed,
+        mitigation,
+        clients=clients,
+        partition=part,
+        predictor=predictor,
     ).as_dict()
-    report["dp_spent"] = mitigation.dp_spent()  # [epsilon, delta] of the audited release (None: no DP)
-    dp_hp = {} if dp is None else {"dp_epsilon": dp.epsilon, "dp_delta": dp.delta, "dp_dim": dp.dim}
+    # [epsilon, delta] of the audited release (None: no DP)
+    report["dp_spent"] = mitigation.dp_spent(graph.num_features, graph.num_classes)
+    dp_hp = (
+        {}
+        if dp is None
+        else {"dp_epsilon": dp.epsilon, "dp_delta": dp.delta, "dp_mechanism": dp.mechanism, "dp_dim": dp.dim}
+    )
     if not args.no_training:
         _log(args, "training FedGAT under this setting ...")
         report["test_accuracy"] = _accuracy(
@@ -251,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         sweep = []
         for eps in args.sweep:
-            point_dp = FeatureDP(eps, args.dp_delta, args.dp_dim, seed=args.seed)
+            point_dp = FeatureDP(eps, args.dp_delta, args.dp_mechanism, args.dp_dim, seed=args.seed)
             scores = audit_clients(
                 graph,
                 args.variant,
@@ -261,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
                 Mitigation(args.min_cross, cap, point_dp),
                 clients=clients,
                 partition=part,
+                predictor=predictor,
             )
             null = audit_clients(
                 graph,
@@ -272,10 +304,11 @@ def run(args: argparse.Namespace) -> int:
                 clients=clients,
                 partition=part,
                 null_release=True,
+                predictor=predictor,
             )
             point = {
                 "epsilon": eps,
-                "sigma": point_dp.sigma,
+                "mechanism": point_dp.describe(),
                 "client_attacks": scores.as_dict(),
                 "null_release_attacks": null.as_dict(),
             }
@@ -288,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
                     neighbour_cap=cap,
                     dp_epsilon=eps,
                     dp_delta=args.dp_delta,
+                    dp_mechanism=args.dp_mechanism,
                     dp_dim=args.dp_dim,
                     owner=owners,
                 )
@@ -395,17 +429,18 @@ def render_markdown(report: dict) -> str:
     if report.get("epsilon_sweep"):
         lines += [
             "",
-            "## Epsilon sweep (DP release of shared features)",
+            "## Epsilon sweep (DP release of shared rows)",
             "",
             (
-                "Null release: the same attacks and scoring on a release of *shuffled* features (same "
-                "mechanism, no information on who has which features): the chance level of the oracle "
-                "scoring, which keeps each victim's best guess. `prior_knowledge` guesses with the "
-                "client's own nodes only."
+                "The attacks recover the released rows; the attacker maps them back to feature space with "
+                "its best decoder (fedgat.attacks.release_decoder) before scoring. Null release: the same "
+                "attacks and scoring on a release of *shuffled* features (same mechanism, no information on "
+                "who has which features): the chance level of the oracle scoring, which keeps each victim's "
+                "best guess. `prior_knowledge` guesses with the client's own nodes only."
             ),
             "",
             (
-                "| epsilon | sigma | attack | recovered | mean cosine | re-identified | re-identified, "
+                "| epsilon | mechanism | attack | recovered | mean cosine | re-identified | re-identified, "
                 "null release | FedGAT accuracy |"
             ),
             "|---|---|---|---|---|---|---|---|",
@@ -416,7 +451,7 @@ def render_markdown(report: dict) -> str:
                 null = p.get("null_release_attacks", {}).get(name)
                 null_reid = f"{null['reidentification_rate']:.3f}" if null else "-"
                 lines.append(
-                    f"| {p['epsilon']:g} | {p['sigma']:.2f} | {name} | {s['recovered_fraction']:.3f} | "
+                    f"| {p['epsilon']:g} | {p['mechanism']['mechanism']} | {name} | {s['recovered_fraction']:.3f} | "
                     f"{s['mean_cosine']:.3f} | {s['reidentification_rate']:.3f} | {null_reid} | {acc} |"
                 )
     return "\n".join(lines) + "\n"

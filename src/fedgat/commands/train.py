@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedgat.cli_engine import (
+    DP_MECHANISMS,
     UsageError,
     add_dataset_argument,
     add_engine_arguments,
@@ -84,8 +85,22 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
             "each owner's ledger is charged first, see --dp-budget)"
         ),
     ),
-    "dp_delta": (float, "FedGAT: the DP release's delta (default 1e-5)"),
-    "dp_dim": (int, "FedGAT: dimension of the projection the DP release adds noise to (default 64)"),
+    "dp_delta": (float, "FedGAT: the DP release's delta (default 1e-5; spent by gaussian only)"),
+    "dp_mechanism": (
+        str,
+        (
+            "FedGAT: the DP release's mechanism: label_rr (randomised response on a predicted label, "
+            "default), gaussian (projected features) or multibit (LPGNN)"
+        ),
+    ),
+    "dp_dim": (
+        int,
+        "FedGAT, gaussian release: dimension of the projection the noise is added to (default 64)",
+    ),
+    "dp_predictor_rounds": (
+        int,
+        "FedGAT, label_rr release: rounds that train its label predictor (default 50)",
+    ),
     "dp_ledger_dir": (
         str,
         "FedGAT: folder of the owners' DP ledgers (default $FEDGAT_DP_LEDGER_DIR or ~/.fedgat/dp_ledger)",
@@ -177,7 +192,11 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     overrides = {k: getattr(args, k) for k in (*_HPARAM_FLAGS, "dp_budget") if getattr(args, k) is not None}
     if "dp_budget" in overrides:
         overrides["dp_budget"] = tuple(overrides["dp_budget"])
-    dp_flags = [f for f in ("dp_delta", "dp_dim", "dp_budget", "dp_ledger_dir") if f in overrides]
+    dp_flags = [
+        f
+        for f in ("dp_delta", "dp_mechanism", "dp_dim", "dp_predictor_rounds", "dp_budget", "dp_ledger_dir")
+        if f in overrides
+    ]
     if dp_flags and "dp_epsilon" not in overrides:
         named = ", ".join("--" + f.replace("_", "-") for f in dp_flags)
         raise UsageError(f"{named}: only for a DP release; add --dp-epsilon")
@@ -201,6 +220,11 @@ def _check_dp(overrides: dict) -> None:
         raise UsageError(f"--dp-delta must be in (0, 1), got {delta}")
     if overrides.get("dp_dim") is not None and overrides["dp_dim"] < 1:
         raise UsageError(f"--dp-dim must be >= 1, got {overrides['dp_dim']}")
+    if overrides.get("dp_predictor_rounds") is not None and overrides["dp_predictor_rounds"] < 1:
+        raise UsageError(f"--dp-predictor-rounds must be >= 1, got {overrides['dp_predictor_rounds']}")
+    mechanism = overrides.get("dp_mechanism")
+    if mechanism is not None and mechanism not in DP_MECHANISMS:
+        raise UsageError(f"--dp-mechanism must be one of {', '.join(DP_MECHANISMS)}, got {mechanism!r}")
     budget = overrides.get("dp_budget")
     if budget is not None and not (math.isfinite(budget[0]) and budget[0] > 0 and 0 < budget[1] < 1):
         raise UsageError(f"--dp-budget needs EPSILON > 0 and 0 < DELTA < 1, got {budget[0]} {budget[1]}")
@@ -314,6 +338,7 @@ def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides
         train_seconds=t.seconds,
         hparams=t.hparams,
         history=t.fit.history,
+        dp_spent=None if not run.dp_spent else max(run.dp_spent.values()),
         update_dp_spent=t.update_dp_spent,
     )
 
@@ -378,7 +403,7 @@ def format_table(summary: dict) -> str:
         extra += f", {hp['strategy']}"
     split = f"owners from {summary['owners']}" if summary.get("owners") else f"beta {summary['beta']:g}"
     if hp.get("dp_epsilon") is not None:
-        extra += f", DP release epsilon {hp['dp_epsilon']:g} per run"
+        extra += f", DP release ({hp['dp_mechanism']}) epsilon {hp['dp_epsilon']:g} per run"
     if hp.get("update_dp_epsilon") is not None:
         extra += f", DP-FedAvg epsilon {hp['update_dp_epsilon']:g} over {hp['rounds']} rounds"
     head = f"{summary['method']} on {summary['dataset']}: {summary['clients']} client(s), {split}{extra}"

@@ -1,0 +1,108 @@
+"""A whole federation's DP release, drawn owner by owner: what the simulations (:mod:`fedgat.methods`,
+the plaintext pre-training of :mod:`fedgat.pipeline`, the audit) share with the protocol, where each
+:class:`~fedgat.protocols.ClientPretrain` draws its own rows the same way.
+
+* :func:`feature_dp_from_hparams` -- the :class:`fedgat.dp.FeatureDP` a run's hyper-parameters ask for;
+* :func:`draw_release` -- every owner's release with its own ledger (and, for ``label_rr``, the
+  published predictor), as ``(N, w)`` rows;
+* :func:`check_budgets` -- whether every owner's budget still pays for one release, before anything
+  runs (the predictor's rounds included);
+* :func:`spent_by_owner` -- what each owner's ledger has spent on its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from fedgat.dp import FeatureDP, LabelPredictor
+from fedgat.dp_ledger import DPLedger, MissingLedgerError, dataset_id
+from fedgat.graph import Graph
+from fedgat.partition import Partition
+
+__all__ = ["check_budgets", "draw_release", "feature_dp_from_hparams", "spent_by_owner"]
+
+
+def feature_dp_from_hparams(hp: Mapping, seed: int) -> FeatureDP | None:
+    """The release a run's resolved FedGAT hyper-parameters ask for (``dp_epsilon`` None: none):
+    ``dp_mechanism`` at ``(dp_epsilon, dp_delta)``, gaussian's projection ``dp_dim`` seeded by the
+    run's public ``seed``, multibit's ``dp_bounds``."""
+    if hp.get("dp_epsilon") is None:
+        return None
+    low, high = hp["dp_bounds"]
+    return FeatureDP(
+        float(hp["dp_epsilon"]),
+        float(hp["dp_delta"]),
+        hp["dp_mechanism"],
+        hp["dp_dim"],
+        seed=seed,
+        bounds=(float(low), float(high)),
+    )
+
+
+def check_budgets(
+    graph: Graph, partition: Partition, dp: FeatureDP, ledgers: Mapping[int, DPLedger] | None
+) -> None:
+    """Refuse early: every owner's ledger exists and its budget pays for one more release of its rows
+    (:meth:`fedgat.dp_ledger.DPLedger.check`), before any round runs or anything is drawn. (The
+    release itself charges again, atomically per owner.)
+
+    Raises:
+        MissingLedgerError: no ledger for some owner; BudgetExceededError: an owner's budget is spent.
+    """
+    x = graph.x.numpy()
+    record = dp.record(x.shape[1], graph.num_classes)
+    for c, cp in enumerate(partition.clients):
+        if len(cp.owned) == 0:
+            continue
+        ledger = None if ledgers is None else ledgers.get(c)
+        if ledger is None:
+            raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
+        ledger.check(dataset_id(np.asarray(x[cp.owned], dtype=np.float64)), record)
+
+
+def draw_release(
+    graph: Graph,
+    partition: Partition,
+    dp: FeatureDP,
+    *,
+    ledgers: Mapping[int, DPLedger] | None,
+    predictor: LabelPredictor | None = None,
+) -> torch.Tensor:
+    """``(N, w)`` float64: every node's released row, each owner's rows drawn as that owner draws
+    them (:meth:`fedgat.dp.FeatureDP.release_rows`: charged to ``ledgers[c]`` first, recipients the
+    other clients, randomness from a fresh CSPRNG). No seed reproduces it: draw it once and hand it to
+    every path that must see the same release.
+
+    Raises:
+        MissingLedgerError: no ledger for some client; BudgetExceededError: a client's budget is spent
+            (owners before it have been charged; nothing is returned); ValueError: ``label_rr``
+            without ``predictor``.
+    """
+    x = graph.x.numpy()
+    classes = predictor.num_classes if predictor is not None else graph.num_classes
+    out = np.zeros((len(x), dp.width(x.shape[1], classes)))
+    clients = tuple(range(partition.num_clients))
+    for c, cp in enumerate(partition.clients):
+        if len(cp.owned) == 0:
+            continue
+        ledger = None if ledgers is None else ledgers.get(c)
+        if ledger is None:
+            raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
+        others = tuple(o for o in clients if o != c)
+        out[cp.owned] = dp.release_rows(x[cp.owned], ledger=ledger, recipients=others, predictor=predictor)
+    return torch.from_numpy(out)
+
+
+def spent_by_owner(
+    graph: Graph, partition: Partition, ledgers: Mapping[int, DPLedger]
+) -> dict[int, tuple[float, float]]:
+    """Client -> the ``(epsilon, delta)`` its ledger has spent on its owned rows (all its releases)."""
+    x = graph.x.numpy()
+    return {
+        c: ledgers[c].spent(dataset_id(np.asarray(x[cp.owned], dtype=np.float64)))
+        for c, cp in enumerate(partition.clients)
+        if len(cp.owned) and c in ledgers
+    }
