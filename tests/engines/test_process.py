@@ -295,6 +295,27 @@ def test_cli_opens_a_process_engine():
     assert main(["demo", "--dataset", "synthetic", "--engine", "process", "--actors", "0"]) == 2
 
 
+def test_auto_engine_spreads_only_rounds_worth_it():
+    from fedgat.cli_engine import AUTO_PROCESS_MIN_SECONDS, resolve_engine
+
+    # Cora at 10 clients: 47,946 encryptions + 235,788 decryptions, ~200 s on one core (estimate)
+    assert resolve_engine("auto", 202.5, cores=2) == "process"
+    assert resolve_engine("auto", 202.5, cores=1) == "inprocess"  # nothing to spread over
+    assert resolve_engine("auto", AUTO_PROCESS_MIN_SECONDS / 2, cores=16) == "inprocess"
+    assert resolve_engine("inprocess", 1e6, cores=16) == "inprocess"  # an explicit choice stands
+    assert resolve_engine("process", 0.0, cores=1) == "process"
+
+
+def test_demo_auto_stays_in_process_on_a_small_graph(tmp_path):
+    """The tests' demos keep the in-process transport: their rounds are far below the threshold."""
+    from fedgat.cli import main
+
+    out = tmp_path / "demo.json"
+    argv = ["demo", "--dataset", "synthetic", "--nodes", "60", "--clients", "3", "--rounds", "1"]
+    assert main([*argv, "--json", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())["engine"] == "inprocess"
+
+
 @pytest.mark.slow
 def test_demo_and_train_cli_on_processes(tmp_path, capsys):
     from fedgat.cli import main
