@@ -77,12 +77,15 @@ import platform
 import resource
 import threading
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Self
 
 import numpy as np
 
 PHASES = ("keygen", "encrypt", "upload", "server_compute", "download", "decrypt")
+#: where the encrypted round's clients run (``--engine``)
+ENGINES = ("inprocess", "process")
 #: FedGraph (Yao et al. 2024) reports for FedGCN with homomorphic encryption of the pre-training
 #: aggregation: ~2-4x time and ~55x communication over plaintext FedGCN. A different algorithm.
 FEDGRAPH_FEDGCN_HE = {
@@ -107,8 +110,9 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _children_rss() -> list[int]:
-    """Resident sets of this process's child processes (Linux ``/proc``; empty elsewhere)."""
+def _children_rss(exclude: Collection[int] = ()) -> list[int]:
+    """Resident sets of this process's child processes but ``exclude`` (Linux ``/proc``; empty
+    elsewhere)."""
     out = []
     try:
         pids = set()
@@ -116,6 +120,8 @@ def _children_rss() -> list[int]:
             with open(f"/proc/self/task/{task}/children") as f:
                 pids.update(f.read().split())
         for pid in pids:
+            if int(pid) in exclude:
+                continue
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if b"multiprocessing" not in f.read():  # forked, not yet exec'd: the parent's pages
@@ -131,17 +137,19 @@ def _children_rss() -> list[int]:
 
 class PeakRSS:
     """Peak resident set of this process, of its largest child and of all children together while
-    the ``with`` block runs (sampled every ``period`` s from ``/proc``)."""
+    the ``with`` block runs (sampled every ``period`` s from ``/proc``); ``exclude()`` names child pids
+    to leave out (a process engine's client workers, measured on their own)."""
 
-    def __init__(self, period: float = 0.02) -> None:
+    def __init__(self, period: float = 0.02, exclude: Callable[[], set[int]] | None = None) -> None:
         self.period, self.peak = period, 0
         self.child_peak = self.children_peak = 0
+        self._exclude = exclude
         self._stop = threading.Event()
 
     def _sample(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, _rss_bytes())
-            kids = _children_rss()
+            kids = _children_rss(self._exclude() if self._exclude is not None else set())
             if kids:
                 self.child_peak = max(self.child_peak, max(kids))
                 self.children_peak = max(self.children_peak, sum(kids))
@@ -157,6 +165,66 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, _rss_bytes())
+
+
+#: the round's stretches, read off the frames: (name, from, to); an end is (message type, "first" or
+#: "last") or "start"/"end" of the round. They overlap a little (the server computes one recipient's
+#: shares while the clients decrypt another's) but show where the wall time went and what a parallel
+#: engine shortened.
+WINDOWS = (
+    ("keys_and_graphs", "start", ("FeatureUpload", "first")),
+    ("encrypt_upload", ("FeatureUpload", "first"), ("UploadDone", "last")),
+    ("first_results", ("UploadDone", "last"), ("EncodingResults", "first")),
+    ("compute_download_decrypt", ("EncodingResults", "first"), ("EncodingResults", "last")),
+    ("tail", ("EncodingResults", "last"), "end"),
+)
+
+
+class FrameClock:
+    """Mixed into a transport (:func:`timed`): the time of the first and last frame of each message
+    type that crossed it (every engine's transport counts frames in ``TrafficLog._log``)."""
+
+    def _log(self, sender: int, to: int, data):
+        from fedgat.protocols.messages import MESSAGE_TYPES, peek_type
+
+        now = time.perf_counter()
+        cls = MESSAGE_TYPES.get(peek_type(data) or -1)
+        marks = self.__dict__.setdefault("frame_marks", {})
+        first_last = marks.setdefault(cls.__name__ if cls else "?", [now, now])
+        first_last[1] = now
+        return super()._log(sender, to, data)  # type: ignore[misc]
+
+
+def timed(transport):
+    """``transport`` with a :class:`FrameClock` (its class swapped for a subclass that adds one)."""
+    transport.__class__ = type(f"Timed{type(transport).__name__}", (FrameClock, type(transport)), {})
+    return transport
+
+
+def round_windows(marks: dict, start: float, end: float) -> dict[str, float | None]:
+    """Wall seconds of each of :data:`WINDOWS` (None when a bound's message never crossed)."""
+
+    def at(bound) -> float | None:
+        if bound == "start":
+            return start
+        if bound == "end":
+            return end
+        name, which = bound
+        return marks[name][0 if which == "first" else 1] if name in marks else None
+
+    out: dict[str, float | None] = {}
+    for name, lo, hi in WINDOWS:
+        a, b = at(lo), at(hi)
+        out[name] = None if a is None or b is None else max(0.0, b - a)
+    return out
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def load_graph(dataset: str, nodes: int | None = None, seed: int = 0):
@@ -297,10 +365,16 @@ def run_overhead(
     measure_repeats: int = 5,
     owner: np.ndarray | None = None,
     link_gbps: float = LINK_GBPS,
+    engine: str = "inprocess",
+    engine_workers: int | None = None,
 ) -> dict:
     """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc.
     ``owner``: the user's split (one client id per node, ``fedgat bench overhead --owners``) instead of
-    the Dirichlet one. ``link_gbps``: every party's link speed for the critical path."""
+    the Dirichlet one. ``link_gbps``: every party's link speed for the critical path. ``engine``: where
+    the encrypted round's clients run (:data:`ENGINES`; ``engine_workers``: the process engine's
+    workers, default one per usable core); the accuracy comparison trains in process either way."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if not link_gbps > 0:
         raise ValueError(f"link speed must be positive, got {link_gbps} Gbit/s")
     import torch
@@ -353,24 +427,53 @@ def run_overhead(
     plaintext["phases"]["server_compute"] = {"wall": plain_wall, "cpu": plain_cpu}
     plaintext["phases"]["round"] = {"wall": plain_wall, "cpu": plain_cpu}
 
-    # --- encrypted round
+    # --- encrypted round (with the process engine: its pool starts inside the round, as in a demo)
     child_cpu0 = children_cpu_seconds()
-    transport = InProcessTransport()  # the default one, kept for its per-party, per-type byte counts
-    with PeakRSS() as enc_mem:
-        c0 = time.process_time()
-        pre = run_encrypted_pretraining(
-            graph,
-            partition,
-            variant,
-            preset,
-            seed,
-            transport,
-            progress=progress,
-            workers=workers,
-            measure_server_alone=True,
-        )
-        enc_cpu = time.process_time() - c0
+    pool = None
+    if engine == "process":
+        from fedgat.protocols.process_engine import ProcessEngine
+
+        pool = ProcessEngine(engine_workers, threads=1)
+        transport = timed(pool.transport())
+    else:  # the default one, kept for its per-party, per-type byte counts
+        transport = timed(InProcessTransport())
+    hosts: dict = {}
+    load_before = _load_average()
+    try:
+        with PeakRSS(
+            exclude=lambda: {w.process.pid for w in list(pool.workers)} if pool else set()
+        ) as enc_mem:
+            c0, w0 = time.process_time(), time.perf_counter()
+            pre = run_encrypted_pretraining(
+                graph,
+                partition,
+                variant,
+                preset,
+                seed,
+                transport,
+                progress=progress,
+                workers=workers,
+                measure_server_alone=True,
+            )
+            enc_cpu = time.process_time() - c0
+            windows = round_windows(getattr(transport, "frame_marks", {}), w0, w0 + pre.wall_seconds)
+        if pool is not None:  # the client workers' own accounts, before they are stopped
+            memory = pool.memory()
+            hosts = {
+                "workers": len(memory),
+                "cpu_seconds": sum(m["cpu_seconds"] for m in memory),
+                "peak_rss": [m["peak_rss"] for m in memory],
+                "start_seconds": pool.start_seconds,
+                "placement_seconds": transport.placement_seconds,
+                "report_seconds": transport.export_seconds,
+            }
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    load_after = _load_average()
     worker_cpu = children_cpu_seconds() - child_cpu0
+    if pool is not None:  # reaped at shutdown: theirs is in client_workers, not the server's
+        worker_cpu -= hosts["cpu_seconds"]
     # the replay of the server's compute (measure_server_alone) is not part of the round
     enc_cpu -= pre.server_compute_alone_cpu[0]
     worker_cpu -= pre.server_compute_alone_cpu[1]
@@ -380,7 +483,7 @@ def run_overhead(
     error = max_abs_error(pre.encodings, plain)
     phases = {p: {"wall": pre.phases.get(p, 0.0), "cpu": pre.cpu_phases.get(p, 0.0)} for p in PHASES}
     phases["server_compute"]["cpu"] += worker_cpu
-    phases["round"] = {"wall": pre.wall_seconds, "cpu": enc_cpu + worker_cpu}
+    phases["round"] = {"wall": pre.wall_seconds, "cpu": enc_cpu + worker_cpu + hosts.get("cpu_seconds", 0.0)}
     span = pre.server_compute_span
 
     # --- critical path of a deployment (every party on its own machine)
@@ -417,7 +520,14 @@ def run_overhead(
         "main_process_peak_rss": enc_mem.peak,
         "server_worker_peak_rss": worker_peak,
         "server_workers_peak_rss_total": enc_mem.children_peak,
-        "peak_rss_all_processes_at_most": enc_mem.peak + enc_mem.children_peak,
+        "peak_rss_all_processes_at_most": enc_mem.peak
+        + enc_mem.children_peak
+        + sum(hosts.get("peak_rss", [])),
+        # the process engine's client workers (their CPU is in phases.round.cpu; their peaks are
+        # each worker's VmHWM); empty in process
+        "client_workers": hosts,
+        # wall seconds of the round's stretches (WINDOWS), read off the frames
+        "windows": windows,
         "slot_utilisation": pre.slot_utilisation,
         "result_slot_utilisation": pre.result_slot_utilisation,
         "max_abs_error": error,
@@ -511,7 +621,7 @@ def run_overhead(
         "bytes": ratio(pre.bytes_up + pre.bytes_down, pbytes["bytes_up"] + pbytes["bytes_down"]),
         "bytes_up": ratio(pre.bytes_up, pbytes["bytes_up"]),
         "bytes_down": ratio(pre.bytes_down, pbytes["bytes_down"]),
-        "memory": ratio(enc_mem.peak + enc_mem.children_peak, plain_mem.peak),
+        "memory": ratio(encrypted["peak_rss_all_processes_at_most"], plain_mem.peak),
         # the server's compute span (start of compute to last result; overlaps the clients'
         # download and decryption on the same cores) over the op-count bound
         "server_vs_op_bound": ratio(span, bound["server_seconds"]),
@@ -527,6 +637,9 @@ def run_overhead(
     return {
         "dataset": graph.name,
         "num_nodes": graph.num_nodes,
+        # where the encrypted round's clients ran: inprocess (this process) or process (worker
+        # processes, the server here)
+        "engine": engine,
         # the simulation's wall time of the encrypted round (every party in this process) and the
         # critical path of a deployment with every party on its own machine (see the module doc)
         "wall_s": pre.wall_seconds,
@@ -564,7 +677,13 @@ def run_overhead(
             )
         },
         "fedgraph_fedgcn_he": FEDGRAPH_FEDGCN_HE,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cores": cores},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cores": cores,
+            # 1-minute load averages around the encrypted round: other jobs on the cores slow it
+            "load_average_before_after": [load_before, load_after],
+        },
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -641,7 +760,9 @@ def format_table(r: dict) -> str:
     lines = [
         (
             f"{r['dataset']}, {r['clients']} clients, {r['variant']}, preset {r['preset']}, "
-            f"{e['server_workers'] or 'in-process'} server workers, {r['cores']} cores"
+            f"{e['server_workers'] or 'in-process'} server workers, {r['cores']} cores, engine "
+            f"{r.get('engine', 'inprocess')}"
+            + (f" ({e['client_workers']['workers']} client workers)" if e.get("client_workers") else "")
         ),
         f"{'phase':<16}{'plain wall':>11}{'plain cpu':>10}{'enc wall':>10}{'enc cpu':>10}",
     ]
@@ -680,6 +801,12 @@ def format_table(r: dict) -> str:
             f"round/op-bound {_r(ratios['round_vs_op_bound'])}"
         ),
     ]
+    w = e.get("windows")
+    if w:
+        lines.append(
+            "windows (wall) "
+            + ", ".join(f"{name} {_fmt_s(v) if v is not None else '-'}" for name, v in w.items())
+        )
     k = r.get("per_recipient_keys")
     if k:
         lines.append(
@@ -874,6 +1001,15 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
         ),
         f"| this run, FedGAT + CKKS vs FedGAT (plaintext) | {_r(ratios['time'], 0)} | {_r(ratios['bytes'], 1)} |",
     ]
+    w = e.get("windows")
+    if w:
+        out += [
+            "",
+            f"Engine: **{r.get('engine', 'inprocess')}**. Wall seconds of the round's stretches, read off the "
+            "frames (`WINDOWS` in the benchmark): "
+            + ", ".join(f"{name} {_fmt_s(v) if v is not None else '-'}" for name, v in w.items())
+            + ".",
+        ]
     k = r.get("per_recipient_keys")
     if k:
         out += [
@@ -1035,6 +1171,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")
+    parser.add_argument(
+        "--engine",
+        default="inprocess",
+        choices=ENGINES,
+        help="where the encrypted round's clients run: inprocess (default) or process (worker processes)",
+    )
+    parser.add_argument(
+        "--actors", type=int, default=None, help="process engine: worker processes (default: usable cores)"
+    )
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the accuracy comparison")
     parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds for the accuracy comparison")
     parser.add_argument(
@@ -1085,6 +1230,8 @@ def main_args(args: argparse.Namespace) -> int:
                     train=False,
                     progress=args.progress,
                     link_gbps=link_gbps,
+                    engine=getattr(args, "engine", "inprocess"),
+                    engine_workers=getattr(args, "actors", None),
                 )
                 print(format_table(r), flush=True)
                 rows.append(r)
@@ -1109,6 +1256,8 @@ def main_args(args: argparse.Namespace) -> int:
         progress=args.progress,
         owner=getattr(args, "owner_array", None),
         link_gbps=link_gbps,
+        engine=getattr(args, "engine", "inprocess"),
+        engine_workers=getattr(args, "actors", None),
     )
     matrix = None
     if args.matrix_estimate:

@@ -9,7 +9,9 @@
 * :mod:`~fedgat.protocols.fedavg` -- :class:`ServerRounds`, :class:`ClientRounds`: FedAvg rounds.
 * :mod:`~fedgat.protocols.transport` -- :class:`Transport`, :class:`InProcessTransport`,
   :class:`Transcript`; :class:`Driver` / :func:`run_parties` (:mod:`~fedgat.protocols.driver`)
-  connect them.
+  connect them. Engines that host parties elsewhere -- worker processes
+  (:mod:`~fedgat.protocols.process_engine`) and Ray actors (:mod:`~fedgat.protocols.ray_engine`) --
+  share one coordinator (:mod:`~fedgat.protocols.hosting`); both are imported on demand.
 * :mod:`~fedgat.protocols.errors` -- :class:`ProtocolError` and one subclass per cause.
 
 State machines never touch sockets: they take bytes and return messages, raise a typed error and

@@ -19,7 +19,9 @@ Design
 * :class:`RayTransport` is a :class:`~fedgat.protocols.transport.Transport` that can also *host*
   parties: :meth:`RayTransport.run_parties` (the hook :func:`fedgat.pipeline.drive` calls instead of
   the in-process driver) keeps the server in this process (the coordinator) and places every other
-  party in an actor, in contiguous blocks of party ids. A party is placed once, before it starts, as
+  party in an actor, in contiguous blocks of party ids. The coordinator is
+  :class:`~fedgat.protocols.hosting.HostedTransport`, shared with the process engine
+  (:mod:`fedgat.protocols.process_engine`); this module adds only how an actor is called. A party is placed once, before it starts, as
   a value: the bytes of its :class:`~fedgat.protocols.party_values.PartySpec` (plain values, private
   keys as their raw bytes; no pickle), from which the actor builds it; from then on its state
   machine runs in the actor and only the protocol's own signed frames move, as ``bytes``: the
@@ -63,8 +65,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Self
 
 from fedgat.crypto import ServerContext, SlotLayout
@@ -72,11 +73,10 @@ from fedgat.crypto.encoders import Encoder, EncoderFactory, local_encoder
 from fedgat.crypto.ray_encoder import INSTALL_HINT, RayEncoder, RayUnavailableError, import_ray, ray_encoder
 from fedgat.crypto.spool import CiphertextSpool
 
-from .driver import Observer
+from .hosting import MAX_FRAME_BYTES, HostedTransport, PartyHost
 from .party import Party
-from .party_values import PartyReport
-from .ray_host import Frame, PartyHost, RayEngineError, raise_failure
-from .transport import Delivery, TrafficLog, Transcript, Transport
+from .ray_host import RayEngineError
+from .transport import Transcript
 
 __all__ = ["INSTALL_HINT", "PartyHost", "RayEngine", "RayEngineError", "RayTransport", "RayUnavailableError"]
 
@@ -186,8 +186,10 @@ class RayEngine:
 
 
 # ------------------------------------------------------------------------------------- transport
-class RayTransport(TrafficLog, Transport):
-    """Routes frames between the coordinator's parties and parties hosted in :class:`RayEngine` actors.
+class RayTransport(HostedTransport):
+    """Routes frames between the coordinator's parties and parties hosted in :class:`RayEngine` actors:
+    the coordinator of :class:`~fedgat.protocols.hosting.HostedTransport` (shared with the process
+    engine) with actor calls as its host calls.
 
     Used by the in-process :class:`~fedgat.protocols.driver.Driver` it behaves as an in-process FIFO
     (nothing is hosted); :meth:`run_parties` hosts parties (see the module docstring).
@@ -200,7 +202,11 @@ class RayTransport(TrafficLog, Transport):
         batch_bytes: most frame bytes sent to one actor per call (one frame at least).
         server_tasks: pre-training server on Ray tasks: None (where it would use a process pool),
             True, False.
+        max_frame_bytes: the largest frame carried (:class:`~fedgat.protocols.hosting.HostedTransport`).
     """
+
+    engine_error = RayEngineError
+    host_noun = "a Ray actor"
 
     def __init__(
         self,
@@ -211,22 +217,20 @@ class RayTransport(TrafficLog, Transport):
         max_pending_bytes: int = 256 * MiB,
         batch_bytes: int = 32 * MiB,
         server_tasks: bool | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self.engine = engine
-        self.transcript = transcript
-        self.keep_local = keep_local or (lambda party: party.party_id == party.roster.server)
-        self.max_pending_bytes = max_pending_bytes
-        self.batch_bytes = batch_bytes
         self.server_tasks = server_tasks
-        #: (sender, recipient, type name) -> [messages, bytes], as InProcessTransport.traffic
-        self.traffic: dict[tuple[int, int, str], list[int]] = {}
-        #: seconds of the last run spent placing parties (specs) and absorbing their reports
-        self.placement_seconds = 0.0
-        self.export_seconds = 0.0
         #: every :class:`RayEncoder` of the pre-training servers run over this transport (one per
         #: recipient whose shares ran as Ray tasks)
         self.encoders: list[RayEncoder] = []
-        self._reset({})
+        super().__init__(
+            transcript=transcript,
+            keep_local=keep_local,
+            max_pending_bytes=max_pending_bytes,
+            batch_bytes=batch_bytes,
+            max_frame_bytes=max_frame_bytes,
+        )
 
     def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
         """A pre-training server over this transport computes as Ray tasks (:class:`RayEncoder`,
@@ -246,186 +250,26 @@ class RayTransport(TrafficLog, Transport):
 
         return factory
 
-    def _reset(self, placement: dict[int, int]) -> None:
-        self._placement = placement  # hosted party id -> actor index
-        self._queue: deque[Delivery] = deque()
-        n = len(self.engine.actors)
-        self._outbox: list[list[Frame]] = [[] for _ in range(n)]
-        self._pending = 0  # bytes queued or in flight
+    # --- host calls: actor method calls, answers as object refs ----------------------------------
+    def _open_hosts(self, parties: int) -> int:
+        return len(self.engine.ensure_actors(parties))
 
-    # --- Transport interface (the coordinator's parties) -----------------------------------------
-    def _send(self, sender: int, to: int, data: bytes) -> None:
-        self._route(sender, to, data)
+    def _call(self, host: int, method: str, *args: Any) -> Any:
+        return getattr(self.engine.actors[host], method).remote(*args)
 
-    def poll(self) -> Delivery | None:
-        if not self._queue:
-            return None
-        delivery = self._queue.popleft()
-        self._pending -= len(delivery.data)
-        return delivery
+    def _ready(self, calls: list[Any]) -> list[Any]:
+        return list(self.engine.ray.wait(calls, num_returns=len(calls), timeout=0)[0])
 
-    def _route(self, sender: int, to: int, data: bytes) -> None:
-        data = self._log(sender, to, data)
-        self._pending += len(data)
-        actor = self._placement.get(to)
-        if actor is None:
-            self._queue.append(Delivery(sender, to, data))
-        else:
-            self._outbox[actor].append((sender, to, data))
+    def _wait(self, calls: list[Any]) -> None:
+        self.engine.ray.wait(calls, num_returns=1)
 
-    # --- hosting ----------------------------------------------------------------------------------
-    @staticmethod
-    def _spec_bytes(party: Party) -> bytes:
-        """What a hosted party is placed as: its :class:`~fedgat.protocols.party_values.PartySpec`."""
-        try:
-            return party.spec().to_bytes()
-        except TypeError as exc:
-            raise TypeError(
-                f"the Ray engine places a party as a value (PartySpec) and cannot host party "
-                f"{party.party_id} ({type(party).__name__}): {exc}; keep it local (keep_local=...)"
-            ) from exc
+    def _result(self, call: Any) -> dict:
+        return self.engine._get(call)
 
-    @staticmethod
-    def _check(replies: list[dict]) -> list[dict]:
-        """``replies`` of the actors, once none carries an error (the first one is raised)."""
-        for reply in replies:
-            if reply["error"] is not None:
-                raise_failure(reply["error"])
-        return replies
+    def _results(self, calls: list[Any]) -> list[dict]:
+        return self.engine._get(calls)
 
-    def run_parties(
-        self, parties: Mapping[int, Party], *, observer: Observer | None = None, start: bool = True
-    ) -> int:
-        """Run ``parties`` to the end, hosting all but ``keep_local`` ones in the engine's actors;
-        returns the number of events (deliveries and steps). Each hosted party of ``parties`` absorbs
-        its twin's :class:`~fedgat.protocols.party_values.PartyReport` at the end.
-
-        Raises:
-            Whatever a party raises for a rejected frame (the protocol's typed errors);
-            TypeError: a party to host cannot be described as a value;
-            RayEngineError: an actor died, or raised an error that is not rebuilt as itself.
-        """
-        ray = self.engine.ray
-        parties = dict(parties)
-        local = {pid: p for pid, p in parties.items() if self.keep_local(p)}
-        hosted = sorted(pid for pid in parties if pid not in local)
-        clock = time.perf_counter()
-        specs = {pid: self._spec_bytes(parties[pid]) for pid in hosted}
-        actors = self.engine.ensure_actors(len(hosted)) if hosted else self.engine.actors
-        blocks = (
-            [
-                hosted[a * len(hosted) // len(actors) : (a + 1) * len(hosted) // len(actors)]
-                for a in range(len(actors))
-            ]
-            if hosted
-            else []
-        )
-        self._reset({pid: a for a, block in enumerate(blocks) for pid in block})
-        links = {pid: self.connect(pid) for pid in local}
-        events = 0
-        try:
-            self._check(
-                self.engine._get(
-                    [
-                        actors[a].place.remote({pid: specs.pop(pid) for pid in block})
-                        for a, block in enumerate(blocks)
-                        if block
-                    ]
-                )
-            )
-            self.placement_seconds = time.perf_counter() - clock
-            work = [bool(block) for block in blocks]  # may have work: ask once
-            inflight: dict[Any, tuple[int, list[Frame]]] = {}
-
-            def emit(pid: int, messages: list) -> None:
-                for msg in messages:
-                    links[pid].send(msg.recipient, local[pid].encode(msg))
-
-            if start:
-                refs = [actors[a].start.remote(block) for a, block in enumerate(blocks) if block]
-                for pid, party in local.items():
-                    out = party.start()
-                    emit(pid, out)
-                    if observer is not None:
-                        observer("start", pid, None, out)
-                for started in self._check(self.engine._get(refs)):
-                    for per_party in started["frames"]:
-                        for frame in per_party:
-                            self._route(*frame)
-
-            def collect(ref: Any) -> None:
-                a, sent = inflight.pop(ref)
-                result = self.engine._get(ref)
-                self._pending -= sum(len(f[2]) for f in sent)
-                for frame, replies in zip(sent, result["replies"]):
-                    for reply in replies:
-                        self._route(*reply)
-                    if observer is not None:
-                        observer("deliver", frame[1], Delivery(*frame), [])
-                self._check([result])
-                for frame in result["step"]:
-                    self._route(*frame)
-                work[a] = result["work"]
-
-            busy: set[int] = set()
-            while True:
-                for ref in (
-                    ray.wait(list(inflight), num_returns=len(inflight), timeout=0)[0] if inflight else []
-                ):
-                    busy.discard(inflight[ref][0])
-                    collect(ref)
-                    events += 1
-                room = self._pending < self.max_pending_bytes
-                for a, actor in enumerate(actors):
-                    if a in busy or not (self._outbox[a] or (work[a] and room)):
-                        continue
-                    batch: list[Frame] = []
-                    size = 0
-                    box = self._outbox[a]
-                    while box and (not batch or size + len(box[0][2]) <= self.batch_bytes):
-                        frame = box.pop(0)
-                        batch.append(frame)
-                        size += len(frame[2])
-                    inflight[actor.deliver.remote(batch, room)] = (a, batch)
-                    busy.add(a)
-                delivery = self.poll()
-                if delivery is not None:
-                    if delivery.recipient not in local:
-                        raise KeyError(f"frame for unknown party {delivery.recipient}")
-                    out = local[delivery.recipient].receive(delivery.data)
-                    emit(delivery.recipient, out)
-                    events += 1
-                    if observer is not None:
-                        observer("deliver", delivery.recipient, delivery, out)
-                    continue
-                if self._pending < self.max_pending_bytes:
-                    busy_pid = next((pid for pid, p in local.items() if p.has_work()), None)
-                    if busy_pid is not None:
-                        out = local[busy_pid].step()
-                        emit(busy_pid, out)
-                        events += 1
-                        if observer is not None:
-                            observer("step", busy_pid, None, out)
-                        continue
-                if inflight:
-                    ray.wait(list(inflight), num_returns=1)
-                    continue
-                if any(self._outbox) or any(work):
-                    continue
-                break
-            clock = time.perf_counter()
-            reported = self._check(
-                self.engine._get([actors[a].report.remote(block) for a, block in enumerate(blocks) if block])
-            )
-            for answer in reported:
-                for pid, blob in answer["reports"].items():
-                    parties[pid].absorb(PartyReport.from_bytes(blob))
-            self.export_seconds = time.perf_counter() - clock
-        except BaseException:
-            for actor in actors:
-                with contextlib.suppress(Exception):  # a dead actor holds nothing
-                    actor.reset.remote()
-            raise
-        finally:
-            self._reset({})
-        return events
+    def _abandon(self, calls: list[Any], error: BaseException) -> None:
+        for actor in self.engine.actors:
+            with contextlib.suppress(Exception):  # a dead actor holds nothing
+                actor.reset.remote()

@@ -332,7 +332,9 @@ def test_engine_flags_are_usage_errors(tmp_path, capsys):
         capsys.readouterr().err
     )
     assert main([*base, "--actors", "2"]) == 2
-    assert "fedgat train: error: --address and --actors need --engine ray" in capsys.readouterr().err
+    assert "fedgat train: error: --actors needs --engine process or --engine ray" in capsys.readouterr().err
+    assert main([*base, "--engine", "process", "--address", "auto"]) == 2
+    assert "fedgat train: error: --address needs --engine ray" in capsys.readouterr().err
     assert main(["demo", "--dataset", "synthetic", "--engine", "ray", "--actors", "0"]) == 2
     assert "--actors must be >= 1, got 0" in capsys.readouterr().err
     assert not out.parent.exists()

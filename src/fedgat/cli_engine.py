@@ -26,9 +26,18 @@ import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
-ENGINE_CHOICES = ("inprocess", "ray")
+ENGINE_CHOICES = ("inprocess", "process", "ray")
 #: ``--dp-mechanism`` choices: :data:`fedgat.dp.MECHANISMS`, spelled here so that ``--help`` needs no torch
 DP_MECHANISMS = ("label_rr", "gaussian", "multibit")
+#: ``--engine auto`` (``fedgat demo``'s default) hosts the clients in worker processes when the machine
+#: has more than one usable core and the clients' own CKKS work -- encryptions and decryptions on one
+#: core, :func:`fedgat.estimate.estimate_pretraining`'s ``client_seconds`` -- is at least this many
+#: seconds. On two cores spreading saves about half of that work (Cora at 10 clients: ~200 s estimated,
+#: 223 s measured in process, benchmarks/results/demo_cora.json); the process engine's fixed cost --
+#: starting the pool, then importing torch in every worker for the FedAvg rounds -- was ~12 s on a
+#: loaded 2-core VM (a 60-node demo: 9.4 s in process, 23.6 s on processes), so below this the
+#: margin is too thin for an estimate
+AUTO_PROCESS_MIN_SECONDS = 60.0
 #: dataset names ``--dataset`` takes besides ``<family>:<name>`` and file paths
 DATASET_NAMES = ("cora", "citeseer", "pubmed", "synthetic")
 #: default client count when neither ``--clients`` nor ``--owners`` gives one
@@ -82,9 +91,9 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     ]
     try:
         from fedgat.crypto.ray_encoder import RayUnavailableError
-        from fedgat.protocols.ray_host import RayEngineError
+        from fedgat.protocols.hosting import EngineError
 
-        errors += [RayUnavailableError, RayEngineError]
+        errors += [RayUnavailableError, EngineError]  # Ray's and the process engine's
     except ImportError:  # pragma: no cover - the modules import ray lazily; kept defensive
         pass
     return tuple(errors)
@@ -365,14 +374,24 @@ def describe_split(args: argparse.Namespace) -> str:
 # ------------------------------------------------------------------------------------ engines
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--engine``, ``--address``, ``--actors`` (shared by ``fedgat demo`` and ``fedgat train``)."""
+def add_engine_arguments(parser: argparse.ArgumentParser, default: str = "inprocess") -> None:
+    """``--engine``, ``--address``, ``--actors`` (shared by ``fedgat demo`` and ``fedgat train``);
+    ``default="auto"`` offers ``auto`` too (:func:`resolve_engine`)."""
+    choices = ENGINE_CHOICES + (("auto",) if default == "auto" else ())
+    auto = (
+        f"auto (default: process on a machine with more than one core when the clients' estimated CKKS "
+        f"work is at least {AUTO_PROCESS_MIN_SECONDS:g} s on one core, else inprocess), "
+        if default == "auto"
+        else ""
+    )
     parser.add_argument(
         "--engine",
-        default="inprocess",
-        choices=ENGINE_CHOICES,
-        help="where the parties run: inprocess (default) or ray (clients in Ray actors, the "
-        'server\'s homomorphic work as Ray tasks; pip install "fedgat[ray]")',
+        default=default,
+        choices=choices,
+        help=f"where the parties run: {auto}inprocess ({'' if auto else 'default: '}every party in this "
+        "process), process (the clients in worker processes on this machine's cores, the server and its "
+        "process pool here) or ray (clients in Ray actors, the server's homomorphic work as Ray tasks; pip "
+        'install "fedgat[ray]")',
     )
     parser.add_argument(
         "--address",
@@ -383,30 +402,54 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--actors",
         type=int,
         default=None,
-        help="ray: actors hosting the clients (default min(cluster CPUs, clients))",
+        help="process: worker processes hosting the clients (default min(usable cores, clients)); ray: "
+        "actors hosting the clients (default min(cluster CPUs, clients))",
     )
 
 
 def check_engine_arguments(args: argparse.Namespace) -> None:
-    """``--address``/``--actors`` need ``--engine ray``; ``--actors`` >= 1.
+    """``--address`` needs ``--engine ray``; ``--actors`` needs ``ray`` or ``process`` and is >= 1.
 
     Raises:
         UsageError: naming the flag.
     """
-    if args.engine != "ray" and (args.address is not None or args.actors is not None):
-        raise UsageError("--address and --actors need --engine ray")
+    if args.engine != "ray" and args.address is not None:
+        raise UsageError("--address needs --engine ray")
+    if args.engine not in ("ray", "process", "auto") and args.actors is not None:
+        raise UsageError("--actors needs --engine process or --engine ray")
     if args.actors is not None and args.actors < 1:
         raise UsageError(f"--actors must be >= 1, got {args.actors}")
 
 
+def resolve_engine(engine: str, client_seconds: float, cores: int | None = None) -> str:
+    """The engine ``--engine auto`` stands for: ``process`` when ``cores`` (default: the usable cores)
+    is above 1 and ``client_seconds`` (the clients' CKKS work on one core) is at least
+    :data:`AUTO_PROCESS_MIN_SECONDS`, else ``inprocess``. Any other ``engine`` is returned as it is."""
+    if engine != "auto":
+        return engine
+    if cores is None:
+        from fedgat.protocols.process_engine import usable_cores
+
+        cores = usable_cores()
+    return "process" if cores > 1 and client_seconds >= AUTO_PROCESS_MIN_SECONDS else "inprocess"
+
+
 def open_engine(args: argparse.Namespace, command: str):
-    """The :class:`~fedgat.protocols.ray_engine.RayEngine` of ``--engine ray`` (None for inprocess).
+    """The engine of ``--engine``: a :class:`~fedgat.protocols.process_engine.ProcessEngine` (process),
+    a :class:`~fedgat.protocols.ray_engine.RayEngine` (ray), or None (inprocess).
 
     Raises:
-        UsageError: ``--address``/``--actors`` without ``--engine ray``, or ``--actors`` below 1.
+        UsageError: ``--address`` without ``--engine ray``, ``--actors`` without ``process`` or
+            ``ray``, or ``--actors`` below 1.
         RayUnavailableError: Ray is missing (a runtime error, exit status 1).
     """
     check_engine_arguments(args)
+    if args.engine == "auto":
+        raise ValueError("resolve --engine auto first (resolve_engine)")
+    if args.engine == "process":
+        from fedgat.protocols.process_engine import ProcessEngine
+
+        return ProcessEngine(args.actors, threads=args.threads)
     if args.engine != "ray":
         return None
     from fedgat.protocols.ray_engine import RayEngine

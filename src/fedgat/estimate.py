@@ -31,6 +31,8 @@ def estimate_pretraining(
     Uses the dense coefficient structure of the bases (every computed row of node ``i`` uses all
     ``n_i`` neighbours) and the preset's measured sizes and timings (:mod:`fedgat.crypto.params`).
     ``decrypted_bytes_float64``: the clients' decrypted encodings together, before compaction.
+    ``client_seconds``: the clients' encryptions and decryptions together on one core (what
+    ``--engine auto`` weighs, :func:`fedgat.cli_engine.resolve_engine`).
     """
     p = get_preset(preset)
     cfg = PretrainConfig(session=0, variant=variant, preset=preset, chunks=chunks)
@@ -73,6 +75,11 @@ def estimate_pretraining(
     )
     result_bytes = {4096: 55.7e3, 8192: 131.3e3, 16384: 262.4e3}.get(p.poly_modulus_degree, 1e5)
     fresh_bytes = {4096: 103.6e3, 8192: 235.2e3, 16384: 460e3}.get(p.poly_modulus_degree, 2e5)
+    # the clients' own CKKS work on one core: encrypt + serialise each upload, decrypt each result
+    # (README and NOTES: 2.7 / 0.31 ms at n4096, 3.4 / 0.4 ms at n8192, 7.6 / 0.8 ms at n16384)
+    encrypt_s = {4096: 2.7e-3, 8192: 3.4e-3, 16384: 7.6e-3}.get(p.poly_modulus_degree, 4e-3)
+    decrypt_s = {4096: 0.31e-3, 8192: 0.4e-3, 16384: 0.8e-3}.get(p.poly_modulus_degree, 0.5e-3)
+    encryptions = released * layout.chunks
     return {
         "multiply_adds": mads,
         "server_seconds": mads * per_mad,
@@ -83,4 +90,6 @@ def estimate_pretraining(
         "layout_chunks": layout.chunks,
         "max_rows_per_node": int(rows.max()) if len(rows) else 0,
         "decrypted_bytes_float64": decrypted_reals * 8,
+        # the clients' encryptions and decryptions together, on one core (what a process engine spreads)
+        "client_seconds": encryptions * encrypt_s + down_cts * decrypt_s,
     }

@@ -26,4 +26,4 @@ def test_engine_flags_are_checked_before_anything_runs(capsys):
     assert main(["train", "--dataset", "synthetic", "--method", "gcn", "--engine", "ray", "--quiet"]) == 2
     assert "gcn trains in process only" in capsys.readouterr().err
     assert main(["train", "--dataset", "synthetic", "--actors", "2", "--rounds", "1", "--quiet"]) == 2
-    assert "need --engine ray" in capsys.readouterr().err
+    assert "--actors needs --engine process or --engine ray" in capsys.readouterr().err

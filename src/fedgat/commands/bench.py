@@ -86,6 +86,16 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")
+    parser.add_argument(
+        "--engine",
+        default="inprocess",
+        choices=("inprocess", "process"),
+        help="where the encrypted round's clients run: inprocess (default) or process (worker processes "
+        "on this machine's cores; the server stays here)",
+    )
+    parser.add_argument(
+        "--actors", type=int, default=None, help="process engine: worker processes (default: usable cores)"
+    )
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the accuracy comparison")
     parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds of the accuracy comparison")
     parser.add_argument(
@@ -186,8 +196,11 @@ def _run_overhead(args: argparse.Namespace) -> int:
             "--neighbour-cap": (args.neighbour_cap, 1),
             "--workers": (args.workers, 0),
             "--rounds": (args.rounds, 1),
+            "--actors": (args.actors, 1),
         }
     )
+    if args.actors is not None and args.engine != "process":
+        raise UsageError("--actors needs --engine process")
     check_beta(args.beta)
     if not (math.isfinite(args.link_gbps) and args.link_gbps > 0):
         raise UsageError(f"--link-gbps must be a number > 0, got {args.link_gbps}")

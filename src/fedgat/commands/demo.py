@@ -7,9 +7,12 @@
 Each client generates its own CKKS key; owners encrypt the rows a client needs under that client's
 key (only for edges both owners confirmed), the server computes each client's encodings on
 ciphertexts (no secret key), each client decrypts and checks its own, then FedGAT trains through
-FedAvg rounds. By default
-everything runs in one process over the in-process transport (:mod:`fedgat.protocols.transport`);
-``--engine ray`` hosts the clients in a pool of Ray actors and runs the server's homomorphic work as
+FedAvg rounds. ``--engine auto`` (the default) runs a round whose clients have enough CKKS work to
+spread (:data:`fedgat.cli_engine.AUTO_PROCESS_MIN_SECONDS` on one core, e.g. Cora) on a machine with
+more than one core with ``--engine process``: the clients in worker processes on this machine's cores,
+the server and its process pool here (:mod:`fedgat.protocols.process_engine`); anything smaller
+``--engine inprocess``: everything in one process over the in-process transport
+(:mod:`fedgat.protocols.transport`). ``--engine ray`` hosts the clients in a pool of Ray actors and runs the server's homomorphic work as
 Ray tasks (:mod:`fedgat.protocols.ray_engine`; a local Ray, or ``--address`` for a cluster). Printed: time per
 phase, bytes each way, slot use, the largest decryption error against the plaintext encodings built
 with the same bases, the test accuracy (with ``--plaintext-training`` also the plaintext twin's, same seed and bases)
@@ -43,6 +46,7 @@ from fedgat.cli_engine import (
     load_graph,
     open_engine,
     parse_cap,
+    resolve_engine,
     resolve_owners,
     write_text,
 )
@@ -108,7 +112,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "accuracies; doubles the training time",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, default="auto")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument(
@@ -215,10 +219,14 @@ def run(args: argparse.Namespace) -> int:
 
     est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset)
     rule = describe_rule(settings["min_cross"])
+    # --engine auto: worker processes for a round whose clients' CKKS work is worth spreading (--actors
+    # asks for them outright)
+    args.engine = "process" if args.engine == "auto" and args.actors else args.engine
+    args.engine = resolve_engine(args.engine, est["client_seconds"])
     print(
         f"fedgat demo: {graph.name} ({graph.num_nodes} nodes, d={graph.num_features}), {args.clients} clients, "
         f"{describe_split(args)}, {args.variant} encodings, preset {args.preset}, neighbour cap {cap}; "
-        f"training: {settings['strategy']}, minimum-cross rule {rule}"
+        f"training: {settings['strategy']}, minimum-cross rule {rule}; engine {args.engine}"
     )
     memory = 2 * est["decrypted_bytes_float64"]  # decrypted encodings + the plaintext twin, float64
     if as_variant(args.variant).has_m2 or est["server_seconds"] > 600:  # M2: m^2 rows per node
@@ -369,10 +377,11 @@ def format_training(r: dict) -> str:
     if r["plaintext_test_accuracy"] is not None:
         lines.append(f"FedGAT test accuracy (plaintext twin, same seed): {r['plaintext_test_accuracy']:.3f}")
     lines.append(f"total {r['total_seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
-    if r.get("engine") == "ray":
+    if r.get("engine") in ("ray", "process"):
         peaks = r["actor_peak_rss_bytes"]
+        hosts = "actor(s)" if r["engine"] == "ray" else "worker process(es)"
         lines.append(
-            f"engine ray: clients in {r['actors']} actor(s), peak RSS "
+            f"engine {r['engine']}: clients in {r['actors']} {hosts}, peak RSS "
             f"{sum(peaks) / 2**30:.2f} GiB together ({sum(peaks) / max(1, r['clients']) / 2**20:.0f} MiB "
             "per client)"
         )

@@ -8,9 +8,10 @@ Seeds are ``first_seed .. first_seed + seeds - 1``; each seeds the split, the en
 model and dropout. Hyper-parameter flags left out take the method's defaults
 (:func:`fedgat.methods.default_hparams`); a flag the method does not use is an error.
 
-``--engine ray`` (FedGAT only) runs the FedAvg rounds through the protocol state machines with the
-clients hosted in Ray actors (:func:`fedgat.pipeline.run_encrypted_fedgat` with the plaintext twin of
-the pre-training round, same seed; ``fedgat demo --engine ray`` runs the encrypted round too). The
+``--engine ray`` or ``--engine process`` (FedGAT only) runs the FedAvg rounds through the protocol
+state machines with the clients hosted in Ray actors or in worker processes on this machine
+(:func:`fedgat.pipeline.run_encrypted_fedgat` with the plaintext twin of the pre-training round, same
+seed; ``fedgat demo --engine ray|process`` runs the encrypted round too). The
 other methods train in process only (they have no protocol path).
 """
 
