@@ -133,7 +133,7 @@ def jobs_for(args: argparse.Namespace) -> list[dict]:
                 continue
             for eps in _epsilons(args, mechanism):
                 jobs.append({**base, "kind": "dp", "mechanism": mechanism, "epsilon": eps, "seed": seed})
-    for mechanism in args.mechanisms:
+    for mechanism in args.mechanisms if args.attack_mechanisms is None else args.attack_mechanisms:
         for eps in _epsilons(args, mechanism):
             variants = ["vector"]
             if args.matrix_attacks and mechanism == DEFAULT_MECHANISM:
@@ -446,6 +446,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="epsilons for the non-default mechanisms (default: --epsilons)",
     )
+    parser.add_argument(
+        "--attack-mechanisms",
+        nargs="+",
+        default=None,
+        help="mechanisms whose releases the attacks audit (default: --mechanisms)",
+    )
     parser.add_argument("--attack-clients", type=int, default=3)
     parser.add_argument("--matrix-attacks", action="store_true", help="also the matrix variant's attacks")
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))))
@@ -465,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         "mechanisms": args.mechanisms,
         "secondary_seeds": args.secondary_seeds,
         "secondary_epsilons": args.secondary_epsilons,
+        "attack_mechanisms": args.attack_mechanisms or args.mechanisms,
         "attack_clients": args.attack_clients,
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
