@@ -425,14 +425,12 @@ def build_rounds_client(
     train, evaluation = tasks_from_encodings(graph, partition, client, encodings, compact_tol)
     model_fn = fedgat_model_fn(num_features, num_classes, hp)
     strategy = strategy_from_hparams(hp)
-    member = Client(
+    member = Client.from_hparams(
         client,
         model_fn(),
         train,
         evaluation,
-        lr=hp["lr"],
-        weight_decay=hp["weight_decay"],
-        local_epochs=hp["local_epochs"],
+        hp,
         strategy=strategy.client,
         update_dp=update_dp_from_hparams(hp),
     )
@@ -554,16 +552,8 @@ def build_predictor_parties(
     )
     clients = {}
     for c, task in zip(roster.clients, predictor_tasks(graph, partition), strict=True):
-        member = Client(
-            c,
-            model_fn(),
-            task,
-            task,
-            lr=hp["lr"],
-            weight_decay=hp["weight_decay"],
-            local_epochs=hp["local_epochs"],
-            strategy=strategy_from_hparams(hp).client,
-            update_dp=update_dp,
+        member = Client.from_hparams(
+            c, model_fn(), task, task, hp, strategy=strategy_from_hparams(hp).client, update_dp=update_dp
         )
         clients[c] = ClientRounds(c, roster, session, deployment.identities[c], client=member, secagg=secagg)
     return TrainingParties(deployment, hp, server, clients)

@@ -121,17 +121,7 @@ def train_predictor(
     model = model_fn()
     strategy = strategy_from_hparams(hp, model)
     members = [
-        Client(
-            i,
-            model_fn(),
-            task,
-            task,
-            lr=hp["lr"],
-            weight_decay=hp["weight_decay"],
-            local_epochs=hp["local_epochs"],
-            strategy=strategy.client,
-            update_dp=update_dp,
-        )
+        Client.from_hparams(i, model_fn(), task, task, hp, strategy=strategy.client, update_dp=update_dp)
         for i, task in enumerate(predictor_tasks(graph, partition))
     ]
     server = Server(members, model.state_dict(), strategy.server, fraction=hp["fraction"], seed=seed)

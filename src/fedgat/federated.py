@@ -26,8 +26,9 @@ re-exported here: :class:`FedAvg` (clients keep their own Adam; the default and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -157,6 +158,32 @@ class Client:
         self.optimizer = self.training.make_optimizer(model.parameters(), lr, weight_decay)
         self.update_dp = update_dp
         self.dp_rounds = 0
+
+    @classmethod
+    def from_hparams(
+        cls,
+        client_id: int,
+        model: nn.Module,
+        train: LocalTask,
+        evaluation: LocalTask | Sequence[LocalTask],
+        hp: Mapping[str, Any],
+        *,
+        strategy: ClientStrategy | ServerStrategy | None = None,
+        update_dp: UpdateDP | None = None,
+    ) -> Client:
+        """A client with the optimiser settings of resolved hyper-parameters ``hp`` (``lr``,
+        ``weight_decay``, ``local_epochs``)."""
+        return cls(
+            client_id,
+            model,
+            train,
+            evaluation,
+            lr=hp["lr"],
+            weight_decay=hp["weight_decay"],
+            local_epochs=hp["local_epochs"],
+            strategy=strategy,
+            update_dp=update_dp,
+        )
 
     def count(self, split: str) -> int:
         """Number of this client's nodes in ``split`` (over its evaluation tasks, or training)."""

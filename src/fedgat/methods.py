@@ -260,16 +260,8 @@ def run_method(
     strategy = strategy_from_hparams(hp, model)
     update_dp = None if method in CENTRALISED else update_dp_from_hparams(hp)
     members = [
-        Client(
-            i,
-            fed.model_fn(),
-            train,
-            evaluation,
-            lr=hp["lr"],
-            weight_decay=hp["weight_decay"],
-            local_epochs=hp["local_epochs"],
-            strategy=strategy.client,
-            update_dp=update_dp,
+        Client.from_hparams(
+            i, fed.model_fn(), train, evaluation, hp, strategy=strategy.client, update_dp=update_dp
         )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]
