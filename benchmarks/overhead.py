@@ -34,14 +34,17 @@ it across the spawn's fork + exec, so it reports the parent's size at fork time)
 compares main + workers with the plaintext round's peak; the spool of uploads is on disk (about ``bytes_up``). All parties share one process here, so per-role memory inside the main
 process is not separable; the worker figure is the server's homomorphic compute alone.
 
-Op-count lower bound of the server: ``multiply_adds`` (plaintext x ciphertext multiply-adds the
-packing needs, :func:`fedgat.crypto.encodings.multiply_adds`) x the cost of one multiply-add measured in
-the same run / the cores used. The cost is that of a 64-term linear combination (incl. plaintext
-encoding and TenSEAL's rescale per product) divided by 64, timed in one process per server core *at
-the same time* (:func:`fedgat.crypto.measure.multiply_add_seconds_busy`): busy cores slow each other
-down (on the 2-vCPU VM by 5-20 %), and a bound the server could not reach with every core working is
-no bound. ``server_seconds_alone_cost`` is the same count at the one-core-alone cost. Likewise the
-clients' encryptions and decryptions. ``ratios.server_vs_op_bound`` = the server's compute span
+Op-count lower bound of the server: the SEAL operations its evaluator spends
+(:class:`fedgat.crypto.evaluator.OpCounts`: one encoding per (result group, source) shared by the
+chunks, ``multiply_adds`` plaintext multiplies, the additions, one rescale per result ciphertext) x
+each operation's cost measured in the same run / the cores used. The costs are timed in one process
+per server core *at the same time* (:func:`fedgat.crypto.measure.evaluator_op_seconds_busy`): busy
+cores slow each other down (on the 2-vCPU VM by 5-20 %), and a bound the server could not reach with
+every core working is no bound. Serialising the results is not an operation of the bound: it is
+overhead, reported as ``op_bound.serialise_seconds``. ``server_seconds_alone_cost`` is the same count
+at the one-core-alone costs; ``op_bound.tenseal_seconds`` what TenSEAL's per-term path (encode,
+multiply and rescale per product, :func:`fedgat.crypto.measure.multiply_add_seconds`) would cost.
+Likewise the clients' encryptions and decryptions. ``ratios.server_vs_op_bound`` = the server's compute span
 (start of its compute phase to its last result, ``server_compute_span``) / that bound, while the
 clients' downloads and decryptions share the cores; ``ratios.server_alone_vs_op_bound``: the same
 compute replayed after the round with the clients idle (``server_compute_alone``; as on a server of
@@ -70,6 +73,7 @@ Writes ``overhead.json``, ``overhead.md`` and ``overhead.png`` (sweep: ``overhea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -379,11 +383,13 @@ def run_overhead(
         raise ValueError(f"link speed must be positive, got {link_gbps} Gbit/s")
     import torch
 
+    from fedgat.crypto.evaluator import OpCounts
     from fedgat.crypto.measure import (
         children_cpu_seconds,
+        evaluator_op_seconds,
+        evaluator_op_seconds_busy,
         measure_preset,
         multiply_add_seconds,
-        multiply_add_seconds_busy,
     )
     from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import max_abs_error, plaintext_round, run_encrypted_pretraining, train_fedgat
@@ -398,7 +404,8 @@ def run_overhead(
 
     # --- per-operation costs, measured in this run
     m = measure_preset(preset, repeats=measure_repeats)
-    per_mad = multiply_add_seconds(preset, repeats=max(30, 6 * measure_repeats))
+    per_mad_tenseal = multiply_add_seconds(preset, repeats=max(30, 6 * measure_repeats))
+    op_costs_alone = evaluator_op_seconds(preset, repeats=max(30, 6 * measure_repeats))
 
     # --- plaintext round (what run_plaintext_pretraining runs): the plan, then the plaintext
     # encoder over its compute buckets and the routing to the clients (the server compute)
@@ -564,12 +571,25 @@ def run_overhead(
     used = max(1, pre.server_workers or 1)
     # the server keeps `used` cores busy with multiply-adds; on this kind of VM two busy vCPUs are
     # slower per op than one alone, so the bound takes the op's cost measured that way
-    busy = multiply_add_seconds_busy(preset, used, repeats=max(60, 12 * measure_repeats))
-    per_mad_busy = float(np.mean(busy))
+    busy = evaluator_op_seconds_busy(preset, used, repeats=max(60, 12 * measure_repeats))
+    op_costs = {k: float(np.mean([b[k] for b in busy])) for k in busy[0]}
+    chunks = max(1, layout.chunks)
+    ops = OpCounts(  # every encoding serves all chunks; one rescale per result ciphertext
+        encodes=pre.multiply_adds // chunks,
+        multiplies=pre.multiply_adds,
+        additions=pre.multiply_adds - pre.result_ciphertexts,
+        rescales=pre.result_ciphertexts,
+    )
+    server_ops_s = ops.seconds(op_costs)
     bound = {
-        "seconds_per_multiply_add": per_mad_busy,
-        "seconds_per_multiply_add_one_core_alone": per_mad,
-        "seconds_per_multiply_add_busy_per_process": busy,
+        "op_counts": dataclasses.asdict(ops),
+        "op_seconds": op_costs,
+        "op_seconds_one_core_alone": op_costs_alone,
+        "op_seconds_busy_per_process": busy,
+        # the effective cost of one multiply-add (its share of encodings, additions and rescales)
+        "seconds_per_multiply_add": server_ops_s / max(1, pre.multiply_adds),
+        "seconds_per_multiply_add_one_core_alone": ops.seconds(op_costs_alone) / max(1, pre.multiply_adds),
+        "seconds_per_multiply_add_tenseal": per_mad_tenseal,
         "seconds_per_encrypt": m["encrypt_serialize_ms"] / 1e3,
         "seconds_per_decrypt": m["decrypt_ms"] / 1e3,
         "cores": cores,
@@ -577,10 +597,14 @@ def run_overhead(
         "multiply_adds": pre.multiply_adds,
         "encryptions": pre.ciphertexts_up,
         "decryptions": pre.ciphertexts_down,
-        "server_seconds": pre.multiply_adds * per_mad_busy / used,
-        # the same with the cost measured on one core while the others idle (not reachable when
+        "server_seconds": server_ops_s / used,
+        # the same with the costs measured on one core while the others idle (not reachable when
         # the cores slow each other down)
-        "server_seconds_alone_cost": pre.multiply_adds * per_mad / used,
+        "server_seconds_alone_cost": ops.seconds(op_costs_alone) / used,
+        # what TenSEAL's vector API (encode, multiply, rescale per product) would need
+        "tenseal_seconds": pre.multiply_adds * per_mad_tenseal / used,
+        # serialising the results: overhead on top of the bound
+        "serialise_seconds": pre.result_ciphertexts * op_costs["save"] / used,
         "encrypt_seconds": pre.ciphertexts_up * m["encrypt_serialize_ms"] / 1e3,
         "decrypt_seconds": pre.ciphertexts_down * m["decrypt_ms"] / 1e3,
     }
@@ -628,7 +652,7 @@ def run_overhead(
         # the same compute replayed after the round with the clients idle (as on a server of its own)
         "server_alone_vs_op_bound": ratio(pre.server_compute_alone, bound["server_seconds"]),
         # CPU seconds of the server's compute (workers + its share of this process) over the op count
-        "server_cpu_vs_op_count": ratio(phases["server_compute"]["cpu"], pre.multiply_adds * per_mad_busy),
+        "server_cpu_vs_op_count": ratio(phases["server_compute"]["cpu"], server_ops_s),
         "server_alone_vs_op_bound_alone_cost": ratio(
             pre.server_compute_alone, bound["server_seconds_alone_cost"]
         ),

@@ -8,11 +8,14 @@ Recipes (safe defaults, typed errors -- start here):
 * :class:`ServerContext` -- ``from_bytes`` loads a public context and refuses secret keys.
 * :func:`encrypt_rows` / :func:`decrypt_rows` -- feature rows <-> enveloped ciphertext bytes in the
   rotation-free :class:`SlotLayout`.
-* :func:`linear_combination` / :func:`linear_map_rows` -- the server's plaintext multiply-adds.
+* :func:`linear_combination` / :func:`linear_map_rows` -- the server's plaintext multiply-adds through
+  TenSEAL (the reference); :class:`fedgat.crypto.evaluator.SealEvaluator` -- the same sums through
+  SEAL's evaluator with one encoding per coefficient vector and one rescale per result (what the
+  server runs).
 * :func:`serialize` / :func:`deserialize` -- ciphertext envelope (fingerprint + digest).
 * :class:`SigningIdentity` / :func:`verify` -- Ed25519.
 
-Primitives live in the submodules (``params``, ``context``, ``packing``, ``keys``, ``measure``).
+Primitives live in the submodules (``params``, ``context``, ``packing``, ``evaluator``, ``keys``, ``measure``).
 """
 
 from .context import KeyHolderContext, ServerContext, fingerprint_of

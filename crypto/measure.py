@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = [
     "EncoderTiming",
     "children_cpu_seconds",
+    "evaluator_op_seconds",
+    "evaluator_op_seconds_busy",
     "measure_preset",
     "multiply_add_seconds",
     "multiply_add_seconds_busy",
@@ -182,6 +184,72 @@ def multiply_add_seconds(
     return statistics.median(times) / terms
 
 
+def evaluator_op_seconds(
+    preset: str | CkksPreset, terms: int = 32, repeats: int = 7, seed: int = 0, _barrier=None
+) -> dict[str, float]:
+    """Seconds per SEAL operation of :class:`~fedgat.crypto.evaluator.SealEvaluator` (``encode``,
+    ``multiply``, ``add``, ``rescale``; and ``save``, the serialisation of a result, which the
+    op-count bound leaves out): medians over ``repeats`` of ``terms`` operations each, on
+    deserialised fresh ciphertexts, each operation timed in a loop of its own."""
+    from tenseal import sealapi
+
+    from .evaluator import SealEvaluator
+
+    holder = KeyHolderContext.generate(preset)
+    server = ServerContext.from_bytes(holder.public_context_bytes())
+    ev = SealEvaluator(server)
+    rng = np.random.default_rng(seed)
+    cts = [
+        deserialize(
+            server, serialize(holder, holder.encrypt_vector(rng.uniform(-1, 1, holder.slots))), level="fresh"
+        ).data.ciphertext()[0]
+        for _ in range(terms)
+    ]
+    coeffs = [c.tolist() for c in rng.uniform(-1, 1, (terms, holder.slots))]
+    seal, fresh = ev._seal, ev._fresh_parms
+    plains = [sealapi.Plaintext() for _ in range(terms)]
+    products = [sealapi.Ciphertext(seal) for _ in range(terms)]
+
+    def encode() -> None:
+        for c, p in zip(coeffs, plains):
+            ev._encoder.encode(c, fresh, server.scale, p)
+
+    def multiply() -> None:
+        for ct, p, out in zip(cts, plains, products):
+            ev._evaluator.multiply_plain(ct, p, out)
+
+    def add() -> None:
+        acc = sealapi.Ciphertext(seal)
+        ev._evaluator.add(products[0], products[1], acc)
+        for prod in products[2:]:
+            ev._evaluator.add_inplace(acc, prod)
+
+    def rescale() -> None:
+        for prod in products:
+            ev._evaluator.rescale_to_next_inplace(prod)
+
+    def save() -> None:
+        for prod in products:
+            ev.payload(prod)
+
+    counts = {"encode": terms, "multiply": terms, "add": terms - 1, "rescale": terms, "save": terms}
+    times: dict[str, list[float]] = {k: [] for k in counts}
+    encode()  # warm-up, and products to rescale
+    multiply()
+    if _barrier is not None:
+        _barrier.wait()
+    for _ in range(repeats):
+        for name, op in (("encode", encode), ("multiply", multiply), ("add", add), ("rescale", rescale)):
+            start = time.perf_counter()
+            op()
+            times[name].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        save()  # rescaled products: results as the server sends them
+        times["save"].append(time.perf_counter() - start)
+        multiply()  # fresh products for the next rescale
+    return {k: statistics.median(v) / counts[k] for k, v in times.items()}
+
+
 _BARRIER = None
 
 
@@ -192,6 +260,28 @@ def _init_busy(barrier) -> None:
 
 def _busy_task(preset: str, terms: int, repeats: int, seed: int) -> float:
     return multiply_add_seconds(preset, terms, repeats, seed, _barrier=_BARRIER)
+
+
+def _busy_ops_task(preset: str, terms: int, repeats: int, seed: int) -> dict[str, float]:
+    return evaluator_op_seconds(preset, terms, repeats, seed, _barrier=_BARRIER)
+
+
+def evaluator_op_seconds_busy(
+    preset: str, processes: int, terms: int = 32, repeats: int = 15, seed: int = 0
+) -> list[dict[str, float]]:
+    """:func:`evaluator_op_seconds` in ``processes`` processes at the same time (as
+    :func:`multiply_add_seconds_busy`): the per-operation costs when every core the server uses
+    is busy. One dict per process."""
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    if processes == 1:
+        return [evaluator_op_seconds(preset, terms, repeats, seed)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    with ctx.Pool(processes, initializer=_init_busy, initargs=(barrier,)) as pool:
+        return pool.starmap(
+            _busy_ops_task, [(preset, terms, repeats, seed + k) for k in range(processes)], chunksize=1
+        )
 
 
 def multiply_add_seconds_busy(

@@ -96,6 +96,7 @@ __all__ = [
     "decrypt_rows",
     "deserialize",
     "encrypt_rows",
+    "envelope",
     "linear_combination",
     "linear_map_rows",
     "load_tenseal_vector",
@@ -353,6 +354,12 @@ def serialize(ctx: CkksContext, vec: ts.CKKSVector) -> bytes:
         level = ctx.level_of(vec)
     except _tenseal_errors() as exc:
         raise CiphertextFormatError(f"cannot serialise: {exc}") from exc
+    return envelope(ctx, payload, level)
+
+
+def envelope(ctx: CkksContext, payload: bytes, level: int) -> bytes:
+    """The envelope of TenSEAL vector bytes ``payload`` at SEAL chain index ``level`` (what
+    :func:`serialize` writes; :class:`fedgat.crypto.evaluator.SealEvaluator` serialises itself)."""
     body = _HEADER.pack(_MAGIC, _VERSION, level, ctx.fingerprint(), len(payload)) + payload
     return body + hashlib.sha256(body).digest()
 

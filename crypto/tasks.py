@@ -25,7 +25,8 @@ import numpy as np
 import tenseal as ts
 
 from .context import CkksContext, ServerContext
-from .packing import SlotLayout, linear_map_rows, serialize
+from .evaluator import evaluator_for
+from .packing import SlotLayout
 from .spool import CiphertextSpool
 
 __all__ = [
@@ -65,8 +66,7 @@ def encode_node(
 ) -> NodeResult:
     """Encrypted ``coefficients @ H`` of ``node`` (``sources[j]``: neighbour ``j``'s chunk uploads),
     serialised: the one homomorphic computation of the pre-training round."""
-    results = linear_map_rows(ctx, layout, sources, coefficients)
-    return NodeResult(int(node), [serialize(ctx, r) for r in results])
+    return NodeResult(int(node), evaluator_for(ctx).linear_map(layout, sources, coefficients))
 
 
 class ComputeBucket(Protocol):

@@ -66,7 +66,21 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     bound = data["op_bound"]
     assert bound["server_seconds"] > 0 and bound["server_seconds_alone_cost"] > 0
     # one server core here: the busy cost is one process's, timed apart from the alone cost
-    assert len(bound["seconds_per_multiply_add_busy_per_process"]) == bound["server_cores_used"] == 1
+    assert len(bound["op_seconds_busy_per_process"]) == bound["server_cores_used"] == 1
+    # the bound counts the evaluator's operations: an encoding per (group, source) for all chunks,
+    # a multiply per multiply-add, a rescale per result ciphertext
+    ops, chunks = bound["op_counts"], data["encrypted"]["layout"]["chunks"]
+    assert ops["encodes"] * chunks == ops["multiplies"] == enc["multiply_adds"]
+    assert ops["rescales"] == enc["result_ciphertexts"] == ops["multiplies"] - ops["additions"]
+    costs = bound["op_seconds"]
+    expected = (
+        ops["encodes"] * costs["encode"]
+        + ops["multiplies"] * costs["multiply"]
+        + ops["additions"] * costs["add"]
+        + ops["rescales"] * costs["rescale"]
+    )
+    assert math.isclose(bound["server_seconds"], expected / bound["server_cores_used"])
+    assert bound["serialise_seconds"] == pytest.approx(enc["result_ciphertexts"] * costs["save"])
     assert bound["seconds_per_multiply_add"] > 0 and bound["seconds_per_multiply_add_one_core_alone"] > 0
     assert 0 < data["slot_utilisation"]["nominal"] <= 1
     assert (out / "overhead.md").read_text().count("FedGraph") == 1
