@@ -196,7 +196,8 @@ def write(result: dict, out: Path = RESULTS, suffix: str = "") -> list[Path]:
         "",
         (
             f"{result['measure']}; {result['epochs']} epochs, {result['rounds']} rounds, 2 warm-up runs each. "
-            f"{result['heads']} heads x {result['hidden']} hidden, dropout {result['dropout']:g}. "
+            f"{result['heads']} heads x {result['hidden']} hidden, dropout {result['dropout']:g}, "
+            f"{machine['cpu_threads']} torch CPU thread(s). "
             f"{describe_machine(machine)}"
         ),
         "",
