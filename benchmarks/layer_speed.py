@@ -10,7 +10,11 @@ layers see the same neighbourhoods.
 
 Every row is timed at each ``--threads`` count (``torch.set_num_threads``; default ``1, 2`` and
 ``torch.get_num_threads()`` when larger), one result row per (variant, threads). ``fedgat bench layer``
-has no ``--threads`` and times the current thread count only.
+times the current thread count unless given ``--threads``.
+
+``--device cuda`` (``cuda:N``, ``auto``) runs both layers, their inputs and the floor on that device
+(:meth:`fedgat.encodings.Encodings.to`); every timed call is bracketed by ``torch.cuda.synchronize``,
+the thread count is not varied (one row per variant), and the machine description names the GPU.
 
 Beside PyG it times the *GEMM floor*: the layer's one large contraction, the rows it multiplies by
 ``W^T`` (:func:`fedgat.layer.projected_rows`: the ``V_i`` rows, ``sum_i n_i``, for the vector variant;
@@ -42,6 +46,7 @@ from pathlib import Path
 import torch
 
 from fedgat.data import load_dataset
+from fedgat.device import describe_device, resolve_device, synchronize
 from fedgat.encodings import encode
 from fedgat.layer import FedGATConv, projected_rows
 from fedgat.partition import make_partition
@@ -80,15 +85,48 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def time_step(fn, repeats: int, warmup: int = 2) -> list[float]:
+def time_step(fn, repeats: int, warmup: int = 2, device: torch.device | str = "cpu") -> list[float]:
+    """Wall seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones; on a CUDA ``device``
+    the queue is drained before the clock starts and before it stops (kernels run asynchronously)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return times
+
+
+def machine_info(device: torch.device, machine: str | None = None, date: str | None = None) -> dict:
+    """The machine description every benchmark result carries: host and CPU, cores, torch threads,
+    date, versions, and the device timed on (with the GPU's name and CUDA version on CUDA)."""
+    info = {
+        "name": machine or f"{platform.node()} ({cpu_model()})",
+        "cpu_cores": os.cpu_count(),
+        "cpu_threads": torch.get_num_threads(),
+        "date": date or datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": describe_device(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def describe_machine(machine: dict) -> str:
+    """One sentence naming the machine, its cores, the device and the date (Markdown reports)."""
+    if "name" not in machine:
+        return f"torch {machine['torch']}."
+    device = machine.get("device", "cpu")
+    return (
+        f"Machine: {machine['name']}, {machine['cpu_cores']} cores, device {device}, {machine['date']}; "
+        f"torch {machine['torch']}" + (f", CUDA {machine['cuda']}" if machine.get("cuda") else "") + "."
+    )
 
 
 def run(
@@ -100,14 +138,17 @@ def run(
     threads: list[int] | None = None,
     machine: str | None = None,
     date: str | None = None,
+    device: str | torch.device = "cpu",
 ) -> dict:
     """Time every variant at each of ``threads`` (default: the current ``torch.get_num_threads()``
-    only); the thread count is restored afterwards."""
+    only; on CUDA always the current count alone) on ``device``; the thread count is restored
+    afterwards."""
+    device = resolve_device(device)
     graph = load_dataset(dataset)
     torch.manual_seed(0)
     initial_threads = torch.get_num_threads()
     load_before = _load_average()
-    threads = [initial_threads] if threads is None else threads
+    threads = [initial_threads] if threads is None or device.type != "cpu" else threads
     rows = []
     try:
         for variant, variant_cap, factorised in (
@@ -116,7 +157,9 @@ def run(
             (MATRIX, cap, True),
             (MATRIX, cap, False),
         ):
-            rows += _time_variant(graph, variant, variant_cap, factorised, repeats, heads, hidden, threads)
+            rows += _time_variant(
+                graph, variant, variant_cap, factorised, repeats, heads, hidden, threads, device
+            )
     finally:
         torch.set_num_threads(initial_threads)
     return {
@@ -128,13 +171,10 @@ def run(
         "repeats": repeats,
         "threads": threads,
         "measure": "median forward+backward of one first layer, all nodes",
+        "device": str(device),
         "machine": {
-            "name": machine or f"{platform.node()} ({cpu_model()})",
-            "cpu_cores": os.cpu_count(),
+            **machine_info(device, machine, date),
             "cpu_threads": initial_threads,
-            "date": date or datetime.date.today().isoformat(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
             # 1-minute load averages: other processes on the cores distort multi-thread timings most
             "load_average_before_after": [load_before, _load_average()],
         },
@@ -149,17 +189,22 @@ def _load_average() -> float | None:
         return None
 
 
-def _time_variant(graph, variant, variant_cap, factorised, repeats, heads, hidden, threads) -> list[dict]:
-    """One row per thread count for one variant (encodings built once)."""
+def _time_variant(
+    graph, variant, variant_cap, factorised, repeats, heads, hidden, threads, device=None
+) -> list[dict]:
+    """One row per thread count for one variant (encodings built once, then moved to ``device``)."""
+    device = torch.device("cpu") if device is None else device
     part = make_partition(graph, num_clients=1, seed=0, neighbour_cap=variant_cap)
     csr = part.neighbourhoods
-    edge_index = csr.to_edge_index()
+    edge_index = csr.to_edge_index().to(device)
+    x = graph.x.to(device)
     layer = FedGATConv(graph.num_features, hidden, heads=heads)
     enc = encode(variant, graph.x, csr, rng=0)
     # encode() leaves M2 to be derived from K2; the unfactorised reference row stores and compacts it
     # (else the layer would rebuild the dense M2 on every call)
-    enc = enc.factorise() if factorised else enc.with_dense_M2().compact()
-    pyg = layer.to_gatconv()
+    enc = (enc.factorise() if factorised else enc.with_dense_M2().compact()).to(device)
+    pyg = layer.to_gatconv().to(device)
+    layer.to(device)
     rows_in = projected_rows(enc)
     weight = torch.nn.Parameter(layer.lin.weight.detach().clone())
 
@@ -167,7 +212,7 @@ def _time_variant(graph, variant, variant_cap, factorised, repeats, heads, hidde
         layer(enc).square().sum().backward()
 
     def theirs():
-        pyg(graph.x, edge_index).square().sum().backward()
+        pyg(x, edge_index).square().sum().backward()
 
     def floor():
         (rows_in @ weight.T).square().sum().backward()
@@ -180,9 +225,9 @@ def _time_variant(graph, variant, variant_cap, factorised, repeats, heads, hidde
         # interleave so drift in machine load hits all three alike
         t_ours, t_pyg, t_floor = [], [], []
         for _ in range(repeats):
-            t_ours += time_step(ours, 1, warmup=1 if not t_ours else 0)
-            t_pyg += time_step(theirs, 1, warmup=1 if not t_pyg else 0)
-            t_floor += time_step(floor, 1, warmup=1 if not t_floor else 0)
+            t_ours += time_step(ours, 1, warmup=1 if not t_ours else 0, device=device)
+            t_pyg += time_step(theirs, 1, warmup=1 if not t_pyg else 0, device=device)
+            t_floor += time_step(floor, 1, warmup=1 if not t_floor else 0, device=device)
         med_ours, med_pyg, med_floor = (statistics.median(t) for t in (t_ours, t_pyg, t_floor))
         row = {
             "variant": name,
@@ -237,6 +282,8 @@ def _targets_summary(result: dict) -> list[str]:
             f"- {r['variant']}, cap {r['neighbour_cap']}, {r.get('threads', '?')} threads: {floor}; {pyg}"
         )
     missing = [t for t in TARGET_THREADS if t not in measured]
+    if result.get("device", "cpu") != "cpu":
+        return lines  # thread counts are a CPU matter
     if missing:
         lines.append(
             f"- not measured: {', '.join(map(str, missing))} threads"
@@ -253,11 +300,7 @@ def write(result: dict, out: Path = RESULTS) -> list[Path]:
     (out / "layer_speed.json").write_text(json.dumps(result, indent=2))
     machine = result["machine"]
     threads = result.get("threads", [machine["cpu_threads"]])
-    where = (
-        f"Machine: {machine['name']}, {machine['cpu_cores']} cores, {machine['date']}; torch {machine['torch']}."
-        if "name" in machine
-        else f"torch {machine['torch']}."
-    )
+    where = describe_machine(machine)
     load = machine.get("load_average_before_after")
     if load and None not in load:
         where += f" 1-minute load average {load[0]:g} before, {load[1]:g} after."
@@ -332,6 +375,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated torch thread counts, e.g. 1,2,16 (default: 1, 2 and torch's count if larger)",
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda, cuda:N or auto: where both layers run (CUDA: synchronised timings)",
+    )
     parser.add_argument("--machine", default=None, help="machine name for the report (default: host and CPU)")
     parser.add_argument("--date", default=None, help="date for the report (default: today)")
     parser.add_argument(
@@ -341,7 +389,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_args(args: argparse.Namespace) -> int:
     """Run with parsed options; prints the files written."""
-    # ``fedgat bench layer`` mirrors the other options but not these: it times the current thread count
+    # ``fedgat bench layer`` passes the current thread count unless given --threads; None: the default set
     threads = getattr(args, "threads", None)
     if threads is None and hasattr(args, "threads"):
         threads = default_threads()
@@ -354,6 +402,7 @@ def main_args(args: argparse.Namespace) -> int:
         threads,
         getattr(args, "machine", None),
         getattr(args, "date", None),
+        getattr(args, "device", "cpu"),
     )
     for path in write(result, args.out):
         print(f"wrote {path}")

@@ -13,7 +13,8 @@ its private random stream (when it has one), its secure-aggregation configuratio
   the strategy (:class:`~fedgat.strategies.ClientStrategy`'s fields);
 * the local tasks: targets as arrays, model inputs as tensors/arrays or encodings
   (:func:`~fedgat.protocols.party_values.encodings_to_value`, compaction and row factors included);
-* ``client_id`` and ``local_epochs``.
+* ``client_id`` and ``local_epochs``, and the device it trains on when that is not the CPU (rebuilt
+  there: :func:`fedgat.device.resolve_device`, so a host without that device refuses the spec).
 
 A model class without an entry in :data:`MODELS`, a strategy subclass or a task input of another type
 cannot be described: :class:`TypeError`, naming it.
@@ -266,6 +267,8 @@ def client_to_value(client: Client) -> dict[str, Any]:
         "evaluation": [task_to_value(t) for t in client.eval_tasks],
         "update_dp": None if client.update_dp is None else dataclasses.asdict(client.update_dp),
         "dp_rounds": client.dp_rounds,
+        # written only off the CPU, so a CPU client's value is what it was before devices existed
+        **({} if client.device.type == "cpu" else {"device": str(client.device)}),
     }
 
 
@@ -283,6 +286,7 @@ def client_from_value(value: Mapping[str, Any]) -> Client:
         local_epochs=int(value["local_epochs"]),
         strategy=ClientStrategy(**value["strategy"]),
         update_dp=None if value.get("update_dp") is None else UpdateDP(**value["update_dp"]),
+        device=value.get("device"),  # fedgat.device.DeviceUnavailableError on a host without it
     )
     client.dp_rounds = int(value.get("dp_rounds", 0))
     optimizer_from_checkpoint(client.optimizer, opt["meta"], opt["arrays"], prefix="")

@@ -412,12 +412,14 @@ def build_rounds_client(
     compact_tol: float = COMPACT_TOLERANCE,
     secagg: SecAggConfig | str | None = "auto",
     dp_rounds: int = 0,
+    device: str | torch.device | None = None,
 ) -> ClientRounds:
     """Client ``client``'s party of the FedAvg rounds: a :class:`fedgat.federated.Client` training
     FedGAT (hyper-parameters ``hp``) on the tasks of its (decrypted) ``encodings`` of its ``needed``
     nodes (:func:`fedgat.tasks.tasks_from_encodings`, compacted at ``compact_tol``); ``secagg`` as
     :func:`build_rounds_server` (both sides must agree); ``dp_rounds``: the rounds DP-FedAvg has
-    already counted against the client's budget (the release predictor's, :func:`build_predictor_parties`).
+    already counted against the client's budget (the release predictor's, :func:`build_predictor_parties`);
+    ``device``: where the client trains (:class:`fedgat.federated.Client`; default the CPU).
 
     Raises:
         ValueError: the encodings do not cover the client's ``needed`` nodes in order.
@@ -433,6 +435,7 @@ def build_rounds_client(
         hp,
         strategy=strategy.client,
         update_dp=update_dp_from_hparams(hp),
+        device=device,
     )
     member.dp_rounds = dp_rounds
     return ClientRounds(
@@ -458,6 +461,7 @@ def build_training_parties(
     compact_tol: float = COMPACT_TOLERANCE,
     secagg: SecAggConfig | str | None = "auto",
     dp_rounds: Mapping[int, int] | None = None,
+    device: str | torch.device | None = None,
     **hparams: Any,
 ) -> TrainingParties:
     """The server and the clients of the FedAvg rounds from the clients' (decrypted) encodings.
@@ -469,7 +473,8 @@ def build_training_parties(
     the updates for every party (:mod:`fedgat.protocols.secagg`; "auto", the default, as
     :func:`training_secagg`; None: plaintext updates). The in-process simulator
     :meth:`fedgat.federated.Server.fit` aggregates in the clear. ``dp_rounds``: client -> rounds
-    DP-FedAvg has already counted (the release predictor's).
+    DP-FedAvg has already counted (the release predictor's). ``device``: where every client trains
+    (:func:`fedgat.device.resolve_device`; default the CPU); the server's weights stay on the CPU.
     """
     hp = resolve_hparams("fedgat", hparams)
     deployment = deployment or make_deployment(partition.num_clients)
@@ -503,6 +508,7 @@ def build_training_parties(
             compact_tol=compact_tol,
             secagg=secagg,
             dp_rounds=0 if dp_rounds is None else int(dp_rounds.get(c, 0)),
+            device=device,
             **shape,
         )
         for c in roster.clients

@@ -99,6 +99,33 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def add_device_argument(parser: argparse.ArgumentParser, what: str = "where training runs") -> None:
+    """``--device`` (:func:`fedgat.device.resolve_device`), default ``cpu``; ``what`` starts its help."""
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        metavar="{cpu,cuda,cuda:N,auto}",
+        help=f"{what}: cpu (default), cuda, cuda:N or auto (cuda when available, else cpu). "
+        "The CPU is the default because it reproduces results bit for bit on any machine, and the "
+        "graphs here are small (Cora: a few hundred nodes per client; a GPU pays off for the larger "
+        "ones and for the layer benchmarks); cuda without a GPU is an error",
+    )
+
+
+def check_device(spec: str) -> Any:
+    """``--device``'s value as a ``torch.device`` (:func:`fedgat.device.resolve_device`; imports torch).
+
+    Raises:
+        UsageError: an unknown device, or CUDA asked for on a machine without it.
+    """
+    from fedgat.device import DeviceError, resolve_device
+
+    try:
+        return resolve_device(spec)
+    except DeviceError as exc:
+        raise UsageError(f"--device {spec}: {exc}") from None
+
+
 def describe_rule(min_cross: int) -> str:
     """The minimum-cross rule as run headers print it: "off" (k <= 1) or "k = <k>"."""
     return "off" if min_cross <= 1 else f"k = {min_cross}"

@@ -214,6 +214,15 @@ class RowFactors:
     h_self: torch.Tensor
     residual: float
 
+    def to(self, device: torch.device | str) -> RowFactors:
+        """A copy with every tensor on ``device`` (``self`` when they are all there already)."""
+        device = torch.device(device)
+        if all(_on(t, device) for t in (self.R, self.K2, self.M2, self.h_self)):
+            return self
+        return RowFactors(
+            self.R.to(device), self.K2.to(device), self.M2.to(device), self.h_self.to(device), self.residual
+        )
+
 
 @dataclass
 class EncodingBucket:
@@ -275,7 +284,46 @@ class EncodingBucket:
             raise ValueError("M2 is column-compacted; dense_M2 needs uncompacted encodings")
         if self.M2 is not None:
             return self.M2
-        return (torch.from_numpy(self.bases.m2_map()) @ self.K2.double()).to(self.K2.dtype)
+        return (self._from_host(self.bases.m2_map()) @ self.K2.double()).to(self.K2.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the bucket's tensors live (those of :attr:`K2`; :meth:`to` moves them all)."""
+        return self.K2.device
+
+    def _from_host(self, array: np.ndarray) -> torch.Tensor:
+        """A numpy array of the bases as a tensor on :attr:`device`."""
+        return torch.from_numpy(array).to(self.device)
+
+    def to(self, device: torch.device | str) -> EncodingBucket:
+        """A copy with every tensor on ``device`` -- ``h_self``, ``K2``, ``M2``, ``cols`` and the
+        :class:`RowFactors` -- or ``self`` when they are all there already. The bases stay numpy
+        arrays (host metadata); the feature-free tensors derived from them (:attr:`plain`) are built
+        on the bucket's device when first used."""
+        device = torch.device(device)
+        if all(_on(t, device) for t in self.tensors().values()):
+            return self
+        return EncodingBucket(
+            self.bases,
+            self.h_self.to(device),
+            self.K2.to(device),
+            None if self.M2 is None else self.M2.to(device),
+            None if self.cols is None else self.cols.to(device),
+            None if self.factors is None else self.factors.to(device),
+        )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor the bucket stores (not its lazily derived ones), by name: ``h_self``, ``K2``,
+        ``M2``, ``cols`` when set, ``factors.R`` etc. when factorised."""
+        out = {"h_self": self.h_self, "K2": self.K2}
+        if self.M2 is not None:
+            out["M2"] = self.M2
+        if self.cols is not None:
+            out["cols"] = self.cols
+        if self.factors is not None:
+            f = self.factors
+            out.update({"factors.R": f.R, "factors.K2": f.K2, "factors.M2": f.M2, "factors.h_self": f.h_self})
+        return out
 
     @property
     def variant(self) -> str:
@@ -293,9 +341,9 @@ class EncodingBucket:
     @cached_property
     def plain(self) -> dict[str, torch.Tensor]:
         """Feature-free float64 tensors (:meth:`fedgat.variants.Variant.plain`): ``P (B,m,m)``,
-        ``K1 (B,m)``, ``K3 (B,m)`` (matrix) or ``Q (B,m,n)`` (vector)."""
+        ``K1 (B,m)``, ``K3 (B,m)`` (matrix) or ``Q (B,m,n)`` (vector), on the bucket's :attr:`device`."""
         b = self.bases
-        return {k: torch.from_numpy(v) for k, v in b.kind.plain(b.p, b.q).items()}
+        return {k: self._from_host(v) for k, v in b.kind.plain(b.p, b.q).items()}
 
     def compact(self, tol: float = 0.0) -> EncodingBucket:
         """Keep, per node, only the feature columns of a stored ``M2`` where it exceeds ``tol`` in
@@ -339,7 +387,7 @@ class EncodingBucket:
         k2f, hf = K2 @ R.transpose(1, 2), torch.einsum("bd,brd->br", h, R)
         residual = max(_max_abs(K2 - k2f @ R), _max_abs(h - torch.einsum("br,brd->bd", hf, R)))
         if self.M2 is None:  # derived: M2 = L K2 = (L K2~) R exactly
-            m2f = torch.from_numpy(self.bases.m2_map()) @ k2f
+            m2f = self._from_host(self.bases.m2_map()) @ k2f
         elif self.cols is None:
             M2 = self.M2.double()
             m2f = M2 @ R.transpose(1, 2)
@@ -398,6 +446,33 @@ class Encodings:
     def nbytes(self, bytes_per_real: int = 4) -> int:
         return self.num_reals() * bytes_per_real
 
+    @property
+    def device(self) -> torch.device:
+        """Where the encodings' tensors live (CPU for encodings without buckets)."""
+        return self.buckets[0].device if self.buckets else torch.device("cpu")
+
+    def to(self, device: torch.device | str) -> Encodings:
+        """The encodings with every tensor on ``device``, as ``Tensor.to`` does: a new
+        :class:`Encodings` (``self`` when every tensor is there already), the original left as it was.
+
+        Every bucket's stored tensors move (:meth:`EncodingBucket.to`); the derived ones --
+        :attr:`flat_K2`, :attr:`flat_R`, :attr:`order`, :attr:`padded_groups`, each bucket's ``plain``
+        and the layer's block-diagonal operators (:mod:`fedgat.layer`) -- are built on the new
+        object's device when first used, so nothing cached on one device is reused on another.
+        ``nodes`` and the bases stay numpy arrays (host metadata, never read per step). Moving costs
+        one copy of the encodings per call: move once, before training (the FedAvg clients of
+        :class:`fedgat.federated.Client` do, given a ``device``).
+        """
+        device = torch.device(device)
+        moved = [b.to(device) for b in self.buckets]
+        if all(m is b for m, b in zip(moved, self.buckets)):
+            return self
+        return Encodings(self.variant, self.nodes, moved)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor the buckets store, by ``"<bucket>.<name>"`` (:meth:`EncodingBucket.tensors`)."""
+        return {f"{i}.{k}": t for i, b in enumerate(self.buckets) for k, t in b.tensors().items()}
+
     def compact(self, tol: float = 0.0) -> Encodings:
         """Column-compacted copy for faster training (see :meth:`EncodingBucket.compact`)."""
         return Encodings(self.variant, self.nodes, [b.compact(tol) for b in self.buckets])
@@ -433,8 +508,9 @@ class Encodings:
 
     @cached_property
     def order(self) -> torch.Tensor:
-        """Permutation taking the buckets' concatenated rows to ``nodes`` order."""
-        return torch.argsort(torch.from_numpy(np.concatenate([b.bases.rows for b in self.buckets])))
+        """Permutation taking the buckets' concatenated rows to ``nodes`` order (on :attr:`device`)."""
+        rows = torch.from_numpy(np.concatenate([b.bases.rows for b in self.buckets]))
+        return torch.argsort(rows).to(self.device)
 
     @property
     def compacted(self) -> bool:
@@ -449,6 +525,13 @@ class Encodings:
     def flat_h_self(self) -> torch.Tensor:
         """Every bucket's ``h_self`` stacked in bucket order, ``(num_nodes, d)``."""
         return torch.cat([b.h_self for b in self.buckets])
+
+
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``t`` lives on ``device`` (``cuda`` without an index meaning the current CUDA device)."""
+    if t.device.type != device.type:
+        return False
+    return device.index is None or t.device.index == device.index
 
 
 def _max_abs(t: torch.Tensor) -> float:

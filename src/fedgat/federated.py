@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedgat.device import resolve_device, to_device
 from fedgat.dp_fedavg import UpdateBudgetError, UpdateDP
 from fedgat.rounds import ClientUpdate, Counts, FitResult, RoundLoop, pool_counts
 from fedgat.strategies import (
@@ -128,10 +129,18 @@ class Client:
         update_dp: client-level DP of its updates (:class:`fedgat.dp_fedavg.UpdateDP`; None: off):
             each update is clipped and noised before it leaves :meth:`fit`, sent with weight 1 and
             no loss, and the client trains in at most ``update_dp.max_rounds`` rounds.
+        device: where the client trains (:func:`fedgat.device.resolve_device`: "cpu", the default,
+            "cuda", "cuda:N", "auto" or a ``torch.device``). On another device than the CPU the
+            model (so its optimiser's state), the tasks' inputs (encodings through
+            :meth:`~fedgat.encodings.Encodings.to`, edge indices) and their target rows and labels
+            move there once, here; the local steps then run without a host round trip, and the
+            weights cross back to the CPU once per round, in the state :meth:`fit` returns. The
+            global weights :meth:`fit` and :meth:`evaluate` take stay CPU tensors (the server's).
 
     Attributes:
         training: the client half in use (:class:`ClientStrategy`).
         dp_rounds: rounds this client trained in under ``update_dp`` (what its budget has spent).
+        device: the resolved :class:`torch.device`.
     """
 
     def __init__(
@@ -146,13 +155,20 @@ class Client:
         local_epochs: int = 1,
         strategy: ClientStrategy | ServerStrategy | None = None,
         update_dp: UpdateDP | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
         self.client_id = client_id
+        self.device = resolve_device(device)
+        evaluations = [evaluation] if isinstance(evaluation, LocalTask) else list(evaluation)
+        if self.device.type != "cpu":  # the CPU path is left exactly as it was
+            model.to(self.device)
+            memo: dict[int, object] = {}  # a task serving training and evaluation moves once
+            train, *evaluations = [_task_to(t, self.device, memo) for t in (train, *evaluations)]
         self.model = model
         self.train_task = train
-        self.eval_tasks = [evaluation] if isinstance(evaluation, LocalTask) else list(evaluation)
+        self.eval_tasks = evaluations
         self.local_epochs = int(local_epochs)
         self.training = as_client_strategy(strategy)
         self.optimizer = self.training.make_optimizer(model.parameters(), lr, weight_decay)
@@ -170,9 +186,10 @@ class Client:
         *,
         strategy: ClientStrategy | ServerStrategy | None = None,
         update_dp: UpdateDP | None = None,
+        device: str | torch.device | None = None,
     ) -> Client:
         """A client with the optimiser settings of resolved hyper-parameters ``hp`` (``lr``,
-        ``weight_decay``, ``local_epochs``)."""
+        ``weight_decay``, ``local_epochs``), training on ``device``."""
         return cls(
             client_id,
             model,
@@ -183,6 +200,7 @@ class Client:
             local_epochs=hp["local_epochs"],
             strategy=strategy,
             update_dp=update_dp,
+            device=device,
         )
 
     def count(self, split: str) -> int:
@@ -221,16 +239,20 @@ class Client:
                 self.dp_rounds += 1
                 return ClientUpdate(dp.privatize(global_state, global_state), 1, float("nan"))
             return ClientUpdate(global_state, 0, 0.0)
-        self.model.load_state_dict(global_state)
+        self.model.load_state_dict(global_state)  # copies the CPU weights into the device's
         self.model.train()
         rows, labels = self.train_task.targets["train"]
+        # the proximal term's anchor on the model's device, moved once per round
+        anchor = global_state if self.device.type == "cpu" else to_device(global_state, self.device)
         for _ in range(self.local_epochs):
             self.optimizer.zero_grad()
             loss = F.cross_entropy(self.model(*self.train_task.inputs)[rows], labels)
-            penalty = self.training.local_penalty(self.model, global_state)
+            penalty = self.training.local_penalty(self.model, anchor)
             (loss if penalty is None else loss + penalty).backward()
             self.optimizer.step()
-        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # the protocol boundary: the weights leave as CPU tensors (one copy per round from a device);
+        # the loss below is read once per round, after the steps
+        state = {k: _to_host(v) for k, v in self.model.state_dict().items()}
         for name, value in state.items():
             if value.is_floating_point() and not bool(torch.isfinite(value).all()):
                 raise NonFiniteUpdateError(
@@ -269,6 +291,23 @@ class Client:
                     counts[s].correct + c.correct, counts[s].count + c.count, counts[s].loss_sum + c.loss_sum
                 )
         return counts
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy of ``t`` (a clone on the CPU, as before devices existed)."""
+    t = t.detach()
+    return t.clone() if t.device.type == "cpu" else t.to("cpu")
+
+
+def _task_to(task: LocalTask, device: torch.device, memo: dict[int, object]) -> LocalTask:
+    """``task`` with its inputs and targets on ``device`` (objects shared through ``memo`` move once)."""
+    if id(task) not in memo:
+        memo[id(task)] = LocalTask(
+            to_device(task.inputs, device, memo), to_device(task.targets, device, memo)
+        )
+    moved = memo[id(task)]
+    assert isinstance(moved, LocalTask)
+    return moved
 
 
 class Server:

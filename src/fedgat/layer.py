@@ -129,17 +129,20 @@ class _VectorPlan:
       interleaves them), so ``logits @ va`` is :math:`Q_i^\top V_i b_2 + b_1 \cdot h_i`;
     * ``spread (rows, E)``: :math:`Q_i`, giving :math:`Q_i \hat s(x_i)`;
     * ``row_sum (N, rows)`` and ``edge_sum (N, E)``: ones, summing each node's rows and edges.
+
+    Built on the encodings' device (:attr:`Encodings.device`), once per encodings and dtype.
     """
 
     def __init__(self, encodings: Encodings, dtype: torch.dtype) -> None:
         r_off = e_off = 0
         lr, lc, lv, sr, sc, sv, rr, rc, er, ec = ([] for _ in range(10))
+        dev = encodings.device
         for b in encodings.buckets:
-            Q = b.plain["Q"]  # (B, m, n) float64
+            Q = b.plain["Q"]  # (B, m, n) float64, on dev
             B, m, n = Q.shape
-            node = torch.from_numpy(b.bases.rows).long()  # (B,) positions in encodings.nodes
-            row = r_off + torch.arange(B * m).view(B, m, 1).expand(B, m, n)
-            edge = e_off + torch.arange(B * n).view(B, 1, n).expand(B, m, n)
+            node = torch.from_numpy(b.bases.rows).long().to(dev)  # (B,) positions in encodings.nodes
+            row = r_off + torch.arange(B * m, device=dev).view(B, m, 1).expand(B, m, n)
+            edge = e_off + torch.arange(B * n, device=dev).view(B, 1, n).expand(B, m, n)
             lr += [edge.reshape(-1), edge.reshape(-1)]
             lc += [2 * row.reshape(-1), 2 * row.reshape(-1) + 1]
             lv += [Q.reshape(-1), Q[:, :, :1].expand(B, m, n).reshape(-1)]
@@ -147,25 +150,28 @@ class _VectorPlan:
             sc.append(edge.reshape(-1))
             sv.append(Q.reshape(-1))
             rr.append(node.repeat_interleave(m))
-            rc.append(r_off + torch.arange(B * m))
+            rc.append(r_off + torch.arange(B * m, device=dev))
             er.append(node.repeat_interleave(n))
-            ec.append(e_off + torch.arange(B * n))
+            ec.append(e_off + torch.arange(B * n, device=dev))
             r_off, e_off = r_off + B * m, e_off + B * n
         N, cat = encodings.num_nodes, torch.cat
         f64 = torch.float64
         self.logits = _SparseOp(cat(lr), cat(lc), cat(lv), (e_off, 2 * r_off))
         self.spread = _SparseOp(cat(sr), cat(sc), cat(sv), (r_off, e_off))
-        self.row_sum = _SparseOp(cat(rr), cat(rc), torch.ones(r_off, dtype=dtype), (N, r_off))
-        self.edge_sum = _SparseOp(cat(er), cat(ec), torch.ones(e_off, dtype=f64), (N, e_off))
+        self.row_sum = _SparseOp(cat(rr), cat(rc), torch.ones(r_off, dtype=dtype, device=dev), (N, r_off))
+        self.edge_sum = _SparseOp(cat(er), cat(ec), torch.ones(e_off, dtype=f64, device=dev), (N, e_off))
 
 
-#: (id of the encodings, dtype) -> (weak reference to them, plan); entries leave with the encodings
-_PLANS: dict[tuple[int, torch.dtype], tuple[weakref.ref, _VectorPlan]] = {}
+#: (id of the encodings, dtype, device) -> (weak reference to them, plan); entries leave with the
+#: encodings. :meth:`Encodings.to` returns a new object, so a plan is never shared across devices; the
+#: device in the key keeps it so even for encodings moved in place by hand.
+_PLANS: dict[tuple[int, torch.dtype, torch.device], tuple[weakref.ref, _VectorPlan]] = {}
 
 
 def _vector_plan(encodings: Encodings, dtype: torch.dtype) -> _VectorPlan:
-    """The cached :class:`_VectorPlan` of ``encodings`` (built on first use; encodings are not mutated)."""
-    key = (id(encodings), dtype)
+    """The cached :class:`_VectorPlan` of ``encodings`` (built on first use, on their device;
+    encodings are not mutated)."""
+    key = (id(encodings), dtype, encodings.device)
     hit = _PLANS.get(key)
     if hit is not None and hit[0]() is encodings:
         return hit[1]
@@ -206,6 +212,7 @@ class FedGATConv(nn.Module):
     """
 
     _power: torch.Tensor  # buffer: the score polynomial's power-basis coefficients
+    _power_coeffs: list[float]  # the same as Python floats (read every forward without a device sync)
 
     def __init__(
         self,
@@ -233,6 +240,7 @@ class FedGATConv(nn.Module):
             nn.Parameter(torch.empty(heads * out_channels if concat else out_channels)) if bias else None
         )
         self.register_buffer("_power", torch.tensor(self.score.power, dtype=torch.float64), persistent=False)
+        self._power_coeffs = self._power.tolist()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -255,7 +263,9 @@ class FedGATConv(nn.Module):
         return W, b1, b2, gamma
 
     def _power_list(self) -> list[float]:
-        return self._power.tolist()
+        """The power-basis coefficients as floats, kept on the host: reading the buffer would copy it
+        back from the GPU (a synchronisation) on every forward."""
+        return self._power_coeffs
 
     def _attention_projection(self, rows_W: torch.Tensor) -> torch.Tensor:
         """``(R, 2, H)``: rows of ``X W^T`` (``(R, H*F)``) dotted with ``a_src`` and ``a_dst`` per head,

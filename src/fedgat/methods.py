@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from fedgat.approx import fit_score
+from fedgat.device import resolve_device
 from fedgat.dp import MECHANISMS, block_rows
 from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import owner_ledgers
@@ -228,6 +229,7 @@ def run_method(
     callback: Callable[[int, dict], None] | None = None,
     *,
     owner: np.ndarray | None = None,
+    device: str | torch.device | None = None,
     **hparams,
 ) -> RunResult:
     """Set up ``method`` on ``graph`` split among ``num_clients`` clients and train it.
@@ -242,6 +244,11 @@ def run_method(
         owner: ``(N,)`` client id of every node, the user's split instead of the Dirichlet one
             (``num_clients`` must match it; ``beta`` is unused); check a user's file with
             :func:`fedgat.owners.load_owners`. Ignored by centralised methods.
+        device: where the clients train (:func:`fedgat.device.resolve_device`; default the CPU):
+            models, optimisers, encodings and labels live there, the server's global weights and
+            their aggregation stay on the CPU (:class:`~fedgat.federated.Client`). Not a
+            hyper-parameter: results do not depend on it beyond floating-point rounding, and it is not
+            recorded in ``hparams``. FedGAT's label_rr release predictor trains on the CPU.
         **hparams: overrides of :func:`default_hparams`.
 
     Returns:
@@ -249,8 +256,10 @@ def run_method(
 
     Raises:
         ValueError: unknown method or hyper-parameter, or invalid settings.
+        fedgat.device.DeviceError: an unknown ``device``, or CUDA asked for without one (a ValueError).
     """
     hp = resolve_hparams(method, hparams)
+    device = resolve_device(device)  # before any set-up
     clients = 1 if method in CENTRALISED else num_clients
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)
@@ -261,7 +270,14 @@ def run_method(
     update_dp = None if method in CENTRALISED else update_dp_from_hparams(hp)
     members = [
         Client.from_hparams(
-            i, fed.model_fn(), train, evaluation, hp, strategy=strategy.client, update_dp=update_dp
+            i,
+            fed.model_fn(),
+            train,
+            evaluation,
+            hp,
+            strategy=strategy.client,
+            update_dp=update_dp,
+            device=device,
         )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]

@@ -79,7 +79,7 @@ def pad_last(t: torch.Tensor, m: int, dims: int) -> torch.Tensor:
 
 def padded_groups(buckets: Sequence[EncodingBucket], kind: Variant) -> list[PaddedGroup]:
     """Consecutive ``buckets`` (``m`` ascending) of variant ``kind`` merged into a few groups,
-    zero-padded to a common ``m`` (and ``n``)."""
+    zero-padded to a common ``m`` (and ``n``), on the buckets' device."""
     sizes = [b.bases.m for b in buckets]
     counts = [len(b.bases) for b in buckets]
     groups = []
@@ -94,7 +94,8 @@ def padded_groups(buckets: Sequence[EncodingBucket], kind: Variant) -> list[Padd
             }
         else:
             Q = [torch.nn.functional.pad(b.plain["Q"], [0, n - b.bases.n, 0, m - b.bases.m]) for b in chosen]
-            valid = [torch.arange(n)[None, :].expand(len(b.bases), n) < b.bases.n for b in chosen]
+            arange = torch.arange(n, device=chosen[0].K2.device)
+            valid = [arange[None, :].expand(len(b.bases), n) < b.bases.n for b in chosen]
             plain = {"Q": torch.cat(Q), "valid": torch.cat(valid)}
         groups.append(PaddedGroup(start, stop, m, plain))
     return groups

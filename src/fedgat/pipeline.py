@@ -507,6 +507,7 @@ def train_fedgat(
     progress: bool = True,
     compact_tol: float = COMPACT_TOLERANCE,
     dp_rounds: Mapping[int, int] | None = None,
+    device: str | torch.device | None = None,
     **hparams,
 ) -> TrainingResult:
     """FedGAT training from the clients' (decrypted) encodings through the FedAvg protocol.
@@ -515,6 +516,7 @@ def train_fedgat(
     ``"fedgat"`` (hyper-parameters: :func:`fedgat.methods.default_hparams`); only the encodings come
     from the pre-training round instead of being built locally. ``dp_rounds``: client -> rounds
     DP-FedAvg has already counted (the release predictor's, :func:`train_release_predictor`).
+    ``device``: where the clients train (:class:`fedgat.federated.Client`; default the CPU).
     """
     parties = build_training_parties(
         graph,
@@ -525,6 +527,7 @@ def train_fedgat(
         fingerprint=fingerprint,
         compact_tol=compact_tol,
         dp_rounds=dp_rounds,
+        device=device,
         **hparams,
     )
     server, roster, hp = parties.server, parties.deployment.roster, parties.hparams
@@ -657,6 +660,7 @@ def run_encrypted_fedgat(
     chunks: int | None = None,
     owner: np.ndarray | None = None,
     dp_ledgers: Mapping[int, DPLedger] | None = None,
+    device: str | torch.device | None = None,
     **hparams,
 ) -> FedGATRun:
     """Encrypted pre-training (or, with ``encrypted=False``, its plaintext twin) and FedGAT training
@@ -670,7 +674,8 @@ def run_encrypted_fedgat(
     each client's CSPRNG; for ``label_rr`` after the predictor's rounds,
     :func:`train_release_predictor`), charged to ``dp_ledgers`` (client id -> ledger; default the
     persistent ones of :func:`fedgat.dp_ledger.owner_ledgers` for ``dp_budget`` and
-    ``dp_ledger_dir``); ``dp_spent`` reports what each client has spent."""
+    ``dp_ledger_dir``); ``dp_spent`` reports what each client has spent. ``device``: where the
+    clients train the FedAvg rounds (default the CPU; the pre-training round always runs on the CPU)."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
     if hp["share"] != "rows":
         raise ValueError(f"share={hp['share']!r} is simulated by fedgat.methods.run_method only")
@@ -724,6 +729,7 @@ def run_encrypted_fedgat(
         fingerprint=fingerprint,
         progress=progress,
         dp_rounds=dp_rounds,
+        device=device,
         **hp,
     )
     dp_spent = None

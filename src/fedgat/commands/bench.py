@@ -5,6 +5,8 @@
     fedgat bench overhead --dataset citeseer --clients 5 --json out.json
     fedgat bench overhead --sweep --datasets cora citeseer --client-counts 2 5 10
     fedgat bench layer --dataset cora --repeats 20          # FedGAT layer vs PyG GATConv
+    fedgat bench layer --device cuda                        # the same on a GPU
+    fedgat bench train --dataset cora --device auto         # FedGAT vs PyG GAT, seconds per epoch
     fedgat bench accuracy --seeds 3 --sections table        # options: fedgat bench accuracy --help
     fedgat bench scale --quick                              # in-process vs Ray
 
@@ -31,10 +33,12 @@ from fedgat.cli_engine import (
     UsageError,
     add_dataset_argument,
     add_debug_argument,
+    add_device_argument,
     add_owners_arguments,
     check_beta,
     check_counts,
     check_dataset,
+    check_device,
     check_nodes,
     check_output_dir,
     check_output_file,
@@ -44,13 +48,19 @@ from fedgat.cli_engine import (
 )
 
 NAME = "bench"
-HELP = "benchmarks: overhead (encrypted vs plaintext pre-training), layer, accuracy, scale"
+HELP = "benchmarks: overhead (encrypted vs plaintext pre-training), layer, train, accuracy, scale"
 
 #: where results go unless ``--out`` says otherwise (relative to the working directory)
 DEFAULT_OUT = Path("fedgat-results")
 #: benchmark name -> module of :mod:`fedgat.benchmarks`
-MODULES = {"overhead": "overhead", "layer": "layer_speed", "accuracy": "accuracy", "scale": "scale"}
-_PASSTHROUGH = ("accuracy", "scale")
+MODULES = {
+    "overhead": "overhead",
+    "layer": "layer_speed",
+    "train": "train_speed",
+    "accuracy": "accuracy",
+    "scale": "scale",
+}
+_PASSTHROUGH = ("train", "accuracy", "scale")
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -140,6 +150,12 @@ def _configure_layer(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
     parser.add_argument("--hidden", type=int, default=8, help="hidden units per head (default 8)")
+    parser.add_argument(
+        "--threads",
+        default=None,
+        help="comma-separated torch CPU thread counts to time, e.g. 1,2,16 (default: the current count)",
+    )
+    add_device_argument(parser, "where both layers run (CUDA: synchronised timings)")
     _add_out(parser, "layer_speed.{json,md}")
 
 
@@ -156,6 +172,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     _configure_layer(layer)
     helps = {
+        "train": "FedGAT vs PyG GAT, training seconds per epoch on one device",
         "accuracy": "the accuracy experiments (Table 1, client and degree sweeps, communication)",
         "scale": "scale-out: in-process vs Ray, time and memory per client",
     }
@@ -178,7 +195,17 @@ def run(args: argparse.Namespace) -> int:
         check_counts({"--repeats": (args.repeats, 1), "--cap": (args.cap, 1), "--heads": (args.heads, 1)})
         check_counts({"--hidden": (args.hidden, 1)})
         check_dataset(args.dataset)
+        check_device(args.device)
         module = load_benchmark("layer")
+        if args.threads is not None:
+            try:
+                args.threads = module.parse_threads(args.threads)
+            except argparse.ArgumentTypeError as exc:
+                raise UsageError(f"--threads: {exc}") from None
+        else:
+            import torch
+
+            args.threads = [torch.get_num_threads()]  # the current count only
         return int(module.main_args(args) or 0)
     module = load_benchmark(args.benchmark)
     extra = list(getattr(args, "extra", []))

@@ -17,6 +17,10 @@ Ray tasks (:mod:`fedgat.protocols.ray_engine`; a local Ray, or ``--address`` for
 phase, bytes each way, slot use, the largest decryption error against the plaintext encodings built
 with the same bases, the test accuracy (with ``--plaintext-training`` also the plaintext twin's, same seed and bases)
 and whether the server's context holds a secret key (it does not).
+
+``--device cuda`` (``cuda:N``, ``auto``) trains the FedAvg rounds' clients on a GPU; the encrypted
+pre-training round (TenSEAL) runs on the CPU whatever the device. Off the CPU the rounds run in this
+process (one GPU shared by the clients in turn), whichever ``--engine`` hosted the pre-training round.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ from pathlib import Path
 from fedgat.cli_engine import (
     UsageError,
     add_dataset_argument,
+    add_device_argument,
     add_engine_arguments,
     add_owners_arguments,
     check_beta,
     check_counts,
     check_dataset,
+    check_device,
     check_engine_arguments,
     check_nodes,
     check_output_file,
@@ -112,6 +118,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "accuracies; doubles the training time",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    add_device_argument(
+        parser,
+        "where the FedAvg rounds train (the encrypted pre-training always runs on the CPU; off the "
+        "CPU the rounds run in this process whatever --engine)",
+    )
     add_engine_arguments(parser, default="auto")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -143,6 +154,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_owners_path(args.owners)
     check_engine_arguments(args)
     check_output_file("--json", args.json)
+    check_device(args.device)
     _cap(args)
 
 
@@ -194,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from fedgat.app import run_summary
+    from fedgat.device import describe_device
     from fedgat.estimate import estimate_pretraining
     from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import (
@@ -205,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     from fedgat.variants import as_variant
 
     check_arguments(args)
+    device = check_device(args.device)
     torch.set_num_threads(args.threads)
     progress = not args.quiet
     start = time.perf_counter()
@@ -266,21 +280,31 @@ def run(args: argparse.Namespace) -> int:
             del plain
         # the pre-training report now, not after the training rounds
         print(format_pretraining({**run_summary(pre), "max_abs_error_vs_plaintext": error}), flush=True)
+        # off the CPU the clients train in this process (None: the in-process transport)
+        rounds_transport = transport if device.type == "cpu" else None
         encrypted = train_fedgat(
             graph,
             partition,
             pre.encodings,
             seed=args.seed,
             deployment=pre.deployment,
-            transport=transport,
+            transport=rounds_transport,
             fingerprint=pre.fingerprint,
             progress=progress,
+            device=device,
             **hp,
         )
         plaintext = None
         if args.plaintext_training:
             plaintext = train_fedgat(
-                graph, partition, plain, seed=args.seed, transport=transport, progress=progress, **hp
+                graph,
+                partition,
+                plain,
+                seed=args.seed,
+                transport=rounds_transport,
+                progress=progress,
+                device=device,
+                **hp,
             )
         actors = [] if engine is None else engine.memory()
     finally:
@@ -305,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
         "total_seconds": round(time.perf_counter() - start, 3),
         "peak_rss_bytes": peak_rss,
         "engine": args.engine,
+        "training_device": describe_device(device),
         "actors": len(actors),
         "actor_peak_rss_bytes": [a["peak_rss"] for a in actors],
     }

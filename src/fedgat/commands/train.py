@@ -13,6 +13,10 @@ state machines with the clients hosted in Ray actors or in worker processes on t
 (:func:`fedgat.pipeline.run_encrypted_fedgat` with the plaintext twin of the pre-training round, same
 seed; ``fedgat demo --engine ray|process`` runs the encrypted round too). The
 other methods train in process only (they have no protocol path).
+
+``--device cuda`` (or ``cuda:N``, ``auto``) trains the clients on a GPU: models, optimisers, encodings
+and labels live there, the server's weights and their aggregation on the CPU
+(:class:`fedgat.federated.Client`). In process only: the hosted engines' clients train on the CPU.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from fedgat.cli_engine import (
     DP_MECHANISMS,
     UsageError,
     add_dataset_argument,
+    add_device_argument,
     add_engine_arguments,
     add_owners_arguments,
     check_beta,
     check_counts,
     check_dataset,
+    check_device,
     check_engine_arguments,
     check_output_file,
     check_owners_path,
@@ -151,6 +157,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="torch CPU threads (default 1: these graphs are too small to gain from more, "
         "and on a busy machine 2 threads ran 30x slower)",
     )
+    add_device_argument(parser, "where the clients train (in process only)")
     add_engine_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -184,6 +191,12 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     check_owners_path(args.owners)
     check_engine_arguments(args)
     check_output_file("--json", args.json)
+    device = check_device(args.device)
+    if args.engine != "inprocess" and device.type != "cpu":
+        raise UsageError(
+            f"--device {args.device} trains the clients in this process; --engine {args.engine} hosts them "
+            "elsewhere, on the CPU (leave one of the two out)"
+        )
     if args.engine != "inprocess" and args.method != "fedgat":
         raise UsageError(
             f"--engine {args.engine} runs FedGAT's protocol; {args.method} trains in process only "
@@ -258,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     from fedgat.methods import run_method
 
     overrides, hparams = check_arguments(args)
+    device = check_device(args.device)
     torch.set_num_threads(args.threads)
     graph = load_graph(args.dataset)
     owners = resolve_owners(args, graph)
@@ -293,6 +307,7 @@ def run(args: argparse.Namespace) -> int:
                 seed,
                 callback=progress,
                 owner=owners,
+                device=device,
                 **overrides,
             )
             bar.update(rounds - result.rounds)  # early stopping skipped these
@@ -376,6 +391,7 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
         "pretrain_bytes": statistics.fmean(r.pretrain_bytes for r in results),
         "train_seconds": statistics.fmean(r.train_seconds for r in results),
         "rounds_mean": statistics.fmean(r.rounds for r in results),
+        "device": getattr(args, "device", "cpu"),  # where the clients trained (--device)
         **dp,
         "hparams": hparams,
         "rows": [
