@@ -62,6 +62,7 @@ from .errors import PresetError
 
 __all__ = [
     "DEFAULT_PRESET",
+    "ENVELOPE_OVERHEAD_BYTES",
     "HE_STANDARD_MAX_LOG_Q_128",
     "PRESETS",
     "CkksPreset",
@@ -72,6 +73,10 @@ __all__ = [
 #: Max ``log2(q)`` (total coefficient modulus incl. the special prime) for 128-bit security,
 #: HomomorphicEncryption.org standard, classical attacks, ternary (uniform {-1,0,1}) secret.
 HE_STANDARD_MAX_LOG_Q_128: dict[int, int] = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+#: bytes of the ciphertext envelope around the compact form (:func:`fedgat.crypto.packing.serialize`):
+#: magic, version, level, key fingerprint, length (42) and SHA-256 (32)
+ENVELOPE_OVERHEAD_BYTES = 74
 
 _MAX_PRIME_BITS = 60  # SEAL limit per prime
 _MIN_PRIME_BITS = 20
@@ -147,6 +152,25 @@ class CkksPreset:
     def security_bits(self) -> int:
         """Claimed classical security level (construction guarantees the 128-bit bound)."""
         return 128
+
+    def level_bits(self, level: str) -> tuple[int, ...]:
+        """Bits of the RNS primes a ciphertext at ``level`` holds: ``(q0, q1)`` fresh (the server's
+        multiply + rescale needs both), ``(q0,)`` for a result (the lowest level)."""
+        if level == "fresh":
+            return self.coeff_mod_bit_sizes[:2]
+        if level == "result":
+            return self.coeff_mod_bit_sizes[:1]
+        raise ValueError(f"level must be 'fresh' or 'result', got {level!r}")
+
+    def floor_bytes(self, level: str) -> int:
+        """Information floor of a ciphertext at ``level``: ``2 N sum(bits of its primes) / 8`` bytes
+        (two polynomials, every coefficient uniform below its prime). The compact wire form
+        (:mod:`fedgat.crypto.compact`) is exactly this."""
+        return 2 * self.poly_modulus_degree * sum(self.level_bits(level)) // 8
+
+    def wire_bytes(self, level: str) -> int:
+        """Bytes of one enveloped ciphertext at ``level`` on the wire: the floor plus the envelope."""
+        return self.floor_bytes(level) + ENVELOPE_OVERHEAD_BYTES
 
     @property
     def max_abs_value(self) -> float:
