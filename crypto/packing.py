@@ -53,8 +53,8 @@ result ciphertexts hold at most ``M * floor(S / d)`` complete rows: utilisation 
 ``floor(S/d) * d / S`` = 70.0 % for d = 1433 at S = 2048 or 4096, whatever the arrangement. Reaching >= 90 % therefore *requires* uploading >= 2-3 ciphertexts per node;
 the chunked layout above reaches ``floor(S / ceil(d/c)) * d / (c S)`` with ``u = c``. Whether
 that pays depends on the ratio of output rows to nodes (:meth:`SlotLayout.traffic`): uploads are
-fresh ciphertexts (103.6 KB at n4096), downloads are rescaled ones (55.7 KB). E.g. for Cora's
-vector encodings (~26.5k rows for 2708 nodes) c = 1 moves 1.76 GB and c = 3 1.95 GB at n4096
+fresh ciphertexts (85.1 KB at n4096), downloads are rescaled ones (47.2 KB). E.g. for Cora's
+vector encodings (~26.5k rows for 2708 nodes) c = 1 moves 1.48 GB and c = 3 1.63 GB at n4096
 (:meth:`SlotLayout.for_traffic` picks c = 1); for the matrix encodings (~5.6e5 rows) c = 3 wins.
 
 The alternative -- upload each node once and let the server rotate chunks into place -- needs
