@@ -7,6 +7,7 @@
     fedgat bench layer --dataset cora --repeats 20          # FedGAT layer vs PyG GATConv
     fedgat bench accuracy --seeds 3 --sections table        # options: fedgat bench accuracy --help
     fedgat bench scale --quick                              # in-process vs Ray
+    fedgat bench presets --nodes 120                        # smallest CKKS preset per variant
 
 ``overhead`` runs the pre-training round plaintext and encrypted on the same partition and bases and
 reports per phase wall/CPU seconds, memory, bytes, ciphertexts, slot use, the numerical error, the
@@ -44,13 +45,19 @@ from fedgat.cli_engine import (
 )
 
 NAME = "bench"
-HELP = "benchmarks: overhead (encrypted vs plaintext pre-training), layer, accuracy, scale"
+HELP = "benchmarks: overhead (encrypted vs plaintext pre-training), layer, accuracy, scale, presets"
 
 #: where results go unless ``--out`` says otherwise (relative to the working directory)
 DEFAULT_OUT = Path("fedgat-results")
 #: benchmark name -> module of :mod:`fedgat.benchmarks`
-MODULES = {"overhead": "overhead", "layer": "layer_speed", "accuracy": "accuracy", "scale": "scale"}
-_PASSTHROUGH = ("accuracy", "scale")
+MODULES = {
+    "overhead": "overhead",
+    "layer": "layer_speed",
+    "accuracy": "accuracy",
+    "scale": "scale",
+    "presets": "presets",
+}
+_PASSTHROUGH = ("accuracy", "scale", "presets")
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -158,6 +165,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     helps = {
         "accuracy": "the accuracy experiments (Table 1, client and degree sweeps, communication)",
         "scale": "scale-out: in-process vs Ray, time and memory per client",
+        "presets": "each CKKS preset's decryption error per variant, and the smallest meeting 1e-5",
     }
     for name in _PASSTHROUGH:
         # the benchmark's own parser reads every other option (and -h/--help)
