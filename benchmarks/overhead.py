@@ -658,6 +658,27 @@ def run_overhead(
         ),
         "round_vs_op_bound": ratio(phases["round"]["wall"], bound["round_seconds"]),
     }
+    # --- bytes against the floor (fedgat.crypto.compact): the ciphertexts moved at their envelope
+    # sizes (measure_preset), over the floors of the same ciphertexts; per useful slot the unused
+    # slots count against it (uploads at the nominal utilisation, results at the measured one)
+    from fedgat.crypto import get_preset
+
+    cp = get_preset(preset)
+    ct_up, ct_down = pre.ciphertexts_up, pre.ciphertexts_down
+    ct_bytes = ct_up * m["fresh_bytes"] + ct_down * m["result_bytes"]
+    floor_total = ct_up * cp.floor_bytes("fresh") + ct_down * cp.floor_bytes("result")
+    result_use = pre.result_slot_utilisation if ct_down else 0.0
+    useful = cp.slots * (ct_up * pre.slot_utilisation + ct_down * result_use)
+    per_useful = ct_bytes / useful if useful else None
+    floor_per_slot = floor_total / (cp.slots * (ct_up + ct_down)) if ct_up + ct_down else 0.0
+    encrypted["ciphertext_bytes"] = ct_bytes
+    encrypted["ciphertext_floor_bytes"] = floor_total
+    encrypted["bytes_per_useful_slot"] = per_useful
+    ratios["bytes_vs_floor"] = ratio(ct_bytes, floor_total)
+    # every frame (signatures, headers, contexts, bases included) over the same floors
+    ratios["frame_bytes_vs_floor"] = ratio(pre.bytes_up + pre.bytes_down, floor_total)
+    ratios["bytes_per_useful_slot_vs_floor"] = ratio(per_useful or 0.0, floor_per_slot)
+    ratios["bytes_per_useful_slot_vs_float32"] = ratio(per_useful or 0.0, 4.0)
     return {
         "dataset": graph.name,
         "num_nodes": graph.num_nodes,
@@ -698,6 +719,12 @@ def run_overhead(
                 "deserialize_ms",
                 "fresh_bytes",
                 "result_bytes",
+                "tenseal_fresh_bytes",
+                "tenseal_result_bytes",
+                "fresh_floor_bytes",
+                "result_floor_bytes",
+                "fresh_vs_floor",
+                "result_vs_floor",
             )
         },
         "fedgraph_fedgcn_he": FEDGRAPH_FEDGCN_HE,
@@ -811,6 +838,11 @@ def format_table(r: dict) -> str:
             f"  largest server worker {_mb(e['server_worker_peak_rss'])}"
         ),
         f"slots         nominal {r['slot_utilisation']['nominal']:.1%}, results {r['slot_utilisation']['results']:.1%}",
+        (
+            f"floor         ciphertext bytes {_r(ratios.get('bytes_vs_floor'), 3)} their floor, per useful slot "
+            f"{_r(ratios.get('bytes_per_useful_slot_vs_floor'))} the floor and "
+            f"{_r(ratios.get('bytes_per_useful_slot_vs_float32'))} float32"
+        ),
         f"max |enc - plain| {e['max_abs_error']:.2e}",
         (
             f"op bound      {b['multiply_adds']} multiply-adds x {b['seconds_per_multiply_add'] * 1e3:.3f} ms "
@@ -971,6 +1003,10 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
         f"| bytes up | {_mb(p['bytes_up'])} | {_mb(e['bytes_up'])} | {_r(ratios['bytes_up'])} |",
         f"| bytes down | {_mb(p['bytes_down'])} | {_mb(e['bytes_down'])} | {_r(ratios['bytes_down'])} |",
         f"| ciphertexts up / down | - | {e['ciphertexts_up']} / {e['ciphertexts_down']} | |",
+        (
+            f"| ciphertext bytes vs their floor (per useful slot) | - | {_mb(e.get('ciphertext_bytes', 0))} | "
+            f"{_r(ratios.get('bytes_vs_floor'), 3)} ({_r(ratios.get('bytes_per_useful_slot_vs_floor'))}) |"
+        ),
         (
             f"| peak RSS, main process (clients + server state machine) | {_mb(p['main_process_peak_rss'])} | "
             f"{_mb(e['main_process_peak_rss'])} | {_r(ratios['memory'])} |"

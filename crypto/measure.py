@@ -25,15 +25,46 @@ if TYPE_CHECKING:
     from .tasks import ComputeBucket
 
 __all__ = [
+    "FLOAT32_BYTES",
     "EncoderTiming",
     "children_cpu_seconds",
     "evaluator_op_seconds",
     "evaluator_op_seconds_busy",
+    "floor_report",
     "measure_preset",
     "multiply_add_seconds",
     "multiply_add_seconds_busy",
     "time_encoder",
 ]
+
+
+#: bytes of one plaintext value as the plaintext round ships it (float32)
+FLOAT32_BYTES = 4
+
+
+def floor_report(
+    preset: str | CkksPreset, fresh_bytes: float, result_bytes: float, utilisation: float = 1.0
+) -> dict:
+    """Measured ciphertext sizes against the preset's floor (:meth:`CkksPreset.floor_bytes`).
+
+    For ``level`` in fresh / result: ``{level}_floor_bytes``; ``{level}_vs_floor`` = bytes / floor
+    (the ciphertext alone); ``{level}_bytes_per_useful_slot`` = bytes / (slots x ``utilisation``),
+    ``{level}_per_useful_slot_vs_floor`` = that / (floor / slots), i.e. the ratio to the floor with
+    the unused slots charged to it, and ``{level}_per_useful_slot_vs_float32`` = that / 4 B (the
+    plaintext ratio: what one useful value costs against float32)."""
+    preset = get_preset(preset)
+    if not 0 < utilisation <= 1:
+        raise ValueError(f"utilisation must be in (0, 1], got {utilisation}")
+    out: dict = {"utilisation": utilisation}
+    for level, size in (("fresh", fresh_bytes), ("result", result_bytes)):
+        floor = preset.floor_bytes(level)
+        per_useful = size / (preset.slots * utilisation)
+        out[f"{level}_floor_bytes"] = floor
+        out[f"{level}_vs_floor"] = size / floor
+        out[f"{level}_bytes_per_useful_slot"] = per_useful
+        out[f"{level}_per_useful_slot_vs_floor"] = per_useful / (floor / preset.slots)
+        out[f"{level}_per_useful_slot_vs_float32"] = per_useful / FLOAT32_BYTES
+    return out
 
 
 def children_cpu_seconds() -> float:
@@ -88,16 +119,20 @@ def measure_preset(
     repeats: int = 10,
     symmetric_encryption: bool = True,
     seed: int = 0,
+    utilisation: float = 1.0,
 ) -> dict:
     """Measure one preset end to end (key holder -> public server context -> result).
 
     Returns a dict with: ``keygen_ms``, ``encrypt_ms``, ``mul_plain_ms`` (ct x plaintext vector
     incl. encoding and rescale), ``add_ms``, ``decrypt_ms``, ``serialize_ms``, ``deserialize_ms``
-    (envelope incl. digest and checks), ``fresh_bytes`` / ``result_bytes`` (envelopes, i.e.
-    TenSEAL bytes + 74), ``public_context_bytes``, ``secret_context_bytes``, ``max_error_fresh``,
+    (envelope incl. digest and checks), ``fresh_bytes`` / ``result_bytes`` (envelopes: the compact
+    form at the floor + 74 B), ``public_context_bytes``, ``secret_context_bytes``, ``max_error_fresh``,
     ``max_error_sum`` (``sum_{t<terms} c_t h_t``, ``c, h ~ U[-1, 1]`` per slot),
     ``max_error_extreme`` (slots where every term is +-1, so ``|value| = terms``),
-    ``error_bound`` (the analytic bound for ``terms``, ``|c|, |h| <= 1``) and ``lincomb_ms``.
+    ``error_bound`` (the analytic bound for ``terms``, ``|c|, |h| <= 1``) and ``lincomb_ms``;
+    ``tenseal_fresh_bytes`` / ``tenseal_result_bytes``: TenSEAL's own (zstd) serialisation of the
+    same ciphertexts, and :func:`floor_report` of the envelopes at ``utilisation`` (the share of
+    slots holding values, e.g. :meth:`~fedgat.crypto.SlotLayout.utilisation`).
     """
     preset = get_preset(preset)
     rng = np.random.default_rng(seed)
@@ -147,6 +182,9 @@ def measure_preset(
         "deserialize_ms": deserialize_ms,
         "fresh_bytes": len(blobs[0]),
         "result_bytes": len(result_blob),
+        "tenseal_fresh_bytes": len(holder.encrypt_vector(h[0]).serialize()),
+        "tenseal_result_bytes": len(result.serialize()),
+        **floor_report(preset, len(blobs[0]), len(result_blob), utilisation),
         "public_context_bytes": len(holder.public_context_bytes()),
         "secret_context_bytes": len(holder.secret_context_bytes()),
         "max_error_fresh": float(np.max(np.abs(fresh - h[0]))),
@@ -314,7 +352,9 @@ if __name__ == "__main__":  # python -m fedgat.crypto.measure
         print(
             f"{name:12s} enc {r['encrypt_ms']:.2f} ms  mul {r['mul_plain_ms']:.2f} ms  "
             f"add {r['add_ms']:.3f} ms  dec {r['decrypt_ms']:.2f} ms  "
-            f"fresh {r['fresh_bytes']} B  result {r['result_bytes']} B  "
+            f"fresh {r['fresh_bytes']} B ({r['fresh_vs_floor']:.3f}x floor)  "
+            f"result {r['result_bytes']} B ({r['result_vs_floor']:.3f}x floor, "
+            f"{r['result_per_useful_slot_vs_float32']:.2f}x float32 per slot)  "
             f"pub {r['public_context_bytes']} B  err {r['max_error_sum']:.1e} "
             f"(extreme {r['max_error_extreme']:.1e}, bound {r['error_bound']:.1e})"
         )

@@ -53,8 +53,8 @@ result ciphertexts hold at most ``M * floor(S / d)`` complete rows: utilisation 
 ``floor(S/d) * d / S`` = 70.0 % for d = 1433 at S = 2048 or 4096, whatever the arrangement. Reaching >= 90 % therefore *requires* uploading >= 2-3 ciphertexts per node;
 the chunked layout above reaches ``floor(S / ceil(d/c)) * d / (c S)`` with ``u = c``. Whether
 that pays depends on the ratio of output rows to nodes (:meth:`SlotLayout.traffic`): uploads are
-fresh ciphertexts (103.6 KB at n4096), downloads are rescaled ones (55.7 KB). E.g. for Cora's
-vector encodings (~26.5k rows for 2708 nodes) c = 1 moves 1.76 GB and c = 3 1.95 GB at n4096
+fresh ciphertexts (85.1 KB at n4096), downloads are rescaled ones (47.2 KB). E.g. for Cora's
+vector encodings (~26.5k rows for 2708 nodes) c = 1 moves 1.48 GB and c = 3 1.63 GB at n4096
 (:meth:`SlotLayout.for_traffic` picks c = 1); for the matrix encodings (~5.6e5 rows) c = 3 wins.
 
 The alternative -- upload each node once and let the server rotate chunks into place -- needs
@@ -63,17 +63,25 @@ prime; rejected.
 
 Ciphertext wire format (:func:`serialize`)
 ------------------------------------------
-``"FGCT" | u8 version | u8 level | 32 B context fingerprint | u32 len | TenSEAL bytes |
-SHA-256(everything before)``. The digest is needed: measured on TenSEAL 0.3.18, ~70 % of
-single-bit flips in a serialised CKKS vector still LOAD and decrypt to garbage (1e15..1e306),
-and a flip in the ``sizes`` field makes decrypt return more values than there are slots. The
-digest catches accidental corruption, not forgery; the fingerprint catches honest key mix-ups
-(a ciphertext under another key with the same parameters loads and decrypts to garbage
-*silently*). Authenticity is the job of the message layer: sign (Ed25519) the envelope together
-with the fingerprint. Before TenSEAL sees the payload, :func:`load_tenseal_vector` also checks the
-protobuf itself (exactly one ciphertext, ``sizes == [slots]``, scale == the context's exact
-scale, no unknown fields) and afterwards the SEAL ciphertext (2 polynomials, NTT form, not
-transparent, expected level).
+``"FGCT" | u8 version (2) | u8 level | 32 B context fingerprint | u32 len | compact ciphertext |
+SHA-256(everything before)``: 74 bytes around the compact form of :mod:`fedgat.crypto.compact`,
+which is the ciphertext's information floor (every RNS coefficient at its prime's bit width; at
+``n4096`` 85.0 KB fresh and 47.1 KB result instead of TenSEAL's zstd-compressed 103.5 / 55.6 KB).
+The digest covers the bytes actually sent. Everything TenSEAL puts around the coefficients
+(protobuf fields, SEAL's headers and metadata) is a function of the context and the level, so the
+receiver rebuilds it; :func:`deserialize` checks, in this order, the sizes, magic, version (1, the
+TenSEAL-bytes envelope, is refused), length, digest, fingerprint, level, the compact body's exact
+size for that level and every coefficient against its prime, before TenSEAL sees anything.
+
+The digest is needed: measured on TenSEAL 0.3.18, ~70 % of single-bit flips in a serialised CKKS
+vector still LOAD and decrypt to garbage (1e15..1e306), and so does any coefficient changed in a
+compact body that stays below its prime. The digest catches accidental corruption, not forgery;
+the fingerprint catches honest key mix-ups (a ciphertext under another key with the same
+parameters loads and decrypts to garbage *silently*). Authenticity is the job of the message
+layer: sign (Ed25519) the envelope together with the fingerprint. :func:`load_tenseal_vector`
+(raw TenSEAL bytes, used on the rebuilt bytes) also checks the protobuf itself (exactly one
+ciphertext, ``sizes == [slots]``, scale == the context's exact scale, no unknown fields) and
+afterwards the SEAL ciphertext (2 polynomials, NTT form, not transparent, expected level).
 """
 
 from __future__ import annotations
@@ -81,6 +89,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -88,8 +97,10 @@ import numpy as np
 import tenseal as ts
 
 from . import wire
+from .compact import CompactCodec, floor_bytes
 from .context import CkksContext, KeyHolderContext
 from .errors import CiphertextFormatError, KeyMismatchError
+from .params import ENVELOPE_OVERHEAD_BYTES
 
 __all__ = [
     "SlotLayout",
@@ -97,10 +108,13 @@ __all__ = [
     "deserialize",
     "encrypt_rows",
     "envelope",
+    "envelope_bytes",
+    "floor_bytes",
     "linear_combination",
     "linear_map_rows",
     "load_tenseal_vector",
     "serialize",
+    "tenseal_payload",
 ]
 
 
@@ -270,9 +284,10 @@ class SlotLayout:
 
 # ------------------------------------------------------------------------- ciphertext envelope
 _MAGIC = b"FGCT"
-_VERSION = 1
+_VERSION = 2  # 1: TenSEAL's bytes as the payload; 2: the compact form (fedgat.crypto.compact)
 _HEADER = struct.Struct(">4sBB32sI")
 _DIGEST = 32
+assert _HEADER.size + _DIGEST == ENVELOPE_OVERHEAD_BYTES
 
 # CKKSVectorProto field numbers (tenseal/proto/tensors.proto)
 _VEC_SIZES, _VEC_CIPHERTEXTS, _VEC_SCALE = 1, 2, 3
@@ -347,48 +362,128 @@ def load_tenseal_vector(ctx: CkksContext, payload: bytes, *, level: str | None =
     return vec
 
 
-def serialize(ctx: CkksContext, vec: ts.CKKSVector) -> bytes:
-    """Envelope a CKKS vector: magic, version, level, context fingerprint, payload, SHA-256."""
+_CODECS: weakref.WeakKeyDictionary[CkksContext, dict[int, CompactCodec]] = weakref.WeakKeyDictionary()
+
+
+def _template(ctx: CkksContext, level: int) -> bytes:
+    """TenSEAL bytes of one ciphertext of ``ctx`` at ``level`` (chain index), made by this library."""
     try:
-        payload = vec.serialize()
+        vec = ts.ckks_vector(ctx.tenseal, [0.0] * ctx.slots)
+        if level == ctx.result_level and level != ctx.fresh_level:
+            vec = ts.CKKSVector._wrap(vec.data.mul_plain([1.0] * ctx.slots))
+        if ctx.level_of(vec) != level:
+            raise CiphertextFormatError(f"cannot make a template ciphertext at level {level}")
+        return vec.serialize()
+    except _tenseal_errors() as exc:
+        raise CiphertextFormatError(f"cannot make a template ciphertext: {exc}") from exc
+
+
+def compact_codec(ctx: CkksContext, level: int) -> CompactCodec:
+    """The :class:`~fedgat.crypto.compact.CompactCodec` of ``ctx``'s ciphertexts at chain index
+    ``level`` (fresh or result), built once per context from a template ciphertext."""
+    if level not in (ctx.fresh_level, ctx.result_level):
+        raise CiphertextFormatError(f"unexpected ciphertext level {level}")
+    codecs = _CODECS.get(ctx)
+    if codecs is None:
+        codecs = _CODECS.setdefault(ctx, {})
+    codec = codecs.get(level)
+    if codec is None:
+        data = ctx.tenseal.seal_context().data
+        context_data = data.first_context_data() if level == ctx.fresh_level else data.last_context_data()
+        if int(context_data.chain_index()) != level:  # pragma: no cover - levels come from the same chain
+            raise CiphertextFormatError(f"no context data at level {level}")
+        codec = codecs[level] = CompactCodec.from_template(
+            _template(ctx, level),
+            poly_modulus_degree=ctx.preset.poly_modulus_degree,
+            primes=tuple(int(m.value()) for m in context_data.parms().coeff_modulus()),
+            parms_id=tuple(int(x) for x in context_data.parms_id()),
+            scale=ctx.scale,
+            slots=ctx.slots,
+        )
+    return codec
+
+
+def envelope_bytes(ctx: CkksContext, level: str) -> int:
+    """Exact size of a :func:`serialize` envelope at ``level`` (``"fresh"`` or ``"result"``):
+    the compact body (the level's floor, :func:`floor_bytes`) plus 74 bytes of header and digest."""
+    if level not in _LEVELS:
+        raise ValueError(f"level must be one of {_LEVELS}")
+    chain = ctx.fresh_level if level == "fresh" else ctx.result_level
+    return _HEADER.size + compact_codec(ctx, chain).body_size() + _DIGEST
+
+
+def serialize(ctx: CkksContext, vec: ts.CKKSVector) -> bytes:
+    """Envelope a CKKS vector: magic, version, level, context fingerprint, the compact ciphertext
+    (:mod:`fedgat.crypto.compact`), SHA-256 of all that."""
+    try:
         level = ctx.level_of(vec)
+        payload = vec.serialize()
     except _tenseal_errors() as exc:
         raise CiphertextFormatError(f"cannot serialise: {exc}") from exc
     return envelope(ctx, payload, level)
 
 
 def envelope(ctx: CkksContext, payload: bytes, level: int) -> bytes:
-    """The envelope of TenSEAL vector bytes ``payload`` at SEAL chain index ``level`` (what
-    :func:`serialize` writes; :class:`fedgat.crypto.evaluator.SealEvaluator` serialises itself)."""
-    body = _HEADER.pack(_MAGIC, _VERSION, level, ctx.fingerprint(), len(payload)) + payload
-    return body + hashlib.sha256(body).digest()
+    """The envelope of TenSEAL vector bytes ``payload`` at SEAL chain index ``level``: what
+    :func:`serialize` writes (:class:`fedgat.crypto.evaluator.SealEvaluator` serialises itself)."""
+    body = compact_codec(ctx, level).compact(payload)
+    head = _HEADER.pack(_MAGIC, _VERSION, level, ctx.fingerprint(), len(body))
+    digest = hashlib.sha256(head)
+    digest.update(body)
+    return b"".join((head, body, digest.digest()))
 
 
-def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> ts.CKKSVector:
-    """Inverse of :func:`serialize`, linked to ``ctx``.
-
-    Raises :class:`CiphertextFormatError` for malformed, truncated or corrupted bytes (digest),
-    wrong parameters, scale or ``level`` (``"fresh"`` for uploads, ``"result"`` for server
-    results) and :class:`KeyMismatchError` when the envelope names another key's fingerprint.
-    """
+def _open(ctx: CkksContext, data: bytes | bytearray | memoryview, *, check_digest: bool) -> tuple[int, bytes]:
+    """Envelope -> (level, fingerprint) after the framing checks (and the digest)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("data must be bytes")
-    data = bytes(data)
     if len(data) < _HEADER.size + _DIGEST:
         raise CiphertextFormatError("ciphertext envelope too short")
     magic, version, lvl, fingerprint, length = _HEADER.unpack_from(data, 0)
     if magic != _MAGIC:
         raise CiphertextFormatError("not a fedgat ciphertext envelope (bad magic)")
     if version != _VERSION:
-        raise CiphertextFormatError(f"unsupported envelope version {version}")
+        raise CiphertextFormatError(f"unsupported envelope version {version} (this is version {_VERSION})")
     if _HEADER.size + length + _DIGEST != len(data):
         raise CiphertextFormatError("envelope length mismatch (truncated or padded)")
-    body, digest = data[:-_DIGEST], data[-_DIGEST:]
-    if hashlib.sha256(body).digest() != digest:
-        raise CiphertextFormatError("envelope digest mismatch (corrupted bytes)")
+    if check_digest:
+        view = memoryview(data)
+        if hashlib.sha256(view[:-_DIGEST]).digest() != view[-_DIGEST:]:
+            raise CiphertextFormatError("envelope digest mismatch (corrupted bytes)")
+    return lvl, fingerprint
+
+
+def tenseal_payload(ctx: CkksContext, data: bytes) -> bytes:
+    """The TenSEAL bytes an envelope's compact body stands for, expanded against ``ctx``'s
+    parameters at the envelope's level. Checks the framing, the body's size and every coefficient
+    against its prime (:class:`CiphertextFormatError`), but NOT the digest nor the key fingerprint:
+    for tools that look at ciphertexts under another key on purpose (attacks, audits)."""
+    lvl, _ = _open(ctx, data, check_digest=False)
+    return compact_codec(ctx, lvl).expand(memoryview(data)[_HEADER.size : len(data) - _DIGEST])
+
+
+def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> ts.CKKSVector:
+    """Inverse of :func:`serialize`, linked to ``ctx``.
+
+    Raises :class:`CiphertextFormatError` for malformed, truncated or corrupted bytes (digest),
+    old envelope versions, wrong parameters, scale or ``level`` (``"fresh"`` for uploads,
+    ``"result"`` for server results), a compact body of the wrong size for its level or a
+    coefficient not below its prime, and :class:`KeyMismatchError` when the envelope names
+    another key's fingerprint.
+    """
+    lvl, fingerprint = _open(ctx, data, check_digest=True)
     if fingerprint != ctx.fingerprint():
         raise KeyMismatchError("ciphertext is bound to another CKKS key (fingerprint mismatch)")
-    vec = load_tenseal_vector(ctx, body[_HEADER.size :], level=level)
+    if lvl not in (ctx.fresh_level, ctx.result_level):
+        raise CiphertextFormatError(f"unexpected ciphertext level {lvl}")
+    if level is not None:
+        if level not in _LEVELS:
+            raise ValueError(f"level must be one of {_LEVELS}")
+        want = ctx.fresh_level if level == "fresh" else ctx.result_level
+        if lvl != want:
+            raise CiphertextFormatError(f"expected a {level} ciphertext (level {want}), got level {lvl}")
+    payload = compact_codec(ctx, lvl).expand(memoryview(data)[_HEADER.size : len(data) - _DIGEST])
+    vec = load_tenseal_vector(ctx, payload, level=level)
     if ctx.level_of(vec) != lvl:
         raise CiphertextFormatError("envelope level does not match the ciphertext")
     return vec
@@ -398,7 +493,9 @@ def load_validated(ctx: CkksContext, data: bytes) -> ts.CKKSVector:
     """Load an envelope that :func:`deserialize` already accepted *in this party* (the server's
     upload spool re-reads each upload many times). Skips the digest and the structural checks, so
     never use it on bytes received from anyone."""
-    return ts.ckks_vector_from(ctx.tenseal, data[_HEADER.size : len(data) - _DIGEST])
+    lvl = data[5]
+    body = memoryview(data)[_HEADER.size : len(data) - _DIGEST]
+    return ts.ckks_vector_from(ctx.tenseal, compact_codec(ctx, lvl).expand(body))
 
 
 # ---------------------------------------------------------------------------- client recipes

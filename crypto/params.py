@@ -28,29 +28,56 @@ max abs error of ``sum_{t<170} c_t h_t`` with ``c, h ~ U[-1, 1]`` per slot, boun
 ===========  =====  ========  =====  =====  ========  =====  =======  =======  =====  ======  =======
 preset       N      bits      log q  enc    mul+resc  dec    fresh B  result   pub    error   bound
 ===========  =====  ========  =====  =====  ========  =====  =======  =======  =====  ======  =======
-n4096        4096   46,37,26  109    0.9    0.55      0.18   103.6K   55.7K    141K   4e-7    1.1e-6
-n8192        8192   60,40,60  160    1.7    1.2       0.37   235.2K   131.3K   363K   1e-7    3.0e-7
-n8192-small  8192   46,37,46  129    1.8    1.1       0.40   208.2K   111.5K   318K   8e-7    2.4e-6
-n16384       16384  60,40,60  160    3.6    2.4       0.75   460K     262.4K   722K   2e-7    6.3e-7
+n4096        4096   46,37,26  109    0.9    0.55      0.18   85.1K    47.2K    141K   4e-7    1.1e-6
+n8192        8192   60,40,60  160    1.7    1.2       0.37   204.9K   123.0K   363K   1e-7    3.0e-7
+n8192-small  8192   46,37,46  129    1.8    1.1       0.40   170.1K   94.3K    318K   8e-7    2.4e-6
+n16384       16384  60,40,60  160    3.6    2.4       0.75   409.7K   245.8K   722K   2e-7    6.3e-7
 ===========  =====  ========  =====  =====  ========  =====  =======  =======  =====  ======  =======
 
 (ct + ct add: 0.01-0.05 ms; public-key encryption instead of symmetric: 1.7 / 3.3 ms at
 N = 4096 / 8192. Values up to |170| in a slot decrypt with the same error.)
 
+Bytes at the floor. A ciphertext is 2 polynomials of N coefficients per RNS prime of its level,
+each uniform below its prime, so its information floor is :meth:`CkksPreset.floor_bytes`
+``= 2 N sum(bits) / 8``: fresh (``q0 q1``) 85.0 KB / result (``q0``) 47.1 KB at ``n4096``. The wire
+form (:mod:`fedgat.crypto.compact`) is exactly that plus a 74-byte envelope (1.001x / 1.002x);
+TenSEAL's own bytes (zstd, which only drops the zero top bytes of each 64-bit word) were
+103.6 / 55.7 KB (1.22x / 1.18x) at ``n4096`` and 235.2 / 131.3 KB (1.15x / 1.07x) at ``n8192``.
+Results are at the lowest level already (one rescale leaves ``q0``); fresh uploads must keep
+``q1`` for the server's rescale, so nothing can be modulus-switched lower before it is sent.
+Per useful slot a result costs 23.0 B at the 46-bit ``q0`` presets and 30.0 B at the 60-bit ones,
+i.e. 5.76x / 7.5x float32 when every slot holds a value (divide by the slot utilisation,
+:func:`fedgat.crypto.measure.floor_report`).
+
+Smallest preset per variant (``fedgat bench presets``, :mod:`fedgat.benchmarks.presets`: the
+encrypted round against its plaintext twin on the same partition and bases, max abs error over
+every decrypted encoding value; synthetic graph of 120 nodes, 32 features, 2 clients, seed 0):
+
+=======  ===========  =======  =======  ===========  =======
+variant  preset       error    moved    preset       error
+=======  ===========  =======  =======  ===========  =======
+vector   **n4096**    9.1e-8   20.5 MB  n8192-small  1.7e-7
+vector   n8192        2.6e-8   51.3 MB  n16384       3.9e-8
+matrix   **n4096**    9.4e-8   20.8 MB  n8192-small  2.0e-7
+matrix   n8192        2.0e-8   51.5 MB  n16384       5.4e-8
+=======  ===========  =======  =======  ===========  =======
+
+Every preset meets 1e-5 for both variants with >= 50x margin there, and ``n4096`` moves the fewest
+bytes (n8192-small 41 MB, n16384 102 MB), so it is the smallest for both. (Encoding values on that
+graph stay below 1.1; on Cora they reach the hundreds, where the measured ``|value| = 170``
+column above still gives 4e-7.) Smaller parameters are not among the accepted presets: N = 2048
+allows 54 bits of modulus in all, too few for a scale of ~2**34 plus headroom.
+
 * ``n4096`` is the cheapest preset that meets the 1e-5 target (>= 10x measured margin): the
-  smallest ring that holds three primes of useful size (N=2048 allows 54 bits in total, not
-  enough for scale >= 2**34 plus headroom), the fewest RNS limbs, the smallest ciphertexts and,
-  because the rotation-free packing replicates each node's features across the slots
-  (:mod:`fedgat.crypto.packing`), the smallest upload per node. Its special prime is small
+  smallest ring that holds three primes of useful size, the fewest RNS limbs, the smallest
+  ciphertexts and, because the rotation-free packing replicates each node's features across the
+  slots (:mod:`fedgat.crypto.packing`), the smallest upload per node. Its special prime is small
   (26 bits): fine because the server never key-switches (no relinearisation, no rotation); do not
   use it with relinearisation or Galois keys.
-* ``n8192-small`` shows what a small remaining modulus buys for downloads: SEAL compresses
-  serialised ciphertexts with zstd, so a 46-bit ``q0`` instead of 60 bits shrinks a result
-  ciphertext from 131.2 KB to 111.4 KB (-15 %), not the ideal 46/64 (-28 %), because zstd only
-  removes the two always-zero top bytes per 64-bit word. Going lower costs precision: ``q0`` must
+* ``n8192-small`` shows what a small remaining modulus buys for downloads: with the compact wire
+  form bytes scale exactly with the bits, so a 46-bit ``q0`` instead of 60 bits shrinks a result
+  ciphertext by 46/60 (123.0 KB -> 94.3 KB, -23 %). Going lower costs precision: ``q0`` must
   hold ``scale * max|value|`` and the scale must stay >= ~2**35 for 1e-5 over 170 terms.
-* All sizes are per ciphertext; what matters for traffic is bytes per *useful slot*
-  (27 B for ``n4096`` / ``n8192-small`` results, 32 B for the 60-bit presets).
 """
 
 from __future__ import annotations
@@ -62,6 +89,7 @@ from .errors import PresetError
 
 __all__ = [
     "DEFAULT_PRESET",
+    "ENVELOPE_OVERHEAD_BYTES",
     "HE_STANDARD_MAX_LOG_Q_128",
     "PRESETS",
     "CkksPreset",
@@ -72,6 +100,10 @@ __all__ = [
 #: Max ``log2(q)`` (total coefficient modulus incl. the special prime) for 128-bit security,
 #: HomomorphicEncryption.org standard, classical attacks, ternary (uniform {-1,0,1}) secret.
 HE_STANDARD_MAX_LOG_Q_128: dict[int, int] = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+
+#: bytes of the ciphertext envelope around the compact form (:func:`fedgat.crypto.packing.serialize`):
+#: magic, version, level, key fingerprint, length (42) and SHA-256 (32)
+ENVELOPE_OVERHEAD_BYTES = 74
 
 _MAX_PRIME_BITS = 60  # SEAL limit per prime
 _MIN_PRIME_BITS = 20
@@ -147,6 +179,25 @@ class CkksPreset:
     def security_bits(self) -> int:
         """Claimed classical security level (construction guarantees the 128-bit bound)."""
         return 128
+
+    def level_bits(self, level: str) -> tuple[int, ...]:
+        """Bits of the RNS primes a ciphertext at ``level`` holds: ``(q0, q1)`` fresh (the server's
+        multiply + rescale needs both), ``(q0,)`` for a result (the lowest level)."""
+        if level == "fresh":
+            return self.coeff_mod_bit_sizes[:2]
+        if level == "result":
+            return self.coeff_mod_bit_sizes[:1]
+        raise ValueError(f"level must be 'fresh' or 'result', got {level!r}")
+
+    def floor_bytes(self, level: str) -> int:
+        """Information floor of a ciphertext at ``level``: ``2 N sum(bits of its primes) / 8`` bytes
+        (two polynomials, every coefficient uniform below its prime). The compact wire form
+        (:mod:`fedgat.crypto.compact`) is exactly this."""
+        return 2 * self.poly_modulus_degree * sum(self.level_bits(level)) // 8
+
+    def wire_bytes(self, level: str) -> int:
+        """Bytes of one enveloped ciphertext at ``level`` on the wire: the floor plus the envelope."""
+        return self.floor_bytes(level) + ENVELOPE_OVERHEAD_BYTES
 
     @property
     def max_abs_value(self) -> float:

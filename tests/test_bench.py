@@ -83,9 +83,34 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     assert bound["serialise_seconds"] == pytest.approx(enc["result_ciphertexts"] * costs["save"])
     assert bound["seconds_per_multiply_add"] > 0 and bound["seconds_per_multiply_add_one_core_alone"] > 0
     assert 0 < data["slot_utilisation"]["nominal"] <= 1
+    # bytes at the floor: the ciphertexts moved are their floors plus the 74-byte envelope each
+    mp, ratios = data["measured_preset"], data["ratios"]
+    assert (
+        mp["fresh_bytes"] == mp["fresh_floor_bytes"] + 74
+        and mp["result_bytes"] == mp["result_floor_bytes"] + 74
+    )
+    assert mp["tenseal_result_bytes"] > 1.1 * mp["result_floor_bytes"]  # what TenSEAL's own bytes would cost
+    up, down = enc["ciphertexts_up"], enc["ciphertexts_down"]
+    floors = up * mp["fresh_floor_bytes"] + down * mp["result_floor_bytes"]
+    assert enc["ciphertext_floor_bytes"] == floors
+    assert enc["ciphertext_bytes"] == up * mp["fresh_bytes"] + down * mp["result_bytes"]
+    assert math.isclose(ratios["bytes_vs_floor"], enc["ciphertext_bytes"] / floors)
+    assert 1 < ratios["bytes_vs_floor"] <= 1.01
+    assert ratios["frame_bytes_vs_floor"] > ratios["bytes_vs_floor"]  # frames carry more than ciphertexts
+    # per useful slot the unused slots count: uploads at the nominal use, results at the measured one
+    slots = 2048  # n4096
+    useful = slots * (up * enc["slot_utilisation"] + down * enc["result_slot_utilisation"])
+    per_slot_floor = floors / (slots * (up + down))
+    assert math.isclose(
+        ratios["bytes_per_useful_slot_vs_floor"], enc["ciphertext_bytes"] / useful / per_slot_floor
+    )
+    assert ratios["bytes_per_useful_slot_vs_floor"] > ratios["bytes_vs_floor"]
+    assert math.isclose(ratios["bytes_per_useful_slot_vs_float32"], enc["bytes_per_useful_slot"] / 4)
+    printed = capsys.readouterr().out
+    assert "op bound" in printed and "their floor" in printed
     assert (out / "overhead.md").read_text().count("FedGraph") == 1
     assert (out / "overhead.png").stat().st_size > 0
-    assert "op bound" in capsys.readouterr().out
+    assert "vs their floor" in (out / "overhead.md").read_text()
 
 
 def test_bench_overhead_critical_path_of_a_deployment(tmp_path, capsys):
@@ -298,3 +323,23 @@ def test_bench_overhead_with_a_graph_file_and_owners(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "fedgat-results" / "overhead.json").read_text())
     assert data["clients"] == 4  # from the owners file
     assert data["encrypted"]["bytes_up"] > 0 and 0 < data["encrypted"]["max_abs_error"] < 1e-5
+
+
+def test_bench_presets_picks_the_smallest_preset_meeting_the_target(tmp_path, capsys):
+    """Each preset's error on real encodings of a tiny graph against plaintext, per variant; the smallest
+    (fewest bytes moved) preset within the target is picked, and none when the target is out of reach."""
+    argv = ["bench", "presets", "--nodes", "40", "--variants", "vector", "--presets", "n4096", "n8192-small"]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "presets.json").read_text())
+    rows = data["variants"]["vector"]["presets"]
+    assert set(rows) == {"n4096", "n8192-small"}
+    for r in rows.values():
+        assert 0 < r["max_abs_error"] <= 1e-5 and r["max_abs_value"] > 0
+        assert r["result_bytes"] == r["result_floor_bytes"] + 74
+    assert rows["n4096"]["bytes_moved"] < rows["n8192-small"]["bytes_moved"]
+    assert data["variants"]["vector"]["smallest"] == "n4096"
+    assert "smallest preset meeting the target: n4096" in capsys.readouterr().out
+    # a target below every error: nothing qualifies
+    bench = load_benchmark("presets")
+    tight = bench.preset_errors(nodes=40, variants=["vector"], presets=["n4096"], target=1e-12)
+    assert tight["variants"]["vector"]["smallest"] is None

@@ -79,8 +79,8 @@ def estimate_pretraining(
         server_seconds = grow * (
             mads / layout.chunks * 0.37e-3 + mads * (0.135e-3 + 0.035e-3) + down_cts * 0.31e-3
         )
-    result_bytes = {4096: 55.7e3, 8192: 131.3e3, 16384: 262.4e3}.get(p.poly_modulus_degree, 1e5)
-    fresh_bytes = {4096: 103.6e3, 8192: 235.2e3, 16384: 460e3}.get(p.poly_modulus_degree, 2e5)
+    # exact: the compact wire form is each level's floor plus the envelope (fedgat.crypto.compact)
+    result_bytes, fresh_bytes = p.wire_bytes("result"), p.wire_bytes("fresh")
     # the clients' own CKKS work on one core: encrypt + serialise each upload, decrypt each result
     # (README and NOTES: 2.7 / 0.31 ms at n4096, 3.4 / 0.4 ms at n8192, 7.6 / 0.8 ms at n16384)
     encrypt_s = {4096: 2.7e-3, 8192: 3.4e-3, 16384: 7.6e-3}.get(p.poly_modulus_degree, 4e-3)

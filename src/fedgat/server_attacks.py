@@ -30,7 +30,6 @@ payoff comes later through training, that reached an honest client's training in
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +43,7 @@ from fedgat.app import PretrainParties, bases_rng, build_pretrain_parties, cross
 from fedgat.crypto import KeyHolderContext, SlotLayout, deserialize, encrypt_rows, serialize
 from fedgat.crypto.encoders import local_encoder
 from fedgat.crypto.encodings import ShareBucket
+from fedgat.crypto.packing import tenseal_payload
 from fedgat.crypto.tasks import NodeResult, encode_node
 from fedgat.graph import Graph
 from fedgat.partition import Partition
@@ -97,10 +97,6 @@ FORGERIES = {
     "chosen_plaintext": "injected_ciphertexts",
     "foreign_key": "injected_ciphertexts",
 }
-
-# the documented ciphertext envelope (fedgat.crypto.serialize): magic, version, level, key fingerprint,
-# payload length; an attacker reads the payload and ignores the rest
-_ENVELOPE = struct.Struct(">4sBB32sI")
 
 
 @dataclass
@@ -172,18 +168,14 @@ def raw_decrypt(holder: KeyHolderContext, blob: bytes) -> np.ndarray | None:
     loaded against the holder's context and decrypted with its secret key (None: it does not load).
     A ciphertext under another key with the same parameters loads and decrypts to garbage."""
     try:
-        length = _ENVELOPE.unpack_from(blob, 0)[4]
-        payload = bytes(blob[_ENVELOPE.size : _ENVELOPE.size + length])
-        return holder.decrypt_vector(ts.ckks_vector_from(holder.tenseal, payload))
+        return holder.decrypt_vector(ts.ckks_vector_from(holder.tenseal, tenseal_payload(holder, blob)))
     except Exception:  # noqa: BLE001 - whatever does not load yields nothing to the attacker
         return None
 
 
 def _reenvelope(ctx: Any, blob: bytes) -> bytes:
     """A ciphertext's payload under another context's envelope (that context's key fingerprint)."""
-    length = _ENVELOPE.unpack_from(blob, 0)[4]
-    payload = bytes(blob[_ENVELOPE.size : _ENVELOPE.size + length])
-    return serialize(ctx, ts.ckks_vector_from(ctx.tenseal, payload))
+    return serialize(ctx, ts.ckks_vector_from(ctx.tenseal, tenseal_payload(ctx, blob)))
 
 
 def _build(

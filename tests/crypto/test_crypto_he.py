@@ -103,6 +103,32 @@ def test_measure_preset(name: str, record_property) -> None:
     assert r["max_error_sum"] <= TARGET and r["max_error_extreme"] <= TARGET
     assert r["max_error_sum"] <= r["error_bound"]
     assert r["result_bytes"] < r["fresh_bytes"]
+    # at the floor: the compact form plus the 74-byte envelope, well under TenSEAL's own bytes
+    preset = PRESETS[name]
+    for level in ("fresh", "result"):
+        assert r[f"{level}_floor_bytes"] == preset.floor_bytes(level)
+        assert r[f"{level}_bytes"] == preset.wire_bytes(level) == preset.floor_bytes(level) + 74
+        assert 1 < r[f"{level}_vs_floor"] <= 1.01
+        assert r[f"tenseal_{level}_bytes"] > 1.05 * r[f"{level}_bytes"]
+
+
+def test_floor_report_charges_unused_slots() -> None:
+    from fedgat.crypto.measure import floor_report
+
+    p = PRESETS["n4096"]
+    assert p.floor_bytes("fresh") == 2 * 4096 * (46 + 37) // 8 == 84_992
+    assert p.floor_bytes("result") == 2 * 4096 * 46 // 8 == 47_104
+    full = floor_report(p, 85_066, 47_178)
+    half = floor_report(p, 85_066, 47_178, utilisation=0.5)
+    assert full["result_vs_floor"] == half["result_vs_floor"] == 47_178 / 47_104
+    assert full["result_per_useful_slot_vs_floor"] == full["result_vs_floor"]
+    assert half["result_per_useful_slot_vs_floor"] == 2 * full["result_vs_floor"]
+    assert half["result_bytes_per_useful_slot"] == 47_178 / 1024
+    assert half["result_per_useful_slot_vs_float32"] == 47_178 / 1024 / 4
+    with pytest.raises(ValueError):
+        floor_report(p, 1, 1, utilisation=0)
+    with pytest.raises(ValueError):
+        p.floor_bytes("other")
 
 
 def test_multiply_add_cost_alone_and_with_every_process_busy() -> None:

@@ -54,7 +54,7 @@ def test_large_dimension_needs_chunks() -> None:
 
 def test_traffic_choice() -> None:
     # Cora vector encodings at n4096: few output rows per node -> c = 1 moves fewer bytes
-    kw = {"fresh_bytes": 103_700, "result_bytes": 55_700}
+    kw = {"fresh_bytes": 85_066, "result_bytes": 47_178}
     vec = SlotLayout.for_traffic(1433, 2048, n_inputs=2708, n_outputs=26_528, **kw)
     assert vec.chunks == 1
     mat = SlotLayout.for_traffic(1433, 2048, n_inputs=2708, n_outputs=556_000, **kw)

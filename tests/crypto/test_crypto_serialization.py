@@ -33,15 +33,22 @@ def blobs(holder, server):
     return x, fresh, result
 
 
+@pytest.fixture(scope="module")
+def raw_fresh(holder) -> bytes:
+    """TenSEAL's own bytes of a fresh ciphertext (protobuf around a zstd-compressed SEAL stream):
+    what ``load_tenseal_vector`` reads; the envelope carries the compact form instead."""
+    return holder.encrypt_vector(np.linspace(-1, 1, holder.slots)).serialize()
+
+
 def _reseal(body: bytes) -> bytes:
     """Recompute the envelope digest (what a forger -- or a buggy relay -- can do)."""
     return body + hashlib.sha256(body).digest()
 
 
-def _envelope(fingerprint: bytes, level: int, payload: bytes) -> bytes:
+def _envelope(fingerprint: bytes, level: int, payload: bytes, version: int = 2) -> bytes:
     import struct
 
-    return _reseal(struct.pack(">4sBB32sI", b"FGCT", 1, level, fingerprint, len(payload)) + payload)
+    return _reseal(struct.pack(">4sBB32sI", b"FGCT", version, level, fingerprint, len(payload)) + payload)
 
 
 def test_roundtrip_and_levels(holder, server, blobs) -> None:
@@ -64,23 +71,29 @@ def test_random_bytes(server, data: bytes) -> None:
 
 
 def test_random_bytes_with_valid_header(server, blobs) -> None:
+    """A body of any other size than the level's compact size is refused. One of exactly that size
+    is a ciphertext: the compact form has no redundancy (every coefficient is uniform below its
+    prime, and the primes are within 2**-19 of a power of two), so random bytes under a recomputed
+    digest load and decrypt to garbage, like a ciphertext under another key; only the digest (for
+    accident) and the message signature (for forgery) stand between them and the receiver."""
     rng = np.random.default_rng(0)
-    for n in (0, 10, 1000, len(blobs[1]) - _HEADER - 32):
+    size = len(blobs[1]) - _HEADER - 32
+    for n in (0, 10, 1000, size - 1, size + 1, len(blobs[2]) - _HEADER - 32):
         data = _envelope(server.fingerprint(), server.fresh_level, rng.bytes(n))
         with pytest.raises(CiphertextFormatError):
             deserialize(server, data)
+    deserialize(server, _envelope(server.fingerprint(), server.fresh_level, rng.bytes(size)), level="fresh")
 
 
-def test_truncated(server, blobs) -> None:
+def test_truncated(server, blobs, raw_fresh) -> None:
     _, fresh, result = blobs
     for blob in (fresh, result):
         for n in (0, 1, 4, _HEADER - 1, _HEADER, _HEADER + 10, len(blob) // 2, len(blob) - 33, len(blob) - 1):
             with pytest.raises(CiphertextFormatError):
                 deserialize(server, blob[:n])
-        payload = blob[_HEADER:-32]
-        for n in (0, 1, 3, 50, len(payload) // 2, len(payload) - 1):
-            with pytest.raises(CiphertextFormatError):
-                load_tenseal_vector(server, payload[:n])
+    for n in (0, 1, 3, 50, len(raw_fresh) // 2, len(raw_fresh) - 1):
+        with pytest.raises(CiphertextFormatError):
+            load_tenseal_vector(server, raw_fresh[:n])
 
 
 def test_flipped_byte_anywhere(server, blobs) -> None:
@@ -96,14 +109,13 @@ def test_flipped_byte_anywhere(server, blobs) -> None:
             deserialize(server, bytes(bad))
 
 
-def test_flipped_byte_raw_tenseal_documented(server, blobs) -> None:
+def test_flipped_byte_raw_tenseal_documented(server, raw_fresh) -> None:
     """Without the envelope digest, TenSEAL/SEAL load most coefficient flips silently.
 
     Documented behaviour (tenseal 0.3.18): the typed loader raises CiphertextFormatError for
     header/structure damage and never anything else, but a flip inside the zstd-compressed
     coefficients often still loads. This is why `deserialize` checks a digest."""
-    _, fresh, _ = blobs
-    payload = fresh[_HEADER:-32]
+    payload = raw_fresh
     rng = np.random.default_rng(2)
     loaded = rejected = 0
     for pos in rng.integers(0, len(payload), 200):
@@ -124,11 +136,10 @@ def test_other_parameters(server, holder, blobs) -> None:
     blob = serialize(other, other.encrypt_vector(np.zeros(other.slots)))
     with pytest.raises(KeyMismatchError):  # honest envelope: fingerprint differs
         deserialize(server, blob)
-    payload = blob[_HEADER:-32]
     with pytest.raises(CiphertextFormatError):  # raw TenSEAL bytes of other parameters
-        load_tenseal_vector(server, payload)
-    forged = _envelope(server.fingerprint(), server.fresh_level, payload)
-    with pytest.raises(CiphertextFormatError):  # forged fingerprint: structure checks still catch it
+        load_tenseal_vector(server, other.encrypt_vector(np.zeros(other.slots)).serialize())
+    forged = _envelope(server.fingerprint(), server.fresh_level, blob[_HEADER:-32])
+    with pytest.raises(CiphertextFormatError):  # forged fingerprint: the compact size is N's and the limbs'
         deserialize(server, forged)
 
 
@@ -140,20 +151,21 @@ def test_other_key_same_parameters_is_silent_at_tenseal_level(holder, other_hold
     foreign = serialize(other_holder, other_holder.encrypt_vector(x))
     with pytest.raises(KeyMismatchError):
         deserialize(holder, foreign)
-    payload = foreign[_HEADER:-32]
-    vec = load_tenseal_vector(holder, payload)  # loads silently
+    vec = load_tenseal_vector(holder, other_holder.encrypt_vector(x).serialize())  # loads silently
     garbage = holder.decrypt_vector(vec)
     assert np.max(np.abs(garbage - x)) > 1e3
-    forged = _envelope(holder.fingerprint(), holder.fresh_level, payload)
+    forged = _envelope(holder.fingerprint(), holder.fresh_level, foreign[_HEADER:-32])
     assert np.max(np.abs(holder.decrypt_vector(deserialize(holder, forged)) - x)) > 1e3
 
 
-def test_tampered_proto_fields_rejected(server, blobs) -> None:
-    """Fields TenSEAL trusts blindly (sizes > slots reads past the data; other scales) are refused."""
+def test_tampered_proto_fields_rejected(server, raw_fresh) -> None:
+    """Fields TenSEAL trusts blindly (sizes > slots reads past the data; other scales) are refused
+    by the raw loader; the envelope no longer carries them (the receiver rebuilds them from its
+    context), and an envelope of version 1 (TenSEAL's bytes as the payload) is refused whatever
+    it holds."""
     from fedgat.crypto import wire
 
-    _, fresh, _ = blobs
-    payload = fresh[_HEADER:-32]
+    payload = raw_fresh
     fields = wire.parse_fields(payload)
 
     def rebuild(fields) -> bytes:
@@ -183,6 +195,9 @@ def test_tampered_proto_fields_rejected(server, blobs) -> None:
             load_tenseal_vector(server, rebuild(variant))
         with pytest.raises(CiphertextFormatError):
             deserialize(server, _envelope(server.fingerprint(), server.fresh_level, rebuild(variant)))
+    load_tenseal_vector(server, payload)
+    with pytest.raises(CiphertextFormatError, match="version 1"):  # the old envelope, valid bytes inside
+        deserialize(server, _envelope(server.fingerprint(), server.fresh_level, payload, version=1))
 
 
 def test_errors_are_crypto_errors() -> None:

@@ -9,6 +9,7 @@
     fedgat bench train --dataset cora --device auto         # FedGAT vs PyG GAT, seconds per epoch
     fedgat bench accuracy --seeds 3 --sections table        # options: fedgat bench accuracy --help
     fedgat bench scale --quick                              # in-process vs Ray
+    fedgat bench presets --nodes 120                        # smallest CKKS preset per variant
 
 ``overhead`` runs the pre-training round plaintext and encrypted on the same partition and bases and
 reports per phase wall/CPU seconds, memory, bytes, ciphertexts, slot use, the numerical error, the
@@ -48,7 +49,7 @@ from fedgat.cli_engine import (
 )
 
 NAME = "bench"
-HELP = "benchmarks: overhead (encrypted vs plaintext pre-training), layer, train, accuracy, scale"
+HELP = "benchmarks: overhead (encrypted vs plaintext pre-training), layer, train, accuracy, scale, presets"
 
 #: where results go unless ``--out`` says otherwise (relative to the working directory)
 DEFAULT_OUT = Path("fedgat-results")
@@ -59,8 +60,9 @@ MODULES = {
     "train": "train_speed",
     "accuracy": "accuracy",
     "scale": "scale",
+    "presets": "presets",
 }
-_PASSTHROUGH = ("train", "accuracy", "scale")
+_PASSTHROUGH = ("train", "accuracy", "scale", "presets")
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -175,6 +177,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "train": "FedGAT vs PyG GAT, training seconds per epoch on one device",
         "accuracy": "the accuracy experiments (Table 1, client and degree sweeps, communication)",
         "scale": "scale-out: in-process vs Ray, time and memory per client",
+        "presets": "each CKKS preset's decryption error per variant, and the smallest meeting 1e-5",
     }
     for name in _PASSTHROUGH:
         # the benchmark's own parser reads every other option (and -h/--help)
