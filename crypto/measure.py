@@ -226,12 +226,13 @@ def evaluator_op_seconds(
     preset: str | CkksPreset, terms: int = 32, repeats: int = 7, seed: int = 0, _barrier=None
 ) -> dict[str, float]:
     """Seconds per SEAL operation of :class:`~fedgat.crypto.evaluator.SealEvaluator` (``encode``,
-    ``multiply``, ``add``, ``rescale``; and ``save``, the serialisation of a result, which the
-    op-count bound leaves out): medians over ``repeats`` of ``terms`` operations each, on
+    ``multiply``, ``add``, ``rescale``; and ``save``, a result's serialisation into its envelope, which
+    the op-count bound leaves out): medians over ``repeats`` of ``terms`` operations each, on
     deserialised fresh ciphertexts, each operation timed in a loop of its own."""
     from tenseal import sealapi
 
     from .evaluator import SealEvaluator
+    from .packing import envelope
 
     holder = KeyHolderContext.generate(preset)
     server = ServerContext.from_bytes(holder.public_context_bytes())
@@ -268,7 +269,7 @@ def evaluator_op_seconds(
 
     def save() -> None:
         for prod in products:
-            ev.payload(prod)
+            envelope(server, ev.payload(prod), server.result_level)
 
     counts = {"encode": terms, "multiply": terms, "add": terms - 1, "rescale": terms, "save": terms}
     times: dict[str, list[float]] = {k: [] for k in counts}
