@@ -167,6 +167,7 @@ def test_audit_server_report(graph):
 
 
 @pytest.mark.slow
+@pytest.mark.full_size
 def test_cora_pretraining_attacks_are_refused_or_recover_nothing(cora):
     """Cora, 10 clients, vector variant: the pre-training attacks at full size (tens of minutes)."""
     part = make_partition(cora, 10, beta=1.0, seed=0)
