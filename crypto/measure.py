@@ -305,22 +305,27 @@ def _busy_ops_task(preset: str, terms: int, repeats: int, seed: int) -> dict[str
     return evaluator_op_seconds(preset, terms, repeats, seed, _barrier=_BARRIER)
 
 
+def _busy(task, single, preset: str, processes: int, terms: int, repeats: int, seed: int) -> list:
+    """``task(preset, terms, repeats, seed + k)`` in ``processes`` spawned processes that set up,
+    meet at a barrier, then time (``single`` in this process when there is one)."""
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    if processes == 1:
+        return [single(preset, terms, repeats, seed)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    # each process blocks at the barrier inside its only task, so no process can take two tasks
+    with ctx.Pool(processes, initializer=_init_busy, initargs=(barrier,)) as pool:
+        return pool.starmap(task, [(preset, terms, repeats, seed + k) for k in range(processes)], chunksize=1)
+
+
 def evaluator_op_seconds_busy(
     preset: str, processes: int, terms: int = 32, repeats: int = 15, seed: int = 0
 ) -> list[dict[str, float]]:
     """:func:`evaluator_op_seconds` in ``processes`` processes at the same time (as
     :func:`multiply_add_seconds_busy`): the per-operation costs when every core the server uses
     is busy. One dict per process."""
-    if processes < 1:
-        raise ValueError("processes must be >= 1")
-    if processes == 1:
-        return [evaluator_op_seconds(preset, terms, repeats, seed)]
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(processes)
-    with ctx.Pool(processes, initializer=_init_busy, initargs=(barrier,)) as pool:
-        return pool.starmap(
-            _busy_ops_task, [(preset, terms, repeats, seed + k) for k in range(processes)], chunksize=1
-        )
+    return _busy(_busy_ops_task, evaluator_op_seconds, preset, processes, terms, repeats, seed)
 
 
 def multiply_add_seconds_busy(
@@ -331,17 +336,7 @@ def multiply_add_seconds_busy(
     uses is busy with them. Cores that share caches, memory bandwidth or a physical core (vCPUs)
     are slower together than alone, and a lower bound for ``p`` busy cores must use this cost.
     Returns one cost per process."""
-    if processes < 1:
-        raise ValueError("processes must be >= 1")
-    if processes == 1:
-        return [multiply_add_seconds(preset, terms, repeats, seed)]
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(processes)
-    # each process blocks at the barrier inside its only task, so no process can take two tasks
-    with ctx.Pool(processes, initializer=_init_busy, initargs=(barrier,)) as pool:
-        return pool.starmap(
-            _busy_task, [(preset, terms, repeats, seed + k) for k in range(processes)], chunksize=1
-        )
+    return _busy(_busy_task, multiply_add_seconds, preset, processes, terms, repeats, seed)
 
 
 if __name__ == "__main__":  # python -m fedgat.crypto.measure
