@@ -573,13 +573,7 @@ def run_overhead(
     # slower per op than one alone, so the bound takes the op's cost measured that way
     busy = evaluator_op_seconds_busy(preset, used, repeats=max(60, 12 * measure_repeats))
     op_costs = {k: float(np.mean([b[k] for b in busy])) for k in busy[0]}
-    chunks = max(1, layout.chunks)
-    ops = OpCounts(  # every encoding serves all chunks; one rescale per result ciphertext
-        encodes=pre.multiply_adds // chunks,
-        multiplies=pre.multiply_adds,
-        additions=pre.multiply_adds - pre.result_ciphertexts,
-        rescales=pre.result_ciphertexts,
-    )
+    ops = OpCounts.of_round(pre.multiply_adds, pre.result_ciphertexts, max(1, layout.chunks))
     server_ops_s = ops.seconds(op_costs)
     bound = {
         "op_counts": dataclasses.asdict(ops),

@@ -53,7 +53,7 @@ def floors(nodes: int, clients: int, cores: list[int], costs: dict, link_gbps: f
     partition = make_partition(graph, clients, beta=1e4, seed=seed, num_layers=2)
     est = estimate_pretraining(partition, "vector", graph.num_features)
     chunks, mads, results = est["layout_chunks"], est["multiply_adds"], est["result_ciphertexts_down"]
-    ops = OpCounts(encodes=mads // chunks, multiplies=mads, additions=mads - results, rescales=results)
+    ops = OpCounts.of_round(mads, results, chunks)
     server_s = ops.seconds(costs)
     encryptions = est["rows_released"] * chunks
     client_s = (encryptions * costs["encrypt"] + results * costs["decrypt"]) / clients

@@ -42,8 +42,7 @@ import tenseal as ts
 from tenseal import sealapi
 
 from .context import CkksContext
-from .errors import CiphertextFormatError
-from .packing import SlotLayout, envelope
+from .packing import SlotLayout, check_linear_map, envelope
 
 __all__ = ["OpCounts", "SealEvaluator", "evaluator_for"]
 
@@ -73,6 +72,17 @@ class OpCounts:
             + self.multiplies * costs["multiply"]
             + self.additions * costs["add"]
             + self.rescales * costs["rescale"]
+        )
+
+    @staticmethod
+    def of_round(multiply_adds: int, results: int, chunks: int) -> OpCounts:
+        """The operations of a round of ``multiply_adds`` over ``chunks`` chunks into ``results``
+        result ciphertexts: every encoding serves all chunks, one rescale per result."""
+        return OpCounts(
+            encodes=multiply_adds // chunks,
+            multiplies=multiply_adds,
+            additions=multiply_adds - results,
+            rescales=results,
         )
 
     @staticmethod
@@ -182,20 +192,8 @@ class SealEvaluator:
         A group whose coefficients are all zero has nothing to encrypt: ``ValueError`` (as there).
         """
         ctx = self.ctx
-        q = np.asarray(q, dtype=np.float64)
-        if q.ndim != 2 or q.shape[1] != len(sources):
-            raise ValueError(f"Q must have shape (m, {len(sources)})")
-        if layout.slots != ctx.slots:
-            raise ValueError("layout and context disagree on the slot count")
-        if not np.all(np.isfinite(q)):
-            raise ValueError("coefficients must be finite")
-        raw = []
-        for j, chunks in enumerate(sources):
-            if len(chunks) != layout.chunks:
-                raise ValueError(f"source {j} has {len(chunks)} chunks, layout needs {layout.chunks}")
-            if any(ctx.level_of(ct) != ctx.fresh_level for ct in chunks):
-                raise CiphertextFormatError("linear_map needs fresh (not yet multiplied) ciphertexts")
-            raw.append([ct.data.ciphertext()[0] for ct in chunks])
+        q = check_linear_map(ctx, layout, sources, q, name="linear_map")
+        raw = [[ct.data.ciphertext()[0] for ct in chunks] for chunks in sources]
         ev, k, seal = self._evaluator, layout.blocks, self._seal
         plain, product = sealapi.Plaintext(), sealapi.Ciphertext(seal)
         out: list[bytes] = []

@@ -104,6 +104,7 @@ from .params import ENVELOPE_OVERHEAD_BYTES
 
 __all__ = [
     "SlotLayout",
+    "check_linear_map",
     "decrypt_rows",
     "deserialize",
     "encrypt_rows",
@@ -350,7 +351,12 @@ def load_tenseal_vector(ctx: CkksContext, payload: bytes, *, level: str | None =
         raise CiphertextFormatError("SEAL ciphertext must have 2 non-zero NTT-form polynomials")
     if ct.scale != ctx.scale:
         raise CiphertextFormatError(f"ciphertext scale {ct.scale!r} is not the context scale")
-    got = ctx.level_of(vec)
+    _check_level(ctx, ctx.level_of(vec), level)
+    return vec
+
+
+def _check_level(ctx: CkksContext, got: int, level: str | None) -> None:
+    """``got`` (a SEAL chain index) is the fresh or the result level, and ``level``'s if given."""
     if got not in (ctx.fresh_level, ctx.result_level):
         raise CiphertextFormatError(f"unexpected ciphertext level {got}")
     if level is not None:
@@ -359,7 +365,6 @@ def load_tenseal_vector(ctx: CkksContext, payload: bytes, *, level: str | None =
         want = ctx.fresh_level if level == "fresh" else ctx.result_level
         if got != want:
             raise CiphertextFormatError(f"expected a {level} ciphertext (level {want}), got level {got}")
-    return vec
 
 
 _CODECS: weakref.WeakKeyDictionary[CkksContext, dict[int, CompactCodec]] = weakref.WeakKeyDictionary()
@@ -474,14 +479,7 @@ def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> t
     lvl, fingerprint = _open(ctx, data, check_digest=True)
     if fingerprint != ctx.fingerprint():
         raise KeyMismatchError("ciphertext is bound to another CKKS key (fingerprint mismatch)")
-    if lvl not in (ctx.fresh_level, ctx.result_level):
-        raise CiphertextFormatError(f"unexpected ciphertext level {lvl}")
-    if level is not None:
-        if level not in _LEVELS:
-            raise ValueError(f"level must be one of {_LEVELS}")
-        want = ctx.fresh_level if level == "fresh" else ctx.result_level
-        if lvl != want:
-            raise CiphertextFormatError(f"expected a {level} ciphertext (level {want}), got level {lvl}")
+    _check_level(ctx, lvl, level)
     payload = compact_codec(ctx, lvl).expand(memoryview(data)[_HEADER.size : len(data) - _DIGEST])
     vec = load_tenseal_vector(ctx, payload, level=level)
     if ctx.level_of(vec) != lvl:
@@ -576,6 +574,32 @@ def linear_combination(
     return ts.CKKSVector._wrap(acc)
 
 
+def check_linear_map(
+    ctx: CkksContext,
+    layout: SlotLayout,
+    sources: Sequence[Sequence[ts.CKKSVector]],
+    q: np.ndarray,
+    *,
+    name: str,
+) -> np.ndarray:
+    """The checks of an encrypted ``Q @ H`` (:func:`linear_map_rows`,
+    :meth:`fedgat.crypto.evaluator.SealEvaluator.linear_map`), each source's level once rather than
+    once per result group; returns ``Q`` as float64."""
+    q = np.asarray(q, dtype=np.float64)
+    if q.ndim != 2 or q.shape[1] != len(sources):
+        raise ValueError(f"Q must have shape (m, {len(sources)})")
+    if layout.slots != ctx.slots:
+        raise ValueError("layout and context disagree on the slot count")
+    if not np.all(np.isfinite(q)):
+        raise ValueError("coefficients must be finite")
+    for j, chunks in enumerate(sources):
+        if len(chunks) != layout.chunks:
+            raise ValueError(f"source {j} has {len(chunks)} chunks, layout needs {layout.chunks}")
+        if any(ctx.level_of(ct) != ctx.fresh_level for ct in chunks):
+            raise CiphertextFormatError(f"{name} needs fresh (not yet multiplied) ciphertexts")
+    return q
+
+
 def linear_map_rows(
     ctx: CkksContext, layout: SlotLayout, sources: Sequence[Sequence[ts.CKKSVector]], q: np.ndarray
 ) -> list[ts.CKKSVector]:
@@ -586,17 +610,7 @@ def linear_map_rows(
     ``decrypt_rows(..., m, layout, kind="result")``. Sources whose coefficients are all zero in a
     group are skipped, so cost = sum over groups and chunks of the sources used by that group.
     """
-    q = np.asarray(q, dtype=np.float64)
-    if q.ndim != 2 or q.shape[1] != len(sources):
-        raise ValueError(f"Q must have shape (m, {len(sources)})")
-    if layout.slots != ctx.slots:
-        raise ValueError("layout and context disagree on the slot count")
-    for j, chunks in enumerate(sources):
-        if len(chunks) != layout.chunks:
-            raise ValueError(f"source {j} has {len(chunks)} chunks, layout needs {layout.chunks}")
-        # each source once here, not once per result group in linear_combination
-        if any(ctx.level_of(ct) != ctx.fresh_level for ct in chunks):
-            raise CiphertextFormatError("linear_map_rows needs fresh (not yet multiplied) ciphertexts")
+    q = check_linear_map(ctx, layout, sources, q, name="linear_map_rows")
     k = layout.blocks
     out = []
     for g in range(layout.groups(q.shape[0])):

@@ -6,10 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from fedgat.crypto import get_preset
+from fedgat.crypto.evaluator import OpCounts
 from fedgat.partition import Partition
 from fedgat.protocols import PretrainConfig
 
-__all__ = ["estimate_pretraining"]
+__all__ = ["N4096_OP_SECONDS", "estimate_pretraining"]
+
+#: seconds per SEAL operation of the server's evaluator at n4096, 2-core VM (2026-11-25)
+N4096_OP_SECONDS = {"encode": 0.37e-3, "multiply": 0.135e-3, "add": 0.035e-3, "rescale": 0.31e-3}
 
 
 def estimate_pretraining(
@@ -71,14 +75,11 @@ def estimate_pretraining(
     if seconds_per_multiply_add is not None:
         server_seconds = mads * seconds_per_multiply_add
     else:
-        # the server's evaluator (fedgat.crypto.evaluator): an encoding per (group, source) shared by
-        # the chunks, a multiply and an add per multiply-add, a rescale per result; n4096 costs
-        # measured on the 2-core VM (encode 0.37, multiply 0.135, add 0.035, rescale 0.31 ms),
-        # larger rings scaled by their measured multiply cost (2.2x at N=8192, 4.4x at 16384)
+        # the server's evaluator's operations (fedgat.crypto.evaluator.OpCounts) at the n4096 costs
+        # measured on the 2-core VM, larger rings scaled by their measured multiply cost
         grow = {4096: 1.0, 8192: 2.2, 16384: 4.4}.get(p.poly_modulus_degree, 3.0)
-        server_seconds = grow * (
-            mads / layout.chunks * 0.37e-3 + mads * (0.135e-3 + 0.035e-3) + down_cts * 0.31e-3
-        )
+        ops = OpCounts.of_round(mads, down_cts, layout.chunks)
+        server_seconds = grow * ops.seconds(N4096_OP_SECONDS)
     # exact: the compact wire form is each level's floor plus the envelope (fedgat.crypto.compact)
     result_bytes, fresh_bytes = p.wire_bytes("result"), p.wire_bytes("fresh")
     # the clients' own CKKS work on one core: encrypt + serialise each upload into its compact
