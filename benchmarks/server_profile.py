@@ -1,0 +1,336 @@
+"""Where the server's CPU goes: its homomorphic work on a sample of a real round's tasks, per component.
+
+    python benchmarks/server_profile.py                          # Cora, 10 clients, 1500 tasks
+    python benchmarks/server_profile.py --dataset synthetic --nodes 300 --tasks 200
+
+Issue 20 asks the server's compute to stay within 1.2x of its op-count bound (the SEAL operations
+:class:`~fedgat.crypto.evaluator.OpCounts` counts: encodings, plaintext x ciphertext multiplies,
+additions, rescales) and to find where the rest goes. This benchmark plans the round exactly as the
+server does (:func:`~fedgat.protocols.pretrain_plan.plan_shares`, the session's slot layout), cuts
+every recipient's shares into the encoders' tasks (:func:`~fedgat.crypto.tasks.pieces`), takes
+``--tasks`` of them evenly spaced over the round (so the sample has the round's mix of small and
+large nodes), spools fresh uploads for their sources and runs them through the process-pool
+worker's own code (:func:`~fedgat.crypto.tasks.worker_batch`, spool cache and all) on one core:
+
+1. a warm-up pass (discarded);
+2. a clean pass: CPU seconds per result, and the operations the evaluator counted;
+3. a pass under :mod:`cProfile`, which splits that CPU into
+
+   * ``ops``: SEAL's encode, multiply_plain, add_inplace, rescale (what the bound counts);
+   * ``seal_save``: writing each result through SEAL's save (zstd-compressed; ``sealapi`` has no
+     other way out of a ciphertext, so every wire pays it) and reading the bytes back;
+   * ``wire``: turning those bytes into the envelope's body (the compact wire decompresses SEAL's
+     stream and bit-packs the coefficients) and the envelope's SHA-256;
+   * ``loads``: reading uploads from the spool on a cache miss (expand + TenSEAL load);
+   * ``copies``: TenSEAL's ``ciphertext()`` copies of each source;
+   * ``other``: the rest (Python around the calls, coefficient vectors, allocation, the profiler).
+
+The op-count bound uses per-operation costs measured in the same run, one core, nothing else running
+(:func:`~fedgat.crypto.measure.evaluator_op_seconds`). ``floor_with_save`` adds SEAL's save (the part
+no wire can avoid) to it. Writes ``server_profile.json``, ``.md`` and ``.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import json
+import os
+import platform
+import pstats
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+COMPONENTS = ("ops", "seal_save", "wire", "loads", "copies", "other")
+#: SEAL calls the bound counts (cProfile names of the sealapi builtins)
+_OP_CALLS = ("encode", "multiply_plain", "add_inplace", "rescale_to_next_inplace")
+
+
+def pieces_of(shares, layout, max_task_cost: int = 512) -> list:
+    """One recipient's tasks, cut as the process-pool encoder cuts them."""
+    from fedgat.crypto.tasks import pieces
+
+    return list(pieces(shares, layout.chunks, layout.blocks, max_task_cost))
+
+
+def sample_tasks(plan, layout, count: int, max_task_cost: int = 512) -> list:
+    """``count`` of the round's tasks, evenly spaced over all recipients in the server's order."""
+    assert plan.shares is not None
+    every = [t for c in sorted(plan.shares) for t in pieces_of(plan.shares[c], layout, max_task_cost)]
+    if count >= len(every):
+        return every
+    return [every[i] for i in np.linspace(0, len(every) - 1, count).round().astype(int)]
+
+
+def _component_seconds(profile: cProfile.Profile) -> dict[str, float]:
+    """Seconds per component (module docstring) out of one profiled pass."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    tot: dict[str, float] = {}
+    cum: dict[str, float] = {}
+    for (filename, _line, name), (_cc, _nc, tt, ct, _callers) in stats.items():
+        key = f"{Path(filename).name}:{name}" if filename != "~" else name
+        tot[key] = tot.get(key, 0.0) + tt
+        cum[key] = cum.get(key, 0.0) + ct
+    builtin = {k.split(".")[-1].strip(">}'"): v for k, v in tot.items() if k.startswith("<")}
+    ops = sum(builtin.get(name, 0.0) for name in _OP_CALLS)
+    seal_save = cum.get("evaluator.py:payload", 0.0)
+    wire = cum.get("packing.py:envelope", 0.0)
+    loads = cum.get("spool.py:get", 0.0)
+    copies = builtin.get("ciphertext", 0.0)
+    total = sum(tot.values())
+    return {
+        "ops": ops,
+        "seal_save": seal_save,
+        "wire": wire,
+        "loads": loads,
+        "copies": copies,
+        "other": max(0.0, total - ops - seal_save - wire - loads - copies),
+        "total": total,
+    }
+
+
+def profile(
+    dataset: str = "Cora",
+    *,
+    nodes: int | None = None,
+    clients: int = 10,
+    beta: float = 1.0,
+    variant: str = "vector",
+    preset: str = "n4096",
+    tasks: int = 1500,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """The measurement of the module docstring, as a JSON-ready dict."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from fedgat.benchmarks.overhead import load_graph
+    from fedgat.crypto import KeyHolderContext, packing
+    from fedgat.crypto import tasks as worker
+    from fedgat.crypto.context import ServerContext
+    from fedgat.crypto.evaluator import OpCounts, evaluator_for
+    from fedgat.crypto.measure import evaluator_op_seconds
+    from fedgat.crypto.spool import CiphertextSpool
+    from fedgat.methods import fedgat_partition, resolve_hparams
+    from fedgat.protocols.pretrain_config import PretrainConfig
+    from fedgat.protocols.pretrain_plan import partition_graphs, plan_shares
+    from fedgat.randomness import RandomSource
+
+    torch.set_num_threads(1)
+    graph = load_graph(dataset, nodes, seed)
+    hp = resolve_hparams("fedgat", {"variant": variant})
+    partition = fedgat_partition(graph, clients, beta, seed, hp, None)
+    config = PretrainConfig(session=1, variant=variant, preset=preset)
+    holder = KeyHolderContext.generate(preset)
+    server = ServerContext.from_bytes(holder.public_context_bytes())
+    layout = config.layout(config.row_width(graph.num_features), holder.slots)
+    plan = plan_shares(partition_graphs(partition, graph.num_features), variant, RandomSource.from_seed(seed))
+    round_ops = OpCounts()
+    for shares in plan.shares.values():  # type: ignore[union-attr]
+        for bucket in shares:
+            for s in range(len(bucket)):
+                round_ops += OpCounts.of_map(bucket.coefficients(s), layout)
+    chosen = sample_tasks(plan, layout, tasks)
+    sources = sorted({int(j) for t in chosen for j in t[1]})
+
+    rng = np.random.default_rng(seed)
+    spool = CiphertextSpool(server, layout)
+    try:
+        for j in tqdm(sources, desc="uploads", unit="node", disable=not progress):
+            for ch, vec in enumerate(layout.pack_row(rng.uniform(-0.05, 0.05, layout.d))):
+                spool.put(j, ch, packing.serialize(holder, holder.encrypt_vector(vec)))
+        path, index = spool.snapshot()
+        worker.worker_init(server.public_context_bytes(), layout, path, index)
+        evaluator = evaluator_for(worker._WORKER["ctx"])
+        batches = list(worker.batched(iter(chosen), 8, 512, layout.chunks))
+
+        def one_pass() -> float:
+            worker._WORKER["spool"]._cache.clear()  # each pass starts like a fresh worker
+            start = time.process_time()
+            for batch in tqdm(batches, desc="tasks", unit="batch", disable=not progress, leave=False):
+                worker.worker_batch(batch)
+            return time.process_time() - start
+
+        one_pass()  # warm-up
+        evaluator.ops = OpCounts()
+        clean = one_pass()
+        ops = evaluator.ops
+        prof = cProfile.Profile()
+        prof.enable()
+        one_pass()
+        prof.disable()
+        parts = _component_seconds(prof)
+    finally:
+        worker._WORKER.clear()
+        spool.close()
+
+    costs = evaluator_op_seconds(preset)
+    results = ops.rescales
+    bound = ops.seconds(costs)
+    per_result = {k: parts[k] / results * 1e3 for k in COMPONENTS}
+    # the profiled pass runs slower than the clean one (cProfile's own cost): scale the split to it
+    scale = clean / parts["total"]
+    ms = {k: v * scale for k, v in per_result.items()}
+    floor_with_save = bound + parts["seal_save"] * scale
+    return {
+        "dataset": graph.name,
+        "nodes": graph.num_nodes,
+        "features": graph.num_features,
+        "clients": clients,
+        "beta": beta,
+        "variant": variant,
+        "preset": preset,
+        "layout": {"chunks": layout.chunks, "blocks": layout.blocks, "width": layout.width},
+        "tasks_sampled": len(chosen),
+        "sources": len(sources),
+        "op_counts": ops.__dict__,
+        "round_op_counts": round_ops.__dict__,
+        "results": results,
+        "multiply_adds_per_result": ops.multiplies / results,
+        "op_seconds": costs,
+        "cpu_seconds": clean,
+        "profiled_seconds": parts["total"],
+        "ms_per_result": ms,
+        "ms_per_result_total": clean / results * 1e3,
+        "bound_ms_per_result": bound / results * 1e3,
+        "floor_with_save_ms_per_result": floor_with_save / results * 1e3,
+        "ratios": {
+            "cpu_vs_op_bound": clean / bound,
+            "cpu_vs_floor_with_save": clean / floor_with_save,
+            "floor_with_save_vs_op_bound": floor_with_save / bound,
+        },
+        "round_cpu_seconds_predicted": clean / results * round_ops.rescales,
+        "round_op_bound_cpu_seconds": round_ops.seconds(costs),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_average": list(os.getloadavg()),
+        },
+    }
+
+
+def markdown(result: dict) -> str:
+    m, r = result["machine"], result["ratios"]
+    rows = [
+        (
+            f"# Server CPU per result: {result['dataset']}, {result['clients']} clients, {result['variant']}, "
+            f"{result['preset']}"
+        ),
+        "",
+        (
+            f"{result['tasks_sampled']} of the round's tasks (evenly spaced over every recipient; {result['results']} "
+            f"results, {result['multiply_adds_per_result']:.2f} multiply-adds per result; layout "
+            f"{result['layout']['chunks']} chunks x {result['layout']['blocks']} blocks) run through the server "
+            f"worker's code on one core. Machine: {m['cpus']} CPU(s), {m['platform']}, {m['date']}; load average "
+            f"{', '.join(f'{x:.2f}' for x in m['load_average'])} at the end. Generated by "
+            "`benchmarks/server_profile.py`."
+        ),
+        "",
+        "| component | ms per result | share |",
+        "|---|---:|---:|",
+    ]
+    total = result["ms_per_result_total"]
+    for k in COMPONENTS:
+        v = result["ms_per_result"][k]
+        rows.append(f"| {k} | {v:.3f} | {v / total:.0%} |")
+    rows += [
+        f"| **total (clean pass)** | **{total:.3f}** | |",
+        "",
+        "| quantity | ms per result | ratio to the op bound |",
+        "|---|---:|---:|",
+        (
+            f"| op-count bound (one core, costs {', '.join(f'{k} {v * 1e3:.3f}' for k, v in result['op_seconds'].items() if k != 'save')} ms) "
+            f"| {result['bound_ms_per_result']:.3f} | 1.00 |"
+        ),
+        (
+            f"| bound + SEAL's save (no wire avoids it) | {result['floor_with_save_ms_per_result']:.3f} | "
+            f"{r['floor_with_save_vs_op_bound']:.2f} |"
+        ),
+        f"| measured | {total:.3f} | **{r['cpu_vs_op_bound']:.2f}** ({r['cpu_vs_floor_with_save']:.2f}x bound + save) |",
+        "",
+        (
+            f"Whole round at this rate: {result['round_cpu_seconds_predicted']:.0f} CPU-s for "
+            f"{result['round_op_counts']['rescales']} results (op bound {result['round_op_bound_cpu_seconds']:.0f} CPU-s)."
+        ),
+        "",
+        (
+            "Components: `ops` = SEAL encode, multiply_plain, add_inplace, rescale (what the bound counts); "
+            "`seal_save` = SEAL's zstd save of each result and reading it back; `wire` = the envelope's body "
+            "(compact: decompress + bit-pack) and its SHA-256; `loads` = spool reads on a cache miss; `copies` = "
+            "TenSEAL's `ciphertext()` copies; `other` = Python around the calls, coefficient vectors, allocation. "
+            "The split comes from a cProfile pass, scaled to the clean pass's CPU."
+        ),
+    ]
+    return "\n".join(rows) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 2.4))
+    left = 0.0
+    for k in COMPONENTS:
+        v = result["ms_per_result"][k]
+        ax.barh([0], [v], left=left, label=k)
+        left += v
+    ax.axvline(result["bound_ms_per_result"], color="k", linestyle="--", label="op bound")
+    ax.axvline(result["floor_with_save_ms_per_result"], color="k", linestyle=":", label="bound + save")
+    ax.set_yticks([])
+    ax.set_xlabel("CPU ms per result ciphertext (one core)")
+    ax.set_title(f"Server CPU per result, {result['dataset']} ({result['variant']}, {result['preset']})")
+    ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "server_profile.json", out / "server_profile.md", out / "server_profile.png"]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(markdown(result))
+    plot(result, paths[2])
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", default="Cora", help="a Planetoid name (default Cora) or synthetic")
+    parser.add_argument("--nodes", type=int, default=None, help="synthetic only: nodes")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--beta", type=float, default=1.0)
+    parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
+    parser.add_argument("--preset", default="n4096")
+    parser.add_argument("--tasks", type=int, default=1500, help="tasks sampled from the round (default 1500)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    result = profile(
+        args.dataset,
+        nodes=args.nodes,
+        clients=args.clients,
+        beta=args.beta,
+        variant=args.variant,
+        preset=args.preset,
+        tasks=args.tasks,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    for path in write(result, args.out):
+        print(path)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""benchmarks/server_profile.py: the sampled tasks are the round's own, the evaluator's counted
+operations are those of the sampled coefficient maps, the round's counts are the plan's, and the
+per-component split accounts for the profiled CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedgat.crypto.evaluator import OpCounts
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "server_profile.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("server_profile", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_profile_counts_the_sampled_tasks_and_splits_their_cpu(tmp_path, monkeypatch):
+    bench = _load()
+    sampled: list = []
+    real_sample = bench.sample_tasks
+
+    def spy(plan, layout, count, max_task_cost=512):
+        chosen = real_sample(plan, layout, count, max_task_cost)
+        sampled.append((plan, layout, chosen))
+        return chosen
+
+    monkeypatch.setattr(bench, "sample_tasks", spy)
+    argv = ["--dataset", "synthetic", "--nodes", "120", "--clients", "3", "--tasks", "24", "--quiet"]
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "server_profile.json").read_text())
+    assert (tmp_path / "server_profile.md").read_text().startswith("# Server CPU per result")
+    assert (tmp_path / "server_profile.png").stat().st_size > 0
+
+    plan, layout, chosen = sampled[0]
+    assert result["tasks_sampled"] == len(chosen) == 24
+    # every sampled task is one of the round's, in the server's order (recipients sorted)
+    every = [t for c in sorted(plan.shares) for t in bench.pieces_of(plan.shares[c], layout)]
+
+    def same(a, b) -> bool:
+        return a[0] == b[0] and np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+
+    positions, at = [], 0
+    for c in chosen:
+        at = next(i for i in range(at, len(every)) if same(every[i], c))
+        positions.append(at)
+    assert len(set(positions)) == len(chosen) and positions[0] == 0 and positions[-1] == len(every) - 1
+    # the evaluator counted exactly the sampled coefficient maps
+    expected = OpCounts()
+    for _node, _sources, q, _last in chosen:
+        expected += OpCounts.of_map(q, layout)
+    assert result["op_counts"] == expected.__dict__
+    assert result["results"] == expected.rescales
+    # the whole round's counts are the plan's
+    assert result["round_op_counts"]["multiplies"] == plan.multiply_adds(layout)
+    # the split: non-negative parts that add up to the clean pass's CPU (scaled from the profile)
+    ms = result["ms_per_result"]
+    assert set(ms) == set(bench.COMPONENTS) and all(v >= 0 for v in ms.values())
+    assert ms["ops"] > 0 and ms["seal_save"] > 0 and ms["wire"] > 0
+    assert np.isclose(sum(ms.values()), result["ms_per_result_total"], rtol=1e-6)
+    assert result["ratios"]["floor_with_save_vs_op_bound"] > 1.0
