@@ -110,7 +110,7 @@ class _MemoryFile:
         if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
             self._fd = os.memfd_create("fedgat-ciphertext", os.MFD_CLOEXEC)
             self.path = f"/proc/self/fd/{self._fd}"
-        else:  # pragma: no cover - non-Linux
+        else:  # no memfd (macOS, Windows): a private temporary file
             self._dir = tempfile.TemporaryDirectory(prefix="fedgat-ct-")
             self.path = os.path.join(self._dir.name, "ciphertext")
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -118,11 +118,14 @@ class _MemoryFile:
     def save(self, ct: sealapi.Ciphertext) -> bytes:
         ct.save(self.path)  # SEAL opens the path with truncation: the file holds this save only
         size = os.fstat(self._fd).st_size
-        return os.pread(self._fd, size, 0)
+        if hasattr(os, "pread"):
+            return os.pread(self._fd, size, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)  # Windows has no pread
+        return os.read(self._fd, size)
 
     def close(self) -> None:
         os.close(self._fd)
-        if self._dir is not None:  # pragma: no cover - non-Linux
+        if self._dir is not None:
             self._dir.cleanup()
 
 

@@ -114,3 +114,25 @@ def test_one_file_per_process(monkeypatch) -> None:
 def test_evaluator_for_is_per_context(holder, server) -> None:
     assert evaluator_for(server) is evaluator_for(server)
     assert evaluator_for(holder) is not evaluator_for(server)
+
+
+def test_file_fallback_without_memfd(holder, server, monkeypatch) -> None:
+    """Where the OS has no ``memfd_create`` (macOS, Windows) the evaluator saves through a private
+    temporary file: the same bytes, a 0600 file in a directory only this user can enter, removed on close."""
+    import os
+    import stat
+
+    rng = np.random.default_rng(14)
+    vec = holder.encrypt_vector(rng.uniform(-1, 1, holder.slots)).mul(
+        rng.uniform(-1, 1, holder.slots).tolist()
+    )
+    expected = vec.serialize()
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    monkeypatch.setattr(evaluator_module, "_FILE", None)
+    memory = evaluator_module._memory_file()
+    assert not memory.path.startswith("/proc/")
+    assert stat.S_IMODE(os.stat(memory.path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(memory.path)).st_mode) == 0o700
+    assert SealEvaluator(server).payload(vec.data.ciphertext()[0]) == expected
+    memory.close()
+    assert not os.path.exists(memory.path)
