@@ -90,6 +90,7 @@ import numpy as np
 PHASES = ("keygen", "encrypt", "upload", "server_compute", "download", "decrypt")
 #: where the encrypted round's clients run (``--engine``)
 ENGINES = ("inprocess", "process")
+
 #: FedGraph (Yao et al. 2024) reports for FedGCN with homomorphic encryption of the pre-training
 #: aggregation: ~2-4x time and ~55x communication over plaintext FedGCN. A different algorithm.
 FEDGRAPH_FEDGCN_HE = {
@@ -371,8 +372,11 @@ def run_overhead(
     link_gbps: float = LINK_GBPS,
     engine: str = "inprocess",
     engine_workers: int | None = None,
+    wire: str = "compact",
 ) -> dict:
     """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc.
+    ``wire``: the encrypted round's ciphertext wire (``"compact"`` or ``"tenseal"``, the per-operation
+    sizes and serialisation costs are measured in the same wire).
     ``owner``: the user's split (one client id per node, ``fedgat bench overhead --owners``) instead of
     the Dirichlet one. ``link_gbps``: every party's link speed for the critical path. ``engine``: where
     the encrypted round's clients run (:data:`ENGINES`; ``engine_workers``: the process engine's
@@ -403,7 +407,7 @@ def run_overhead(
     d = graph.num_features
 
     # --- per-operation costs, measured in this run
-    m = measure_preset(preset, repeats=measure_repeats)
+    m = measure_preset(preset, repeats=measure_repeats, wire=wire)
     per_mad_tenseal = multiply_add_seconds(preset, repeats=max(30, 6 * measure_repeats))
     op_costs_alone = evaluator_op_seconds(preset, repeats=max(30, 6 * measure_repeats))
 
@@ -461,6 +465,7 @@ def run_overhead(
                 progress=progress,
                 workers=workers,
                 measure_server_alone=True,
+                wire=wire,
             )
             enc_cpu = time.process_time() - c0
             windows = round_windows(getattr(transport, "frame_marks", {}), w0, w0 + pre.wall_seconds)
@@ -688,6 +693,7 @@ def run_overhead(
         "clients": clients,
         "variant": variant,
         "preset": preset,
+        "wire": wire,
         "seed": seed,
         "beta": beta,
         "neighbour_cap": hp["neighbour_cap"],
@@ -1222,6 +1228,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
     parser.add_argument("--neighbour-cap", type=int, default=None)
     parser.add_argument("--preset", default="n4096")
+    from fedgat.cli_engine import add_wire_argument
+
+    add_wire_argument(parser)  # as `fedgat bench overhead`
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")
@@ -1286,6 +1295,7 @@ def main_args(args: argparse.Namespace) -> int:
                     link_gbps=link_gbps,
                     engine=getattr(args, "engine", "inprocess"),
                     engine_workers=getattr(args, "actors", None),
+                    wire=getattr(args, "wire", "compact"),
                 )
                 print(format_table(r), flush=True)
                 rows.append(r)
@@ -1312,6 +1322,7 @@ def main_args(args: argparse.Namespace) -> int:
         link_gbps=link_gbps,
         engine=getattr(args, "engine", "inprocess"),
         engine_workers=getattr(args, "actors", None),
+        wire=getattr(args, "wire", "compact"),
     )
     matrix = None
     if args.matrix_estimate:

@@ -12,7 +12,8 @@ Recipes (safe defaults, typed errors -- start here):
   TenSEAL (the reference); :class:`fedgat.crypto.evaluator.SealEvaluator` -- the same sums through
   SEAL's evaluator with one encoding per coefficient vector and one rescale per result (what the
   server runs).
-* :func:`serialize` / :func:`deserialize` -- ciphertext envelope (fingerprint + digest).
+* :func:`serialize` / :func:`deserialize` -- ciphertext envelope (fingerprint + digest), in the
+  context's session wire (:data:`WIRES`: ``"compact"``, the default, or ``"tenseal"``).
 * :class:`SigningIdentity` / :func:`verify` -- Ed25519.
 
 Primitives live in the submodules (``params``, ``context``, ``packing``, ``evaluator``, ``keys``, ``measure``).
@@ -38,11 +39,13 @@ from .packing import (
     linear_map_rows,
     serialize,
 )
-from .params import DEFAULT_PRESET, PRESETS, CkksPreset, get_preset
+from .params import DEFAULT_PRESET, DEFAULT_WIRE, PRESETS, WIRES, CkksPreset, check_wire, get_preset
 
 __all__ = [
     "DEFAULT_PRESET",
+    "DEFAULT_WIRE",
     "PRESETS",
+    "WIRES",
     "CiphertextFormatError",
     "CkksPreset",
     "ContextFormatError",
@@ -55,6 +58,7 @@ __all__ = [
     "SignatureError",
     "SigningIdentity",
     "SlotLayout",
+    "check_wire",
     "decrypt_rows",
     "deserialize",
     "encrypt_rows",

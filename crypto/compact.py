@@ -9,6 +9,11 @@ bits) is ~103.5 KB against an information floor of ``2 x 4096 x (46 + 37) / 8`` 
 (one 46-bit limb) ~55.6 KB against 47.1 KB (1.18x). This module keeps exactly the floor: the
 coefficients of limb ``l`` packed at ``bits(q_l)`` bits each, nothing else.
 
+It is the session's ciphertext wire by default (``"compact"``, envelope version 2). Because TenSEAL
+gives no raw coefficient access, it costs CPU on both sides (decompressing SEAL's stream to pack
+it, rebuilding a stream to load it); a session may instead agree on ``"tenseal"`` (envelope
+version 1, TenSEAL's own bytes, 16-22 % larger): :data:`fedgat.crypto.params.WIRES`.
+
 What is on the wire (the envelope's payload, :func:`fedgat.crypto.packing.serialize`)
 -------------------------------------------------------------------------------------
 For each RNS limb ``l`` of the ciphertext's level (``q0`` for a result, ``q0, q1`` for a fresh

@@ -50,7 +50,7 @@ import numpy as np
 import tenseal as ts
 import tenseal.sealapi
 
-from . import wire
+from . import wire as protobuf
 from .errors import (
     CiphertextFormatError,
     ContextFormatError,
@@ -59,7 +59,7 @@ from .errors import (
     NotPublicContextError,
     PresetError,
 )
-from .params import DEFAULT_PRESET, PRESETS, CkksPreset, get_preset
+from .params import DEFAULT_PRESET, DEFAULT_WIRE, PRESETS, CkksPreset, check_wire, get_preset
 
 __all__ = ["KeyHolderContext", "ServerContext", "canonical_public_bytes", "fingerprint_of"]
 
@@ -105,11 +105,15 @@ def _match_preset(ctx: ts.Context, presets: Iterable[CkksPreset | str] | None) -
 
 
 class CkksContext:
-    """What the key holder and the server share: parameters, fingerprint, levels."""
+    """What the key holder and the server share: parameters, fingerprint, levels, and the session's
+    ciphertext wire (:attr:`wire`)."""
 
-    def __init__(self, ctx: ts.Context, preset: CkksPreset, public_bytes: bytes) -> None:
+    def __init__(
+        self, ctx: ts.Context, preset: CkksPreset, public_bytes: bytes, wire: str = DEFAULT_WIRE
+    ) -> None:
         self._ts = ctx
         self._preset = preset
+        self._wire = check_wire(wire)
         self._public_bytes = public_bytes
         self._fingerprint = fingerprint_of(public_bytes)
         self._primes = _primes(ctx)
@@ -143,6 +147,14 @@ class CkksContext:
     @property
     def preset(self) -> CkksPreset:
         return self._preset
+
+    @property
+    def wire(self) -> str:
+        """The ciphertext wire of the session this context belongs to (:data:`fedgat.crypto.params.WIRES`):
+        what :func:`~fedgat.crypto.packing.serialize` writes under it and the only envelope version
+        :func:`~fedgat.crypto.packing.deserialize` accepts. Fixed when the context is made or loaded
+        (``wire=``), from the party's own session configuration, never from received bytes."""
+        return self._wire
 
     @property
     def slots(self) -> int:
@@ -191,7 +203,8 @@ class CkksContext:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(preset={self._preset.name!r}, fingerprint={self._fingerprint.hex()[:16]})"
+            f"{type(self).__name__}(preset={self._preset.name!r}, wire={self._wire!r}, "
+            f"fingerprint={self._fingerprint.hex()[:16]})"
         )
 
     def _encryption_context(self) -> ts.Context:
@@ -218,7 +231,13 @@ class KeyHolderContext(CkksContext):
     :meth:`from_secret_bytes`; never construct directly."""
 
     def __init__(
-        self, ctx: ts.Context, preset: CkksPreset, *, symmetric_encryption: bool = True, _token=None
+        self,
+        ctx: ts.Context,
+        preset: CkksPreset,
+        *,
+        symmetric_encryption: bool = True,
+        wire: str = DEFAULT_WIRE,
+        _token=None,
     ) -> None:
         if _token is not _PRIVATE:
             raise TypeError("use KeyHolderContext.generate / from_secret_bytes")
@@ -226,7 +245,7 @@ class KeyHolderContext(CkksContext):
             raise NotPublicContextError("a key-holder context needs the secret key")
         if ctx.has_galois_keys():
             raise ContextFormatError("Galois keys are not used (rotation-free packing)")
-        super().__init__(ctx, preset, canonical_public_bytes(ctx))
+        super().__init__(ctx, preset, canonical_public_bytes(ctx), wire)
         self._secret_bytes = ctx.serialize(
             save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False
         )
@@ -236,10 +255,16 @@ class KeyHolderContext(CkksContext):
     # --- construction -------------------------------------------------------------------------
     @classmethod
     def generate(
-        cls, preset: str | CkksPreset = DEFAULT_PRESET, *, symmetric_encryption: bool = True
+        cls,
+        preset: str | CkksPreset = DEFAULT_PRESET,
+        *,
+        symmetric_encryption: bool = True,
+        wire: str = DEFAULT_WIRE,
     ) -> KeyHolderContext:
-        """A fresh CKKS key pair for ``preset`` (no Galois keys), from SEAL's CSPRNG."""
+        """A fresh CKKS key pair for ``preset`` (no Galois keys), from SEAL's CSPRNG; its ciphertexts
+        travel in the session's ``wire`` (:attr:`wire`)."""
         preset = get_preset(preset)
+        check_wire(wire)
         try:
             ctx = ts.context(
                 ts.SCHEME_TYPE.CKKS,
@@ -252,7 +277,7 @@ class KeyHolderContext(CkksContext):
         if bits != preset.coeff_mod_bit_sizes:
             raise PresetError(f"SEAL chose primes of {bits} bits for {preset.coeff_mod_bit_sizes}")
         ctx.global_scale = float(_primes(ctx)[-2])
-        return cls(ctx, preset, symmetric_encryption=symmetric_encryption, _token=_PRIVATE)
+        return cls(ctx, preset, symmetric_encryption=symmetric_encryption, wire=wire, _token=_PRIVATE)
 
     @classmethod
     def from_secret_bytes(
@@ -262,15 +287,17 @@ class KeyHolderContext(CkksContext):
         expected_fingerprint: bytes | None = None,
         presets: Iterable[CkksPreset | str] | None = None,
         symmetric_encryption: bool = True,
+        wire: str = DEFAULT_WIRE,
     ) -> KeyHolderContext:
         """Load a secret context (:meth:`secret_context_bytes`, e.g. from the party's own saved
         state). Checks the preset and, if given, that its fingerprint is ``expected_fingerprint``
-        (:class:`KeyMismatchError` otherwise)."""
+        (:class:`KeyMismatchError` otherwise); ``wire``: the session's ciphertext wire."""
+        check_wire(wire)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("secret context must be bytes")
         data = bytes(data)
         try:
-            fields = wire.parse_fields(data)
+            fields = protobuf.parse_fields(data)
         except ValueError as exc:
             raise ContextFormatError(f"malformed context bytes: {exc}") from exc
         enc_types = [v for (num, _, v) in fields if num == _CTX_ENC_TYPE]
@@ -280,13 +307,13 @@ class KeyHolderContext(CkksContext):
         if not ctx.has_secret_key():
             raise NotPublicContextError("expected a secret context, got one without a secret key")
         preset = _match_preset(ctx, presets)
-        out = cls(ctx, preset, symmetric_encryption=symmetric_encryption, _token=_PRIVATE)
+        out = cls(ctx, preset, symmetric_encryption=symmetric_encryption, wire=wire, _token=_PRIVATE)
         if expected_fingerprint is not None and out.fingerprint() != expected_fingerprint:
             raise KeyMismatchError("secret context does not match the expected key fingerprint")
         return out
 
     def _symmetric_twin(self) -> ts.Context:
-        patched = self._secret_bytes + wire.encode_varint_field(_CTX_ENC_TYPE, _ENC_SYMMETRIC)
+        patched = self._secret_bytes + protobuf.encode_varint_field(_CTX_ENC_TYPE, _ENC_SYMMETRIC)
         twin = _load_context(patched)
         probe = np.linspace(-1.0, 1.0, self.slots)
         got = np.asarray(ts.ckks_vector(twin, probe.tolist()).decrypt(self._ts.secret_key()))
@@ -311,26 +338,38 @@ class KeyHolderContext(CkksContext):
 class ServerContext(CkksContext):
     """Public-only context for the server: it can multiply-add but never decrypt."""
 
-    def __init__(self, ctx: ts.Context, preset: CkksPreset, public_bytes: bytes, *, _token=None) -> None:
+    def __init__(
+        self,
+        ctx: ts.Context,
+        preset: CkksPreset,
+        public_bytes: bytes,
+        *,
+        wire: str = DEFAULT_WIRE,
+        _token=None,
+    ) -> None:
         if _token is not _PRIVATE:
             raise TypeError("use ServerContext.from_bytes")
         if ctx.has_secret_key() or not ctx.is_public():
             raise NotPublicContextError("server context must not hold a secret key")
-        super().__init__(ctx, preset, public_bytes)
+        super().__init__(ctx, preset, public_bytes, wire)
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, presets: Iterable[CkksPreset | str] | None = None) -> ServerContext:
-        """Load :meth:`KeyHolderContext.public_context_bytes`.
+    def from_bytes(
+        cls, data: bytes, *, presets: Iterable[CkksPreset | str] | None = None, wire: str = DEFAULT_WIRE
+    ) -> ServerContext:
+        """Load :meth:`KeyHolderContext.public_context_bytes`; ``wire``: the session's ciphertext wire
+        (the context bytes do not carry it: it is this party's own configuration).
 
         Refuses (:class:`NotPublicContextError`) bytes with a private part *before* TenSEAL
         parses them, and (:class:`ContextFormatError`) malformed or non-canonical bytes
         (relin/Galois keys included, symmetric contexts) or parameters of no accepted preset.
         """
+        check_wire(wire)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError("public context must be bytes")
         data = bytes(data)
         try:
-            fields = wire.parse_fields(data)
+            fields = protobuf.parse_fields(data)
         except ValueError as exc:
             raise ContextFormatError(f"malformed context bytes: {exc}") from exc
         numbers = [num for (num, _, _) in fields]
@@ -350,7 +389,7 @@ class ServerContext(CkksContext):
         preset = _match_preset(ctx, presets)
         if canonical_public_bytes(ctx) != data:
             raise ContextFormatError("non-canonical public context bytes")
-        return cls(ctx, preset, data, _token=_PRIVATE)
+        return cls(ctx, preset, data, wire=wire, _token=_PRIVATE)
 
 
 _PRIVATE = object()

@@ -113,7 +113,8 @@ class InlineEncoder:
 class ProcessPoolEncoder:
     """The server's homomorphic encodings on every core of this machine.
 
-    Worker processes load the *public* context from bytes and read the spooled uploads from disk;
+    Worker processes load the *public* context from bytes (in the session's ciphertext wire, the
+    spool's context's :attr:`~fedgat.crypto.context.CkksContext.wire`) and read the spooled uploads from disk;
     tasks and results cross the process boundary as plain arrays and ciphertext bytes (TenSEAL
     objects cannot be pickled). Results stream back in task order, ``chunksize`` nodes at a time,
     with at most ``window`` batches (default ``4 * workers``) submitted ahead of the consumer, so
@@ -156,7 +157,7 @@ class ProcessPoolEncoder:
                 self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=worker_init,
-                initargs=(public_context, layout, path, index),
+                initargs=(public_context, layout, path, index, spool.ctx.wire),
             )
 
     def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .context import KeyHolderContext, ServerContext
 from .packing import deserialize, linear_combination, serialize
-from .params import CkksPreset, get_preset
+from .params import DEFAULT_WIRE, CkksPreset, get_preset
 
 if TYPE_CHECKING:
     from .encoders import Encoder
@@ -120,13 +120,15 @@ def measure_preset(
     symmetric_encryption: bool = True,
     seed: int = 0,
     utilisation: float = 1.0,
+    wire: str = DEFAULT_WIRE,
 ) -> dict:
-    """Measure one preset end to end (key holder -> public server context -> result).
+    """Measure one preset end to end (key holder -> public server context -> result), ciphertexts
+    in ``wire`` (:data:`fedgat.crypto.params.WIRES`).
 
     Returns a dict with: ``keygen_ms``, ``encrypt_ms``, ``mul_plain_ms`` (ct x plaintext vector
     incl. encoding and rescale), ``add_ms``, ``decrypt_ms``, ``serialize_ms``, ``deserialize_ms``
-    (envelope incl. digest and checks), ``fresh_bytes`` / ``result_bytes`` (envelopes: the compact
-    form at the floor + 74 B), ``public_context_bytes``, ``secret_context_bytes``, ``max_error_fresh``,
+    (envelope incl. digest and checks), ``fresh_bytes`` / ``result_bytes`` (envelopes in ``wire``:
+    the compact form at the floor + 74 B, or TenSEAL's bytes + 74 B), ``public_context_bytes``, ``secret_context_bytes``, ``max_error_fresh``,
     ``max_error_sum`` (``sum_{t<terms} c_t h_t``, ``c, h ~ U[-1, 1]`` per slot),
     ``max_error_extreme`` (slots where every term is +-1, so ``|value| = terms``),
     ``error_bound`` (the analytic bound for ``terms``, ``|c|, |h| <= 1``) and ``lincomb_ms``;
@@ -137,9 +139,9 @@ def measure_preset(
     preset = get_preset(preset)
     rng = np.random.default_rng(seed)
     keygen_ms, holder = _ms(
-        lambda: KeyHolderContext.generate(preset, symmetric_encryption=symmetric_encryption), 1
+        lambda: KeyHolderContext.generate(preset, symmetric_encryption=symmetric_encryption, wire=wire), 1
     )
-    server = ServerContext.from_bytes(holder.public_context_bytes())
+    server = ServerContext.from_bytes(holder.public_context_bytes(), wire=wire)
     s = holder.slots
 
     h = rng.uniform(-1.0, 1.0, size=(terms, s))
@@ -170,6 +172,7 @@ def measure_preset(
         "slots": s,
         "scale": holder.scale,
         "symmetric_encryption": symmetric_encryption,
+        "wire": wire,
         "terms": terms,
         "keygen_ms": keygen_ms,
         "encrypt_ms": encrypt_ms,

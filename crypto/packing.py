@@ -63,15 +63,26 @@ prime; rejected.
 
 Ciphertext wire format (:func:`serialize`)
 ------------------------------------------
-``"FGCT" | u8 version (2) | u8 level | 32 B context fingerprint | u32 len | compact ciphertext |
-SHA-256(everything before)``: 74 bytes around the compact form of :mod:`fedgat.crypto.compact`,
-which is the ciphertext's information floor (every RNS coefficient at its prime's bit width; at
-``n4096`` 85.0 KB fresh and 47.1 KB result instead of TenSEAL's zstd-compressed 103.5 / 55.6 KB).
-The digest covers the bytes actually sent. Everything TenSEAL puts around the coefficients
-(protobuf fields, SEAL's headers and metadata) is a function of the context and the level, so the
-receiver rebuilds it; :func:`deserialize` checks, in this order, the sizes, magic, version (1, the
-TenSEAL-bytes envelope, is refused), length, digest, fingerprint, level, the compact body's exact
-size for that level and every coefficient against its prime, before TenSEAL sees anything.
+``"FGCT" | u8 version | u8 level | 32 B context fingerprint | u32 len | body |
+SHA-256(everything before)``: 74 bytes around the body, which depends on the session's wire
+(:attr:`fedgat.crypto.context.CkksContext.wire`, :data:`fedgat.crypto.params.WIRES`):
+
+* ``"compact"``, version 2 (the default): the compact form of :mod:`fedgat.crypto.compact`, the
+  ciphertext's information floor (every RNS coefficient at its prime's bit width; at ``n4096``
+  85.0 KB fresh and 47.1 KB result instead of TenSEAL's zstd-compressed 103.5 / 55.6 KB), at the
+  cost of packing CPU on both sides. Everything TenSEAL puts around the coefficients (protobuf
+  fields, SEAL's headers and metadata) is a function of the context and the level, so the
+  receiver rebuilds it.
+* ``"tenseal"``, version 1: TenSEAL's own bytes (``CKKSVector.serialize``, a protobuf around SEAL's
+  zstd stream), 16-22 % larger, no packing CPU; the receiver checks the protobuf's fields and
+  hands the bytes to SEAL's loader.
+
+A party accepts the envelope version of its session's wire only: the other one is refused
+(:class:`CiphertextFormatError`) before anything else is read, so no sender can switch a receiver
+to the other parser. The digest covers the bytes actually sent. :func:`deserialize` checks, in
+this order, the sizes, magic, version, length, digest, fingerprint, level, then (compact) the body's
+exact size for that level and every coefficient against its prime, before TenSEAL sees anything,
+or (tenseal) the protobuf of the TenSEAL bytes.
 
 The digest is needed: measured on TenSEAL 0.3.18, ~70 % of single-bit flips in a serialised CKKS
 vector still LOAD and decrypt to garbage (1e15..1e306), and so does any coefficient changed in a
@@ -285,7 +296,11 @@ class SlotLayout:
 
 # ------------------------------------------------------------------------- ciphertext envelope
 _MAGIC = b"FGCT"
-_VERSION = 2  # 1: TenSEAL's bytes as the payload; 2: the compact form (fedgat.crypto.compact)
+#: envelope version of each wire: 1, TenSEAL's bytes as the body; 2, the compact form
+#: (fedgat.crypto.compact)
+_VERSIONS = {"compact": 2, "tenseal": 1}
+_WIRE_OF = {v: k for k, v in _VERSIONS.items()}
+_VERSION = _VERSIONS["compact"]  # the default wire's
 _HEADER = struct.Struct(">4sBB32sI")
 _DIGEST = 32
 assert _HEADER.size + _DIGEST == ENVELOPE_OVERHEAD_BYTES
@@ -408,18 +423,42 @@ def compact_codec(ctx: CkksContext, level: int) -> CompactCodec:
     return codec
 
 
+def _varint_size(x: int) -> int:
+    return max(1, -(-x.bit_length() // 7))
+
+
+def _zstd_bound(n: int) -> int:
+    """zstd's documented worst-case output for ``n`` input bytes (``ZSTD_COMPRESSBOUND``)."""
+    return n + (n >> 8) + (((128 << 10) - n) >> 11 if n < (128 << 10) else 0)
+
+
 def envelope_bytes(ctx: CkksContext, level: str) -> int:
-    """Exact size of a :func:`serialize` envelope at ``level`` (``"fresh"`` or ``"result"``):
-    the compact body (the level's floor, :func:`floor_bytes`) plus 74 bytes of header and digest."""
+    """Size of a :func:`serialize` envelope of ``ctx``'s wire at ``level`` (``"fresh"`` or ``"result"``).
+
+    ``"compact"``: exact, the compact body (the level's floor, :func:`floor_bytes`) plus 74 bytes of
+    header and digest. ``"tenseal"``: an UPPER BOUND, not the size: SEAL's zstd output depends on
+    the coefficients (random ciphertexts vary by about +-0.3 %), so the bound takes the uncompressed
+    SEAL stream at zstd's worst-case expansion (about 1.55x the floor at ``n4096`` against a typical
+    1.22x / 1.18x; :meth:`fedgat.crypto.params.CkksPreset.wire_bytes` gives typical sizes)."""
     if level not in _LEVELS:
         raise ValueError(f"level must be one of {_LEVELS}")
     chain = ctx.fresh_level if level == "fresh" else ctx.result_level
-    return _HEADER.size + compact_codec(ctx, chain).body_size() + _DIGEST
+    codec = compact_codec(ctx, chain)
+    if ctx.wire == "compact":
+        return _HEADER.size + codec.body_size() + _DIGEST
+    # CKKSVectorProto: sizes field (tag, length, varint(slots)), ciphertext field (tag, length,
+    # SEAL stream), scale field (tag, f64). The stream: SEAL header (16 B) then the zstd frame of the
+    # ciphertext's members (metadata, the coefficient array's header and count, 8 B per coefficient).
+    sizes = 2 + _varint_size(ctx.slots)
+    members = struct.calcsize("<32sBQQQdQ") + 16 + 8 + 8 * codec.coefficients
+    stream = 16 + _zstd_bound(members)
+    return _HEADER.size + sizes + 1 + _varint_size(stream) + stream + 9 + _DIGEST
 
 
 def serialize(ctx: CkksContext, vec: ts.CKKSVector) -> bytes:
-    """Envelope a CKKS vector: magic, version, level, context fingerprint, the compact ciphertext
-    (:mod:`fedgat.crypto.compact`), SHA-256 of all that."""
+    """Envelope a CKKS vector in ``ctx``'s wire (:attr:`~fedgat.crypto.context.CkksContext.wire`):
+    magic, version, level, context fingerprint, the body (the compact ciphertext,
+    :mod:`fedgat.crypto.compact`, or TenSEAL's bytes), SHA-256 of all that."""
     try:
         level = ctx.level_of(vec)
         payload = vec.serialize()
@@ -429,17 +468,24 @@ def serialize(ctx: CkksContext, vec: ts.CKKSVector) -> bytes:
 
 
 def envelope(ctx: CkksContext, payload: bytes, level: int) -> bytes:
-    """The envelope of TenSEAL vector bytes ``payload`` at SEAL chain index ``level``: what
-    :func:`serialize` writes (:class:`fedgat.crypto.evaluator.SealEvaluator` serialises itself)."""
-    body = compact_codec(ctx, level).compact(payload)
-    head = _HEADER.pack(_MAGIC, _VERSION, level, ctx.fingerprint(), len(body))
+    """The envelope of TenSEAL vector bytes ``payload`` at SEAL chain index ``level`` in ``ctx``'s
+    wire: what :func:`serialize` writes (:class:`fedgat.crypto.evaluator.SealEvaluator` serialises
+    itself)."""
+    if ctx.wire == "compact":
+        body = compact_codec(ctx, level).compact(payload)
+    else:
+        if level not in (ctx.fresh_level, ctx.result_level):
+            raise CiphertextFormatError(f"unexpected ciphertext level {level}")
+        body = bytes(payload)
+    head = _HEADER.pack(_MAGIC, _VERSIONS[ctx.wire], level, ctx.fingerprint(), len(body))
     digest = hashlib.sha256(head)
     digest.update(body)
     return b"".join((head, body, digest.digest()))
 
 
 def _open(ctx: CkksContext, data: bytes | bytearray | memoryview, *, check_digest: bool) -> tuple[int, bytes]:
-    """Envelope -> (level, fingerprint) after the framing checks (and the digest)."""
+    """Envelope -> (level, fingerprint) after the framing checks (and the digest). Only the
+    envelope version of ``ctx``'s wire passes."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("data must be bytes")
     if len(data) < _HEADER.size + _DIGEST:
@@ -447,8 +493,14 @@ def _open(ctx: CkksContext, data: bytes | bytearray | memoryview, *, check_diges
     magic, version, lvl, fingerprint, length = _HEADER.unpack_from(data, 0)
     if magic != _MAGIC:
         raise CiphertextFormatError("not a fedgat ciphertext envelope (bad magic)")
-    if version != _VERSION:
-        raise CiphertextFormatError(f"unsupported envelope version {version} (this is version {_VERSION})")
+    want = _VERSIONS[ctx.wire]
+    if version != want:
+        other = _WIRE_OF.get(version)
+        raise CiphertextFormatError(
+            f"unsupported envelope version {version}"
+            + (f" (the {other!r} wire)" if other else "")
+            + f": this session's wire is {ctx.wire!r} (version {want})"
+        )
     if _HEADER.size + length + _DIGEST != len(data):
         raise CiphertextFormatError("envelope length mismatch (truncated or padded)")
     if check_digest:
@@ -458,29 +510,42 @@ def _open(ctx: CkksContext, data: bytes | bytearray | memoryview, *, check_diges
     return lvl, fingerprint
 
 
+def _body(data: bytes | bytearray | memoryview) -> memoryview:
+    return memoryview(data)[_HEADER.size : len(data) - _DIGEST]
+
+
 def tenseal_payload(ctx: CkksContext, data: bytes) -> bytes:
-    """The TenSEAL bytes an envelope's compact body stands for, expanded against ``ctx``'s
-    parameters at the envelope's level. Checks the framing, the body's size and every coefficient
-    against its prime (:class:`CiphertextFormatError`), but NOT the digest nor the key fingerprint:
-    for tools that look at ciphertexts under another key on purpose (attacks, audits)."""
+    """The TenSEAL bytes an envelope's body stands for, in ``ctx``'s wire: a compact body expanded
+    against ``ctx``'s parameters at the envelope's level (its size and every coefficient against its
+    prime are checked), a TenSEAL body as is (its protobuf fields are checked). Checks the framing
+    too (:class:`CiphertextFormatError`), but NOT the digest nor the key fingerprint: for tools that
+    look at ciphertexts under another key on purpose (attacks, audits)."""
     lvl, _ = _open(ctx, data, check_digest=False)
-    return compact_codec(ctx, lvl).expand(memoryview(data)[_HEADER.size : len(data) - _DIGEST])
+    if ctx.wire == "compact":
+        return compact_codec(ctx, lvl).expand(_body(data))
+    payload = bytes(_body(data))
+    _check_vector_proto(ctx, payload)
+    return payload
 
 
 def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> ts.CKKSVector:
     """Inverse of :func:`serialize`, linked to ``ctx``.
 
     Raises :class:`CiphertextFormatError` for malformed, truncated or corrupted bytes (digest),
-    old envelope versions, wrong parameters, scale or ``level`` (``"fresh"`` for uploads,
-    ``"result"`` for server results), a compact body of the wrong size for its level or a
-    coefficient not below its prime, and :class:`KeyMismatchError` when the envelope names
-    another key's fingerprint.
+    an envelope of another version than ``ctx``'s wire's (:attr:`~fedgat.crypto.context.CkksContext.wire`),
+    wrong parameters, scale or ``level`` (``"fresh"`` for uploads, ``"result"`` for server results),
+    a compact body of the wrong size for its level or a coefficient not below its prime, TenSEAL
+    bytes SEAL refuses, and :class:`KeyMismatchError` when the envelope names another key's
+    fingerprint.
     """
     lvl, fingerprint = _open(ctx, data, check_digest=True)
     if fingerprint != ctx.fingerprint():
         raise KeyMismatchError("ciphertext is bound to another CKKS key (fingerprint mismatch)")
     _check_level(ctx, lvl, level)
-    payload = compact_codec(ctx, lvl).expand(memoryview(data)[_HEADER.size : len(data) - _DIGEST])
+    if ctx.wire == "compact":
+        payload = compact_codec(ctx, lvl).expand(_body(data))
+    else:
+        payload = bytes(_body(data))
     vec = load_tenseal_vector(ctx, payload, level=level)
     if ctx.level_of(vec) != lvl:
         raise CiphertextFormatError("envelope level does not match the ciphertext")
@@ -490,10 +555,13 @@ def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> t
 def load_validated(ctx: CkksContext, data: bytes) -> ts.CKKSVector:
     """Load an envelope that :func:`deserialize` already accepted *in this party* (the server's
     upload spool re-reads each upload many times). Skips the digest and the structural checks, so
-    never use it on bytes received from anyone."""
-    lvl = data[5]
-    body = memoryview(data)[_HEADER.size : len(data) - _DIGEST]
-    return ts.ckks_vector_from(ctx.tenseal, compact_codec(ctx, lvl).expand(body))
+    never use it on bytes received from anyone. The envelope must be of ``ctx``'s wire (it is, if
+    :func:`deserialize` accepted it under ``ctx``'s session)."""
+    if data[4] != _VERSIONS[ctx.wire]:
+        raise CiphertextFormatError(f"envelope version {data[4]} is not the {ctx.wire!r} wire's")
+    if ctx.wire == "compact":
+        return ts.ckks_vector_from(ctx.tenseal, compact_codec(ctx, data[5]).expand(_body(data)))
+    return ts.ckks_vector_from(ctx.tenseal, bytes(_body(data)))
 
 
 # ---------------------------------------------------------------------------- client recipes

@@ -7,7 +7,8 @@ the work runs and how it gets its data: a :class:`~fedgat.crypto.encoders.Proces
 the server's disk, which another machine cannot; here
 
 * the public context goes into the object store once (``ray.put``); each worker process loads it
-  into a :class:`ServerContext` once and keeps it (keyed by its SHA-256);
+  into a :class:`ServerContext` (in the session's ciphertext wire, the spool's context's) once and
+  keeps it (keyed by its SHA-256 and the wire);
 * each uploaded node's ciphertext bytes go into the object store once, when the first task needs
   them, and are released when the last node that uses them is computed, so the store never holds
   much more than the uploads of the nodes in flight and their neighbours;
@@ -51,30 +52,31 @@ def import_ray() -> Any:
 
 
 # ------------------------------------------------------------------------------------ worker side
-#: per worker process: SHA-256 of the public context bytes -> loaded context
-_CONTEXTS: dict[bytes, ServerContext] = {}
+#: per worker process: (SHA-256 of the public context bytes, wire) -> loaded context
+_CONTEXTS: dict[tuple[bytes, str], ServerContext] = {}
 
 
-def _context(key: bytes, public_context: bytes) -> ServerContext:
-    ctx = _CONTEXTS.get(key)
+def _context(key: bytes, public_context: bytes, wire: str) -> ServerContext:
+    ctx = _CONTEXTS.get((key, wire))
     if ctx is None:
         _CONTEXTS.clear()  # one context at a time per worker: the server computes recipient by recipient
-        ctx = _CONTEXTS[key] = ServerContext.from_bytes(public_context)
+        ctx = _CONTEXTS[(key, wire)] = ServerContext.from_bytes(public_context, wire=wire)
     return ctx
 
 
 def encode_batch(
     key: bytes,
     public_context: bytes,
+    wire: str,
     layout: SlotLayout,
     tasks: list[Task],
     nodes: list[int],
     *uploads: list[bytes],
 ) -> list[NodeResult]:
     """One Ray task: ``tasks`` are :func:`fedgat.crypto.tasks.pieces` tuples, ``uploads[k]`` the
-    chunk ciphertexts of ``nodes[k]`` (every neighbour the tasks use). Plain function, so it can be
-    tested without Ray."""
-    ctx = _context(key, public_context)
+    chunk ciphertexts of ``nodes[k]`` (every neighbour the tasks use), in the session's ciphertext
+    ``wire`` (results too). Plain function, so it can be tested without Ray."""
+    ctx = _context(key, public_context, wire)
     loaded = {
         node: [deserialize(ctx, b, level="fresh") for b in blobs]
         for node, blobs in zip(nodes, uploads, strict=True)
@@ -138,6 +140,7 @@ class RayEncoder:
         self.window = max(1, 2 * self.workers if window is None else window)
         self._layout = layout
         self._spool = spool
+        self._wire = spool.ctx.wire
         self._key = hashlib.sha256(public_context).digest()
         self._context_ref = ray.put(public_context)
         self._uploads: dict[int, Any] = {}  # node -> ObjectRef of its chunk ciphertexts
@@ -169,7 +172,13 @@ class RayEncoder:
             nodes = sorted({int(j) for task in batch for j in task[1]})
             self.tasks_submitted += 1
             return self._task.remote(
-                self._key, self._context_ref, layout, batch, nodes, *[self._upload_ref(j) for j in nodes]
+                self._key,
+                self._context_ref,
+                self._wire,
+                layout,
+                batch,
+                nodes,
+                *[self._upload_ref(j) for j in nodes],
             )
 
         def node_done(task: Task) -> None:

@@ -27,6 +27,7 @@ import tenseal as ts
 from .context import CkksContext, ServerContext
 from .evaluator import evaluator_for
 from .packing import SlotLayout
+from .params import DEFAULT_WIRE
 from .spool import CiphertextSpool
 
 __all__ = [
@@ -158,9 +159,12 @@ def run_windowed(
 _WORKER: dict[str, Any] = {}
 
 
-def worker_init(public_context: bytes, layout: SlotLayout, path: str, index: dict) -> None:
-    """Process-pool initializer: load the public context and open the spool read-only."""
-    ctx = ServerContext.from_bytes(public_context)
+def worker_init(
+    public_context: bytes, layout: SlotLayout, path: str, index: dict, wire: str = DEFAULT_WIRE
+) -> None:
+    """Process-pool initializer: load the public context (in the session's ciphertext ``wire``, what
+    the spooled uploads and the results are in) and open the spool read-only."""
+    ctx = ServerContext.from_bytes(public_context, wire=wire)
     _WORKER.update(ctx=ctx, layout=layout, spool=CiphertextSpool.reader(ctx, layout, path, index))
 
 

@@ -41,7 +41,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     raise FlowerUnavailableError(f"{FLOWER_HINT} ({_exc})") from _exc
 
 from .driver import Driver
-from .errors import ProtocolError
+from .errors import ConfigMismatchError, ProtocolError
 from .fedavg import ClientRounds
 from .flower_roster import check_pinned, roster_fingerprint, roster_from_json, roster_to_json
 from .flower_state import ClientStore, load_client, save_client, save_encodings
@@ -196,12 +196,19 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
     store.roster = roster
     if setup["phase"] == "pretrain":
         c = setup["config"]
+        pinned = str(context.node_config.get("wire") or "")
+        if pinned and pinned != c["wire"]:
+            raise ConfigMismatchError(
+                f"the server runs the pre-training with the {c['wire']!r} ciphertext wire; this node "
+                f"pins {pinned!r} (node config 'wire')"
+            )
         config = PretrainConfig(
             session=int(c["session"]),
             variant=c["variant"],
             preset=c["preset"],
             chunks=c["chunks"],
             embed_factor=int(c["embed_factor"]),
+            wire=str(c["wire"]),
         )
         store.party = _new_pretrain_party(pid, cfg, identity, roster, config)
     elif setup["phase"] == "rounds":

@@ -293,7 +293,11 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
 
     # --- encrypted pre-training --------------------------------------------------------------------
     pconfig = PretrainConfig(
-        session=secrets.randbits(63), variant=cfg.variant, preset=cfg.preset, chunks=cfg.chunks or None
+        session=secrets.randbits(63),
+        variant=cfg.variant,
+        preset=cfg.preset,
+        chunks=cfg.chunks or None,
+        wire=cfg.wire,
     )
     pserver = build_pretrain_server(
         roster,
@@ -311,6 +315,7 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
             "preset": pconfig.preset,
             "chunks": pconfig.chunks,
             "embed_factor": pconfig.embed_factor,
+            "wire": pconfig.wire,
         },
     }
     pre = _drive(grid, pserver, party_node, PRETRAIN, cfg, setup=pre_setup)

@@ -62,8 +62,9 @@ __all__ = [
 MAGIC = b"FGAT"
 #: 3: results are per (node, owner) partials (``ResultItem.owner``); 4: under secure aggregation the
 #: masked input carries the evaluation counts (no EvaluationReport), so its length changed; 5: DP
-#: terms name the mechanism (PrivacyTerms) and DP releases are narrower than the features (block layout)
-VERSION = 5
+#: terms name the mechanism (PrivacyTerms) and DP releases are narrower than the features (block layout);
+#: 6: PublicContext names the session's ciphertext wire (``wire``)
+VERSION = 6
 HEADER = struct.Struct(">4sBHIIQQ32sI")
 SIGNATURE_SIZE = 64
 ZERO_FINGERPRINT = bytes(32)

@@ -32,7 +32,7 @@ id  type                 direction                   fields                     
 ==  ===================  ==========================  ================================================  ========
 1   KeyAnnounce          client -> server -> every   party, hpke (1216 B), ed25519 (32 B),             2 KiB
                          other client                context_fingerprint, binding_signature (64 B)
-2   PublicContext        client -> server -> every   party, preset, context (<= 8 MiB),                8 MiB+1K
+2   PublicContext        client -> server -> every   party, preset, wire, context (<= 8 MiB),          8 MiB+1K
                          other client                context_fingerprint
 3   SealedCheckKeys      client -> server -> owners  recipient_party, owners, sealed (HPKE, one per    8 MiB
                                                      owner), keys_signature (64 B)

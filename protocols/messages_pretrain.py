@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from fedgat.crypto.params import DEFAULT_WIRE, WIRES
 from fedgat.dp import MECHANISMS
 from fedgat.variants import as_variant
 
@@ -133,13 +134,20 @@ def keyset_fingerprint(session: int, contexts: dict[int, bytes]) -> bytes:
 class PublicContext(Message):
     """Client ``party``'s public CKKS context (params + public key; no secret, relinearisation or
     Galois keys), sent to the server and relayed to every other client. Authentic through the
-    fingerprint in the party's signed :class:`KeyAnnounce`."""
+    fingerprint in the party's signed :class:`KeyAnnounce`.
+
+    ``preset`` and ``wire`` (the ciphertext wire, :data:`fedgat.crypto.params.WIRES`; protocol
+    version 6) name the session parameters the sender runs with, so that a party configured
+    otherwise is refused at key set-up (:func:`fedgat.protocols.pretrain_keys.load_public_context`)
+    rather than at its first ciphertext. They select nothing: every party writes and accepts only
+    its own configuration's wire."""
 
     TYPE: ClassVar[int] = 2
     MAX_PAYLOAD: ClassVar[int] = 8 * MiB + 1 * KiB
     SCHEMA: ClassVar = (
         ("party", U32),
         ("preset", Text(32)),
+        ("wire", Text(16)),
         ("context", Bytes(8 * MiB)),
         ("context_fingerprint", FP),
     )
@@ -148,8 +156,11 @@ class PublicContext(Message):
     preset: str
     context: bytes
     context_fingerprint: bytes
+    wire: str = DEFAULT_WIRE
 
     def check(self) -> None:
+        if self.wire not in WIRES:
+            raise PayloadError(f"unknown ciphertext wire {self.wire!r} (expected one of {', '.join(WIRES)})")
         if hashlib.sha256(self.context).digest() != self.context_fingerprint:
             raise KeyFingerprintError("context_fingerprint is not SHA-256 of the context bytes")
 

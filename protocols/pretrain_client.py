@@ -307,7 +307,7 @@ class ClientPretrain(Party):
         if self.state is not ClientState.NEW:
             raise StateError("start() was already called")
         with self.clock("keygen"):
-            self.holder = KeyHolderContext.generate(self.config.preset)
+            self.holder = KeyHolderContext.generate(self.config.preset, wire=self.config.wire)
             self._session_keys = SessionKeys.generate()
         self.layout = self.config.layout(self.config.row_width(self.dim), self.holder.slots)
         fp = self.holder.fingerprint()
@@ -329,6 +329,7 @@ class ClientPretrain(Party):
                 server,
                 party=self.party_id,
                 preset=self.config.preset,
+                wire=self.config.wire,
                 context=self.holder.public_context_bytes(),
                 context_fingerprint=fp,
             ),
@@ -428,7 +429,9 @@ class ClientPretrain(Party):
         if msg.party in self._peer_contexts:
             raise StateError(f"party {msg.party}'s context was already relayed")
         with self.clock("keygen"):
-            self._peer_contexts[msg.party] = load_public_context(msg, announced, self.config.preset)
+            self._peer_contexts[msg.party] = load_public_context(
+                msg, announced, self.config.preset, self.config.wire
+            )
         return []
 
     def _on_claim(self, msg: EdgeClaims) -> list[Message]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedgat.crypto import DEFAULT_PRESET, SlotLayout
+from fedgat.crypto import DEFAULT_PRESET, DEFAULT_WIRE, SlotLayout, check_wire
 from fedgat.crypto.tags import TAG_COLUMNS
 from fedgat.dp import FeatureDP
 from fedgat.variants import Variant, VariantLike, as_variant
@@ -83,6 +83,12 @@ class PretrainConfig:
             The terms are public and shared with the server, so the owner's ledger is not part of
             them: each client is built with its own :class:`~fedgat.dp_ledger.DPLedger`
             (``ClientPretrain(ledger=...)``), charged before its release is drawn.
+        wire: the ciphertext wire (:data:`fedgat.crypto.params.WIRES`): ``"compact"`` (default;
+            envelope version 2, every coefficient at its prime's width: bytes at the floor, more
+            CPU to pack and unpack) or ``"tenseal"`` (envelope version 1, TenSEAL's own bytes: ~16-22 %
+            more bytes, less CPU). Every party's contexts write and accept this wire only; each
+            client names it in its :class:`PublicContext` and a party configured with another is
+            refused at key set-up (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
     """
 
     session: int
@@ -91,9 +97,11 @@ class PretrainConfig:
     chunks: int | None = None
     embed_factor: int = 1
     dp: FeatureDP | None = None
+    wire: str = DEFAULT_WIRE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "variant", as_variant(self.variant).name)  # ValueError: unknown name
+        check_wire(self.wire)  # ValueError: unknown wire
         if not 0 <= self.session < 2**64:
             raise ValueError("session must be a u64")
         if self.dp is not None and not isinstance(self.dp, FeatureDP):

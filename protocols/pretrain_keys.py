@@ -26,9 +26,10 @@ from fedgat.crypto import ContextFormatError, ServerContext
 from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import verify as verify_signature
 from fedgat.crypto.keys import SigningIdentity
+from fedgat.crypto.params import DEFAULT_WIRE
 from fedgat.crypto.tags import CheckKeys
 
-from .errors import AuthError, KeyFingerprintError, PayloadError, SignatureError
+from .errors import AuthError, ConfigMismatchError, KeyFingerprintError, PayloadError, SignatureError
 from .messages import KeyAnnounce, PublicContext, SealedCheckKeys, key_binding_bytes, sealed_keys_bytes
 from .messages_pretrain import HPKE_PUBLIC
 from .roster import Roster
@@ -113,19 +114,28 @@ def check_announce(msg: KeyAnnounce, roster: Roster, session: int) -> None:
     _public_key(msg.hpke)
 
 
-def load_public_context(msg: PublicContext, announced: KeyAnnounce, preset: str) -> ServerContext:
-    """Party ``msg.party``'s public CKKS context, checked against the fingerprint it signed.
+def load_public_context(
+    msg: PublicContext, announced: KeyAnnounce, preset: str, wire: str = DEFAULT_WIRE
+) -> ServerContext:
+    """Party ``msg.party``'s public CKKS context, checked against the fingerprint it signed, loaded
+    in this party's session ciphertext ``wire`` (never the message's).
 
     Raises:
         PayloadError: another preset, or not a public context (a secret key is refused).
+        ConfigMismatchError: the party runs the session with another ciphertext wire.
         KeyFingerprintError: the context is not the one the party announced.
     """
     if msg.context_fingerprint != announced.context_fingerprint:
         raise KeyFingerprintError(f"party {msg.party}'s context is not the one it announced")
     if msg.preset != preset:
         raise PayloadError(f"context preset {msg.preset!r} is not the session's {preset!r}")
+    if msg.wire != wire:
+        raise ConfigMismatchError(
+            f"party {msg.party} runs the session with the {msg.wire!r} ciphertext wire, this party with "
+            f"{wire!r}: every party must be configured with the same wire (--wire)"
+        )
     try:
-        ctx = ServerContext.from_bytes(msg.context, presets=[preset])
+        ctx = ServerContext.from_bytes(msg.context, presets=[preset], wire=wire)
     except ContextFormatError as exc:  # NotPublicContextError included
         raise PayloadError(f"public context of party {msg.party} refused: {exc}") from exc
     if ctx.fingerprint() != msg.context_fingerprint:

@@ -285,7 +285,7 @@ class ServerPretrain(Party):
             raise StateError(f"party {msg.sender}'s context must follow its own key announcement")
         if msg.sender in self.contexts:
             raise StateError(f"party {msg.sender} has already sent its context")
-        self.contexts[msg.sender] = load_public_context(msg, announced, self.config.preset)
+        self.contexts[msg.sender] = load_public_context(msg, announced, self.config.preset, self.config.wire)
         self._context_msgs[msg.sender] = msg
         return self._maybe_ready()
 

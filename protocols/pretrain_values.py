@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
-from fedgat.crypto import KeyHolderContext, ServerContext, SlotLayout
+from fedgat.crypto import DEFAULT_WIRE, KeyHolderContext, ServerContext, SlotLayout
 from fedgat.crypto.tags import CheckKeys
 from fedgat.dp import FeatureDP
 
@@ -97,6 +97,7 @@ def config_to_value(config: PretrainConfig) -> dict[str, Any]:
         "chunks": config.chunks,
         "embed_factor": config.embed_factor,
         "dp": None if config.dp is None else dataclasses.asdict(config.dp),
+        "wire": config.wire,
     }
 
 
@@ -109,6 +110,7 @@ def config_from_value(value: Mapping[str, Any]) -> PretrainConfig:
         chunks=None if value["chunks"] is None else int(value["chunks"]),
         embed_factor=int(value["embed_factor"]),
         dp=None if dp is None else FeatureDP(**dp),
+        wire=str(value.get("wire", DEFAULT_WIRE)),  # values saved before the option: the compact wire
     )
 
 
@@ -297,6 +299,7 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
             expected_fingerprint=h["fingerprint"],
             presets=[preset],
             symmetric_encryption=bool(h["symmetric"]),
+            wire=client.config.wire,
         )
     )
     keys = progress["session_keys"]
@@ -307,7 +310,7 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
     client._peers = {int(m.party): m for m in peers}
     contexts: dict[int, ServerContext] = {}
     for p, data in progress["contexts"]:
-        ctx = ServerContext.from_bytes(data, presets=[preset])
+        ctx = ServerContext.from_bytes(data, presets=[preset], wire=client.config.wire)
         announced = client._peers.get(int(p))
         if announced is None or ctx.fingerprint() != announced.context_fingerprint:
             raise ValueError(f"the saved context of party {p} is not the one it announced")

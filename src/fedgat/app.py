@@ -255,8 +255,12 @@ def build_pretrain_parties(
     dp_ledgers: Mapping[int, DPLedger] | None = None,
     dp_release: torch.Tensor | None = None,
     predictors: Mapping[int, LabelPredictor] | None = None,
+    wire: str = "compact",
 ) -> PretrainParties:
     """Build the server and the clients of a pre-training round for ``partition``.
+
+    ``wire``: the session's ciphertext wire (:attr:`fedgat.protocols.pretrain.PretrainConfig.wire`:
+    ``"compact"``, bytes at the floor, or ``"tenseal"``, ~16-22 % more bytes and less CPU).
 
     ``encoder``: where the server computes (default :func:`fedgat.crypto.encoders.local_encoder`
     with ``workers`` processes); ``spool_dir``: where it stores uploads (default a temporary folder).
@@ -289,6 +293,7 @@ def build_pretrain_parties(
         preset=preset,
         chunks=chunks,
         dp=dp,
+        wire=wire,
     )
     roster = deployment.roster
     server = build_pretrain_server(
@@ -577,6 +582,7 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
             {
                 "variant": pre.variant,
                 "preset": pre.preset,
+                "wire": pre.wire,
                 "phases": {k: round(v, 3) for k, v in pre.phases.items()},
                 "pretrain_wall_seconds": round(pre.wall_seconds, 3),
                 "bytes_up": pre.bytes_up,

@@ -394,7 +394,7 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
     for e in received:
         msg = decode_message(e.data)
         if isinstance(msg, PublicContext):
-            ctx = ServerContext.from_bytes(msg.context)
+            ctx = ServerContext.from_bytes(msg.context, wire=msg.wire)  # the envelopes' wire
             contexts[msg.party] = ctx
             has_secret = bool(has_secret) or bool(ctx.tenseal.has_secret_key())
         if isinstance(msg, FeatureUpload):

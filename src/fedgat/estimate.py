@@ -24,6 +24,7 @@ def estimate_pretraining(
     chunks: int | None = None,
     seconds_per_multiply_add: float | None = None,
     ship_m2: bool = False,
+    wire: str = "compact",
 ) -> dict:
     """Cost of the pre-training round without running it: multiply-adds, ciphertexts and bytes of the
     per-recipient protocol (each client's foreign shares under its key, one partial per foreign owner
@@ -32,6 +33,11 @@ def estimate_pretraining(
     ``ship_m2``: cost the paper's protocol, whose server also computes and ships the matrix variant's
     ``M2`` (this implementation's clients derive it from ``K2``).
 
+    ``wire``: the ciphertext wire (:attr:`fedgat.protocols.pretrain.PretrainConfig.wire`): bytes are
+    exact for ``"compact"`` and typical (measured, :data:`fedgat.crypto.params.TENSEAL_WIRE_BYTES`)
+    for ``"tenseal"``; ``client_seconds`` is the compact wire's either way (an over-estimate for
+    ``"tenseal"``, whose clients skip the packing: ~0.65 ms per upload, ~0.2 ms per result at n4096).
+
     Uses the dense coefficient structure of the bases (every computed row of node ``i`` uses all
     ``n_i`` neighbours) and the preset's measured sizes and timings (:mod:`fedgat.crypto.params`).
     ``decrypted_bytes_float64``: the clients' decrypted encodings together, before compaction.
@@ -39,7 +45,7 @@ def estimate_pretraining(
     ``--engine auto`` weighs, :func:`fedgat.cli_engine.resolve_engine`).
     """
     p = get_preset(preset)
-    cfg = PretrainConfig(session=0, variant=variant, preset=preset, chunks=chunks)
+    cfg = PretrainConfig(session=0, variant=variant, preset=preset, chunks=chunks, wire=wire)
     layout = cfg.layout(cfg.row_width(d), p.slots)
     nbh = partition.neighbourhoods
     n = nbh.degrees().astype(np.int64)
@@ -80,8 +86,8 @@ def estimate_pretraining(
         grow = {4096: 1.0, 8192: 2.2, 16384: 4.4}.get(p.poly_modulus_degree, 3.0)
         ops = OpCounts.of_round(mads, down_cts, layout.chunks)
         server_seconds = grow * ops.seconds(N4096_OP_SECONDS)
-    # exact: the compact wire form is each level's floor plus the envelope (fedgat.crypto.compact)
-    result_bytes, fresh_bytes = p.wire_bytes("result"), p.wire_bytes("fresh")
+    # compact: exact, each level's floor plus the envelope (fedgat.crypto.compact); tenseal: measured
+    result_bytes, fresh_bytes = p.wire_bytes("result", wire), p.wire_bytes("fresh", wire)
     # the clients' own CKKS work on one core: encrypt + serialise each upload into its compact
     # envelope, load + decrypt each result (n4096 measured in the Cora overhead run of 2026-11-25:
     # 4.24 / 0.38 ms; the larger rings are estimates, not measured: TenSEAL's costs before the compact

@@ -363,7 +363,7 @@ class ForgingServer(ServerPretrain):
             ]
             return encode_node(ctx, layout, fresh, node, coef)
         if kind == "foreign_key":  # computed under the attacker's own key, re-enveloped as the victim's
-            own = KeyHolderContext.generate(self.config.preset)
+            own = KeyHolderContext.generate(self.config.preset, wire=self.config.wire)
             fresh = [
                 [deserialize(own, blob, level="fresh") for blob in encrypt_rows(own, row[None], layout)]
                 for row in chosen_rows

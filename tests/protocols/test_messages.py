@@ -194,11 +194,12 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 5
+    assert data[4] == VERSION == 6
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
-    # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4)
-    for version in (1, 2, 3, 4, 6, 255):
+    # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4),
+    # a PublicContext without the ciphertext wire (5)
+    for version in (1, 2, 3, 4, 5, 7, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):

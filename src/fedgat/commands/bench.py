@@ -36,6 +36,7 @@ from fedgat.cli_engine import (
     add_debug_argument,
     add_device_argument,
     add_owners_arguments,
+    add_wire_argument,
     check_beta,
     check_counts,
     check_dataset,
@@ -95,6 +96,7 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
     parser.add_argument("--neighbour-cap", type=int, default=None)
     parser.add_argument("--preset", default="n4096", choices=("n4096", "n8192", "n8192-small", "n16384"))
+    add_wire_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")

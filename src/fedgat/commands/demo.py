@@ -39,6 +39,7 @@ from fedgat.cli_engine import (
     add_device_argument,
     add_engine_arguments,
     add_owners_arguments,
+    add_wire_argument,
     check_beta,
     check_counts,
     check_dataset,
@@ -61,6 +62,7 @@ NAME = "demo"
 HELP = "encrypted pre-training + FedGAT training end to end (Cora, 10 clients by default)"
 
 PRESET_CHOICES = ("n4096", "n8192", "n8192-small", "n16384")
+
 MATRIX_DEFAULT_CAP = 16
 #: FedAvg rounds of the demo: Cora's best validation round is ~250 (fedgat train runs up to 500); 300
 #: keeps the whole demo near 5 minutes on 2 cores
@@ -99,6 +101,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", default="n4096", choices=PRESET_CHOICES, help="CKKS preset (default n4096)"
     )
+    add_wire_argument(parser)
     parser.add_argument(
         "--neighbour-cap",
         default=None,
@@ -231,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     # the split every FedGAT engine makes, with the rule and cap of the settings the run trains with
     partition = fedgat_partition(graph, args.clients, args.beta, args.seed, settings, owners)
 
-    est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset)
+    est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset, wire=args.wire)
     rule = describe_rule(settings["min_cross"])
     # --engine auto: worker processes for a round whose clients' CKKS work is worth spreading (--actors
     # asks for them outright)
@@ -273,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
             transport,
             progress=progress,
             workers=args.workers,
+            wire=args.wire,
         )
         plain = run_plaintext_pretraining(graph, partition, args.variant, args.seed)
         error = max_abs_error(pre.encodings, plain)
