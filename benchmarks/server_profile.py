@@ -27,7 +27,8 @@ worker's own code (:func:`~fedgat.crypto.tasks.worker_batch`, spool cache and al
 
 The op-count bound uses per-operation costs measured in the same run, one core, nothing else running
 (:func:`~fedgat.crypto.measure.evaluator_op_seconds`). ``floor_with_save`` adds SEAL's save (the part
-no wire can avoid) to it. Writes ``server_profile.json``, ``.md`` and ``.png`` into ``--out``.
+no wire can avoid) to it. Every wire of ``--wires`` (the session option
+:attr:`fedgat.protocols.PretrainConfig.wire`) runs the same tasks, side by side. Writes ``server_profile.json``, ``.md`` and ``.png`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMPONENTS = ("ops", "seal_save", "wire", "loads", "copies", "other")
+WIRES = ("compact", "tenseal")
 #: SEAL calls the bound counts (cProfile names of the sealapi builtins)
 _OP_CALLS = ("encode", "multiply_plain", "add_inplace", "rescale_to_next_inplace")
 
@@ -102,10 +104,12 @@ def profile(
     variant: str = "vector",
     preset: str = "n4096",
     tasks: int = 1500,
+    wires: tuple[str, ...] = WIRES,
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """The measurement of the module docstring, as a JSON-ready dict."""
+    """The measurement of the module docstring, as a JSON-ready dict: the same tasks in every wire
+    of ``wires``, the passes of the wires interleaved (warm-ups, then clean passes, then profiles)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -126,10 +130,9 @@ def profile(
     hp = resolve_hparams("fedgat", {"variant": variant})
     partition = fedgat_partition(graph, clients, beta, seed, hp, None)
     config = PretrainConfig(session=1, variant=variant, preset=preset)
-    holder = KeyHolderContext.generate(preset)
-    server = ServerContext.from_bytes(holder.public_context_bytes())
-    layout = config.layout(config.row_width(graph.num_features), holder.slots)
     plan = plan_shares(partition_graphs(partition, graph.num_features), variant, RandomSource.from_seed(seed))
+    holders = {w: KeyHolderContext.generate(preset, wire=w) for w in wires}
+    layout = config.layout(config.row_width(graph.num_features), next(iter(holders.values())).slots)
     round_ops = OpCounts()
     for shares in plan.shares.values():  # type: ignore[union-attr]
         for bucket in shares:
@@ -137,46 +140,75 @@ def profile(
                 round_ops += OpCounts.of_map(bucket.coefficients(s), layout)
     chosen = sample_tasks(plan, layout, tasks)
     sources = sorted({int(j) for t in chosen for j in t[1]})
+    batches = list(worker.batched(iter(chosen), 8, 512, layout.chunks))
 
-    rng = np.random.default_rng(seed)
-    spool = CiphertextSpool(server, layout)
+    spools: dict[str, CiphertextSpool] = {}
+    states: dict[str, dict] = {}
+    clean: dict[str, float] = {}
+    parts: dict[str, dict[str, float]] = {}
+    counted: dict[str, OpCounts] = {}
     try:
-        for j in tqdm(sources, desc="uploads", unit="node", disable=not progress):
-            for ch, vec in enumerate(layout.pack_row(rng.uniform(-0.05, 0.05, layout.d))):
-                spool.put(j, ch, packing.serialize(holder, holder.encrypt_vector(vec)))
-        path, index = spool.snapshot()
-        worker.worker_init(server.public_context_bytes(), layout, path, index)
-        evaluator = evaluator_for(worker._WORKER["ctx"])
-        batches = list(worker.batched(iter(chosen), 8, 512, layout.chunks))
+        for w, holder in holders.items():
+            server = ServerContext.from_bytes(holder.public_context_bytes(), wire=w)
+            spool = spools[w] = CiphertextSpool(server, layout)
+            rng = np.random.default_rng(seed)  # the same rows in every wire
+            for j in tqdm(sources, desc=f"uploads ({w})", unit="node", disable=not progress):
+                for ch, vec in enumerate(layout.pack_row(rng.uniform(-0.05, 0.05, layout.d))):
+                    spool.put(j, ch, packing.serialize(holder, holder.encrypt_vector(vec)))
+            path, index = spool.snapshot()
+            worker.worker_init(server.public_context_bytes(), layout, path, index, wire=w)
+            states[w] = dict(worker._WORKER)
 
-        def one_pass() -> float:
+        def one_pass(w: str) -> float:
+            worker._WORKER.clear()
+            worker._WORKER.update(states[w])
             worker._WORKER["spool"]._cache.clear()  # each pass starts like a fresh worker
             start = time.process_time()
-            for batch in tqdm(batches, desc="tasks", unit="batch", disable=not progress, leave=False):
+            for batch in tqdm(batches, desc=f"tasks ({w})", unit="batch", disable=not progress, leave=False):
                 worker.worker_batch(batch)
             return time.process_time() - start
 
-        one_pass()  # warm-up
-        evaluator.ops = OpCounts()
-        clean = one_pass()
-        ops = evaluator.ops
-        prof = cProfile.Profile()
-        prof.enable()
-        one_pass()
-        prof.disable()
-        parts = _component_seconds(prof)
+        for w in wires:
+            one_pass(w)  # warm-up
+        for w in wires:
+            evaluator = evaluator_for(states[w]["ctx"])
+            evaluator.ops = OpCounts()
+            clean[w] = one_pass(w)
+            counted[w] = evaluator.ops
+        for w in wires:
+            prof = cProfile.Profile()
+            prof.enable()
+            one_pass(w)
+            prof.disable()
+            parts[w] = _component_seconds(prof)
     finally:
         worker._WORKER.clear()
-        spool.close()
+        for spool in spools.values():
+            spool.close()
 
+    ops = counted[wires[0]]
+    assert all(c == ops for c in counted.values()), "every wire runs the same operations"
     costs = evaluator_op_seconds(preset)
     results = ops.rescales
     bound = ops.seconds(costs)
-    per_result = {k: parts[k] / results * 1e3 for k in COMPONENTS}
-    # the profiled pass runs slower than the clean one (cProfile's own cost): scale the split to it
-    scale = clean / parts["total"]
-    ms = {k: v * scale for k, v in per_result.items()}
-    floor_with_save = bound + parts["seal_save"] * scale
+    per_wire = {}
+    for w in wires:
+        # the profiled pass runs slower than the clean one (cProfile's own cost): scale the split to it
+        scale = clean[w] / parts[w]["total"]
+        floor_with_save = bound + parts[w]["seal_save"] * scale
+        per_wire[w] = {
+            "cpu_seconds": clean[w],
+            "profiled_seconds": parts[w]["total"],
+            "ms_per_result": {k: parts[w][k] * scale / results * 1e3 for k in COMPONENTS},
+            "ms_per_result_total": clean[w] / results * 1e3,
+            "floor_with_save_ms_per_result": floor_with_save / results * 1e3,
+            "ratios": {
+                "cpu_vs_op_bound": clean[w] / bound,
+                "cpu_vs_floor_with_save": clean[w] / floor_with_save,
+                "floor_with_save_vs_op_bound": floor_with_save / bound,
+            },
+            "round_cpu_seconds_predicted": clean[w] / results * round_ops.rescales,
+        }
     return {
         "dataset": graph.name,
         "nodes": graph.num_nodes,
@@ -193,19 +225,9 @@ def profile(
         "results": results,
         "multiply_adds_per_result": ops.multiplies / results,
         "op_seconds": costs,
-        "cpu_seconds": clean,
-        "profiled_seconds": parts["total"],
-        "ms_per_result": ms,
-        "ms_per_result_total": clean / results * 1e3,
         "bound_ms_per_result": bound / results * 1e3,
-        "floor_with_save_ms_per_result": floor_with_save / results * 1e3,
-        "ratios": {
-            "cpu_vs_op_bound": clean / bound,
-            "cpu_vs_floor_with_save": clean / floor_with_save,
-            "floor_with_save_vs_op_bound": floor_with_save / bound,
-        },
-        "round_cpu_seconds_predicted": clean / results * round_ops.rescales,
         "round_op_bound_cpu_seconds": round_ops.seconds(costs),
+        "wires": per_wire,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -216,55 +238,69 @@ def profile(
 
 
 def markdown(result: dict) -> str:
-    m, r = result["machine"], result["ratios"]
+    m, wires = result["machine"], result["wires"]
+    names = list(wires)
+    costs = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in result["op_seconds"].items() if k != "save")
     rows = [
-        (
-            f"# Server CPU per result: {result['dataset']}, {result['clients']} clients, {result['variant']}, "
-            f"{result['preset']}"
-        ),
+        f"# Server CPU per result: {result['dataset']}, {result['clients']} clients, {result['variant']}, {result['preset']}",
         "",
         (
             f"{result['tasks_sampled']} of the round's tasks (evenly spaced over every recipient; {result['results']} "
             f"results, {result['multiply_adds_per_result']:.2f} multiply-adds per result; layout "
             f"{result['layout']['chunks']} chunks x {result['layout']['blocks']} blocks) run through the server "
-            f"worker's code on one core. Machine: {m['cpus']} CPU(s), {m['platform']}, {m['date']}; load average "
-            f"{', '.join(f'{x:.2f}' for x in m['load_average'])} at the end. Generated by "
-            "`benchmarks/server_profile.py`."
+            f"worker's code on one core, once per wire, passes interleaved. Machine: {m['cpus']} CPU(s), "
+            f"{m['platform']}, {m['date']}; load average {', '.join(f'{x:.2f}' for x in m['load_average'])} at "
+            "the end. Generated by `benchmarks/server_profile.py`."
         ),
         "",
-        "| component | ms per result | share |",
-        "|---|---:|---:|",
+        "| component | " + " | ".join(f"{w} ms per result | share" for w in names) + " |",
+        "|---|" + "---:|---:|" * len(names),
     ]
-    total = result["ms_per_result_total"]
     for k in COMPONENTS:
-        v = result["ms_per_result"][k]
-        rows.append(f"| {k} | {v:.3f} | {v / total:.0%} |")
+        cells = []
+        for w in names:
+            v, total = wires[w]["ms_per_result"][k], wires[w]["ms_per_result_total"]
+            cells.append(f"{v:.3f} | {v / total:.0%}")
+        rows.append(f"| {k} | " + " | ".join(cells) + " |")
+    rows.append(
+        "| **total (clean pass)** | "
+        + " | ".join(f"**{wires[w]['ms_per_result_total']:.3f}** | " for w in names)
+        + " |"
+    )
     rows += [
-        f"| **total (clean pass)** | **{total:.3f}** | |",
         "",
-        "| quantity | ms per result | ratio to the op bound |",
-        "|---|---:|---:|",
-        (
-            f"| op-count bound (one core, costs {', '.join(f'{k} {v * 1e3:.3f}' for k, v in result['op_seconds'].items() if k != 'save')} ms) "
-            f"| {result['bound_ms_per_result']:.3f} | 1.00 |"
-        ),
-        (
-            f"| bound + SEAL's save (no wire avoids it) | {result['floor_with_save_ms_per_result']:.3f} | "
-            f"{r['floor_with_save_vs_op_bound']:.2f} |"
-        ),
-        f"| measured | {total:.3f} | **{r['cpu_vs_op_bound']:.2f}** ({r['cpu_vs_floor_with_save']:.2f}x bound + save) |",
+        "| quantity | " + " | ".join(f"{w} ms per result | ratio to the op bound" for w in names) + " |",
+        "|---|" + "---:|---:|" * len(names),
+        f"| op-count bound (one core; {costs} ms) | "
+        + " | ".join(f"{result['bound_ms_per_result']:.3f} | 1.00" for _ in names)
+        + " |",
+        "| bound + SEAL's save (no wire avoids it) | "
+        + " | ".join(
+            f"{wires[w]['floor_with_save_ms_per_result']:.3f} | {wires[w]['ratios']['floor_with_save_vs_op_bound']:.2f}"
+            for w in names
+        )
+        + " |",
+        "| measured | "
+        + " | ".join(
+            f"{wires[w]['ms_per_result_total']:.3f} | **{wires[w]['ratios']['cpu_vs_op_bound']:.2f}** "
+            f"({wires[w]['ratios']['cpu_vs_floor_with_save']:.2f}x bound + save)"
+            for w in names
+        )
+        + " |",
         "",
         (
-            f"Whole round at this rate: {result['round_cpu_seconds_predicted']:.0f} CPU-s for "
-            f"{result['round_op_counts']['rescales']} results (op bound {result['round_op_bound_cpu_seconds']:.0f} CPU-s)."
+            f"The whole round ({result['round_op_counts']['rescales']} results) at these rates: "
+            + ", ".join(f"{w} {wires[w]['round_cpu_seconds_predicted']:.0f} CPU-s" for w in names)
+            + f"; its op bound {result['round_op_bound_cpu_seconds']:.0f} CPU-s."
         ),
         "",
         (
             "Components: `ops` = SEAL encode, multiply_plain, add_inplace, rescale (what the bound counts); "
             "`seal_save` = SEAL's zstd save of each result and reading it back; `wire` = the envelope's body "
-            "(compact: decompress + bit-pack) and its SHA-256; `loads` = spool reads on a cache miss; `copies` = "
-            "TenSEAL's `ciphertext()` copies; `other` = Python around the calls, coefficient vectors, allocation. "
-            "The split comes from a cProfile pass, scaled to the clean pass's CPU."
+            "(compact: decompress + bit-pack; tenseal: the bytes as they are) and its SHA-256; `loads` = spool "
+            "reads on a cache miss; `copies` = TenSEAL's `ciphertext()` copies; `other` = Python around the "
+            "calls, coefficient vectors, allocation. The split comes from a cProfile pass, scaled to the clean "
+            "pass's CPU."
         ),
     ]
     return "\n".join(rows) + "\n"
@@ -276,18 +312,20 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 2.4))
-    left = 0.0
-    for k in COMPONENTS:
-        v = result["ms_per_result"][k]
-        ax.barh([0], [v], left=left, label=k)
-        left += v
+    names = list(result["wires"])
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(names)))
+    colours = plt.get_cmap("tab10").colors
+    for y, w in enumerate(names):
+        left = 0.0
+        for i, k in enumerate(COMPONENTS):
+            v = result["wires"][w]["ms_per_result"][k]
+            ax.barh([y], [v], left=left, color=colours[i], label=k if y == 0 else None)
+            left += v
     ax.axvline(result["bound_ms_per_result"], color="k", linestyle="--", label="op bound")
-    ax.axvline(result["floor_with_save_ms_per_result"], color="k", linestyle=":", label="bound + save")
-    ax.set_yticks([])
+    ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("CPU ms per result ciphertext (one core)")
     ax.set_title(f"Server CPU per result, {result['dataset']} ({result['variant']}, {result['preset']})")
-    ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -311,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
     parser.add_argument("--preset", default="n4096")
     parser.add_argument("--tasks", type=int, default=1500, help="tasks sampled from the round (default 1500)")
+    parser.add_argument(
+        "--wires", nargs="+", choices=WIRES, default=list(WIRES), help="ciphertext wires to compare"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -323,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         variant=args.variant,
         preset=args.preset,
         tasks=args.tasks,
+        wires=tuple(args.wires),
         seed=args.seed,
         progress=not args.quiet,
     )

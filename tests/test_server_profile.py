@@ -61,9 +61,11 @@ def test_profile_counts_the_sampled_tasks_and_splits_their_cpu(tmp_path, monkeyp
     assert result["results"] == expected.rescales
     # the whole round's counts are the plan's
     assert result["round_op_counts"]["multiplies"] == plan.multiply_adds(layout)
-    # the split: non-negative parts that add up to the clean pass's CPU (scaled from the profile)
-    ms = result["ms_per_result"]
-    assert set(ms) == set(bench.COMPONENTS) and all(v >= 0 for v in ms.values())
-    assert ms["ops"] > 0 and ms["seal_save"] > 0 and ms["wire"] > 0
-    assert np.isclose(sum(ms.values()), result["ms_per_result_total"], rtol=1e-6)
-    assert result["ratios"]["floor_with_save_vs_op_bound"] > 1.0
+    # per wire, the split: non-negative parts that add up to the clean pass's CPU (scaled from the profile)
+    assert set(result["wires"]) == {"compact", "tenseal"}
+    for w, row in result["wires"].items():
+        ms = row["ms_per_result"]
+        assert set(ms) == set(bench.COMPONENTS) and all(v >= 0 for v in ms.values()), w
+        assert ms["ops"] > 0 and ms["seal_save"] > 0 and ms["wire"] > 0, w
+        assert np.isclose(sum(ms.values()), row["ms_per_result_total"], rtol=1e-6), w
+        assert row["ratios"]["floor_with_save_vs_op_bound"] > 1.0, w
