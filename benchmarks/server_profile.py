@@ -79,8 +79,8 @@ def _component_seconds(profile: cProfile.Profile) -> dict[str, float]:
         cum[key] = cum.get(key, 0.0) + ct
     builtin = {k.split(".")[-1].strip(">}'"): v for k, v in tot.items() if k.startswith("<")}
     ops = sum(builtin.get(name, 0.0) for name in _OP_CALLS)
-    seal_save = cum.get("evaluator.py:payload", 0.0)
-    wire = cum.get("packing.py:envelope", 0.0)
+    seal_save = cum.get("evaluator.py:save", 0.0)  # _MemoryFile.save: SEAL's save, read back
+    wire = cum.get("evaluator.py:result_envelope", 0.0) - seal_save
     loads = cum.get("spool.py:get", 0.0)
     copies = builtin.get("ciphertext", 0.0)
     total = sum(tot.values())

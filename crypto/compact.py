@@ -363,14 +363,23 @@ class CompactCodec:
         anything but one ciphertext of this context and level with the template's metadata."""
         try:
             sizes, stream, scale_raw = _vector_fields(payload)
-            version, members = _read_seal_stream(stream)
         except ValueError as exc:
             raise CiphertextFormatError(f"cannot read the TenSEAL ciphertext: {exc}") from exc
+        if sizes != self.sizes_field or scale_raw != self.scale_field:
+            raise CiphertextFormatError("ciphertext metadata differs from this context and level")
+        return self.compact_stream(stream)
+
+    def compact_stream(self, stream: bytes) -> bytes:
+        """A SEAL ciphertext stream (what ``Ciphertext.save`` writes; the vector's protobuf around it
+        is this context's by construction) -> the compact form, with :meth:`compact`'s checks of
+        the ciphertext's metadata. The server's evaluator saves its results this way."""
+        try:
+            version, members = _read_seal_stream(stream)
+        except ValueError as exc:
+            raise CiphertextFormatError(f"cannot read the SEAL ciphertext: {exc}") from exc
         prefix = self.members_prefix
         if (
-            sizes != self.sizes_field
-            or scale_raw != self.scale_field
-            or version != self.version
+            version != self.version
             or len(members) != len(prefix) + 8 * self.coefficients
             or members[: len(prefix)] != prefix
         ):

@@ -42,7 +42,7 @@ import tenseal as ts
 from tenseal import sealapi
 
 from .context import CkksContext
-from .packing import SlotLayout, check_linear_map, envelope
+from .packing import SlotLayout, check_linear_map, compact_codec, envelope, envelope_body
 
 __all__ = ["OpCounts", "SealEvaluator", "evaluator_for"]
 
@@ -184,6 +184,16 @@ class SealEvaluator:
         stream = _memory_file().save(ct)
         return self._proto_head + b"\x12" + _varint(len(stream)) + stream + self._proto_tail
 
+    def result_envelope(self, ct: sealapi.Ciphertext) -> bytes:
+        """A rescaled result ``ct`` as its envelope in the context's wire: what
+        ``envelope(ctx, self.payload(ct), ctx.result_level)`` returns, without building the protobuf
+        only to parse it again on the compact wire."""
+        ctx = self.ctx
+        if ctx.wire != "compact":
+            return envelope(ctx, self.payload(ct), ctx.result_level)
+        body = compact_codec(ctx, ctx.result_level).compact_stream(_memory_file().save(ct))
+        return envelope_body(ctx, body, ctx.result_level)
+
     def linear_map(
         self, layout: SlotLayout, sources: Sequence[Sequence[ts.CKKSVector]], q: np.ndarray
     ) -> list[bytes]:
@@ -220,7 +230,7 @@ class SealEvaluator:
                 ev.rescale_to_next_inplace(total)
                 # scale^2 / q1 with scale == q1 is q1 exactly; the double division may round
                 total.scale = ctx.scale
-                out.append(envelope(ctx, self.payload(total), ctx.result_level))
+                out.append(self.result_envelope(total))
             n = len(used)
             ops += OpCounts(n, n * layout.chunks, (n - 1) * layout.chunks, layout.chunks)
         self.ops += ops

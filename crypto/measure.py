@@ -235,7 +235,6 @@ def evaluator_op_seconds(
     from tenseal import sealapi
 
     from .evaluator import SealEvaluator
-    from .packing import envelope
 
     holder = KeyHolderContext.generate(preset)
     server = ServerContext.from_bytes(holder.public_context_bytes())
@@ -272,7 +271,7 @@ def evaluator_op_seconds(
 
     def save() -> None:
         for prod in products:
-            envelope(server, ev.payload(prod), server.result_level)
+            ev.result_envelope(prod)
 
     counts = {"encode": terms, "multiply": terms, "add": terms - 1, "rescale": terms, "save": terms}
     times: dict[str, list[float]] = {k: [] for k in counts}

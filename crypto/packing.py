@@ -477,6 +477,11 @@ def envelope(ctx: CkksContext, payload: bytes, level: int) -> bytes:
         if level not in (ctx.fresh_level, ctx.result_level):
             raise CiphertextFormatError(f"unexpected ciphertext level {level}")
         body = bytes(payload)
+    return envelope_body(ctx, body, level)
+
+
+def envelope_body(ctx: CkksContext, body: bytes, level: int) -> bytes:
+    """Header, ``body`` (already in ``ctx``'s wire) and digest: the framing of :func:`envelope`."""
     head = _HEADER.pack(_MAGIC, _VERSIONS[ctx.wire], level, ctx.fingerprint(), len(body))
     digest = hashlib.sha256(head)
     digest.update(body)

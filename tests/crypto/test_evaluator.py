@@ -136,3 +136,29 @@ def test_file_fallback_without_memfd(holder, server, monkeypatch) -> None:
     assert SealEvaluator(server).payload(vec.data.ciphertext()[0]) == expected
     memory.close()
     assert not os.path.exists(memory.path)
+
+
+@pytest.mark.parametrize("wire", ["compact", "tenseal"])
+def test_result_envelope_is_the_envelope_of_the_payload(wire) -> None:
+    """The evaluator's direct path (SEAL stream -> compact body, no protobuf in between) writes the
+    same bytes as enveloping TenSEAL's serialisation, in either wire, and refuses a fresh ciphertext
+    on the compact wire (its metadata is not a result's)."""
+    from fedgat.crypto import KeyHolderContext
+    from fedgat.crypto.context import ServerContext
+    from fedgat.crypto.packing import envelope
+
+    holder = KeyHolderContext.generate("n4096", wire=wire)
+    server = ServerContext.from_bytes(holder.public_context_bytes(), wire=wire)
+    rng = np.random.default_rng(15)
+    fresh = holder.encrypt_vector(rng.uniform(-1, 1, holder.slots))
+    result = fresh.mul(rng.uniform(-1, 1, holder.slots).tolist())
+    ct = result.data.ciphertext()[0]
+    ev = SealEvaluator(server)
+    ours = ev.result_envelope(ct)
+    assert ours == envelope(server, result.serialize(), server.result_level)
+    assert np.allclose(
+        holder.decrypt_vector(deserialize(holder, ours, level="result")), holder.decrypt_vector(result)
+    )
+    if wire == "compact":
+        with pytest.raises(CiphertextFormatError, match="metadata"):
+            ev.result_envelope(fresh.data.ciphertext()[0])
