@@ -115,8 +115,9 @@ ENVELOPE_OVERHEAD_BYTES = 74
 #:   prime's width (:mod:`fedgat.crypto.compact`), so a ciphertext is its byte floor plus 74 B.
 #:   Costs CPU, because TenSEAL gives no raw coefficient access: the sender decompresses SEAL's
 #:   zstd stream and packs it, the receiver rebuilds an uncompressed stream (measured at ``n4096``
-#:   on 2 cores: ~1.9 ms to serialise a fresh upload instead of TenSEAL's 1.2 ms, ~+0.3-0.5 ms per
-#:   result, ~+0.2 ms per load; about +240 CPU-s for a Cora round, which saves ~2.9 GB).
+#:   on 2 cores: ~1.9 ms to serialise a fresh upload instead of TenSEAL's 1.2 ms, +0.36 ms per result
+#:   on the server, loads about the same (``benchmarks/results/server_profile.md``); about +120
+#:   CPU-s for a Cora round, which saves ~2.9 GB).
 #: * ``"tenseal"`` (envelope version 1): TenSEAL's own bytes (a protobuf around SEAL's
 #:   zstd-compressed stream) as the body: ~16-22 % more bytes (1.22x / 1.18x the floor at
 #:   ``n4096``, 1.15x / 1.07x at ``n8192``: :data:`TENSEAL_WIRE_BYTES`), no packing CPU; the
