@@ -43,7 +43,7 @@ from torch_geometric.nn import GATConv
 
 from fedgat.approx import ScorePolynomial, fit_score, logit_scale
 from fedgat.encodings import Encodings
-from fedgat.matrix_poly import chebyshev_left
+from fedgat.matrix_poly import BlockDiagonal, chebyshev_left, clenshaw_blocks, clenshaw_blocks_grad
 from fedgat.padding import pad_last
 
 
@@ -162,23 +162,132 @@ class _VectorPlan:
         self.edge_sum = _SparseOp(cat(er), cat(ec), torch.ones(e_off, dtype=f64, device=dev), (N, e_off))
 
 
+class _MatrixScores(torch.autograd.Function):
+    r"""``r (L,)``, :math:`r^\top = K_1^\top \hat s(D_i)` for every node and head, from ``lhs (rows, 2, H)``,
+    the rows :math:`(\gamma / a)(R a_{src}, R a_{dst})`: per bucket the values of every
+    :math:`\tilde D_i^\top` as one batched matmul ``lhs^T (B, H, 2r) @ A (B, 2r, m^2)`` written straight
+    into the block-diagonal value array (:class:`_MatrixPlan`), then Clenshaw
+    (:func:`fedgat.matrix_poly.clenshaw_blocks`). Backward: the recurrence's adjoint gives
+    :math:`\partial L / \partial \tilde D^\top` row-major (:func:`fedgat.matrix_poly.clenshaw_blocks_grad`),
+    and ``A_rows @ grad^T`` per bucket the gradient of ``lhs`` (``A_rows``: ``A`` with row-major columns),
+    so the values are never reordered."""
+
+    @staticmethod
+    def forward(ctx, lhs: torch.Tensor, plan: _MatrixPlan, cheb: tuple[float, ...]) -> torch.Tensor:
+        values = lhs.new_empty(plan.pattern.nnz)
+        for A, rows, out in zip(plan.A, plan.rows, plan.pattern.value_blocks(values)):
+            B, two_r = A.shape[0], A.shape[1]
+            torch.bmm(lhs[rows].view(B, two_r, -1).transpose(1, 2), A, out=out.view(B, -1, A.shape[2]))
+        r, bs = clenshaw_blocks(plan.pattern, values, plan.k, cheb)
+        ctx.save_for_backward(values, bs)
+        ctx.plan = plan
+        return r
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        values, bs = ctx.saved_tensors
+        plan: _MatrixPlan = ctx.plan
+        out = g.new_zeros(plan.num_rows, 2, plan.heads)
+        if bs.shape[0] == 0:
+            return out, None, None
+        grad = clenshaw_blocks_grad(plan.pattern, values, bs, g.contiguous())
+        for A, rows, gb in zip(plan.A_rows, plan.rows, plan.pattern.value_blocks(grad)):
+            B, two_r = A.shape[0], A.shape[1]
+            torch.bmm(A, gb.view(B, -1, A.shape[2]).transpose(1, 2), out=out[rows].view(B, two_r, -1))
+        return out, None, None
+
+
+class _MatrixPlan:
+    r"""The factorised matrix layer's feature-free operators for one :class:`Encodings` and head count.
+
+    Vectors of length ``L = sum_i H m_i`` hold one entry per (node ``i``, head ``h``, coordinate
+    ``x``), nodes in bucket order; rows ``t`` index ``flat_R`` (``sum_i r_i``, ``r_i = n_i``):
+
+    * ``A_rows`` (per bucket, ``(B, 2r, m^2)``): row ``2t`` is :math:`\tilde M_2[:, t]`, row ``2t + 1``
+      is :math:`\tilde h_i[t] P_i`, each ``m x m`` matrix transposed and flattened row-major, so that
+      ``lhs_i^T A_i``, with ``lhs_i`` the rows ``(R a_{src}, R a_{dst})`` of node ``i`` interleaved, is
+      :math:`\tilde D_i^\top` (:class:`_MatrixScores`); ``A``: the same with the columns in the
+      pattern's storage order (:meth:`BlockDiagonal.storage`), the same tensor when that is row-major;
+    * ``pattern``: the block-diagonal ``(L, L)`` matrix of all :math:`\tilde D_i^\top` blocks
+      (:class:`fedgat.matrix_poly.BlockDiagonal`), and ``k (L,)``: :math:`K_1` of each node, per head;
+    * ``den (N H, L)``: :math:`K_3`; ``mix (rows H, L)``: :math:`\tilde K_2`, taking ``r`` to
+      :math:`u_{(i,t),h} = \sum_x \tilde K_2[x, t]\, r_{i,h,x}`; ``row_sum (N, rows)``: ones. Their
+      output rows are in ``encodings.nodes`` order.
+
+    Built on the encodings' device, once per encodings, dtype and head count.
+    """
+
+    def __init__(self, encodings: Encodings, dtype: torch.dtype, heads: int) -> None:
+        H, dev = heads, encodings.device
+        self.heads, self.A_rows, self.rows, segments = H, [], [], []
+        dr, dc, dv, ur, uc, uv, sr, sc, ks = ([] for _ in range(9))
+        row_off = vec_off = 0
+        for bucket in encodings.buckets:
+            f, B, m = bucket.row_factors, len(bucket.bases), bucket.bases.m
+            r = f.R.shape[1]
+            P = bucket.plain["P"].to(dtype)  # (B, m, m)
+            m2t = f.M2.to(dtype).view(B, m, m, r).permute(0, 3, 2, 1).reshape(B, r, m * m)  # (x, y) -> (y, x)
+            pt = f.h_self.to(dtype)[:, :, None] * P.transpose(1, 2).reshape(B, 1, m * m)
+            self.A_rows.append(torch.stack([m2t, pt], dim=2).reshape(B, 2 * r, m * m).contiguous())
+            self.rows.append(slice(row_off, row_off + B * r))
+            segments.append((B * H, m))
+            node = torch.from_numpy(bucket.bases.rows).long().to(dev)  # (B,) positions in encodings.nodes
+            vec = vec_off + torch.arange(B * H * m, device=dev).view(B, H, m)  # (i, h, x)
+            head = torch.arange(H, device=dev).view(1, H, 1)
+            dr.append((node.view(B, 1, 1) * H + head).expand(B, H, m).reshape(-1))
+            dc.append(vec.reshape(-1))
+            dv.append(bucket.plain["K3"].to(dtype)[:, None, :].expand(B, H, m).reshape(-1))
+            t_row = row_off + torch.arange(B * r, device=dev).view(B, 1, 1, r)  # (i, h, x, t)
+            ur.append((t_row * H + head[..., None]).expand(B, H, m, r).reshape(-1))
+            uc.append(vec[..., None].expand(B, H, m, r).reshape(-1))
+            uv.append(f.K2.to(dtype)[:, None].expand(B, H, m, r).reshape(-1))
+            sr.append(node.repeat_interleave(r))
+            sc.append(row_off + torch.arange(B * r, device=dev))
+            ks.append(bucket.plain["K1"].to(dtype)[:, None, :].expand(B, H, m).reshape(-1))
+            row_off, vec_off = row_off + B * r, vec_off + B * H * m
+        N, cat = encodings.num_nodes, torch.cat
+        self.num_rows = row_off
+        self.pattern = BlockDiagonal(segments, dev)
+        self.A = [
+            a if self.pattern.tile == 1 else self.pattern.storage(a.view(*a.shape[:2], m, m)).contiguous()
+            for a, (_, m) in zip(self.A_rows, segments)
+        ]
+        self.k = cat(ks)
+        self.den = _SparseOp(cat(dr), cat(dc), cat(dv), (N * H, vec_off))
+        self.mix = _SparseOp(cat(ur), cat(uc), cat(uv), (row_off * H, vec_off))
+        self.row_sum = _SparseOp(cat(sr), cat(sc), torch.ones(row_off, dtype=dtype, device=dev), (N, row_off))
+
+
 #: (id of the encodings, dtype, device) -> (weak reference to them, plan); entries leave with the
 #: encodings. :meth:`Encodings.to` returns a new object, so a plan is never shared across devices; the
 #: device in the key keeps it so even for encodings moved in place by hand.
 _PLANS: dict[tuple[int, torch.dtype, torch.device], tuple[weakref.ref, _VectorPlan]] = {}
+#: the same for :class:`_MatrixPlan`, keyed also by the head count
+_MATRIX_PLANS: dict[tuple[int, torch.dtype, torch.device, int], tuple[weakref.ref, _MatrixPlan]] = {}
+
+
+def _cached(store: dict, key: tuple, encodings: Encodings, build):
+    """``store[key]``'s plan for ``encodings``, else ``build()`` stored there until they are collected."""
+    hit = store.get(key)
+    if hit is not None and hit[0]() is encodings:
+        return hit[1]
+    plan = build()
+    store[key] = (weakref.ref(encodings), plan)
+    weakref.finalize(encodings, store.pop, key, None)
+    return plan
 
 
 def _vector_plan(encodings: Encodings, dtype: torch.dtype) -> _VectorPlan:
     """The cached :class:`_VectorPlan` of ``encodings`` (built on first use, on their device;
     encodings are not mutated)."""
     key = (id(encodings), dtype, encodings.device)
-    hit = _PLANS.get(key)
-    if hit is not None and hit[0]() is encodings:
-        return hit[1]
-    plan = _VectorPlan(encodings, dtype)
-    _PLANS[key] = (weakref.ref(encodings), plan)
-    weakref.finalize(encodings, _PLANS.pop, key, None)
-    return plan
+    return _cached(_PLANS, key, encodings, lambda: _VectorPlan(encodings, dtype))
+
+
+def _matrix_plan(encodings: Encodings, dtype: torch.dtype, heads: int) -> _MatrixPlan:
+    """The cached :class:`_MatrixPlan` of factorised matrix ``encodings`` (built on first use)."""
+    key = (id(encodings), dtype, encodings.device, heads)
+    return _cached(_MATRIX_PLANS, key, encodings, lambda: _MatrixPlan(encodings, dtype, heads))
 
 
 def projected_rows(encodings: Encodings) -> torch.Tensor:
@@ -190,6 +299,11 @@ def projected_rows(encodings: Encodings) -> torch.Tensor:
     if encodings.factorised:
         return encodings.flat_R
     return torch.cat([encodings.flat_K2, encodings.flat_h_self])
+
+
+#: devices with the sparse CSR products of the factorised matrix path; elsewhere (``meta``) the layer
+#: runs the padded dense path
+_SPARSE_DEVICES = ("cpu", "cuda")
 
 
 class FedGATConv(nn.Module):
@@ -298,6 +412,31 @@ class FedGATConv(nn.Module):
         den = plan.edge_sum(s).to(KW.dtype)  # (N, H)
         return num.view(-1, H, Fo) / den[:, :, None]
 
+    def _factorised_outputs(
+        self, encodings: Encodings, Wf: torch.Tensor, gamma: torch.Tensor
+    ) -> torch.Tensor:
+        r"""``(N, H, F)`` in ``encodings.nodes`` order for factorised matrix encodings, every node at once.
+
+        One GEMM ``R W^T`` (``rows = sum_i n_i``) and its attention projections
+        :math:`(R a_{src}, R a_{dst})`; then, with the :class:`_MatrixPlan` of the encodings,
+        :math:`\tilde D_i^\top = (\gamma / a)(\tilde M_2 R b_2 + (\tilde h_i \cdot R b_1) P_i)^\top` for all
+        nodes and heads as one block-diagonal sparse matrix (one batched matmul per bucket, no padding),
+        Clenshaw as one sparse matrix-vector product per degree
+        (:func:`fedgat.matrix_poly.chebyshev_left_blocks`), the denominator :math:`K_3^\top r` and the
+        numerator :math:`W K_2^\top r = \sum_t u_t (R W^\top)_t` with :math:`u = \tilde K_2^\top r` as
+        sparse products.
+        """
+        H, Fo = self.heads, self.out_channels
+        plan = _matrix_plan(encodings, Wf.dtype, H)
+        RW = encodings.flat_R @ Wf.T  # (rows, H*F)
+        ra = self._attention_projection(RW)  # (rows, 2, H): R b2, R b1
+        cheb = tuple(float(c) for c in self.score.cheb)
+        r = _MatrixScores.apply(ra * (gamma / self.score.domain), plan, cheb)  # (L,): (i, h, x)
+        u = plan.mix(r).view(-1, H, 1)  # (rows, H, 1)
+        num = plan.row_sum((u * RW.view(-1, H, Fo)).view(-1, H * Fo))  # (N, H*F)
+        den = plan.den(r).view(-1, H, 1)
+        return num.view(-1, H, Fo) / den
+
     def _matrix_parts(
         self, encodings: Encodings, Wf: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, gamma: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -375,7 +514,9 @@ class FedGATConv(nn.Module):
         W, b1, b2, gamma = self._head_weights()
         H, Fo = self.heads, self.out_channels
         Wf = W.reshape(H * Fo, -1)
-        if encodings.kind.has_m2:
+        if encodings.kind.has_m2 and encodings.factorised and encodings.device.type in _SPARSE_DEVICES:
+            out = self._factorised_outputs(encodings, Wf, gamma)
+        elif encodings.kind.has_m2:
             out = torch.cat(self._matrix_outputs(encodings, Wf, b1, b2, gamma))[encodings.order]
         else:
             out = self._vector_outputs(encodings, Wf, gamma)
