@@ -103,14 +103,26 @@ class _SparseMatmul(torch.autograd.Function):
 
 
 class _SparseOp:
-    """A constant sparse ``(rows, cols)`` matrix applied with autograd (CSR, and its transpose)."""
+    """A constant sparse ``(rows, cols)`` matrix applied with autograd (CSR, and its transpose);
+    ``index_dtype=torch.int32`` spares the sparse BLAS a conversion of the indices per product."""
 
-    def __init__(self, row: torch.Tensor, col: torch.Tensor, value: torch.Tensor, shape: tuple[int, int]):
+    def __init__(
+        self,
+        row: torch.Tensor,
+        col: torch.Tensor,
+        value: torch.Tensor,
+        shape: tuple[int, int],
+        index_dtype: torch.dtype = torch.int64,
+    ):
         def csr(r: torch.Tensor, c: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
             coo = torch.sparse_coo_tensor(torch.stack([r, c]), value, size, check_invariants=False)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-                return coo.coalesce().to_sparse_csr()
+                out = coo.coalesce().to_sparse_csr()
+                if index_dtype == torch.int64:
+                    return out
+                crow, cols = out.crow_indices().to(index_dtype), out.col_indices().to(index_dtype)
+                return torch.sparse_csr_tensor(crow, cols, out.values(), size, check_invariants=False)
 
         self.A, self.At = csr(row, col, shape), csr(col, row, (shape[1], shape[0]))
 
@@ -163,21 +175,23 @@ class _VectorPlan:
 
 
 class _MatrixScores(torch.autograd.Function):
-    r"""``r (L,)``, :math:`r^\top = K_1^\top \hat s(D_i)` for every node and head, from ``lhs (rows, 2, H)``,
-    the rows :math:`(\gamma / a)(R a_{src}, R a_{dst})`: per bucket the values of every
-    :math:`\tilde D_i^\top` as one batched matmul ``lhs^T (B, H, 2r) @ A (B, 2r, m^2)`` written straight
-    into the block-diagonal value array (:class:`_MatrixPlan`), then Clenshaw
-    (:func:`fedgat.matrix_poly.clenshaw_blocks`). Backward: the recurrence's adjoint gives
-    :math:`\partial L / \partial \tilde D^\top` row-major (:func:`fedgat.matrix_poly.clenshaw_blocks_grad`),
-    and ``A_rows @ grad^T`` per bucket the gradient of ``lhs`` (``A_rows``: ``A`` with row-major columns),
-    so the values are never reordered."""
+    r"""``r (L,)``, :math:`r^\top = K_1^\top \hat s(D_i)` for every node and head (in ``(i, h, x)`` order),
+    from ``lhs (rows + N, H)``: per node the rows :math:`R_i b_2` then the self logit
+    :math:`b_1 \cdot h_i`, times :math:`\gamma / a` (:attr:`_MatrixPlan.extend`).
+
+    Per bucket the values of every :math:`\tilde D_i^\top` are one batched matmul
+    ``lhs_i^T (B, H, r+1) @ A (B, r+1, m^2)`` written straight into the block-diagonal value array
+    (:class:`_MatrixPlan`), then Clenshaw runs on all of them (:func:`fedgat.matrix_poly.clenshaw_blocks`).
+    Backward: the recurrence's adjoint gives :math:`\partial L / \partial \tilde D^\top` row-major
+    (:func:`fedgat.matrix_poly.clenshaw_blocks_grad`), and ``A_rows @ grad^T`` per bucket the gradient of
+    ``lhs`` (``A_rows``: ``A`` with row-major columns), so the values are never reordered."""
 
     @staticmethod
     def forward(ctx, lhs: torch.Tensor, plan: _MatrixPlan, cheb: tuple[float, ...]) -> torch.Tensor:
         values = lhs.new_empty(plan.pattern.nnz)
-        for A, rows, out in zip(plan.A, plan.rows, plan.pattern.value_blocks(values)):
-            B, two_r = A.shape[0], A.shape[1]
-            torch.bmm(lhs[rows].view(B, two_r, -1).transpose(1, 2), A, out=out.view(B, -1, A.shape[2]))
+        for A, rows, out in zip(plan.A, plan.lhs_rows, plan.pattern.value_blocks(values)):
+            B, r1, mm = A.shape
+            torch.bmm(lhs[rows].view(B, r1, -1).transpose(1, 2), A, out=out.view(B, -1, mm))
         r, bs = clenshaw_blocks(plan.pattern, values, plan.k, cheb)
         ctx.save_for_backward(values, bs)
         ctx.plan = plan
@@ -187,13 +201,13 @@ class _MatrixScores(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         values, bs = ctx.saved_tensors
         plan: _MatrixPlan = ctx.plan
-        out = g.new_zeros(plan.num_rows, 2, plan.heads)
+        out = g.new_zeros(plan.lhs_rows[-1].stop if plan.lhs_rows else 0, plan.heads)
         if bs.shape[0] == 0:
             return out, None, None
         grad = clenshaw_blocks_grad(plan.pattern, values, bs, g.contiguous())
-        for A, rows, gb in zip(plan.A_rows, plan.rows, plan.pattern.value_blocks(grad)):
-            B, two_r = A.shape[0], A.shape[1]
-            torch.bmm(A, gb.view(B, -1, A.shape[2]).transpose(1, 2), out=out[rows].view(B, two_r, -1))
+        for A, rows, gb in zip(plan.A_rows, plan.lhs_rows, plan.pattern.value_blocks(grad)):
+            B, r1, mm = A.shape
+            torch.bmm(A, gb.view(B, -1, mm).transpose(1, 2), out=out[rows].view(B, r1, -1))
         return out, None, None
 
 
@@ -203,9 +217,11 @@ class _MatrixPlan:
     Vectors of length ``L = sum_i H m_i`` hold one entry per (node ``i``, head ``h``, coordinate
     ``x``), nodes in bucket order; rows ``t`` index ``flat_R`` (``sum_i r_i``, ``r_i = n_i``):
 
-    * ``A_rows`` (per bucket, ``(B, 2r, m^2)``): row ``2t`` is :math:`\tilde M_2[:, t]`, row ``2t + 1``
-      is :math:`\tilde h_i[t] P_i`, each ``m x m`` matrix transposed and flattened row-major, so that
-      ``lhs_i^T A_i``, with ``lhs_i`` the rows ``(R a_{src}, R a_{dst})`` of node ``i`` interleaved, is
+    * ``extend (rows + N, 2 rows)``: from the attention rows ``(R a_{src}, R a_{dst})`` (``(rows, 2, H)``
+      viewed as ``(2 rows, H)``) to, per node, its ``r`` rows :math:`R_i b_2` and then its self logit
+      :math:`\tilde h_i \cdot R_i b_1 = b_1 \cdot h_i`; ``lhs_rows``: each bucket's slice of them;
+    * ``A_rows`` (per bucket, ``(B, r+1, m^2)``): row ``t < r`` is :math:`\tilde M_2[:, t]`, row ``r`` is
+      :math:`P_i`, each ``m x m`` matrix transposed and flattened row-major, so that ``lhs_i^T A_i`` is
       :math:`\tilde D_i^\top` (:class:`_MatrixScores`); ``A``: the same with the columns in the
       pattern's storage order (:meth:`BlockDiagonal.storage`), the same tensor when that is row-major;
     * ``pattern``: the block-diagonal ``(L, L)`` matrix of all :math:`\tilde D_i^\top` blocks
@@ -214,48 +230,54 @@ class _MatrixPlan:
       :math:`u_{(i,t),h} = \sum_x \tilde K_2[x, t]\, r_{i,h,x}`; ``row_sum (N, rows)``: ones. Their
       output rows are in ``encodings.nodes`` order.
 
-    Built on the encodings' device, once per encodings, dtype and head count.
+    Sparse operators use int32 indices. Built on the encodings' device, once per encodings, dtype
+    and head count.
     """
 
     def __init__(self, encodings: Encodings, dtype: torch.dtype, heads: int) -> None:
         H, dev = heads, encodings.device
-        self.heads, self.A_rows, self.rows, segments = H, [], [], []
-        dr, dc, dv, ur, uc, uv, sr, sc, ks = ([] for _ in range(9))
-        row_off = vec_off = 0
+        self.heads, self.A_rows, self.lhs_rows, segments = H, [], [], []
+        er, ec, ev, dr, dc, dv, ur, uc, uv, sr, sc, ks = ([] for _ in range(12))
+        row_off = vec_off = ext_off = 0
         for bucket in encodings.buckets:
             f, B, m = bucket.row_factors, len(bucket.bases), bucket.bases.m
             r = f.R.shape[1]
-            P = bucket.plain["P"].to(dtype)  # (B, m, m)
             m2t = f.M2.to(dtype).view(B, m, m, r).permute(0, 3, 2, 1).reshape(B, r, m * m)  # (x, y) -> (y, x)
-            pt = f.h_self.to(dtype)[:, :, None] * P.transpose(1, 2).reshape(B, 1, m * m)
-            self.A_rows.append(torch.stack([m2t, pt], dim=2).reshape(B, 2 * r, m * m).contiguous())
-            self.rows.append(slice(row_off, row_off + B * r))
+            pt = bucket.plain["P"].to(dtype).transpose(1, 2).reshape(B, 1, m * m)
+            self.A_rows.append(torch.cat([m2t, pt], dim=1).contiguous())
+            self.lhs_rows.append(slice(ext_off, ext_off + B * (r + 1)))
             segments.append((B * H, m))
+            row = row_off + torch.arange(B * r, device=dev).view(B, r)  # (i, t): rows of flat_R
+            ext = ext_off + torch.arange(B * (r + 1), device=dev).view(B, r + 1)  # (i, t | self)
+            er += [ext[:, :r].reshape(-1), ext[:, r:].expand(B, r).reshape(-1)]
+            ec += [2 * row.reshape(-1), 2 * row.reshape(-1) + 1]
+            ev += [torch.ones(B * r, dtype=dtype, device=dev), f.h_self.to(dtype).reshape(-1)]
             node = torch.from_numpy(bucket.bases.rows).long().to(dev)  # (B,) positions in encodings.nodes
             vec = vec_off + torch.arange(B * H * m, device=dev).view(B, H, m)  # (i, h, x)
             head = torch.arange(H, device=dev).view(1, H, 1)
             dr.append((node.view(B, 1, 1) * H + head).expand(B, H, m).reshape(-1))
             dc.append(vec.reshape(-1))
             dv.append(bucket.plain["K3"].to(dtype)[:, None, :].expand(B, H, m).reshape(-1))
-            t_row = row_off + torch.arange(B * r, device=dev).view(B, 1, 1, r)  # (i, h, x, t)
-            ur.append((t_row * H + head[..., None]).expand(B, H, m, r).reshape(-1))
+            ur.append((row.view(B, 1, 1, r) * H + head[..., None]).expand(B, H, m, r).reshape(-1))
             uc.append(vec[..., None].expand(B, H, m, r).reshape(-1))
             uv.append(f.K2.to(dtype)[:, None].expand(B, H, m, r).reshape(-1))
             sr.append(node.repeat_interleave(r))
-            sc.append(row_off + torch.arange(B * r, device=dev))
+            sc.append(row.reshape(-1))
             ks.append(bucket.plain["K1"].to(dtype)[:, None, :].expand(B, H, m).reshape(-1))
-            row_off, vec_off = row_off + B * r, vec_off + B * H * m
+            row_off, vec_off, ext_off = row_off + B * r, vec_off + B * H * m, ext_off + B * (r + 1)
         N, cat = encodings.num_nodes, torch.cat
-        self.num_rows = row_off
         self.pattern = BlockDiagonal(segments, dev)
         self.A = [
             a if self.pattern.tile == 1 else self.pattern.storage(a.view(*a.shape[:2], m, m)).contiguous()
             for a, (_, m) in zip(self.A_rows, segments)
         ]
         self.k = cat(ks)
-        self.den = _SparseOp(cat(dr), cat(dc), cat(dv), (N * H, vec_off))
-        self.mix = _SparseOp(cat(ur), cat(uc), cat(uv), (row_off * H, vec_off))
-        self.row_sum = _SparseOp(cat(sr), cat(sc), torch.ones(row_off, dtype=dtype, device=dev), (N, row_off))
+        index = torch.int32 if len(cat(uc)) < 2**31 else torch.int64
+        self.extend = _SparseOp(cat(er), cat(ec), cat(ev), (ext_off, 2 * row_off), index)
+        self.den = _SparseOp(cat(dr), cat(dc), cat(dv), (N * H, vec_off), index)
+        self.mix = _SparseOp(cat(ur), cat(uc), cat(uv), (row_off * H, vec_off), index)
+        ones = torch.ones(row_off, dtype=dtype, device=dev)
+        self.row_sum = _SparseOp(cat(sr), cat(sc), ones, (N, row_off), index)
 
 
 #: (id of the encodings, dtype, device) -> (weak reference to them, plan); entries leave with the
@@ -422,7 +444,7 @@ class FedGATConv(nn.Module):
         :math:`\tilde D_i^\top = (\gamma / a)(\tilde M_2 R b_2 + (\tilde h_i \cdot R b_1) P_i)^\top` for all
         nodes and heads as one block-diagonal sparse matrix (one batched matmul per bucket, no padding),
         Clenshaw as one sparse matrix-vector product per degree
-        (:func:`fedgat.matrix_poly.chebyshev_left_blocks`), the denominator :math:`K_3^\top r` and the
+        (:func:`fedgat.matrix_poly.clenshaw_blocks`), the denominator :math:`K_3^\top r` and the
         numerator :math:`W K_2^\top r = \sum_t u_t (R W^\top)_t` with :math:`u = \tilde K_2^\top r` as
         sparse products.
         """
@@ -430,8 +452,9 @@ class FedGATConv(nn.Module):
         plan = _matrix_plan(encodings, Wf.dtype, H)
         RW = encodings.flat_R @ Wf.T  # (rows, H*F)
         ra = self._attention_projection(RW)  # (rows, 2, H): R b2, R b1
+        lhs = plan.extend(ra.view(-1, H)) * (gamma / self.score.domain)  # (rows + N, H): R b2, b1.h_i
         cheb = tuple(float(c) for c in self.score.cheb)
-        r = _MatrixScores.apply(ra * (gamma / self.score.domain), plan, cheb)  # (L,): (i, h, x)
+        r = _MatrixScores.apply(lhs, plan, cheb)  # (L,): (i, h, x)
         u = plan.mix(r).view(-1, H, 1)  # (rows, H, 1)
         num = plan.row_sum((u * RW.view(-1, H, Fo)).view(-1, H * Fo))  # (N, H*F)
         den = plan.den(r).view(-1, H, 1)
