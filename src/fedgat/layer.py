@@ -20,7 +20,11 @@ the Chebyshev basis, :mod:`fedgat.matrix_poly`): only matrix-vector products, ne
 Then numerator :math:`= W_h K_2^\top r` and denominator :math:`= K_3^\top r`. (:math:`D^0` is taken as
 :math:`I`; :math:`K_1^\top P_i = K_1^\top` since :math:`q_k^\top p_j = 2\delta_{jk}`, so it agrees with
 :math:`D^0 = P_i`.) With :meth:`fedgat.encodings.Encodings.factorise` the contractions with :math:`W` and :math:`b_2`
-run on :class:`~fedgat.encodings.RowFactors` (``n`` basis rows per node instead of :math:`2n + m^2`).
+run on :class:`~fedgat.encodings.RowFactors` (``n`` basis rows per node instead of :math:`2n + m^2`),
+and every node's and head's :math:`D_i^\top / a` is one block of a single block-diagonal sparse matrix
+(:class:`_MatrixPlan`), so the recurrence is one sparse matrix-vector product per degree for all nodes
+at once, blocks of every size, no padding; unfactorised encodings (and the ``meta`` device) run it as
+batched matmuls on zero-padded groups of buckets.
 Vector variant: logits :math:`x_i = \gamma_h(Q_i^\top V_i b_2 + b_1\cdot h_i)`, scores
 :math:`\hat s(x_i)` by scalar Horner, numerator :math:`= W_h V_i^\top Q_i \hat s(x_i)`, denominator
 :math:`\mathbf 1^\top \hat s(x_i)`.
@@ -509,6 +513,8 @@ class FedGATConv(nn.Module):
 
         Buckets are merged into a few zero-padded groups (:attr:`Encodings.padded_groups`): the
         recurrence is ``p`` small batched matmuls per group, and ~16 buckets would mean ~16x the calls.
+        The path of unfactorised encodings, and of factorised ones where sparse products are missing
+        (``meta``); factorised encodings otherwise take :meth:`_factorised_outputs`.
         """
         H = self.heads
         parts = self._matrix_parts(encodings, Wf, b1, b2, gamma)

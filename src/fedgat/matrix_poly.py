@@ -21,6 +21,13 @@ Backward, with :math:`g = \partial L / \partial r` and :math:`\beta_k = \partial
 
 one batched matmul of the stacked :math:`b` against the stacked adjoints instead of :math:`p`
 separate rank-one updates of a ``(G, m, m)`` tensor (what autograd would record).
+
+:func:`chebyshev_left` takes a batch of equal-sized matrices; :func:`chebyshev_left_blocks` (and
+:func:`clenshaw_blocks`, :func:`clenshaw_blocks_grad`, which the factorised matrix layer calls inside its
+own autograd node) takes blocks of any sizes as one block-diagonal sparse matrix
+(:class:`BlockDiagonal`): one sparse matrix-vector product per degree, no padding. Small batched
+matmuls with one row per matrix run far below memory speed on the CPU (torch's fallback loop below
+400 multiply-adds per matrix), which made the padded recurrence the matrix layer's largest cost.
 """
 
 from __future__ import annotations
@@ -86,9 +93,10 @@ def chebyshev_left(D: torch.Tensor, k: torch.Tensor, cheb: np.ndarray, domain: f
     return _ChebyshevLeft.apply(D, k.to(D.dtype), tuple(float(c) for c in cheb), float(domain))
 
 
-#: Values per sparse matrix in :class:`BlockDiagonal` (``2^18``, 1 MiB of float32): the recurrence runs
-#: chunk by chunk so each chunk's matrix stays in cache across its ``p`` products (measured on Cora,
-#: 2-core EPYC: ~15% faster per product than one 10 MB matrix at 1 and 2 threads).
+#: Values per sparse matrix in :class:`BlockDiagonal` (``2^19``, 2 MiB of float32): the recurrence runs
+#: chunk by chunk so a chunk's matrix can stay in cache across its ``p`` products. On Cora (2-core EPYC,
+#: 8 MiB L3) the products alone ran ~15% faster in ~1-2 MiB chunks than as one 10 MB matrix; in the
+#: whole layer the difference was within run-to-run noise.
 CHUNK_VALUES = 1 << 19
 
 
