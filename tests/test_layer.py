@@ -192,6 +192,34 @@ def test_factorised_matrix_encodings_give_the_same_output_and_gradients(compact)
     assert vec.factorise().buckets[0] is vec.buckets[0]  # nothing to factorise
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_factorised_sparse_path_matches_the_padded_dense_one(dtype):
+    """The factorised matrix layer's block-diagonal sparse path (``_MatrixPlan``, one plan per
+    encodings, dtype and head count) against the padded per-group path, outputs and gradients."""
+    from fedgat import layer as layer_module
+
+    csr, x = _bow_graph(seed=41)
+    enc = encode("matrix", x.to(dtype), csr, rng=5).factorise()
+    torch.manual_seed(0)
+    layer = FedGATConv(40, 3, heads=2, score=fit_score(degree=16)).to(dtype)
+    params = [layer.lin.weight, layer.att_src, layer.att_dst]
+    W, b1, b2, gamma = layer._head_weights()
+    Wf = W.reshape(6, -1)
+    padded = torch.cat(layer._matrix_outputs(enc, Wf, b1, b2, gamma))[enc.order]
+    sparse = layer._factorised_outputs(enc, Wf, gamma)
+    g = torch.randn(sparse.shape, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    tol = {} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(sparse, padded, **tol)
+    want = torch.autograd.grad((padded * g).sum(), params, retain_graph=True)
+    for a, b in zip(torch.autograd.grad((sparse * g).sum(), params), want):
+        torch.testing.assert_close(a, b, **tol)
+    plan = layer_module._matrix_plan(enc, dtype, 2)
+    assert (
+        layer_module._matrix_plan(enc, dtype, 2) is plan
+        and layer_module._matrix_plan(enc, dtype, 3) is not plan
+    )
+
+
 def test_factorise_tolerates_decryption_noise_and_refuses_foreign_rows():
     csr, x = _bow_graph(seed=31)
     enc = encode("matrix", x.float(), csr, rng=4).with_dense_M2()

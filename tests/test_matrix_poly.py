@@ -8,7 +8,7 @@ import torch
 
 from fedgat.approx import fit_score
 from fedgat.encodings import plan_padded_groups
-from fedgat.matrix_poly import chebyshev_left
+from fedgat.matrix_poly import BlockDiagonal, chebyshev_left, chebyshev_left_blocks
 
 
 def _power_horner(D, k, power):
@@ -72,6 +72,62 @@ def test_degree_zero_and_bad_shapes():
         chebyshev_left(D, torch.randn(2, 4), np.array([1.0, 2.0]), 4.0)
     with pytest.raises(ValueError, match="expected D"):
         chebyshev_left(torch.randn(2, 3, 4), k, np.array([1.0, 2.0]), 4.0)
+
+
+def _blocks_case(segments, degree, seed):
+    """Per segment ``D (count, m, m)`` and ``k (count, m)``, and their block-diagonal inputs."""
+    score = fit_score(degree=degree)
+    cases = [_diagonalisable(c, m, score.domain, seed=seed + i) for i, (c, m) in enumerate(segments)]
+    return score, cases
+
+
+@pytest.mark.parametrize("segments", [[(3, 2), (4, 4), (2, 6)], [(3, 3), (2, 4)]])  # 2x2 tiles; CSR
+@pytest.mark.parametrize("chunk", [1, 20, 1 << 19])
+@pytest.mark.parametrize("degree", [1, 2, 16])
+def test_block_diagonal_clenshaw_matches_the_batched_one_with_gradients(segments, chunk, degree):
+    pattern = BlockDiagonal(segments, chunk_values=chunk)
+    assert pattern.tile == (2 if all(m % 2 == 0 for _, m in segments) else 1)
+    assert sum(rows.stop - rows.start for rows, _, _ in pattern.chunks) == pattern.size
+    score, cases = _blocks_case(segments, degree, seed=7 * degree + chunk)
+    values = torch.cat([pattern.storage((D / score.domain).transpose(1, 2)).reshape(-1) for D, _ in cases])
+    k = torch.cat([kk.reshape(-1) for _, kk in cases])
+    values.requires_grad_(True)
+    ours = chebyshev_left_blocks(values, pattern, k, score.cheb)
+    ref = torch.cat([chebyshev_left(D, kk, score.cheb, score.domain).reshape(-1) for D, kk in cases])
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    assert torch.autograd.gradcheck(lambda v: chebyshev_left_blocks(v, pattern, k, score.cheb), (values,))
+    # and the gradient is that of the batched recurrence, mapped to storage order
+    g = torch.randn(pattern.size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ours = torch.autograd.grad((chebyshev_left_blocks(values, pattern, k, score.cheb) * g).sum(), values)[0]
+    Ds = [D.clone().requires_grad_(True) for D, _ in cases]
+    out = torch.cat(
+        [chebyshev_left(D, kk, score.cheb, score.domain).reshape(-1) for D, (_, kk) in zip(Ds, cases)]
+    )
+    grads = torch.autograd.grad((out * g).sum(), Ds)
+    ref = torch.cat([pattern.storage(score.domain * gD.transpose(1, 2)).reshape(-1) for gD in grads])
+    torch.testing.assert_close(ours, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("segments", [[(3, 2), (5, 6), (2, 4)], [(3, 3), (2, 5)]])
+def test_transpose_values_transposes_every_block(dtype, segments):
+    pattern = BlockDiagonal(segments)
+    blocks = [torch.randn(c, m, m, dtype=dtype) for c, m in segments]
+    values = torch.cat([pattern.storage(b).reshape(-1) for b in blocks])
+    want = torch.cat([pattern.storage(b.transpose(1, 2)).reshape(-1) for b in blocks])
+    assert torch.equal(pattern.transpose_values(values), want)
+    dense = torch.block_diag(*[b for blk in blocks for b in blk])
+    x = torch.randn(pattern.size, dtype=dtype)
+    product = torch.cat([part.matrix(values[chunk]) @ x[rows] for rows, chunk, part in pattern.chunks])
+    torch.testing.assert_close(product, dense @ x)
+
+
+def test_block_diagonal_degree_zero_and_bad_shapes():
+    pattern = BlockDiagonal([(2, 2)])
+    k = torch.randn(4)
+    torch.testing.assert_close(chebyshev_left_blocks(torch.randn(8), pattern, k, np.array([2.5])), 2.5 * k)
+    with pytest.raises(ValueError, match="expected values"):
+        chebyshev_left_blocks(torch.randn(7), pattern, k, np.array([1.0, 2.0]))
 
 
 def _cost(groups, sizes, counts, call):

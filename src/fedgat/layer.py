@@ -20,7 +20,11 @@ the Chebyshev basis, :mod:`fedgat.matrix_poly`): only matrix-vector products, ne
 Then numerator :math:`= W_h K_2^\top r` and denominator :math:`= K_3^\top r`. (:math:`D^0` is taken as
 :math:`I`; :math:`K_1^\top P_i = K_1^\top` since :math:`q_k^\top p_j = 2\delta_{jk}`, so it agrees with
 :math:`D^0 = P_i`.) With :meth:`fedgat.encodings.Encodings.factorise` the contractions with :math:`W` and :math:`b_2`
-run on :class:`~fedgat.encodings.RowFactors` (``n`` basis rows per node instead of :math:`2n + m^2`).
+run on :class:`~fedgat.encodings.RowFactors` (``n`` basis rows per node instead of :math:`2n + m^2`),
+and every node's and head's :math:`D_i^\top / a` is one block of a single block-diagonal sparse matrix
+(:class:`_MatrixPlan`), so the recurrence is one sparse matrix-vector product per degree for all nodes
+at once, blocks of every size, no padding; unfactorised encodings (and the ``meta`` device) run it as
+batched matmuls on zero-padded groups of buckets.
 Vector variant: logits :math:`x_i = \gamma_h(Q_i^\top V_i b_2 + b_1\cdot h_i)`, scores
 :math:`\hat s(x_i)` by scalar Horner, numerator :math:`= W_h V_i^\top Q_i \hat s(x_i)`, denominator
 :math:`\mathbf 1^\top \hat s(x_i)`.
@@ -43,7 +47,7 @@ from torch_geometric.nn import GATConv
 
 from fedgat.approx import ScorePolynomial, fit_score, logit_scale
 from fedgat.encodings import Encodings
-from fedgat.matrix_poly import chebyshev_left
+from fedgat.matrix_poly import BlockDiagonal, chebyshev_left, clenshaw_blocks, clenshaw_blocks_grad
 from fedgat.padding import pad_last
 
 
@@ -103,14 +107,26 @@ class _SparseMatmul(torch.autograd.Function):
 
 
 class _SparseOp:
-    """A constant sparse ``(rows, cols)`` matrix applied with autograd (CSR, and its transpose)."""
+    """A constant sparse ``(rows, cols)`` matrix applied with autograd (CSR, and its transpose);
+    ``index_dtype=torch.int32`` spares the sparse BLAS a conversion of the indices per product."""
 
-    def __init__(self, row: torch.Tensor, col: torch.Tensor, value: torch.Tensor, shape: tuple[int, int]):
+    def __init__(
+        self,
+        row: torch.Tensor,
+        col: torch.Tensor,
+        value: torch.Tensor,
+        shape: tuple[int, int],
+        index_dtype: torch.dtype = torch.int64,
+    ):
         def csr(r: torch.Tensor, c: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
             coo = torch.sparse_coo_tensor(torch.stack([r, c]), value, size, check_invariants=False)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-                return coo.coalesce().to_sparse_csr()
+                out = coo.coalesce().to_sparse_csr()
+                if index_dtype == torch.int64:
+                    return out
+                crow, cols = out.crow_indices().to(index_dtype), out.col_indices().to(index_dtype)
+                return torch.sparse_csr_tensor(crow, cols, out.values(), size, check_invariants=False)
 
         self.A, self.At = csr(row, col, shape), csr(col, row, (shape[1], shape[0]))
 
@@ -162,23 +178,142 @@ class _VectorPlan:
         self.edge_sum = _SparseOp(cat(er), cat(ec), torch.ones(e_off, dtype=f64, device=dev), (N, e_off))
 
 
+class _MatrixScores(torch.autograd.Function):
+    r"""``r (L,)``, :math:`r^\top = K_1^\top \hat s(D_i)` for every node and head (in ``(i, h, x)`` order),
+    from ``lhs (rows + N, H)``: per node the rows :math:`R_i b_2` then the self logit
+    :math:`b_1 \cdot h_i`, times :math:`\gamma / a` (:attr:`_MatrixPlan.extend`).
+
+    Per bucket the values of every :math:`\tilde D_i^\top` are one batched matmul
+    ``lhs_i^T (B, H, r+1) @ A (B, r+1, m^2)`` written straight into the block-diagonal value array
+    (:class:`_MatrixPlan`), then Clenshaw runs on all of them (:func:`fedgat.matrix_poly.clenshaw_blocks`).
+    Backward: the recurrence's adjoint gives :math:`\partial L / \partial \tilde D^\top` row-major
+    (:func:`fedgat.matrix_poly.clenshaw_blocks_grad`), and ``A_rows @ grad^T`` per bucket the gradient of
+    ``lhs`` (``A_rows``: ``A`` with row-major columns), so the values are never reordered."""
+
+    @staticmethod
+    def forward(ctx, lhs: torch.Tensor, plan: _MatrixPlan, cheb: tuple[float, ...]) -> torch.Tensor:
+        values = lhs.new_empty(plan.pattern.nnz)
+        for A, rows, out in zip(plan.A, plan.lhs_rows, plan.pattern.value_blocks(values)):
+            B, r1, mm = A.shape
+            torch.bmm(lhs[rows].view(B, r1, -1).transpose(1, 2), A, out=out.view(B, -1, mm))
+        r, bs = clenshaw_blocks(plan.pattern, values, plan.k, cheb)
+        ctx.save_for_backward(values, bs)
+        ctx.plan = plan
+        return r
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        values, bs = ctx.saved_tensors
+        plan: _MatrixPlan = ctx.plan
+        out = g.new_zeros(plan.lhs_rows[-1].stop if plan.lhs_rows else 0, plan.heads)
+        if bs.shape[0] == 0:
+            return out, None, None
+        grad = clenshaw_blocks_grad(plan.pattern, values, bs, g.contiguous())
+        for A, rows, gb in zip(plan.A_rows, plan.lhs_rows, plan.pattern.value_blocks(grad)):
+            B, r1, mm = A.shape
+            torch.bmm(A, gb.view(B, -1, mm).transpose(1, 2), out=out[rows].view(B, r1, -1))
+        return out, None, None
+
+
+class _MatrixPlan:
+    r"""The factorised matrix layer's feature-free operators for one :class:`Encodings` and head count.
+
+    Vectors of length ``L = sum_i H m_i`` hold one entry per (node ``i``, head ``h``, coordinate
+    ``x``), nodes in bucket order; rows ``t`` index ``flat_R`` (``sum_i r_i``, ``r_i = n_i``):
+
+    * ``extend (rows + N, 2 rows)``: from the attention rows ``(R a_{src}, R a_{dst})`` (``(rows, 2, H)``
+      viewed as ``(2 rows, H)``) to, per node, its ``r`` rows :math:`R_i b_2` and then its self logit
+      :math:`\tilde h_i \cdot R_i b_1 = b_1 \cdot h_i`; ``lhs_rows``: each bucket's slice of them;
+    * ``A_rows`` (per bucket, ``(B, r+1, m^2)``): row ``t < r`` is :math:`\tilde M_2[:, t]`, row ``r`` is
+      :math:`P_i`, each ``m x m`` matrix transposed and flattened row-major, so that ``lhs_i^T A_i`` is
+      :math:`\tilde D_i^\top` (:class:`_MatrixScores`); ``A``: the same with the columns in the
+      pattern's storage order (:meth:`BlockDiagonal.storage`), the same tensor when that is row-major;
+    * ``pattern``: the block-diagonal ``(L, L)`` matrix of all :math:`\tilde D_i^\top` blocks
+      (:class:`fedgat.matrix_poly.BlockDiagonal`), and ``k (L,)``: :math:`K_1` of each node, per head;
+    * ``den (N H, L)``: :math:`K_3`; ``mix (rows H, L)``: :math:`\tilde K_2`, taking ``r`` to
+      :math:`u_{(i,t),h} = \sum_x \tilde K_2[x, t]\, r_{i,h,x}`; ``row_sum (N, rows)``: ones. Their
+      output rows are in ``encodings.nodes`` order.
+
+    Sparse operators use int32 indices. Built on the encodings' device, once per encodings, dtype
+    and head count.
+    """
+
+    def __init__(self, encodings: Encodings, dtype: torch.dtype, heads: int) -> None:
+        H, dev = heads, encodings.device
+        self.heads, self.A_rows, self.lhs_rows, segments = H, [], [], []
+        er, ec, ev, dr, dc, dv, ur, uc, uv, sr, sc, ks = ([] for _ in range(12))
+        row_off = vec_off = ext_off = 0
+        for bucket in encodings.buckets:
+            f, B, m = bucket.row_factors, len(bucket.bases), bucket.bases.m
+            r = f.R.shape[1]
+            m2t = f.M2.to(dtype).view(B, m, m, r).permute(0, 3, 2, 1).reshape(B, r, m * m)  # (x, y) -> (y, x)
+            pt = bucket.plain["P"].to(dtype).transpose(1, 2).reshape(B, 1, m * m)
+            self.A_rows.append(torch.cat([m2t, pt], dim=1).contiguous())
+            self.lhs_rows.append(slice(ext_off, ext_off + B * (r + 1)))
+            segments.append((B * H, m))
+            row = row_off + torch.arange(B * r, device=dev).view(B, r)  # (i, t): rows of flat_R
+            ext = ext_off + torch.arange(B * (r + 1), device=dev).view(B, r + 1)  # (i, t | self)
+            er += [ext[:, :r].reshape(-1), ext[:, r:].expand(B, r).reshape(-1)]
+            ec += [2 * row.reshape(-1), 2 * row.reshape(-1) + 1]
+            ev += [torch.ones(B * r, dtype=dtype, device=dev), f.h_self.to(dtype).reshape(-1)]
+            node = torch.from_numpy(bucket.bases.rows).long().to(dev)  # (B,) positions in encodings.nodes
+            vec = vec_off + torch.arange(B * H * m, device=dev).view(B, H, m)  # (i, h, x)
+            head = torch.arange(H, device=dev).view(1, H, 1)
+            dr.append((node.view(B, 1, 1) * H + head).expand(B, H, m).reshape(-1))
+            dc.append(vec.reshape(-1))
+            dv.append(bucket.plain["K3"].to(dtype)[:, None, :].expand(B, H, m).reshape(-1))
+            ur.append((row.view(B, 1, 1, r) * H + head[..., None]).expand(B, H, m, r).reshape(-1))
+            uc.append(vec[..., None].expand(B, H, m, r).reshape(-1))
+            uv.append(f.K2.to(dtype)[:, None].expand(B, H, m, r).reshape(-1))
+            sr.append(node.repeat_interleave(r))
+            sc.append(row.reshape(-1))
+            ks.append(bucket.plain["K1"].to(dtype)[:, None, :].expand(B, H, m).reshape(-1))
+            row_off, vec_off, ext_off = row_off + B * r, vec_off + B * H * m, ext_off + B * (r + 1)
+        N, cat = encodings.num_nodes, torch.cat
+        self.pattern = BlockDiagonal(segments, dev)
+        self.A = [
+            a if self.pattern.tile == 1 else self.pattern.storage(a.view(*a.shape[:2], m, m)).contiguous()
+            for a, (_, m) in zip(self.A_rows, segments)
+        ]
+        self.k = cat(ks)
+        index = torch.int32 if len(cat(uc)) < 2**31 else torch.int64
+        self.extend = _SparseOp(cat(er), cat(ec), cat(ev), (ext_off, 2 * row_off), index)
+        self.den = _SparseOp(cat(dr), cat(dc), cat(dv), (N * H, vec_off), index)
+        self.mix = _SparseOp(cat(ur), cat(uc), cat(uv), (row_off * H, vec_off), index)
+        ones = torch.ones(row_off, dtype=dtype, device=dev)
+        self.row_sum = _SparseOp(cat(sr), cat(sc), ones, (N, row_off), index)
+
+
 #: (id of the encodings, dtype, device) -> (weak reference to them, plan); entries leave with the
 #: encodings. :meth:`Encodings.to` returns a new object, so a plan is never shared across devices; the
 #: device in the key keeps it so even for encodings moved in place by hand.
 _PLANS: dict[tuple[int, torch.dtype, torch.device], tuple[weakref.ref, _VectorPlan]] = {}
+#: the same for :class:`_MatrixPlan`, keyed also by the head count
+_MATRIX_PLANS: dict[tuple[int, torch.dtype, torch.device, int], tuple[weakref.ref, _MatrixPlan]] = {}
+
+
+def _cached(store: dict, key: tuple, encodings: Encodings, build):
+    """``store[key]``'s plan for ``encodings``, else ``build()`` stored there until they are collected."""
+    hit = store.get(key)
+    if hit is not None and hit[0]() is encodings:
+        return hit[1]
+    plan = build()
+    store[key] = (weakref.ref(encodings), plan)
+    weakref.finalize(encodings, store.pop, key, None)
+    return plan
 
 
 def _vector_plan(encodings: Encodings, dtype: torch.dtype) -> _VectorPlan:
     """The cached :class:`_VectorPlan` of ``encodings`` (built on first use, on their device;
     encodings are not mutated)."""
     key = (id(encodings), dtype, encodings.device)
-    hit = _PLANS.get(key)
-    if hit is not None and hit[0]() is encodings:
-        return hit[1]
-    plan = _VectorPlan(encodings, dtype)
-    _PLANS[key] = (weakref.ref(encodings), plan)
-    weakref.finalize(encodings, _PLANS.pop, key, None)
-    return plan
+    return _cached(_PLANS, key, encodings, lambda: _VectorPlan(encodings, dtype))
+
+
+def _matrix_plan(encodings: Encodings, dtype: torch.dtype, heads: int) -> _MatrixPlan:
+    """The cached :class:`_MatrixPlan` of factorised matrix ``encodings`` (built on first use)."""
+    key = (id(encodings), dtype, encodings.device, heads)
+    return _cached(_MATRIX_PLANS, key, encodings, lambda: _MatrixPlan(encodings, dtype, heads))
 
 
 def projected_rows(encodings: Encodings) -> torch.Tensor:
@@ -190,6 +325,11 @@ def projected_rows(encodings: Encodings) -> torch.Tensor:
     if encodings.factorised:
         return encodings.flat_R
     return torch.cat([encodings.flat_K2, encodings.flat_h_self])
+
+
+#: devices with the sparse CSR products of the factorised matrix path; elsewhere (``meta``) the layer
+#: runs the padded dense path
+_SPARSE_DEVICES = ("cpu", "cuda")
 
 
 class FedGATConv(nn.Module):
@@ -298,6 +438,32 @@ class FedGATConv(nn.Module):
         den = plan.edge_sum(s).to(KW.dtype)  # (N, H)
         return num.view(-1, H, Fo) / den[:, :, None]
 
+    def _factorised_outputs(
+        self, encodings: Encodings, Wf: torch.Tensor, gamma: torch.Tensor
+    ) -> torch.Tensor:
+        r"""``(N, H, F)`` in ``encodings.nodes`` order for factorised matrix encodings, every node at once.
+
+        One GEMM ``R W^T`` (``rows = sum_i n_i``) and its attention projections
+        :math:`(R a_{src}, R a_{dst})`; then, with the :class:`_MatrixPlan` of the encodings,
+        :math:`\tilde D_i^\top = (\gamma / a)(\tilde M_2 R b_2 + (\tilde h_i \cdot R b_1) P_i)^\top` for all
+        nodes and heads as one block-diagonal sparse matrix (one batched matmul per bucket, no padding),
+        Clenshaw as one sparse matrix-vector product per degree
+        (:func:`fedgat.matrix_poly.clenshaw_blocks`), the denominator :math:`K_3^\top r` and the
+        numerator :math:`W K_2^\top r = \sum_t u_t (R W^\top)_t` with :math:`u = \tilde K_2^\top r` as
+        sparse products.
+        """
+        H, Fo = self.heads, self.out_channels
+        plan = _matrix_plan(encodings, Wf.dtype, H)
+        RW = encodings.flat_R @ Wf.T  # (rows, H*F)
+        ra = self._attention_projection(RW)  # (rows, 2, H): R b2, R b1
+        lhs = plan.extend(ra.view(-1, H)) * (gamma / self.score.domain)  # (rows + N, H): R b2, b1.h_i
+        cheb = tuple(float(c) for c in self.score.cheb)
+        r = _MatrixScores.apply(lhs, plan, cheb)  # (L,): (i, h, x)
+        u = plan.mix(r).view(-1, H, 1)  # (rows, H, 1)
+        num = plan.row_sum((u * RW.view(-1, H, Fo)).view(-1, H * Fo))  # (N, H*F)
+        den = plan.den(r).view(-1, H, 1)
+        return num.view(-1, H, Fo) / den
+
     def _matrix_parts(
         self, encodings: Encodings, Wf: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, gamma: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -347,6 +513,8 @@ class FedGATConv(nn.Module):
 
         Buckets are merged into a few zero-padded groups (:attr:`Encodings.padded_groups`): the
         recurrence is ``p`` small batched matmuls per group, and ~16 buckets would mean ~16x the calls.
+        The path of unfactorised encodings, and of factorised ones where sparse products are missing
+        (``meta``); factorised encodings otherwise take :meth:`_factorised_outputs`.
         """
         H = self.heads
         parts = self._matrix_parts(encodings, Wf, b1, b2, gamma)
@@ -375,7 +543,9 @@ class FedGATConv(nn.Module):
         W, b1, b2, gamma = self._head_weights()
         H, Fo = self.heads, self.out_channels
         Wf = W.reshape(H * Fo, -1)
-        if encodings.kind.has_m2:
+        if encodings.kind.has_m2 and encodings.factorised and encodings.device.type in _SPARSE_DEVICES:
+            out = self._factorised_outputs(encodings, Wf, gamma)
+        elif encodings.kind.has_m2:
             out = torch.cat(self._matrix_outputs(encodings, Wf, b1, b2, gamma))[encodings.order]
         else:
             out = self._vector_outputs(encodings, Wf, gamma)
