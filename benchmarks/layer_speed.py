@@ -55,8 +55,9 @@ from fedgat.variants import MATRIX, VECTOR
 RESULTS = Path(__file__).resolve().parent / "results"
 #: per variant, the layer's target time as a multiple of PyG's (issue 2)
 TARGET_RATIO = {VECTOR: 2.0, MATRIX: 10.0}
-#: per variant, the layer's target time as a multiple of its GEMM floor (issue 20); matrix: reported only
-FLOOR_TARGET = {VECTOR: 1.5}
+#: per variant, the layer's target time as a multiple of its GEMM floor (issue 20; the matrix variant's
+#: for the factorised layer training uses, the unfactorised reference row has none)
+FLOOR_TARGET = {VECTOR: 1.5, MATRIX: 2.0}
 #: thread counts the targets are stated for (the Markdown says which of them this machine measured)
 TARGET_THREADS = (1, 2, 16)
 
@@ -243,7 +244,7 @@ def _time_variant(
             "floor_vs_pyg": med_floor / med_pyg,
             "fedgat_vs_floor": med_ours / med_floor,
             "target_ratio": TARGET_RATIO[variant],
-            "floor_target": FLOOR_TARGET.get(variant),
+            "floor_target": FLOOR_TARGET.get(variant) if not variant.has_m2 or factorised else None,
             "layer_default": not variant.has_m2 or factorised,  # training factorises matrix encodings
         }
         row["meets_target"] = row["ratio"] <= row["target_ratio"]
@@ -353,7 +354,7 @@ def write(result: dict, out: Path = RESULTS) -> list[Path]:
             "",
             (
                 "Targets on this machine (issue 20: vector FedGAT <= 1.5x its GEMM floor at 1, 2 and 16 "
-                "threads; issue 2: vector <= 2x PyG, matrix <= 10x PyG):"
+                "threads, factorised matrix <= 2x; issue 2: vector <= 2x PyG, matrix <= 10x PyG):"
             ),
             "",
             *summary,
