@@ -331,7 +331,7 @@ def _check_vector_proto(ctx: CkksContext, payload: bytes) -> None:
             elif number == _VEC_SCALE and kind == wire.WIRE_I64:
                 scale = wire.decode_double(value)  # type: ignore[arg-type]
             else:
-                raise ValueError(f"unexpected field {number} (wire type {wire})")
+                raise ValueError(f"unexpected field {number} (wire type {kind})")
     except ValueError as exc:
         raise CiphertextFormatError(f"malformed CKKS vector: {exc}") from exc
     if n_ct != 1 or sizes != [ctx.slots]:
@@ -439,7 +439,9 @@ def envelope_bytes(ctx: CkksContext, level: str) -> int:
     header and digest. ``"tenseal"``: an UPPER BOUND, not the size: SEAL's zstd output depends on
     the coefficients (random ciphertexts vary by about +-0.3 %), so the bound takes the uncompressed
     SEAL stream at zstd's worst-case expansion (about 1.55x the floor at ``n4096`` against a typical
-    1.22x / 1.18x; :meth:`fedgat.crypto.params.CkksPreset.wire_bytes` gives typical sizes)."""
+    1.22x / 1.18x; :meth:`fedgat.crypto.params.CkksPreset.wire_bytes` gives typical sizes). Receivers
+    refuse a tenseal envelope above it (a padded body would otherwise load: SEAL ignores what
+    follows the ciphertext)."""
     if level not in _LEVELS:
         raise ValueError(f"level must be one of {_LEVELS}")
     chain = ctx.fresh_level if level == "fresh" else ctx.result_level
@@ -508,6 +510,16 @@ def _open(ctx: CkksContext, data: bytes | bytearray | memoryview, *, check_diges
         )
     if _HEADER.size + length + _DIGEST != len(data):
         raise CiphertextFormatError("envelope length mismatch (truncated or padded)")
+    if ctx.wire == "tenseal":
+        # SEAL stops reading after the members it needs, so a padded body would still load: hold it to
+        # the largest honest ciphertext of its level (the receiver stores what it accepts)
+        if lvl not in (ctx.fresh_level, ctx.result_level):
+            raise CiphertextFormatError(f"unexpected ciphertext level {lvl}")
+        bound = envelope_bytes(ctx, "fresh" if lvl == ctx.fresh_level else "result")
+        if len(data) > bound:
+            raise CiphertextFormatError(
+                f"envelope of {len(data)} bytes; a ciphertext of its level takes at most {bound}"
+            )
     if check_digest:
         view = memoryview(data)
         if hashlib.sha256(view[:-_DIGEST]).digest() != view[-_DIGEST:]:

@@ -127,7 +127,8 @@ DEFAULT_WIRE = "compact"
 
 #: measured bytes of one ``"tenseal"``-wire envelope (fresh, result) per preset: TenSEAL 0.3.x,
 #: mean of random ciphertexts (zstd's output varies by about +-0.3 %); estimates only
-#: (:meth:`CkksPreset.wire_bytes`), never a limit (:func:`fedgat.crypto.packing.envelope_bytes`)
+#: (:meth:`CkksPreset.wire_bytes`); receivers hold envelopes to the upper bound of
+#: :func:`fedgat.crypto.packing.envelope_bytes`
 TENSEAL_WIRE_BYTES: dict[str, tuple[int, int]] = {
     "n4096": (103_490, 55_670),
     "n8192": (235_130, 131_290),

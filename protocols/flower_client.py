@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from fedgat.app import build_pretrain_client, build_rounds_client
+from fedgat.crypto.params import DEFAULT_WIRE
 from fedgat.encodings import Encodings
 from fedgat.graph import Graph
 from fedgat.partition import Partition
@@ -196,11 +197,13 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
     store.roster = roster
     if setup["phase"] == "pretrain":
         c = setup["config"]
-        pinned = str(context.node_config.get("wire") or "")
-        if pinned and pinned != c["wire"]:
+        # fail closed: the server's set-up never chooses which parser reads the server's bytes; a
+        # node runs the default (compact) wire unless its own node config says otherwise
+        pinned = str(context.node_config.get("wire") or DEFAULT_WIRE)
+        if pinned != c.get("wire"):
             raise ConfigMismatchError(
-                f"the server runs the pre-training with the {c['wire']!r} ciphertext wire; this node "
-                f"pins {pinned!r} (node config 'wire')"
+                f"the server runs the pre-training with the {c.get('wire')!r} ciphertext wire; this node "
+                f"runs {pinned!r} (node config 'wire', default {DEFAULT_WIRE!r})"
             )
         config = PretrainConfig(
             session=int(c["session"]),
@@ -208,7 +211,7 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
             preset=c["preset"],
             chunks=c["chunks"],
             embed_factor=int(c["embed_factor"]),
-            wire=str(c["wire"]),
+            wire=pinned,
         )
         store.party = _new_pretrain_party(pid, cfg, identity, roster, config)
     elif setup["phase"] == "rounds":

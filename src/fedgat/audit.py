@@ -364,7 +364,7 @@ def longest_zero_run(blob: bytes) -> int:
     return int((np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)).max())
 
 
-def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
+def server_checks(transcript, server_id: int, x: np.ndarray, wire: str = "compact") -> dict:
     """Checks on everything the server received (a :class:`fedgat.protocols.Transcript`).
 
     * every message type is in :data:`SERVER_ALLOWED`;
@@ -377,6 +377,8 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
       enough to hold a sparse feature row at *any* scale (a Cora row has runs of hundreds of zero
       bytes; the test is scale-free);
     * no public context the server received has a secret key or can decrypt.
+
+    ``wire``: the session's ciphertext wire (the server's configuration, not what a message names).
     """
     from fedgat.crypto import ServerContext, deserialize
     from fedgat.protocols import FeatureUpload, PublicContext, decode_message
@@ -394,7 +396,7 @@ def server_checks(transcript, server_id: int, x: np.ndarray) -> dict:
     for e in received:
         msg = decode_message(e.data)
         if isinstance(msg, PublicContext):
-            ctx = ServerContext.from_bytes(msg.context, wire=msg.wire)  # the envelopes' wire
+            ctx = ServerContext.from_bytes(msg.context, wire=wire)  # the session's, never the message's
             contexts[msg.party] = ctx
             has_secret = bool(has_secret) or bool(ctx.tenseal.has_secret_key())
         if isinstance(msg, FeatureUpload):
@@ -530,7 +532,9 @@ def audit_server(
         transcript = Transcript(keep_payloads=True, directory=tmp)
         parties = honest_round(setting, transcript)
         report: dict = {
-            "server": server_checks(transcript, parties.server.party_id, graph.x.numpy()),
+            "server": server_checks(
+                transcript, parties.server.party_id, graph.x.numpy(), parties.server.config.wire
+            ),
             "shared_secret_key": shared_secret_key(parties),
             "client_key_fingerprints": {
                 c: p.holder.fingerprint().hex()[:16]

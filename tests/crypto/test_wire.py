@@ -133,6 +133,35 @@ def test_a_tenseal_body_is_checked_before_seal_loads_it(holders, servers):
         deserialize(server, resealed(body, level=server.result_level))
 
 
+def test_a_padded_tenseal_body_is_held_to_the_largest_honest_ciphertext(holders, servers):
+    """SEAL stops reading after the ciphertext's members, so junk appended to the SEAL stream still
+    loads: a receiver refuses an envelope above :func:`envelope_bytes` (what the server would
+    otherwise spool from a client padding every upload to the 4 MiB frame limit)."""
+    from fedgat.crypto import wire as pb
+
+    holder, server = holders["tenseal"], servers["tenseal"]
+    blob = serialize(holder, holder.encrypt_vector(np.full(holder.slots, 0.25)))
+    (_, _, sizes), (_, _, stream), (_, _, scale) = pb.parse_fields(blob[42:-32])
+
+    def padded(extra: int) -> bytes:
+        s = bytes(stream) + bytes(extra)
+        body = b"\x0a" + pb.encode_varint(len(sizes)) + bytes(sizes)
+        body += b"\x12" + pb.encode_varint(len(s)) + s + b"\x19" + bytes(scale)
+        head = bytearray(blob[:42])
+        head[38:42] = len(body).to_bytes(4, "big")
+        return bytes(head) + body + hashlib.sha256(bytes(head) + body).digest()
+
+    bound = envelope_bytes(server, "fresh")
+    small = padded(64)
+    assert len(small) <= bound  # within the bound, padding is not detected: the bound is the guarantee
+    assert np.allclose(holder.decrypt_vector(deserialize(server, small, level="fresh"))[:4], 0.25, atol=1e-5)
+    big = padded(1 << 20)
+    assert len(big) > bound
+    for load in (lambda b: deserialize(server, b, level="fresh"), lambda b: tenseal_payload(server, b)):
+        with pytest.raises(CiphertextFormatError, match="at most"):
+            load(big)
+
+
 @pytest.mark.parametrize("wire", WIRES)
 def test_evaluator_results_in_either_wire_decrypt_to_q_h(holders, servers, unit_rows, wire):
     holder, server = holders[wire], servers[wire]
