@@ -115,7 +115,7 @@ ENVELOPE_OVERHEAD_BYTES = 74
 #:   prime's width (:mod:`fedgat.crypto.compact`), so a ciphertext is its byte floor plus 74 B.
 #:   Costs CPU, because TenSEAL gives no raw coefficient access: the sender decompresses SEAL's
 #:   zstd stream and packs it, the receiver rebuilds an uncompressed stream (measured at ``n4096``
-#:   on 2 cores: ~1.9 ms to serialise a fresh upload instead of TenSEAL's 1.2 ms, +0.36 ms per result
+#:   on 2 cores: ~1.9 ms to serialise a fresh upload instead of TenSEAL's 1.2 ms, +0.34 ms per result
 #:   on the server, loads about the same (``benchmarks/results/server_profile.md``); about +120
 #:   CPU-s for a Cora round, which saves ~2.9 GB).
 #: * ``"tenseal"`` (envelope version 1): TenSEAL's own bytes (a protobuf around SEAL's

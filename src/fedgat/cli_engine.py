@@ -105,7 +105,7 @@ WIRES = ("compact", "tenseal")
 WIRE_HELP = (
     "ciphertext wire of the encrypted pre-training round (default compact): 'compact' sends every "
     "ciphertext at its byte floor and costs more CPU to pack and unpack (~+0.65 ms per upload, "
-    "~+0.36 ms per result on the server at n4096; loading costs about the same); 'tenseal' sends TenSEAL's own bytes, ~16-22%% more bytes "
+    "~+0.34 ms per result on the server at n4096; loading costs about the same); 'tenseal' sends TenSEAL's own bytes, ~16-22%% more bytes "
     "for less CPU. Every party of a session must use the same wire"
 )
 
