@@ -226,22 +226,31 @@ def _mib(n: float | None) -> str:
 
 def write_markdown(result: dict, path: Path) -> None:
     runs = [r for r in result["runs"] if "error" not in r]
+    encrypted = (
+        f"encrypted round at n4096 up to {result['encrypted_max_nodes']} nodes"
+        if any(r["mode"] == "encrypted" for r in runs)
+        else "no encrypted round"
+    )
+    before, after = result.get("load_before"), result.get("load_after")
+    if before is None:
+        load = "The growth exponents compare sizes within this run."
+    else:
+        shared = before[0] >= 0.5 * (result.get("cpus") or 1)
+        load = (
+            ("**Timings were taken on a shared machine, under load from other jobs.** " if shared else "")
+            + f"Load average {before} before, {after} after; the growth exponents compare sizes within this run."
+        )
     lines = [
         "# Graph scale: time, memory and bytes vs graph size",
         "",
         (
             f"Synthetic ogbn-arxiv-like graphs ({ARXIV_FEATURES} features, up to {ARXIV_CLASSES} classes, mean "
             f"degree {ARXIV_DEGREE:.2f}, homophily {ARXIV_HOMOPHILY}), {result['clients']} clients (~iid), vector "
-            f"encodings; encrypted round at n4096 up to {result['encrypted_max_nodes']} nodes; {result['rounds']} "
-            f"FedAvg rounds. Machine: {result['cpus']} CPU(s), {result['memory_gib']} GiB RAM, "
+            f"encodings; {encrypted}; {result['rounds']} FedAvg rounds. Machine: {result['cpus']} CPU(s), {result['memory_gib']} GiB RAM, "
             f"{result['platform']}; {result['date']}. Command: `{result['command']}`."
         ),
         "",
-        (
-            "**Timings were taken on a shared machine, under load from other jobs** (load average "
-            f"{result['load_before']} before, {result['load_after']} after); the growth exponents compare sizes "
-            "within this run."
-        ),
+        load,
         "",
         "| nodes | edges | phase | seconds | peak RSS GiB | bytes up MiB | bytes down MiB |",
         "|---:|---:|---|---:|---:|---:|---:|",
@@ -356,15 +365,28 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(args.nodes or (QUICK_NODES if args.quick else NODES))
     load_before = os.getloadavg()
     start = time.perf_counter()
-    runs, skipped = [], []
+    runs: list[dict] = []
+    skipped = [n for n in sizes if "encrypted" in args.modes and n > args.encrypted_max_nodes]
+    stem = "graph_scale_quick" if args.quick else "graph_scale"
+    result: dict = {}
     for n in sizes:
         for mode in args.modes:
             if mode == "encrypted" and n > args.encrypted_max_nodes:
-                skipped.append(n)
                 continue
             run = _child(args, mode, n)
             runs.append(run)
             print(json.dumps(run), flush=True)
+            # written after every size, so that a run cut off by a time limit keeps what it measured
+            result = _result(args, argv, runs, skipped, load_before, start)
+            _write(result, args.out, stem)
+    if not runs:
+        print("graph_scale: nothing to run")
+        return 0
+    print(f"wrote {args.out / stem}.json/.md/.png in {result['total_seconds']} s")
+    return 0
+
+
+def _result(args, argv, runs: list[dict], skipped: list[int], load_before, start: float) -> dict:
     result = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join(
@@ -385,13 +407,14 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     result["growth"] = growth(runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "graph_scale_quick" if args.quick else "graph_scale"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    write_markdown(result, args.out / f"{stem}.md")
-    plot(result, args.out / f"{stem}.png")
-    print(f"wrote {args.out / stem}.json/.md/.png in {result['total_seconds']} s")
-    return 0
+    return result
+
+
+def _write(result: dict, out: Path, stem: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_markdown(result, out / f"{stem}.md")
+    plot(result, out / f"{stem}.png")
 
 
 if __name__ == "__main__":

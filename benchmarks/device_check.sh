@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 20's checks on a lent GPU machine (16 cores, one CUDA GPU), as one prepared script.
+#
+# Here, first:   bash benchmarks/device_prepare.sh      (wheels for the device's Python, and the data)
+# There:         bash benchmarks/device_check.sh gpu     (CUDA tests, layer and training on the GPU,
+#                                                         the layer at 1/2/16 CPU threads, an encrypted smoke)
+#                bash benchmarks/device_check.sh cpu16   (the Cora encrypted round on 16 cores, graph scale)
+# (run through the device tool with carry [".whl", ".devdata"]). Every step has its own time limit and
+# failing steps do not stop the others; logs and results are re-packed into $OUT/results.tgz after
+# each step, so what finished comes back even if the call is cut off.
+set -u
+part=${1:-gpu}
+OUT=${OUT:-/tmp/fedgat-device-out}
+stage=/tmp/fedgat-device/$part
+mkdir -p "$OUT" "$stage"
+log="$OUT/$part.log"
+exec > >(tee -a "$log") 2>&1
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "device_check: wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site FEDGAT_DATA="$PWD/.devdata/planetoid" MPLBACKEND=Agg PYTHONUNBUFFERED=1
+export FLWR_TELEMETRY_ENABLED=0 RAY_USAGE_STATS_ENABLED=0 TQDM_DISABLE=1
+machine="${DEVICE_MACHINE:-lent GPU machine ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) host)}"
+
+pack() { tar -C "$stage" -czf "$OUT/$part.tgz" . 2>/dev/null; }
+
+step() {  # step NAME SECONDS COMMAND...: time-limited, logged, never fatal
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    echo "=== $name (limit ${limit}s): $*"
+    timeout -k 10 "$limit" "$@" >"$stage/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$stage/$name.log"
+    echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
+    echo "$name rc=$rc s=$((SECONDS - t0))" >>"$stage/steps.txt"
+    pack
+}
+
+echo "machine: $machine; $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>/dev/null
+python3 -c "import sys, torch, fedgat, tenseal; print(sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.cuda.is_available(), 'threads', torch.get_num_threads(), 'fedgat', fedgat.__file__)"
+
+case "$part" in
+gpu)
+    step cuda_tests 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_device.py
+    step layer_cuda 120 python3 benchmarks/layer_speed.py --dataset cora --device cuda --repeats 30 \
+        --machine "$machine" --out "$stage/layer_cuda"
+    step train_cuda 150 python3 benchmarks/train_speed.py --dataset cora --device cuda --epochs 50 --rounds 10 \
+        --variants vector,matrix --machine "$machine" --suffix cuda --out "$stage/train_cuda"
+    step profile_vector 90 python3 benchmarks/gpu_profile.py --dataset cora --variant vector \
+        --json "$stage/gpu_profile_vector.json"
+    step profile_matrix 90 python3 benchmarks/gpu_profile.py --dataset cora --variant matrix \
+        --json "$stage/gpu_profile_matrix.json"
+    step layer_cpu 150 python3 benchmarks/layer_speed.py --dataset cora --threads 1,2,16 --repeats 9 \
+        --machine "$machine" --out "$stage/layer_cpu"
+    step encrypted_smoke 90 python3 benchmarks/overhead.py --dataset synthetic --nodes 200 --clients 3 \
+        --no-train --engine process --out "$stage/smoke"
+    ;;
+cpu16)
+    step overhead_cora 330 python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
+        --no-train --out "$stage/overhead16"
+    step graph_scale 200 python3 benchmarks/graph_scale.py --modes plain --rounds 1 \
+        --nodes 10000 20000 40000 80000 169343 --out "$stage/graph_scale" \
+        --notes "Run on the lent GPU machine's 16 cores ($machine), plaintext mode only."
+    ;;
+*)
+    echo "device_check: unknown part '$part' (gpu or cpu16)"
+    exit 2
+    ;;
+esac
+pack
+cat "$stage/steps.txt"
