@@ -2,12 +2,18 @@
 # Issue 20's checks on a lent GPU machine (16 cores, one CUDA GPU), as one prepared script.
 #
 # Here, first:   bash benchmarks/device_prepare.sh      (wheels for the device's Python, and the data)
-# There:         bash benchmarks/device_check.sh gpu     (CUDA tests, layer and training on the GPU,
-#                                                         the layer at 1/2/16 CPU threads, an encrypted smoke)
-#                bash benchmarks/device_check.sh cpu16   (the Cora encrypted round on 16 cores, graph scale)
-# (run through the device tool with carry [".whl", ".devdata"]). Every step has its own time limit and
-# failing steps do not stop the others; logs and results are re-packed into $OUT/results.tgz after
-# each step, so what finished comes back even if the call is cut off.
+# There:         bash benchmarks/device_check.sh gpu     (CUDA tests, layer and training on the GPU with
+#                                                         their profiles, the layer at 1/2/16 CPU threads,
+#                                                         an encrypted smoke: ~3 min)
+#                bash benchmarks/device_check.sh cpu16   (the layer's per-operator profile at 1/2/16 threads,
+#                                                         graph scale at ogbn-arxiv's size: <= 8 min)
+#                bash benchmarks/device_check.sh round16 (the Cora encrypted round on 16 cores: <= 9 min)
+# (run through the device tool with carry [".whl", ".devdata"]; each part fits one call, and a session's
+# 15 minutes of device time fit about two: call the next part at once while the machine is warm).
+# Every step has its own time limit and failing steps do not stop the others; logs and results are
+# re-packed into $OUT/<part>.tgz after each step, so what finished comes back even if the call is cut off.
+# Measured with it on 2026-11-26 (H100 host, 16 cores): gpu 180 s; the old cpu16 part (Cora round, then
+# graph scale 10k-169k) ran out of its step limits (round > 330 s, 169k > 200 s), hence the split.
 set -u
 part=${1:-gpu}
 OUT=${OUT:-/tmp/fedgat-device-out}
@@ -59,14 +65,21 @@ gpu)
         --no-train --engine process --out "$stage/smoke"
     ;;
 cpu16)
-    step overhead_cora 330 python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
-        --no-train --out "$stage/overhead16"
-    step graph_scale 200 python3 benchmarks/graph_scale.py --modes plain --rounds 1 \
-        --nodes 10000 20000 40000 80000 169343 --out "$stage/graph_scale" \
+    step layer_profile_vector 90 python3 benchmarks/layer_profile.py --dataset cora --variant vector \
+        --threads 1,2,16 --machine "$machine" --out "$stage/layer_profile"
+    step layer_profile_matrix 90 python3 benchmarks/layer_profile.py --dataset cora --variant matrix \
+        --threads 1,2,16 --machine "$machine" --out "$stage/layer_profile"
+    # 10k-80k were measured on 2026-11-26 (benchmarks/results/graph_scale_16core.md)
+    step graph_scale 270 python3 benchmarks/graph_scale.py --modes plain --rounds 1 \
+        --nodes 80000 169343 --out "$stage/graph_scale" \
         --notes "Run on the lent GPU machine's 16 cores ($machine), plaintext mode only."
     ;;
+round16)
+    step overhead_cora 500 python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
+        --no-train --progress --out "$stage/overhead16"
+    ;;
 *)
-    echo "device_check: unknown part '$part' (gpu or cpu16)"
+    echo "device_check: unknown part '$part' (gpu, cpu16 or round16)"
     exit 2
     ;;
 esac
