@@ -9,6 +9,7 @@ import torch
 from fedgat.approx import fit_score
 from fedgat.encodings import EncodingBucket, Encodings, encode
 from fedgat.layer import FedGATConv, output_error_bound
+from fedgat.synthetic import synthetic_graph
 
 from graph_helpers import random_csr, unit_rows
 
@@ -289,3 +290,84 @@ def test_polynomial_backward_is_the_derivative():
     for c in reversed(coeffs):
         horner = horner * x + c
     torch.testing.assert_close(_Polynomial.apply(x, coeffs), horner)
+
+
+_METADATA_OPS = {
+    "aten::" + name
+    for name in [
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "as_strided",
+        "expand",
+        "view",
+        "view_as",
+        "reshape",
+        "_reshape_alias",
+        "slice",
+        "select",
+        "t",
+        "transpose",
+        "alias",
+        "unsqueeze",
+        "detach",
+        "resolve_conj",
+        "resolve_neg",
+        "lift_fresh",
+        "result_type",
+    ]
+}
+
+
+def _aten_ops(fn) -> int:
+    """Operators ``fn`` dispatches that do work (leaves of the aten call tree, views and allocations left
+    out): on a GPU each is a kernel launch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(
+        1
+        for e in prof.events()
+        if e.name.startswith("aten::")
+        and e.name not in _METADATA_OPS
+        and not any(c.name.startswith("aten::") for c in e.cpu_children)
+    )
+
+
+def test_polynomial_from_powers_matches_horner_with_few_launches():
+    from fedgat.layer import _Polynomial
+
+    power = fit_score().power  # degree 16, as the layer uses it
+    coeffs = power.tolist()
+    table = torch.tensor(coeffs, dtype=torch.float64)
+    dtable = table[1:] * torch.arange(1, len(coeffs), dtype=torch.float64)
+    x = (torch.rand(300, 8, dtype=torch.float64) * 9.8 - 4.9).requires_grad_()
+    horner = _Polynomial.apply(x, coeffs)
+    powers = _Polynomial.apply(x, coeffs, table, dtable)
+    torch.testing.assert_close(powers, horner, rtol=1e-9, atol=1e-9)  # float64 rounding; float32 follows
+    (g_h,) = torch.autograd.grad(horner.sum(), x)
+    (g_p,) = torch.autograd.grad(powers.sum(), x)
+    torch.testing.assert_close(g_p, g_h, rtol=1e-9, atol=1e-9)
+    small = torch.linspace(-3.9, 3.9, 41, dtype=torch.float64).view(-1, 1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: _Polynomial.apply(t, coeffs, table, dtable), (small,))
+    # launches are what a GPU epoch pays for: Horner issues ~4 per degree, the power path a handful
+    n_horner = _aten_ops(lambda: _Polynomial.apply(x, coeffs).sum().backward())
+    n_powers = _aten_ops(lambda: _Polynomial.apply(x, coeffs, table, dtable).sum().backward())
+    assert n_horner >= 4 * (len(coeffs) - 1) and n_powers <= 12, (n_horner, n_powers)
+
+
+def test_vector_layer_with_the_power_polynomial_matches_the_cpu_path(monkeypatch):
+    import fedgat.layer as layer_module
+
+    g = synthetic_graph(num_nodes=60, num_features=10, train_per_class=4, num_val=8, num_test=8, seed=5)
+    enc = encode("vector", g.x, g.neighbourhoods(), rng=0)
+    torch.manual_seed(0)
+    layer = FedGATConv(10, 4, heads=3)
+    want = layer(enc)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), layer.lin.weight)
+    monkeypatch.setattr(layer_module, "_powers_on", lambda device: True)
+    got = layer(enc)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), layer.lin.weight)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)

@@ -26,7 +26,8 @@ and every node's and head's :math:`D_i^\top / a` is one block of a single block-
 at once, blocks of every size, no padding; unfactorised encodings (and the ``meta`` device) run it as
 batched matmuls on zero-padded groups of buckets.
 Vector variant: logits :math:`x_i = \gamma_h(Q_i^\top V_i b_2 + b_1\cdot h_i)`, scores
-:math:`\hat s(x_i)` by scalar Horner, numerator :math:`= W_h V_i^\top Q_i \hat s(x_i)`, denominator
+:math:`\hat s(x_i)` by scalar Horner (on the CPU; on a GPU from the powers of :math:`x_i`), numerator
+:math:`= W_h V_i^\top Q_i \hat s(x_i)`, denominator
 :math:`\mathbf 1^\top \hat s(x_i)`.
 
 Shapes: ``B`` nodes in a bucket, ``H`` heads, ``F`` = out_channels, ``d`` = in_channels,
@@ -72,24 +73,56 @@ def _gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 class _Polynomial(torch.autograd.Function):
-    """Power-basis Horner ``p(x)`` elementwise (``coeffs`` lowest degree first), with ``p'(x)`` from the
-    same loop: one autograd node instead of two per degree, in-place on one buffer each."""
+    """Power-basis ``p(x)`` elementwise (``coeffs`` lowest degree first) with ``p'(x)`` for the
+    backward: one autograd node instead of two per degree.
+
+    On the CPU (``table`` None) by Horner's rule, in place on one buffer each: a few cheap passes per
+    degree, bit for bit what this layer has always computed. Elsewhere (``table`` the coefficients and
+    ``dtable`` the derivative's, as tensors on ``x``'s device) as ``[x, x^2, ..., x^(k-1)]`` by one
+    cumulative product and two matrix-vector products: a handful of kernel launches instead of four
+    per degree (a GPU epoch on Cora is bound by launches, not arithmetic: benchmarks/results/
+    gpu_profile_h100_vector.md). Both sum the same power basis in float64; they agree to rounding.
+    """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, coeffs: list[float]) -> torch.Tensor:
-        p = torch.full_like(x, coeffs[-1])
-        dp = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
-        for c in reversed(coeffs[:-1]):
-            if dp is not None:
-                dp.mul_(x).add_(p)
-            p.mul_(x).add_(c)
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        coeffs: list[float],
+        table: torch.Tensor | None = None,
+        dtable: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        need_grad = ctx.needs_input_grad[0]
+        if table is None or dtable is None:
+            p = torch.full_like(x, coeffs[-1])
+            dp = torch.zeros_like(x) if need_grad else None
+            for c in reversed(coeffs[:-1]):
+                if dp is not None:
+                    dp.mul_(x).add_(p)
+                p.mul_(x).add_(c)
+        else:
+            k = table.shape[0]
+            flat = x.reshape(-1, 1)
+            powers = flat.expand(-1, k - 1).cumprod(1)  # (n, k-1): x^1 .. x^(k-1)
+            p = torch.addmv(table[:1].expand(flat.shape[0]), powers, table[1:]).view_as(x)
+            dp = (
+                torch.addmv(dtable[:1].expand(flat.shape[0]), powers[:, :-1], dtable[1:]).view_as(x)
+                if need_grad
+                else None
+            )
         ctx.save_for_backward(dp)
         return p
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (dp,) = ctx.saved_tensors
-        return grad * dp, None
+        return grad * dp, None, None, None
+
+
+def _powers_on(device: torch.device) -> bool:
+    """Whether :class:`_Polynomial` evaluates from the powers of ``x`` (few kernel launches) rather than
+    by Horner's rule (few passes over memory): everywhere but on the CPU."""
+    return device.type != "cpu"
 
 
 class _SparseMatmul(torch.autograd.Function):
@@ -352,6 +385,7 @@ class FedGATConv(nn.Module):
     """
 
     _power: torch.Tensor  # buffer: the score polynomial's power-basis coefficients
+    _dpower: torch.Tensor  # buffer: its derivative's, [c1, 2 c2, ...] (the off-CPU polynomial)
     _power_coeffs: list[float]  # the same as Python floats (read every forward without a device sync)
 
     def __init__(
@@ -381,6 +415,9 @@ class FedGATConv(nn.Module):
         )
         self.register_buffer("_power", torch.tensor(self.score.power, dtype=torch.float64), persistent=False)
         self._power_coeffs = self._power.tolist()
+        # p'(x)'s power-basis coefficients [c1, 2 c2, ..., (k-1) c_(k-1)], for the off-CPU polynomial
+        degrees = torch.arange(1, len(self._power_coeffs), dtype=torch.float64)
+        self.register_buffer("_dpower", self._power[1:] * degrees, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -432,7 +469,8 @@ class FedGATConv(nn.Module):
         KW = encodings.flat_K2 @ Wf.T  # (rows, H*F)
         va = self._attention_projection(KW).double()  # (rows, 2, H): V_i b2, V_i b1
         logits = plan.logits(va.view(-1, H)) * gamma.double()  # (E, H)
-        s = _Polynomial.apply(logits, self._power_list())  # (E, H) float64
+        tables = (self._power, self._dpower) if _powers_on(logits.device) else (None, None)
+        s = _Polynomial.apply(logits, self._power_list(), *tables)  # (E, H) float64
         z = plan.spread(s).to(KW.dtype)  # (rows, H): Q_i s_i
         num = plan.row_sum((z[:, :, None] * KW.view(-1, H, Fo)).view(-1, H * Fo))  # (N, H*F)
         den = plan.edge_sum(s).to(KW.dtype)  # (N, H)
