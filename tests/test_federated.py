@@ -544,3 +544,24 @@ def test_fedgat_model_is_the_public_one(small_graph):
     model = fed.model_fn()
     assert isinstance(model, FedGAT)
     assert model.conv1.feature_dropout == 0.1 and model.conv1.score.degree == 8
+
+
+def test_state_to_host_copies_every_entry_and_names_the_first_non_finite():
+    from fedgat.federated import _state_to_host
+
+    state = {
+        "a.weight": torch.randn(3, 4),
+        "a.bias": torch.randn(4),
+        "steps": torch.tensor(7),  # an integer buffer, 0-dimensional
+        "b.weight": torch.randn(2, 2, dtype=torch.float64),
+        "scale": torch.tensor(0.5),
+    }
+    host, bad = _state_to_host(state)
+    assert bad is None and list(host) == list(state)
+    for name, value in state.items():
+        assert host[name].dtype == value.dtype and host[name].shape == value.shape
+        assert torch.equal(host[name], value) and host[name].data_ptr() != value.data_ptr()
+    state["b.weight"][1, 0] = float("nan")
+    state["scale"].fill_(float("inf"))
+    assert _state_to_host(state)[1] == "b.weight"  # the first in the state's order
+    assert _state_to_host({}) == ({}, None)
