@@ -55,6 +55,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import zstandard  # SEAL compresses its streams with zstd; the sender reads them back
@@ -241,7 +242,7 @@ class CompactCodec:
     def limbs(self) -> int:
         return len(self.primes)
 
-    @property
+    @cached_property
     def bits(self) -> tuple[int, ...]:
         return tuple(q.bit_length() for q in self.primes)
 
@@ -254,8 +255,12 @@ class CompactCodec:
         """Bytes of the compact form (the floor, :func:`floor_bytes`)."""
         return floor_bytes(self.poly_modulus_degree, self.bits)
 
-    def _limb_sizes(self) -> list[int]:
-        return [_POLYS * self.poly_modulus_degree * b // 8 for b in self.bits]
+    def _limb_sizes(self) -> tuple[int, ...]:
+        return self._sizes
+
+    @cached_property
+    def _sizes(self) -> tuple[int, ...]:
+        return tuple(_POLYS * self.poly_modulus_degree * b // 8 for b in self.bits)
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
