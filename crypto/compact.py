@@ -164,9 +164,9 @@ def unpack_limb(data: bytes | memoryview, bits: int, out: np.ndarray | None = No
     groups = len(data) // (8 * bits)
     words = np.zeros((groups, bits + 1), dtype=np.uint64)  # + a zero column
     words[:, :bits] = np.frombuffer(data, dtype="<u8").reshape(groups, bits)
-    values = words[:, plan.word]
+    values = words.take(plan.word, axis=1)  # take: the same gather as words[:, plan.word], faster
     values >>= plan.offset
-    high = words[:, plan.next_word]
+    high = words.take(plan.next_word, axis=1)
     high <<= plan.spill_shift  # 0 << 0 where the value does not spill
     values |= high
     values &= plan.mask
