@@ -55,6 +55,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import zstandard  # SEAL compresses its streams with zstd; the sender reads them back
@@ -163,9 +164,9 @@ def unpack_limb(data: bytes | memoryview, bits: int, out: np.ndarray | None = No
     groups = len(data) // (8 * bits)
     words = np.zeros((groups, bits + 1), dtype=np.uint64)  # + a zero column
     words[:, :bits] = np.frombuffer(data, dtype="<u8").reshape(groups, bits)
-    values = words[:, plan.word]
+    values = words.take(plan.word, axis=1)  # take: the same gather as words[:, plan.word], faster
     values >>= plan.offset
-    high = words[:, plan.next_word]
+    high = words.take(plan.next_word, axis=1)
     high <<= plan.spill_shift  # 0 << 0 where the value does not spill
     values |= high
     values &= plan.mask
@@ -241,7 +242,7 @@ class CompactCodec:
     def limbs(self) -> int:
         return len(self.primes)
 
-    @property
+    @cached_property
     def bits(self) -> tuple[int, ...]:
         return tuple(q.bit_length() for q in self.primes)
 
@@ -254,8 +255,12 @@ class CompactCodec:
         """Bytes of the compact form (the floor, :func:`floor_bytes`)."""
         return floor_bytes(self.poly_modulus_degree, self.bits)
 
-    def _limb_sizes(self) -> list[int]:
-        return [_POLYS * self.poly_modulus_degree * b // 8 for b in self.bits]
+    def _limb_sizes(self) -> tuple[int, ...]:
+        return self._sizes
+
+    @cached_property
+    def _sizes(self) -> tuple[int, ...]:
+        return tuple(_POLYS * self.poly_modulus_degree * b // 8 for b in self.bits)
 
     # --- construction -------------------------------------------------------------------------
     @classmethod

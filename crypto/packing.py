@@ -115,6 +115,7 @@ from .params import ENVELOPE_OVERHEAD_BYTES
 
 __all__ = [
     "SlotLayout",
+    "check_envelope",
     "check_linear_map",
     "decrypt_rows",
     "deserialize",
@@ -567,6 +568,31 @@ def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> t
     if ctx.level_of(vec) != lvl:
         raise CiphertextFormatError("envelope level does not match the ciphertext")
     return vec
+
+
+def check_envelope(ctx: CkksContext, data: bytes, *, level: str | None = None) -> None:
+    """What :func:`deserialize` checks, without keeping the vector: raises exactly the errors it
+    raises (:class:`CiphertextFormatError`, :class:`KeyMismatchError`) on exactly the inputs it
+    refuses, and returns None where it would return a vector.
+
+    A receiver that only stores what it accepts (the server's upload spool) uses this. In the
+    ``"compact"`` wire it does not build TenSEAL's bytes nor load them: every field of those bytes
+    but the coefficients is the template's (:class:`~fedgat.crypto.compact.CompactCodec`, checked
+    against the context when the codec was made), so of what :func:`load_tenseal_vector` checks
+    only two things depend on the sender: every coefficient below its prime (SEAL's
+    ``is_data_valid_for``, checked while unpacking) and a non-zero second polynomial (SEAL's
+    ``is_transparent``, checked here on the unpacked coefficients). The ``"tenseal"`` wire is
+    loaded as :func:`deserialize` does (SEAL parses the sender's protobuf and stream)."""
+    if ctx.wire != "compact":
+        deserialize(ctx, data, level=level)
+        return
+    lvl, fingerprint = _open(ctx, data, check_digest=True)
+    if fingerprint != ctx.fingerprint():
+        raise KeyMismatchError("ciphertext is bound to another CKKS key (fingerprint mismatch)")
+    _check_level(ctx, lvl, level)
+    grid = compact_codec(ctx, lvl).unpack(_body(data))
+    if not grid[1].any():  # SEAL's is_transparent: the second polynomial is zero
+        raise CiphertextFormatError("SEAL ciphertext must have 2 non-zero NTT-form polynomials")
 
 
 def load_validated(ctx: CkksContext, data: bytes) -> ts.CKKSVector:

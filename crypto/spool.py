@@ -18,7 +18,7 @@ import tenseal as ts
 
 from .context import CkksContext
 from .errors import CiphertextFormatError, CryptoError
-from .packing import SlotLayout, deserialize, load_validated
+from .packing import SlotLayout, check_envelope, load_validated
 
 __all__ = ["CiphertextSpool", "InsecureSpoolError"]
 
@@ -97,7 +97,7 @@ class CiphertextSpool:
 
     def put(self, node: int, chunk: int, blob: bytes, *, validated: bool = False) -> None:
         """Store one upload. ``validated=True``: the caller has already run
-        ``deserialize(ctx, blob, level="fresh")`` on exactly these bytes (the server checks a whole
+        ``check_envelope(ctx, blob, level="fresh")`` (or ``deserialize``) on exactly these bytes (the server checks a whole
         message before storing any of it), so the check is not repeated."""
         key = (int(node), int(chunk))
         if not 0 <= key[1] < self.layout.chunks:
@@ -105,7 +105,7 @@ class CiphertextSpool:
         if key in self._index:
             raise CiphertextFormatError(f"duplicate upload for node {node} chunk {chunk}")
         if not validated:
-            deserialize(self.ctx, blob, level="fresh")  # raises a typed error; nothing stored
+            check_envelope(self.ctx, blob, level="fresh")  # raises a typed error; nothing stored
         self._file.seek(0, os.SEEK_END)
         offset = self._file.tell()
         self._file.write(blob)

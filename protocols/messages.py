@@ -4,7 +4,7 @@ Frame (all integers big-endian)::
 
     offset  size  field
     0       4     magic b"FGAT"
-    4       1     version (2)
+    4       1     version (7)
     5       2     message type id (table below)
     7       4     sender party id
     11      4     recipient party id
@@ -13,7 +13,7 @@ Frame (all integers big-endian)::
     31      32    CKKS key fingerprint the message is bound to (32 zero bytes before a key exists)
     63      4     payload length L
     67      L     payload (the message's fields, :mod:`fedgat.protocols.codec`)
-    67+L    64    Ed25519 signature of the sender over bytes [0, 67+L)
+    67+L    64    Ed25519 signature of the sender over b"FGAT-frame-sha256\0" + SHA-256(bytes [0, 67+L))
 
 :func:`decode_message` checks, in this order and before allocating anything of the declared size:
 length of the header, magic (:class:`FrameError`), version (:class:`VersionError`), type

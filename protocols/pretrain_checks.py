@@ -9,7 +9,8 @@ from collections.abc import Container, Mapping, Sequence
 
 import numpy as np
 
-from fedgat.crypto import CiphertextFormatError, KeyMismatchError, ServerContext, deserialize
+from fedgat.crypto import CiphertextFormatError, KeyMismatchError, ServerContext
+from fedgat.crypto.packing import check_envelope
 
 from .errors import KeyFingerprintError, PayloadError, SizeLimitError
 from .messages import EncodingBases, GraphAnnounce, UploadItem
@@ -131,7 +132,7 @@ def check_upload_items(
         keys.add(key)
     for item in items:  # every ciphertext is checked before any is stored
         try:
-            deserialize(context, item.ciphertext, level="fresh")
+            check_envelope(context, item.ciphertext, level="fresh")
         except (CiphertextFormatError, KeyMismatchError) as exc:
             raise crypto_error(
                 exc, f"upload of node {item.node} chunk {item.chunk} for party {target}"

@@ -23,7 +23,7 @@ from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import SigningIdentity, verify
 
 from .errors import AuthError, KeyFingerprintError, ReplayError, SignatureError, WrongRecipientError
-from .frame import signed_message
+from .frame import signed_message, signing_input
 from .messages import ZERO_FINGERPRINT, Message
 
 __all__ = ["Identity", "Roster", "Verifier"]
@@ -119,7 +119,8 @@ class Verifier:
         """Raise :class:`AuthError`, :class:`SignatureError`, :class:`WrongRecipientError` or
         :class:`ReplayError`; never changes the verifier.
 
-        The signature is verified over ``msg.signed_bytes``, and the object's fields must be exactly
+        The signature is verified over ``msg.signed_bytes`` (through their digest,
+        :func:`~fedgat.protocols.frame.signing_input`), and the object's fields must be exactly
         those bytes decoded (:func:`~fedgat.protocols.frame.signed_message`; :class:`SignatureError`
         otherwise). ``from_frame=True``: the caller has just built ``msg`` with
         :func:`~fedgat.protocols.messages.decode_message` from the frame itself (or with
@@ -130,7 +131,7 @@ class Verifier:
         if not from_frame:
             signed_message(msg)
         try:
-            verify(key, msg.signed_bytes, msg.signature)
+            verify(key, signing_input(msg.signed_bytes), msg.signature)
         except CryptoSignatureError as exc:
             raise SignatureError(f"bad signature on {msg.type_name} from party {msg.sender}") from exc
         if msg.recipient != self.me:

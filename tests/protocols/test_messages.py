@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from secagg_samples import secagg_samples
 
-from fedgat.crypto import SigningIdentity
+from fedgat.crypto import SigningIdentity, verify
 from fedgat.protocols import (
     MESSAGE_TYPES,
     Abort,
@@ -53,7 +53,7 @@ from fedgat.protocols import (
     decode_message,
     encode_message,
 )
-from fedgat.protocols.frame import VERSION
+from fedgat.protocols.frame import SIGNING_PREFIX, VERSION, signing_input
 from fedgat.protocols.messages import HEADER, SIGNATURE_SIZE
 from fedgat.protocols.messages_pretrain import HPKE_PUBLIC
 
@@ -194,12 +194,12 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 6
+    assert data[4] == VERSION == 7
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
     # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4),
-    # a PublicContext without the ciphertext wire (5)
-    for version in (1, 2, 3, 4, 5, 7, 255):
+    # a PublicContext without the ciphertext wire (5), a signature over the frame's bytes themselves (6)
+    for version in (1, 2, 3, 4, 5, 6, 8, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):
@@ -432,6 +432,38 @@ def test_verifier_checks_sender_signature_recipient_session_and_sequence():
     with pytest.raises(ReplayError):
         v.check(decode_message(data))
     v.check(decode_message(frame(UploadDone(nodes=1, ciphertexts=1, **{**HDR, "seq": 6}))))
+
+
+@pytest.mark.parametrize("msg", samples(), ids=lambda m: m.type_name)
+def test_the_signature_covers_the_digest_of_header_and_payload(msg):
+    """Version 7 signs ``SIGNING_PREFIX + SHA-256(header + payload)``: the frame's bytes are those of
+    version 6 (header, payload) and only the signature's input changed. A version-6 style signature
+    (Ed25519 over the bytes themselves) is refused."""
+    data = frame(msg)
+    head = HEADER.pack(
+        b"FGAT",
+        VERSION,
+        type(msg).TYPE,
+        msg.sender,
+        msg.recipient,
+        msg.session,
+        msg.seq,
+        msg.fingerprint,
+        len(data) - HEADER.size - SIGNATURE_SIZE,
+    )
+    pieces: list[bytes] = []
+    for name, codec in type(msg).SCHEMA:
+        codec.encode(getattr(msg, name), pieces, name)
+    body = b"".join([head, *pieces])
+    assert data[:-SIGNATURE_SIZE] == body
+    assert signing_input(body) == SIGNING_PREFIX + hashlib.sha256(body).digest()
+    assert len(signing_input(body)) < HEADER.size  # never a frame of an earlier version
+    assert data[-SIGNATURE_SIZE:] == SIGNER.sign(signing_input(body))  # Ed25519 is deterministic
+    verify(SIGNER.public_bytes(), signing_input(memoryview(data)[:-SIGNATURE_SIZE]), data[-SIGNATURE_SIZE:])
+    v = Verifier(ROSTER, me=3, session=SESSION)
+    v.check(decode_message(data))
+    with pytest.raises(SignatureError):  # signed the version-6 way
+        v.check(decode_message(body + SIGNER.sign(body)))
 
 
 @pytest.mark.parametrize("msg", samples(), ids=lambda m: m.type_name)

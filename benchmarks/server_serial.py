@@ -1,0 +1,89 @@
+"""CPU seconds the server's *main process* spends per GB while it handles uploads and sends results.
+
+    python benchmarks/server_serial.py --dataset synthetic --nodes 300 --clients 4
+    PYTHONPATH=/path/to/another/tree python benchmarks/server_serial.py ...   # the same for other code
+
+Runs the encrypted round once on the process engine (clients in worker processes, the server's
+homomorphic work on its own pool), so this process holds the server's state machine, the framing
+and the transport only. Prints one JSON line: the server party's CPU clock of the ``upload`` phase
+(decode, signature, ciphertext checks, spool) and of the ``download`` phase (framing and signing its
+results) per GB of frames up / down, and this process's whole CPU for the round. ``--profile PATH``
+also writes a cProfile (main thread, CPU time) of the round. Compare two versions of the code by
+running each in turn on the same arguments (same graph, partition and seeds, so the same sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="synthetic", choices=("cora", "citeseer", "synthetic"))
+    parser.add_argument("--nodes", type=int, default=300, help="synthetic only")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default=None, help="write a cProfile of the round here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from fedgat.benchmarks.overhead import load_graph
+    from fedgat.methods import fedgat_partition, resolve_hparams
+    from fedgat.pipeline import run_encrypted_pretraining
+    from fedgat.protocols.pretrain_server import ServerPretrain
+    from fedgat.protocols.process_engine import ProcessEngine
+
+    torch.set_num_threads(1)
+    servers: list[ServerPretrain] = []
+    init = ServerPretrain.__init__
+
+    def keep(self, *a, **k):  # the server party the pipeline builds (its CPU clocks are read below)
+        init(self, *a, **k)
+        servers.append(self)
+
+    ServerPretrain.__init__ = keep  # type: ignore[method-assign]
+    graph = load_graph(args.dataset, args.nodes, args.seed)
+    hp = resolve_hparams("fedgat", {"variant": "vector", "neighbour_cap": None})
+    partition = fedgat_partition(graph, args.clients, 1.0, args.seed, hp, None)
+    engine = ProcessEngine(None, threads=1)
+    profile = cProfile.Profile(time.thread_time) if args.profile else None
+    try:
+        c0 = time.process_time()
+        if profile is not None:
+            profile.enable()
+        pre = run_encrypted_pretraining(
+            graph, partition, "vector", "n4096", args.seed, engine.transport(), progress=False
+        )
+        if profile is not None:
+            profile.disable()
+        cpu = time.process_time() - c0
+    finally:
+        engine.shutdown()
+    if profile is not None:
+        profile.dump_stats(args.profile)
+    clock = servers[0].cpu_timings
+    up, down = clock.get("upload", 0.0), clock.get("download", 0.0)
+    print(
+        json.dumps(
+            {
+                "upload_cpu_s": up,
+                "download_cpu_s": down,
+                "server_compute_cpu_s": clock.get("server_compute", 0.0),
+                "bytes_up": pre.bytes_up,
+                "bytes_down": pre.bytes_down,
+                "upload_s_per_gb": up / pre.bytes_up * 1e9,
+                "download_s_per_gb": down / pre.bytes_down * 1e9,
+                "main_process_cpu_s": cpu,
+                "main_process_s_per_gb": cpu / (pre.bytes_up + pre.bytes_down) * 1e9,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
