@@ -289,3 +289,21 @@ def test_polynomial_backward_is_the_derivative():
     for c in reversed(coeffs):
         horner = horner * x + c
     torch.testing.assert_close(_Polynomial.apply(x, coeffs), horner)
+
+
+def test_vector_plan_keeps_one_csr_pair(small):
+    """The vector plan stores ``Q`` and its transpose once each (``2 sum_i m_i n_i`` values, int32
+    indices): the logits are ``Q^T`` applied to the attention rows, the spread ``Q``, each the other's
+    backward."""
+    from fedgat import layer as layer_module
+
+    csr, x = small
+    enc = encode("vector", x.double(), csr, rng=3)
+    plan = layer_module._vector_plan(enc, torch.float64)
+    slots = sum(len(b.bases) * b.bases.m * b.bases.n for b in enc.buckets)
+    assert plan.spread.A is plan.gather.At and plan.gather.A is plan.spread.At
+    assert plan.spread.A._nnz() == plan.gather.A._nnz() == slots
+    assert plan.spread.A.col_indices().dtype == torch.int32
+    dense = torch.block_diag(*[q for b in enc.buckets for q in b.plain["Q"]])  # bucket order
+    torch.testing.assert_close(plan.spread.A.to_dense(), dense)
+    torch.testing.assert_close(plan.gather.A.to_dense(), dense.T)
