@@ -734,8 +734,16 @@ def run_encrypted_fedgat(
         encodings, fingerprint = pre.encodings, pre.fingerprint
     else:
         predictor = None if predictors is None else predictors[min(predictors)]
+        # stored in float32: the run does not return them, and training reads these values
         plain = run_plaintext_pretraining(
-            graph, partition, variant, seed, dp=dp, dp_ledgers=dp_ledgers, predictor=predictor
+            graph,
+            partition,
+            variant,
+            seed,
+            dp=dp,
+            dp_ledgers=dp_ledgers,
+            predictor=predictor,
+            out_dtype=torch.float32,
         )
         encodings, fingerprint = plain, None
     training = train_fedgat(
