@@ -175,7 +175,7 @@ class _VectorPlan:
 
     def __init__(self, encodings: Encodings, dtype: torch.dtype) -> None:
         r_off = e_off = 0
-        sv, sc, sn, gv, gc, gm, fe, rr, er = ([] for _ in range(9))
+        sv, sc, sn, gv, gc, gm, fe, nodes, ms, ns = ([] for _ in range(10))
         dev = encodings.device
         for b in encodings.buckets:
             Q = b.plain["Q"]  # (B, m, n) float64, on dev
@@ -190,8 +190,9 @@ class _VectorPlan:
             gc.append(row.view(B, 1, m).expand(B, n, m).reshape(-1))
             gm.append(torch.full((B * n,), m, dtype=torch.int64, device=dev))
             fe.append((e_off + n * torch.arange(B, device=dev)).repeat_interleave(n))
-            rr.append(node.repeat_interleave(m))
-            er.append(node.repeat_interleave(n))
+            nodes.append(node)
+            ms.append(torch.full((B,), m, dtype=torch.int64, device=dev))
+            ns.append(torch.full((B,), n, dtype=torch.int64, device=dev))
             r_off, e_off = r_off + B * m, e_off + B * n
         N, cat = encodings.num_nodes, torch.cat
         f64 = torch.float64
@@ -206,21 +207,29 @@ class _VectorPlan:
         gather = _csr(crow(gm), cat(gc) if gc else zero[:0], cat(gv) if gv else values, (e_off, r_off), index)
         self.spread, self.gather = _PairOp(spread, gather), _PairOp(gather, spread)
         self.first = cat(fe) if fe else zero[:0]
-        index = _index_dtype(max(r_off, e_off))
-        self.row_sum = _SparseOp(
-            cat(rr) if rr else zero[:0],
-            torch.arange(r_off, device=dev),
-            torch.ones(r_off, dtype=dtype, device=dev),
-            (N, r_off),
-            index,
-        )
-        self.edge_sum = _SparseOp(
-            cat(er) if er else zero[:0],
-            torch.arange(e_off, device=dev),
-            torch.ones(e_off, dtype=f64, device=dev),
-            (N, e_off),
-            index,
-        )
+        node_all = cat(nodes) if nodes else zero[:0]
+        self.row_sum = _segment_sum(node_all, cat(ms) if ms else zero[:0], N, dtype)
+        self.edge_sum = _segment_sum(node_all, cat(ns) if ns else zero[:0], N, f64)
+
+
+def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.dtype) -> _PairOp:
+    """``(N, total)`` ones summing consecutive segments of ``length`` entries (segment ``k`` belongs
+    to output row ``node[k]``, a permutation of ``range(N)``), and its transpose, both written
+    directly in CSR order."""
+    dev = node.device
+    total = int(length.sum())
+    index = _index_dtype(max(total, N) + 1)
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    start = length.cumsum(0) - length  # (N,) first entry of each segment
+    order = torch.argsort(node)  # segments in output-row order
+    len_sorted = length[order]
+    crow = torch.cat([zero, len_sorted.cumsum(0)])
+    within = torch.arange(total, device=dev) - crow[:-1].repeat_interleave(len_sorted)
+    col = start[order].repeat_interleave(len_sorted) + within
+    ones = torch.ones(total, dtype=dtype, device=dev)
+    A = _csr(crow, col, ones, (N, total), index)
+    At = _csr(torch.arange(total + 1, device=dev), node.repeat_interleave(length), ones, (total, N), index)
+    return _PairOp(A, At)
 
 
 class _PairOp:
