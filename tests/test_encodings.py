@@ -133,3 +133,32 @@ def test_m2_is_a_feature_free_map_of_k2(setting):
         torch.testing.assert_close(bucket.dense_M2(), direct)
         assert bucket.features.shape[1] == b.num_feature_rows() == 1 + b.m  # M2 is not a computed row
         np.testing.assert_array_equal(other.bases.m2_map(), b.m2_map())  # same bases, other features
+
+
+def test_selected_nodes_share_one_buffer_so_flat_rows_are_views():
+    """``select_nodes`` packs every bucket's rows into one buffer (in the requested dtype):
+    ``flat_K2``/``flat_h_self`` are then views of it, equal to concatenating the buckets' rows."""
+    from fedgat.encodings import flat_rows
+    from fedgat.tasks import select_nodes
+
+    csr = random_csr(50, 6, seed=4)
+    x = unit_rows(50, 9, seed=5).double()
+    enc = encode("vector", x, csr, rng=2)
+    positions = np.arange(0, 50, 3)
+    chosen = select_nodes(enc, positions, torch.float32)
+    assert len(chosen.buckets) > 1 and all(b.K2.dtype == torch.float32 for b in chosen.buckets)
+    flat = chosen.flat_K2
+    assert flat.untyped_storage().data_ptr() == chosen.buckets[0].K2.untyped_storage().data_ptr()
+    assert torch.equal(flat, torch.cat([b.K2.reshape(-1, 9) for b in chosen.buckets]))
+    assert torch.equal(chosen.flat_h_self, torch.cat([b.h_self for b in chosen.buckets]))
+    for b in chosen.buckets:  # the rows of the selected nodes, cast
+        src = next(s for s in enc.buckets if s.bases.n == b.bases.n)
+        keep = np.flatnonzero(np.isin(src.bases.nodes, b.bases.nodes))
+        assert torch.equal(b.K2, src.K2[torch.from_numpy(keep)].float())
+    # tensors that are not laid out one after another are concatenated
+    parts = [torch.ones(2, 3), torch.zeros(1, 3)]
+    assert torch.equal(flat_rows(parts), torch.cat(parts))
+    base = torch.arange(12.0).view(4, 3)
+    assert torch.equal(flat_rows([base[2:], base[:2]]), torch.cat([base[2:], base[:2]]))
+    view = flat_rows([base[:1], base[1:3]])
+    assert view.data_ptr() == base.data_ptr() and torch.equal(view, base[:3])

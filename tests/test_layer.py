@@ -371,3 +371,21 @@ def test_vector_layer_with_the_power_polynomial_matches_the_cpu_path(monkeypatch
     (got_grad,) = torch.autograd.grad(got.square().sum(), layer.lin.weight)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_vector_plan_keeps_one_csr_pair(small):
+    """The vector plan stores ``Q`` and its transpose once each (``2 sum_i m_i n_i`` values, int32
+    indices): the logits are ``Q^T`` applied to the attention rows, the spread ``Q``, each the other's
+    backward."""
+    from fedgat import layer as layer_module
+
+    csr, x = small
+    enc = encode("vector", x.double(), csr, rng=3)
+    plan = layer_module._vector_plan(enc, torch.float64)
+    slots = sum(len(b.bases) * b.bases.m * b.bases.n for b in enc.buckets)
+    assert plan.spread.A is plan.gather.At and plan.gather.A is plan.spread.At
+    assert plan.spread.A._nnz() == plan.gather.A._nnz() == slots
+    assert plan.spread.A.col_indices().dtype == torch.int32
+    dense = torch.block_diag(*[q for b in enc.buckets for q in b.plain["Q"]])  # bucket order
+    torch.testing.assert_close(plan.spread.A.to_dense(), dense)
+    torch.testing.assert_close(plan.gather.A.to_dense(), dense.T)

@@ -276,3 +276,16 @@ def test_assembly_refuses_results_off_the_plan(federation):
         assemble_encodings(rnd.plan, results + results[:1], "vector", **kw)
     ok = assemble_encodings(rnd.plan, results, "vector", **kw)
     assert max_abs_error(ok, run_plaintext_pretraining(graph, partition, "vector", SEED)) == 0.0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_plaintext_round_stores_float32_as_its_float64_encodings_cast(federation, variant):
+    """``out_dtype=float32`` keeps the float64 compute: every stored value is the float64 one rounded."""
+    graph, partition = federation
+    want = run_plaintext_pretraining(graph, partition, variant, SEED)
+    got = run_plaintext_pretraining(graph, partition, variant, SEED, out_dtype=torch.float32)
+    for c, enc in want.items():
+        assert np.array_equal(got[c].nodes, enc.nodes) and len(got[c].buckets) == len(enc.buckets)
+        for a, b in zip(got[c].buckets, enc.buckets):
+            assert a.K2.dtype == a.h_self.dtype == torch.float32
+            assert torch.equal(a.K2, b.K2.float()) and torch.equal(a.h_self, b.h_self.float())

@@ -518,13 +518,39 @@ class Encodings:
 
     @cached_property
     def flat_K2(self) -> torch.Tensor:
-        """Every bucket's ``K2`` (``V``) rows stacked, ``(sum_b B*m, d)``: one GEMM with ``W`` per step."""
-        return torch.cat([b.K2.reshape(-1, b.K2.shape[-1]) for b in self.buckets])
+        """Every bucket's ``K2`` (``V``) rows stacked, ``(sum_b B*m, d)``: one GEMM with ``W`` per step.
+        A view, not a copy, where the buckets' ``K2`` already lie one after another in one buffer
+        (as :func:`fedgat.tasks.select_nodes` builds them)."""
+        return flat_rows([b.K2 for b in self.buckets])
 
     @cached_property
     def flat_h_self(self) -> torch.Tensor:
-        """Every bucket's ``h_self`` stacked in bucket order, ``(num_nodes, d)``."""
-        return torch.cat([b.h_self for b in self.buckets])
+        """Every bucket's ``h_self`` stacked in bucket order, ``(num_nodes, d)`` (a view where they
+        lie one after another in one buffer, as :attr:`flat_K2`)."""
+        return flat_rows([b.h_self for b in self.buckets])
+
+
+def flat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts`` (each ``(..., d)``) as one ``(rows, d)`` tensor: a view of their common buffer when
+    they are contiguous and lie one after another in it, else a concatenated copy."""
+    flat = [t.reshape(-1, t.shape[-1]) for t in parts]
+    if not flat:
+        return torch.cat(flat)
+    first = flat[0]
+    offset, storage = first.storage_offset(), first.untyped_storage()
+    at, d = offset, first.shape[1]
+    for t in flat:
+        if (
+            not t.is_contiguous()
+            or t.shape[1] != d
+            or t.dtype != first.dtype
+            or t.device != first.device
+            or t.untyped_storage().data_ptr() != storage.data_ptr()
+            or t.storage_offset() != at
+        ):
+            return torch.cat(flat)
+        at += t.numel()
+    return first.as_strided((sum(t.shape[0] for t in flat), d), (d, 1), offset)
 
 
 def _on(t: torch.Tensor, device: torch.device) -> bool:

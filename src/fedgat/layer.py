@@ -167,48 +167,113 @@ class _SparseOp:
         return _SparseMatmul.apply(self.A, self.At, x.contiguous())
 
 
+def _csr(
+    crow: torch.Tensor,
+    col: torch.Tensor,
+    value: torch.Tensor,
+    shape: tuple[int, int],
+    index_dtype: torch.dtype,
+) -> torch.Tensor:
+    """A sparse CSR tensor from indices already in CSR order (no COO, no coalescing)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+        return torch.sparse_csr_tensor(
+            crow.to(index_dtype), col.to(index_dtype), value, shape, check_invariants=False
+        )
+
+
+def _index_dtype(nnz: int) -> torch.dtype:
+    return torch.int32 if nnz < 2**31 else torch.int64
+
+
 class _VectorPlan:
     r"""The vector layer's feature-free block-diagonal operators for one :class:`Encodings`.
 
     Rows ``r`` index ``flat_K2`` (``rows = sum_i m_i``), edges ``e`` the neighbour slots ``(i, j)`` in
     bucket order (``E = sum_i n_i``), nodes the output rows in ``encodings.nodes`` order (``N``):
 
-    * ``logits (E, 2 rows)``: edge ``(i, j)`` gets :math:`Q_i[:, j]` on the ``a_{src}`` columns and
-      :math:`Q_i[:, 0]` on the ``a_{dst}`` columns of node ``i``'s rows (``va`` viewed as ``(2 rows, H)``
-      interleaves them), so ``logits @ va`` is :math:`Q_i^\top V_i b_2 + b_1 \cdot h_i`;
-    * ``spread (rows, E)``: :math:`Q_i`, giving :math:`Q_i \hat s(x_i)`;
+    * ``spread (rows, E)``: :math:`Q_i`, giving :math:`Q_i \hat s(x_i)`; ``gather (E, rows)``: its
+      transpose :math:`Q_i^\top`, giving the logits: ``gather @ (V_i b_2, V_i b_1)`` is
+      :math:`Q_i^\top V_i b_2` per edge and, at each node's first edge ``first`` (the self slot,
+      :math:`Q_i[:, 0]`), :math:`b_1 \cdot h_i`. The two are one pair of CSR matrices, each the other's
+      backward (so ``2 sum_i m_i n_i`` stored values, not the ``6 sum_i m_i n_i`` of separate logit
+      and spread operators with their transposes);
+    * ``first (E,)``: the first edge of each edge's node;
     * ``row_sum (N, rows)`` and ``edge_sum (N, E)``: ones, summing each node's rows and edges.
 
-    Built on the encodings' device (:attr:`Encodings.device`), once per encodings and dtype.
+    The CSR arrays are written directly in CSR order (int32 indices below 2^31 entries), and
+    ``spread``'s values are the bases' own ``Q`` (shared with :attr:`EncodingBucket.plain`). Built on
+    the encodings' device (:attr:`Encodings.device`), once per encodings and dtype.
     """
 
     def __init__(self, encodings: Encodings, dtype: torch.dtype) -> None:
         r_off = e_off = 0
-        lr, lc, lv, sr, sc, sv, rr, rc, er, ec = ([] for _ in range(10))
+        sv, sc, sn, gv, gc, gm, fe, nodes, ms, ns = ([] for _ in range(10))
         dev = encodings.device
         for b in encodings.buckets:
             Q = b.plain["Q"]  # (B, m, n) float64, on dev
             B, m, n = Q.shape
             node = torch.from_numpy(b.bases.rows).long().to(dev)  # (B,) positions in encodings.nodes
-            row = r_off + torch.arange(B * m, device=dev).view(B, m, 1).expand(B, m, n)
-            edge = e_off + torch.arange(B * n, device=dev).view(B, 1, n).expand(B, m, n)
-            lr += [edge.reshape(-1), edge.reshape(-1)]
-            lc += [2 * row.reshape(-1), 2 * row.reshape(-1) + 1]
-            lv += [Q.reshape(-1), Q[:, :, :1].expand(B, m, n).reshape(-1)]
-            sr.append(row.reshape(-1))
-            sc.append(edge.reshape(-1))
-            sv.append(Q.reshape(-1))
-            rr.append(node.repeat_interleave(m))
-            rc.append(r_off + torch.arange(B * m, device=dev))
-            er.append(node.repeat_interleave(n))
-            ec.append(e_off + torch.arange(B * n, device=dev))
+            edge = e_off + torch.arange(B * n, device=dev).view(B, 1, n)
+            row = r_off + torch.arange(B * m, device=dev).view(B, m, 1)
+            sv.append(Q.reshape(-1))  # row (i, x), columns (i, j): row-major Q is CSR order
+            sc.append(edge.expand(B, m, n).reshape(-1))
+            sn.append(torch.full((B * m,), n, dtype=torch.int64, device=dev))
+            gv.append(Q.transpose(1, 2).reshape(-1))  # row (i, j), columns (i, x)
+            gc.append(row.view(B, 1, m).expand(B, n, m).reshape(-1))
+            gm.append(torch.full((B * n,), m, dtype=torch.int64, device=dev))
+            fe.append((e_off + n * torch.arange(B, device=dev)).repeat_interleave(n))
+            nodes.append(node)
+            ms.append(torch.full((B,), m, dtype=torch.int64, device=dev))
+            ns.append(torch.full((B,), n, dtype=torch.int64, device=dev))
             r_off, e_off = r_off + B * m, e_off + B * n
         N, cat = encodings.num_nodes, torch.cat
         f64 = torch.float64
-        self.logits = _SparseOp(cat(lr), cat(lc), cat(lv), (e_off, 2 * r_off))
-        self.spread = _SparseOp(cat(sr), cat(sc), cat(sv), (r_off, e_off))
-        self.row_sum = _SparseOp(cat(rr), cat(rc), torch.ones(r_off, dtype=dtype, device=dev), (N, r_off))
-        self.edge_sum = _SparseOp(cat(er), cat(ec), torch.ones(e_off, dtype=f64, device=dev), (N, e_off))
+        zero = torch.zeros(1, dtype=torch.int64, device=dev)
+
+        def crow(counts: list[torch.Tensor]) -> torch.Tensor:
+            return cat([zero, *counts]).cumsum(0) if counts else zero
+
+        values = cat(sv) if sv else torch.zeros(0, dtype=f64, device=dev)
+        index = _index_dtype(len(values))
+        spread = _csr(crow(sn), cat(sc) if sc else zero[:0], values, (r_off, e_off), index)
+        gather = _csr(crow(gm), cat(gc) if gc else zero[:0], cat(gv) if gv else values, (e_off, r_off), index)
+        self.spread, self.gather = _PairOp(spread, gather), _PairOp(gather, spread)
+        self.first = cat(fe) if fe else zero[:0]
+        node_all = cat(nodes) if nodes else zero[:0]
+        self.row_sum = _segment_sum(node_all, cat(ms) if ms else zero[:0], N, dtype)
+        self.edge_sum = _segment_sum(node_all, cat(ns) if ns else zero[:0], N, f64)
+
+
+def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.dtype) -> _PairOp:
+    """``(N, total)`` ones summing consecutive segments of ``length`` entries (segment ``k`` belongs
+    to output row ``node[k]``, a permutation of ``range(N)``), and its transpose, both written
+    directly in CSR order."""
+    dev = node.device
+    total = int(length.sum())
+    index = _index_dtype(max(total, N) + 1)
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    start = length.cumsum(0) - length  # (N,) first entry of each segment
+    order = torch.argsort(node)  # segments in output-row order
+    len_sorted = length[order]
+    crow = torch.cat([zero, len_sorted.cumsum(0)])
+    within = torch.arange(total, device=dev) - crow[:-1].repeat_interleave(len_sorted)
+    col = start[order].repeat_interleave(len_sorted) + within
+    ones = torch.ones(total, dtype=dtype, device=dev)
+    A = _csr(crow, col, ones, (N, total), index)
+    At = _csr(torch.arange(total + 1, device=dev), node.repeat_interleave(length), ones, (total, N), index)
+    return _PairOp(A, At)
+
+
+class _PairOp:
+    """A constant sparse matrix ``A`` applied with autograd, whose transpose ``At`` is held already
+    (by another operator of the same plan)."""
+
+    def __init__(self, A: torch.Tensor, At: torch.Tensor) -> None:
+        self.A, self.At = A, At
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _SparseMatmul.apply(self.A, self.At, x.contiguous())
 
 
 class _MatrixScores(torch.autograd.Function):
@@ -468,7 +533,8 @@ class FedGATConv(nn.Module):
         plan = _vector_plan(encodings, Wf.dtype)
         KW = encodings.flat_K2 @ Wf.T  # (rows, H*F)
         va = self._attention_projection(KW).double()  # (rows, 2, H): V_i b2, V_i b1
-        logits = plan.logits(va.view(-1, H)) * gamma.double()  # (E, H)
+        qa = plan.gather(va.view(-1, 2 * H))  # (E, 2H): Q_i^T V_i b2 | Q_i^T V_i b1
+        logits = (qa[:, :H] + _gather_rows(qa[:, H:], plan.first)) * gamma.double()  # (E, H)
         tables = (self._power, self._dpower) if _powers_on(logits.device) else (None, None)
         s = _Polynomial.apply(logits, self._power_list(), *tables)  # (E, H) float64
         z = plan.spread(s).to(KW.dtype)  # (rows, H): Q_i s_i

@@ -436,6 +436,7 @@ def run_plaintext_pretraining(
     dp_release: torch.Tensor | None = None,
     dp_ledgers: Mapping[int, DPLedger] | None = None,
     predictor: LabelPredictor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> dict[int, Encodings]:
     """The encodings every client would decrypt, computed in plaintext with the same bases as
     :func:`run_encrypted_pretraining` with the same ``seed`` (a seed is required) and ``dp`` (then
@@ -446,7 +447,11 @@ def run_plaintext_pretraining(
     The same round as the encrypted one, in the clear: the server's plan (:func:`plaintext_round`),
     its compute buckets run by the plaintext encoder (:class:`fedgat.plain_encoder.PlainEncoder`) and
     the results routed to the clients as the protocol routes them
-    (:func:`fedgat.plain_encoder.assemble_encodings`). A client that owns no node gets empty encodings."""
+    (:func:`fedgat.plain_encoder.assemble_encodings`). A client that owns no node gets empty encodings.
+
+    ``dtype`` is the compute dtype; ``out_dtype`` (default ``dtype``) the dtype the encodings are
+    stored in: ``torch.float32`` gives exactly the float64 encodings cast, at half the memory (what
+    :func:`train_fedgat`'s tasks read in any case)."""
     rnd = plaintext_round(
         graph,
         partition,
@@ -459,7 +464,7 @@ def run_plaintext_pretraining(
         dp_ledgers=dp_ledgers,
         predictor=predictor,
     )
-    got = rnd.run()
+    got = rnd.run(dtype=out_dtype)
     empty = Encodings(rnd.variant, np.zeros(0, np.int64), [])
     return {c: got.get(c, empty) for c in range(partition.num_clients)}
 
@@ -524,6 +529,9 @@ def train_fedgat(
     from the pre-training round instead of being built locally. ``dp_rounds``: client -> rounds
     DP-FedAvg has already counted (the release predictor's, :func:`train_release_predictor`).
     ``device``: where the clients train (:class:`fedgat.federated.Client`; default the CPU).
+
+    ``encodings`` are only read while the parties are built (each client copies the rows of its
+    tasks): a caller that hands them over without keeping a reference frees them before the rounds.
     """
     parties = build_training_parties(
         graph,
@@ -537,6 +545,7 @@ def train_fedgat(
         device=device,
         **hparams,
     )
+    del encodings  # the parties hold their tasks' copies (see the docstring)
     server, roster, hp = parties.server, parties.deployment.roster, parties.hparams
     transport = transport if transport is not None else InProcessTransport()
     traffic = {"up": 0, "down": 0, "messages": 0}
@@ -725,8 +734,16 @@ def run_encrypted_fedgat(
         encodings, fingerprint = pre.encodings, pre.fingerprint
     else:
         predictor = None if predictors is None else predictors[min(predictors)]
+        # stored in float32: the run does not return them, and training reads these values
         plain = run_plaintext_pretraining(
-            graph, partition, variant, seed, dp=dp, dp_ledgers=dp_ledgers, predictor=predictor
+            graph,
+            partition,
+            variant,
+            seed,
+            dp=dp,
+            dp_ledgers=dp_ledgers,
+            predictor=predictor,
+            out_dtype=torch.float32,
         )
         encodings, fingerprint = plain, None
     training = train_fedgat(

@@ -177,6 +177,7 @@ def assemble_encodings(
     *,
     owned: Mapping[int, np.ndarray],
     own_rows: PlainRows,
+    dtype: torch.dtype | None = None,
 ) -> dict[int, Encodings]:
     """Every client's :class:`~fedgat.encodings.Encodings` from the results of ``plan.buckets`` (in
     the plan's order), routed like the server's :class:`~fedgat.protocols.pretrain_plan.ResultBatcher`
@@ -184,13 +185,15 @@ def assemble_encodings(
     client ``c`` of ``plan.recipients[k]``, into its bucket ``plan.route[c][node]`` of
     ``plan.views[c]``; the nodes of ``owned[c]`` then get their own row of ``own_rows`` (key: the
     node id) as :math:`h_i`. Routing is vectorised per compute bucket and client bucket; each
-    client bucket's rows are copied once, from the results into its contiguous tensors.
+    client bucket's rows are copied once, from the results into its contiguous tensors, stored in
+    ``dtype`` (default the compute dtype, ``own_rows.dtype``; the values are computed in that and
+    rounded once, so float32 storage of a float64 round equals its float64 encodings cast).
 
     Raises:
         ValueError: the results do not follow the plan, or a client bucket is left incomplete or
             receives a node twice.
     """
-    dtype = own_rows.dtype
+    dtype = own_rows.dtype if dtype is None else dtype
     done: dict[int, list[EncodingBucket | None]] = {c: [None] * len(v) for c, v in plan.views.items()}
     stream = iter(results)
     start = 0
@@ -202,8 +205,9 @@ def assemble_encodings(
             continue
         if got[0].rows.shape[0] != b.num_feature_rows():
             raise ValueError(f"results of {got[0].rows.shape[0]} rows; the bases have {b.num_feature_rows()}")
-        h_self = torch.stack([r.rows[0] for r in got]).to(dtype)
-        k2 = [r.rows[1:] for r in got]
+        rows = torch.stack([r.rows for r in got]).to(dtype)  # (B, 1 + m, d), once per compute bucket
+        h_self, k2 = rows[:, 0], rows[:, 1:]
+        del got
         recipients = plan.recipients[start : start + len(b)]
         start += len(b)
         counts = np.fromiter(map(len, recipients), np.int64, len(b))
@@ -229,11 +233,13 @@ def assemble_encodings(
                 raise ValueError(f"client {c}, bucket {cb}: a node is missing or received twice")
             at = np.empty(len(view), np.int64)
             at[pos] = sel
-            h = h_self[torch.from_numpy(at)]
+            index = torch.from_numpy(at)
+            h = h_self.index_select(0, index)
             mine = np.isin(view.nodes, owned.get(c, np.zeros(0, np.int64)))
             if mine.any():  # the client's own plaintext h_i, as it substitutes for the decrypted row 0
-                h[torch.from_numpy(mine)] = own_rows.get(view.nodes[mine])
-            done[c][cb] = EncodingBucket(view, h, torch.stack([k2[s] for s in at.tolist()]).to(dtype))
+                h[torch.from_numpy(mine)] = own_rows.get(view.nodes[mine]).to(dtype)
+            done[c][cb] = EncodingBucket(view, h, k2.index_select(0, index))
+        del rows, h_self, k2
     if start != plan.num_results or next(stream, None) is not None:
         raise ValueError("the results do not follow the plan's compute buckets")
     out = {}
@@ -293,9 +299,12 @@ class PlaintextRound:
         nodes = np.concatenate(list(owned.values())) if owned else np.zeros(0, np.int64)
         return cls(plan, PlainRows.uploads(x, nodes, release), owned, as_variant(variant).name)
 
-    def run(self, encoder: BucketEncoder[PlainResult] | None = None) -> dict[int, Encodings]:
+    def run(
+        self, encoder: BucketEncoder[PlainResult] | None = None, *, dtype: torch.dtype | None = None
+    ) -> dict[int, Encodings]:
         """Every client's encodings, computed by ``encoder`` (default :class:`PlainEncoder` over
-        :attr:`rows`), which is closed afterwards."""
+        :attr:`rows`), which is closed afterwards, and stored in ``dtype`` (default: the compute
+        dtype; :func:`assemble_encodings`)."""
         enc: BucketEncoder[PlainResult] = PlainEncoder(self.rows) if encoder is None else encoder
         try:
             return assemble_encodings(
@@ -304,6 +313,7 @@ class PlaintextRound:
                 self.variant,
                 owned=self.owned,
                 own_rows=self.rows,
+                dtype=dtype,
             )
         finally:
             enc.close()

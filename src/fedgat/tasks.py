@@ -120,16 +120,30 @@ def support_tasks(
     return tasks
 
 
-def select_nodes(enc: Encodings, positions: np.ndarray) -> Encodings:
-    """The encodings of ``enc.nodes[positions]`` (``positions`` sorted, distinct), rows renumbered."""
+def select_nodes(enc: Encodings, positions: np.ndarray, dtype: torch.dtype | None = None) -> Encodings:
+    """The encodings of ``enc.nodes[positions]`` (``positions`` sorted, distinct), rows renumbered,
+    in ``dtype`` (default: as stored).
+
+    The selected ``K2`` rows of every bucket are written one after another into one buffer, and the
+    ``h_self`` rows into another, so that :attr:`Encodings.flat_K2` and :attr:`Encodings.flat_h_self`
+    of the result are views of them rather than second copies."""
     positions = np.asarray(positions, dtype=np.int64)
-    buckets = []
+    chosen = []
     for b in enc.buckets:
         keep = np.isin(b.bases.rows, positions)
-        if not keep.any():
-            continue
-        idx = np.flatnonzero(keep)
-        t = torch.from_numpy(idx)
+        if keep.any():
+            chosen.append((b, np.flatnonzero(keep)))
+    if not chosen:
+        return Encodings(enc.variant, enc.nodes[positions], [])
+    first = chosen[0][0]
+    dtype = first.K2.dtype if dtype is None else dtype
+    d, dev = first.K2.shape[-1], first.K2.device
+    flat_k2 = torch.empty(sum(len(i) * b.K2.shape[1] for b, i in chosen), d, dtype=dtype, device=dev)
+    flat_h = torch.empty(sum(len(i) for _, i in chosen), first.h_self.shape[-1], dtype=dtype, device=dev)
+    buckets = []
+    k_at = h_at = 0
+    for b, idx in chosen:
+        t = torch.from_numpy(idx).to(dev)
         bb = b.bases
         bases = BucketBases(
             bb.variant,
@@ -139,12 +153,21 @@ def select_nodes(enc: Encodings, positions: np.ndarray) -> Encodings:
             bb.p[idx],
             None if bb.q is None else bb.q[idx],
         )
+        m = b.K2.shape[1]
+        k2 = flat_k2[k_at : k_at + len(idx) * m].view(len(idx), m, d)
+        h = flat_h[h_at : h_at + len(idx)]
+        k_at, h_at = k_at + len(idx) * m, h_at + len(idx)
+        for out, src in ((k2, b.K2), (h, b.h_self)):
+            if src.dtype == dtype:
+                torch.index_select(src, 0, t, out=out)
+            else:  # one bucket's rows in the stored dtype at a time
+                out.copy_(src.index_select(0, t))
         buckets.append(
             EncodingBucket(
                 bases,
-                b.h_self[t],
-                b.K2[t],
-                None if b.M2 is None else b.M2[t],
+                h,
+                k2,
+                None if b.M2 is None else b.M2[t].to(dtype),
                 None if b.cols is None else b.cols[t],
             )
         )
@@ -165,17 +188,6 @@ def tasks_from_encodings(
         raise ValueError(f"client {client}'s encodings do not cover its needed nodes in order")
 
     def inputs(support: np.ndarray, edges: torch.Tensor) -> tuple:
-        chosen = select_nodes(enc, support)
-        chosen = Encodings(
-            chosen.variant,
-            chosen.nodes,
-            [
-                EncodingBucket(
-                    b.bases, b.h_self.float(), b.K2.float(), None if b.M2 is None else b.M2.float()
-                )
-                for b in chosen.buckets
-            ],
-        )
-        return chosen.compact(tol).factorise(), edges
+        return select_nodes(enc, support, torch.float32).compact(tol).factorise(), edges
 
     return client_tasks(graph, partition, client, inputs)
