@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = ProcessEngine(None, threads=1)
     profile = cProfile.Profile(time.thread_time) if args.profile else None
     try:
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), time.thread_time()
         if profile is not None:
             profile.enable()
         pre = run_encrypted_pretraining(
@@ -60,12 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         if profile is not None:
             profile.disable()
-        cpu = time.process_time() - c0
+        cpu, main_thread = time.process_time() - c0, time.thread_time() - t0
     finally:
         engine.shutdown()
     if profile is not None:
         profile.dump_stats(args.profile)
     clock = servers[0].cpu_timings
+    results = servers[0].nodes_computed
     up, down = clock.get("upload", 0.0), clock.get("download", 0.0)
     print(
         json.dumps(
@@ -79,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                 "download_s_per_gb": down / pre.bytes_down * 1e9,
                 "main_process_cpu_s": cpu,
                 "main_process_s_per_gb": cpu / (pre.bytes_up + pre.bytes_down) * 1e9,
+                # the main thread (state machine, submission, framing) vs the process's other threads
+                # (the pool's feeder and result threads pickling tasks / unpickling results, the
+                # process engine's pipe writers)
+                "main_thread_cpu_s": main_thread,
+                "other_threads_cpu_s": cpu - main_thread,
+                "results": results,
+                "main_process_ms_per_result": cpu / max(1, results) * 1e3,
             }
         )
     )

@@ -126,7 +126,9 @@ class ProcessPoolEncoder:
         layout: the slot layout of the uploads.
         spool: the spool holding every upload (written by this process).
         workers: processes; ``None`` = ``os.cpu_count()``; 0 computes in this process.
-        chunksize: nodes (or pieces of nodes) per task sent to a worker.
+        chunksize: nodes (or pieces of nodes) per task sent to a worker, at most (``max_task_cost``
+            usually ends a batch first; each submission costs the main process a future, a queue
+            put and a pickled batch, so batches are kept large).
         window: batches in flight at most (default ``4 * workers``).
         max_task_cost: multiply-adds per task, about (~0.3 s at n4096); a node above it is split
             into runs of whole result groups, a batch of small nodes stops there.
@@ -138,7 +140,7 @@ class ProcessPoolEncoder:
         layout: SlotLayout,
         spool: CiphertextSpool,
         workers: int | None = None,
-        chunksize: int = 8,
+        chunksize: int = 32,
         window: int | None = None,
         max_task_cost: int = 512,
     ) -> None:

@@ -63,7 +63,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Self
 
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
-from fedgat.process_worker import WireError, decode, encode
+from fedgat.process_worker import WireError, decode, encode_parts, recv_message, send_parts
 
 from .hosting import MAX_FRAME_BYTES, EngineError, HostedTransport
 from .party import Party
@@ -115,18 +115,19 @@ class _Sender:
 
     def __init__(self, conn: Connection, name: str) -> None:
         self._conn = conn
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while (data := self._queue.get()) is not None:
             try:
-                self._conn.send_bytes(data)
+                send_parts(self._conn, data)
             except (OSError, ValueError):  # the worker is gone, or our end was closed
                 return
 
-    def put(self, data: bytes) -> None:
+    def put(self, data: list) -> None:
+        """Queue one message, given as the buffers it is the concatenation of (:func:`encode_parts`)."""
         if not self._thread.is_alive():
             raise BrokenPipeError("the worker's pipe is closed")
         self._queue.put(data)
@@ -280,7 +281,7 @@ class ProcessEngine:
         w = self.workers[index]
         if w.op is not None:
             raise ProcessEngineError(f"{w.describe()} is still answering {w.op!r}")
-        data = encode({"op": op, "args": list(args)})
+        data = encode_parts({"op": op, "args": list(args)})
         if not w.process.is_alive():
             raise WorkerDiedError(f"{w.describe()} {w.ended()} before it got {op!r}")
         try:
@@ -337,7 +338,7 @@ class ProcessEngine:
                 break
         op = w.op
         try:
-            data = w.conn.recv_bytes()
+            data = recv_message(w.conn)
         except (EOFError, OSError) as exc:
             raise WorkerDiedError(f"{w.describe()} {w.ended()} while answering {op!r}") from exc
         w.op, w.deadline = None, float("inf")
@@ -385,7 +386,7 @@ class ProcessEngine:
         for w in self.workers:
             if w.op is None:
                 with contextlib.suppress(OSError):
-                    w.sender.put(encode({"op": "stop", "args": []}))
+                    w.sender.put(encode_parts({"op": "stop", "args": []}))
         deadline = time.monotonic() + 5.0
         for w in self.workers:
             w.process.join(timeout=max(0.0, deadline - time.monotonic()))

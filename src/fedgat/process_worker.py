@@ -41,7 +41,19 @@ if TYPE_CHECKING:
 
     from fedgat.protocols.hosting import PartyHost
 
-__all__ = ["MAGIC", "OPS", "WireError", "WorkerLoop", "decode", "encode", "error_value", "serve"]
+__all__ = [
+    "MAGIC",
+    "OPS",
+    "WireError",
+    "WorkerLoop",
+    "decode",
+    "encode",
+    "encode_parts",
+    "error_value",
+    "recv_message",
+    "send_parts",
+    "serve",
+]
 
 #: first bytes of every message between a coordinator and its workers (format version 1)
 MAGIC = b"FGW1"
@@ -56,9 +68,9 @@ class WireError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------- codec
-def encode(value: Any) -> bytes:
-    """``value`` as one message: ``MAGIC``, the header's length, a JSON header, then every ``bytes``
-    value's raw bytes (referenced from the JSON as ``{"$b": index}``).
+def encode_parts(value: Any) -> list[bytes | bytearray | memoryview]:
+    """:func:`encode`'s message as the list of buffers whose concatenation it is (the blobs are not
+    copied: :func:`send_parts` writes them as they are).
 
     Plain values only: None, bool, int, float, str, bytes, lists and tuples (as lists), dicts with
     string keys (not starting with ``$``) or with integer keys (``{"$i": [[key, value], ...]}``).
@@ -90,7 +102,77 @@ def encode(value: Any) -> bytes:
 
     meta = walk(value)
     header = json.dumps({"v": meta, "n": [len(b) for b in blobs]}, separators=(",", ":")).encode()
-    return b"".join([_HEAD.pack(MAGIC, len(header)), header, *blobs])
+    return [_HEAD.pack(MAGIC, len(header)), header, *blobs]
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as one message: ``MAGIC``, the header's length, a JSON header, then every ``bytes``
+    value's raw bytes (referenced from the JSON as ``{"$b": index}``).
+
+    Plain values only: None, bool, int, float, str, bytes, lists and tuples (as lists), dicts with
+    string keys (not starting with ``$``) or with integer keys (``{"$i": [[key, value], ...]}``).
+
+    Raises:
+        TypeError: any other value.
+    """
+    return b"".join(encode_parts(value))
+
+
+#: ``Connection.send_bytes``'s length prefix (a signed big-endian 32-bit length, or -1 then 64 bits)
+_LEN32, _LEN64 = struct.Struct("!i"), struct.Struct("!Q")
+_IOV_MAX = 1024
+
+
+def send_parts(conn: Connection, parts: list[bytes | bytearray | memoryview]) -> None:
+    """Write the concatenation of ``parts`` as one message of ``conn`` (what
+    ``conn.send_bytes(b"".join(parts))`` writes, and ``conn.recv_bytes()`` reads), from the parts
+    themselves with ``writev``: no joined copy of a frame batch in this process.
+
+    Raises:
+        OSError: the pipe is broken.
+    """
+    n = sum(memoryview(p).nbytes for p in parts)
+    head = _LEN32.pack(n) if n <= 0x7FFFFFFF else _LEN32.pack(-1) + _LEN64.pack(n)
+    bufs = [memoryview(head), *(memoryview(p).cast("B") for p in parts)]
+    fd, i = conn.fileno(), 0
+    while i < len(bufs):
+        sent = os.writev(fd, bufs[i : i + _IOV_MAX])
+        while i < len(bufs) and sent >= len(bufs[i]):
+            sent -= len(bufs[i])
+            i += 1
+        if sent:
+            bufs[i] = bufs[i][sent:]
+
+
+def _read_into(fd: int, view: memoryview) -> None:
+    pos = 0
+    while pos < len(view):
+        got = os.readv(fd, [view[pos:]])
+        if got == 0:
+            raise EOFError("end of file in the middle of a message" if pos else "end of file")
+        pos += got
+
+
+def recv_message(conn: Connection) -> bytearray:
+    """One message of ``conn`` (what ``conn.recv_bytes()`` returns), read straight into one buffer
+    of its size: no intermediate chunks or ``BytesIO`` copies.
+
+    Raises:
+        EOFError: the other end closed the pipe; OSError: the pipe failed.
+    """
+    fd = conn.fileno()
+    head = bytearray(4)
+    _read_into(fd, memoryview(head))
+    (n,) = _LEN32.unpack(head)
+    if n == -1:
+        head = bytearray(8)
+        _read_into(fd, memoryview(head))
+        (n,) = _LEN64.unpack(head)
+    elif n < 0:
+        raise OSError(f"bad message length {n}")
+    buf = bytearray(n)
+    _read_into(fd, memoryview(buf))
+    return buf
 
 
 def decode(data: bytes | bytearray | memoryview) -> Any:
