@@ -121,6 +121,9 @@ def encode(value: Any) -> bytes:
 #: ``Connection.send_bytes``'s length prefix (a signed big-endian 32-bit length, or -1 then 64 bits)
 _LEN32, _LEN64 = struct.Struct("!i"), struct.Struct("!Q")
 _IOV_MAX = 1024
+#: POSIX pipes (file descriptors with writev/readv); elsewhere (Windows' named pipes) the Connection's own
+#: send_bytes/recv_bytes, which write and read the same messages with a joined copy
+_VECTORED_IO = hasattr(os, "writev") and hasattr(os, "readv") and sys.platform != "win32"
 
 
 def send_parts(conn: Connection, parts: list[bytes | bytearray | memoryview]) -> None:
@@ -131,6 +134,9 @@ def send_parts(conn: Connection, parts: list[bytes | bytearray | memoryview]) ->
     Raises:
         OSError: the pipe is broken.
     """
+    if not _VECTORED_IO:
+        conn.send_bytes(b"".join(parts))
+        return
     n = sum(memoryview(p).nbytes for p in parts)
     head = _LEN32.pack(n) if n <= 0x7FFFFFFF else _LEN32.pack(-1) + _LEN64.pack(n)
     bufs = [memoryview(head), *(memoryview(p).cast("B") for p in parts)]
@@ -160,6 +166,8 @@ def recv_message(conn: Connection) -> bytearray:
     Raises:
         EOFError: the other end closed the pipe; OSError: the pipe failed.
     """
+    if not _VECTORED_IO:
+        return bytearray(conn.recv_bytes())
     fd = conn.fileno()
     head = bytearray(4)
     _read_into(fd, memoryview(head))

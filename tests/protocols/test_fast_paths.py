@@ -77,7 +77,11 @@ def test_encoding_results_round_trip() -> None:
 
 
 @pytest.mark.parametrize("sizes", [[0], [5, 0, 7], [1 << 20, 3, 70_000], [1] * 3000])
-def test_send_parts_is_send_bytes(sizes: list[int]) -> None:
+@pytest.mark.parametrize("vectored", [True, False])
+def test_send_parts_is_send_bytes(sizes: list[int], vectored: bool, monkeypatch) -> None:
+    from fedgat import process_worker
+
+    monkeypatch.setattr(process_worker, "_VECTORED_IO", vectored)  # False: the joined-copy fallback
     parts = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
     a, b = multiprocessing.Pipe(duplex=True)
     try:
