@@ -75,7 +75,7 @@ cpu16)
         --notes "Run on the lent GPU machine's 16 cores ($machine), plaintext mode only."
     ;;
 round16)
-    step overhead_cora 500 python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
+    step overhead_cora 500 env -u TQDM_DISABLE python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
         --no-train --progress --out "$stage/overhead16"
     ;;
 *)
