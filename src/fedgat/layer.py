@@ -48,7 +48,13 @@ from torch_geometric.nn import GATConv
 
 from fedgat.approx import ScorePolynomial, fit_score, logit_scale
 from fedgat.encodings import Encodings
-from fedgat.matrix_poly import BlockDiagonal, chebyshev_left, clenshaw_blocks, clenshaw_blocks_grad
+from fedgat.matrix_poly import (
+    BlockDiagonal,
+    chebyshev_left,
+    clenshaw_blocks,
+    clenshaw_blocks_grad,
+    sparse_index_dtype,
+)
 from fedgat.padding import pad_last
 
 
@@ -139,9 +145,21 @@ class _SparseMatmul(torch.autograd.Function):
         return None, None, ctx.At @ grad
 
 
-class _SparseOp:
-    """A constant sparse ``(rows, cols)`` matrix applied with autograd (CSR, and its transpose);
-    ``index_dtype=torch.int32`` spares the sparse BLAS a conversion of the indices per product."""
+class _PairOp:
+    """A constant sparse matrix ``A`` applied with autograd, with its transpose ``At`` for the backward
+    (held already, e.g. by another operator of the same plan)."""
+
+    def __init__(self, A: torch.Tensor, At: torch.Tensor) -> None:
+        self.A, self.At = A, At
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _SparseMatmul.apply(self.A, self.At, x.contiguous())
+
+
+class _SparseOp(_PairOp):
+    """A constant sparse ``(rows, cols)`` matrix from COO entries (coalesced), as CSR with its
+    transpose; ``index_dtype=torch.int32`` spares the sparse BLAS a conversion of the indices per
+    product."""
 
     def __init__(
         self,
@@ -156,15 +174,11 @@ class _SparseOp:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
                 out = coo.coalesce().to_sparse_csr()
-                if index_dtype == torch.int64:
-                    return out
-                crow, cols = out.crow_indices().to(index_dtype), out.col_indices().to(index_dtype)
-                return torch.sparse_csr_tensor(crow, cols, out.values(), size, check_invariants=False)
+            if index_dtype == torch.int64:
+                return out
+            return _csr(out.crow_indices(), out.col_indices(), out.values(), size, index_dtype)
 
-        self.A, self.At = csr(row, col, shape), csr(col, row, (shape[1], shape[0]))
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return _SparseMatmul.apply(self.A, self.At, x.contiguous())
+        super().__init__(csr(row, col, shape), csr(col, row, (shape[1], shape[0])))
 
 
 def _csr(
@@ -180,10 +194,6 @@ def _csr(
         return torch.sparse_csr_tensor(
             crow.to(index_dtype), col.to(index_dtype), value, shape, check_invariants=False
         )
-
-
-def _index_dtype(nnz: int) -> torch.dtype:
-    return torch.int32 if nnz < 2**31 else torch.int64
 
 
 class _VectorPlan:
@@ -235,7 +245,7 @@ class _VectorPlan:
             return cat([zero, *counts]).cumsum(0) if counts else zero
 
         values = cat(sv) if sv else torch.zeros(0, dtype=f64, device=dev)
-        index = _index_dtype(len(values))
+        index = sparse_index_dtype(len(values))
         spread = _csr(crow(sn), cat(sc) if sc else zero[:0], values, (r_off, e_off), index)
         gather = _csr(crow(gm), cat(gc) if gc else zero[:0], cat(gv) if gv else values, (e_off, r_off), index)
         self.spread, self.gather = _PairOp(spread, gather), _PairOp(gather, spread)
@@ -251,7 +261,7 @@ def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.
     directly in CSR order."""
     dev = node.device
     total = int(length.sum())
-    index = _index_dtype(max(total, N) + 1)
+    index = sparse_index_dtype(max(total, N) + 1)
     zero = torch.zeros(1, dtype=torch.int64, device=dev)
     start = length.cumsum(0) - length  # (N,) first entry of each segment
     order = torch.argsort(node)  # segments in output-row order
@@ -263,17 +273,6 @@ def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.
     A = _csr(crow, col, ones, (N, total), index)
     At = _csr(torch.arange(total + 1, device=dev), node.repeat_interleave(length), ones, (total, N), index)
     return _PairOp(A, At)
-
-
-class _PairOp:
-    """A constant sparse matrix ``A`` applied with autograd, whose transpose ``At`` is held already
-    (by another operator of the same plan)."""
-
-    def __init__(self, A: torch.Tensor, At: torch.Tensor) -> None:
-        self.A, self.At = A, At
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return _SparseMatmul.apply(self.A, self.At, x.contiguous())
 
 
 class _MatrixScores(torch.autograd.Function):
@@ -374,7 +373,7 @@ class _MatrixPlan:
             for a, (_, m) in zip(self.A_rows, segments)
         ]
         self.k = cat(ks)
-        index = torch.int32 if len(cat(uc)) < 2**31 else torch.int64
+        index = sparse_index_dtype(len(cat(uc)))
         self.extend = _SparseOp(cat(er), cat(ec), cat(ev), (ext_off, 2 * row_off), index)
         self.den = _SparseOp(cat(dr), cat(dc), cat(dv), (N * H, vec_off), index)
         self.mix = _SparseOp(cat(ur), cat(uc), cat(uv), (row_off * H, vec_off), index)

@@ -100,6 +100,12 @@ def chebyshev_left(D: torch.Tensor, k: torch.Tensor, cheb: np.ndarray, domain: f
 CHUNK_VALUES = 1 << 19
 
 
+def sparse_index_dtype(nnz: int) -> torch.dtype:
+    """The index dtype of a sparse matrix with ``nnz`` entries (or that many rows): int32 where it fits,
+    which spares the sparse BLAS a conversion of the indices on every product."""
+    return torch.int32 if nnz < 2**31 else torch.int64
+
+
 class _SparsePart:
     """Index arrays of a run of whole blocks of a :class:`BlockDiagonal`, as its own square matrix."""
 
@@ -107,7 +113,7 @@ class _SparsePart:
         self.size = sum(c * m for c, m in segments)
         self.tile = tile
         nnz = sum(c * m * m for c, m in segments)
-        index = torch.int32 if nnz < 2**31 else torch.int64
+        index = sparse_index_dtype(nnz)
         cols, lengths, start = [], [], 0
         for count, m in segments:
             k = m // tile  # tiles per block side
