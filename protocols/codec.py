@@ -98,7 +98,7 @@ class Codec:
         rolled back and the labelled loop run, which raises the error with its exact label."""
         start = len(out)
         try:
-            encode = self.encode
+            encode = self._encode_unlabelled
             for value in values:
                 encode(value, out, what)
         except Exception:
@@ -106,6 +106,11 @@ class Codec:
             for i, value in enumerate(values):
                 self.encode(value, out, f"{what}[{i}]")
             raise  # not reached unless encoding is not deterministic: the first error then stands
+
+    def _encode_unlabelled(self, value: Any, out: list[bytes], what: str) -> None:
+        """:meth:`encode` with no label built below ``what`` (:meth:`encode_many`'s fast path; the same
+        bytes, and any error is raised again, labelled, by :meth:`encode`)."""
+        self.encode(value, out, what)
 
     def describe(self) -> str:
         return type(self).__name__
@@ -403,18 +408,9 @@ class Record(Codec):
         for name, codec in self.fields:
             codec.encode(getattr(value, name), out, f"{what}.{name}")
 
-    def encode_many(self, values: Sequence[Any], out: list[bytes], what: str) -> None:
-        # the fields of every record unlabelled (see Codec.encode_many; an error reruns them labelled)
-        start = len(out)
-        try:
-            for value in values:
-                for name, codec in self.fields:
-                    codec.encode(getattr(value, name), out, what)
-        except Exception:
-            del out[start:]
-            for i, value in enumerate(values):
-                self.encode(value, out, f"{what}[{i}]")
-            raise
+    def _encode_unlabelled(self, value: Any, out: list[bytes], what: str) -> None:
+        for name, codec in self.fields:  # no f"{what}.{name}" per field (see Codec.encode_many)
+            codec.encode(getattr(value, name), out, what)
 
     def decode(self, reader: Reader, what: str) -> Any:
         return self.cls(**{name: codec.decode(reader, f"{what}.{name}") for name, codec in self.fields})
