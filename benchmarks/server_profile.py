@@ -130,9 +130,10 @@ def profile(
     hp = resolve_hparams("fedgat", {"variant": variant})
     partition = fedgat_partition(graph, clients, beta, seed, hp, None)
     config = PretrainConfig(session=1, variant=variant, preset=preset)
-    plan = plan_shares(partition_graphs(partition, graph.num_features), variant, RandomSource.from_seed(seed))
     holders = {w: KeyHolderContext.generate(preset, wire=w) for w in wires}
     layout = config.layout(config.row_width(graph.num_features), next(iter(holders.values())).slots)
+    graphs = partition_graphs(partition, graph.num_features)
+    plan = plan_shares(graphs, variant, RandomSource.from_seed(seed), layout=layout)
     round_ops = OpCounts()
     for shares in plan.shares.values():  # type: ignore[union-attr]
         for bucket in shares:

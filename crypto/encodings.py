@@ -189,6 +189,112 @@ class ShareBucket:
         return _multiply_adds(rows, layout)
 
 
+def pack_maps(
+    layout: SlotLayout, sources: list[np.ndarray], coefficients: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """One linear map computing several items' rows in one result (:meth:`SlotLayout.packed_order`):
+    item ``i`` maps its ``sources[i]`` (spool keys) with ``coefficients[i]`` ``(rows, n_i)``, every
+    item has the same ``rows``. Returns ``(keys, Q)``: the sorted union of the sources and the
+    ``(count * rows, len(keys))`` coefficients in packed row order, zero where an item does not
+    read a source."""
+    keys = np.unique(np.concatenate(sources))
+    rows = coefficients[0].shape[0]
+    q = np.zeros((len(sources), rows, len(keys)))
+    for i, (src, coef) in enumerate(zip(sources, coefficients, strict=True)):
+        q[i][:, np.searchsorted(keys, src)] = coef
+    return keys, q.reshape(len(sources) * rows, len(keys))[layout.packed_order(len(sources), rows)]
+
+
+@dataclass
+class PackedShares:
+    """A :class:`ShareBucket`'s partials as the server computes and sends them: consecutive nodes'
+    partials share result ciphertexts, up to :meth:`SlotLayout.pack_size` of them, their whole groups
+    of ``k`` rows kept apart and their tails packed in one group (:meth:`SlotLayout.packed_order`).
+
+    Every node of a share bucket has the same rows (``R + 1``), so the pack size is the bucket's.
+    On Cora (10 clients, beta 1, ``k = 4``) about a quarter of the partials have a 1-row tail and
+    another quarter a 2-row one: packing them fills the result blocks 96.9 % instead of 87.3 %
+    (212,418 result ciphertexts instead of 235,788) for 0.2 % fewer multiply-adds.
+    What an encoder reads (:class:`~fedgat.crypto.tasks.ComputeBucket`) is per *pack*: ``nodes``
+    (a pack's first node), ``neighbours`` (the union of its nodes' sources), ``coefficients``."""
+
+    share: ShareBucket
+    layout: SlotLayout
+    #: the share's slots in each pack
+    packs: list[np.ndarray] = field(init=False)
+    neighbours: list[np.ndarray] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n, size = len(self.share), self.layout.pack_size(self.share.num_feature_rows())
+        self.packs = [np.arange(s, min(s + size, n)) for s in range(0, n, size)]
+        self.neighbours = [
+            self.share.neighbours[int(p[0])]
+            if len(p) == 1
+            else np.unique(np.concatenate([self.share.neighbours[int(s)] for s in p]))
+            for p in self.packs
+        ]
+
+    @property
+    def owner(self) -> int | None:
+        return self.share.owner
+
+    @property
+    def nodes(self) -> np.ndarray:
+        """The first node of every pack (what :class:`~fedgat.crypto.tasks.NodeResult` names)."""
+        return self.share.nodes[[int(p[0]) for p in self.packs]]
+
+    def pack_nodes(self, slot: int) -> tuple[int, ...]:
+        """The nodes of pack ``slot``, in packed order."""
+        return tuple(int(n) for n in self.share.nodes[self.packs[slot]])
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def coefficients(self, slot: int) -> np.ndarray:
+        """``(count * (R + 1), len(neighbours[slot]))``: the pack's rows in packed order."""
+        p = self.packs[slot]
+        if len(p) == 1:
+            return self.share.coefficients(int(p[0]))
+        keys, q = pack_maps(
+            self.layout,
+            [self.share.neighbours[int(s)] for s in p],
+            [self.share.coefficients(int(s)) for s in p],
+        )
+        assert np.array_equal(keys, self.neighbours[slot])
+        return q
+
+    def num_feature_rows(self) -> int:
+        """Rows per node (not per pack)."""
+        return self.share.num_feature_rows()
+
+    def num_rows(self) -> int:
+        """Feature rows of all the share's nodes (the useful rows of its results)."""
+        return len(self.share) * self.share.num_feature_rows()
+
+    def result_groups(self) -> int:
+        """Result groups (per chunk) of all the packs."""
+        rows = self.num_feature_rows()
+        return sum(self.layout.packed_groups(len(p), rows) for p in self.packs)
+
+    def multiply_adds(self, layout: SlotLayout | None = None) -> int:
+        """Plaintext x ciphertext multiply-adds of the packs (what :func:`encode_node` spends): the
+        nodes' whole groups as apart, and each tail group the union of its nodes' tail sources."""
+        layout = layout or self.layout
+        if layout != self.layout:
+            raise ValueError("a pack's multiply-adds are counted in its own layout")
+        share, k = self.share, layout.blocks
+        rows = np.where(share.foreign[:, None, :], computed_rows(share.bases), 0.0)  # (B, R+1, n)
+        body = rows.shape[1] - rows.shape[1] % k
+        total = _multiply_adds(rows[:, :body], layout) if body else 0
+        if body == rows.shape[1]:
+            return total
+        used = np.any(rows[:, body:] != 0, axis=1)  # (B, n): sources read by each node's tail
+        pack_of = np.repeat(np.arange(len(self.packs)), [len(p) for p in self.packs])
+        slot, col = np.nonzero(used)
+        keys = np.stack([pack_of[slot], share.bases.neighbours[slot, col]], axis=1)
+        return total + len(np.unique(keys, axis=0)) * layout.chunks
+
+
 def computed_rows(bases: BucketBases) -> np.ndarray:
     """``(B, R + 1, n)``: the coefficient rows the server evaluates (all, row 0 = :math:`h_i` too)."""
     return bases.coefficients()

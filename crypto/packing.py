@@ -57,6 +57,16 @@ fresh ciphertexts (85.1 KB at n4096), downloads are rescaled ones (47.2 KB). E.g
 vector encodings (~26.5k rows for 2708 nodes) c = 1 moves 1.48 GB and c = 3 1.63 GB at n4096
 (:meth:`SlotLayout.for_traffic` picks c = 1); for the matrix encodings (~5.6e5 rows) c = 3 wins.
 
+Packing several items' rows (:meth:`SlotLayout.packed_order`): an item of ``R`` rows fills
+``floor(R / k)`` groups and leaves a tail of ``t = R mod k`` rows in a last group whose other blocks
+are empty. Items with the same ``R`` (a recipient's partials of one owner in one bucket,
+:class:`fedgat.crypto.encodings.PackedShares`) keep their whole groups apart and put up to
+``floor(k / t)`` tails side by side in one group: no group but that one mixes items, so no
+multiply-add is added (the tail group reads the union of the tails' sources). On Cora (10 clients,
+vector, ``k = 4``) results fill 96.9 % of their blocks instead of 87.3 %, 212,418 result ciphertexts
+instead of 235,788, and 705,819 multiply-adds instead of 707,298; the ``t = 3`` tails (a quarter of
+the partials) have no partner in their bucket.
+
 The alternative -- upload each node once and let the server rotate chunks into place -- needs
 Galois keys (6-18 MB), ``k - 1`` rotations per source and key switching with a large special
 prime; rejected.
@@ -178,6 +188,43 @@ class SlotLayout:
     def groups(self, n_rows: int) -> int:
         """Result ciphertexts per chunk for ``n_rows`` output rows."""
         return -(-n_rows // self.blocks)
+
+    # --- several items' rows in one result (tails packed) ----------------------------------------
+    def pack_size(self, rows: int) -> int:
+        """Most items of ``rows`` rows each that :meth:`packed_order` puts in one result:
+        ``floor(k / t)`` with the tail ``t = rows mod k``, 1 when there is no tail."""
+        tail = rows % self.blocks
+        return self.blocks // tail if tail else 1
+
+    def packed_groups(self, count: int, rows: int) -> int:
+        """Result groups of ``count`` items of ``rows`` rows packed together: each item's whole
+        groups, then one group holding all their tails.
+
+        Raises:
+            ValueError: ``count`` outside ``[1, pack_size(rows)]``."""
+        if not 1 <= count <= self.pack_size(rows):
+            raise ValueError(f"{count} items of {rows} rows do not pack (at most {self.pack_size(rows)})")
+        return count * (rows // self.blocks) + (1 if rows % self.blocks else 0)
+
+    def packed_order(self, count: int, rows: int) -> np.ndarray:
+        """``(count * rows,)``: the rows of ``count`` items packed in one result, as positions in
+        their concatenation (``item * rows + r``): every item's whole groups of ``k`` rows in item
+        order, then the items' tails side by side in the last group.
+
+        Packing only the tails keeps each whole group's sources those of one item, so a packed
+        result costs no more multiply-adds than the items apart (the tail group reads the union of
+        the tails' sources) and ``count - 1`` fewer result ciphertexts per chunk."""
+        self.packed_groups(count, rows)  # validates
+        body = rows - rows % self.blocks
+        idx = np.arange(count * rows).reshape(count, rows)
+        return np.concatenate([idx[:, :body].ravel(), idx[:, body:].ravel()])
+
+    def unpack_items(self, packed: np.ndarray, count: int, rows: int) -> np.ndarray:
+        """Inverse of :meth:`packed_order` on decrypted rows: ``(count * rows, ...)`` in packed
+        order -> ``(count, rows, ...)``."""
+        out = np.empty_like(packed)
+        out[self.packed_order(count, rows)] = packed
+        return out.reshape(count, rows, *packed.shape[1:])
 
     def traffic(self, n_inputs: int, n_outputs: int) -> tuple[int, int]:
         """``(uploaded ciphertexts, result ciphertexts)`` for ``n_inputs`` source rows and

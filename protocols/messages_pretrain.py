@@ -53,13 +53,24 @@ class UploadItem:
 class ResultItem:
     """Encrypted *partial* encodings of one node: the linear map over the node's neighbours owned by
     ``owner`` only (:class:`fedgat.crypto.encodings.NodeResult` on the wire). A recipient receives
-    one item per (node, foreign owner) and checks each against that owner's check keys
+    one partial per (node, foreign owner) and checks each against that owner's check keys
     (:mod:`fedgat.crypto.tags`), so a server colluding with one owner can alter only the partial of
-    that owner's own rows."""
+    that owner's own rows.
+
+    ``packed``: further nodes of the same bucket whose partials of the same owner share these
+    ciphertexts (:meth:`fedgat.crypto.SlotLayout.packed_order`: each node's whole groups, then all
+    their tails in one group; at most :meth:`~fedgat.crypto.SlotLayout.pack_size` nodes in all). The
+    recipient unpacks and checks every node's rows apart, as if they had come alone."""
 
     node: int
     owner: int
     row_blobs: tuple[bytes, ...]
+    packed: tuple[int, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """``node``, then the ``packed`` ones: the order of their rows in the ciphertexts."""
+        return (self.node, *self.packed)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is ResultItem and fields_equal(self, other)
@@ -440,8 +451,8 @@ class EncodingBases(Message):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class EncodingResults(Message):
-    """Encrypted foreign shares of some nodes of one bucket, one item per (node, foreign owner) (row
-    ciphertexts under the recipient's key)."""
+    """Encrypted foreign shares of some nodes of one bucket, one partial per (node, foreign owner), several
+    nodes' partials of one owner packed in an item (row ciphertexts under the recipient's key)."""
 
     TYPE: ClassVar[int] = 8
     MAX_PAYLOAD: ClassVar[int] = 256 * MiB
@@ -450,7 +461,16 @@ class EncodingResults(Message):
         (
             "items",
             ListOf(
-                Record(ResultItem, (("node", U32), ("owner", U32), ("row_blobs", ListOf(CT, 65536)))), 65536
+                Record(
+                    ResultItem,
+                    (
+                        ("node", U32),
+                        ("owner", U32),
+                        ("packed", ListOf(U32, 16384)),
+                        ("row_blobs", ListOf(CT, 65536)),
+                    ),
+                ),
+                65536,
             ),
         ),
     )

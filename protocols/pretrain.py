@@ -42,9 +42,11 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
             (with neighbours and their owners), then => EncodingResults: per recipient, each needed
             node's *foreign share* :math:`F_i = A_i^{f} H^{f}` (paper eq. 9-14, over the neighbours
             the recipient does not own; vector variant :math:`V_i = Q_i H_i`, row 0 is :math:`h_i`)
-            under the recipient's key (:func:`fedgat.crypto.tasks.encode_node`,
-            :func:`~fedgat.protocols.pretrain_plan.plan_shares`); finally EncodingsDone
-    client  adds the share of its own rows in plaintext; decrypts each foreign share, checks its tag
+            under the recipient's key, one *partial* per foreign owner, partials of one owner packed
+            in shared ciphertexts (:func:`fedgat.crypto.tasks.encode_node`,
+            :func:`~fedgat.protocols.pretrain_plan.plan_shares`,
+            :class:`~fedgat.crypto.encodings.PackedShares`); finally EncodingsDone
+    client  adds the share of its own rows in plaintext; decrypts and unpacks each partial, checks its tag
             columns and range (:func:`fedgat.crypto.tags.check_share`:
             :class:`~fedgat.protocols.errors.ResultRejectedError` names the node and the owners),
             and assembles its :class:`~fedgat.encodings.Encodings`

@@ -606,34 +606,46 @@ class ClientPretrain(Party):
         if msg.bucket >= len(self._assemblies):
             raise PayloadError(f"results for unknown bucket {msg.bucket}")
         asm = self._assemblies[msg.bucket]
-        R = asm.bases.num_feature_rows()
-        want_rows = self.layout.groups(R) * self.layout.chunks
+        layout, R = self.layout, asm.bases.num_feature_rows()
         parts: list[tuple[int, int]] = []
         for item in msg.items:
-            slot = asm.slot.get(item.node)
-            if slot is None:
-                raise PayloadError(f"node {item.node} is not in bucket {msg.bucket}")
-            if item.owner == self.party_id or item.owner not in asm.owners[slot]:
+            if len(item.nodes) > layout.pack_size(R):
                 raise PayloadError(
-                    f"node {item.node}: a partial of party {item.owner}, which owns none of its foreign neighbours"
+                    f"node {item.node}: {len(item.nodes)} partials packed, at most {layout.pack_size(R)} "
+                    f"of {R} rows fit"
                 )
-            if (slot, item.owner) in asm.received or (slot, item.owner) in parts:
+            for node in item.nodes:
+                slot = asm.slot.get(node)
+                if slot is None:
+                    raise PayloadError(f"node {node} is not in bucket {msg.bucket}")
+                if item.owner == self.party_id or item.owner not in asm.owners[slot]:
+                    raise PayloadError(
+                        f"node {node}: a partial of party {item.owner}, which owns none of its foreign neighbours"
+                    )
+                if (slot, item.owner) in asm.received or (slot, item.owner) in parts:
+                    raise PayloadError(
+                        f"duplicate results for node {node} from the rows of party {item.owner}"
+                    )
+                parts.append((slot, item.owner))
+            want = layout.packed_groups(len(item.nodes), R) * layout.chunks
+            if len(item.row_blobs) != want:
                 raise PayloadError(
-                    f"duplicate results for node {item.node} from the rows of party {item.owner}"
+                    f"node {item.node}: {len(item.row_blobs)} row ciphertexts, expected {want}"
                 )
-            if len(item.row_blobs) != want_rows:
-                raise PayloadError(
-                    f"node {item.node}: {len(item.row_blobs)} row ciphertexts, expected {want_rows}"
-                )
-            parts.append((slot, item.owner))
         shares = []
         with self.clock("decrypt"):
-            for item, (slot, owner) in zip(msg.items, parts, strict=True):
+            at = 0
+            for item in msg.items:
+                count = len(item.nodes)
                 try:
-                    dec = decrypt_rows(self.holder, item.row_blobs, R, self.layout, kind="result")
+                    dec = decrypt_rows(self.holder, item.row_blobs, count * R, layout, kind="result")
                 except (CiphertextFormatError, KeyMismatchError) as exc:
                     raise crypto_error(exc, f"results of node {item.node}") from exc
-                shares.append(self._check(asm, slot, owner, dec))
+                for rows, (slot, owner) in zip(
+                    layout.unpack_items(dec, count, R), parts[at : at + count], strict=True
+                ):
+                    shares.append(self._check(asm, slot, owner, rows))
+                at += count
         lo = self._offset
         for (slot, owner), share in zip(parts, shares, strict=True):  # all checked: now store
             asm.rows[slot, :, lo:] += torch.from_numpy(share).to(self.dtype)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedgat.crypto import SlotLayout
-from fedgat.crypto.encodings import ShareBucket, multiply_adds, plan_views
+from fedgat.crypto.encodings import PackedShares, ShareBucket, multiply_adds, plan_views
 from fedgat.encodings import BucketBases, draw_bases
 from fedgat.graph import CSR
 from fedgat.randomness import RandomSource
@@ -116,12 +116,12 @@ class RoundPlan:
 
     needed: dict[int, np.ndarray]
     bases: list[BucketBases]
-    buckets: list[BucketBases] | list[ShareBucket]
+    buckets: list[BucketBases] | list[PackedShares]
     recipients: list[tuple[int, ...]]
     views: dict[int, list[BucketBases]]
     route: dict[int, dict[int, int]]
     #: shares plan: per recipient, the compute buckets of its foreign shares (in :attr:`buckets`)
-    shares: dict[int, list[ShareBucket]] | None = None
+    shares: dict[int, list[PackedShares]] | None = None
 
     @property
     def num_results(self) -> int:
@@ -145,7 +145,7 @@ class RoundPlan:
     def multiply_adds(self, layout: SlotLayout) -> int:
         """Plaintext x ciphertext multiply-adds of the whole round's compute (the op-count bound)."""
         return sum(
-            b.multiply_adds(layout) if isinstance(b, ShareBucket) else multiply_adds(b, layout)
+            b.multiply_adds(layout) if isinstance(b, PackedShares) else multiply_adds(b, layout)
             for b in self.buckets
         )
 
@@ -218,6 +218,7 @@ def plan_shares(
     variant: str,
     rng: RandomSource,
     *,
+    layout: SlotLayout,
     embed_factor: int = 1,
     max_bucket_elems: int = 1 << 20,
 ) -> RoundPlan:
@@ -227,19 +228,21 @@ def plan_shares(
     (:class:`~fedgat.crypto.encodings.ShareBucket` with ``owner``, computed under the recipient's
     key from the rows released to it). A recipient adds the partials and the share of its own rows
     itself. ``buckets`` lists the share buckets recipient by recipient (sorted), then by client
-    bucket, then by owner; ``recipients`` one client per result.
+    bucket, then by owner, each with its partials packed in the session's ``layout``
+    (:class:`~fedgat.crypto.encodings.PackedShares`); ``recipients`` one client per result (pack).
 
     Per-owner partials cost no extra multiply-add (each neighbour is read by one partial) but one
     result per (node, foreign owner) instead of per node: more download bytes and decryptions. They
-    are what lets the recipient check each partial against its owner's keys alone."""
+    are what lets the recipient check each partial against its owner's keys alone. Packing the
+    partials' tails wins most of those bytes back."""
     needed, bases = _draw(graphs, variant, rng, embed_factor)
     views, route = _views(bases, needed, max_bucket_elems)
     ids = np.concatenate([graphs[c].owned for c in graphs])
     who = np.repeat(list(graphs), [len(graphs[c].owned) for c in graphs])
     order = np.argsort(ids, kind="stable")
     ids, who = ids[order], who[order]
-    shares: dict[int, list[ShareBucket]] = {}
-    buckets: list[ShareBucket] = []
+    shares: dict[int, list[PackedShares]] = {}
+    buckets: list[PackedShares] = []
     recipients: list[tuple[int, ...]] = []
     for c in sorted(graphs):
         shares[c] = []
@@ -248,7 +251,8 @@ def plan_shares(
             for o in np.unique(owner[owner != c]).tolist():
                 part = owner == o
                 has = np.flatnonzero(part.any(axis=1))
-                shares[c].append(ShareBucket(view.take(has), part[has], owner=int(o)))
+                share = ShareBucket(view.take(has), part[has], owner=int(o))
+                shares[c].append(PackedShares(share, layout))
         buckets += shares[c]
         recipients += [(c,)] * sum(len(b) for b in shares[c])
     return RoundPlan(needed, bases, buckets, recipients, views, route, shares)
@@ -312,7 +316,7 @@ class ResultBatcher:
         return ready
 
 
-def _per_bucket(plan: RoundPlan) -> Iterator[tuple[BucketBases | ShareBucket, list[tuple[int, ...]]]]:
+def _per_bucket(plan: RoundPlan) -> Iterator[tuple[BucketBases | PackedShares, list[tuple[int, ...]]]]:
     """``(compute bucket, recipients of each of its results)`` in the plan's order."""
     start = 0
     for b in plan.buckets:

@@ -18,7 +18,7 @@ import numpy as np
 
 from fedgat.crypto import ServerContext, SlotLayout
 from fedgat.crypto.encoders import Encoder, EncoderFactory, local_encoder
-from fedgat.crypto.encodings import ShareBucket
+from fedgat.crypto.encodings import PackedShares
 from fedgat.crypto.measure import EncoderTiming, time_encoder
 from fedgat.crypto.spool import CiphertextSpool
 from fedgat.crypto.tasks import NodeResult
@@ -139,12 +139,13 @@ class ServerPretrain(Party):
         self._uploaded_done: set[int] = set()
         #: the round's plan (:func:`~fedgat.protocols.pretrain_plan.plan_shares`), once computing
         self.plan: RoundPlan | None = None
-        self._results: Iterator[tuple[int, NodeResult]] | None = None
+        self._results: Iterator[tuple[int, int, NodeResult]] | None = None
         self._encoder: Encoder | None = None
         self._batcher: ResultBatcher | None = None
         #: statistics
-        self.nodes_total = 0
-        self.nodes_computed = 0
+        self.nodes_total = 0  # results (packs of partials, PackedShares) to compute
+        self.nodes_computed = 0  # results computed
+        self.partials_computed = 0  # (node, foreign owner) partials in them
         self.multiply_adds = 0
         self.result_ciphertexts = 0
         self.result_rows = 0
@@ -469,6 +470,7 @@ class ServerPretrain(Party):
                 {c: self._graphs[c] for c in self.participants},
                 self.config.variant,
                 self._bases_rng,
+                layout=self.layout,
                 embed_factor=self.config.embed_factor,
                 max_bucket_elems=self._max_bucket_elems,
             )
@@ -504,9 +506,9 @@ class ServerPretrain(Party):
         return [] if self.plan is None else self.plan.bases
 
     @property
-    def buckets(self) -> list[ShareBucket]:
+    def buckets(self) -> list[PackedShares]:
         """What the encoder computes: every recipient's foreign shares, recipient by recipient."""
-        return [] if self.plan is None else [b for b in self.plan.buckets if isinstance(b, ShareBucket)]
+        return [] if self.plan is None else [b for b in self.plan.buckets if isinstance(b, PackedShares)]
 
     def _new_encoder(self, recipient: int, results: int) -> Encoder:
         assert self.layout is not None
@@ -514,16 +516,18 @@ class ServerPretrain(Party):
         self.workers = max(self.workers, encoder.workers)
         return encoder
 
-    def _compute_results(self) -> Iterator[tuple[int, NodeResult]]:
-        """Each recipient's shares with an encoder under its context, one recipient after another."""
+    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
+        """Each recipient's shares with an encoder under its context, one recipient after another:
+        ``(compute bucket, pack in it, result)``."""
         assert self.plan is not None and self.plan.shares is not None
         g = 0
         for c, shares in sorted(self.plan.shares.items()):
             if not shares:
                 continue
             self._encoder = self._new_encoder(c, sum(len(b) for b in shares))
-            groups = (g + k for k, b in enumerate(shares) for _ in range(len(b)))
-            yield from zip(groups, self._encoder.map(shares), strict=True)
+            at = ((g + k, s) for k, b in enumerate(shares) for s in range(len(b)))
+            for (bucket, s), result in zip(at, self._encoder.map(shares), strict=True):
+                yield bucket, s, result
             self._encoder.close()
             self._encoder = None
             g += len(shares)
@@ -550,13 +554,16 @@ class ServerPretrain(Party):
                 if not self.keep_encoder:
                     self._close()
                 break
-            g, result = nxt
-            self.nodes_computed += 1
-            self.result_ciphertexts += len(result.row_blobs)
+            g, s, result = nxt
             bucket = plan.buckets[g]
-            assert isinstance(bucket, ShareBucket) and bucket.owner is not None
-            self.result_rows += bucket.num_feature_rows()
-            item = ResultItem(result.node, bucket.owner, tuple(result.row_blobs))
+            assert isinstance(bucket, PackedShares) and bucket.owner is not None
+            nodes = bucket.pack_nodes(s)
+            assert nodes[0] == result.node
+            self.nodes_computed += 1
+            self.partials_computed += len(nodes)
+            self.result_ciphertexts += len(result.row_blobs)
+            self.result_rows += bucket.num_feature_rows() * len(nodes)
+            item = ResultItem(result.node, bucket.owner, tuple(result.row_blobs), packed=nodes[1:])
             for c, cb, items in self._batcher.add(item):
                 out.append(self._new(EncodingResults, c, bucket=cb, items=items))
         return out

@@ -42,7 +42,7 @@ import torch
 from fedgat.app import PretrainParties, bases_rng, build_pretrain_parties, cross_edges, owned_neighbourhoods
 from fedgat.crypto import KeyHolderContext, SlotLayout, deserialize, encrypt_rows, serialize
 from fedgat.crypto.encoders import local_encoder
-from fedgat.crypto.encodings import ShareBucket
+from fedgat.crypto.encodings import PackedShares
 from fedgat.crypto.packing import tenseal_payload
 from fedgat.crypto.tasks import NodeResult, encode_node
 from fedgat.graph import Graph
@@ -178,6 +178,22 @@ def _reenvelope(ctx: Any, blob: bytes) -> bytes:
     return serialize(ctx, ts.ckks_vector_from(ctx.tenseal, tenseal_payload(ctx, blob)))
 
 
+def _encode_pack(
+    ctx: Any, layout: SlotLayout, node: int, parts: list[tuple[list[Any], np.ndarray]]
+) -> NodeResult:
+    """One result packing several partials as the honest server does
+    (:meth:`~fedgat.crypto.SlotLayout.packed_order`): ``parts[i]`` = (the sources' chunk ciphertexts,
+    the ``(rows, n_i)`` coefficients over them) of the ``i``-th node of the pack."""
+    rows = parts[0][1].shape[0]
+    q = np.zeros((len(parts), rows, sum(len(src) for src, _ in parts)))
+    sources: list[Any] = []
+    for i, (src, coef) in enumerate(parts):
+        q[i][:, len(sources) : len(sources) + len(src)] = coef
+        sources += src
+    packed = q.reshape(len(parts) * rows, -1)[layout.packed_order(len(parts), rows)]
+    return encode_node(ctx, layout, sources, node, packed)
+
+
 def _build(
     setting: AttackSetting,
     *,
@@ -306,71 +322,85 @@ class ForgingServer(ServerPretrain):
                 self._left[victim] = sum(len(b) for b in shares)
         return out
 
-    def _choose(self, victim: int, shares: list[ShareBucket], kind: str) -> bool:
+    def _choose(self, victim: int, shares: list[PackedShares], kind: str) -> bool:
         """A partial to forge as ``kind``: one with at least two sources (another node in its bucket
-        for ``other_node``)."""
+        for ``other_node``), the first of its pack (with ``foreign_key`` the whole pack is garbage
+        under the victim's key, and the victim checks a pack's nodes in order)."""
         for b in shares:
-            if kind == "other_node" and len(b) < 2:
+            if kind == "other_node" and len(b.share) < 2:
                 continue
-            for s in range(len(b)):
-                sources = b.neighbours[s]
+            for p in b.packs:
+                slot = int(p[0])
+                sources = b.share.neighbours[slot]
                 if len(sources) < 2:
                     continue
-                node, owner = int(b.nodes[s]), int(b.owner if b.owner is not None else -1)
+                node, owner = int(b.share.nodes[slot]), int(b.owner if b.owner is not None else -1)
                 target = int(sources[-1]) if kind == "single_row" else None
                 self.forgeries[(victim, node, owner)] = Forgery(kind, victim, node, (owner,), target)
                 return True
         return False
 
-    def _compute_results(self) -> Iterator[tuple[int, NodeResult]]:
+    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
         assert self.plan is not None
-        for k, (g, result) in enumerate(super()._compute_results()):
+        for k, (g, s, result) in enumerate(super()._compute_results()):
             recipient = self.plan.recipients[k][0]
             if recipient in self._left:
                 self._left[recipient] -= 1
                 bucket = self.plan.buckets[g]
-                assert isinstance(bucket, ShareBucket)
+                assert isinstance(bucket, PackedShares)
                 forgery = self.forgeries.get(
                     (recipient, result.node, -1 if bucket.owner is None else bucket.owner)
                 )
                 if forgery is not None:
-                    result = self._forge(recipient, bucket, forgery)
-            yield g, result
+                    result = self._forge(recipient, bucket, s, forgery)
+            yield g, s, result
 
-    def _forge(self, recipient: int, bucket: ShareBucket, forgery: Forgery) -> NodeResult:
+    def _forge(self, recipient: int, bucket: PackedShares, s: int, forgery: Forgery) -> NodeResult:
+        """The pack of the forged partial: the forged node's rows made as its kind, the other
+        nodes' honest."""
         assert self.layout is not None
         ctx, layout, spool = self.contexts[recipient], self.layout, self._spool(recipient)
-        slot = int(np.flatnonzero(bucket.nodes == forgery.node)[0])
-        sources_ids = bucket.neighbours[slot]
-        coef = bucket.coefficients(slot)
-        sources = [spool.get(int(j)) for j in sources_ids]
+        share = bucket.share
+        slots = [int(x) for x in bucket.packs[s]]
         node, kind = forgery.node, forgery.kind
+        honest = [
+            ([spool.get(int(j)) for j in share.neighbours[x]], share.coefficients(x)) for x in slots[1:]
+        ]
+        slot = slots[0]
+        sources_ids = share.neighbours[slot]
+        coef = share.coefficients(slot)
+        sources = [spool.get(int(j)) for j in sources_ids]
         if kind == "single_row":  # another owner's released row, as every row of the encoding
             chosen = np.zeros_like(coef)
             chosen[:, -1] = 1.0
-            return encode_node(ctx, layout, sources, node, chosen)
+            return _encode_pack(ctx, layout, node, [(sources, chosen), *honest])
         if kind == "other_coefficients":  # the same rows, two sources' coefficients swapped
-            return encode_node(ctx, layout, sources, node, coef[:, [1, 0, *range(2, coef.shape[1])]])
-        if kind == "other_node":  # the honest combination of another node of the bucket
-            other = (slot + 1) % len(bucket)
-            others = [spool.get(int(j)) for j in bucket.neighbours[other]]
-            return encode_node(ctx, layout, others, node, bucket.coefficients(other))
-        chosen_rows = self._chosen_rows(len(sources_ids), layout)
+            swapped = coef[:, [1, 0, *range(2, coef.shape[1])]]
+            return _encode_pack(ctx, layout, node, [(sources, swapped), *honest])
+        if kind == "other_node":  # the honest combination of another node of the bucket (same rows)
+            other = (slot + 1) % len(share)
+            others = [spool.get(int(j)) for j in share.neighbours[other]]
+            return _encode_pack(ctx, layout, node, [(others, share.coefficients(other)), *honest])
         if kind == "chosen_plaintext":  # chosen rows encrypted under the victim's public key
-            fresh = [
-                [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], layout)]
-                for row in chosen_rows
-            ]
-            return encode_node(ctx, layout, fresh, node, coef)
+            return _encode_pack(
+                ctx, layout, node, [(self._chosen_sources(ctx, len(sources_ids), layout), coef), *honest]
+            )
         if kind == "foreign_key":  # computed under the attacker's own key, re-enveloped as the victim's
             own = KeyHolderContext.generate(self.config.preset, wire=self.config.wire)
-            fresh = [
-                [deserialize(own, blob, level="fresh") for blob in encrypt_rows(own, row[None], layout)]
-                for row in chosen_rows
+            parts = [
+                (self._chosen_sources(own, share.neighbours[x].size, layout), share.coefficients(x))
+                for x in slots
             ]
-            made = encode_node(own, layout, fresh, node, coef)
+            made = _encode_pack(own, layout, node, parts)
             return NodeResult(node, [_reenvelope(ctx, blob) for blob in made.row_blobs])
         raise ValueError(f"unknown forgery {kind!r}")
+
+    def _chosen_sources(self, ctx: Any, n: int, layout: SlotLayout) -> list[list[Any]]:
+        """``n`` chosen rows (:meth:`_chosen_rows`) encrypted under ``ctx``'s public key, as sources."""
+        return [
+            [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], layout)]
+            for row in self._chosen_rows(n, layout)
+        ]
 
     def _chosen_rows(self, n: int, layout: SlotLayout) -> np.ndarray:
         """Unit-norm chosen feature rows with guessed (zero) tag columns: the server knows no tag key."""
@@ -741,16 +771,17 @@ class ColluderForgingServer(ServerPretrain):
                 break
         return out
 
-    def _compute_results(self) -> Iterator[tuple[int, NodeResult]]:
+    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
         assert self.plan is not None
-        for k, (g, result) in enumerate(super()._compute_results()):
+        for k, (g, s, result) in enumerate(super()._compute_results()):
             bucket = self.plan.buckets[g]
-            assert isinstance(bucket, ShareBucket)
+            assert isinstance(bucket, PackedShares)
             if self.plan.recipients[k][0] == self.victim and (result.node, bucket.owner) == self.target:
-                result = self._forge(bucket)
-            yield g, result
+                result = self._forge(bucket, s)
+            yield g, s, result
 
-    def _forge(self, bucket: ShareBucket) -> NodeResult:
+    def _forge(self, bucket: PackedShares, s: int) -> NodeResult:
+        """The target's pack, ``delta`` added to the target's row 0 (the others' rows honest)."""
         assert self.layout is not None and self._dim is not None
         assert self.victim is not None and self.target is not None
         d = self._dim
@@ -760,14 +791,15 @@ class ColluderForgingServer(ServerPretrain):
         row = np.zeros(self.layout.d)
         row[:d] = self.delta
         row[d : d + vectors.shape[0]] = vectors @ self.delta
-        ctx, spool = self.contexts[self.victim], self._spool(self.victim)
-        slot = int(np.flatnonzero(bucket.nodes == self.target[0])[0])
-        coef = bucket.coefficients(slot)
-        sources = [spool.get(int(j)) for j in bucket.neighbours[slot]]
+        ctx, spool, share = self.contexts[self.victim], self._spool(self.victim), bucket.share
+        slots = [int(x) for x in bucket.packs[s]]  # the target first (its pack's first node)
+        parts = [([spool.get(int(j)) for j in share.neighbours[x]], share.coefficients(x)) for x in slots]
         fresh = [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], self.layout)]
+        sources, coef = parts[0]
         extra = np.zeros((coef.shape[0], 1))
         extra[0, 0] = 1.0  # the fresh "source" enters row 0 only
-        return encode_node(ctx, self.layout, [*sources, fresh], self.target[0], np.hstack([coef, extra]))
+        parts[0] = ([*sources, fresh], np.hstack([coef, extra]))
+        return _encode_pack(ctx, self.layout, self.target[0], parts)
 
 
 def colluder_forgery_run(

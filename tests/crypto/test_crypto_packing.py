@@ -111,3 +111,27 @@ def test_broadcast_shapes() -> None:
     np.testing.assert_array_equal(v, [1] * 5 + [2] * 5 + [0] * 6)
     with pytest.raises(ValueError):
         lay.broadcast(np.ones(4))
+
+
+@settings(max_examples=80, deadline=None)
+@given(lay=layouts(), rows=st.integers(1, 40), data=st.data())
+def test_packed_items_share_one_tail_group_and_unpack(lay: SlotLayout, rows: int, data) -> None:
+    """Up to ``pack_size`` items of ``rows`` rows: each item's whole groups, then every tail in one
+    group, so a packed result is never more groups than the items apart and ``count - 1`` fewer
+    when they have tails; every group holds rows of one item only, except that last one."""
+    size = lay.pack_size(rows)
+    count = data.draw(st.integers(1, size))
+    k, tail = lay.blocks, rows % lay.blocks
+    assert size == (k // tail if tail else 1) and size * tail <= max(k, tail)
+    order = lay.packed_order(count, rows)
+    assert sorted(order.tolist()) == list(range(count * rows))  # a permutation
+    groups = lay.packed_groups(count, rows)
+    assert groups == lay.groups(count * rows)  # the tails fit one group
+    assert groups == count * lay.groups(rows) - (count - 1 if tail else 0)
+    item = order // rows
+    for g in range(groups - (1 if tail else 0)):
+        assert len(set(item[g * k : (g + 1) * k].tolist())) == 1
+    x = np.random.default_rng(rows).standard_normal((count * rows, 3))
+    np.testing.assert_array_equal(lay.unpack_items(x[order], count, rows), x.reshape(count, rows, 3))
+    with pytest.raises(ValueError, match="do not pack"):
+        lay.packed_groups(size + 1, rows)

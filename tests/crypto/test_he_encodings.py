@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedgat.crypto import KeyHolderContext, ServerContext, SlotLayout, deserialize, encrypt_rows
+from fedgat.crypto import KeyHolderContext, ServerContext, SlotLayout, decrypt_rows, deserialize, encrypt_rows
 from fedgat.crypto.encodings import CiphertextSpool, compute_bucket, decrypt_bucket, multiply_adds
 from fedgat.crypto.errors import CiphertextFormatError, KeyMismatchError
 from fedgat.encodings import draw_bases, encode_bucket
@@ -124,4 +124,43 @@ def test_parallel_encoder_splits_large_nodes_into_group_pieces(keys):
         got = decrypt_bucket(holder, layout, b, [next(it) for _ in range(len(b))], dtype=torch.float64)
         err = (got.features - encode_bucket(b, x).features).abs().max().item()
         assert err < 1e-5, err
+    spool.close()
+
+
+def test_packed_partials_decrypt_to_each_nodes_own_partial(keys):
+    """A recipient's partials of one owner, packed (PackedShares): each pack decrypts, unpacked, to
+    the direct sum of its nodes' partials; fewer result ciphertexts, no more multiply-adds."""
+    from fedgat.crypto.encodings import PackedShares, ShareBucket
+    from fedgat.crypto.evaluator import evaluator_for
+
+    holder, server = keys
+    n_nodes, d = 40, 18
+    csr = random_csr(n_nodes, 4, seed=7)
+    x = unit_rows(n_nodes, d, seed=8).numpy()
+    layout = SlotLayout.for_dimension(d, server.slots)
+    spool = CiphertextSpool(server, layout)
+    for node, row in enumerate(x):
+        for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
+            spool.put(node, chunk, blob)
+    (bases, *_) = draw_bases("vector", csr, np.arange(n_nodes), rng=3)
+    foreign = bases.neighbours % 3 == 1  # the neighbours "owner 1" holds
+    share = ShareBucket(bases, foreign, owner=1)
+    packed = PackedShares(share, layout)
+    rows = share.num_feature_rows()
+    assert layout.pack_size(rows) > 1 and any(len(p) > 1 for p in packed.packs)
+    ev = evaluator_for(server)
+    apart = 0
+    for s in range(len(packed)):
+        slots = packed.packs[s]
+        sources = [spool.get(int(j)) for j in packed.neighbours[s]]
+        blobs = ev.linear_map(layout, sources, packed.coefficients(s))
+        assert len(blobs) == layout.packed_groups(len(slots), rows) * layout.chunks
+        got = layout.unpack_items(decrypt_rows(holder, blobs, len(slots) * rows, layout), len(slots), rows)
+        for i, slot in enumerate(slots.tolist()):
+            want = share.coefficients(slot) @ x[share.neighbours[slot]]
+            np.testing.assert_allclose(got[i], want, atol=1e-5)
+            apart += layout.groups(rows) * layout.chunks
+    assert packed.result_groups() * layout.chunks < apart
+    assert ev.ops.multiplies == packed.multiply_adds(layout) <= share.multiply_adds(layout)
+    assert ev.ops.rescales == packed.result_groups() * layout.chunks
     spool.close()

@@ -526,7 +526,7 @@ def test_client_refuses_a_changed_roster():
 def test_a_terminal_refusal_is_saved_before_the_clientapp_raises(monkeypatch):
     """A result that fails its check ends the recipient's session; the ClientApp raises, and the
     aborted state it leaves is saved first (a restarted ClientApp must not accept the next probe)."""
-    from fedgat.protocols import EncodingResults, ResultItem, ResultRejectedError
+    from fedgat.protocols import EncodingResults, ResultRejectedError
     from fedgat.protocols.flower_app import FlowerRunConfig, run_server
     from fedgat.protocols.flower_state import load_client
     from fedgat.protocols.pretrain_server import ServerPretrain
@@ -534,12 +534,17 @@ def test_a_terminal_refusal_is_saved_before_the_clientapp_raises(monkeypatch):
     step = ServerPretrain.step
     swapped: list[int] = []
 
-    def swapping(self):  # the first batch for party 1 with two items: their ciphertexts swapped
+    def swapping(self):  # the first batch for party 1 with two items as long: their ciphertexts swapped
         out = step(self)
         for k, m in enumerate(out):
             if isinstance(m, EncodingResults) and m.recipient == 1 and len(m.items) >= 2 and not swapped:
                 a, b = m.items[0], m.items[1]
-                items = (ResultItem(a.node, a.owner, b.row_blobs), ResultItem(b.node, b.owner, a.row_blobs))
+                if len(a.row_blobs) != len(b.row_blobs):
+                    continue
+                items = (
+                    dataclasses.replace(a, row_blobs=b.row_blobs),
+                    dataclasses.replace(b, row_blobs=a.row_blobs),
+                )
                 out[k] = dataclasses.replace(m, items=items + m.items[2:])
                 swapped.append(a.node)
         return out

@@ -211,14 +211,20 @@ def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
         seen = 0
         for msg in h.sent(h.roster.server, EncodingResults, c):
             for item in msg.items:
-                bb, k = bases[item.node]
-                rows = bb.num_feature_rows()
-                got = decrypt_rows(client.holder, list(item.row_blobs), rows, layout, kind="result")[:, :W]
-                part = owner[bb.neighbours[k]] == item.owner  # a partial: one foreign owner's rows
-                assert item.owner != c and part.any()
-                want = bb.coefficients(k)[:, part] @ release[bb.neighbours[k][part]]
-                assert np.abs(got - want).max() <= TOL
-                seen += 1
+                rows = bases[item.node][0].num_feature_rows()
+                count = len(item.nodes)  # partials packed in the item, each node's rows apart
+                packed = decrypt_rows(
+                    client.holder, list(item.row_blobs), count * rows, layout, kind="result"
+                )
+                for node, got in zip(
+                    item.nodes, layout.unpack_items(packed[:, :W], count, rows), strict=True
+                ):
+                    bb, k = bases[node]
+                    part = owner[bb.neighbours[k]] == item.owner  # a partial: one foreign owner's rows
+                    assert item.owner != c and part.any()
+                    want = bb.coefficients(k)[:, part] @ release[bb.neighbours[k][part]]
+                    assert np.abs(got - want).max() <= TOL
+                    seen += 1
         nbh = tiny_partition.neighbourhoods
         assert seen == sum(
             len(set(owner[nbh.row(int(i))].tolist()) - {c}) for i in tiny_partition.clients[c].needed
@@ -231,8 +237,8 @@ def test_a_result_over_other_coefficients_is_rejected_under_dp_too(tiny_graph, t
     h.run(until=lambda: computing(h))
     plan = h.server.plan
     victim = next(c for c in sorted(plan.shares) if plan.shares[c])
-    share = plan.shares[victim][0]
-    node = int(share.nodes[0])
+    share = plan.shares[victim][0].share
+    node = int(share.nodes[0])  # the first partial of the first pack: the first the victim checks
     share.bases.p[0, 0, int(np.flatnonzero(share.foreign[0])[0])] -= 0.5
     while True:
         out = h.server.step()

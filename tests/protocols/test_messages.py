@@ -194,12 +194,13 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 7
+    assert data[4] == VERSION == 8
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
     # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4),
-    # a PublicContext without the ciphertext wire (5), a signature over the frame's bytes themselves (6)
-    for version in (1, 2, 3, 4, 5, 6, 8, 255):
+    # a PublicContext without the ciphertext wire (5), a signature over the frame's bytes themselves (6),
+    # results one node per item (7)
+    for version in (1, 2, 3, 4, 5, 6, 7, 9, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):

@@ -131,7 +131,14 @@ def test_round_matches_plaintext_with_the_same_bases(tiny_graph, tiny_partition,
     assert {c: h.client(c).nodes_decrypted for c in h.roster.clients} == per_client
     # one partial per (node, foreign owner): each checked against its owner's keys alone
     partials = {c: _foreign_partials(tiny_partition, c) for c in h.roster.clients}
-    assert h.server.nodes_computed == sum(partials.values()) > sum(per_client.values())
+    assert h.server.partials_computed == sum(partials.values()) > sum(per_client.values())
+    # ... several of one owner's partials packed in a result where their tails fit one group
+    packs = [(len(b.share), b.layout.pack_size(b.num_feature_rows())) for b in h.server.buckets]
+    assert h.server.nodes_computed == sum(-(-n // size) for n, size in packs) < sum(partials.values())
+    assert (
+        h.server.result_ciphertexts
+        == sum(b.result_groups() for b in h.server.buckets) * h.server.layout.chunks
+    )
     # ... from exactly the rows the plan needs, each uploaded once for each recipient
     assert h.server.ciphertexts_received == h.server.rows_released * h.server.layout.chunks
 
@@ -260,14 +267,20 @@ def test_a_colluding_server_and_client_open_only_that_clients_ciphertexts(harnes
 
 # -------------------------------------------------------------------------- hostile server
 def _victim_share(h: Harness):
-    """A recipient, one of its foreign-share buckets and a slot whose node has a foreign source
-    besides itself (what a hostile server tampers with before computing)."""
+    """A recipient, its first packed foreign-share bucket with a slot whose node has a foreign
+    source besides itself (what a hostile server tampers with before computing), and that slot:
+    a node packed after another one where there is one (the honest partial before it passes)."""
     plan = h.server.plan
     for victim in sorted(plan.shares):
-        for share in plan.shares[victim]:
-            for slot in range(len(share)):
-                if share.foreign[slot, 1:].any():
-                    return victim, share, slot
+        for packed in plan.shares[victim]:
+            found = [
+                (at == 0, slot)
+                for p in packed.packs
+                for at, slot in enumerate(p.tolist())
+                if packed.share.foreign[slot, 1:].any()
+            ]
+            if found:
+                return victim, packed, min(found)[1]
     raise AssertionError("no foreign share with a foreign neighbour")
 
 
@@ -277,7 +290,8 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
 ):
     h = Harness(tiny_graph, tiny_partition).start()
     h.run(until=lambda: computing(h))
-    victim, share, s = _victim_share(h)
+    victim, packed, s = _victim_share(h)
+    share = packed.share
     node = int(share.nodes[s])
     sources = share.neighbours[s]  # the foreign sources, spool keys of the rows released to victim
     k = 1 + int(np.flatnonzero(share.foreign[s, 1:])[0])  # a foreign source other than the node
@@ -290,6 +304,7 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
         spare = np.setdiff1d(h.client(int(tiny_partition.owner[u])).releases[victim], sources)
         assert len(spare)
         share.neighbours[s] = np.where(sources == u, spare[0], sources)  # another row released to victim
+        packed.neighbours = type(packed)(share, packed.layout).neighbours  # its pack reads it
     elif attack == "amplified":
         share.bases.p[s] *= 40.0  # out of range: rows far above unit norm (a norm probe)
     else:
@@ -303,7 +318,7 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
                 for m in out
                 if isinstance(m, EncodingResults)
                 and m.recipient == victim
-                and any(i.node == node for i in m.items)
+                and any(node in i.nodes for i in m.items)
             ),
             None,
         )
@@ -796,6 +811,92 @@ def test_clients_reject_bad_results_without_changing_state(harness):
     h.driver.emit(server.party_id, [m for m in out if m is not target])
     h.run()
     assert all(p.done for p in h.parties.all().values())
+
+
+def _packed_result(h: Harness):
+    """Step the computing server (nothing delivered) until a results message carries an item that
+    packs several partials; returns that message, its item and the server's other messages."""
+    h.run(until=lambda: computing(h))
+    held = []
+    while h.server.has_work():
+        out = h.server.step()
+        for m in out:
+            item = next((i for i in getattr(m, "items", ()) if len(i.nodes) > 1), None)
+            if isinstance(m, EncodingResults) and item is not None:
+                return m, item, held + [x for x in out if x is not m]
+        held += out
+    raise AssertionError("no packed result in the round")
+
+
+def test_packed_results_are_checked_before_anything_is_unpacked(harness):
+    """A packed item is refused, state unchanged, when it packs more partials than fit one tail group,
+    repeats a node, names a node of another bucket, or carries the wrong number of ciphertexts for
+    its nodes; the genuine one is then accepted, every partial in it, and the round completes."""
+    h = harness.start()
+    target, item, held = _packed_result(h)
+    c, server = target.recipient, h.server
+    client = h.client(c)
+    R = client._assemblies[target.bucket].bases.num_feature_rows()
+    size = client.layout.pack_size(R)
+    assert 1 < len(item.nodes) <= size
+    elsewhere = next(
+        int(n)
+        for a in client._assemblies
+        if a is not client._assemblies[target.bucket]
+        for n in a.bases.nodes
+    )
+
+    def results(*items):
+        return server.encode(
+            EncodingResults(
+                sender=server.party_id,
+                recipient=c,
+                session=h.parties.config.session,
+                seq=target.seq,  # refused, so the genuine message may carry it afterwards
+                fingerprint=server.verifier.fingerprint,
+                bucket=target.bucket,
+                items=items,
+            )
+        )
+
+    def variant(**kw):
+        fields = {"node": item.node, "owner": item.owner, "row_blobs": item.row_blobs, "packed": item.packed}
+        return ResultItem(**{**fields, **kw})
+
+    for bad, err in (
+        (variant(packed=item.packed + (item.node,) * size), "partials packed, at most"),
+        (variant(packed=(item.node, *item.packed[1:])), "duplicate"),
+        (variant(packed=(*item.packed[:-1], elsewhere)), "not in bucket"),
+        (variant(row_blobs=item.row_blobs[:-1]), "row ciphertexts"),
+        (variant(row_blobs=item.row_blobs + item.row_blobs[:1]), "row ciphertexts"),
+    ):
+        rejected(client, results(bad), PayloadError, err)
+    asm = client._assemblies[target.bucket]
+    h.driver.emit(server.party_id, sorted([*held, target], key=lambda m: m.seq))
+    h.run(until=lambda: {(asm.slot[n], item.owner) for n in item.nodes} <= asm.received)
+    h.run()
+    assert all(p.done for p in h.parties.all().values())
+
+
+def test_a_packed_item_in_another_order_is_refused_naming_the_node_it_misplaces(harness):
+    """The server lists a pack's nodes in another order than its rows (the first two swapped): the
+    client checks each node's rows against that node's coefficients and tags, so the first node
+    listed fails its check and the client refuses the round for good, naming it and the owner."""
+    h = harness.start()
+    target, item, _ = _packed_result(h)
+    swapped = ResultItem(item.packed[0], item.owner, item.row_blobs, packed=(item.node, *item.packed[1:]))
+    client = h.client(target.recipient)
+    msg = EncodingResults(
+        sender=h.server.party_id,
+        recipient=target.recipient,
+        session=h.parties.config.session,
+        seq=target.seq,
+        fingerprint=h.server.verifier.fingerprint,
+        bucket=target.bucket,
+        items=(swapped,),
+    )
+    err = refused_for_good(client, h.server.encode(msg), ResultRejectedError, rf"node {item.packed[0]}")
+    assert err.node == item.packed[0] and err.owners == (item.owner,)
 
 
 def test_a_result_under_another_recipients_key_is_refused(tiny_graph, tiny_partition):
