@@ -169,7 +169,8 @@ def test_plaintext_round_is_the_servers_plan(federation, dp):
     for c, views in plan.views.items():
         assert [v.nodes.tolist() for v in views] == [v.nodes.tolist() for v in server.plan.views[c]]
         # each share is the partial of one foreign owner: exactly the nodes with a neighbour it owns
-        for share in server.plan.shares[c]:
+        for packed in server.plan.shares[c]:
+            share = packed.share  # the partials, before their tails are packed
             assert share.owner is not None and share.owner != c
             for s, node in enumerate(share.nodes):
                 nbrs = share.bases.neighbours[s]
