@@ -201,7 +201,8 @@ def pack_maps(
     rows = coefficients[0].shape[0]
     q = np.zeros((len(sources), rows, len(keys)))
     for i, (src, coef) in enumerate(zip(sources, coefficients, strict=True)):
-        q[i][:, np.searchsorted(keys, src)] = coef
+        # added, not assigned: a source listed twice counts twice, as in the item's own map
+        np.add.at(q[i], (slice(None), np.searchsorted(keys, src)), coef)
     return keys, q.reshape(len(sources) * rows, len(keys))[layout.packed_order(len(sources), rows)]
 
 
@@ -222,11 +223,14 @@ class PackedShares:
     layout: SlotLayout
     #: the share's slots in each pack
     packs: list[np.ndarray] = field(init=False)
+    #: the first node of every pack (what :class:`~fedgat.crypto.tasks.NodeResult` names)
+    nodes: np.ndarray = field(init=False)
     neighbours: list[np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:
         n, size = len(self.share), self.layout.pack_size(self.share.num_feature_rows())
         self.packs = [np.arange(s, min(s + size, n)) for s in range(0, n, size)]
+        self.nodes = self.share.nodes[np.arange(0, n, size)]
         self.neighbours = [
             self.share.neighbours[int(p[0])]
             if len(p) == 1
@@ -237,11 +241,6 @@ class PackedShares:
     @property
     def owner(self) -> int | None:
         return self.share.owner
-
-    @property
-    def nodes(self) -> np.ndarray:
-        """The first node of every pack (what :class:`~fedgat.crypto.tasks.NodeResult` names)."""
-        return self.share.nodes[[int(p[0]) for p in self.packs]]
 
     def pack_nodes(self, slot: int) -> tuple[int, ...]:
         """The nodes of pack ``slot``, in packed order."""

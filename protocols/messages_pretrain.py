@@ -323,6 +323,11 @@ class GraphAnnounce(Message):
             raise PayloadError("neighbour ids must be u32 values")
         if not np.array_equal(indices[indptr[:-1]], owned):
             raise PayloadError("each neighbourhood must start with the node itself")
+        # a neighbour listed twice would enter its node's encodings twice (and a packed result once)
+        row = np.repeat(np.arange(len(owned)), sizes)
+        pairs = np.lexsort((indices, row))
+        if np.any((np.diff(row[pairs]) == 0) & (np.diff(indices[pairs]) == 0)):
+            raise PayloadError("a neighbourhood lists a node twice")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -223,7 +223,7 @@ class _Progress:
         if event == "step" and party_id == server.party_id and self.enabled:
             if self.compute is None:
                 self.compute = tqdm(
-                    total=server.nodes_total, desc="server compute (HE)", unit="node", **self._kw
+                    total=server.nodes_total, desc="server compute (HE)", unit="result", **self._kw
                 )
             _advance(self.compute, server.nodes_computed - self._computed)
             self._computed = server.nodes_computed

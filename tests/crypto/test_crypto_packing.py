@@ -135,3 +135,19 @@ def test_packed_items_share_one_tail_group_and_unpack(lay: SlotLayout, rows: int
     np.testing.assert_array_equal(lay.unpack_items(x[order], count, rows), x.reshape(count, rows, 3))
     with pytest.raises(ValueError, match="do not pack"):
         lay.packed_groups(size + 1, rows)
+
+
+def test_pack_maps_add_a_source_listed_twice_as_the_items_own_map_does() -> None:
+    """``Q @ H`` of a packed map equals each item's own map, also when an item lists a source twice
+    (its two coefficients add, as :func:`~fedgat.crypto.evaluator.SealEvaluator.linear_map` adds them)."""
+    from fedgat.crypto.encodings import pack_maps
+
+    lay = SlotLayout(3, 16, 1)  # width 3, k = 5 blocks
+    rows = 2  # tail 2: two items per pack
+    sources = [np.array([5, 5, 9]), np.array([7, 9])]
+    coef = [np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), np.array([[7.0, 8.0], [9.0, 1.0]])]
+    keys, q = pack_maps(lay, sources, coef)
+    h = np.random.default_rng(0).standard_normal((10, 3))
+    got = lay.unpack_items(q @ h[keys], 2, rows)
+    for i in range(2):
+        np.testing.assert_allclose(got[i], coef[i] @ h[sources[i]])

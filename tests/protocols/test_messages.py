@@ -264,6 +264,21 @@ def test_bad_values_are_payload_errors():
     )  # node 2's row does not start with 2
     with pytest.raises(PayloadError, match="itself"):
         frame(bad_graph)
+    twice = GraphAnnounce(
+        dim=4, owned=np.array([2, 5]), indptr=np.array([0, 3, 5]), indices=np.array([2, 7, 5, 5, 7]), **HDR
+    )  # node 5's neighbourhood lists 7 once, node 2's lists nothing twice: accepted
+    assert decode_message(frame(twice)) == twice
+    for indices in ([2, 7, 7, 5, 2], [2, 7, 2, 5, 9]):  # 7 twice in node 2's row; node 2 itself twice
+        with pytest.raises(PayloadError, match="twice"):
+            frame(
+                GraphAnnounce(
+                    dim=4,
+                    owned=np.array([2, 5]),
+                    indptr=np.array([0, 3, 5]),
+                    indices=np.array(indices),
+                    **HDR,
+                )
+            )
     with pytest.raises(KeyFingerprintError):
         frame(PublicContext(party=1, preset="n4096", context=b"other", context_fingerprint=FP, **HDR))
     terms_fields = {"mechanism": "gaussian", "dim": 8, "seed": 0, "bits": 0, "low": -1.0, "high": 1.0}
