@@ -202,7 +202,7 @@ def pack_maps(
     q = np.zeros((len(sources), rows, len(keys)))
     for i, (src, coef) in enumerate(zip(sources, coefficients, strict=True)):
         # added, not assigned: a source listed twice counts twice, as in the item's own map
-        np.add.at(q[i], (slice(None), np.searchsorted(keys, src)), coef)
+        np.add.at(q[i].T, np.searchsorted(keys, src), np.asarray(coef).T)
     return keys, q.reshape(len(sources) * rows, len(keys))[layout.packed_order(len(sources), rows)]
 
 
