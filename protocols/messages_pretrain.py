@@ -323,7 +323,7 @@ class GraphAnnounce(Message):
             raise PayloadError("neighbour ids must be u32 values")
         if not np.array_equal(indices[indptr[:-1]], owned):
             raise PayloadError("each neighbourhood must start with the node itself")
-        # a neighbour listed twice would enter its node's encodings twice (and a packed result once)
+        # a neighbour listed twice would weigh twice in its node's encodings
         row = np.repeat(np.arange(len(owned)), sizes)
         pairs = np.lexsort((indices, row))
         if np.any((np.diff(row[pairs]) == 0) & (np.diff(indices[pairs]) == 0)):
