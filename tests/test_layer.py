@@ -341,19 +341,22 @@ def test_polynomial_from_powers_matches_horner_with_few_launches():
     power = fit_score().power  # degree 16, as the layer uses it
     coeffs = power.tolist()
     table = torch.tensor(coeffs, dtype=torch.float64)
-    dtable = table[1:] * torch.arange(1, len(coeffs), dtype=torch.float64)
+    exponents = torch.arange(1, len(coeffs), dtype=torch.float64)
+    dtable = table[1:] * exponents
     x = (torch.rand(300, 8, dtype=torch.float64) * 9.8 - 4.9).requires_grad_()
     horner = _Polynomial.apply(x, coeffs)
-    powers = _Polynomial.apply(x, coeffs, table, dtable)
+    powers = _Polynomial.apply(x, coeffs, table, dtable, exponents)
     torch.testing.assert_close(powers, horner, rtol=1e-9, atol=1e-9)  # float64 rounding; float32 follows
     (g_h,) = torch.autograd.grad(horner.sum(), x)
     (g_p,) = torch.autograd.grad(powers.sum(), x)
     torch.testing.assert_close(g_p, g_h, rtol=1e-9, atol=1e-9)
     small = torch.linspace(-3.9, 3.9, 41, dtype=torch.float64).view(-1, 1).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: _Polynomial.apply(t, coeffs, table, dtable), (small,))
+    assert torch.autograd.gradcheck(
+        lambda t: _Polynomial.apply(t, coeffs, table, dtable, exponents), (small,)
+    )
     # launches are what a GPU epoch pays for: Horner issues ~4 per degree, the power path a handful
     n_horner = _aten_ops(lambda: _Polynomial.apply(x, coeffs).sum().backward())
-    n_powers = _aten_ops(lambda: _Polynomial.apply(x, coeffs, table, dtable).sum().backward())
+    n_powers = _aten_ops(lambda: _Polynomial.apply(x, coeffs, table, dtable, exponents).sum().backward())
     assert n_horner >= 4 * (len(coeffs) - 1) and n_powers <= 12, (n_horner, n_powers)
 
 

@@ -83,11 +83,13 @@ class _Polynomial(torch.autograd.Function):
     backward: one autograd node instead of two per degree.
 
     On the CPU (``table`` None) by Horner's rule, in place on one buffer each: a few cheap passes per
-    degree, bit for bit what this layer has always computed. Elsewhere (``table`` the coefficients and
-    ``dtable`` the derivative's, as tensors on ``x``'s device) as ``[x, x^2, ..., x^(k-1)]`` by one
-    cumulative product and two matrix-vector products: a handful of kernel launches instead of four
-    per degree (a GPU epoch on Cora is bound by launches, not arithmetic: benchmarks/results/
-    gpu_profile_h100_vector.md). Both sum the same power basis in float64; they agree to rounding.
+    degree, bit for bit what this layer has always computed. Elsewhere (``table`` the coefficients,
+    ``dtable`` the derivative's and ``exponents`` ``[1, ..., k-1]``, as tensors on ``x``'s device) as
+    ``[x, x^2, ..., x^(k-1)]`` by one broadcast power and two matrix-vector products: three kernel
+    launches instead of four per degree (a GPU epoch on Cora is bound by launches, not arithmetic:
+    benchmarks/results/gpu_profile_h100_vector.md). The powers are not a cumulative product: CUDA's
+    scan over rows of 16 took a third of the GPU's busy time (gpu_profile_h200_vector.md). Both sum the
+    same power basis in float64; they agree to rounding.
     """
 
     @staticmethod
@@ -97,9 +99,10 @@ class _Polynomial(torch.autograd.Function):
         coeffs: list[float],
         table: torch.Tensor | None = None,
         dtable: torch.Tensor | None = None,
+        exponents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         need_grad = ctx.needs_input_grad[0]
-        if table is None or dtable is None:
+        if table is None or dtable is None or exponents is None:
             p = torch.full_like(x, coeffs[-1])
             dp = torch.zeros_like(x) if need_grad else None
             for c in reversed(coeffs[:-1]):
@@ -107,9 +110,8 @@ class _Polynomial(torch.autograd.Function):
                     dp.mul_(x).add_(p)
                 p.mul_(x).add_(c)
         else:
-            k = table.shape[0]
             flat = x.reshape(-1, 1)
-            powers = flat.expand(-1, k - 1).cumprod(1)  # (n, k-1): x^1 .. x^(k-1)
+            powers = flat.pow(exponents)  # (n, k-1): x^1 .. x^(k-1)
             p = torch.addmv(table[:1].expand(flat.shape[0]), powers, table[1:]).view_as(x)
             dp = (
                 torch.addmv(dtable[:1].expand(flat.shape[0]), powers[:, :-1], dtable[1:]).view_as(x)
@@ -122,7 +124,7 @@ class _Polynomial(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (dp,) = ctx.saved_tensors
-        return grad * dp, None, None, None
+        return grad * dp, None, None, None, None
 
 
 def _powers_on(device: torch.device) -> bool:
@@ -450,6 +452,7 @@ class FedGATConv(nn.Module):
 
     _power: torch.Tensor  # buffer: the score polynomial's power-basis coefficients
     _dpower: torch.Tensor  # buffer: its derivative's, [c1, 2 c2, ...] (the off-CPU polynomial)
+    _exponents: torch.Tensor  # buffer: [1, 2, ..., degree] (the off-CPU polynomial's powers)
     _power_coeffs: list[float]  # the same as Python floats (read every forward without a device sync)
 
     def __init__(
@@ -482,6 +485,7 @@ class FedGATConv(nn.Module):
         # p'(x)'s power-basis coefficients [c1, 2 c2, ..., (k-1) c_(k-1)], for the off-CPU polynomial
         degrees = torch.arange(1, len(self._power_coeffs), dtype=torch.float64)
         self.register_buffer("_dpower", self._power[1:] * degrees, persistent=False)
+        self.register_buffer("_exponents", degrees, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -498,10 +502,12 @@ class FedGATConv(nn.Module):
             keep = torch.rand(self.in_channels, device=weight.device) >= self.feature_dropout
             weight = weight * keep / (1.0 - self.feature_dropout)
         W = weight.view(self.heads, self.out_channels, self.in_channels)
-        b1 = torch.einsum("hfd,hf->hd", W, self.att_dst[0])
-        b2 = torch.einsum("hfd,hf->hd", W, self.att_src[0])
-        gamma = logit_scale(b1.norm(dim=-1), b2.norm(dim=-1), self.score.domain)
-        return W, b1, b2, gamma
+        # b1 and b2 as one product and their norms as one reduction: each op here is a kernel launch
+        # forward and several backward, and a GPU epoch is bound by launches
+        b = torch.einsum("shf,hfd->shd", torch.cat([self.att_dst, self.att_src]), W)  # (2, H, d)
+        norms = torch.linalg.vector_norm(b, dim=-1)
+        gamma = logit_scale(norms[0], norms[1], self.score.domain)
+        return W, b[0], b[1], gamma
 
     def _power_list(self) -> list[float]:
         """The power-basis coefficients as floats, kept on the host: reading the buffer would copy it
@@ -534,7 +540,7 @@ class FedGATConv(nn.Module):
         va = self._attention_projection(KW).double()  # (rows, 2, H): V_i b2, V_i b1
         qa = plan.gather(va.view(-1, 2 * H))  # (E, 2H): Q_i^T V_i b2 | Q_i^T V_i b1
         logits = (qa[:, :H] + _gather_rows(qa[:, H:], plan.first)) * gamma.double()  # (E, H)
-        tables = (self._power, self._dpower) if _powers_on(logits.device) else (None, None)
+        tables = (self._power, self._dpower, self._exponents) if _powers_on(logits.device) else (None,) * 3
         s = _Polynomial.apply(logits, self._power_list(), *tables)  # (E, H) float64
         z = plan.spread(s).to(KW.dtype)  # (rows, H): Q_i s_i
         num = plan.row_sum((z[:, :, None] * KW.view(-1, H, Fo)).view(-1, H * Fo))  # (N, H*F)
