@@ -5,9 +5,14 @@
 # There:         bash benchmarks/device_check.sh gpu     (CUDA tests, layer and training on the GPU with
 #                                                         their profiles, the layer at 1/2/16 CPU threads,
 #                                                         an encrypted smoke: ~3 min)
+#                bash benchmarks/device_check.sh graphs  (the gpu part's CUDA tests, training with and without
+#                                                         CUDA graphs, the vector profile and the layer: ~2 min)
 #                bash benchmarks/device_check.sh cpu16   (the layer's per-operator profile at 1/2/16 threads,
 #                                                         graph scale at ogbn-arxiv's size: <= 8 min)
 #                bash benchmarks/device_check.sh round16 (the Cora encrypted round on 16 cores: <= 9 min)
+#                bash benchmarks/device_check.sh gpu profile16 round16   (several parts in one call, in order;
+#                                                         ROUND_LIMIT=seconds caps the round's step, SMOKE=0 skips
+#                                                         the gpu part's encrypted smoke)
 # (run through the device tool with carry [".whl", ".devdata"]; each part fits one call, and a session's
 # 15 minutes of device time fit about two: call the next part at once while the machine is warm).
 # Every step has its own time limit and failing steps do not stop the others; logs and results are
@@ -15,12 +20,9 @@
 # Measured with it on 2026-11-26 (H100 host, 16 cores): gpu 180 s; the old cpu16 part (Cora round, then
 # graph scale 10k-169k) ran out of its step limits (round > 330 s, 169k > 200 s), hence the split.
 set -u
-part=${1:-gpu}
 OUT=${OUT:-/tmp/fedgat-device-out}
-stage=/tmp/fedgat-device/$part
-mkdir -p "$OUT" "$stage"
-log="$OUT/$part.log"
-exec > >(tee -a "$log") 2>&1
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/device_check.log") 2>&1
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "device_check: wheel install failed"; exit 1; }
@@ -29,6 +31,7 @@ export FLWR_TELEMETRY_ENABLED=0 RAY_USAGE_STATS_ENABLED=0 TQDM_DISABLE=1
 machine="${DEVICE_MACHINE:-lent GPU machine ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) host)}"
 
 pack() { tar -C "$stage" -czf "$OUT/$part.tgz" . 2>/dev/null; }
+stage=/tmp/fedgat-device/none
 
 step() {  # step NAME SECONDS COMMAND...: time-limited, logged, never fatal
     local name=$1 limit=$2
@@ -48,20 +51,25 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2
 python3 -c "import sys, torch, fedgat, tenseal; print(sys.version.split()[0], 'torch', torch.__version__,
 'cuda', torch.cuda.is_available(), 'threads', torch.get_num_threads(), 'fedgat', fedgat.__file__)"
 
+for part in "${@:-gpu}"; do
+stage=/tmp/fedgat-device/$part
+mkdir -p "$stage"
+echo "##### part $part: $(date -u +%FT%TZ)"
 case "$part" in
 gpu)
-    step cuda_tests 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_device.py
+    step cuda_tests 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_device.py \
+        tests/test_cuda_graphs.py
     step layer_cuda 120 python3 benchmarks/layer_speed.py --dataset cora --device cuda --repeats 30 \
         --machine "$machine" --out "$stage/layer_cuda"
     step train_cuda 150 python3 benchmarks/train_speed.py --dataset cora --device cuda --epochs 50 --rounds 10 \
-        --variants vector,matrix --machine "$machine" --suffix cuda --out "$stage/train_cuda"
+        --variants vector,matrix --cuda-graphs --machine "$machine" --suffix cuda --out "$stage/train_cuda"
     step profile_vector 90 python3 benchmarks/gpu_profile.py --dataset cora --variant vector \
         --json "$stage/gpu_profile_vector.json"
     step profile_matrix 90 python3 benchmarks/gpu_profile.py --dataset cora --variant matrix \
         --json "$stage/gpu_profile_matrix.json"
     step layer_cpu 150 python3 benchmarks/layer_speed.py --dataset cora --threads 1,2,16 --repeats 9 \
         --machine "$machine" --out "$stage/layer_cpu"
-    step encrypted_smoke 90 python3 benchmarks/overhead.py --dataset synthetic --nodes 200 --clients 3 \
+    [ "${SMOKE:-1}" = 0 ] || step encrypted_smoke 90 python3 benchmarks/overhead.py --dataset synthetic --nodes 200 --clients 3 \
         --no-train --engine process --out "$stage/smoke"
     ;;
 cpu16)
@@ -74,14 +82,34 @@ cpu16)
         --nodes 80000 169343 --out "$stage/graph_scale" \
         --notes "Run on the lent GPU machine's 16 cores ($machine), plaintext mode only."
     ;;
+graphs)
+    step cuda_tests 120 python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/test_device.py \
+        tests/test_cuda_graphs.py
+    step train_graphs 150 python3 benchmarks/train_speed.py --dataset cora --device cuda --epochs 50 --rounds 10 \
+        --variants vector,matrix --cuda-graphs --machine "$machine" --suffix cuda --out "$stage/train_cuda"
+    step profile_vector 90 python3 benchmarks/gpu_profile.py --dataset cora --variant vector \
+        --json "$stage/gpu_profile_vector.json"
+    step layer_cuda 120 python3 benchmarks/layer_speed.py --dataset cora --device cuda --repeats 30 \
+        --machine "$machine" --out "$stage/layer_cuda"
+    # a small encrypted round on 16 cores: wall, critical path and the server against its op bound
+    step round_synthetic "${ROUND_LIMIT:-100}" python3 benchmarks/overhead.py --dataset synthetic --nodes 600 \
+        --clients 5 --no-train --engine process --out "$stage/round_synthetic"
+    ;;
+profile16)
+    step layer_profile_vector 60 python3 benchmarks/layer_profile.py --dataset cora --variant vector \
+        --threads 1,16 --machine "$machine" --out "$stage/layer_profile"
+    step layer_profile_matrix 60 python3 benchmarks/layer_profile.py --dataset cora --variant matrix \
+        --threads 1,16 --machine "$machine" --out "$stage/layer_profile"
+    ;;
 round16)
-    step overhead_cora 500 env -u TQDM_DISABLE python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
+    step overhead_cora "${ROUND_LIMIT:-500}" env -u TQDM_DISABLE python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
         --no-train --progress --out "$stage/overhead16"
     ;;
 *)
-    echo "device_check: unknown part '$part' (gpu, cpu16 or round16)"
-    exit 2
+    echo "device_check: unknown part '$part' (gpu, graphs, cpu16, profile16 or round16)"
+    continue
     ;;
 esac
 pack
 cat "$stage/steps.txt"
+done

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from fedgat.benchmarks.layer_speed import describe_machine, machine_info, time_step
+from fedgat.cuda_graphs import WARMUP_STEPS, GraphedStep
 from fedgat.data import load_dataset
 from fedgat.device import resolve_device
 from fedgat.encodings import encode
@@ -49,8 +50,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GPU_TARGET = 1.5
 
 
-def _epoch_pair(graph, variant: str, cap: int | None, hp: dict, device: torch.device):
-    """Closures running one training epoch of FedGAT and of PyG GAT on ``device``."""
+def _epoch_pair(graph, variant: str, cap: int | None, hp: dict, device: torch.device, graphed: bool = False):
+    """Closures running one training epoch of FedGAT and of PyG GAT on ``device``; ``graphed``: each
+    as a captured CUDA graph (:class:`fedgat.cuda_graphs.GraphedStep`, Adam ``capturable``), warmed
+    up and captured here so that the closures only replay."""
     part = make_partition(graph, num_clients=1, seed=0, neighbour_cap=cap)
     csr = part.neighbourhoods
     edges = csr.to_edge_index().to(device)
@@ -64,10 +67,29 @@ def _epoch_pair(graph, variant: str, cap: int | None, hp: dict, device: torch.de
     theirs = GAT(graph.num_features, graph.num_classes, hp["hidden"], hp["heads"], dropout=hp["dropout"]).to(
         device
     )
-    opt_ours = torch.optim.Adam(ours.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
-    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    extra = {"capturable": True} if graphed else {}
+    opt_ours = torch.optim.Adam(ours.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], **extra)
+    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], **extra)
     ours.train()
     theirs.train()
+    if graphed:
+
+        def losses(model, inputs):
+            def step_losses():
+                loss = F.cross_entropy(model(*inputs).index_select(0, rows), labels)
+                return loss, loss
+
+            return step_losses
+
+        steps = [
+            GraphedStep(losses(ours, (enc, edges)), opt_ours),
+            GraphedStep(losses(theirs, (x, edges)), opt_theirs),
+        ]
+        for step in steps:
+            while not step.captured:
+                step()
+        torch.cuda.synchronize(device)
+        return steps[0], steps[1], int(csr.indices.shape[0])
 
     def fedgat_epoch() -> None:
         opt_ours.zero_grad()
@@ -82,9 +104,10 @@ def _epoch_pair(graph, variant: str, cap: int | None, hp: dict, device: torch.de
     return fedgat_epoch, gat_epoch, int(csr.indices.shape[0])
 
 
-def _round_pair(graph, clients: int, device: torch.device):
+def _round_pair(graph, clients: int, device: torch.device, graphed: bool = False):
     """Closures running one federated training round of FedGAT (``clients`` clients) and of
-    centralised GAT (one client), clients on ``device``, the server on the CPU."""
+    centralised GAT (one client), clients on ``device``, the server on the CPU; ``graphed``: clients
+    with ``cuda_graphs`` (their eager warm-up rounds and the capture run here, before timing)."""
 
     def server(method: str, num_clients: int) -> Server:
         hp = resolve_hparams(method, {})
@@ -93,12 +116,18 @@ def _round_pair(graph, clients: int, device: torch.device):
         model = fed.model_fn()
         strategy = strategy_from_hparams(hp, model)
         members = [
-            Client.from_hparams(i, fed.model_fn(), t, e, hp, strategy=strategy.client, device=device)
+            Client.from_hparams(
+                i, fed.model_fn(), t, e, hp, strategy=strategy.client, device=device, cuda_graphs=graphed
+            )
             for i, (t, e) in enumerate(fed.tasks)
         ]
         return Server(members, model.state_dict(), strategy.server)
 
     ours, theirs = server("fedgat", clients), server("gat", 1)
+    if graphed:  # every client's warm-up steps and capture (one local step per round)
+        for _ in range(WARMUP_STEPS + 1):
+            ours.train_round()
+            theirs.train_round()
     return (lambda: ours.train_round()), (lambda: theirs.train_round())
 
 
@@ -146,9 +175,14 @@ def run(
     threads: int | None = None,
     machine: str | None = None,
     date: str | None = None,
+    cuda_graphs: bool = False,
 ) -> dict:
-    """Time ``epochs`` epochs per variant and ``rounds`` federated rounds (``clients`` 0: none)."""
+    """Time ``epochs`` epochs per variant and ``rounds`` federated rounds (``clients`` 0: none);
+    ``cuda_graphs`` (a CUDA device only) adds the same measures with every step captured as a CUDA
+    graph, FedGAT's and GAT's alike."""
     device = resolve_device(device)
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}")
     if threads is not None:
         torch.set_num_threads(threads)
     graph = load_dataset(dataset)
@@ -165,6 +199,26 @@ def run(
         ours, theirs = _round_pair(graph, clients, device)
         t_ours, t_theirs = _timed_pair(ours, theirs, rounds, device)
         rows.append(_row("round", "vector", None, t_ours, t_theirs, device, clients=clients))
+    if cuda_graphs:
+        for variant in variants:
+            variant_cap = cap if variant == "matrix" else None
+            ours, theirs, edges = _epoch_pair(graph, variant, variant_cap, hp, device, graphed=True)
+            t_ours, t_theirs = _timed_pair(ours, theirs, epochs, device)
+            rows.append(
+                _row(
+                    "epoch, CUDA graph",
+                    variant,
+                    variant_cap,
+                    t_ours,
+                    t_theirs,
+                    device,
+                    edges_with_self_loops=edges,
+                )
+            )
+        if clients > 0:
+            ours, theirs = _round_pair(graph, clients, device, graphed=True)
+            t_ours, t_theirs = _timed_pair(ours, theirs, rounds, device)
+            rows.append(_row("round, CUDA graph", "vector", None, t_ours, t_theirs, device, clients=clients))
     return {
         "benchmark": "train_speed",
         "dataset": dataset,
@@ -217,6 +271,11 @@ def write(result: dict, out: Path = RESULTS, suffix: str = "") -> list[Path]:
         )
     lines += [
         "",
+        (
+            "Rows named *CUDA graph* capture every step of both models as one CUDA graph "
+            "(`fedgat.cuda_graphs.GraphedStep`, Adam `capturable`) and replay it; the others run eagerly."
+        ),
+        "",
         f"Issue 20's target: FedGAT per epoch <= {GPU_TARGET:g}x PyG GAT on the same GPU; "
         + (
             "measured here." if result["device"].startswith("cuda") else "this run is on the CPU (no target)."
@@ -245,6 +304,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--date", default=None, help="date for the report (default: today)")
     parser.add_argument("--suffix", default="", help="file name suffix, e.g. cpu or h100")
     parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="also time every measure with each step captured as a CUDA graph (a CUDA device only)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=RESULTS, help="output folder (default benchmarks/results)"
     )
 
@@ -264,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
     except ValueError as exc:
         parser.error(f"--device: {exc}")
+    if args.cuda_graphs and device.type != "cuda":
+        parser.error(f"--cuda-graphs needs a CUDA device, not {device}")
     result = run(
         args.dataset,
         args.epochs,
@@ -275,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         args.threads,
         args.machine,
         args.date,
+        cuda_graphs=args.cuda_graphs,
     )
     for path in write(result, args.out, args.suffix):
         print(f"wrote {path}")

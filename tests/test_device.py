@@ -186,6 +186,33 @@ def test_to_device_moves_nested_values_once(graph):
 
 
 # ------------------------------------------------------------------------------------ command line
+def test_cli_cuda_graphs_need_cuda(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    argv = [
+        "train",
+        "--dataset",
+        "synthetic",
+        "--rounds",
+        "1",
+        "--quiet",
+        "--cuda-graphs",
+        "--json",
+        str(out),
+    ]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--cuda-graphs captures CUDA work: it needs --device cuda (got --device cpu)" in err
+    assert not out.exists()
+
+
+def test_run_method_refuses_cuda_graphs_off_cuda_before_any_work(graph, monkeypatch):
+    from fedgat import methods
+
+    monkeypatch.setitem(methods._BUILDERS, "fedgat", lambda *a: pytest.fail("set up before the check"))
+    with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device, not cpu"):
+        run_method("fedgat", graph, device="cpu", cuda_graphs=True, rounds=1)
+
+
 def test_cli_train_refuses_cuda_without_it(no_cuda, tmp_path, capsys):
     out = tmp_path / "run.json"
     argv = ["train", "--dataset", "synthetic", "--method", "gcn", "--rounds", "1", "--quiet"]
@@ -261,14 +288,16 @@ def test_cuda_encodings_move_everything(graph, variant):
     assert moved.to("cuda") is moved and moved.to(torch.device("cuda", 0)) is moved
 
 
-def _servers(graph, device, strategy="fedadam"):
-    hp = resolve_hparams("fedgat", {"dropout": 0.0, "feature_dropout": 0.0, "strategy": strategy})
+def _servers(graph, device, strategy="fedadam", cuda_graphs=False, mu=0.0):
+    hp = resolve_hparams("fedgat", {"dropout": 0.0, "feature_dropout": 0.0, "strategy": strategy, "mu": mu})
     fed = build_federation("fedgat", graph, 3, 1.0, 0, dropout=0.0, feature_dropout=0.0)
     torch.manual_seed(0)
     model = fed.model_fn()
     strategy = strategy_from_hparams(hp, model)
     members = [
-        Client.from_hparams(i, fed.model_fn(), t, e, hp, strategy=strategy.client, device=device)
+        Client.from_hparams(
+            i, fed.model_fn(), t, e, hp, strategy=strategy.client, device=device, cuda_graphs=cuda_graphs
+        )
         for i, (t, e) in enumerate(fed.tasks)
     ]
     return Server(members, model.state_dict(), strategy.server)
@@ -309,3 +338,25 @@ def test_cli_train_on_cuda(tmp_path):
     argv = ["train", "--dataset", "synthetic", "--clients", "2", "--rounds", "2", "--quiet"]
     assert cli.main([*argv, "--device", "cuda", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["device"] == "cuda"
+    assert cli.main([*argv, "--rounds", "5", "--device", "cuda", "--cuda-graphs", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["device"] == "cuda"
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize(("strategy", "mu"), [("fedadam", 0.0), ("fedavg", 0.0), ("fedavg", 0.5)])
+def test_cuda_graphs_follow_the_eager_trajectory(graph, strategy, mu):
+    """Clients whose local step is a captured CUDA graph train as eager clients do (dropout off, so
+    both draw no random numbers): 3 eager warm-up rounds, the capture, then replays; FedProx's anchor
+    is read from its fixed buffers at each replay."""
+    eager = _servers(graph, "cuda", strategy, mu=mu)
+    graphed = _servers(graph, "cuda", strategy, cuda_graphs=True, mu=mu)
+    for _ in range(8):
+        want, got = eager.train_round(), graphed.train_round()
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-4, abs=1e-6)
+    steps = [c._graphed for c in graphed.clients if c.num_train]
+    assert steps and all(
+        s is not None and s.captured and s.eager_steps == 3 and s.replays == 5 for s in steps
+    )
+    for key, value in eager.state.items():
+        torch.testing.assert_close(graphed.state[key], value, rtol=1e-3, atol=1e-5)

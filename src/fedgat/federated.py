@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedgat.cuda_graphs import GraphedStep
 from fedgat.device import resolve_device, to_device
 from fedgat.dp_fedavg import UpdateBudgetError, UpdateDP
 from fedgat.rounds import ClientUpdate, Counts, FitResult, RoundLoop, pool_counts
@@ -136,6 +137,11 @@ class Client:
             move there once, here; the local steps then run without a host round trip, and the
             weights cross back to the CPU once per round, in the state :meth:`fit` returns. The
             global weights :meth:`fit` and :meth:`evaluate` take stay CPU tensors (the server's).
+        cuda_graphs: on a CUDA device, run the local step as one captured CUDA graph
+            (:class:`fedgat.cuda_graphs.GraphedStep`: the first 3 steps eager, then replays; Adam
+            built with ``capturable=True``). The same maths with fewer launches; dropout draws its
+            masks from the same generator but not the same ones as eager steps, and the proximal
+            anchor is copied into a fixed device buffer each round. ``ValueError`` elsewhere.
 
     Attributes:
         training: the client half in use (:class:`ClientStrategy`).
@@ -156,11 +162,14 @@ class Client:
         strategy: ClientStrategy | ServerStrategy | None = None,
         update_dp: UpdateDP | None = None,
         device: str | torch.device | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
         self.client_id = client_id
         self.device = resolve_device(device)
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device}")
         evaluations = [evaluation] if isinstance(evaluation, LocalTask) else list(evaluation)
         if self.device.type != "cpu":  # the CPU path is left exactly as it was
             model.to(self.device)
@@ -171,9 +180,13 @@ class Client:
         self.eval_tasks = evaluations
         self.local_epochs = int(local_epochs)
         self.training = as_client_strategy(strategy)
-        self.optimizer = self.training.make_optimizer(model.parameters(), lr, weight_decay)
+        self.optimizer = self.training.make_optimizer(
+            model.parameters(), lr, weight_decay, capturable=cuda_graphs
+        )
         self.update_dp = update_dp
         self.dp_rounds = 0
+        self._anchor: StateDict | None = None  # the proximal anchor's fixed device buffers (graphs)
+        self._graphed = GraphedStep(self._step_losses, self.optimizer) if cuda_graphs else None
 
     @classmethod
     def from_hparams(
@@ -187,9 +200,10 @@ class Client:
         strategy: ClientStrategy | ServerStrategy | None = None,
         update_dp: UpdateDP | None = None,
         device: str | torch.device | None = None,
+        cuda_graphs: bool = False,
     ) -> Client:
         """A client with the optimiser settings of resolved hyper-parameters ``hp`` (``lr``,
-        ``weight_decay``, ``local_epochs``), training on ``device``."""
+        ``weight_decay``, ``local_epochs``), training on ``device`` (with ``cuda_graphs``)."""
         return cls(
             client_id,
             model,
@@ -201,6 +215,7 @@ class Client:
             strategy=strategy,
             update_dp=update_dp,
             device=device,
+            cuda_graphs=cuda_graphs,
         )
 
     def count(self, split: str) -> int:
@@ -241,15 +256,20 @@ class Client:
             return ClientUpdate(global_state, 0, 0.0)
         self.model.load_state_dict(global_state)  # copies the CPU weights into the device's
         self.model.train()
-        rows, labels = self.train_task.targets["train"]
-        # the proximal term's anchor on the model's device, moved once per round
-        anchor = global_state if self.device.type == "cpu" else to_device(global_state, self.device)
-        for _ in range(self.local_epochs):
-            self.optimizer.zero_grad()
-            loss = F.cross_entropy(self.model(*self.train_task.inputs)[rows], labels)
-            penalty = self.training.local_penalty(self.model, anchor)
-            (loss if penalty is None else loss + penalty).backward()
-            self.optimizer.step()
+        if self._graphed is not None:
+            self._set_anchor(global_state)
+            for _ in range(self.local_epochs):
+                loss = self._graphed()
+        else:
+            rows, labels = self.train_task.targets["train"]
+            # the proximal term's anchor on the model's device, moved once per round
+            anchor = global_state if self.device.type == "cpu" else to_device(global_state, self.device)
+            for _ in range(self.local_epochs):
+                self.optimizer.zero_grad()
+                loss = F.cross_entropy(self.model(*self.train_task.inputs)[rows], labels)
+                penalty = self.training.local_penalty(self.model, anchor)
+                (loss if penalty is None else loss + penalty).backward()
+                self.optimizer.step()
         # the protocol boundary: the weights leave as CPU tensors (one copy per round from a device);
         # the loss below is read once per round, after the steps
         if self.device.type == "cpu":
@@ -269,6 +289,27 @@ class Client:
             self.dp_rounds += 1
             return ClientUpdate(dp.privatize(state, global_state), 1, float("nan"))
         return ClientUpdate(state, self.num_train, float(loss.detach()))
+
+    def _set_anchor(self, global_state: StateDict) -> None:
+        """Copy this round's global weights into the proximal anchor's fixed device buffers (a
+        captured step reads the same storage at every replay); nothing without a proximal term."""
+        if self.training.mu == 0:
+            return
+        if self._anchor is None:
+            self._anchor = to_device(global_state, self.device)
+        else:
+            with torch.no_grad():
+                for name, buffer in self._anchor.items():
+                    buffer.copy_(global_state[name])
+
+    def _step_losses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local step's objective and its reported loss, from fixed inputs only (the graphed
+        step's loss function): rows by ``index_select``, as boolean or advanced indexing could
+        synchronise with the host."""
+        rows, labels = self.train_task.targets["train"]
+        loss = F.cross_entropy(self.model(*self.train_task.inputs).index_select(0, rows), labels)
+        penalty = None if self._anchor is None else self.training.local_penalty(self.model, self._anchor)
+        return (loss if penalty is None else loss + penalty), loss
 
     @torch.no_grad()
     def evaluate(self, global_state: StateDict, splits: Sequence[str] = ("val", "test")) -> dict[str, Counts]:

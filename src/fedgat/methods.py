@@ -230,6 +230,7 @@ def run_method(
     *,
     owner: np.ndarray | None = None,
     device: str | torch.device | None = None,
+    cuda_graphs: bool = False,
     **hparams,
 ) -> RunResult:
     """Set up ``method`` on ``graph`` split among ``num_clients`` clients and train it.
@@ -249,6 +250,9 @@ def run_method(
             their aggregation stay on the CPU (:class:`~fedgat.federated.Client`). Not a
             hyper-parameter: results do not depend on it beyond floating-point rounding, and it is not
             recorded in ``hparams``. FedGAT's label_rr release predictor trains on the CPU.
+        cuda_graphs: on a CUDA ``device``, every client's local step runs as a captured CUDA graph
+            (:class:`~fedgat.federated.Client`'s ``cuda_graphs``; a GPU epoch is bound by kernel
+            launches, and a graph is one launch). ValueError on another device.
         **hparams: overrides of :func:`default_hparams`.
 
     Returns:
@@ -260,6 +264,8 @@ def run_method(
     """
     hp = resolve_hparams(method, hparams)
     device = resolve_device(device)  # before any set-up
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}")
     clients = 1 if method in CENTRALISED else num_clients
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)
@@ -278,6 +284,7 @@ def run_method(
             strategy=strategy.client,
             update_dp=update_dp,
             device=device,
+            cuda_graphs=cuda_graphs,
         )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]

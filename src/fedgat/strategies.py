@@ -135,10 +135,12 @@ class ClientStrategy:
             raise ValueError(f"the client weight_decay must be finite and >= 0, got {self.weight_decay!r}")
 
     def make_optimizer(
-        self, params: Iterable[torch.Tensor], lr: float, weight_decay: float
+        self, params: Iterable[torch.Tensor], lr: float, weight_decay: float, *, capturable: bool = False
     ) -> torch.optim.Optimizer:
         """The client's optimiser over ``params``, built once so that its state (Adam's moments)
-        persists across rounds; ``lr``, ``weight_decay``: the method's, unless this strategy sets its own."""
+        persists across rounds; ``lr``, ``weight_decay``: the method's, unless this strategy sets its own.
+        ``capturable``: Adam keeps its step count on the device, so that a step can be captured as a
+        CUDA graph (:mod:`fedgat.cuda_graphs`; SGD needs nothing)."""
         step = self.lr if self.lr is not None else lr
         decay = self.weight_decay if self.weight_decay is not None else weight_decay
         if self.optimizer == "sgd":  # weight_decay left at SGD's default when zero (as FedAdam's clients)
@@ -147,6 +149,8 @@ class ClientStrategy:
                 if decay
                 else torch.optim.SGD(params, lr=step)
             )
+        if capturable:
+            return torch.optim.Adam(params, lr=step, weight_decay=decay, capturable=True)
         return torch.optim.Adam(params, lr=step, weight_decay=decay)
 
     def local_penalty(self, model: nn.Module, anchor: StateDict) -> torch.Tensor | None:

@@ -17,6 +17,8 @@ other methods train in process only (they have no protocol path).
 ``--device cuda`` (or ``cuda:N``, ``auto``) trains the clients on a GPU: models, optimisers, encodings
 and labels live there, the server's weights and their aggregation on the CPU
 (:class:`fedgat.federated.Client`). In process only: the hosted engines' clients train on the CPU.
+``--cuda-graphs`` with it captures each client's local step as one CUDA graph after 3 eager steps
+(:mod:`fedgat.cuda_graphs`): on Cora a FedGAT epoch then takes ~1 ms on an H200 instead of ~6 ms.
 """
 
 from __future__ import annotations
@@ -158,6 +160,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "and on a busy machine 2 threads ran 30x slower)",
     )
     add_device_argument(parser, "where the clients train (in process only)")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="with --device cuda: run each client's local step as one captured CUDA graph (fewer launches)",
+    )
     add_engine_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -192,6 +199,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     check_engine_arguments(args)
     check_output_file("--json", args.json)
     device = check_device(args.device)
+    if args.cuda_graphs and device.type != "cuda":
+        raise UsageError(
+            f"--cuda-graphs captures CUDA work: it needs --device cuda (got --device {args.device})"
+        )
     if args.engine != "inprocess" and device.type != "cpu":
         raise UsageError(
             f"--device {args.device} trains the clients in this process; --engine {args.engine} hosts them "
@@ -308,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
                 callback=progress,
                 owner=owners,
                 device=device,
+                cuda_graphs=args.cuda_graphs,
                 **overrides,
             )
             bar.update(rounds - result.rounds)  # early stopping skipped these
