@@ -164,9 +164,11 @@ class PartyHost:
     def deliver(self, frames: Sequence[Sequence[Any]], step: bool) -> dict:
         """Hand each ``(sender, recipient, data)`` frame to its recipient, in order; then, with
         ``step``, one step of the next party with streamed work. Returns ``{"replies": [frames per
-        delivered frame], "step": frames of the step, "work": any work left, "error": None or a
-        failure}``, a failure being ``{"party": the party that raised, "exception":
-        error_to_value(exc)}``; after an error the remaining frames are not delivered."""
+        delivered frame], "step": frames of the step, "work": any work left, "progress": party id ->
+        :meth:`~fedgat.protocols.party.Party.progress` of each party that received or stepped, where
+        it counts any, "error": None or a failure}``, a failure being ``{"party": the party that
+        raised, "exception": error_to_value(exc)}``; after an error the remaining frames are not
+        delivered."""
         replies: list[list[Frame]] = []
         current: int | None = None
         try:
@@ -189,7 +191,15 @@ class PartyHost:
                         break
         except Exception as exc:  # noqa: BLE001 - handed to the coordinator, which raises it
             return {"replies": replies, "step": [], "work": False, "error": failure(current, exc)}
-        return {"replies": replies, "step": stepped, "work": self.has_work(), "error": None}
+        touched = {int(f[1]) for f in frames} | ({current} if stepped and current is not None else set())
+        progress = {pid: c for pid in sorted(touched) if (c := self.parties[pid].progress())}
+        return {
+            "replies": replies,
+            "step": stepped,
+            "work": self.has_work(),
+            "progress": progress,
+            "error": None,
+        }
 
     def report(self, pids: list[int], drop: bool = True) -> dict:
         """``{"reports": party id -> its PartyReport.to_bytes(), "error": None or a failure}``; the
@@ -419,6 +429,9 @@ class HostedTransport(TrafficLog, Transport):
                 h, sent = inflight.pop(call)
                 result = self._result(call)
                 self._pending -= sum(len(f[2]) for f in sent)
+                if result["error"] is None:  # the twins' counters first, so the observer sees them
+                    for pid, counters in result.get("progress", {}).items():
+                        parties[int(pid)].take_progress(counters)
                 for frame, replies in zip(sent, result["replies"]):
                     for reply in replies:
                         self._route(*reply)

@@ -341,6 +341,20 @@ class Party:
             result=result,
         )
 
+    def progress(self) -> dict[str, int]:
+        """The kind's counters while it runs (cheap: no result, no secrets), which a hosting engine
+        copies onto the coordinator's twin (:meth:`take_progress`) after each batch of frames, so
+        that progress shows while the party runs elsewhere; none by default."""
+        return {}
+
+    def take_progress(self, counters: Mapping[str, int]) -> None:
+        """Set the counters :meth:`progress` of this party's hosted twin returned (unknown names are
+        refused: a host reports only what its kind counts)."""
+        if counters:
+            raise ValueError(
+                f"{type(self).__name__} {self.party_id} counts no progress, got {sorted(counters)}"
+            )
+
     def absorb(self, report: PartyReport) -> None:
         """Take in the :meth:`report` of this party's hosted twin (the caller's copy then reads as after
         an in-process run).

@@ -7,6 +7,7 @@ the encodings of the nodes it needs. See :mod:`fedgat.protocols.pretrain` for th
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -296,6 +297,15 @@ class ClientPretrain(Party):
 
     def _report_values(self) -> tuple[dict[str, int], dict]:
         return report_client(self)
+
+    def progress(self) -> dict[str, int]:
+        return {"ciphertexts_decrypted": self.ciphertexts_decrypted, "nodes_decrypted": self.nodes_decrypted}
+
+    def take_progress(self, counters: Mapping[str, int]) -> None:
+        if set(counters) != {"ciphertexts_decrypted", "nodes_decrypted"}:
+            raise ValueError(f"client {self.party_id}: unexpected progress counters {sorted(counters)}")
+        self.ciphertexts_decrypted = int(counters["ciphertexts_decrypted"])
+        self.nodes_decrypted = int(counters["nodes_decrypted"])
 
     def _absorb(self, report: PartyReport) -> None:
         absorb_client(self, report)

@@ -63,7 +63,7 @@ from fedgat.partition import Partition
 from fedgat.plain_encoder import PlaintextRound
 from fedgat.protocols import Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
-from fedgat.protocols.messages import EncodingResults, FeatureUpload, peek_type
+from fedgat.protocols.messages import EncodingResults, peek_type
 from fedgat.protocols.pretrain import ServerState
 from fedgat.tasks import COMPACT_TOLERANCE, select_nodes
 
@@ -188,14 +188,18 @@ def _advance(bar: tqdm, n: int) -> None:
 
 
 class _Progress:
-    """tqdm bars per phase, fed by the driver's observer."""
+    """tqdm bars per phase, fed by the driver's observer.
+
+    Uploads are counted where the server accepts them (rows released, each to one recipient: the
+    total is known once the server has every graph), so the bar moves whichever engine hosts the
+    clients; decryptions by the clients' counters, which a hosting engine copies onto the local
+    twins as its hosts report them (:meth:`fedgat.protocols.party.Party.progress`)."""
 
     def __init__(self, parties: PretrainParties, enabled: bool) -> None:
         self.parties = parties
         self.enabled = enabled
         kw = {"disable": not enabled, "file": sys.stderr, "leave": True, "dynamic_ncols": True}
-        total = sum(len(c.owned) for c in parties.clients.values())
-        self.upload = tqdm(total=total, desc="encrypt + upload", unit="node", **kw)
+        self.upload = tqdm(total=None, desc="encrypt + upload", unit="row", **kw)
         self.compute: tqdm | None = None
         self.decrypt = tqdm(
             total=sum(len(c.needed) for c in parties.clients.values()),
@@ -214,12 +218,19 @@ class _Progress:
             side = "up" if delivery.recipient == server.party_id else "down"
             self.bytes[side] += len(delivery.data)
             self.messages[side] += 1
-            if side == "down" and peek_type(delivery.data) == EncodingResults.TYPE:
+            if (
+                side == "down"
+                and peek_type(delivery.data) == EncodingResults.TYPE
+                and not self.decrypt.disable
+            ):
                 done = sum(c.nodes_decrypted for c in self.parties.clients.values())
                 _advance(self.decrypt, done - self.decrypt.n)
-        if event == "step" and party_id != server.party_id:
-            chunks = self.parties.clients[party_id].layout.chunks  # type: ignore[union-attr]
-            _advance(self.upload, sum(len(m.items) for m in out if isinstance(m, FeatureUpload)) // chunks)
+        if party_id == server.party_id and not self.upload.disable and server.layout is not None:
+            if self.upload.total is None and server.rows_released:
+                self.upload.total = server.rows_released
+                self.upload.refresh()
+            if self.upload.total is not None:
+                _advance(self.upload, server.ciphertexts_received // server.layout.chunks - self.upload.n)
         if event == "step" and party_id == server.party_id and self.enabled:
             if self.compute is None:
                 self.compute = tqdm(

@@ -73,6 +73,35 @@ def test_pretraining_conforms_without_pickle(engine, monkeypatch):
     assert len({m["pid"] for m in memory} | {os.getpid()}) == 3  # clients ran in two other processes
 
 
+def test_hosted_clients_report_their_decryptions_while_they_run(engine):
+    """A hosted client's twin learns its decryption counters after each batch of frames its host
+    answers (what the progress bars read), not only from the report at the end: the observer sees
+    decryptions counted before the run is over, and never more than the end's."""
+    fed = federation()
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    clients = parties.clients.values()
+    seen: list[int] = []
+
+    def observe(event, party_id, delivery, out) -> None:
+        seen.append(sum(c.nodes_decrypted for c in clients))
+
+    drive(engine.transport(), parties.all(), observer=observe)
+    final = sum(c.nodes_decrypted for c in clients)
+    assert final > 0 and 0 < max(seen) <= final
+    assert seen == sorted(seen)  # counters only grow
+
+
+def test_take_progress_refuses_counters_a_party_does_not_keep():
+    fed = federation()
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    client = next(iter(parties.clients.values()))
+    with pytest.raises(ValueError, match="unexpected progress counters"):
+        client.take_progress({"nodes_decrypted": 1})
+    with pytest.raises(ValueError, match="counts no progress"):
+        parties.server.take_progress({"nodes_decrypted": 1})
+    assert parties.server.progress() == {} and client.nodes_decrypted == 0
+
+
 def test_training_conforms(engine):
     check_training(engine.transport)
 
