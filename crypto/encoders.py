@@ -11,9 +11,14 @@ they differ only in where:
 * :class:`fedgat.crypto.ray_encoder.RayEncoder` -- Ray tasks, uploads shipped through the object
   store (``pip install "fedgat[ray]"``).
 
-An engine picks one by passing an :data:`EncoderFactory` to the server: it is called once, when
-the compute phase begins, with the server's public context, the slot layout, the spool and the
-number of results to compute. :func:`local_encoder` is the default factory.
+An engine picks one by passing an :data:`EncoderFactory` to the server: it is called once per
+recipient, when that recipient's compute begins, with the recipient's public context, the slot
+layout, its spool and the number of its results. :func:`local_encoder` is the default factory. A
+factory may also have ``prepare(recipients, layout)``, which the server calls once when the compute
+phase begins (every upload in), and ``close()``, which it calls when the round ends:
+:class:`LocalEncoderFactory` starts one :class:`RoundPool` there for every recipient, instead of a
+pool per recipient (each a spawn of every core's worker, seconds apiece, and a drained pool between
+recipients).
 
 The seam itself is :class:`BucketEncoder`, generic over the result: :class:`Encoder` is its
 encrypted instance, and :class:`fedgat.plain_encoder.PlainEncoder` (the same per-node compute in the
@@ -39,7 +44,9 @@ from .tasks import (
     pieces,
     run_windowed,
     worker_batch,
+    worker_batch_for,
     worker_init,
+    worker_init_round,
 )
 
 if TYPE_CHECKING:
@@ -51,7 +58,9 @@ __all__ = [
     "Encoder",
     "EncoderFactory",
     "InlineEncoder",
+    "LocalEncoderFactory",
     "ProcessPoolEncoder",
+    "RoundPool",
     "auto_workers",
     "local_encoder",
 ]
@@ -110,6 +119,44 @@ class InlineEncoder:
         self.close()
 
 
+class RoundPool:
+    """One spawned process pool for every recipient of a round: each worker loads every recipient's
+    *public* context and opens its spool read-only once, at start-up; tasks name their recipient.
+
+    Args:
+        recipients: ``key -> (public context bytes, spool)``, every spool complete (its
+            :meth:`~fedgat.crypto.spool.CiphertextSpool.snapshot` is what the workers read).
+        layout: the slot layout of the uploads.
+        wire: the session's ciphertext wire.
+        workers: processes (at least 1).
+    """
+
+    def __init__(
+        self,
+        recipients: dict[int, tuple[bytes, CiphertextSpool]],
+        layout: SlotLayout,
+        wire: str,
+        workers: int,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"a round pool needs at least one worker, got {workers}")
+        self.workers = workers
+        self.keys = frozenset(recipients)
+        setup = {key: (ctx, *spool.snapshot()) for key, (ctx, spool) in recipients.items()}
+        self.executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=worker_init_round,
+            initargs=(setup, layout, wire),
+        )
+
+    def close(self) -> None:
+        """Shut the pool down, waiting for its workers (so their CPU time is reaped)."""
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.executor = None
+
+
 class ProcessPoolEncoder:
     """The server's homomorphic encodings on every core of this machine.
 
@@ -132,6 +179,9 @@ class ProcessPoolEncoder:
         window: batches in flight at most (default ``4 * workers``).
         max_task_cost: multiply-adds per task, about (~0.3 s at n4096); a node above it is split
             into runs of whole result groups, a batch of small nodes stops there.
+        round_pool, key: compute on ``round_pool`` (a :class:`RoundPool` this encoder does not own:
+            closing the encoder leaves it running) as its recipient ``key``, instead of starting a
+            pool of ``workers``.
     """
 
     def __init__(
@@ -143,7 +193,15 @@ class ProcessPoolEncoder:
         chunksize: int = 32,
         window: int | None = None,
         max_task_cost: int = 512,
+        *,
+        round_pool: RoundPool | None = None,
+        key: int | None = None,
     ) -> None:
+        if round_pool is not None:
+            if key not in round_pool.keys:
+                raise ValueError(f"recipient {key} is not one of the round pool's")
+            workers = round_pool.workers
+        self._round_pool, self._key = round_pool, key
         self.workers = (os.cpu_count() or 1) if workers is None else workers
         self.chunksize = max(1, chunksize)
         self.max_task_cost = max(1, max_task_cost)
@@ -153,7 +211,7 @@ class ProcessPoolEncoder:
         self.max_in_flight = 0
         self._inline = InlineEncoder(spool.ctx, layout, spool)
         self._pool: ProcessPoolExecutor | None = None
-        if self.workers > 0:
+        if self.workers > 0 and round_pool is None:
             path, index = spool.snapshot()
             self._pool = ProcessPoolExecutor(
                 self.workers,
@@ -164,8 +222,15 @@ class ProcessPoolEncoder:
 
     def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]:
         """Encrypted encodings of every node of every bucket, in bucket order."""
-        pool = self._pool
-        if pool is None:
+        shared = self._round_pool.executor if self._round_pool is not None else None
+        if shared is not None:
+            key = self._key
+            assert key is not None  # checked against the pool's keys at construction
+            submit = lambda batch: shared.submit(worker_batch_for, key, batch)
+        elif self._pool is not None:
+            own = self._pool
+            submit = lambda batch: own.submit(worker_batch, batch)
+        else:
             yield from self._inline.map(buckets)
             return
         layout = self._layout
@@ -173,7 +238,7 @@ class ProcessPoolEncoder:
         yield from run_windowed(
             self,
             batched(tasks, self.chunksize, self.max_task_cost, layout.chunks),
-            lambda batch: pool.submit(worker_batch, batch),
+            submit,
             lambda future: future.result(),
         )
 
@@ -198,15 +263,64 @@ def auto_workers(workers: int | None, results: int) -> int:
     return cores if cores > 1 and results >= AUTO_POOL_MIN_NODES else 0
 
 
-def local_encoder(workers: int | None = None) -> EncoderFactory:
-    """The default factory: ``workers`` processes (0: :class:`InlineEncoder`); ``None`` starts a pool of
-    ``os.cpu_count()`` processes when the round has at least :data:`AUTO_POOL_MIN_NODES` results and
-    the machine more than one core, else computes inline -- a spawned pool costs seconds to start."""
+class LocalEncoderFactory:
+    """The default factory (:func:`local_encoder`): ``workers`` processes (0: :class:`InlineEncoder`);
+    ``None`` uses ``os.cpu_count()`` processes for a round in which some recipient has at least
+    :data:`AUTO_POOL_MIN_NODES` results on a machine with more than one core, else computes inline
+    -- a spawned pool costs seconds to start.
 
-    def factory(ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int) -> Encoder:
-        n = auto_workers(workers, results)
+    With :meth:`prepare` (the server calls it when the compute phase begins) the round's recipients
+    share one :class:`RoundPool`, started once and closed by :meth:`close` (the server calls it when
+    the round ends); without it (a caller of the bare factory), each recipient's encoder starts and
+    closes its own pool, as before.
+    """
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers
+        self.pool: RoundPool | None = None
+        self._keys: dict[int, int] = {}  # id(spool) -> the recipient key its pool tasks name
+
+    def prepare(
+        self, recipients: dict[int, tuple[ServerContext, CiphertextSpool, int]], layout: SlotLayout
+    ) -> None:
+        """Start the round's pool for ``recipients`` (``key -> (public context, complete spool,
+        results)``) when the rule above asks for one (replacing a pool left from before)."""
+        self.close()
+        n = auto_workers(self.workers, max((r for _, _, r in recipients.values()), default=0))
+        if n == 0 or not recipients:
+            return
+        wires = {ctx.wire for ctx, _, _ in recipients.values()}
+        if len(wires) != 1:
+            raise ValueError(f"one round, one ciphertext wire: got {sorted(wires)}")
+        self.pool = RoundPool(
+            {key: (ctx.public_context_bytes(), spool) for key, (ctx, spool, _) in recipients.items()},
+            layout,
+            wires.pop(),
+            n,
+        )
+        self._keys = {id(spool): key for key, (_, spool, _) in recipients.items()}
+
+    def __call__(
+        self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int
+    ) -> Encoder:
+        key = self._keys.get(id(spool))
+        if self.pool is not None and key is not None:
+            return ProcessPoolEncoder(
+                ctx.public_context_bytes(), layout, spool, round_pool=self.pool, key=key
+            )
+        n = auto_workers(self.workers, results)
         if n == 0:
             return InlineEncoder(ctx, layout, spool)
         return ProcessPoolEncoder(ctx.public_context_bytes(), layout, spool, workers=n)
 
-    return factory
+    def close(self) -> None:
+        """Shut the round's pool down (idempotent)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        self._keys = {}
+
+
+def local_encoder(workers: int | None = None) -> LocalEncoderFactory:
+    """The default factory, :class:`LocalEncoderFactory` with ``workers``."""
+    return LocalEncoderFactory(workers)

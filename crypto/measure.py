@@ -10,7 +10,7 @@ import multiprocessing
 import resource
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ __all__ = [
     "multiply_add_seconds",
     "multiply_add_seconds_busy",
     "time_encoder",
+    "time_run",
 ]
 
 
@@ -87,6 +88,18 @@ class EncoderTiming:
         """The sums of several timings (e.g. one encoder per recipient, run one after another)."""
         items = list(timings)
         return cls(sum(t.wall for t in items), sum(t.cpu for t in items), sum(t.worker_cpu for t in items))
+
+
+def time_run(run: Callable[[], object]) -> EncoderTiming:
+    """Wall seconds, this process's CPU seconds and its reaped children's CPU seconds of ``run()``
+    (which should reap the worker processes it starts, e.g. by closing their pool)."""
+    wall0, cpu0, children0 = time.perf_counter(), time.process_time(), children_cpu_seconds()
+    run()
+    return EncoderTiming(
+        wall=time.perf_counter() - wall0,
+        cpu=time.process_time() - cpu0,
+        worker_cpu=children_cpu_seconds() - children0,
+    )
 
 
 def time_encoder(encoder: Encoder, buckets: Iterable[ComputeBucket]) -> EncoderTiming:

@@ -159,6 +159,11 @@ class CiphertextSpool:
         spool.bytes_stored = sum(size for _, size in index.values())
         return spool
 
+    def drop_cache(self) -> None:
+        """Forget the loaded ciphertexts kept for reuse (a round pool's worker does so when it moves
+        on to another recipient's spool: one spool's cache in memory at a time)."""
+        self._cache.clear()
+
     def close(self) -> None:
         """Close the file; a writing spool also deletes it (and the directory it created).
         Idempotent. Readers only close their handle."""

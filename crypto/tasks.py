@@ -168,6 +168,38 @@ def worker_init(
     _WORKER.update(ctx=ctx, layout=layout, spool=CiphertextSpool.reader(ctx, layout, path, index))
 
 
+def worker_init_round(
+    recipients: dict[int, tuple[bytes, str, dict]], layout: SlotLayout, wire: str = DEFAULT_WIRE
+) -> None:
+    """Process-pool initializer for a whole round (:class:`~fedgat.crypto.encoders.RoundPool`): per
+    recipient key, its public context and its spool, ``key -> (public context bytes, spool path,
+    spool index)``; tasks name the key (:func:`worker_batch_for`)."""
+    opened = {}
+    for key, (public_context, path, index) in recipients.items():
+        ctx = ServerContext.from_bytes(public_context, wire=wire)
+        opened[key] = (ctx, CiphertextSpool.reader(ctx, layout, path, index))
+    _WORKER.update(layout=layout, recipients=opened, active=None)
+
+
+def worker_batch_for(key: int, tasks: list[Task]) -> list[NodeResult]:
+    """Process-pool task of a round pool: :func:`encode_node` for each task under recipient
+    ``key``'s context, uploads read from its spool. Moving on from one recipient to another drops
+    the previous one's cache of loaded uploads (the server computes recipient after recipient), so a
+    worker holds one cache, not one per recipient."""
+    recipients = _WORKER["recipients"]
+    active = _WORKER["active"]
+    if active != key:
+        if active is not None:
+            recipients[active][1].drop_cache()
+        _WORKER["active"] = key
+    ctx, spool = recipients[key]
+    layout = _WORKER["layout"]
+    return [
+        encode_node(ctx, layout, [spool.get(j) for j in neighbours], node, q)
+        for node, neighbours, q, _last in tasks
+    ]
+
+
 def worker_batch(tasks: list[Task]) -> list[NodeResult]:
     """Process-pool task: :func:`encode_node` for each task, uploads read from the spool file."""
     w = _WORKER

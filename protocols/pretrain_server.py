@@ -19,7 +19,7 @@ import numpy as np
 from fedgat.crypto import ServerContext, SlotLayout
 from fedgat.crypto.encoders import Encoder, EncoderFactory, local_encoder
 from fedgat.crypto.encodings import PackedShares
-from fedgat.crypto.measure import EncoderTiming, time_encoder
+from fedgat.crypto.measure import EncoderTiming, time_run
 from fedgat.crypto.spool import CiphertextSpool
 from fedgat.crypto.tasks import NodeResult
 from fedgat.encodings import BucketBases
@@ -516,10 +516,35 @@ class ServerPretrain(Party):
         self.workers = max(self.workers, encoder.workers)
         return encoder
 
+    def _prepare_encoders(self) -> None:
+        """Tell a factory that has ``prepare`` every recipient of the round at once, every upload in
+        (:class:`~fedgat.crypto.encoders.LocalEncoderFactory` starts one pool for all of them)."""
+        prepare = getattr(self.encoder_factory, "prepare", None)
+        if not callable(prepare):
+            return
+        assert self.plan is not None and self.plan.shares is not None and self.layout is not None
+        prepare(
+            {
+                c: (self.contexts[c], self._spool(c), sum(len(b) for b in shares))
+                for c, shares in sorted(self.plan.shares.items())
+                if shares
+            },
+            self.layout,
+        )
+
+    def _close_encoders(self) -> None:
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None
+        close = getattr(self.encoder_factory, "close", None)
+        if callable(close):
+            close()
+
     def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
         """Each recipient's shares with an encoder under its context, one recipient after another:
         ``(compute bucket, pack in it, result)``."""
         assert self.plan is not None and self.plan.shares is not None
+        self._prepare_encoders()
         g = 0
         for c, shares in sorted(self.plan.shares.items()):
             if not shares:
@@ -573,18 +598,31 @@ class ServerPretrain(Party):
 
         In the round the clients' downloads and decryptions share this machine's cores with the
         server; here they are idle, as on a server of its own. Needs :attr:`keep_encoder` set before
-        the round; a fresh encoder per recipient does the work, and the spools are closed afterwards.
+        the round; the encoders start afresh as in the round (one round pool from a factory with
+        ``prepare``, its start-up timed too), and the spools are closed afterwards.
         """
         if self.state is not ServerState.DONE or not self.keep_encoder or self._closed or self.plan is None:
             raise RuntimeError("replay_compute needs a finished round with keep_encoder set")
-        assert self.plan.shares is not None
+        shares_by = self.plan.shares
+        assert shares_by is not None
+
+        def replay() -> None:
+            try:
+                self._prepare_encoders()
+                for c, shares in sorted(shares_by.items()):
+                    if shares:
+                        encoder = self._new_encoder(c, sum(len(b) for b in shares))
+                        try:
+                            for _ in encoder.map(shares):
+                                pass
+                        finally:
+                            encoder.close()
+            finally:
+                self._close_encoders()  # reaps the workers, so that their CPU is counted
+
+        self._close_encoders()  # what the round kept
         try:
-            timings = [
-                time_encoder(self._new_encoder(c, sum(len(b) for b in shares)), shares)
-                for c, shares in sorted(self.plan.shares.items())
-                if shares
-            ]
-            return EncoderTiming.combine(timings)
+            return time_run(replay)
         finally:
             self._close()
 
@@ -593,9 +631,7 @@ class ServerPretrain(Party):
         self._close()
 
     def _close(self) -> None:
-        if self._encoder is not None:
-            self._encoder.close()
-            self._encoder = None
+        self._close_encoders()
         if not self._closed:
             for spool in self._spools.values():
                 spool.close()

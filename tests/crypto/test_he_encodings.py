@@ -95,6 +95,50 @@ def test_parallel_encoder_matches_serial(keys):
     spool.close()
 
 
+def test_round_pool_serves_every_recipient_under_its_own_key(keys):
+    """One :class:`RoundPool` computes two recipients' encodings, each under that recipient's key and
+    from its spool: each decrypts (with its own key only) to the plaintext encodings, and a recipient
+    the pool was not started for is refused."""
+    from fedgat.crypto.encoders import LocalEncoderFactory, ProcessPoolEncoder, RoundPool
+
+    holders = [keys[0], KeyHolderContext.generate("n4096")]
+    servers = [ServerContext.from_bytes(h.public_context_bytes()) for h in holders]
+    csr = random_csr(12, 4, seed=61)
+    x = unit_rows(12, 10, seed=62)
+    layout = SlotLayout.for_dimension(10, servers[0].slots)
+    spools = [CiphertextSpool(s, layout) for s in servers]
+    for holder, spool in zip(holders, spools, strict=True):
+        for node, row in enumerate(x.numpy()):
+            for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
+                spool.put(node, chunk, blob)
+    bases = draw_bases("vector", csr, np.arange(12), rng=9)
+    factory = LocalEncoderFactory(workers=2)
+    factory.prepare({7: (servers[0], spools[0], 12), 9: (servers[1], spools[1], 12)}, layout)
+    pool = factory.pool
+    assert isinstance(pool, RoundPool) and pool.keys == {7, 9} and pool.workers == 2
+    try:
+        for holder, server, spool in zip(holders, servers, spools, strict=True):
+            enc = factory(server, layout, spool, 12)
+            assert isinstance(enc, ProcessPoolEncoder) and enc.workers == 2
+            results = list(enc.map(bases))
+            enc.close()  # the round's pool outlives its recipients' encoders
+            assert factory.pool is pool and pool.executor is not None
+            it = iter(results)
+            for b in bases:
+                got = decrypt_bucket(
+                    holder, layout, b, [next(it) for _ in range(len(b))], dtype=torch.float64
+                )
+                assert (got.features - encode_bucket(b, x).features).abs().max().item() < 1e-5
+        with pytest.raises(ValueError, match="not one of the round pool's"):
+            ProcessPoolEncoder(holders[0].public_context_bytes(), layout, spools[0], round_pool=pool, key=8)
+    finally:
+        factory.close()
+    assert factory.pool is None and pool.executor is None
+    factory.close()  # idempotent
+    for spool in spools:
+        spool.close()
+
+
 def test_parallel_encoder_splits_large_nodes_into_group_pieces(keys):
     """A node above ``max_task_cost`` is computed as runs of whole result groups on the pool and
     reassembled in group order: the decryption equals the plaintext encodings."""

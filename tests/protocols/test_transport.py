@@ -68,6 +68,30 @@ def test_server_replays_its_compute_alone_once(tiny_graph, tiny_partition, worke
     assert result.server_compute_alone > 0 and result.server_compute_alone_cpu[0] > 0
 
 
+def test_one_pool_serves_every_recipient_of_a_round(tiny_graph, tiny_partition, monkeypatch):
+    """With workers the server starts one process pool for the whole round (every recipient's
+    context and spool loaded by each worker), not one per recipient, and closes it at the end."""
+    from fedgat.app import build_pretrain_parties
+    from fedgat.crypto import encoders
+    from fedgat.pipeline import drive
+
+    started: list = []
+    real = encoders.ProcessPoolExecutor
+
+    def counting(*args, **kwargs):
+        started.append(kwargs.get("initializer"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(encoders, "ProcessPoolExecutor", counting)
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=2, workers=2)
+    drive(InProcessTransport(), parties.all())
+    server = parties.server
+    recipients = [c for c, shares in server.plan.shares.items() if shares]
+    assert len(recipients) >= 2 and all(p.done for p in parties.all().values())
+    assert [f.__name__ for f in started] == ["worker_init_round"]
+    assert server.workers == 2 and server.encoder_factory.pool is None  # closed with the round
+
+
 def test_metadata_only_transcript(tiny_graph, tiny_partition):
     transport = InProcessTransport(Transcript(keep_payloads=False))
     run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, transport=transport, progress=False)
