@@ -249,6 +249,9 @@ class ClientPretrain(Party):
         self.encodings: Encodings | None = None
         self.ciphertexts_decrypted = 0
         self.nodes_decrypted = 0
+        #: nodes of the buckets received so far with a foreign partial to wait for: what
+        #: ``nodes_decrypted`` reaches when every result is in (a progress bar's total)
+        self.nodes_to_decrypt = 0
 
     @property
     def done(self) -> bool:
@@ -298,14 +301,16 @@ class ClientPretrain(Party):
     def _report_values(self) -> tuple[dict[str, int], dict]:
         return report_client(self)
 
+    _PROGRESS = ("ciphertexts_decrypted", "nodes_decrypted", "nodes_to_decrypt")
+
     def progress(self) -> dict[str, int]:
-        return {"ciphertexts_decrypted": self.ciphertexts_decrypted, "nodes_decrypted": self.nodes_decrypted}
+        return {name: int(getattr(self, name)) for name in self._PROGRESS}
 
     def take_progress(self, counters: Mapping[str, int]) -> None:
-        if set(counters) != {"ciphertexts_decrypted", "nodes_decrypted"}:
+        if set(counters) != set(self._PROGRESS):
             raise ValueError(f"client {self.party_id}: unexpected progress counters {sorted(counters)}")
-        self.ciphertexts_decrypted = int(counters["ciphertexts_decrypted"])
-        self.nodes_decrypted = int(counters["nodes_decrypted"])
+        for name in self._PROGRESS:
+            setattr(self, name, int(counters[name]))
 
     def _absorb(self, report: PartyReport) -> None:
         absorb_client(self, report)
@@ -590,6 +595,7 @@ class ClientPretrain(Party):
         with self.clock("decrypt"):
             buf = torch.from_numpy(self._own_share(bases, mine)).to(self.dtype)
         remaining = foreign_owner_counts(msg.owners, self.party_id)  # 0: the own share is all of it
+        self.nodes_to_decrypt += int((remaining > 0).sum())
         self._assemblies.append(
             _Assembly(bases, msg.owners, buf, remaining, {n: i for i, n in enumerate(nodes)})
         )

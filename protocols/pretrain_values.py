@@ -365,3 +365,5 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
     client.encodings = None if enc is None else encodings_from_value(enc)
     client.ciphertexts_decrypted = int(progress["ciphertexts_decrypted"])
     client.nodes_decrypted = int(progress["nodes_decrypted"])
+    # the received buckets' nodes still waiting, plus those already complete
+    client.nodes_to_decrypt = client.nodes_decrypted + sum(int((a.remaining > 0).sum()) for a in assemblies)

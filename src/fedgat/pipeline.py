@@ -201,12 +201,9 @@ class _Progress:
         kw = {"disable": not enabled, "file": sys.stderr, "leave": True, "dynamic_ncols": True}
         self.upload = tqdm(total=None, desc="encrypt + upload", unit="row", **kw)
         self.compute: tqdm | None = None
-        self.decrypt = tqdm(
-            total=sum(len(c.needed) for c in parties.clients.values()),
-            desc="download + decrypt",
-            unit="node",
-            **kw,
-        )
+        # total: the nodes with a foreign partial, known bucket by bucket as the bases arrive (the
+        # bar is closed at the end, never when it catches up with a total still growing)
+        self.decrypt = tqdm(total=None, desc="download + decrypt", unit="node", **kw)
         self._kw = kw
         self._computed = 0
         self.bytes = {"up": 0, "down": 0}
@@ -223,8 +220,11 @@ class _Progress:
                 and peek_type(delivery.data) == EncodingResults.TYPE
                 and not self.decrypt.disable
             ):
-                done = sum(c.nodes_decrypted for c in self.parties.clients.values())
-                _advance(self.decrypt, done - self.decrypt.n)
+                clients = self.parties.clients.values()
+                expected = sum(c.nodes_to_decrypt for c in clients)
+                if expected != self.decrypt.total:
+                    self.decrypt.total = expected
+                self.decrypt.update(sum(c.nodes_decrypted for c in clients) - self.decrypt.n)
         if party_id == server.party_id and not self.upload.disable and server.layout is not None:
             if self.upload.total is None and server.rows_released:
                 self.upload.total = server.rows_released

@@ -18,7 +18,7 @@ import pytest
 from fedgat.app import build_pretrain_parties
 from fedgat.pipeline import drive
 from fedgat.process_worker import WireError, WorkerLoop, decode, encode
-from fedgat.protocols import Transcript
+from fedgat.protocols import InProcessTransport, Transcript
 from fedgat.protocols.hosting import MAX_FRAME_BYTES, FrameSizeError
 from fedgat.protocols.process_engine import (
     ProcessEngine,
@@ -89,6 +89,12 @@ def test_hosted_clients_report_their_decryptions_while_they_run(engine):
     final = sum(c.nodes_decrypted for c in clients)
     assert final > 0 and 0 < max(seen) <= final
     assert seen == sorted(seen)  # counters only grow
+    # the bar's total: nodes with a foreign partial, which is what the decryptions reach
+    assert sum(c.nodes_to_decrypt for c in clients) == final
+    local = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    drive(InProcessTransport(), local.all())
+    assert [c.nodes_to_decrypt for c in local.clients.values()] == [c.nodes_decrypted for c in clients]
+    assert final < sum(len(c.needed) for c in clients)  # some needed nodes have no foreign partial
 
 
 def test_take_progress_refuses_counters_a_party_does_not_keep():
