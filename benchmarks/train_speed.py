@@ -18,7 +18,11 @@ machine's load hits both alike, medians reported:
   aggregates them (FedAdam, the default) -- against the same round of centralised ``gat`` (one
   client holding the whole graph, same machinery).
 
-    python benchmarks/train_speed.py --dataset cora --device cuda --epochs 50
+``--cuda-graphs`` (a CUDA device only) repeats both measures with every step of both models captured
+as one CUDA graph and replayed (:class:`fedgat.cuda_graphs.GraphedStep`, Adam ``capturable``; the
+round's clients with ``cuda_graphs``), warm-up and capture done before timing.
+
+    python benchmarks/train_speed.py --dataset cora --device cuda --epochs 50 [--cuda-graphs]
     fedgat bench train --dataset cora --device auto
 
 Writes ``train_speed.json`` and ``train_speed.md`` (or ``train_speed_<suffix>.*`` with ``--suffix``)
