@@ -10,7 +10,7 @@ server does (:func:`~fedgat.protocols.pretrain_plan.plan_shares`, the session's 
 every recipient's shares into the encoders' tasks (:func:`~fedgat.crypto.tasks.pieces`), takes
 ``--tasks`` of them evenly spaced over the round (so the sample has the round's mix of small and
 large nodes), spools fresh uploads for their sources and runs them through the process-pool
-worker's own code (:func:`~fedgat.crypto.tasks.worker_batch`, spool cache and all) on one core:
+worker's own code (:func:`~fedgat.crypto.tasks.worker_batch_for`, spool cache and all) on one core:
 
 1. a warm-up pass (discarded);
 2. a clean pass: CPU seconds per result, and the operations the evaluator counted;
@@ -157,22 +157,22 @@ def profile(
                 for ch, vec in enumerate(layout.pack_row(rng.uniform(-0.05, 0.05, layout.d))):
                     spool.put(j, ch, packing.serialize(holder, holder.encrypt_vector(vec)))
             path, index = spool.snapshot()
-            worker.worker_init(server.public_context_bytes(), layout, path, index, wire=w)
+            worker.worker_init_round({0: (server.public_context_bytes(), path, index)}, layout, wire=w)
             states[w] = dict(worker._WORKER)
 
         def one_pass(w: str) -> float:
             worker._WORKER.clear()
             worker._WORKER.update(states[w])
-            worker._WORKER["spool"]._cache.clear()  # each pass starts like a fresh worker
+            worker._WORKER["recipients"][0][1].drop_cache()  # each pass starts like a fresh worker
             start = time.process_time()
             for batch in tqdm(batches, desc=f"tasks ({w})", unit="batch", disable=not progress, leave=False):
-                worker.worker_batch(batch)
+                worker.worker_batch_for(0, batch)
             return time.process_time() - start
 
         for w in wires:
             one_pass(w)  # warm-up
         for w in wires:
-            evaluator = evaluator_for(states[w]["ctx"])
+            evaluator = evaluator_for(states[w]["recipients"][0][0])
             evaluator.ops = OpCounts()
             clean[w] = one_pass(w)
             counted[w] = evaluator.ops

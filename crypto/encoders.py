@@ -43,9 +43,7 @@ from .tasks import (
     encode_node,
     pieces,
     run_windowed,
-    worker_batch,
     worker_batch_for,
-    worker_init,
     worker_init_round,
 )
 
@@ -181,7 +179,7 @@ class ProcessPoolEncoder:
             into runs of whole result groups, a batch of small nodes stops there.
         round_pool, key: compute on ``round_pool`` (a :class:`RoundPool` this encoder does not own:
             closing the encoder leaves it running) as its recipient ``key``, instead of starting a
-            pool of ``workers``.
+            pool of ``workers`` (a round pool of this one spool, closed with the encoder).
     """
 
     def __init__(
@@ -201,7 +199,6 @@ class ProcessPoolEncoder:
             if key not in round_pool.keys:
                 raise ValueError(f"recipient {key} is not one of the round pool's")
             workers = round_pool.workers
-        self._round_pool, self._key = round_pool, key
         self.workers = (os.cpu_count() or 1) if workers is None else workers
         self.chunksize = max(1, chunksize)
         self.max_task_cost = max(1, max_task_cost)
@@ -210,42 +207,36 @@ class ProcessPoolEncoder:
         #: most batches that were ever in flight at once (tests: never above ``window``)
         self.max_in_flight = 0
         self._inline = InlineEncoder(spool.ctx, layout, spool)
-        self._pool: ProcessPoolExecutor | None = None
-        if self.workers > 0 and round_pool is None:
-            path, index = spool.snapshot()
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=worker_init,
-                initargs=(public_context, layout, path, index, spool.ctx.wire),
+        #: the pool this encoder started (and closes); None on a round's pool or inline
+        self._own: RoundPool | None = None
+        if round_pool is None and self.workers > 0:
+            round_pool = self._own = RoundPool(
+                {0: (public_context, spool)}, layout, spool.ctx.wire, self.workers
             )
+            key = 0
+        self._pool, self._key = round_pool, key
 
     def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]:
         """Encrypted encodings of every node of every bucket, in bucket order."""
-        shared = self._round_pool.executor if self._round_pool is not None else None
-        if shared is not None:
-            key = self._key
-            assert key is not None  # checked against the pool's keys at construction
-            submit = lambda batch: shared.submit(worker_batch_for, key, batch)
-        elif self._pool is not None:
-            own = self._pool
-            submit = lambda batch: own.submit(worker_batch, batch)
-        else:
+        executor = self._pool.executor if self._pool is not None else None
+        if executor is None:
             yield from self._inline.map(buckets)
             return
-        layout = self._layout
+        layout, key = self._layout, self._key
+        assert key is not None  # set with the pool (checked against a round pool's keys)
         tasks = pieces(buckets, layout.chunks, layout.blocks, self.max_task_cost)
         yield from run_windowed(
             self,
             batched(tasks, self.chunksize, self.max_task_cost, layout.chunks),
-            submit,
+            lambda batch: executor.submit(worker_batch_for, key, batch),
             lambda future: future.result(),
         )
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+        self._pool = None
 
     def __enter__(self) -> Self:
         return self

@@ -30,17 +30,7 @@ from .packing import SlotLayout
 from .params import DEFAULT_WIRE
 from .spool import CiphertextSpool
 
-__all__ = [
-    "ComputeBucket",
-    "NodeResult",
-    "Task",
-    "batched",
-    "encode_node",
-    "pieces",
-    "run_windowed",
-    "worker_batch",
-    "worker_init",
-]
+__all__ = ["ComputeBucket", "NodeResult", "Task", "batched", "encode_node", "pieces", "run_windowed"]
 
 #: ``(node, neighbours (n,), coefficient rows (r, n), last piece of the node?)``
 Task = tuple[int, np.ndarray, np.ndarray, bool]
@@ -159,20 +149,12 @@ def run_windowed(
 _WORKER: dict[str, Any] = {}
 
 
-def worker_init(
-    public_context: bytes, layout: SlotLayout, path: str, index: dict, wire: str = DEFAULT_WIRE
-) -> None:
-    """Process-pool initializer: load the public context (in the session's ciphertext ``wire``, what
-    the spooled uploads and the results are in) and open the spool read-only."""
-    ctx = ServerContext.from_bytes(public_context, wire=wire)
-    _WORKER.update(ctx=ctx, layout=layout, spool=CiphertextSpool.reader(ctx, layout, path, index))
-
-
 def worker_init_round(
     recipients: dict[int, tuple[bytes, str, dict]], layout: SlotLayout, wire: str = DEFAULT_WIRE
 ) -> None:
-    """Process-pool initializer for a whole round (:class:`~fedgat.crypto.encoders.RoundPool`): per
-    recipient key, its public context and its spool, ``key -> (public context bytes, spool path,
+    """Process-pool initializer (:class:`~fedgat.crypto.encoders.RoundPool`): per recipient key, its
+    public context (loaded in the session's ciphertext ``wire``, what the spooled uploads and the
+    results are in) and its spool, opened read-only, ``key -> (public context bytes, spool path,
     spool index)``; tasks name the key (:func:`worker_batch_for`)."""
     opened = {}
     for key, (public_context, path, index) in recipients.items():
@@ -196,14 +178,5 @@ def worker_batch_for(key: int, tasks: list[Task]) -> list[NodeResult]:
     layout = _WORKER["layout"]
     return [
         encode_node(ctx, layout, [spool.get(j) for j in neighbours], node, q)
-        for node, neighbours, q, _last in tasks
-    ]
-
-
-def worker_batch(tasks: list[Task]) -> list[NodeResult]:
-    """Process-pool task: :func:`encode_node` for each task, uploads read from the spool file."""
-    w = _WORKER
-    return [
-        encode_node(w["ctx"], w["layout"], [w["spool"].get(j) for j in neighbours], node, q)
         for node, neighbours, q, _last in tasks
     ]
