@@ -186,7 +186,9 @@ class Client:
         self.update_dp = update_dp
         self.dp_rounds = 0
         self._anchor: StateDict | None = None  # the proximal anchor's fixed device buffers (graphs)
-        self._graphed = GraphedStep(self._step_losses, self.optimizer) if cuda_graphs else None
+        self._graphed = (
+            GraphedStep(lambda: self._step_losses(self._anchor), self.optimizer) if cuda_graphs else None
+        )
 
     @classmethod
     def from_hparams(
@@ -261,14 +263,12 @@ class Client:
             for _ in range(self.local_epochs):
                 loss = self._graphed()
         else:
-            rows, labels = self.train_task.targets["train"]
             # the proximal term's anchor on the model's device, moved once per round
             anchor = global_state if self.device.type == "cpu" else to_device(global_state, self.device)
             for _ in range(self.local_epochs):
                 self.optimizer.zero_grad()
-                loss = F.cross_entropy(self.model(*self.train_task.inputs)[rows], labels)
-                penalty = self.training.local_penalty(self.model, anchor)
-                (loss if penalty is None else loss + penalty).backward()
+                objective, loss = self._step_losses(anchor)
+                objective.backward()
                 self.optimizer.step()
         # the protocol boundary: the weights leave as CPU tensors (one copy per round from a device);
         # the loss below is read once per round, after the steps
@@ -302,13 +302,13 @@ class Client:
                 for name, buffer in self._anchor.items():
                     buffer.copy_(global_state[name])
 
-    def _step_losses(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The local step's objective and its reported loss, from fixed inputs only (the graphed
-        step's loss function): rows by ``index_select``, as boolean or advanced indexing could
-        synchronise with the host."""
+    def _step_losses(self, anchor: StateDict | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local step's objective (cross entropy plus the proximal term anchored at ``anchor``,
+        None: no term) and its reported loss (the cross entropy). Rows by ``index_select``: a
+        captured step must not synchronise with the host, as boolean indexing would."""
         rows, labels = self.train_task.targets["train"]
         loss = F.cross_entropy(self.model(*self.train_task.inputs).index_select(0, rows), labels)
-        penalty = None if self._anchor is None else self.training.local_penalty(self.model, self._anchor)
+        penalty = None if anchor is None else self.training.local_penalty(self.model, anchor)
         return (loss if penalty is None else loss + penalty), loss
 
     @torch.no_grad()
