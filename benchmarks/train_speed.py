@@ -71,9 +71,12 @@ def _epoch_pair(graph, variant: str, cap: int | None, hp: dict, device: torch.de
     theirs = GAT(graph.num_features, graph.num_classes, hp["hidden"], hp["heads"], dropout=hp["dropout"]).to(
         device
     )
-    extra = {"capturable": True} if graphed else {}
-    opt_ours = torch.optim.Adam(ours.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], **extra)
-    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], **extra)
+    opt_ours = torch.optim.Adam(
+        ours.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], capturable=graphed
+    )
+    opt_theirs = torch.optim.Adam(
+        theirs.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], capturable=graphed
+    )
     ours.train()
     theirs.train()
     if graphed:

@@ -149,9 +149,7 @@ class ClientStrategy:
                 if decay
                 else torch.optim.SGD(params, lr=step)
             )
-        if capturable:
-            return torch.optim.Adam(params, lr=step, weight_decay=decay, capturable=True)
-        return torch.optim.Adam(params, lr=step, weight_decay=decay)
+        return torch.optim.Adam(params, lr=step, weight_decay=decay, capturable=capturable)
 
     def local_penalty(self, model: nn.Module, anchor: StateDict) -> torch.Tensor | None:
         r""":math:`\frac{\mu}{2}\lVert w - w^t\rVert^2` over ``model``'s parameters, ``anchor`` being the
