@@ -42,7 +42,7 @@ import torch
 from fedgat.app import PretrainParties, bases_rng, build_pretrain_parties, cross_edges, owned_neighbourhoods
 from fedgat.crypto import KeyHolderContext, SlotLayout, deserialize, encrypt_rows, serialize
 from fedgat.crypto.encoders import local_encoder
-from fedgat.crypto.encodings import PackedShares
+from fedgat.crypto.encodings import PackedShares, pack_maps
 from fedgat.crypto.packing import tenseal_payload
 from fedgat.crypto.tasks import NodeResult, encode_node
 from fedgat.graph import Graph
@@ -183,15 +183,15 @@ def _encode_pack(
 ) -> NodeResult:
     """One result packing several partials as the honest server does
     (:meth:`~fedgat.crypto.SlotLayout.packed_order`): ``parts[i]`` = (the sources' chunk ciphertexts,
-    the ``(rows, n_i)`` coefficients over them) of the ``i``-th node of the pack."""
-    rows = parts[0][1].shape[0]
-    q = np.zeros((len(parts), rows, sum(len(src) for src, _ in parts)))
-    sources: list[Any] = []
-    for i, (src, coef) in enumerate(parts):
-        q[i][:, len(sources) : len(sources) + len(src)] = coef
-        sources += src
-    packed = q.reshape(len(parts) * rows, -1)[layout.packed_order(len(parts), rows)]
-    return encode_node(ctx, layout, sources, node, packed)
+    the ``(rows, n_i)`` coefficients over them) of the ``i``-th node of the pack. The map is
+    :func:`~fedgat.crypto.encodings.pack_maps` over the positions of the concatenated sources."""
+    starts = np.cumsum([0] + [len(src) for src, _ in parts])
+    _, packed = pack_maps(
+        layout,
+        [np.arange(start, start + len(src)) for start, (src, _) in zip(starts, parts, strict=False)],
+        [coef for _, coef in parts],
+    )
+    return encode_node(ctx, layout, [s for src, _ in parts for s in src], node, packed)
 
 
 def _build(
