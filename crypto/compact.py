@@ -53,6 +53,7 @@ canonical ciphertext of this context and level).
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -177,6 +178,18 @@ def unpack_limb(data: bytes | memoryview, bits: int, out: np.ndarray | None = No
 
 
 # ------------------------------------------------------------------------------ the SEAL stream
+_LOCAL = threading.local()
+
+
+def _zstd() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompression context (making one per ciphertext cost ~0.03 ms of the
+    server's ~2 ms per result; a context must not be shared between threads)."""
+    dctx = getattr(_LOCAL, "zstd", None)
+    if dctx is None:
+        dctx = _LOCAL.zstd = zstandard.ZstdDecompressor()
+    return dctx
+
+
 def _decompress(mode: int, frame: bytes | memoryview, size: int) -> bytes:
     if mode == _COMPR_NONE:
         return bytes(frame)
@@ -188,7 +201,7 @@ def _decompress(mode: int, frame: bytes | memoryview, size: int) -> bytes:
         return out
     if mode == _COMPR_ZSTD:
         try:
-            obj = zstandard.ZstdDecompressor().decompressobj()
+            obj = _zstd().decompressobj()
             out = obj.decompress(frame)
         except zstandard.ZstdError as exc:
             raise ValueError(f"zstd: {exc}") from exc
@@ -389,7 +402,9 @@ class CompactCodec:
             or members[: len(prefix)] != prefix
         ):
             raise CiphertextFormatError("ciphertext metadata differs from this context and level")
-        return self.pack(np.frombuffer(members, dtype="<u8", offset=len(prefix)))
+        # SEAL's members put the coefficients at an odd offset: an aligned copy (~5 us) makes the
+        # packing's shifts and gathers run at full speed (~0.03 ms less per result)
+        return self.pack(np.frombuffer(members, dtype="<u8", offset=len(prefix)).copy())
 
     def pack(self, coeffs: np.ndarray) -> bytes:
         """Coefficients in SEAL's order ``(poly, limb, coeff)`` -> the compact body."""

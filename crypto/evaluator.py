@@ -216,10 +216,9 @@ class SealEvaluator:
             used = np.flatnonzero(np.any(rows != 0, axis=0))
             if not len(used):
                 raise ValueError("every coefficient vector is zero")
-            coeffs = layout.broadcast(rows[:, used].T)  # (len(used), slots)
             sums = [sealapi.Ciphertext(seal) for _ in range(layout.chunks)]
-            for t, (j, c) in enumerate(zip(used.tolist(), coeffs)):
-                self._encoder.encode(c.tolist(), self._fresh_parms, ctx.scale, plain)
+            for t, (j, c) in enumerate(zip(used.tolist(), rows[:, used].T.tolist())):
+                self._encoder.encode(layout.broadcast_list(c), self._fresh_parms, ctx.scale, plain)
                 for ch in range(layout.chunks):
                     if t == 0:
                         ev.multiply_plain(raw[j][ch], plain, sums[ch])

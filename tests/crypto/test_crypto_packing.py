@@ -113,6 +113,20 @@ def test_broadcast_shapes() -> None:
         lay.broadcast(np.ones(4))
 
 
+@settings(max_examples=60, deadline=None)
+@given(lay=layouts(), data=st.data())
+def test_broadcast_list_is_the_broadcast_vector(lay: SlotLayout, data) -> None:
+    """The list the server's encoder takes (built by list repetition) holds exactly the slot values
+    of :meth:`SlotLayout.broadcast`, for any number of block values up to ``k``."""
+    n = data.draw(st.integers(0, lay.blocks))
+    vals = data.draw(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=n, max_size=n))
+    got = lay.broadcast_list(np.array(vals))
+    assert len(got) == lay.slots and all(type(v) is float for v in got)
+    assert got == lay.broadcast(np.array(vals, dtype=np.float64).reshape(-1)).tolist()
+    with pytest.raises(ValueError, match="at most"):
+        lay.broadcast_list(np.zeros(lay.blocks + 1))
+
+
 @settings(max_examples=80, deadline=None)
 @given(lay=layouts(), rows=st.integers(1, 40), data=st.data())
 def test_packed_items_share_one_tail_group_and_unpack(lay: SlotLayout, rows: int, data) -> None:
