@@ -17,8 +17,10 @@ layout, its spool and the number of its results. :func:`local_encoder` is the de
 factory may also have ``prepare(recipients, layout)``, which the server calls once when the compute
 phase begins (every upload in), and ``close()``, which it calls when the round ends:
 :class:`LocalEncoderFactory` starts one :class:`RoundPool` there for every recipient, instead of a
-pool per recipient (each a spawn of every core's worker, seconds apiece, and a drained pool between
-recipients).
+pool per recipient (each a spawn of every core's worker, seconds apiece). A factory with
+``map_round(jobs, layout)`` computes the whole round as one stream, which the server then uses instead
+of an encoder per recipient: :class:`LocalEncoderFactory` submits every recipient's batches through
+one window (:meth:`RoundPool.map`), so the pool does not drain at the end of each recipient.
 
 The seam itself is :class:`BucketEncoder`, generic over the result: :class:`Encoder` is its
 encrypted instance, and :class:`fedgat.plain_encoder.PlainEncoder` (the same per-node compute in the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
@@ -39,6 +42,8 @@ from .spool import CiphertextSpool
 from .tasks import (
     ComputeBucket,
     NodeResult,
+    Task,
+    Windowed,
     batched,
     encode_node,
     pieces,
@@ -148,6 +153,41 @@ class RoundPool:
             initargs=(setup, layout, wire),
         )
 
+    def map(
+        self,
+        jobs: Iterable[tuple[int, Iterable[ComputeBucket]]],
+        layout: SlotLayout,
+        window: Windowed,
+        chunksize: int = 32,
+        max_task_cost: int = 512,
+    ) -> Iterator[NodeResult]:
+        """Every node of every ``(recipient key, buckets)`` job, in job then bucket order, through
+        one window of at most ``window.window`` batches in flight: the next recipient's batches are
+        submitted while the last ones of the previous recipient still run, so no worker idles at a
+        recipient's end. Tasks are cut and batched as :class:`ProcessPoolEncoder` documents; a batch
+        holds one recipient's tasks."""
+        executor = self.executor
+        if executor is None:
+            raise RuntimeError("the round pool is closed")
+        keys: deque[int] = deque()  # the key of each batch, in the order run_windowed submits them
+
+        def batches() -> Iterator[list[Task]]:
+            for key, buckets in jobs:
+                if key not in self.keys:
+                    raise ValueError(f"recipient {key} is not one of the round pool's")
+                tasks = pieces(buckets, layout.chunks, layout.blocks, max_task_cost)
+                for batch in batched(tasks, chunksize, max_task_cost, layout.chunks):
+                    keys.append(key)
+                    yield batch
+
+        # run_windowed submits each batch as soon as it has drawn it, so the keys pop in step
+        yield from run_windowed(
+            window,
+            batches(),
+            lambda batch: executor.submit(worker_batch_for, keys.popleft(), batch),
+            lambda future: future.result(),
+        )
+
     def close(self) -> None:
         """Shut the pool down, waiting for its workers (so their CPU time is reaped)."""
         if self.executor is not None:
@@ -218,18 +258,12 @@ class ProcessPoolEncoder:
 
     def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]:
         """Encrypted encodings of every node of every bucket, in bucket order."""
-        executor = self._pool.executor if self._pool is not None else None
-        if executor is None:
+        if self._pool is None or self._pool.executor is None:
             yield from self._inline.map(buckets)
             return
-        layout, key = self._layout, self._key
-        assert key is not None  # set with the pool (checked against a round pool's keys)
-        tasks = pieces(buckets, layout.chunks, layout.blocks, self.max_task_cost)
-        yield from run_windowed(
-            self,
-            batched(tasks, self.chunksize, self.max_task_cost, layout.chunks),
-            lambda batch: executor.submit(worker_batch_for, key, batch),
-            lambda future: future.result(),
+        assert self._key is not None  # set with the pool (checked against a round pool's keys)
+        yield from self._pool.map(
+            [(self._key, buckets)], self._layout, self, self.chunksize, self.max_task_cost
         )
 
     def close(self) -> None:
@@ -270,6 +304,11 @@ class LocalEncoderFactory:
         self.workers = workers
         self.pool: RoundPool | None = None
         self._keys: dict[int, int] = {}  # id(spool) -> the recipient key its pool tasks name
+        #: what :meth:`prepare` was given: ``key -> (context, spool)``
+        self._recipients: dict[int, tuple[ServerContext, CiphertextSpool]] = {}
+        #: :meth:`map_round`'s submission window (batches) and the most ever in flight in it
+        self.window = 0
+        self.max_in_flight = 0
 
     def prepare(
         self, recipients: dict[int, tuple[ServerContext, CiphertextSpool, int]], layout: SlotLayout
@@ -277,6 +316,7 @@ class LocalEncoderFactory:
         """Start the round's pool for ``recipients`` (``key -> (public context, complete spool,
         results)``) when the rule above asks for one (replacing a pool left from before)."""
         self.close()
+        self._recipients = {key: (ctx, spool) for key, (ctx, spool, _) in recipients.items()}
         n = auto_workers(self.workers, max((r for _, _, r in recipients.values()), default=0))
         if n == 0 or not recipients:
             return
@@ -290,6 +330,28 @@ class LocalEncoderFactory:
             n,
         )
         self._keys = {id(spool): key for key, (_, spool, _) in recipients.items()}
+        self.window = 4 * n
+
+    @property
+    def pool_workers(self) -> int:
+        """Processes of the round's pool (0: none, :meth:`map_round` computes inline)."""
+        return 0 if self.pool is None else self.pool.workers
+
+    def map_round(
+        self, jobs: Iterable[tuple[int, Iterable[ComputeBucket]]], layout: SlotLayout
+    ) -> Iterator[NodeResult]:
+        """Every ``(recipient key, buckets)`` job of the recipients given to :meth:`prepare`, in
+        order: on the round's pool through one submission window for the whole round
+        (:meth:`RoundPool.map`), or, without a pool, in this process under each recipient's context
+        and spool."""
+        if self.pool is not None:
+            yield from self.pool.map(jobs, layout, self)
+            return
+        for key, buckets in jobs:
+            if key not in self._recipients:
+                raise ValueError(f"recipient {key} was not prepared")
+            ctx, spool = self._recipients[key]
+            yield from InlineEncoder(ctx, layout, spool).map(buckets)
 
     def __call__(
         self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int
@@ -309,7 +371,7 @@ class LocalEncoderFactory:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
-        self._keys = {}
+        self._keys, self._recipients = {}, {}
 
 
 def local_encoder(workers: int | None = None) -> LocalEncoderFactory:

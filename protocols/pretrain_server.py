@@ -540,22 +540,35 @@ class ServerPretrain(Party):
         if callable(close):
             close()
 
-    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
-        """Each recipient's shares with an encoder under its context, one recipient after another:
-        ``(compute bucket, pack in it, result)``."""
+    def _jobs(self) -> list[tuple[int, list[PackedShares]]]:
+        """``(recipient, its compute buckets)`` in the order of :attr:`buckets`."""
         assert self.plan is not None and self.plan.shares is not None
+        return [(c, shares) for c, shares in sorted(self.plan.shares.items()) if shares]
+
+    def _round_results(self) -> Iterator[NodeResult]:
+        """Every recipient's results under its context, in :attr:`buckets` order: through the
+        factory's :meth:`~fedgat.crypto.encoders.LocalEncoderFactory.map_round` when it has one (one
+        stream over the round's recipients), else an encoder per recipient, one after another."""
+        jobs = self._jobs()
         self._prepare_encoders()
-        g = 0
-        for c, shares in sorted(self.plan.shares.items()):
-            if not shares:
-                continue
+        map_round = getattr(self.encoder_factory, "map_round", None)
+        if callable(map_round):
+            self.workers = max(self.workers, int(getattr(self.encoder_factory, "pool_workers", 0)))
+            assert self.layout is not None
+            yield from map_round(jobs, self.layout)
+            return
+        for c, shares in jobs:
             self._encoder = self._new_encoder(c, sum(len(b) for b in shares))
-            at = ((g + k, s) for k, b in enumerate(shares) for s in range(len(b)))
-            for (bucket, s), result in zip(at, self._encoder.map(shares), strict=True):
-                yield bucket, s, result
+            yield from self._encoder.map(shares)
             self._encoder.close()
             self._encoder = None
-            g += len(shares)
+
+    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
+        """The round's results: ``(compute bucket, pack in it, result)``."""
+        buckets = [b for _, shares in self._jobs() for b in shares]
+        at = ((g, s) for g, b in enumerate(buckets) for s in range(len(b)))
+        for (bucket, s), result in zip(at, self._round_results(), strict=True):
+            yield bucket, s, result
 
     def has_work(self) -> bool:
         return self.state is ServerState.COMPUTING
@@ -603,20 +616,11 @@ class ServerPretrain(Party):
         """
         if self.state is not ServerState.DONE or not self.keep_encoder or self._closed or self.plan is None:
             raise RuntimeError("replay_compute needs a finished round with keep_encoder set")
-        shares_by = self.plan.shares
-        assert shares_by is not None
 
         def replay() -> None:
             try:
-                self._prepare_encoders()
-                for c, shares in sorted(shares_by.items()):
-                    if shares:
-                        encoder = self._new_encoder(c, sum(len(b) for b in shares))
-                        try:
-                            for _ in encoder.map(shares):
-                                pass
-                        finally:
-                            encoder.close()
+                for _ in self._round_results():
+                    pass
             finally:
                 self._close_encoders()  # reaps the workers, so that their CPU is counted
 

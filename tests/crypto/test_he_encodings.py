@@ -139,6 +139,76 @@ def test_round_pool_serves_every_recipient_under_its_own_key(keys):
         spool.close()
 
 
+def test_round_stream_keeps_the_window_full_across_recipients(keys, monkeypatch):
+    """:meth:`LocalEncoderFactory.map_round` runs two recipients through one window of the round's
+    pool: the second recipient's first batch is submitted before the first recipient's last result
+    is read (its workers do not drain between recipients), at most ``window`` batches are ever in
+    flight, and every result decrypts under its own recipient's key to the plaintext encodings.
+    Without a pool, the same stream is computed inline."""
+    from fedgat.crypto import encoders
+    from fedgat.crypto.encoders import LocalEncoderFactory
+
+    holders = [keys[0], KeyHolderContext.generate("n4096")]
+    servers = [ServerContext.from_bytes(h.public_context_bytes()) for h in holders]
+    csr = random_csr(12, 4, seed=71)
+    x = unit_rows(12, 10, seed=72)
+    layout = SlotLayout.for_dimension(10, servers[0].slots)
+    spools = [CiphertextSpool(s, layout) for s in servers]
+    for holder, spool in zip(holders, spools, strict=True):
+        for node, row in enumerate(x.numpy()):
+            for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
+                spool.put(node, chunk, blob)
+    bases = draw_bases("vector", csr, np.arange(12), rng=11)
+    per_recipient = sum(len(b) for b in bases)
+    read = [0]  # results the consumer has read so far
+    submitted: list[tuple[int, int]] = []  # (recipient key, results read when its batch was submitted)
+    real_submit = encoders.RoundPool.map
+
+    def spying_map(self, jobs, layout, window, chunksize=32, max_task_cost=512):
+        submit = self.executor.submit
+
+        def spy(fn, key, batch):
+            submitted.append((key, read[0]))
+            return submit(fn, key, batch)
+
+        self.executor.submit = spy  # type: ignore[method-assign]
+        yield from real_submit(self, jobs, layout, window, 1, max_task_cost)  # one node per batch
+
+    monkeypatch.setattr(encoders.RoundPool, "map", spying_map)
+    recipients = {7: (servers[0], spools[0], 12), 9: (servers[1], spools[1], 12)}
+    for workers in (2, 0):
+        factory = LocalEncoderFactory(workers=workers)
+        factory.prepare(recipients, layout)
+        assert factory.pool_workers == workers
+        results = []
+        try:
+            for r in factory.map_round([(7, bases), (9, bases)], layout):
+                results.append(r)
+                read[0] += 1
+        finally:
+            factory.close()
+        assert len(results) == 2 * per_recipient
+        if workers:
+            first_of_9 = next(at for key, at in submitted if key == 9)
+            assert first_of_9 < per_recipient  # submitted while recipient 7's results were still coming
+            assert 1 <= factory.max_in_flight <= factory.window == 8
+        it = iter(results)
+        for holder in holders:
+            for b in bases:
+                got = decrypt_bucket(
+                    holder, layout, b, [next(it) for _ in range(len(b))], dtype=torch.float64
+                )
+                assert (got.features - encode_bucket(b, x).features).abs().max().item() < 1e-5
+        submitted.clear()
+        read[0] = 0
+    factory = LocalEncoderFactory(workers=0)
+    factory.prepare(recipients, layout)
+    with pytest.raises(ValueError, match="not prepared"):
+        list(factory.map_round([(8, bases)], layout))
+    for spool in spools:
+        spool.close()
+
+
 def test_parallel_encoder_splits_large_nodes_into_group_pieces(keys):
     """A node above ``max_task_cost`` is computed as runs of whole result groups on the pool and
     reassembled in group order: the decryption equals the plaintext encodings."""
