@@ -205,6 +205,25 @@ def test_cli_cuda_graphs_need_cuda(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_demo_cuda_graphs_need_cuda(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    argv = ["demo", "--dataset", "synthetic", "--rounds", "1", "--quiet", "--cuda-graphs", "--json", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--cuda-graphs captures CUDA work: it needs --device cuda (got --device cpu)" in err
+    assert not out.exists()
+
+
+def test_training_parties_refuse_cuda_graphs_off_cuda_before_any_work(graph, monkeypatch):
+    """The protocol's rounds (what ``fedgat demo`` trains with) refuse ``cuda_graphs`` on the CPU
+    before a party is built."""
+    from fedgat import app
+
+    monkeypatch.setattr(app, "build_rounds_server", lambda *a, **k: pytest.fail("built before the check"))
+    with pytest.raises(ValueError, match="cuda_graphs needs a CUDA device, not cpu"):
+        app.build_training_parties(graph, None, {}, device="cpu", cuda_graphs=True)  # type: ignore[arg-type]
+
+
 def test_run_method_refuses_cuda_graphs_off_cuda_before_any_work(graph, monkeypatch):
     from fedgat import methods
 
@@ -340,6 +359,19 @@ def test_cli_train_on_cuda(tmp_path):
     assert json.loads(out.read_text())["device"] == "cuda"
     assert cli.main([*argv, "--rounds", "5", "--device", "cuda", "--cuda-graphs", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["device"] == "cuda"
+
+
+@cuda
+@needs_cuda
+def test_cli_demo_trains_captured_on_cuda(tmp_path):
+    """``fedgat demo --device cuda --cuda-graphs``: the encrypted round on the CPU, the protocol's
+    rounds with every client's step captured on the GPU."""
+    import json
+
+    out = tmp_path / "demo.json"
+    argv = ["demo", "--dataset", "synthetic", "--nodes", "120", "--clients", "2", "--rounds", "4", "--quiet"]
+    assert cli.main([*argv, "--device", "cuda", "--cuda-graphs", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["training_device"].startswith("cuda")
 
 
 @cuda

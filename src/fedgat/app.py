@@ -33,6 +33,7 @@ import torch
 
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.crypto.spool import CiphertextSpool
+from fedgat.device import resolve_device
 from fedgat.dp import FeatureDP, LabelPredictor
 from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import DPLedger, MissingLedgerError
@@ -418,16 +419,19 @@ def build_rounds_client(
     secagg: SecAggConfig | str | None = "auto",
     dp_rounds: int = 0,
     device: str | torch.device | None = None,
+    cuda_graphs: bool = False,
 ) -> ClientRounds:
     """Client ``client``'s party of the FedAvg rounds: a :class:`fedgat.federated.Client` training
     FedGAT (hyper-parameters ``hp``) on the tasks of its (decrypted) ``encodings`` of its ``needed``
     nodes (:func:`fedgat.tasks.tasks_from_encodings`, compacted at ``compact_tol``); ``secagg`` as
     :func:`build_rounds_server` (both sides must agree); ``dp_rounds``: the rounds DP-FedAvg has
     already counted against the client's budget (the release predictor's, :func:`build_predictor_parties`);
-    ``device``: where the client trains (:class:`fedgat.federated.Client`; default the CPU).
+    ``device``: where the client trains (:class:`fedgat.federated.Client`; default the CPU), with
+    its local step captured as a CUDA graph when ``cuda_graphs`` (a CUDA ``device`` only).
 
     Raises:
-        ValueError: the encodings do not cover the client's ``needed`` nodes in order.
+        ValueError: the encodings do not cover the client's ``needed`` nodes in order, or
+            ``cuda_graphs`` off a CUDA device.
     """
     train, evaluation = tasks_from_encodings(graph, partition, client, encodings, compact_tol)
     model_fn = fedgat_model_fn(num_features, num_classes, hp)
@@ -441,6 +445,7 @@ def build_rounds_client(
         strategy=strategy.client,
         update_dp=update_dp_from_hparams(hp),
         device=device,
+        cuda_graphs=cuda_graphs,
     )
     member.dp_rounds = dp_rounds
     return ClientRounds(
@@ -467,6 +472,7 @@ def build_training_parties(
     secagg: SecAggConfig | str | None = "auto",
     dp_rounds: Mapping[int, int] | None = None,
     device: str | torch.device | None = None,
+    cuda_graphs: bool = False,
     **hparams: Any,
 ) -> TrainingParties:
     """The server and the clients of the FedAvg rounds from the clients' (decrypted) encodings.
@@ -480,7 +486,11 @@ def build_training_parties(
     :meth:`fedgat.federated.Server.fit` aggregates in the clear. ``dp_rounds``: client -> rounds
     DP-FedAvg has already counted (the release predictor's). ``device``: where every client trains
     (:func:`fedgat.device.resolve_device`; default the CPU); the server's weights stay on the CPU.
+    ``cuda_graphs``: on a CUDA ``device``, every client's local step runs as a captured CUDA graph
+    (:class:`fedgat.federated.Client`); refused (``ValueError``) before anything is built otherwise.
     """
+    if cuda_graphs and (where := resolve_device(device)).type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, not {where}")
     hp = resolve_hparams("fedgat", hparams)
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
@@ -514,6 +524,7 @@ def build_training_parties(
             secagg=secagg,
             dp_rounds=0 if dp_rounds is None else int(dp_rounds.get(c, 0)),
             device=device,
+            cuda_graphs=cuda_graphs,
             **shape,
         )
         for c in roster.clients

@@ -531,6 +531,7 @@ def train_fedgat(
     compact_tol: float = COMPACT_TOLERANCE,
     dp_rounds: Mapping[int, int] | None = None,
     device: str | torch.device | None = None,
+    cuda_graphs: bool = False,
     **hparams,
 ) -> TrainingResult:
     """FedGAT training from the clients' (decrypted) encodings through the FedAvg protocol.
@@ -539,7 +540,8 @@ def train_fedgat(
     ``"fedgat"`` (hyper-parameters: :func:`fedgat.methods.default_hparams`); only the encodings come
     from the pre-training round instead of being built locally. ``dp_rounds``: client -> rounds
     DP-FedAvg has already counted (the release predictor's, :func:`train_release_predictor`).
-    ``device``: where the clients train (:class:`fedgat.federated.Client`; default the CPU).
+    ``device``: where the clients train (:class:`fedgat.federated.Client`; default the CPU);
+    ``cuda_graphs``: on a CUDA device, each client's local step as a captured CUDA graph.
 
     ``encodings`` are only read while the parties are built (each client copies the rows of its
     tasks): a caller that hands them over without keeping a reference frees them before the rounds.
@@ -554,6 +556,7 @@ def train_fedgat(
         compact_tol=compact_tol,
         dp_rounds=dp_rounds,
         device=device,
+        cuda_graphs=cuda_graphs,
         **hparams,
     )
     del encodings  # the parties hold their tasks' copies (see the docstring)

@@ -20,7 +20,8 @@ and whether the server's context holds a secret key (it does not).
 
 ``--device cuda`` (``cuda:N``, ``auto``) trains the FedAvg rounds' clients on a GPU; the encrypted
 pre-training round (TenSEAL) runs on the CPU whatever the device. Off the CPU the rounds run in this
-process (one GPU shared by the clients in turn), whichever ``--engine`` hosted the pre-training round.
+process (one GPU shared by the clients in turn), whichever ``--engine`` hosted the pre-training round;
+``--cuda-graphs`` with it captures each client's local step as one CUDA graph (:mod:`fedgat.cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "where the FedAvg rounds train (the encrypted pre-training always runs on the CPU; off the "
         "CPU the rounds run in this process whatever --engine)",
     )
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="with --device cuda: run each client's local step as one captured CUDA graph (fewer launches)",
+    )
     add_engine_arguments(parser, default="auto")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -157,7 +163,11 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_owners_path(args.owners)
     check_engine_arguments(args)
     check_output_file("--json", args.json)
-    check_device(args.device)
+    device = check_device(args.device)
+    if args.cuda_graphs and device.type != "cuda":
+        raise UsageError(
+            f"--cuda-graphs captures CUDA work: it needs --device cuda (got --device {args.device})"
+        )
     _cap(args)
 
 
@@ -296,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
             fingerprint=pre.fingerprint,
             progress=progress,
             device=device,
+            cuda_graphs=args.cuda_graphs,
             **hp,
         )
         plaintext = None
@@ -308,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
                 transport=rounds_transport,
                 progress=progress,
                 device=device,
+                cuda_graphs=args.cuda_graphs,
                 **hp,
             )
         actors = [] if engine is None else engine.memory()
