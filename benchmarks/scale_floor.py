@@ -16,6 +16,10 @@ The floor of a deployment with ``cores`` cores per party and every party on its 
   about a tenth; the mean is used);
 * transfer: the server's bytes (every upload in, every result out) at ``--link-gbps``.
 
+Beside them: the multiply-adds of one shared key (each needed node computed once, the protocol the
+issue's targets were set for) and their ratio, and the spool the server holds before its compute
+begins (every upload: the bytes up).
+
 A round cannot be faster than the largest of the three (they overlap at best), nor than the server's
 floor plus one client's when, as in the protocol, a client decrypts what the server has finished.
 That is the number the issue's "encrypted round <= 10 min on 16 cores at 169k nodes" is held against.
@@ -53,6 +57,7 @@ def floors(nodes: int, clients: int, cores: list[int], costs: dict, link_gbps: f
     partition = make_partition(graph, clients, beta=1e4, seed=seed, num_layers=2)
     est = estimate_pretraining(partition, "vector", graph.num_features)
     chunks, mads, results = est["layout_chunks"], est["multiply_adds"], est["result_ciphertexts_down"]
+    once = multiply_adds_once_per_node(partition, graph.num_features)
     ops = OpCounts.of_round(mads, results, chunks)
     server_s = ops.seconds(costs)
     encryptions = est["rows_released"] * chunks
@@ -73,6 +78,8 @@ def floors(nodes: int, clients: int, cores: list[int], costs: dict, link_gbps: f
         "edges": int(graph.edge_index.shape[1]),
         "op_counts": dataclasses.asdict(ops),
         "multiply_adds": mads,
+        "multiply_adds_once_per_node": once,
+        "op_count_ratio_to_one_key": mads / once,
         "result_ciphertexts": results,
         "encryptions": encryptions,
         "bytes_up": est["bytes_up"],
@@ -81,6 +88,24 @@ def floors(nodes: int, clients: int, cores: list[int], costs: dict, link_gbps: f
         "client_cpu_s_each": client_s,
         "floors": per_cores,
     }
+
+
+def multiply_adds_once_per_node(partition, d: int) -> int:
+    """The multiply-adds of the protocol the issue's targets were set for: one shared key, every
+    needed node's whole encoding computed once (today each recipient's foreign shares are computed
+    under its own key, :func:`fedgat.estimate.estimate_pretraining`)."""
+    import numpy as np
+
+    from fedgat.crypto import get_preset
+    from fedgat.protocols import PretrainConfig
+
+    cfg = PretrainConfig(session=0, variant="vector", preset="n4096")
+    layout = cfg.layout(cfg.row_width(d), get_preset("n4096").slots)
+    n = partition.neighbourhoods.degrees().astype(np.int64)
+    rows = np.array([cfg.rows_per_node(int(k), False) for k in n])
+    groups = -(-(rows + 1) // layout.blocks)  # h_i is result row 0
+    needed = np.unique(np.concatenate([np.asarray(c.needed, dtype=np.int64) for c in partition.clients]))
+    return int((groups[needed] * n[needed]).sum()) * layout.chunks
 
 
 def write_markdown(result: dict, path: Path) -> None:
@@ -96,7 +121,8 @@ def write_markdown(result: dict, path: Path) -> None:
             + f". Link {result['link_gbps']:g} Gbit/s. Command: `{result['command']}`."
         ),
         "",
-        "| nodes | edges | multiply-adds | results | bytes up GB | bytes down GB | server CPU h | "
+        "| nodes | edges | multiply-adds (x one key's) | results | bytes up GB (= spool) | bytes down GB | "
+        "server CPU h | "
         + " | ".join(f"floor @{c} cores min (server / client / transfer)" for c in cores)
         + " |",
         "|---:|---:|---:|---:|---:|---:|---:|" + "---|" * len(cores),
@@ -110,7 +136,8 @@ def write_markdown(result: dict, path: Path) -> None:
                 f"{f['transfer_s'] / 60:.1f})"
             )
         lines.append(
-            f"| {r['nodes']} | {r['edges']} | {r['multiply_adds']:,} | {r['result_ciphertexts']:,} | "
+            f"| {r['nodes']} | {r['edges']} | {r['multiply_adds']:,} ({r['op_count_ratio_to_one_key']:.2f}x) | "
+            f"{r['result_ciphertexts']:,} | "
             f"{r['bytes_up'] / 1e9:.1f} | {r['bytes_down'] / 1e9:.1f} | {r['server_cpu_s'] / 3600:.2f} | "
             + " | ".join(cells)
             + " |"
@@ -159,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "here, e.g. one measured on a quiet machine",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--name", default="scale_floor", help="file name stem of the results")
     args = parser.parse_args(argv)
 
     from fedgat.crypto.measure import evaluator_op_seconds, measure_preset
@@ -204,17 +232,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{c} cores: {f['floor_overlapped_s'] / 60:.1f} min overlapped, "
             f"{f['floor_server_then_client_s'] / 60:.1f} min server then client"
         )
+    ratio = big["op_count_ratio_to_one_key"]
     result["verdict"] = (
         f"At {big['nodes']:,} nodes the floor is "
         + "; ".join(parts)
-        + ". The issue's target is 10 min on 16 cores."
+        + ". The issue's target is 10 min on 16 cores, set when each node was computed once under one "
+        f"key; per-recipient keys multiply the server's multiply-adds by {ratio:.2f} here, so the same "
+        f"target scaled by the op count is {10 * ratio:.0f} min. The server must also hold every upload "
+        f"before its compute begins: {big['bytes_up'] / 1e9:.0f} GB of spool."
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scale_floor.json").write_text(json.dumps(result, indent=2) + "\n")
-    write_markdown(result, args.out / "scale_floor.md")
-    plot(result, args.out / "scale_floor.png")
+    stem = args.out / args.name
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    write_markdown(result, stem.with_suffix(".md"))
+    plot(result, stem.with_suffix(".png"))
     print(result["verdict"])
-    print(f"wrote {args.out / 'scale_floor'}.json/.md/.png in {result['seconds']} s")
+    print(f"wrote {stem}.json/.md/.png in {result['seconds']} s")
     return 0
 
 

@@ -55,5 +55,34 @@ def test_floor_is_op_counts_times_costs(tmp_path):
             assert f["floor_overlapped_s"] == max(f["server_s"], f["client_s"], f["transfer_s"])
     small, large = result["rows"]
     assert large["multiply_adds"] > 1.5 * small["multiply_adds"]  # grows with the graph
+    for row in result["rows"]:  # per-recipient keys compute more than one shared key did
+        assert (
+            row["op_count_ratio_to_one_key"] == row["multiply_adds"] / row["multiply_adds_once_per_node"] > 1
+        )
+    assert "scaled by the op count" in (out / "scale_floor.md").read_text()
     assert (out / "scale_floor.md").read_text().count("| 800 |") == 1
     assert (out / "scale_floor.png").stat().st_size > 0
+
+
+def test_one_key_op_count_is_the_evaluators_count_of_every_needed_node():
+    """The one-shared-key count (each needed node's whole encoding once) equals what the server's
+    evaluator spends (:meth:`OpCounts.of_map`) on the bases drawn for those nodes."""
+    import numpy as np
+
+    from fedgat.crypto import get_preset
+    from fedgat.crypto.evaluator import OpCounts
+    from fedgat.encodings import draw_bases
+    from fedgat.partition import make_partition
+    from fedgat.protocols import PretrainConfig
+
+    bench = _load()
+    graph = bench.arxiv_like(300, 0)
+    partition = make_partition(graph, 3, beta=1e4, seed=0, num_layers=2)
+    cfg = PretrainConfig(session=0, variant="vector", preset="n4096")
+    layout = cfg.layout(cfg.row_width(graph.num_features), get_preset("n4096").slots)
+    needed = np.unique(np.concatenate([np.asarray(c.needed) for c in partition.clients]))
+    ops = OpCounts()
+    for bases in draw_bases("vector", partition.neighbourhoods, needed, rng=1):
+        for s in range(len(bases)):
+            ops += OpCounts.of_map(bases.coefficients(s), layout)
+    assert bench.multiply_adds_once_per_node(partition, graph.num_features) == ops.multiplies > 0
