@@ -13,7 +13,7 @@ they differ only in where:
 
 An engine picks one by passing an :data:`EncoderFactory` to the server: it is called once per
 recipient, when that recipient's compute begins, with the recipient's public context, the slot
-layout, its spool and the number of its results. :func:`local_encoder` is the default factory. A
+layout, its spool and its multiply-adds (the work it asks for). :func:`local_encoder` is the default factory. A
 factory may also have ``prepare(recipients, layout)``, which the server calls once when the compute
 phase begins (every upload in), and ``close()``, which it calls when the round ends:
 :class:`LocalEncoderFactory` starts one :class:`RoundPool` there for every recipient, instead of a
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from fedgat.encodings import BucketBases
 
 __all__ = [
-    "AUTO_POOL_MIN_NODES",
+    "AUTO_POOL_MIN_MULTIPLY_ADDS",
     "BucketEncoder",
     "Encoder",
     "EncoderFactory",
@@ -68,8 +68,10 @@ __all__ = [
     "local_encoder",
 ]
 
-#: smallest round (results) for which :func:`local_encoder` with ``workers=None`` starts a pool
-AUTO_POOL_MIN_NODES = 256
+#: smallest round (multiply-adds, every recipient's together) for which :func:`local_encoder` with
+#: ``workers=None`` starts a pool: ~2 s of one core's work at n4096, about what starting the pool's
+#: processes costs. Counted in work, not results: a packed result carries 1 to 100+ multiply-adds.
+AUTO_POOL_MIN_MULTIPLY_ADDS = 4096
 
 
 ResultT_co = TypeVar("ResultT_co", covariant=True)
@@ -94,7 +96,7 @@ class Encoder(BucketEncoder[NodeResult], Protocol):
     def map(self, buckets: Iterable[ComputeBucket]) -> Iterator[NodeResult]: ...
 
 
-#: ``factory(context, layout, spool, results) -> Encoder``, called when the compute phase begins
+#: ``factory(context, layout, spool, multiply_adds) -> Encoder``, called when the compute phase begins
 EncoderFactory = Callable[[ServerContext, SlotLayout, CiphertextSpool, int], Encoder]
 
 
@@ -279,20 +281,22 @@ class ProcessPoolEncoder:
         self.close()
 
 
-def auto_workers(workers: int | None, results: int) -> int:
-    """Processes :func:`local_encoder` starts: ``workers`` when given, else ``os.cpu_count()`` for a
-    round of at least :data:`AUTO_POOL_MIN_NODES` results on a machine with more than one core, else 0."""
+def auto_workers(workers: int | None, multiply_adds: int) -> int:
+    """Processes :func:`local_encoder` starts: ``workers`` when given, else ``os.cpu_count()`` for
+    work of at least :data:`AUTO_POOL_MIN_MULTIPLY_ADDS` multiply-adds on a machine with more than
+    one core, else 0."""
     if workers is not None:
         return workers
     cores = os.cpu_count() or 1
-    return cores if cores > 1 and results >= AUTO_POOL_MIN_NODES else 0
+    return cores if cores > 1 and multiply_adds >= AUTO_POOL_MIN_MULTIPLY_ADDS else 0
 
 
 class LocalEncoderFactory:
     """The default factory (:func:`local_encoder`): ``workers`` processes (0: :class:`InlineEncoder`);
-    ``None`` uses ``os.cpu_count()`` processes for a round in which some recipient has at least
-    :data:`AUTO_POOL_MIN_NODES` results on a machine with more than one core, else computes inline
-    -- a spawned pool costs seconds to start.
+    ``None`` uses ``os.cpu_count()`` processes for a round of at least
+    :data:`AUTO_POOL_MIN_MULTIPLY_ADDS` multiply-adds (every recipient's together: one pool serves
+    them all) on a machine with more than one core, else computes inline -- a spawned pool costs
+    seconds to start.
 
     With :meth:`prepare` (the server calls it when the compute phase begins) the round's recipients
     share one :class:`RoundPool`, started once and closed by :meth:`close` (the server calls it when
@@ -314,10 +318,10 @@ class LocalEncoderFactory:
         self, recipients: dict[int, tuple[ServerContext, CiphertextSpool, int]], layout: SlotLayout
     ) -> None:
         """Start the round's pool for ``recipients`` (``key -> (public context, complete spool,
-        results)``) when the rule above asks for one (replacing a pool left from before)."""
+        multiply-adds)``) when the rule above asks for one (replacing a pool left from before)."""
         self.close()
         self._recipients = {key: (ctx, spool) for key, (ctx, spool, _) in recipients.items()}
-        n = auto_workers(self.workers, max((r for _, _, r in recipients.values()), default=0))
+        n = auto_workers(self.workers, sum(m for _, _, m in recipients.values()))
         if n == 0 or not recipients:
             return
         wires = {ctx.wire for ctx, _, _ in recipients.values()}
@@ -354,14 +358,14 @@ class LocalEncoderFactory:
             yield from InlineEncoder(ctx, layout, spool).map(buckets)
 
     def __call__(
-        self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int
+        self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int
     ) -> Encoder:
         key = self._keys.get(id(spool))
         if self.pool is not None and key is not None:
             return ProcessPoolEncoder(
                 ctx.public_context_bytes(), layout, spool, round_pool=self.pool, key=key
             )
-        n = auto_workers(self.workers, results)
+        n = auto_workers(self.workers, multiply_adds)
         if n == 0:
             return InlineEncoder(ctx, layout, spool)
         return ProcessPoolEncoder(ctx.public_context_bytes(), layout, spool, workers=n)

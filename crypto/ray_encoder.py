@@ -207,8 +207,10 @@ def ray_encoder(workers: int | None = None, *, everywhere: bool = True) -> Encod
     only where :func:`~fedgat.crypto.encoders.local_encoder` with the same ``workers`` would start a
     process pool; smaller rounds stay in the server's process."""
 
-    def factory(ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int) -> Encoder:
-        if not everywhere and auto_workers(workers, results) == 0:
+    def factory(
+        ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int
+    ) -> Encoder:
+        if not everywhere and auto_workers(workers, multiply_adds) == 0:
             return InlineEncoder(ctx, layout, spool)
         return RayEncoder(ctx.public_context_bytes(), layout, spool, workers=workers or None)
 

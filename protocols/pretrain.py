@@ -93,7 +93,7 @@ batch on arrival. No party holds all ciphertexts of a dataset.
 
 from __future__ import annotations
 
-from fedgat.crypto.encoders import AUTO_POOL_MIN_NODES
+from fedgat.crypto.encoders import AUTO_POOL_MIN_MULTIPLY_ADDS
 
 from .pretrain_checks import MAX_BASIS_ABS, NORM_TOLERANCE, validate_features
 from .pretrain_client import ClientPretrain, ClientState, encodings_from_checkpoint
@@ -104,7 +104,7 @@ from .pretrain_plan import RoundPlan, client_bucket_views, needed_from_neighbour
 from .pretrain_server import ServerPretrain, ServerState, SpoolFactory
 
 __all__ = [
-    "AUTO_POOL_MIN_NODES",
+    "AUTO_POOL_MIN_MULTIPLY_ADDS",
     "CLIENT_KIND",
     "MAX_BASIS_ABS",
     "NORM_TOLERANCE",

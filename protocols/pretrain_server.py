@@ -147,6 +147,7 @@ class ServerPretrain(Party):
         self.nodes_computed = 0  # results computed
         self.partials_computed = 0  # (node, foreign owner) partials in them
         self.multiply_adds = 0
+        self._recipient_multiply_adds: dict[int, int] = {}
         self.result_ciphertexts = 0
         self.result_rows = 0
         self.rows_released = 0
@@ -495,6 +496,11 @@ class ServerPretrain(Party):
                         )
                     )
             self.nodes_total = plan.num_results
+            #: each recipient's multiply-adds (what the encoder factory weighs a pool against)
+            self._recipient_multiply_adds = {
+                c: sum(b.multiply_adds(self.layout) for b in shares)
+                for c, shares in (plan.shares or {}).items()
+            }
             self.multiply_adds = plan.multiply_adds(self.layout)
             self._results = self._compute_results()
         self.state = ServerState.COMPUTING
@@ -510,9 +516,10 @@ class ServerPretrain(Party):
         """What the encoder computes: every recipient's foreign shares, recipient by recipient."""
         return [] if self.plan is None else [b for b in self.plan.buckets if isinstance(b, PackedShares)]
 
-    def _new_encoder(self, recipient: int, results: int) -> Encoder:
+    def _new_encoder(self, recipient: int) -> Encoder:
         assert self.layout is not None
-        encoder = self.encoder_factory(self.contexts[recipient], self.layout, self._spool(recipient), results)
+        work = self._recipient_multiply_adds[recipient]
+        encoder = self.encoder_factory(self.contexts[recipient], self.layout, self._spool(recipient), work)
         self.workers = max(self.workers, encoder.workers)
         return encoder
 
@@ -525,7 +532,7 @@ class ServerPretrain(Party):
         assert self.plan is not None and self.plan.shares is not None and self.layout is not None
         prepare(
             {
-                c: (self.contexts[c], self._spool(c), sum(len(b) for b in shares))
+                c: (self.contexts[c], self._spool(c), self._recipient_multiply_adds[c])
                 for c, shares in sorted(self.plan.shares.items())
                 if shares
             },
@@ -558,7 +565,7 @@ class ServerPretrain(Party):
             yield from map_round(jobs, self.layout)
             return
         for c, shares in jobs:
-            self._encoder = self._new_encoder(c, sum(len(b) for b in shares))
+            self._encoder = self._new_encoder(c)
             yield from self._encoder.map(shares)
             self._encoder.close()
             self._encoder = None

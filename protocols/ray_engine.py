@@ -235,15 +235,17 @@ class RayTransport(HostedTransport):
     def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
         """A pre-training server over this transport computes as Ray tasks (:class:`RayEncoder`,
         ``workers`` at once; None/0: the cluster's CPUs) -- always with ``server_tasks=True``, only
-        where it would start a process pool with None (decided per recipient, by the number of its
-        results), never with False. The server makes one encoder per recipient (under that
+        where it would start a process pool with None (decided per recipient, by its multiply-adds),
+        never with False. The server makes one encoder per recipient (under that
         recipient's public context); every :class:`RayEncoder` made is kept in :attr:`encoders`."""
         if self.server_tasks is False:
             return local_encoder(workers)
         ray_factory = ray_encoder(workers, everywhere=bool(self.server_tasks))
 
-        def factory(ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, results: int) -> Encoder:
-            encoder = ray_factory(ctx, layout, spool, results)
+        def factory(
+            ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int
+        ) -> Encoder:
+            encoder = ray_factory(ctx, layout, spool, multiply_adds)
             if isinstance(encoder, RayEncoder):
                 self.encoders.append(encoder)
             return encoder

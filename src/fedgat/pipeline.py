@@ -281,7 +281,7 @@ def run_encrypted_pretraining(
         chunks: feature chunks per ciphertext (None: :meth:`SlotLayout.for_dimension`).
         dtype: dtype of the decrypted encodings.
         workers: processes for the server's homomorphic compute (0: in process; None: every core
-            for rounds of :data:`~fedgat.protocols.pretrain.AUTO_POOL_MIN_NODES` nodes or more).
+            for rounds of :data:`~fedgat.protocols.pretrain.AUTO_POOL_MIN_MULTIPLY_ADDS` or more).
         dp: DP release of the rows shared across clients (:class:`fedgat.dp.FeatureDP`): each
             client's encodings then follow the block layout of :mod:`fedgat.dp` (its own clean
             features, every other node's release); the release's randomness comes from each

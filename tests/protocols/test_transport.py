@@ -92,6 +92,67 @@ def test_one_pool_serves_every_recipient_of_a_round(tiny_graph, tiny_partition, 
     assert server.workers == 2 and server.encoder_factory.pool is None  # closed with the round
 
 
+def test_pool_rule_weighs_the_rounds_multiply_adds(monkeypatch):
+    """With ``workers=None`` a pool starts for a round of at least AUTO_POOL_MIN_MULTIPLY_ADDS
+    multiply-adds, every recipient's together (one pool serves them all), on more than one core; a
+    given ``workers`` is taken as it is."""
+    from fedgat.crypto import encoders
+
+    started: list[int] = []
+
+    class FakePool:
+        def __init__(self, recipients, layout, wire, workers):
+            started.append(workers)
+            self.workers, self.keys = workers, frozenset(recipients)
+
+        def close(self):
+            pass
+
+    class Ctx:
+        wire = "compact"
+
+        def public_context_bytes(self):
+            return b""
+
+    monkeypatch.setattr(encoders, "RoundPool", FakePool)
+    monkeypatch.setattr(encoders.os, "cpu_count", lambda: 4)
+    limit = encoders.AUTO_POOL_MIN_MULTIPLY_ADDS
+    assert encoders.auto_workers(None, limit - 1) == 0 and encoders.auto_workers(None, limit) == 4
+    assert encoders.auto_workers(3, 0) == 3 and encoders.auto_workers(0, 10 * limit) == 0
+    factory = encoders.LocalEncoderFactory()
+    half = limit // 2
+    factory.prepare({1: (Ctx(), object(), half), 2: (Ctx(), object(), limit - half)}, None)  # type: ignore[dict-item, arg-type]
+    assert started == [4] and factory.pool_workers == 4
+    factory.prepare({1: (Ctx(), object(), limit - 1)}, None)  # type: ignore[dict-item, arg-type]
+    assert started == [4] and factory.pool_workers == 0
+    monkeypatch.setattr(encoders.os, "cpu_count", lambda: 1)
+    factory.prepare({1: (Ctx(), object(), 100 * limit)}, None)  # type: ignore[dict-item, arg-type]
+    assert started == [4]
+
+
+def test_server_weighs_each_recipient_by_the_multiply_adds_its_encoder_spends(tiny_graph, tiny_partition):
+    """What the server hands its encoder factory as each recipient's work is exactly the multiply-adds
+    SEAL's evaluator then spends under that recipient's context, and they add up to the round's."""
+    from fedgat.app import build_pretrain_parties
+    from fedgat.crypto.encoders import LocalEncoderFactory
+    from fedgat.crypto.evaluator import evaluator_for
+    from fedgat.pipeline import drive
+
+    weighed: dict[int, int] = {}
+
+    class Spy(LocalEncoderFactory):
+        def prepare(self, recipients, layout):
+            weighed.update({c: m for c, (_, _, m) in recipients.items()})
+            super().prepare(recipients, layout)
+
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=2, encoder=Spy(workers=0))
+    drive(InProcessTransport(), parties.all())
+    server = parties.server
+    assert len(weighed) >= 2 and sum(weighed.values()) == server.multiply_adds > 0
+    for c, mads in weighed.items():
+        assert evaluator_for(server.contexts[c]).ops.multiplies == mads
+
+
 def test_metadata_only_transcript(tiny_graph, tiny_partition):
     transport = InProcessTransport(Transcript(keep_payloads=False))
     run_encrypted_pretraining(tiny_graph, tiny_partition, seed=2, transport=transport, progress=False)
