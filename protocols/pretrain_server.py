@@ -496,12 +496,13 @@ class ServerPretrain(Party):
                         )
                     )
             self.nodes_total = plan.num_results
-            #: each recipient's multiply-adds (what the encoder factory weighs a pool against)
+            # each recipient's multiply-adds (what the encoder factory weighs a pool against); a
+            # shares plan's buckets are its recipients' shares, so they add up to the round's
+            assert plan.shares is not None
             self._recipient_multiply_adds = {
-                c: sum(b.multiply_adds(self.layout) for b in shares)
-                for c, shares in (plan.shares or {}).items()
+                c: sum(b.multiply_adds(self.layout) for b in shares) for c, shares in plan.shares.items()
             }
-            self.multiply_adds = plan.multiply_adds(self.layout)
+            self.multiply_adds = sum(self._recipient_multiply_adds.values())
             self._results = self._compute_results()
         self.state = ServerState.COMPUTING
         return out

@@ -149,6 +149,7 @@ def test_server_weighs_each_recipient_by_the_multiply_adds_its_encoder_spends(ti
     drive(InProcessTransport(), parties.all())
     server = parties.server
     assert len(weighed) >= 2 and sum(weighed.values()) == server.multiply_adds > 0
+    assert server.multiply_adds == server.plan.multiply_adds(server.layout)
     for c, mads in weighed.items():
         assert evaluator_for(server.contexts[c]).ops.multiplies == mads
 
