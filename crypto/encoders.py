@@ -320,6 +320,7 @@ class LocalEncoderFactory:
         """Start the round's pool for ``recipients`` (``key -> (public context, complete spool,
         multiply-adds)``) when the rule above asks for one (replacing a pool left from before)."""
         self.close()
+        self.max_in_flight = 0
         self._recipients = {key: (ctx, spool) for key, (ctx, spool, _) in recipients.items()}
         n = auto_workers(self.workers, sum(m for _, _, m in recipients.values()))
         if n == 0 or not recipients:
