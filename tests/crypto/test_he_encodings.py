@@ -95,22 +95,29 @@ def test_parallel_encoder_matches_serial(keys):
     spool.close()
 
 
-def test_round_pool_serves_every_recipient_under_its_own_key(keys):
-    """One :class:`RoundPool` computes two recipients' encodings, each under that recipient's key and
-    from its spool: each decrypts (with its own key only) to the plaintext encodings, and a recipient
-    the pool was not started for is refused."""
-    from fedgat.crypto.encoders import LocalEncoderFactory, ProcessPoolEncoder, RoundPool
-
+def _two_recipients(keys, seed: int):
+    """Two recipients' keys (server views) and spools holding the same 12 unit rows, each encrypted
+    under its recipient's key: ``(holders, servers, x, layout, spools, csr)``."""
     holders = [keys[0], KeyHolderContext.generate("n4096")]
     servers = [ServerContext.from_bytes(h.public_context_bytes()) for h in holders]
-    csr = random_csr(12, 4, seed=61)
-    x = unit_rows(12, 10, seed=62)
+    csr = random_csr(12, 4, seed=seed)
+    x = unit_rows(12, 10, seed=seed + 1)
     layout = SlotLayout.for_dimension(10, servers[0].slots)
     spools = [CiphertextSpool(s, layout) for s in servers]
     for holder, spool in zip(holders, spools, strict=True):
         for node, row in enumerate(x.numpy()):
             for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
                 spool.put(node, chunk, blob)
+    return holders, servers, x, layout, spools, csr
+
+
+def test_round_pool_serves_every_recipient_under_its_own_key(keys):
+    """One :class:`RoundPool` computes two recipients' encodings, each under that recipient's key and
+    from its spool: each decrypts (with its own key only) to the plaintext encodings, and a recipient
+    the pool was not started for is refused."""
+    from fedgat.crypto.encoders import LocalEncoderFactory, ProcessPoolEncoder, RoundPool
+
+    holders, servers, x, layout, spools, csr = _two_recipients(keys, seed=61)
     bases = draw_bases("vector", csr, np.arange(12), rng=9)
     factory = LocalEncoderFactory(workers=2)
     factory.prepare({7: (servers[0], spools[0], 12), 9: (servers[1], spools[1], 12)}, layout)
@@ -148,16 +155,7 @@ def test_round_stream_keeps_the_window_full_across_recipients(keys, monkeypatch)
     from fedgat.crypto import encoders
     from fedgat.crypto.encoders import LocalEncoderFactory
 
-    holders = [keys[0], KeyHolderContext.generate("n4096")]
-    servers = [ServerContext.from_bytes(h.public_context_bytes()) for h in holders]
-    csr = random_csr(12, 4, seed=71)
-    x = unit_rows(12, 10, seed=72)
-    layout = SlotLayout.for_dimension(10, servers[0].slots)
-    spools = [CiphertextSpool(s, layout) for s in servers]
-    for holder, spool in zip(holders, spools, strict=True):
-        for node, row in enumerate(x.numpy()):
-            for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
-                spool.put(node, chunk, blob)
+    holders, servers, x, layout, spools, csr = _two_recipients(keys, seed=71)
     bases = draw_bases("vector", csr, np.arange(12), rng=11)
     per_recipient = sum(len(b) for b in bases)
     read = [0]  # results the consumer has read so far
