@@ -9,6 +9,8 @@
 #                                                         CUDA graphs, the vector profile and the layer: ~2 min)
 #                bash benchmarks/device_check.sh cpu16   (the layer's per-operator profile at 1/2/16 threads,
 #                                                         graph scale at ogbn-arxiv's size: <= 8 min)
+#                bash benchmarks/device_check.sh server16 (the server's compute on a 16-worker round pool,
+#                                                         1,500 of Cora's tasks, against its op bound: ~3 min)
 #                bash benchmarks/device_check.sh round16 (the Cora encrypted round on 16 cores: <= 9 min)
 #                bash benchmarks/device_check.sh gpu profile16 round16   (several parts in one call, in order;
 #                                                         ROUND_LIMIT=seconds caps the round's step, SMOKE=0 skips
@@ -101,12 +103,17 @@ profile16)
     step layer_profile_matrix 60 python3 benchmarks/layer_profile.py --dataset cora --variant matrix \
         --threads 1,16 --machine "$machine" --out "$stage/layer_profile"
     ;;
+server16)
+    # the server's compute on a round pool of every core, against its op bound / 16 (no clients)
+    step server_pool 240 python3 benchmarks/server_profile.py --tasks 1500 --wires compact --workers 16 \
+        --quiet --name server_pool_16core --out "$stage/server16"
+    ;;
 round16)
     step overhead_cora "${ROUND_LIMIT:-500}" env -u TQDM_DISABLE python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
         --no-train --progress --out "$stage/overhead16"
     ;;
 *)
-    echo "device_check: unknown part '$part' (gpu, graphs, cpu16, profile16 or round16)"
+    echo "device_check: unknown part '$part' (gpu, graphs, cpu16, profile16, server16 or round16)"
     continue
     ;;
 esac

@@ -25,6 +25,11 @@ worker's own code (:func:`~fedgat.crypto.tasks.worker_batch_for`, spool cache an
    * ``copies``: TenSEAL's ``ciphertext()`` copies of each source;
    * ``other``: the rest (Python around the calls, coefficient vectors, allocation, the profiler).
 
+With ``--workers N [M ...]`` the same tasks then run on a :class:`~fedgat.crypto.encoders.RoundPool`
+of each size, as the server's round runs them (its workers' start-up paid and timed before the pass):
+wall time against the op bound divided by the workers, i.e. how the server's compute scales with cores
+(``benchmarks/device_check.sh server16`` on the 16-core machine).
+
 The op-count bound uses per-operation costs measured in the same run, one core, nothing else running
 (:func:`~fedgat.crypto.measure.evaluator_op_seconds`). ``floor_with_save`` adds SEAL's save (the part
 no wire can avoid) to it. Every wire of ``--wires`` (the session option
@@ -107,9 +112,11 @@ def profile(
     wires: tuple[str, ...] = WIRES,
     seed: int = 0,
     progress: bool = True,
+    workers: list[int] | None = None,
 ) -> dict:
     """The measurement of the module docstring, as a JSON-ready dict: the same tasks in every wire
-    of ``wires``, the passes of the wires interleaved (warm-ups, then clean passes, then profiles)."""
+    of ``wires``, the passes of the wires interleaved (warm-ups, then clean passes, then profiles);
+    with ``workers``, a pool pass of the first wire per worker count (:func:`pool_pass`)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -182,6 +189,11 @@ def profile(
             one_pass(w)
             prof.disable()
             parts[w] = _component_seconds(prof)
+        w = wires[0]
+        server = states[w]["recipients"][0][0]
+        pools = [
+            pool_pass(server.public_context_bytes(), spools[w], layout, w, n, batches) for n in workers or []
+        ]
     finally:
         worker._WORKER.clear()
         for spool in spools.values():
@@ -229,12 +241,79 @@ def profile(
         "bound_ms_per_result": bound / results * 1e3,
         "round_op_bound_cpu_seconds": round_ops.seconds(costs),
         "wires": per_wire,
+        "pools": [
+            {
+                **pool,
+                "wire": wires[0],
+                "bound_seconds": bound / pool["workers"],
+                "clean_pass_seconds": clean[wires[0]] / pool["workers"],
+                "wall_vs_op_bound": pool["wall_seconds"] / (bound / pool["workers"]),
+                "wall_vs_clean_pass": pool["wall_seconds"] / (clean[wires[0]] / pool["workers"]),
+            }
+            for pool in pools
+        ],
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "load_average": list(os.getloadavg()),
         },
+    }
+
+
+def pool_pass(public_context: bytes, spool, layout, wire: str, workers: int, batches: list) -> dict:
+    """The sampled batches on a :class:`~fedgat.crypto.encoders.RoundPool` of ``workers`` processes,
+    as the server's round runs them (the same worker code, window of ``4 * workers`` batches): its
+    start (spawn, imports, context and spool loads, timed until every worker has answered a ping),
+    the wall time of the pass, the main process's CPU in it (submitting, receiving) and the
+    workers' CPU, start-up included (reaped at shutdown)."""
+    import multiprocessing
+    import resource
+    import types
+
+    from fedgat.crypto.encoders import RoundPool
+    from fedgat.crypto.tasks import run_windowed, worker_batch_for, worker_pid
+
+    def children_cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    # the barrier's manager process starts (and is reaped) outside every timing
+    manager = multiprocessing.get_context("spawn").Manager() if workers > 1 else None
+    try:
+        barrier = manager.Barrier(workers) if manager is not None else None
+        before_children = children_cpu()
+        start = time.perf_counter()
+        pool = RoundPool({0: (public_context, spool)}, layout, wire, workers)
+        try:
+            executor = pool.executor
+            assert executor is not None
+            # one ping per worker, all held at the barrier: every worker has started before the pass
+            pids = {f.result() for f in [executor.submit(worker_pid, barrier) for _ in range(workers)]}
+            started = time.perf_counter() - start
+            window = types.SimpleNamespace(window=4 * workers, max_in_flight=0)
+            cpu, t = time.process_time(), time.perf_counter()
+            results = 0
+            for r in run_windowed(
+                window, iter(batches), lambda b: executor.submit(worker_batch_for, 0, b), lambda f: f.result()
+            ):
+                results += len(r.row_blobs)
+            wall, main_cpu = time.perf_counter() - t, time.process_time() - cpu
+        finally:
+            pool.close()  # reaps the workers: their CPU is counted below
+        workers_cpu = children_cpu() - before_children
+    finally:
+        if manager is not None:
+            manager.shutdown()
+    return {
+        "workers": workers,
+        "workers_answered": len(pids),
+        "start_seconds": started,
+        "wall_seconds": wall,
+        "main_process_cpu_seconds": main_cpu,
+        "workers_cpu_seconds": workers_cpu,
+        "results": results,
+        "max_in_flight": window.max_in_flight,
     }
 
 
@@ -294,6 +373,7 @@ def markdown(result: dict) -> str:
             + ", ".join(f"{w} {wires[w]['round_cpu_seconds_predicted']:.0f} CPU-s" for w in names)
             + f"; its op bound {result['round_op_bound_cpu_seconds']:.0f} CPU-s."
         ),
+        *pool_rows(result),
         "",
         (
             "Components: `ops` = SEAL encode, multiply_plain, add_inplace, rescale (what the bound counts); "
@@ -305,6 +385,33 @@ def markdown(result: dict) -> str:
         ),
     ]
     return "\n".join(rows) + "\n"
+
+
+def pool_rows(result: dict) -> list[str]:
+    """The pool passes' table (none without ``--workers``)."""
+    pools = result.get("pools") or []
+    if not pools:
+        return []
+    rows = [
+        "",
+        (
+            f"The same tasks on a round pool ({pools[0]['wire']} wire; the bound and the one-core clean pass "
+            "divided by the workers; workers' start-up timed apart, before the pass):"
+        ),
+        "",
+        (
+            "| workers | start s | wall s | op bound / workers s | wall vs bound | wall vs one-core pass / workers | "
+            "workers' CPU s | main process CPU s |"
+        ),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in pools:
+        rows.append(
+            f"| {p['workers']} | {p['start_seconds']:.2f} | {p['wall_seconds']:.2f} | {p['bound_seconds']:.2f} | "
+            f"**{p['wall_vs_op_bound']:.2f}** | {p['wall_vs_clean_pass']:.2f} | {p['workers_cpu_seconds']:.1f} | "
+            f"{p['main_process_cpu_seconds']:.2f} |"
+        )
+    return rows
 
 
 def plot(result: dict, path: Path) -> None:
@@ -332,9 +439,9 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(result: dict, out: Path) -> list[Path]:
+def write(result: dict, out: Path, name: str = "server_profile") -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "server_profile.json", out / "server_profile.md", out / "server_profile.png"]
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
     paths[1].write_text(markdown(result))
     plot(result, paths[2])
@@ -355,8 +462,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="server_profile", help="file name stem of the results")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also run the sampled tasks on a round pool of each of these sizes (e.g. 2 16): wall time "
+        "against the op bound divided by the workers",
+    )
     args = parser.parse_args(argv)
+    if any(n < 1 for n in args.workers):
+        parser.error("--workers: every pool size must be at least 1")
     result = profile(
         args.dataset,
         nodes=args.nodes,
@@ -368,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
         wires=tuple(args.wires),
         seed=args.seed,
         progress=not args.quiet,
+        workers=args.workers,
     )
-    for path in write(result, args.out):
+    for path in write(result, args.out, args.name):
         print(path)
     print(markdown(result))
     return 0

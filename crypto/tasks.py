@@ -16,6 +16,7 @@ and :mod:`fedgat.crypto.spool` and no more (about 0.2 s instead of 1.7 s of star
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -180,3 +181,13 @@ def worker_batch_for(key: int, tasks: list[Task]) -> list[NodeResult]:
         encode_node(ctx, layout, [spool.get(j) for j in neighbours], node, q)
         for node, neighbours, q, _last in tasks
     ]
+
+
+def worker_pid(barrier: Any = None) -> int:
+    """Pool task: this worker's process id, returned once ``barrier`` (a multiprocessing manager's
+    ``Barrier`` for as many parties as the pool has workers, or None) lets every worker through --
+    one task per worker, all running at once, so that each has started. Benchmarks pay a pool's
+    start-up this way before they time it."""
+    if barrier is not None:
+        barrier.wait(timeout=120)
+    return os.getpid()

@@ -35,7 +35,7 @@ def test_profile_counts_the_sampled_tasks_and_splits_their_cpu(tmp_path, monkeyp
 
     monkeypatch.setattr(bench, "sample_tasks", spy)
     argv = ["--dataset", "synthetic", "--nodes", "120", "--clients", "3", "--tasks", "24", "--quiet"]
-    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    assert bench.main([*argv, "--workers", "2", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "server_profile.json").read_text())
     assert (tmp_path / "server_profile.md").read_text().startswith("# Server CPU per result")
     assert (tmp_path / "server_profile.png").stat().st_size > 0
@@ -69,3 +69,21 @@ def test_profile_counts_the_sampled_tasks_and_splits_their_cpu(tmp_path, monkeyp
         assert ms["ops"] > 0 and ms["seal_save"] > 0 and ms["wire"] > 0, w
         assert np.isclose(sum(ms.values()), row["ms_per_result_total"], rtol=1e-6), w
         assert row["ratios"]["floor_with_save_vs_op_bound"] > 1.0, w
+
+    # the pool pass computed every sampled result on as many workers as asked, within its window,
+    # and is held against the same bound shared among them
+    (pool,) = result["pools"]
+    assert pool["workers"] == pool["workers_answered"] == 2 and pool["results"] == result["results"]
+    assert 1 <= pool["max_in_flight"] <= 8 and pool["wall_seconds"] > 0 and pool["start_seconds"] > 0
+    bound = OpCounts(**result["op_counts"]).seconds(result["op_seconds"])
+    assert np.isclose(pool["bound_seconds"], bound / 2)
+    assert np.isclose(pool["wall_vs_op_bound"], pool["wall_seconds"] / pool["bound_seconds"])
+    assert "| 2 |" in (tmp_path / "server_profile.md").read_text()
+
+
+def test_profile_refuses_an_empty_pool(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        _load().main(["--workers", "0"])
+    assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
