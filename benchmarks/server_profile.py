@@ -263,7 +263,8 @@ def profile(
 
 def pool_pass(public_context: bytes, spool, layout, wire: str, workers: int, batches: list) -> dict:
     """The sampled batches on a :class:`~fedgat.crypto.encoders.RoundPool` of ``workers`` processes,
-    as the server's round runs them (the same worker code, window of ``4 * workers`` batches): its
+    as the server's round runs them (the same worker code and window of ``4 * workers`` batches;
+    this profile's batches hold up to 8 tasks where the round's hold up to 32): its
     start (spawn, imports, context and spool loads, timed until every worker has answered a ping),
     the wall time of the pass, the main process's CPU in it (submitting, receiving) and the
     workers' CPU, start-up included (reaped at shutdown)."""
