@@ -186,10 +186,11 @@ def test_to_device_moves_nested_values_once(graph):
 
 
 # ------------------------------------------------------------------------------------ command line
-def test_cli_cuda_graphs_need_cuda(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_cli_cuda_graphs_need_cuda(command, tmp_path, capsys):
     out = tmp_path / "run.json"
     argv = [
-        "train",
+        command,
         "--dataset",
         "synthetic",
         "--rounds",
@@ -199,15 +200,6 @@ def test_cli_cuda_graphs_need_cuda(tmp_path, capsys):
         "--json",
         str(out),
     ]
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert "--cuda-graphs captures CUDA work: it needs --device cuda (got --device cpu)" in err
-    assert not out.exists()
-
-
-def test_demo_cuda_graphs_need_cuda(tmp_path, capsys):
-    out = tmp_path / "demo.json"
-    argv = ["demo", "--dataset", "synthetic", "--rounds", "1", "--quiet", "--cuda-graphs", "--json", str(out)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--cuda-graphs captures CUDA work: it needs --device cuda (got --device cpu)" in err

@@ -33,6 +33,7 @@ import torch
 
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.crypto.spool import CiphertextSpool
+from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device
 from fedgat.dp import FeatureDP, LabelPredictor
 from fedgat.dp_fedavg import update_dp_from_hparams
@@ -489,8 +490,8 @@ def build_training_parties(
     ``cuda_graphs``: on a CUDA ``device``, every client's local step runs as a captured CUDA graph
     (:class:`fedgat.federated.Client`); refused (``ValueError``) before anything is built otherwise.
     """
-    if cuda_graphs and (where := resolve_device(device)).type != "cuda":
-        raise ValueError(f"cuda_graphs needs a CUDA device, not {where}")
+    if cuda_graphs:
+        cuda_graphs_device(resolve_device(device))
     hp = resolve_hparams("fedgat", hparams)
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster

@@ -115,8 +115,11 @@ def add_wire_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wire", default="compact", choices=WIRES, help=WIRE_HELP)
 
 
-def add_device_argument(parser: argparse.ArgumentParser, what: str = "where training runs") -> None:
-    """``--device`` (:func:`fedgat.device.resolve_device`), default ``cpu``; ``what`` starts its help."""
+def add_device_argument(
+    parser: argparse.ArgumentParser, what: str = "where training runs", *, cuda_graphs: bool = False
+) -> None:
+    """``--device`` (:func:`fedgat.device.resolve_device`), default ``cpu``; ``what`` starts its help.
+    With ``cuda_graphs``, also ``--cuda-graphs`` (checked by :func:`check_device`)."""
     parser.add_argument(
         "--device",
         default="cpu",
@@ -126,20 +129,30 @@ def add_device_argument(parser: argparse.ArgumentParser, what: str = "where trai
         "graphs here are small (Cora: a few hundred nodes per client; a GPU pays off for the larger "
         "ones and for the layer benchmarks); cuda without a GPU is an error",
     )
+    if cuda_graphs:
+        parser.add_argument(
+            "--cuda-graphs",
+            action="store_true",
+            help="with --device cuda: run each client's local step as one captured CUDA graph (fewer launches)",
+        )
 
 
-def check_device(spec: str) -> Any:
+def check_device(spec: str, cuda_graphs: bool = False) -> Any:
     """``--device``'s value as a ``torch.device`` (:func:`fedgat.device.resolve_device`; imports torch).
 
     Raises:
-        UsageError: an unknown device, or CUDA asked for on a machine without it.
+        UsageError: an unknown device, CUDA asked for on a machine without it, or ``cuda_graphs``
+            (``--cuda-graphs``) with a device that is not CUDA.
     """
     from fedgat.device import DeviceError, resolve_device
 
     try:
-        return resolve_device(spec)
+        device = resolve_device(spec)
     except DeviceError as exc:
         raise UsageError(f"--device {spec}: {exc}") from None
+    if cuda_graphs and device.type != "cuda":
+        raise UsageError(f"--cuda-graphs captures CUDA work: it needs --device cuda (got --device {spec})")
+    return device
 
 
 def describe_rule(min_cross: int) -> str:

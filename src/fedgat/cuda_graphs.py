@@ -41,6 +41,13 @@ class GraphCaptureError(RuntimeError):
     or one that CUDA cannot record); the message names the cause."""
 
 
+def check_device(device: torch.device) -> None:
+    """``ValueError`` unless ``device`` is a CUDA device: a CUDA graph captures CUDA work only (what
+    every ``cuda_graphs=True`` entry point checks before it sets anything up)."""
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}")
+
+
 def capturable(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer`` can run inside a CUDA graph: SGD always; Adam, AdamW and the others
     that keep a step counter only when built with ``capturable=True``."""

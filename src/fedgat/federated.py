@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedgat.cuda_graphs import GraphedStep
+from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device, to_device
 from fedgat.dp_fedavg import UpdateBudgetError, UpdateDP
 from fedgat.rounds import ClientUpdate, Counts, FitResult, RoundLoop, pool_counts
@@ -168,8 +169,8 @@ class Client:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
         self.client_id = client_id
         self.device = resolve_device(device)
-        if cuda_graphs and self.device.type != "cuda":
-            raise ValueError(f"cuda_graphs needs a CUDA device, not {self.device}")
+        if cuda_graphs:
+            cuda_graphs_device(self.device)
         evaluations = [evaluation] if isinstance(evaluation, LocalTask) else list(evaluation)
         if self.device.type != "cpu":  # the CPU path is left exactly as it was
             model.to(self.device)

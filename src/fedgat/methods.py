@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from fedgat.approx import fit_score
+from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device
 from fedgat.dp import MECHANISMS, block_rows
 from fedgat.dp_fedavg import update_dp_from_hparams
@@ -264,8 +265,8 @@ def run_method(
     """
     hp = resolve_hparams(method, hparams)
     device = resolve_device(device)  # before any set-up
-    if cuda_graphs and device.type != "cuda":
-        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}")
+    if cuda_graphs:
+        cuda_graphs_device(device)
     clients = 1 if method in CENTRALISED else num_clients
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)

@@ -159,12 +159,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="torch CPU threads (default 1: these graphs are too small to gain from more, "
         "and on a busy machine 2 threads ran 30x slower)",
     )
-    add_device_argument(parser, "where the clients train (in process only)")
-    parser.add_argument(
-        "--cuda-graphs",
-        action="store_true",
-        help="with --device cuda: run each client's local step as one captured CUDA graph (fewer launches)",
-    )
+    add_device_argument(parser, "where the clients train (in process only)", cuda_graphs=True)
     add_engine_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -198,11 +193,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     check_owners_path(args.owners)
     check_engine_arguments(args)
     check_output_file("--json", args.json)
-    device = check_device(args.device)
-    if args.cuda_graphs and device.type != "cuda":
-        raise UsageError(
-            f"--cuda-graphs captures CUDA work: it needs --device cuda (got --device {args.device})"
-        )
+    device = check_device(args.device, args.cuda_graphs)
     if args.engine != "inprocess" and device.type != "cpu":
         raise UsageError(
             f"--device {args.device} trains the clients in this process; --engine {args.engine} hosts them "
