@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from fedgat.benchmarks.layer_speed import describe_machine, machine_info, time_step
 from fedgat.cuda_graphs import WARMUP_STEPS, GraphedStep
+from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.data import load_dataset
 from fedgat.device import resolve_device
 from fedgat.encodings import encode
@@ -188,32 +189,22 @@ def run(
     ``cuda_graphs`` (a CUDA device only) adds the same measures with every step captured as a CUDA
     graph, FedGAT's and GAT's alike."""
     device = resolve_device(device)
-    if cuda_graphs and device.type != "cuda":
-        raise ValueError(f"cuda_graphs needs a CUDA device, not {device}")
+    if cuda_graphs:
+        cuda_graphs_device(device)
     if threads is not None:
         torch.set_num_threads(threads)
     graph = load_dataset(dataset)
     hp = resolve_hparams("fedgat", {})
     rows = []
-    for variant in variants:
-        variant_cap = cap if variant == "matrix" else None
-        ours, theirs, edges = _epoch_pair(graph, variant, variant_cap, hp, device)
-        t_ours, t_theirs = _timed_pair(ours, theirs, epochs, device)
-        rows.append(
-            _row("epoch", variant, variant_cap, t_ours, t_theirs, device, edges_with_self_loops=edges)
-        )
-    if clients > 0:
-        ours, theirs = _round_pair(graph, clients, device)
-        t_ours, t_theirs = _timed_pair(ours, theirs, rounds, device)
-        rows.append(_row("round", "vector", None, t_ours, t_theirs, device, clients=clients))
-    if cuda_graphs:
+    for graphed in (False, True) if cuda_graphs else (False,):  # eager rows first, then captured ones
+        label = ", CUDA graph" if graphed else ""
         for variant in variants:
             variant_cap = cap if variant == "matrix" else None
-            ours, theirs, edges = _epoch_pair(graph, variant, variant_cap, hp, device, graphed=True)
+            ours, theirs, edges = _epoch_pair(graph, variant, variant_cap, hp, device, graphed=graphed)
             t_ours, t_theirs = _timed_pair(ours, theirs, epochs, device)
             rows.append(
                 _row(
-                    "epoch, CUDA graph",
+                    f"epoch{label}",
                     variant,
                     variant_cap,
                     t_ours,
@@ -223,9 +214,9 @@ def run(
                 )
             )
         if clients > 0:
-            ours, theirs = _round_pair(graph, clients, device, graphed=True)
+            ours, theirs = _round_pair(graph, clients, device, graphed=graphed)
             t_ours, t_theirs = _timed_pair(ours, theirs, rounds, device)
-            rows.append(_row("round, CUDA graph", "vector", None, t_ours, t_theirs, device, clients=clients))
+            rows.append(_row(f"round{label}", "vector", None, t_ours, t_theirs, device, clients=clients))
     return {
         "benchmark": "train_speed",
         "dataset": dataset,
