@@ -269,21 +269,17 @@ def pool_pass(public_context: bytes, spool, layout, wire: str, workers: int, bat
     the wall time of the pass, the main process's CPU in it (submitting, receiving) and the
     workers' CPU, start-up included (reaped at shutdown)."""
     import multiprocessing
-    import resource
     import types
 
     from fedgat.crypto.encoders import RoundPool
+    from fedgat.crypto.measure import children_cpu_seconds
     from fedgat.crypto.tasks import run_windowed, worker_batch_for, worker_pid
-
-    def children_cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return r.ru_utime + r.ru_stime
 
     # the barrier's manager process starts (and is reaped) outside every timing
     manager = multiprocessing.get_context("spawn").Manager() if workers > 1 else None
     try:
         barrier = manager.Barrier(workers) if manager is not None else None
-        before_children = children_cpu()
+        before_children = children_cpu_seconds()
         start = time.perf_counter()
         pool = RoundPool({0: (public_context, spool)}, layout, wire, workers)
         try:
@@ -302,7 +298,7 @@ def pool_pass(public_context: bytes, spool, layout, wire: str, workers: int, bat
             wall, main_cpu = time.perf_counter() - t, time.process_time() - cpu
         finally:
             pool.close()  # reaps the workers: their CPU is counted below
-        workers_cpu = children_cpu() - before_children
+        workers_cpu = children_cpu_seconds() - before_children
     finally:
         if manager is not None:
             manager.shutdown()

@@ -13,9 +13,9 @@ they differ only in where:
 
 An engine picks one by passing an :data:`EncoderFactory` to the server: it is called once per
 recipient, when that recipient's compute begins, with the recipient's public context, the slot
-layout, its spool and its multiply-adds (the work it asks for). :func:`local_encoder` is the default factory. A
-factory may also have ``prepare(recipients, layout)``, which the server calls once when the compute
-phase begins (every upload in), and ``close()``, which it calls when the round ends:
+layout, its spool and its multiply-adds (the work it asks for). :func:`local_encoder` is the default
+factory. A factory may also have ``prepare(recipients, layout)``, which the server calls once when the
+compute phase begins (every upload in), and ``close()``, which it calls when the round ends:
 :class:`LocalEncoderFactory` starts one :class:`RoundPool` there for every recipient, instead of a
 pool per recipient (each a spawn of every core's worker, seconds apiece). A factory with
 ``map_round(jobs, layout)`` computes the whole round as one stream, which the server then uses instead

@@ -105,17 +105,15 @@ def time_run(run: Callable[[], object]) -> EncoderTiming:
 def time_encoder(encoder: Encoder, buckets: Iterable[ComputeBucket]) -> EncoderTiming:
     """Run ``encoder`` over ``buckets`` (results discarded) and close it; its workers are reaped
     before the clock stops, so their CPU seconds are counted."""
-    wall0, cpu0, children0 = time.perf_counter(), time.process_time(), children_cpu_seconds()
-    try:
-        for _ in encoder.map(buckets):
-            pass
-    finally:
-        encoder.close()
-    return EncoderTiming(
-        wall=time.perf_counter() - wall0,
-        cpu=time.process_time() - cpu0,
-        worker_cpu=children_cpu_seconds() - children0,
-    )
+
+    def run() -> None:
+        try:
+            for _ in encoder.map(buckets):
+                pass
+        finally:
+            encoder.close()
+
+    return time_run(run)
 
 
 def _ms(fn, repeats: int):

@@ -530,12 +530,11 @@ class ServerPretrain(Party):
         prepare = getattr(self.encoder_factory, "prepare", None)
         if not callable(prepare):
             return
-        assert self.plan is not None and self.plan.shares is not None and self.layout is not None
+        assert self.layout is not None
         prepare(
             {
                 c: (self.contexts[c], self._spool(c), self._recipient_multiply_adds[c])
-                for c, shares in sorted(self.plan.shares.items())
-                if shares
+                for c, _ in self._jobs()
             },
             self.layout,
         )
