@@ -55,6 +55,8 @@ id  type                 direction                   fields                     
 14  EvaluateRequest      server -> client            round, splits (evaluate the last weights again)   1 KiB
 16  PrivacyTerms         client -> server,           epsilon, delta, dim (0: no projection), seed      64 B
                          server -> client
+17  UploadGrant          server -> client            recipients (int64, <= 4096): whose rows the       64 KiB
+                                                     client may upload now (upload window only)
 ==  ===================  ==========================  ================================================  ========
 
 Secure aggregation of the FedAvg updates adds ids 20-26 (SecAggAdvert, SecAggCohort, SecAggShares,
@@ -67,6 +69,11 @@ to other clients are its DP release (:mod:`fedgat.dp`); the server answers with 
 PrivacyTerms before the first EncodingBases. Each side refuses terms other than its
 configuration's, and the server refuses the graph of a client that announced none
 (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
+
+Upload window (sessions whose :class:`~fedgat.protocols.pretrain.PretrainConfig` has
+``upload_window``; type 17 is only used there): a client uploads the rows it releases to a
+recipient only after an UploadGrant naming that recipient, and accepts its bases and results while
+it still uploads; the server refuses uploads for recipients it has not granted.
 
 Relayed messages (KeyAnnounce, PublicContext, SealedCheckKeys, EdgeClaims) are re-framed and
 re-signed by the server; what makes them trustworthy end to end is inside them: the announcing
@@ -106,6 +113,7 @@ from .messages_pretrain import (
     RosterReady,
     SealedCheckKeys,
     UploadDone,
+    UploadGrant,
     UploadItem,
     claim_bytes,
     claim_keys_digest,
@@ -146,6 +154,7 @@ __all__ = [
     "SealedCheckKeys",
     "SplitCounts",
     "UploadDone",
+    "UploadGrant",
     "UploadItem",
     "claim_bytes",
     "claim_keys_digest",
@@ -164,6 +173,7 @@ register(
     GraphAnnounce,
     FeatureUpload,
     UploadDone,
+    UploadGrant,
     EncodingBases,
     EncodingResults,
     EncodingsDone,

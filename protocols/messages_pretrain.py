@@ -31,6 +31,7 @@ __all__ = [
     "RosterReady",
     "SealedCheckKeys",
     "UploadDone",
+    "UploadGrant",
     "UploadItem",
     "claim_bytes",
     "claim_keys_digest",
@@ -402,6 +403,24 @@ class UploadDone(Message):
 
     nodes: int
     ciphertexts: int
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class UploadGrant(Message):
+    """Server -> client, in a session with an upload window
+    (:attr:`~fedgat.protocols.pretrain.PretrainConfig.upload_window`): the client may now upload the
+    rows it releases to ``recipients`` (and no others before a later grant)."""
+
+    TYPE: ClassVar[int] = 17
+    MAX_PAYLOAD: ClassVar[int] = 64 * KiB
+    SCHEMA: ClassVar = (("recipients", Array("<i8", 4096, ndim=1)),)
+
+    recipients: np.ndarray
+
+    def check(self) -> None:
+        r = self.recipients
+        if not len(r) or r.min() < 0 or np.any(np.diff(r) <= 0):
+            raise PayloadError("recipients must be increasing party ids")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -70,6 +70,7 @@ from .messages import (
     RosterReady,
     SealedCheckKeys,
     UploadDone,
+    UploadGrant,
     decode_message,
     encode_message,
 )
@@ -95,6 +96,7 @@ PHASES: dict[type[Message], str] = {
     Abort: "setup",
     FeatureUpload: "upload",
     UploadDone: "upload",
+    UploadGrant: "upload",
     PrivacyTerms: "setup",
     EncodingBases: "download",
     EncodingResults: "download",

@@ -51,6 +51,18 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
             :class:`~fedgat.protocols.errors.ResultRejectedError` names the node and the owners),
             and assembles its :class:`~fedgat.encodings.Encodings`
 
+Upload window (``PretrainConfig.upload_window = W``; off by default): the server draws the plan and
+sends every client its bases as soon as the roster is ready, then grants uploads recipient by
+recipient (UploadGrant to the owners that release rows to it), ``W`` recipients open at a time. A
+client uploads the rows it releases to a recipient only once granted, and takes its bases and
+results while it still uploads. As soon as a recipient's uploads are all in, the server computes its
+foreign shares, streams them, deletes its spool and grants the next recipient; EncodingsDone follows
+the last recipient and every UploadDone. The server refuses uploads for a recipient it has not
+granted (:class:`~fedgat.protocols.errors.PayloadError`), so its disk holds at most ``W``
+recipients' uploads whatever the clients send; its ``upload`` deadline runs only while it waits for
+owners (computing re-arms it) and names the owners of the open recipients' missing rows. The rows
+released, the bases, the results and what each party learns are those of the round without a window.
+
 Differential privacy (``PretrainConfig.dp``, :mod:`fedgat.dp`): every client sends PrivacyTerms
 before its graph; the rows it releases to others are its DP release (noise drawn by the client);
 its own share reads its clean projected rows. The server confirms the terms (PrivacyTerms) to each
@@ -86,7 +98,8 @@ client's checkpoint (:meth:`ClientPretrain.checkpoint`) holds its decrypted enco
 restarted later (e.g. during training) reloads them (:func:`encodings_from_checkpoint`) instead.
 
 Memory: uploads are validated and spooled to disk as they arrive, one spool per recipient
-(:class:`~fedgat.crypto.spool.CiphertextSpool`); results are computed node by node by the injected
+(:class:`~fedgat.crypto.spool.CiphertextSpool`; all of them before compute, or with an upload window
+at most ``W`` at a time); results are computed node by node by the injected
 encoder (one per recipient, under its context) as :meth:`ServerPretrain.step` pulls them, and leave in batches of ~``result_batch_bytes``; clients decrypt each
 batch on arrival. No party holds all ciphertexts of a dataset.
 """

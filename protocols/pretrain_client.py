@@ -54,6 +54,7 @@ from .messages import (
     RosterReady,
     SealedCheckKeys,
     UploadDone,
+    UploadGrant,
     UploadItem,
     claim_bytes,
     claim_keys_digest,
@@ -243,6 +244,8 @@ class ClientPretrain(Party):
         self._my_keys: dict[int, CheckKeys] = {}  # what this client gave each owner
         self._vectors: dict[int, np.ndarray] = {}  # each owner's check vectors (derived from its keys)
         self._queue: list[tuple[int, int]] = []  # (recipient, start) batches still to upload
+        #: recipients the server has granted uploads for (sessions with an upload window)
+        self._granted: set[int] = set()
         self._uploaded = 0
         self._assemblies: list[_Assembly] = []
         self._assigned: set[int] = set()
@@ -281,6 +284,7 @@ class ClientPretrain(Party):
             "claims": tuple(sorted(self._claims)),
             "owner_keys": tuple(sorted(self._owner_keys)),
             "queue": tuple(self._queue),
+            "granted": tuple(sorted(self._granted)),
             "buckets": len(self._assemblies),
             "assigned": len(self._assigned),
             "filled": tuple(int(a.filled.sum()) for a in self._assemblies),
@@ -385,7 +389,7 @@ class ClientPretrain(Party):
         return self._handlers().get((self.state, type(msg)))
 
     def _handlers(self) -> dict:
-        return {
+        table = {
             (ClientState.AWAIT_ROSTER, KeyAnnounce): self._on_peer_keys,
             (ClientState.AWAIT_ROSTER, PublicContext): self._on_peer_context,
             (ClientState.AWAIT_ROSTER, EdgeClaims): self._on_claim,
@@ -395,6 +399,15 @@ class ClientPretrain(Party):
             (ClientState.AWAIT_ENCODINGS, EncodingResults): self._on_results,
             (ClientState.AWAIT_ENCODINGS, EncodingsDone): self._on_done,
         }
+        after_roster = (ClientState.AWAIT_CHECK_KEYS, ClientState.UPLOADING, ClientState.AWAIT_ENCODINGS)
+        table.update({(state, UploadGrant): self._on_grant for state in after_roster})
+        if self.config.upload_window is not None:
+            # with an upload window the bases and results may come while this client still uploads
+            for state in after_roster[:2]:
+                table[(state, PrivacyTerms)] = self._on_terms
+                table[(state, EncodingBases)] = self._on_bases
+                table[(state, EncodingResults)] = self._on_results
+        return table
 
     def _from_server(self, msg: Message) -> None:
         if msg.sender != self.roster.server:
@@ -415,7 +428,8 @@ class ClientPretrain(Party):
             waiting = sorted(set(self.releases) - set(self._owner_keys)) if self.participants else []
             what = "roster" if not self.participants else f"check keys of parties {waiting}"
         else:
-            waiting, what = [], "encodings"
+            waiting = []
+            what = "encodings" if self.config.upload_window is None else "upload grants or encodings"
         error = MissingPartyError(
             f"client {self.party_id}: no {what} from the server before the {phase} deadline",
             phase=phase,
@@ -510,20 +524,45 @@ class ClientPretrain(Party):
         if self.state is ClientState.AWAIT_CHECK_KEYS and set(self.releases) <= set(self._owner_keys):
             self.state = ClientState.UPLOADING
             self._disarm("keys")
+            if self.config.upload_window is not None:  # grants, bases and results keep it armed
+                self._arm("download", self.timeouts.download)
 
     # --- uploads -------------------------------------------------------------------------------------
+    def _on_grant(self, msg: UploadGrant) -> list[Message]:
+        self._from_server(msg)
+        if self.config.upload_window is None:
+            raise ConfigMismatchError(
+                "the server paces uploads; this party runs the session without an upload window"
+            )
+        recipients = [int(r) for r in msg.recipients]
+        if any(r not in self.participants or r == self.party_id for r in recipients):
+            raise PayloadError("an upload grant names parties outside the round, or this client")
+        again = sorted(self._granted.intersection(recipients))
+        if again:
+            raise StateError(f"uploads for parties {again} were already granted")
+        self._granted.update(recipients)
+        self._arm("download", self.timeouts.download)
+        return []
+
+    def _next_batch(self) -> int | None:
+        """Index in the queue of the next batch this client may upload (None: wait for a grant)."""
+        if self.config.upload_window is None:
+            return 0 if self._queue else None
+        return next((k for k, (r, _) in enumerate(self._queue) if r in self._granted), None)
+
     def has_work(self) -> bool:
-        return self.state is ClientState.UPLOADING
+        return self.state is ClientState.UPLOADING and (not self._queue or self._next_batch() is not None)
 
     def step(self) -> list[Message]:
         """Encrypt and send the next batch of released rows (under the recipient's key, with their
-        tag columns); then UploadDone."""
-        if self.state is not ClientState.UPLOADING:
+        tag columns; with an upload window, of a granted recipient only); then UploadDone."""
+        if not self.has_work():
             return []
         assert self.layout is not None
         out: list[Message] = []
-        if self._queue:
-            r, start = self._queue.pop(0)
+        at = self._next_batch()
+        if at is not None:
+            r, start = self._queue.pop(at)
             nodes = self.releases[r][start : start + self.upload_batch]
             pos = np.searchsorted(self.owned, nodes)
             rows = (self._features if self._release is None else self._release)[pos]

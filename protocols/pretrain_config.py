@@ -89,6 +89,18 @@ class PretrainConfig:
             more bytes, less CPU). Every party's contexts write and accept this wire only; each
             client names it in its :class:`PublicContext` and a party configured with another is
             refused at key set-up (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
+        upload_window: None (default): every client uploads all its released rows at once and the
+            server computes once every upload is in, so its spool holds the whole round's uploads.
+            ``W >= 1``: uploads go recipient by recipient, ``W`` recipients open at a time: a client
+            uploads the rows it releases to a recipient only after the server's
+            :class:`~fedgat.protocols.messages.UploadGrant` for it, the server computes each
+            recipient as soon as its uploads are in and deletes its spool, then grants the next one.
+            The server's disk then holds about ``W + 1`` recipients' uploads instead of all of them
+            (at ogbn-arxiv's size ~130 GB in all), and its compute overlaps the clients' uploads.
+            The bases are drawn when the roster is ready, so a client receives its bases and results
+            while it may still be uploading (what it learns does not change; see ``SECURITY.md``).
+            Clients refuse a grant in a session without a window
+            (:class:`~fedgat.protocols.errors.ConfigMismatchError`).
     """
 
     session: int
@@ -98,6 +110,7 @@ class PretrainConfig:
     embed_factor: int = 1
     dp: FeatureDP | None = None
     wire: str = DEFAULT_WIRE
+    upload_window: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "variant", as_variant(self.variant).name)  # ValueError: unknown name
@@ -106,6 +119,12 @@ class PretrainConfig:
             raise ValueError("session must be a u64")
         if self.dp is not None and not isinstance(self.dp, FeatureDP):
             raise TypeError(f"dp must be a FeatureDP or None, not {type(self.dp).__name__}")
+        if self.upload_window is not None and (
+            isinstance(self.upload_window, bool)
+            or not isinstance(self.upload_window, int)
+            or self.upload_window < 1
+        ):
+            raise ValueError(f"upload_window must be None or a positive int, got {self.upload_window!r}")
 
     @property
     def kind(self) -> Variant:

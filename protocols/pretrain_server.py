@@ -12,6 +12,7 @@ in-process, process-pool, Ray and Flower engines differ only in what they pass.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -43,6 +44,7 @@ from .messages import (
     RosterReady,
     SealedCheckKeys,
     UploadDone,
+    UploadGrant,
     keyset_fingerprint,
 )
 from .party import Handler, Party
@@ -72,7 +74,10 @@ class ServerState(enum.Enum):
 class ServerPretrain(Party):
     """The server of the pre-training round: relays keys, contexts, claims and check keys, spools
     the rows released to each recipient, computes and streams each recipient's foreign shares under
-    its key. Holds no secret key (:attr:`contexts` are :class:`ServerContext`).
+    its key. Holds no secret key (:attr:`contexts` are :class:`ServerContext`). With an upload window
+    (:attr:`PretrainConfig.upload_window`) it grants uploads recipient by recipient and computes each
+    recipient, on an encoder of its own, as soon as its uploads are in (:attr:`peak_spooled_bytes`:
+    the most its spools held at once).
 
     Args:
         party_id, roster, config, identity: the server's id and keys, the roster, the session.
@@ -156,6 +161,16 @@ class ServerPretrain(Party):
         #: benchmarks: keep the spools after the round for :meth:`replay_compute`
         self.keep_encoder = False
         self._closed = False
+        #: upload window (:attr:`PretrainConfig.upload_window`): recipients in grant order, how many
+        #: were granted, those whose uploads are all in but not yet computed, the one computing
+        self._order: list[int] = []
+        self._granted: set[int] = set()
+        self._ready: deque[int] = deque()
+        self._queued: set[int] = set()  # every recipient ever put in _ready
+        self._computed: set[int] = set()
+        self._current: tuple[int, Iterator[tuple[int, int, NodeResult]]] | None = None
+        #: most bytes the spools held at once
+        self.peak_spooled_bytes = 0
 
     @property
     def done(self) -> bool:
@@ -188,6 +203,8 @@ class ServerPretrain(Party):
             "received": tuple((k, len(v)) for k, v in sorted(self._received.items())),
             "spooled_bytes": sum(sp.bytes_stored for sp in self._spools.values()),
             "uploaded_done": tuple(sorted(self._uploaded_done)),
+            "granted": tuple(sorted(self._granted)),
+            "ready": tuple(self._ready),
             "terms": tuple(sorted(self._terms)),
             "nodes_computed": self.nodes_computed,
             "participants": tuple(self.participants),
@@ -242,7 +259,7 @@ class ServerPretrain(Party):
         if phase == "keys":
             missing = self._keys_missing()
         else:
-            missing = [c for c in self.participants if c not in self._uploaded_done]
+            missing = self._owing() or [c for c in self.participants if c not in self._uploaded_done]
         if not missing:
             return []
         reason = (
@@ -377,7 +394,51 @@ class ServerPretrain(Party):
         self._received = {k: set() for k in self._expected}
         self.rows_released = sum(len(v) for v in self._expected.values())
         self._arm("upload", self.timeouts.upload)
+        if self.config.upload_window is not None:
+            out += self._open_window()
         return out
+
+    @property
+    def windowed(self) -> bool:
+        """Whether uploads are paced recipient by recipient (:attr:`PretrainConfig.upload_window`)."""
+        return self.config.upload_window is not None
+
+    def _open_window(self) -> list[Message]:
+        """Upload window: the plan and the bases at once (the clients take them while they upload),
+        then grants for the first ``upload_window`` recipients."""
+        out = self._draw_plan()
+        self._order = sorted({r for _, r in self._expected})
+        for _ in range(min(self.config.upload_window or 0, len(self._order))):
+            out += self._grant_next()
+        return out
+
+    def _grant_next(self) -> list[Message]:
+        """Grant uploads for the next recipient in order, to the owners that release rows to it."""
+        r = self._order[len(self._granted)]
+        self._granted.add(r)
+        self._arm("upload", self.timeouts.upload)  # each grant gives the owners a fresh deadline
+        owners = sorted(s for s, t in self._expected if t == r)
+        return [self._new(UploadGrant, s, recipients=np.array([r], dtype=np.int64)) for s in owners]
+
+    def _owing(self) -> list[int]:
+        """Upload window: the owners whose uploads for a granted recipient are not all in (those the
+        server waits for; the others wait for a grant)."""
+        assert self.layout is not None
+        return sorted(
+            {
+                s
+                for (s, r), rows in self._expected.items()
+                if r in self._granted and len(self._received[(s, r)]) < len(rows) * self.layout.chunks
+            }
+        )
+
+    def _complete(self, recipient: int) -> bool:
+        assert self.layout is not None
+        return all(
+            len(self._received[k]) == len(v) * self.layout.chunks
+            for k, v in self._expected.items()
+            if k[1] == recipient
+        )
 
     def _relay(self, msg: Message, to: int) -> Message:
         return self._new(type(msg), to, **msg.body())
@@ -403,6 +464,10 @@ class ServerPretrain(Party):
         allowed = self._expected.get(key)
         if allowed is None:
             raise PayloadError(f"the round needs no rows of party {msg.sender} for party {msg.target}")
+        if self.windowed and msg.target not in self._granted:
+            raise PayloadError(
+                f"party {msg.sender} uploads rows for party {msg.target} before the server granted them"
+            )
         assert self.layout is not None
         received = self._received[key]
         keys = check_upload_items(
@@ -418,6 +483,11 @@ class ServerPretrain(Party):
         for item in msg.items:  # checked just above: not deserialised a second time
             spool.put(item.node, item.chunk, item.ciphertext, validated=True)
         received.update(keys)
+        held = sum(sp.bytes_stored for sp in self._spools.values())
+        self.peak_spooled_bytes = max(self.peak_spooled_bytes, held)
+        if self.windowed and msg.target not in self._queued and self._complete(msg.target):
+            self._queued.add(msg.target)
+            self._ready.append(msg.target)
         return []
 
     def _spool(self, recipient: int) -> CiphertextSpool:
@@ -444,9 +514,13 @@ class ServerPretrain(Party):
                 f"holds {got} of {want} (short for parties {short})"
             )
         self._uploaded_done.add(msg.sender)
-        if set(self.participants) <= self._uploaded_done:
+        if not set(self.participants) <= self._uploaded_done:
+            return []
+        if not self.windowed:
             return self._begin_compute()
-        return []
+        self._disarm("upload")
+        self.state = ServerState.COMPUTING
+        return self._maybe_finish()
 
     def _on_abort(self, msg: Abort) -> list[Message]:
         self._require_client(msg)
@@ -463,8 +537,17 @@ class ServerPretrain(Party):
 
     # --- compute ------------------------------------------------------------------------------------
     def _begin_compute(self) -> list[Message]:
-        assert self.layout is not None
         self._disarm("keys", "upload")
+        out = self._draw_plan()
+        with self.clock("server_compute"):
+            self._results = self._compute_results()
+        self.state = ServerState.COMPUTING
+        return out
+
+    def _draw_plan(self) -> list[Message]:
+        """Draw the bases (:func:`plan_shares`): the DP terms' confirmation, then every client's
+        EncodingBases."""
+        assert self.layout is not None
         owners = OwnerMap({c: self._graphs[c] for c in self.participants})
         with self.clock("server_compute"):
             plan = self.plan = plan_shares(
@@ -503,8 +586,6 @@ class ServerPretrain(Party):
                 c: sum(b.multiply_adds(self.layout) for b in shares) for c, shares in plan.shares.items()
             }
             self.multiply_adds = sum(self._recipient_multiply_adds.values())
-            self._results = self._compute_results()
-        self.state = ServerState.COMPUTING
         return out
 
     @property
@@ -577,40 +658,98 @@ class ServerPretrain(Party):
         for (bucket, s), result in zip(at, self._round_results(), strict=True):
             yield bucket, s, result
 
+    def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
+        """Upload window: one recipient's results, ``(compute bucket, pack in it, result)``, on an
+        encoder of its own (the factory's per-recipient path)."""
+        assert self.plan is not None and self.plan.shares is not None
+        start = sum(len(shares) for c, shares in self._jobs() if c < recipient)
+        shares = self.plan.shares[recipient]
+        self._encoder = self._new_encoder(recipient)
+        at = ((start + g, s) for g, b in enumerate(shares) for s in range(len(b)))
+        yield from ((g, s, result) for (g, s), result in zip(at, self._encoder.map(shares), strict=True))
+
+    def _recipient_done(self) -> list[Message]:
+        """Upload window: a recipient's results are all out: its spool is deleted (unless kept for
+        :meth:`replay_compute`) and the next recipient granted."""
+        assert self._current is not None
+        recipient, self._current = self._current[0], None
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None
+        self._computed.add(recipient)
+        spool = None if self.keep_encoder else self._spools.pop(recipient, None)
+        if spool is not None:
+            spool.close()
+        out = self._grant_next() if len(self._granted) < len(self._order) else []
+        return out + self._maybe_finish()
+
+    def _maybe_finish(self) -> list[Message]:
+        """Upload window: end the round once every upload is in and every recipient computed."""
+        if self.state is not ServerState.COMPUTING or self._current is not None or self._ready:
+            return []
+        if len(self._computed) < len(self._order):
+            return []
+        return self._finish()
+
+    def _finish(self) -> list[Message]:
+        assert self.plan is not None
+        plan = self.plan
+        out = [
+            self._new(EncodingsDone, c, buckets=len(plan.views[c]), nodes=plan.results_for(c))
+            for c in self.participants
+        ]
+        self.state = ServerState.DONE
+        if not self.keep_encoder:
+            self._close()
+        return out
+
     def has_work(self) -> bool:
-        return self.state is ServerState.COMPUTING
+        if not self.windowed:
+            return self.state is ServerState.COMPUTING
+        busy = self._current is not None or bool(self._ready)
+        return busy and self.state in (ServerState.UPLOADING, ServerState.COMPUTING)
 
     def step(self) -> list[Message]:
-        """Compute nodes until at least one results batch is ready; the last step ends the round."""
-        if self.state is not ServerState.COMPUTING:
-            return []
-        assert self._results is not None and self._batcher is not None and self.plan is not None
-        plan = self.plan
+        """Compute nodes until at least one results batch is ready; the last step ends the round.
+        With an upload window: the recipients whose uploads are all in, one after another; the end
+        of each one's results grants the next recipient's uploads."""
         out: list[Message] = []
-        while not out:
+        while not out and self.has_work():
+            if self.windowed:
+                if self._current is None:
+                    c = self._ready.popleft()
+                    self._current = (c, self._recipient_results(c))
+                results = self._current[1]
+                if self.state is ServerState.UPLOADING:  # computing is not waiting for the owners
+                    self._arm("upload", self.timeouts.upload)
+            else:
+                assert self._results is not None
+                results = self._results
             with self.clock("server_compute"):
-                nxt = next(self._results, None)
-            if nxt is None:
-                out.extend(
-                    self._new(EncodingsDone, c, buckets=len(plan.views[c]), nodes=plan.results_for(c))
-                    for c in self.participants
-                )
-                self.state = ServerState.DONE
-                if not self.keep_encoder:
-                    self._close()
-                break
-            g, s, result = nxt
-            bucket = plan.buckets[g]
-            assert isinstance(bucket, PackedShares) and bucket.owner is not None
-            nodes = bucket.pack_nodes(s)
-            assert nodes[0] == result.node
-            self.nodes_computed += 1
-            self.partials_computed += len(nodes)
-            self.result_ciphertexts += len(result.row_blobs)
-            self.result_rows += bucket.num_feature_rows() * len(nodes)
-            item = ResultItem(result.node, bucket.owner, tuple(result.row_blobs), packed=nodes[1:])
-            for c, cb, items in self._batcher.add(item):
-                out.append(self._new(EncodingResults, c, bucket=cb, items=items))
+                nxt = next(results, None)
+            if nxt is not None:
+                out += self._emit(*nxt)
+            elif self.windowed:
+                out += self._recipient_done()
+            else:
+                out += self._finish()
+        return out
+
+    def _emit(self, g: int, s: int, result: NodeResult) -> list[Message]:
+        """One computed result into its recipient's batch; the batches it completes."""
+        assert self._batcher is not None and self.plan is not None
+        bucket = self.plan.buckets[g]
+        assert isinstance(bucket, PackedShares) and bucket.owner is not None
+        nodes = bucket.pack_nodes(s)
+        assert nodes[0] == result.node
+        self.nodes_computed += 1
+        self.partials_computed += len(nodes)
+        self.result_ciphertexts += len(result.row_blobs)
+        self.result_rows += bucket.num_feature_rows() * len(nodes)
+        item = ResultItem(result.node, bucket.owner, tuple(result.row_blobs), packed=nodes[1:])
+        out = [
+            self._new(EncodingResults, c, bucket=cb, items=items) for c, cb, items in self._batcher.add(item)
+        ]
         return out
 
     def replay_compute(self) -> EncoderTiming:

@@ -98,6 +98,7 @@ def config_to_value(config: PretrainConfig) -> dict[str, Any]:
         "embed_factor": config.embed_factor,
         "dp": None if config.dp is None else dataclasses.asdict(config.dp),
         "wire": config.wire,
+        "upload_window": config.upload_window,
     }
 
 
@@ -111,6 +112,7 @@ def config_from_value(value: Mapping[str, Any]) -> PretrainConfig:
         embed_factor=int(value["embed_factor"]),
         dp=None if dp is None else FeatureDP(**dp),
         wire=str(value.get("wire", DEFAULT_WIRE)),  # values saved before the option: the compact wire
+        upload_window=None if value.get("upload_window") is None else int(value["upload_window"]),
     )
 
 
@@ -254,6 +256,7 @@ def state_progress(client: ClientPretrain) -> dict[str, Any]:
         "owner_keys": [[int(p), k.to_bytes()] for p, k in client._owner_keys.items()],
         "my_keys": [[int(p), k.to_bytes()] for p, k in client._my_keys.items()],
         "queue": [[int(r), int(start)] for r, start in client._queue],
+        "granted": sorted(int(r) for r in client._granted),
         "uploaded": int(client._uploaded),
         "encoding_bytes": int(client._encoding_bytes),
         "terms_confirmed": bool(client._terms_confirmed),
@@ -323,6 +326,7 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
     client._owner_keys = {int(p): CheckKeys.from_bytes(k) for p, k in progress["owner_keys"]}
     client._my_keys = {int(p): CheckKeys.from_bytes(k) for p, k in progress["my_keys"]}
     client._queue = [(int(r), int(start)) for r, start in progress["queue"]]
+    client._granted = {int(r) for r in progress.get("granted", ())}  # states saved before the window: none
     client._uploaded = int(progress["uploaded"])
     client._encoding_bytes = int(progress["encoding_bytes"])
     client._terms_confirmed = bool(progress["terms_confirmed"])

@@ -315,6 +315,12 @@ def test_argparse_errors_are_one_line_with_status_2(capsys):
         main(["audit", "--no-such-flag"])
     assert exc.value.code == 2
     assert "fedgat audit: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+    for bad in ("0", "two"):
+        with pytest.raises(SystemExit) as exc:
+            main(["demo", "--upload-window", bad])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --upload-window: must be a positive integer, got '{bad}'" in err and err.count("\n") == 1
 
 
 def test_train_refuses_more_clients_than_cora_has_nodes(cora, capsys, tmp_path):

@@ -258,11 +258,15 @@ def build_pretrain_parties(
     dp_release: torch.Tensor | None = None,
     predictors: Mapping[int, LabelPredictor] | None = None,
     wire: str = "compact",
+    upload_window: int | None = None,
 ) -> PretrainParties:
     """Build the server and the clients of a pre-training round for ``partition``.
 
     ``wire``: the session's ciphertext wire (:attr:`fedgat.protocols.pretrain.PretrainConfig.wire`:
     ``"compact"``, bytes at the floor, or ``"tenseal"``, ~16-22 % more bytes and less CPU).
+    ``upload_window``: uploads paced recipient by recipient, that many open at a time, so the
+    server's spool holds that many recipients' uploads, not the round's
+    (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`; None: all at once).
 
     ``encoder``: where the server computes (default :func:`fedgat.crypto.encoders.local_encoder`
     with ``workers`` processes); ``spool_dir``: where it stores uploads (default a temporary folder).
@@ -296,6 +300,7 @@ def build_pretrain_parties(
         chunks=chunks,
         dp=dp,
         wire=wire,
+        upload_window=upload_window,
     )
     roster = deployment.roster
     server = build_pretrain_server(
@@ -595,6 +600,8 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
                 "variant": pre.variant,
                 "preset": pre.preset,
                 "wire": pre.wire,
+                "upload_window": pre.upload_window,
+                "peak_spooled_bytes": pre.peak_spooled_bytes,
                 "phases": {k: round(v, 3) for k, v in pre.phases.items()},
                 "pretrain_wall_seconds": round(pre.wall_seconds, 3),
                 "bytes_up": pre.bytes_up,

@@ -115,6 +115,29 @@ def add_wire_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wire", default="compact", choices=WIRES, help=WIRE_HELP)
 
 
+def add_upload_window_argument(parser: argparse.ArgumentParser) -> None:
+    """``--upload-window N`` (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`), default off."""
+    parser.add_argument(
+        "--upload-window",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="pace the encrypted round's uploads recipient by recipient, N recipients at a time: the server "
+        "computes each recipient as soon as its uploads are in and deletes them, so its disk holds N "
+        "recipients' uploads instead of the whole round's (large graphs; default: all at once)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def add_device_argument(
     parser: argparse.ArgumentParser, what: str = "where training runs", *, cuda_graphs: bool = False
 ) -> None:

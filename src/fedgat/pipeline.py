@@ -160,6 +160,10 @@ class PretrainResult:
     server_workers: int = 0
     #: the session's ciphertext wire (:attr:`fedgat.protocols.pretrain.PretrainConfig.wire`)
     wire: str = "compact"
+    #: the session's upload window (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`)
+    upload_window: int | None = None
+    #: most bytes of uploads the server's spool held at once
+    peak_spooled_bytes: int = 0
     #: wall seconds from the start of the server's compute phase to its last result (with workers,
     #: the compute overlaps the clients' download and decryption; ``phases["server_compute"]`` only
     #: counts the time the round waited for it)
@@ -266,6 +270,7 @@ def run_encrypted_pretraining(
     dp_release: torch.Tensor | None = None,
     predictors: Mapping[int, LabelPredictor] | None = None,
     wire: str = "compact",
+    upload_window: int | None = None,
 ) -> PretrainResult:
     """Run the encrypted pre-training round (:mod:`fedgat.protocols.pretrain`) over ``transport``.
 
@@ -294,6 +299,10 @@ def run_encrypted_pretraining(
             holds (:func:`train_release_predictor`).
         wire: the ciphertext wire (``"compact"``: bytes at the floor, more CPU; ``"tenseal"``:
             ~16-22 % more bytes, less CPU; :attr:`fedgat.protocols.pretrain.PretrainConfig.wire`).
+        upload_window: pace the uploads recipient by recipient, this many at a time, so that the
+            server's spool holds that many recipients' uploads instead of the round's, and computes
+            each recipient as soon as its uploads are in
+            (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`; None: all at once).
         measure_server_alone: after the round, compute every result again with the clients idle
             (:meth:`ServerPretrain.replay_compute`) and report its wall time as
             ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
@@ -316,6 +325,7 @@ def run_encrypted_pretraining(
         dp_release=dp_release,
         predictors=predictors,
         wire=wire,
+        upload_window=upload_window,
     )
     bars = _Progress(parties, progress)
     server = parties.server
@@ -388,6 +398,8 @@ def run_encrypted_pretraining(
         cpu_phases=cpu_phases,
         server_workers=server.workers,
         wire=wire,
+        upload_window=upload_window,
+        peak_spooled_bytes=server.peak_spooled_bytes,
         server_compute_span=marks["end"] - marks["start"] if "end" in marks else float("nan"),
         server_compute_alone=replay.wall if replay is not None else float("nan"),
         server_compute_alone_cpu=(replay.cpu, replay.worker_cpu) if replay is not None else (0.0, 0.0),

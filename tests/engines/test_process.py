@@ -16,7 +16,7 @@ from multiprocessing import reduction
 import pytest
 
 from fedgat.app import build_pretrain_parties
-from fedgat.pipeline import drive
+from fedgat.pipeline import drive, max_abs_error, run_encrypted_pretraining
 from fedgat.process_worker import WireError, WorkerLoop, decode, encode
 from fedgat.protocols import InProcessTransport, Transcript
 from fedgat.protocols.hosting import MAX_FRAME_BYTES, FrameSizeError
@@ -28,7 +28,14 @@ from fedgat.protocols.process_engine import (
     WorkerTimeoutError,
 )
 
-from .conformance import check_pretraining, check_rejection, check_training, federation
+from .conformance import (
+    ENCODING_ATOL,
+    check_pretraining,
+    check_rejection,
+    check_training,
+    federation,
+    reference,
+)
 
 pytestmark = pytest.mark.timeout(300)  # a hang is a failure here, not a stuck suite
 
@@ -95,6 +102,26 @@ def test_hosted_clients_report_their_decryptions_while_they_run(engine):
     drive(InProcessTransport(), local.all())
     assert [c.nodes_to_decrypt for c in local.clients.values()] == [c.nodes_decrypted for c in clients]
     assert final < sum(len(c.needed) for c in clients)  # some needed nodes have no foreign partial
+
+
+def test_a_windowed_round_runs_on_processes(engine):
+    """Uploads paced one recipient at a time (``upload_window=1``): the hosted clients follow the
+    grants and take their results while they still upload; the spool never holds the round."""
+    fed = federation()
+    ref = reference(fed)
+    got = run_encrypted_pretraining(
+        fed.graph,
+        fed.partition,
+        seed=fed.seed,
+        transport=engine.transport(),
+        progress=False,
+        workers=0,
+        upload_window=1,
+    )
+    assert max_abs_error(got.encodings, ref.plaintext) <= ENCODING_ATOL
+    assert got.ciphertexts_up == ref.pretrain.ciphertexts_up
+    assert got.ciphertexts_down == ref.pretrain.ciphertexts_down
+    assert 0 < got.peak_spooled_bytes < ref.pretrain.peak_spooled_bytes
 
 
 def test_take_progress_refuses_counters_a_party_does_not_keep():

@@ -7,11 +7,19 @@ import pytest
 
 pytest.importorskip("ray")
 
+from fedgat.pipeline import max_abs_error, run_encrypted_pretraining
 from fedgat.protocols import Transcript
 from fedgat.protocols.party_values import PartyReport, error_from_value
 from fedgat.protocols.ray_engine import PartyHost, RayEngine, RayTransport
 
-from .conformance import check_pretraining, check_rejection, check_training, federation
+from .conformance import (
+    ENCODING_ATOL,
+    check_pretraining,
+    check_rejection,
+    check_training,
+    federation,
+    reference,
+)
 
 pytestmark = [
     pytest.mark.ray,
@@ -105,6 +113,19 @@ def test_pretraining_conforms(engine):
     assert sum(e.uploads_put for e in encoders) == result.ciphertexts_up // result.layout.chunks
     # hosted parties are dropped from the actors when the run ends
     assert [m["parties"] for m in engine.memory()] == [0, 0]
+
+
+def test_a_windowed_round_runs_on_ray(engine):
+    """Uploads paced one recipient at a time on Ray actors, the server's work on Ray tasks."""
+    fed = federation()
+    ref = reference(fed)
+    transport = engine.transport(server_tasks=True)
+    got = run_encrypted_pretraining(
+        fed.graph, fed.partition, seed=fed.seed, transport=transport, progress=False, upload_window=1
+    )
+    assert max_abs_error(got.encodings, ref.plaintext) <= ENCODING_ATOL
+    assert got.ciphertexts_down == ref.pretrain.ciphertexts_down
+    assert 0 < got.peak_spooled_bytes < ref.pretrain.peak_spooled_bytes
 
 
 def test_training_conforms(engine):

@@ -1,4 +1,5 @@
-"""Helpers for the fault and restart tests: a lossy/stalling transport and a small FedAvg federation."""
+"""Helpers for the fault and restart tests: a lossy/stalling transport, a small FedAvg federation and a
+pre-training driver on a manual clock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from torch import nn
 
 from fedgat.federated import Client, LocalTask
 from fedgat.pipeline import make_deployment
-from fedgat.protocols import ClientRounds, InProcessTransport, ServerRounds, Transcript
+from fedgat.protocols import ClientRounds, Driver, InProcessTransport, ServerRounds, Transcript
+from fedgat.protocols.driver import ManualClock
+from fedgat.protocols.pretrain import PretrainTimeouts
 from fedgat.synthetic import synthetic_graph
 
 #: rule(sender, recipient, frame) -> "drop", "hold" or None
@@ -148,3 +151,16 @@ def same_history(a: list[dict], b: list[dict]) -> bool:
     return len(a) == len(b) and all(
         list(x) == list(y) and all(eq(x[k], y[k]) for k in x) for x, y in zip(a, b)
     )
+
+
+def pretrain_driver(h, clients: PretrainTimeouts | None = None, **timeouts) -> Driver:
+    """A driver on a lossy transport and a manual clock; the server's deadlines are ``timeouts``, the
+    clients' ``clients`` (default: twice the server's, as a deployment sets them, so that the server
+    decides about a missing peer before the clients give up on the server)."""
+    h.transport = FaultyTransport(Transcript())
+    server = PretrainTimeouts(**timeouts)
+    if clients is None:
+        clients = PretrainTimeouts(**{k: None if v is None else 2 * v for k, v in timeouts.items()})
+    for party in h.parties.all().values():
+        party.timeouts = server if party is h.server else clients
+    return Driver(h.transport, h.parties.all(), clock=ManualClock(), strict=False)

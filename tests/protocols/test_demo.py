@@ -22,6 +22,8 @@ def test_demo_writes_the_report(tmp_path, capsys):
             "3",
             "--patience",
             "3",
+            "--upload-window",
+            "1",
             "--json",
             str(out),
             "--quiet",
@@ -42,8 +44,11 @@ def test_demo_writes_the_report(tmp_path, capsys):
     assert set(report["phases"]) >= {"keygen", "encrypt", "upload", "server_compute", "download", "decrypt"}
     assert report["server_has_secret_key"] is False and report["shared_secret_key"] is False
     assert report["rows_released"] > 0
+    # paced uploads: one recipient's uploads on the server's disk at a time, not all three
+    assert report["upload_window"] == 1 and 0 < report["peak_spooled_bytes"] < report["bytes_up"]
     assert report["max_abs_error_vs_plaintext"] <= 1e-5
     assert report["bytes_up"] > 0 and report["bytes_down"] > 0
     assert 0.0 <= report["test_accuracy"] <= 1.0
     out_text = capsys.readouterr().out
     assert "shared secret key: False" in out_text and "the server holds a secret key: False" in out_text
+    assert "upload window of 1 recipient(s)" in out_text

@@ -140,9 +140,19 @@ def test_decrypted_encodings_equal_the_plaintext_reference(dp_round, tiny_graph,
     assert not h.server.has_secret_key
 
 
-def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition, drawn):
+@pytest.mark.parametrize("window", [None, 1], ids=["all-uploads", "upload-window"])
+def test_run_encrypted_pretraining_takes_dp(tiny_graph, tiny_partition, drawn, window):
+    # with an upload window the server confirms the terms and sends the bases while clients upload
     res = run_encrypted_pretraining(
-        tiny_graph, tiny_partition, "vector", seed=SEED, progress=False, workers=0, dp=DP, dp_release=drawn
+        tiny_graph,
+        tiny_partition,
+        "vector",
+        seed=SEED,
+        progress=False,
+        workers=0,
+        dp=DP,
+        dp_release=drawn,
+        upload_window=window,
     )
     want = run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", SEED, dp=DP, dp_release=drawn)
     assert max_abs_error(res.encodings, want) <= TOL

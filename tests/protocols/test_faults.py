@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fault_helpers import FaultyTransport, Federation, same_state
+from fault_helpers import FaultyTransport, Federation, pretrain_driver, same_state
 
 from fedgat.encodings import BucketBases, encode_bucket
 from fedgat.federated import fedavg
@@ -131,22 +131,9 @@ def test_tick_never_goes_backwards_and_deadlines_follow_the_last_tick():
 
 
 # ------------------------------------------------------------------------------------ pre-training
-def _pretrain_driver(h: Harness, clients: PretrainTimeouts | None = None, **timeouts) -> Driver:
-    """A driver on a lossy transport and a manual clock; the server's deadlines are ``timeouts``, the
-    clients' ``clients`` (default: twice the server's, as a deployment sets them, so that the server
-    decides about a missing peer before the clients give up on the server)."""
-    h.transport = FaultyTransport(Transcript())
-    server = PretrainTimeouts(**timeouts)
-    if clients is None:
-        clients = PretrainTimeouts(**{k: None if v is None else 2 * v for k, v in timeouts.items()})
-    for party in h.parties.all().values():
-        party.timeouts = server if party is h.server else clients
-    return Driver(h.transport, h.parties.all(), clock=ManualClock(), strict=False)
-
-
 def test_a_missing_client_whose_nodes_others_need_stops_pretraining(harness):
     h = harness
-    driver = _pretrain_driver(h, keys=30.0, upload=30.0)
+    driver = pretrain_driver(h, keys=30.0, upload=30.0)
     driver.crash(2)
     driver.start()
     driver.run()
@@ -160,7 +147,7 @@ def test_a_missing_client_whose_nodes_others_need_stops_pretraining(harness):
 
 def test_a_client_stalling_in_upload_is_named_with_the_phase(harness):
     h = harness
-    driver = _pretrain_driver(h, keys=30.0, upload=30.0)
+    driver = pretrain_driver(h, keys=30.0, upload=30.0)
     sent = {"n": 0}
 
     def stall(sender, to, data):
@@ -183,7 +170,7 @@ def test_a_client_nobody_needs_is_dropped_and_the_round_goes_on(tiny_graph):
     part = make_partition(tiny_graph, 3, beta=1.0, seed=0, num_layers=2, min_cross=10**6)
     assert all(np.isin(c.needed, c.owned).all() for c in part.clients)
     h = Harness(tiny_graph, part)
-    driver = _pretrain_driver(h, keys=30.0, upload=30.0)
+    driver = pretrain_driver(h, keys=30.0, upload=30.0)
     driver.crash(1)
     driver.start()
     driver.run()
@@ -206,7 +193,7 @@ def test_a_client_without_the_check_keys_it_needs_gives_up_naming_them(harness):
     release its rows (it has no tags to add), times out in its ``keys`` phase naming the server and
     those clients, and the round stops."""
     h = harness
-    driver = _pretrain_driver(h, clients=PretrainTimeouts(keys=20.0), keys=30.0, upload=30.0)
+    driver = pretrain_driver(h, clients=PretrainTimeouts(keys=20.0), keys=30.0, upload=30.0)
     h.transport.rules = [lambda s, r, d: "drop" if r == 1 and peek_type(d) == SealedCheckKeys.TYPE else None]
     driver.start()
     driver.run()
@@ -222,7 +209,7 @@ def test_a_client_without_the_check_keys_it_needs_gives_up_naming_them(harness):
 
 def test_clients_give_up_on_a_server_that_never_answers(harness):
     h = harness
-    driver = _pretrain_driver(h, clients=PretrainTimeouts(keys=20.0))
+    driver = pretrain_driver(h, clients=PretrainTimeouts(keys=20.0))
     driver.crash(h.roster.server)
     driver.start()
     driver.run()
@@ -235,7 +222,7 @@ def test_clients_give_up_on_a_server_that_never_answers(harness):
 
 def test_clients_time_out_when_the_server_stalls(harness):
     h = harness
-    driver = _pretrain_driver(h, download=20.0)
+    driver = pretrain_driver(h, download=20.0)
     driver.start()
     driver.run(until=lambda: h.server.state is ServerState.COMPUTING)
     driver.crash(h.roster.server)

@@ -46,6 +46,7 @@ from fedgat.protocols import (
     SplitCounts,
     UnknownTypeError,
     UploadDone,
+    UploadGrant,
     UploadItem,
     Verifier,
     VersionError,
@@ -101,6 +102,7 @@ def samples() -> list:
         ),
         FeatureUpload(target=2, items=(UploadItem(2, 0, b"ct0"), UploadItem(5, 1, b"ct1")), **HDR),
         UploadDone(nodes=2, ciphertexts=4, **HDR),
+        UploadGrant(recipients=np.array([1, 3]), **HDR),
         EncodingBases(bucket=0, variant="vector", n=3, owners=owners, p=p, **bases, **HDR),
         EncodingBases(
             bucket=1,
@@ -376,6 +378,16 @@ def test_key_set_up_messages_check_their_values_on_both_sides():
             frame(dataclasses.replace(rr, participants=bad))
     with pytest.raises(PayloadError, match="increasing"):
         decode_message(_swap_bytes(frame(rr), _i8(0, 1, 2), _i8(0, 2, 1)))
+    # an upload grant: increasing party ids too, at most 4096
+    grant = sample(UploadGrant)
+    assert decode_message(frame(grant)) == grant
+    for bad in (np.zeros(0, np.int64), np.array([3, 1]), np.array([1, 1]), np.array([-1, 0])):
+        with pytest.raises(PayloadError, match="increasing"):
+            frame(dataclasses.replace(grant, recipients=bad))
+    with pytest.raises(PayloadError, match="increasing"):
+        decode_message(_swap_bytes(frame(grant), _i8(1, 3), _i8(3, 1)))
+    with pytest.raises(SizeLimitError):
+        frame(dataclasses.replace(grant, recipients=np.arange(4097)))
 
 
 def test_edge_claims_are_sorted_distinct_edges_with_0_1_flags():

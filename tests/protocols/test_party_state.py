@@ -107,12 +107,16 @@ def uninterrupted(parties: dict) -> Driver:
 
 # ------------------------------------------------------------------------------------ pre-training
 @pytest.mark.parametrize(
-    "dp", [None, FeatureDP(epsilon=4.0, mechanism="gaussian", dim=8)], ids=["plain", "dp"]
+    ("dp", "window"),
+    [(None, None), (FeatureDP(epsilon=4.0, mechanism="gaussian", dim=8), None), (None, 1)],
+    ids=["plain", "dp", "upload-window"],
 )
-def test_pretraining_survives_a_restore_after_every_event(tiny_graph, tiny_partition, monkeypatch, dp):
+def test_pretraining_survives_a_restore_after_every_event(
+    tiny_graph, tiny_partition, monkeypatch, dp, window
+):
     ledgers = {c: DPLedger(Budget(1e3, 1e-5)) for c in range(tiny_partition.num_clients)}
     drawn = None if dp is None else draw_release(tiny_graph, tiny_partition, dp, ledgers=ledgers)
-    kw = {"seed": 5, "workers": 0, "dp": dp, "dp_release": drawn, "upload_batch": 4}
+    kw = {"seed": 5, "workers": 0, "dp": dp, "dp_release": drawn, "upload_batch": 4, "upload_window": window}
     ref = build_pretrain_parties(tiny_graph, tiny_partition, **kw)
     want = uninterrupted(ref.all())
     parties = build_pretrain_parties(tiny_graph, tiny_partition, **kw)

@@ -40,6 +40,7 @@ from fedgat.cli_engine import (
     add_device_argument,
     add_engine_arguments,
     add_owners_arguments,
+    add_upload_window_argument,
     add_wire_argument,
     check_beta,
     check_counts,
@@ -103,6 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--preset", default="n4096", choices=PRESET_CHOICES, help="CKKS preset (default n4096)"
     )
     add_wire_argument(parser)
+    add_upload_window_argument(parser)
     parser.add_argument(
         "--neighbour-cap",
         default=None,
@@ -279,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             workers=args.workers,
             wire=args.wire,
+            upload_window=args.upload_window,
         )
         plain = run_plaintext_pretraining(graph, partition, args.variant, args.seed)
         error = max_abs_error(pre.encodings, plain)
@@ -371,6 +374,12 @@ def format_pretraining(r: dict) -> str:
         f"{r['ciphertexts_down']} ciphertexts ({r['result_ciphertexts']} distinct results)"
     )
     lines.append(f"server multiply-adds:           {r['multiply_adds']}")
+    window = r.get("upload_window")
+    lines.append(
+        f"server spool: at most {_gb(r['peak_spooled_bytes'])} of uploads on disk at once ("
+        + ("every upload before compute" if window is None else f"upload window of {window} recipient(s)")
+        + ")"
+    )
     lines.append(
         f"packing: a ciphertext holds {layout['slots']} numbers: "
         + ("a whole row" if layout["chunks"] == 1 else f"1/{layout['chunks']} of a row")

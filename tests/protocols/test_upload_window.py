@@ -1,0 +1,145 @@
+"""The upload window (``PretrainConfig.upload_window``): uploads paced recipient by recipient, each
+recipient computed as soon as its uploads are in and its spool deleted, so the server's disk holds a
+window of recipients' uploads instead of the round's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fault_helpers import pretrain_driver
+
+from fedgat.pipeline import max_abs_error, run_plaintext_pretraining
+from fedgat.protocols import (
+    ClientState,
+    ConfigMismatchError,
+    EncodingResults,
+    FeatureUpload,
+    PretrainConfig,
+    ServerState,
+    UploadGrant,
+    UploadItem,
+)
+from fedgat.protocols.errors import AuthError, MissingPartyError, PayloadError, StateError
+from fedgat.protocols.messages import decode_message, peek_type
+from fedgat.protocols.pretrain_values import config_from_value, config_to_value
+
+from protocol_helpers import Harness, rejected
+
+TOL = 1e-5
+
+
+def _upload_bytes(h: Harness) -> dict[int, int]:
+    """Bytes of ciphertext uploaded for each recipient (what its spool held once complete)."""
+    out: dict[int, int] = {}
+    for msg in (m for c in h.roster.clients for m in h.sent(c, FeatureUpload)):
+        out[msg.target] = out.get(msg.target, 0) + sum(len(item.ciphertext) for item in msg.items)
+    return out
+
+
+@pytest.mark.parametrize(("variant", "window"), [("vector", 1), ("vector", 2), ("matrix", 1)])
+def test_a_windowed_round_matches_plaintext_and_spools_at_most_its_window(
+    tiny_graph, tiny_partition, variant, window
+):
+    h = Harness(tiny_graph, tiny_partition, variant=variant, upload_window=window).start().run()
+    server, sid = h.server, h.roster.server
+    assert all(p.done for p in h.parties.all().values())
+    got = {c: h.client(c).encodings for c in h.roster.clients}
+    assert max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, variant, seed=1)) <= TOL
+    assert server.ciphertexts_received == server.rows_released * server.layout.chunks
+
+    # the grants: one per (owner, recipient) pair with rows to release, recipients in order
+    order = sorted({r for c in h.roster.clients for r in h.client(c).releases})
+    assert len(order) > window
+    for c in h.roster.clients:
+        granted = [int(r) for m in h.sent(sid, UploadGrant, c) for r in m.recipients]
+        assert granted == sorted(h.client(c).releases)
+    # the disk: at most `window` consecutive recipients' uploads at once, less than the round's
+    sizes = _upload_bytes(h)
+    bound = max(sum(sizes[r] for r in order[k : k + window]) for k in range(len(order)))
+    assert 0 < server.peak_spooled_bytes <= bound < sum(sizes.values())
+
+    # every upload follows its grant; the first results leave before the last upload arrives
+    granted_at: dict[tuple[int, int], int] = {}
+    uploads, results = [], []
+    for e in h.transport.transcript:
+        kind = peek_type(e.data)
+        if kind == UploadGrant.TYPE:
+            granted_at.update(((e.recipient, int(r)), e.index) for r in decode_message(e.data).recipients)
+        elif kind == FeatureUpload.TYPE:
+            uploads.append(e.index)
+            assert granted_at[(e.sender, decode_message(e.data).target)] < e.index
+        elif kind == EncodingResults.TYPE:
+            results.append(e.index)
+    assert min(results) < max(uploads)
+
+
+def test_the_server_refuses_uploads_for_a_recipient_it_has_not_granted(tiny_graph, tiny_partition):
+    h = Harness(tiny_graph, tiny_partition, upload_window=1).start()
+    h.run(until=lambda: all(c.state is ClientState.UPLOADING for c in h.parties.clients.values()))
+    sid = h.roster.server
+    granted = {int(r) for c in h.roster.clients for m in h.sent(sid, UploadGrant, c) for r in m.recipients}
+    assert len(granted) == 1
+    owner, recipient = next(
+        (c, r) for c in h.roster.clients for r in h.client(c).releases if r not in granted
+    )
+    node = int(h.client(owner).releases[recipient][0])
+    upload = h.craft(owner, FeatureUpload, sid, target=recipient, items=(UploadItem(node, 0, b"ct"),))
+    rejected(h.server, upload, PayloadError, "before the server granted them")
+    assert h.server.state is ServerState.UPLOADING
+    h.run()
+    assert all(p.done for p in h.parties.all().values())
+
+
+def test_clients_refuse_grants_they_cannot_follow(tiny_graph, tiny_partition):
+    # in a session without a window, any grant is another session's parameters
+    plain = Harness(tiny_graph, tiny_partition).start()
+    plain.run(until=lambda: plain.client(0).state is ClientState.UPLOADING)
+    sid = plain.roster.server
+    grant = plain.craft(sid, UploadGrant, 0, recipients=np.array([1]))
+    rejected(plain.client(0), grant, ConfigMismatchError, "without an upload window")
+
+    h = Harness(tiny_graph, tiny_partition, upload_window=1).start()
+    h.run(until=lambda: h.client(0).state is ClientState.UPLOADING)
+    client, sid = h.client(0), h.roster.server
+    for names in ([1, 99], [0]):  # a party outside the round; the client itself
+        rejected(client, h.craft(sid, UploadGrant, 0, recipients=np.array(names)), PayloadError, "outside")
+    fresh = next(p for p in client.participants if p != 0 and p not in client._granted)
+    grant = h.craft(sid, UploadGrant, 0, recipients=np.array([fresh]))
+    client.receive(grant)
+    again = h.craft(sid, UploadGrant, 0, recipients=np.array([fresh]))
+    rejected(client, again, StateError, "already granted")
+    rejected(client, h.craft(2, UploadGrant, 0, recipients=np.array([fresh])), AuthError)
+
+
+def test_deadlines_run_while_the_server_waits_not_while_it_computes(tiny_graph, tiny_partition):
+    # every party answers: the round ends before any deadline, though clients wait for grants
+    h = Harness(tiny_graph, tiny_partition, upload_window=1)
+    driver = pretrain_driver(h, keys=30.0, upload=30.0, download=30.0)
+    driver.start()
+    driver.run()
+    assert all(p.done for p in h.parties.all().values()) and not driver.failures()
+
+    # an owner that stops uploading in the first window is named, with the phase
+    h = Harness(tiny_graph, tiny_partition, upload_window=1)
+    driver = pretrain_driver(h, keys=30.0, upload=30.0, download=30.0)
+    stalled = 0
+    h.transport.rules = [
+        lambda sender, to, data: (
+            "drop" if sender == stalled and peek_type(data) == FeatureUpload.TYPE else None
+        )
+    ]
+    driver.start()
+    driver.run()
+    err = h.server.failure
+    # the others wait for a grant, not named
+    assert isinstance(err, MissingPartyError) and (err.phase, err.missing) == ("upload", (stalled,))
+    assert h.server.state is ServerState.ABORTED
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+def test_the_window_is_a_positive_int_and_travels_with_the_config(bad):
+    with pytest.raises(ValueError, match="upload_window"):
+        PretrainConfig(session=1, upload_window=bad)
+    config = PretrainConfig(session=1, upload_window=3)
+    assert config_from_value(config_to_value(config)) == config
+    assert config_from_value({**config_to_value(config), "upload_window": None}).upload_window is None
