@@ -320,7 +320,10 @@ def test_argparse_errors_are_one_line_with_status_2(capsys):
             main(["demo", "--upload-window", bad])
         assert exc.value.code == 2
         err = capsys.readouterr().err
-        assert f"argument --upload-window: must be a positive integer, got '{bad}'" in err and err.count("\n") == 1
+        assert (
+            f"argument --upload-window: must be a positive integer, got '{bad}'" in err
+            and err.count("\n") == 1
+        )
 
 
 def test_train_refuses_more_clients_than_cora_has_nodes(cora, capsys, tmp_path):
