@@ -110,8 +110,11 @@ def arxiv_like(nodes: int, seed: int = 0):
     )
 
 
-def one(mode: str, nodes: int, clients: int, rounds: int, seed: int) -> dict:
-    """One size and mode, in this process; returns its measurements."""
+def one(
+    mode: str, nodes: int, clients: int, rounds: int, seed: int, upload_window: int | None = None
+) -> dict:
+    """One size and mode, in this process; returns its measurements (``upload_window``: the
+    encrypted round's, :attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`)."""
     import torch
 
     from fedgat.partition import make_partition
@@ -159,7 +162,9 @@ def one(mode: str, nodes: int, clients: int, rounds: int, seed: int) -> dict:
     else:
         sampler.reset()
         start = time.perf_counter()
-        pre = run_encrypted_pretraining(graph, partition, "vector", "n4096", seed=seed, progress=False)
+        pre = run_encrypted_pretraining(
+            graph, partition, "vector", "n4096", seed=seed, progress=False, upload_window=upload_window
+        )
         phase(
             "encrypted_pretrain",
             start,
@@ -170,6 +175,8 @@ def one(mode: str, nodes: int, clients: int, rounds: int, seed: int) -> dict:
             multiply_adds=pre.multiply_adds,
             ciphertexts_up=pre.ciphertexts_up,
             ciphertexts_down=pre.ciphertexts_down,
+            upload_window=upload_window,
+            peak_spooled_bytes=pre.peak_spooled_bytes,
             phases={k: round(v, 3) for k, v in pre.phases.items()},
         )
     sampler.stop()
@@ -181,6 +188,8 @@ def one(mode: str, nodes: int, clients: int, rounds: int, seed: int) -> dict:
 def _child(args: argparse.Namespace, mode: str, nodes: int) -> dict:
     cmd = [sys.executable, __file__, "--one", mode, str(nodes)]
     cmd += ["--clients", str(args.clients), "--rounds", str(args.rounds), "--seed", str(args.seed)]
+    if args.upload_window is not None:
+        cmd += ["--upload-window", str(args.upload_window)]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MPLBACKEND": "Agg"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -357,6 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="largest size for the encrypted round (default 20000; --quick 200)",
     )
+    parser.add_argument(
+        "--upload-window",
+        type=int,
+        default=None,
+        help="the encrypted round's upload window (recipients whose uploads the server holds at once; "
+        "default: every upload before compute)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 and 400 nodes")
     parser.add_argument("--notes", default="", help="a paragraph for the Markdown (what ran where)")
@@ -367,7 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.encrypted_max_nodes is None:
         args.encrypted_max_nodes = QUICK_NODES[0] if args.quick else 20_000
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.clients, args.rounds, args.seed)))
+        print(
+            json.dumps(
+                one(args.one[0], int(args.one[1]), args.clients, args.rounds, args.seed, args.upload_window)
+            )
+        )
         return 0
     sizes = sorted(args.nodes or (QUICK_NODES if args.quick else NODES))
     load_before = os.getloadavg()
@@ -406,6 +426,7 @@ def _result(args, argv, runs: list[dict], skipped: list[int], load_before, start
         "clients": args.clients,
         "rounds": args.rounds,
         "encrypted_max_nodes": args.encrypted_max_nodes,
+        "upload_window": args.upload_window,
         "encrypted_skipped": skipped,
         "notes": args.notes,
         "load_before": [round(x, 2) for x in load_before],

@@ -271,6 +271,12 @@ class EdgeClaims(Message):
             raise PayloadError("a claim names another client as peer")
 
 
+def _check_party_ids(ids: np.ndarray, name: str) -> None:
+    """A non-empty list of party ids, increasing (so without repeats)."""
+    if not len(ids) or ids.min() < 0 or np.any(np.diff(ids) <= 0):
+        raise PayloadError(f"{name} must be increasing party ids")
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class RosterReady(Message):
     """Server -> client: key set-up is complete for ``participants``; every later message is bound
@@ -283,9 +289,7 @@ class RosterReady(Message):
     participants: np.ndarray
 
     def check(self) -> None:
-        p = self.participants
-        if not len(p) or p.min() < 0 or np.any(np.diff(p) <= 0):
-            raise PayloadError("participants must be increasing party ids")
+        _check_party_ids(self.participants, "participants")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -418,9 +422,7 @@ class UploadGrant(Message):
     recipients: np.ndarray
 
     def check(self) -> None:
-        r = self.recipients
-        if not len(r) or r.min() < 0 or np.any(np.diff(r) <= 0):
-            raise PayloadError("recipients must be increasing party ids")
+        _check_party_ids(self.recipients, "recipients")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -53,6 +53,8 @@ def test_quick_run_writes_results(tmp_path):
                 "3",
                 "--encrypted-max-nodes",
                 "120",
+                "--upload-window",
+                "1",
                 "--out",
                 str(out),
             ]
@@ -88,6 +90,9 @@ def test_quick_run_writes_results(tmp_path):
         assert r["phases"]["train"]["bytes_up"] > 0 and r["phases"]["plaintext_pretrain"]["bytes_down"] > 0
     enc = next(r for r in runs if r["mode"] == "encrypted")["phases"]["encrypted_pretrain"]
     assert enc["bytes_up"] > 0 and enc["bytes_down"] > 0
+    # the encrypted round paced one recipient at a time: its spool never held all three clients' uploads
+    assert data["upload_window"] == enc["upload_window"] == 1
+    assert 0 < enc["peak_spooled_bytes"] < 0.6 * enc["bytes_up"]
     by_edges = {r["edges"]: r["phases"]["train"] for r in plain}
     (e1, p1), (e2, p2) = sorted(by_edges.items())
     row = next(g for g in data["growth"] if g["phase"] == "train")
