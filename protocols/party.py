@@ -138,6 +138,7 @@ class Party:
         #: the latest time given to :meth:`tick` (seconds on the driver's clock)
         self.now = 0.0
         self._deadlines: dict[str, float] = {}
+        self._rearm: dict[str, float] = {}  # phase -> timeout, armed at the next tick (_arm_at_next_tick)
         #: the fault that made this party give up (None while it has not)
         self.failure: FaultError | None = None
         #: frames longer than this are refused before decoding (None: the message types' own limits)
@@ -205,6 +206,7 @@ class Party:
         error's text, which names no secret value (terminal errors keep values in local details)."""
         self.abort_reason = f"refused {type(exc).__name__}: {exc}"
         self._deadlines.clear()
+        self._rearm.clear()
         if isinstance(self.state, enum.Enum):
             self.state = type(self.state)("aborted")
         self._discard()
@@ -217,6 +219,9 @@ class Party:
         and return the messages that produces. Time never goes backwards (an earlier ``now`` is
         ignored)."""
         self.now = max(self.now, float(now))
+        for phase, timeout in self._rearm.items():
+            self._deadlines[phase] = self.now + timeout
+        self._rearm.clear()
         out: list[Message] = []
         while self._deadlines:
             phase, due = min(self._deadlines.items(), key=lambda kv: kv[1])
@@ -276,6 +281,7 @@ class Party:
             "verifier": self.verifier.snapshot(),
             "abort": self.abort_reason,
             "deadlines": tuple(sorted(self._deadlines.items())),
+            "rearm": tuple(sorted(self._rearm.items())),
             **self._snapshot(),
         }
 
@@ -398,6 +404,7 @@ class Party:
             "max_frame_bytes": self.max_frame_bytes,
             "now": self.now,
             "deadlines": dict(self._deadlines),
+            "rearm": dict(self._rearm),
         }
 
     def _restore_spec_base(self, fields: Mapping[str, Any]) -> None:
@@ -409,6 +416,7 @@ class Party:
         self.max_frame_bytes = None if fields["max_frame_bytes"] is None else int(fields["max_frame_bytes"])
         self.now = float(fields["now"])
         self._deadlines = {str(k): float(t) for k, t in fields["deadlines"].items()}
+        self._rearm = {str(k): float(t) for k, t in fields.get("rearm", {}).items()}  # saved before: none
 
     def _spec_fields(self) -> dict[str, Any]:
         """The kind's own constructor inputs (plain values)."""
@@ -435,12 +443,24 @@ class Party:
 
     def _arm(self, phase: str, timeout: float | None) -> None:
         """Arm ``phase``'s deadline ``timeout`` seconds after the last tick (None: no deadline)."""
+        self._rearm.pop(phase, None)
         if timeout is not None:
             self._deadlines[phase] = self.now + float(timeout)
+
+    def _arm_at_next_tick(self, phase: str, timeout: float | None) -> None:
+        """Arm ``phase``'s deadline ``timeout`` seconds after the *next* tick: after work of its own
+        (a step) the last tick is stale, and the time the party spent working must not count as
+        waiting for its peers. Disarmed until then."""
+        self._deadlines.pop(phase, None)
+        if timeout is None:
+            self._rearm.pop(phase, None)
+        else:
+            self._rearm[phase] = float(timeout)
 
     def _disarm(self, *phases: str) -> None:
         for phase in phases:
             self._deadlines.pop(phase, None)
+            self._rearm.pop(phase, None)
 
     def _checkpoint_base(self) -> dict:
         """Identity, sequence number and verifier view for a checkpoint's meta (JSON values)."""

@@ -55,13 +55,17 @@ Upload window (``PretrainConfig.upload_window = W``; off by default): the server
 sends every client its bases as soon as the roster is ready, then grants uploads recipient by
 recipient (UploadGrant to the owners that release rows to it), ``W`` recipients open at a time. A
 client uploads the rows it releases to a recipient only once granted, and takes its bases and
-results while it still uploads. As soon as a recipient's uploads are all in, the server computes its
-foreign shares, streams them, deletes its spool and grants the next recipient; EncodingsDone follows
-the last recipient and every UploadDone. The server refuses uploads for a recipient it has not
-granted (:class:`~fedgat.protocols.errors.PayloadError`), so its disk holds at most ``W``
-recipients' uploads whatever the clients send; its ``upload`` deadline runs only while it waits for
-owners (computing re-arms it) and names the owners of the open recipients' missing rows. The rows
-released, the bases, the results and what each party learns are those of the round without a window.
+results while it still uploads. Recipients are computed in plan order: once the next one's uploads
+are all in, the server computes its foreign shares, streams them, deletes its spool and grants the
+next recipient; EncodingsDone follows the last recipient and every UploadDone. The server refuses
+uploads for a recipient it has not granted (:class:`~fedgat.protocols.errors.PayloadError`), so its
+disk holds at most ``W`` recipients' uploads whatever the clients send. Deadlines count waiting, not
+working: the server's ``upload`` deadline restarts at the first tick after each of its compute steps
+and names the owners of the open recipients' missing rows; a client's ``download`` deadline restarts
+after each of its upload steps and does not end its session while it has granted rows to send. The
+rows released, the bases, the results and what each party learns are those of the round without a
+window; a client that refuses a result for good (terminal, see ``SECURITY.md``) stops uploading, so
+the round then stops at the server's ``upload`` deadline naming it.
 
 Differential privacy (``PretrainConfig.dp``, :mod:`fedgat.dp`): every client sends PrivacyTerms
 before its graph; the rows it releases to others are its DP release (noise drawn by the client);

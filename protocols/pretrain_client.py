@@ -424,6 +424,10 @@ class ClientPretrain(Party):
         """The server (or a peer behind it) went quiet: give up and say so."""
         if self.state in (ClientState.DONE, ClientState.ABORTED):
             return []
+        if phase == "download" and self.config.upload_window is not None and self.has_work():
+            # granted uploads still to send: this client is not waiting for the server
+            self._arm_at_next_tick("download", self.timeouts.download)
+            return []
         if phase == "keys":
             waiting = sorted(set(self.releases) - set(self._owner_keys)) if self.participants else []
             what = "roster" if not self.participants else f"check keys of parties {waiting}"
@@ -578,6 +582,8 @@ class ClientPretrain(Party):
             out.append(self._new(UploadDone, self.roster.server, nodes=pairs, ciphertexts=self._uploaded))
             self.state = ClientState.AWAIT_ENCODINGS
             self._arm("download", self.timeouts.download)
+        if self.config.upload_window is not None:  # the time spent encrypting is not the server's
+            self._arm_at_next_tick("download", self.timeouts.download)
         return out
 
     # --- encodings -----------------------------------------------------------------------------------

@@ -95,8 +95,10 @@ class PretrainConfig:
             uploads the rows it releases to a recipient only after the server's
             :class:`~fedgat.protocols.messages.UploadGrant` for it, the server computes each
             recipient as soon as its uploads are in and deletes its spool, then grants the next one.
-            The server's disk then holds about ``W + 1`` recipients' uploads instead of all of them
-            (at ogbn-arxiv's size ~130 GB in all), and its compute overlaps the clients' uploads.
+            The server's disk then holds at most ``W`` recipients' uploads instead of all of them
+            (at ogbn-arxiv's size ~130 GB in all), and with ``W >= 2`` its compute overlaps the
+            clients' uploads. Recipients are computed in order, whatever order their uploads
+            complete in.
             The bases are drawn when the roster is ready, so a client receives its bases and results
             while it may still be uploading (what it learns does not change; see ``SECURITY.md``).
             Clients refuse a grant in a session without a window

@@ -12,7 +12,6 @@ in-process, process-pool, Ray and Flower engines differ only in what they pass.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -161,12 +160,11 @@ class ServerPretrain(Party):
         #: benchmarks: keep the spools after the round for :meth:`replay_compute`
         self.keep_encoder = False
         self._closed = False
-        #: upload window (:attr:`PretrainConfig.upload_window`): recipients in grant order, how many
-        #: were granted, those whose uploads are all in but not yet computed, the one computing
+        #: upload window (:attr:`PretrainConfig.upload_window`): recipients in grant (and plan) order,
+        #: those granted, those whose uploads are all in, those computed, the one computing
         self._order: list[int] = []
         self._granted: set[int] = set()
-        self._ready: deque[int] = deque()
-        self._queued: set[int] = set()  # every recipient ever put in _ready
+        self._complete_set: set[int] = set()
         self._computed: set[int] = set()
         self._current: tuple[int, Iterator[tuple[int, int, NodeResult]]] | None = None
         #: most bytes the spools held at once
@@ -204,7 +202,7 @@ class ServerPretrain(Party):
             "spooled_bytes": sum(sp.bytes_stored for sp in self._spools.values()),
             "uploaded_done": tuple(sorted(self._uploaded_done)),
             "granted": tuple(sorted(self._granted)),
-            "ready": tuple(self._ready),
+            "complete": tuple(sorted(self._complete_set)),
             "terms": tuple(sorted(self._terms)),
             "nodes_computed": self.nodes_computed,
             "participants": tuple(self.participants),
@@ -416,7 +414,8 @@ class ServerPretrain(Party):
         """Grant uploads for the next recipient in order, to the owners that release rows to it."""
         r = self._order[len(self._granted)]
         self._granted.add(r)
-        self._arm("upload", self.timeouts.upload)  # each grant gives the owners a fresh deadline
+        # each grant gives the owners a fresh deadline, from the next tick (a step may have just ended)
+        self._arm_at_next_tick("upload", self.timeouts.upload)
         owners = sorted(s for s, t in self._expected if t == r)
         return [self._new(UploadGrant, s, recipients=np.array([r], dtype=np.int64)) for s in owners]
 
@@ -485,9 +484,8 @@ class ServerPretrain(Party):
         received.update(keys)
         held = sum(sp.bytes_stored for sp in self._spools.values())
         self.peak_spooled_bytes = max(self.peak_spooled_bytes, held)
-        if self.windowed and msg.target not in self._queued and self._complete(msg.target):
-            self._queued.add(msg.target)
-            self._ready.append(msg.target)
+        if self.windowed and self._complete(msg.target):
+            self._complete_set.add(msg.target)
         return []
 
     def _spool(self, recipient: int) -> CiphertextSpool:
@@ -683,9 +681,18 @@ class ServerPretrain(Party):
         out = self._grant_next() if len(self._granted) < len(self._order) else []
         return out + self._maybe_finish()
 
+    def _next_recipient(self) -> int | None:
+        """Upload window: the recipient to compute next, once its uploads are all in. Recipients are
+        computed in plan order, whatever order their uploads complete in: the results batcher
+        routes results by their position in the plan."""
+        if self._current is not None or len(self._computed) == len(self._order):
+            return None
+        r = self._order[len(self._computed)]
+        return r if r in self._complete_set else None
+
     def _maybe_finish(self) -> list[Message]:
         """Upload window: end the round once every upload is in and every recipient computed."""
-        if self.state is not ServerState.COMPUTING or self._current is not None or self._ready:
+        if self.state is not ServerState.COMPUTING or self._current is not None:
             return []
         if len(self._computed) < len(self._order):
             return []
@@ -706,7 +713,7 @@ class ServerPretrain(Party):
     def has_work(self) -> bool:
         if not self.windowed:
             return self.state is ServerState.COMPUTING
-        busy = self._current is not None or bool(self._ready)
+        busy = self._current is not None or self._next_recipient() is not None
         return busy and self.state in (ServerState.UPLOADING, ServerState.COMPUTING)
 
     def step(self) -> list[Message]:
@@ -717,11 +724,12 @@ class ServerPretrain(Party):
         while not out and self.has_work():
             if self.windowed:
                 if self._current is None:
-                    c = self._ready.popleft()
+                    c = self._next_recipient()
+                    assert c is not None
                     self._current = (c, self._recipient_results(c))
                 results = self._current[1]
                 if self.state is ServerState.UPLOADING:  # computing is not waiting for the owners
-                    self._arm("upload", self.timeouts.upload)
+                    self._arm_at_next_tick("upload", self.timeouts.upload)
             else:
                 assert self._results is not None
                 results = self._results

@@ -21,6 +21,7 @@ from fedgat.protocols import (
 )
 from fedgat.protocols.errors import AuthError, MissingPartyError, PayloadError, StateError
 from fedgat.protocols.messages import decode_message, peek_type
+from fedgat.protocols.pretrain import PretrainTimeouts
 from fedgat.protocols.pretrain_values import config_from_value, config_to_value
 
 from protocol_helpers import Harness, rejected
@@ -36,7 +37,9 @@ def _upload_bytes(h: Harness) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize(("variant", "window"), [("vector", 1), ("vector", 2), ("matrix", 1)])
+@pytest.mark.parametrize(
+    ("variant", "window"), [("vector", 1), ("vector", 2), ("matrix", 1), ("vector", 100)]
+)
 def test_a_windowed_round_matches_plaintext_and_spools_at_most_its_window(
     tiny_graph, tiny_partition, variant, window
 ):
@@ -49,16 +52,16 @@ def test_a_windowed_round_matches_plaintext_and_spools_at_most_its_window(
 
     # the grants: one per (owner, recipient) pair with rows to release, recipients in order
     order = sorted({r for c in h.roster.clients for r in h.client(c).releases})
-    assert len(order) > window
     for c in h.roster.clients:
         granted = [int(r) for m in h.sent(sid, UploadGrant, c) for r in m.recipients]
         assert granted == sorted(h.client(c).releases)
     # the disk: at most `window` consecutive recipients' uploads at once, less than the round's
     sizes = _upload_bytes(h)
     bound = max(sum(sizes[r] for r in order[k : k + window]) for k in range(len(order)))
-    assert 0 < server.peak_spooled_bytes <= bound < sum(sizes.values())
+    assert 0 < server.peak_spooled_bytes <= bound
+    assert bound < sum(sizes.values()) if window < len(order) else bound == sum(sizes.values())
 
-    # every upload follows its grant; the first results leave before the last upload arrives
+    # every upload follows its grant
     granted_at: dict[tuple[int, int], int] = {}
     uploads, results = [], []
     for e in h.transport.transcript:
@@ -70,7 +73,29 @@ def test_a_windowed_round_matches_plaintext_and_spools_at_most_its_window(
             assert granted_at[(e.sender, decode_message(e.data).target)] < e.index
         elif kind == EncodingResults.TYPE:
             results.append(e.index)
-    assert min(results) < max(uploads)
+    if window < len(order):  # a later recipient's uploads wait for an earlier one's compute
+        assert min(results) < max(uploads)
+
+
+def test_recipients_are_computed_in_order_whatever_order_their_uploads_complete_in(
+    tiny_graph, tiny_partition
+):
+    # every recipient open at once, and every owner uploads the first recipient's rows last, so the
+    # others' uploads complete first: the server still computes (and routes) in plan order
+    h = Harness(tiny_graph, tiny_partition, upload_window=3).start()
+    h.run(until=lambda: all(c.state is ClientState.UPLOADING for c in h.parties.clients.values()))
+    first = min(r for c in h.roster.clients for r in h.client(c).releases)
+    for c in h.roster.clients:
+        h.client(c)._queue.sort(key=lambda batch: batch[0] == first)  # stable: the rest keep their order
+    h.run()
+    assert all(p.done for p in h.parties.all().values())
+    got = {c: h.client(c).encodings for c in h.roster.clients}
+    assert max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", seed=1)) <= TOL
+    sid, seen = h.roster.server, []
+    for e in h.transport.transcript:
+        if e.sender == sid and peek_type(e.data) == EncodingResults.TYPE and e.recipient not in seen:
+            seen.append(e.recipient)
+    assert seen == sorted(seen) and len(seen) == 3
 
 
 def test_the_server_refuses_uploads_for_a_recipient_it_has_not_granted(tiny_graph, tiny_partition):
@@ -111,13 +136,32 @@ def test_clients_refuse_grants_they_cannot_follow(tiny_graph, tiny_partition):
     rejected(client, h.craft(2, UploadGrant, 0, recipients=np.array([fresh])), AuthError)
 
 
-def test_deadlines_run_while_the_server_waits_not_while_it_computes(tiny_graph, tiny_partition):
-    # every party answers: the round ends before any deadline, though clients wait for grants
+def test_deadlines_run_while_a_party_waits_not_while_it_works(tiny_graph, tiny_partition):
+    # every party answers, but each server step takes 31 s of the (manual) clock against an upload
+    # deadline of 30 s: the server's own compute is not time it waits for the owners
     h = Harness(tiny_graph, tiny_partition, upload_window=1)
-    driver = pretrain_driver(h, keys=30.0, upload=30.0, download=30.0)
+    driver = pretrain_driver(h, clients=PretrainTimeouts(download=1e5), keys=30.0, upload=30.0)
+    work = h.server.step
+
+    def slow():
+        out = work()
+        driver.clock.sleep(31.0)
+        return out
+
+    h.server.step = slow
     driver.start()
     driver.run()
     assert all(p.done for p in h.parties.all().values()) and not driver.failures()
+
+    # a client with granted uploads still to send is not waiting for the server either
+    h = Harness(tiny_graph, tiny_partition, upload_window=1).start()
+    h.run(until=lambda: any(c.has_work() for c in h.parties.clients.values()))
+    client = next(c for c in h.parties.clients.values() if c.has_work())
+    client.timeouts = PretrainTimeouts(download=10.0)
+    client._arm("download", 10.0)
+    assert client.tick(client.now + 100.0) == [] and client.state is ClientState.UPLOADING
+    client.tick(client.now)  # re-armed from its next tick
+    assert client.next_deadline() == client.now + 10.0
 
     # an owner that stops uploading in the first window is named, with the phase
     h = Harness(tiny_graph, tiny_partition, upload_window=1)
