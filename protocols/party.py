@@ -232,7 +232,8 @@ class Party:
         return out
 
     def next_deadline(self) -> float | None:
-        """The earliest armed deadline (None: none armed)."""
+        """The earliest armed deadline (None: none armed). A deadline to arm at the next tick
+        (:meth:`_arm_at_next_tick`) is not one yet: drivers tick every party before each event."""
         return min(self._deadlines.values(), default=None)
 
     @property

@@ -60,12 +60,13 @@ are all in, the server computes its foreign shares, streams them, deletes its sp
 next recipient; EncodingsDone follows the last recipient and every UploadDone. The server refuses
 uploads for a recipient it has not granted (:class:`~fedgat.protocols.errors.PayloadError`), so its
 disk holds at most ``W`` recipients' uploads whatever the clients send. Deadlines count waiting, not
-working: the server's ``upload`` deadline restarts at the first tick after each of its compute steps
-and names the owners of the open recipients' missing rows; a client's ``download`` deadline restarts
+working: the server's ``upload`` deadline restarts at the first tick after each of its compute steps,
+does not fire while it has a complete recipient to compute, and names the owners of the open
+recipients' missing rows; a client's ``download`` deadline restarts
 after each of its upload steps and does not end its session while it has granted rows to send. The
 rows released, the bases, the results and what each party learns are those of the round without a
-window; a client that refuses a result for good (terminal, see ``SECURITY.md``) stops uploading, so
-the round then stops at the server's ``upload`` deadline naming it.
+window; a client that refuses a result for good (terminal, see ``SECURITY.md``) while it still owes
+rows stops uploading, so the round then stops at the server's ``upload`` deadline naming it.
 
 Differential privacy (``PretrainConfig.dp``, :mod:`fedgat.dp`): every client sends PrivacyTerms
 before its graph; the rows it releases to others are its DP release (noise drawn by the client);

@@ -28,7 +28,14 @@ class PretrainTimeouts:
     """Seconds per phase (None: wait forever). Server: ``keys`` from its start until it holds every
     client's keys, context, claims and graph; ``upload`` from then until every UploadDone. Clients:
     ``keys`` until the roster is ready and the check keys of every recipient arrived; ``download``
-    without any bases or results message."""
+    without any bases or results message.
+
+    With an upload window (:attr:`PretrainConfig.upload_window`) the deadlines count waiting, not
+    working: the server's ``upload`` restarts at each grant and after each of its compute steps and
+    does not fire while it has a complete recipient to compute; a client's ``download`` restarts at
+    each grant, bases or results message and after each of its upload steps, and does not fire while
+    it has granted rows to send. A client waiting for a grant waits for the other owners' uploads
+    and the server's compute of the recipients before it: give clients longer deadlines than that."""
 
     keys: float | None = None
     upload: float | None = None

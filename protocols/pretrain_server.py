@@ -254,6 +254,10 @@ class ServerPretrain(Party):
     def _expired(self, phase: str) -> list[Message]:
         if self.state not in (ServerState.COLLECTING, ServerState.UPLOADING):
             return []
+        if phase == "upload" and self.windowed and self.has_work():
+            # a recipient's uploads are all in and wait for this server's compute: not the owners
+            self._arm_at_next_tick("upload", self.timeouts.upload)
+            return []
         if phase == "keys":
             missing = self._keys_missing()
         else:

@@ -153,6 +153,15 @@ def test_deadlines_run_while_a_party_waits_not_while_it_works(tiny_graph, tiny_p
     driver.run()
     assert all(p.done for p in h.parties.all().values()) and not driver.failures()
 
+    # nor does its deadline fire between a recipient's last upload and the compute it waits for
+    h = Harness(tiny_graph, tiny_partition, upload_window=1).start()
+    h.server.timeouts = PretrainTimeouts(upload=30.0)
+    h.run(until=h.server.has_work)
+    h.server.tick(h.server.now)
+    assert h.server.tick(h.server.now + 31.0) == [] and h.server.state is ServerState.UPLOADING
+    h.run()
+    assert all(p.done for p in h.parties.all().values())
+
     # a client with granted uploads still to send is not waiting for the server either
     h = Harness(tiny_graph, tiny_partition, upload_window=1).start()
     h.run(until=lambda: any(c.has_work() for c in h.parties.clients.values()))
