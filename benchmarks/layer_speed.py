@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from fedgat.benchmarks.overhead import load_average
 from fedgat.data import load_dataset
 from fedgat.device import describe_device, resolve_device, synchronize
 from fedgat.encodings import encode
@@ -148,7 +149,7 @@ def run(
     graph = load_dataset(dataset)
     torch.manual_seed(0)
     initial_threads = torch.get_num_threads()
-    load_before = _load_average()
+    load_before = load_average()
     threads = [initial_threads] if threads is None or device.type != "cpu" else threads
     rows = []
     try:
@@ -177,17 +178,10 @@ def run(
             **machine_info(device, machine, date),
             "cpu_threads": initial_threads,
             # 1-minute load averages: other processes on the cores distort multi-thread timings most
-            "load_average_before_after": [load_before, _load_average()],
+            "load_average_before_after": [load_before, load_average()],
         },
         "rows": rows,
     }
-
-
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (OSError, AttributeError):
-        return None
 
 
 def _time_variant(

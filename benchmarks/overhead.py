@@ -224,11 +224,11 @@ def round_windows(marks: dict, start: float, end: float) -> dict[str, float | No
     return out
 
 
-def _load_average() -> float | None:
+def load_average() -> float | None:
     """The 1-minute load average (None where the platform has none)."""
     try:
         return round(os.getloadavg()[0], 2)
-    except OSError:
+    except (OSError, AttributeError):
         return None
 
 
@@ -449,7 +449,7 @@ def run_overhead(
     else:  # the default one, kept for its per-party, per-type byte counts
         transport = timed(InProcessTransport())
     hosts: dict = {}
-    load_before = _load_average()
+    load_before = load_average()
     try:
         with PeakRSS(
             exclude=lambda: {w.process.pid for w in list(pool.workers)} if pool else set()
@@ -482,7 +482,7 @@ def run_overhead(
     finally:
         if pool is not None:
             pool.shutdown()
-    load_after = _load_average()
+    load_after = load_average()
     worker_cpu = children_cpu_seconds() - child_cpu0
     if pool is not None:  # reaped at shutdown: theirs is in client_workers, not the server's
         worker_cpu -= hosts["cpu_seconds"]

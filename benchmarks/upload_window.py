@@ -23,11 +23,9 @@ import platform
 import statistics
 from pathlib import Path
 
+from fedgat.benchmarks.overhead import load_average
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _load() -> float | None:
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 def _window(text: str) -> int | None:
@@ -45,7 +43,7 @@ def run(
     graph = arxiv_like(nodes, seed)
     partition = make_partition(graph, clients, beta=1e4, seed=seed, num_layers=2)
     plain = run_plaintext_pretraining(graph, partition, "vector", seed)
-    load_before = _load()
+    load_before = load_average()
     runs = []
     with ProcessEngine(min(clients, os.cpu_count() or 1)) as engine:
         for rep in range(repeats):
@@ -97,7 +95,7 @@ def run(
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "load_average_before_after": [load_before, _load()],
+            "load_average_before_after": [load_before, load_average()],
         },
         "runs": runs,
         "summary": summary,

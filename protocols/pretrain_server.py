@@ -423,25 +423,18 @@ class ServerPretrain(Party):
         owners = sorted(s for s, t in self._expected if t == r)
         return [self._new(UploadGrant, s, recipients=np.array([r], dtype=np.int64)) for s in owners]
 
+    def _all_in(self, key: tuple[int, int]) -> bool:
+        """Whether every ciphertext of the rows ``(owner, recipient)`` the plan needs is in."""
+        assert self.layout is not None
+        return len(self._received[key]) == len(self._expected[key]) * self.layout.chunks
+
     def _owing(self) -> list[int]:
         """Upload window: the owners whose uploads for a granted recipient are not all in (those the
         server waits for; the others wait for a grant)."""
-        assert self.layout is not None
-        return sorted(
-            {
-                s
-                for (s, r), rows in self._expected.items()
-                if r in self._granted and len(self._received[(s, r)]) < len(rows) * self.layout.chunks
-            }
-        )
+        return sorted({s for s, r in self._expected if r in self._granted and not self._all_in((s, r))})
 
     def _complete(self, recipient: int) -> bool:
-        assert self.layout is not None
-        return all(
-            len(self._received[k]) == len(v) * self.layout.chunks
-            for k, v in self._expected.items()
-            if k[1] == recipient
-        )
+        return all(self._all_in(k) for k in self._expected if k[1] == recipient)
 
     def _relay(self, msg: Message, to: int) -> Message:
         return self._new(type(msg), to, **msg.body())
@@ -508,9 +501,7 @@ class ServerPretrain(Party):
         got = sum(len(self._received[k]) for k in mine)
         rows = sum(len(self._expected[k]) for k in mine)
         if got != want or msg.ciphertexts != got or msg.nodes != rows:
-            short = [
-                k[1] for k in mine if len(self._received[k]) != len(self._expected[k]) * self.layout.chunks
-            ]
+            short = [k[1] for k in mine if not self._all_in(k)]
             raise PayloadError(
                 f"party {msg.sender} reports {msg.nodes} rows / {msg.ciphertexts} ciphertexts; the server "
                 f"holds {got} of {want} (short for parties {short})"
@@ -725,6 +716,8 @@ class ServerPretrain(Party):
         With an upload window: the recipients whose uploads are all in, one after another; the end
         of each one's results grants the next recipient's uploads."""
         out: list[Message] = []
+        if self.windowed and self.state is ServerState.UPLOADING and self.has_work():
+            self._arm_at_next_tick("upload", self.timeouts.upload)  # computing is not waiting for owners
         while not out and self.has_work():
             if self.windowed:
                 if self._current is None:
@@ -732,8 +725,6 @@ class ServerPretrain(Party):
                     assert c is not None
                     self._current = (c, self._recipient_results(c))
                 results = self._current[1]
-                if self.state is ServerState.UPLOADING:  # computing is not waiting for the owners
-                    self._arm_at_next_tick("upload", self.timeouts.upload)
             else:
                 assert self._results is not None
                 results = self._results
