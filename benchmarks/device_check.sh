@@ -14,7 +14,10 @@
 #                bash benchmarks/device_check.sh round16 (the Cora encrypted round on 16 cores: <= 9 min)
 #                bash benchmarks/device_check.sh gpu profile16 round16   (several parts in one call, in order;
 #                                                         ROUND_LIMIT=seconds caps the round's step, SMOKE=0 skips
-#                                                         the gpu part's encrypted smoke)
+#                                                         the gpu part's encrypted smoke, BUDGET=seconds
+#                                                         caps the whole call: later steps get what is left,
+#                                                         SERVER_TASKS=n sizes server16's sample,
+#                                                         ROUND_BASELINE=an overhead JSON to compare with)
 # (run through the device tool with carry [".whl", ".devdata"]; each part fits one call, and a session's
 # 15 minutes of device time fit about two: call the next part at once while the machine is warm).
 # Every step has its own time limit and failing steps do not stop the others; logs and results are
@@ -38,6 +41,11 @@ stage=/tmp/fedgat-device/none
 step() {  # step NAME SECONDS COMMAND...: time-limited, logged, never fatal
     local name=$1 limit=$2
     shift 2
+    if [ -n "${BUDGET:-}" ]; then  # the whole call's seconds: no step runs past them
+        local left=$((BUDGET - SECONDS - 15))
+        [ "$left" -lt 20 ] && { echo "=== $name: skipped, ${left}s of BUDGET left"; return; }
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
     local t0=$SECONDS
     echo "=== $name (limit ${limit}s): $*"
     timeout -k 10 "$limit" "$@" >"$stage/$name.log" 2>&1
@@ -105,12 +113,13 @@ profile16)
     ;;
 server16)
     # the server's compute on a round pool of every core, against its op bound / 16 (no clients)
-    step server_pool 240 python3 benchmarks/server_profile.py --tasks 1500 --wires compact --workers 16 \
+    step server_pool 240 python3 benchmarks/server_profile.py --tasks "${SERVER_TASKS:-1500}" --wires compact --workers 16 \
         --quiet --name server_pool_16core --out "$stage/server16"
     ;;
 round16)
     step overhead_cora "${ROUND_LIMIT:-500}" env -u TQDM_DISABLE python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
-        --no-train --progress --out "$stage/overhead16"
+        --no-train --progress --out "$stage/overhead16" \
+        ${ROUND_BASELINE:+--baseline "$ROUND_BASELINE" --baseline-label "${ROUND_BASELINE_LABEL:-before}"}
     ;;
 *)
     echo "device_check: unknown part '$part' (gpu, graphs, cpu16, profile16, server16 or round16)"

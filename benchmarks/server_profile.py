@@ -291,8 +291,11 @@ def pool_pass(public_context: bytes, spool, layout, wire: str, workers: int, bat
             window = types.SimpleNamespace(window=4 * workers, max_in_flight=0)
             cpu, t = time.process_time(), time.perf_counter()
             results = 0
-            for r in run_windowed(
-                window, iter(batches), lambda b: executor.submit(worker_batch_for, 0, b), lambda f: f.result()
+            for _, r in run_windowed(
+                window,
+                ((0, b) for b in batches),
+                lambda key, b: executor.submit(worker_batch_for, key, b),
+                lambda f: f.result(),
             ):
                 results += len(r.row_blobs)
             wall, main_cpu = time.perf_counter() - t, time.process_time() - cpu

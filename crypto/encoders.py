@@ -18,9 +18,11 @@ factory. A factory may also have ``prepare(recipients, layout)``, which the serv
 compute phase begins (every upload in), and ``close()``, which it calls when the round ends:
 :class:`LocalEncoderFactory` starts one :class:`RoundPool` there for every recipient, instead of a
 pool per recipient (each a spawn of every core's worker, seconds apiece). A factory with
-``map_round(jobs, layout)`` computes the whole round as one stream, which the server then uses instead
-of an encoder per recipient: :class:`LocalEncoderFactory` submits every recipient's batches through
-one window (:meth:`RoundPool.map`), so the pool does not drain at the end of each recipient.
+``map_round(jobs, layout, weights)`` computes the whole round as one stream of ``(recipient,
+result)``, which the server then uses instead of an encoder per recipient: :class:`LocalEncoderFactory`
+submits every recipient's batches through one window (:meth:`RoundPool.map`), interleaved in
+proportion to their work, so that every client receives and decrypts its results while the others
+do (not one client after another) and the pool does not drain at the end of each recipient.
 
 The seam itself is :class:`BucketEncoder`, generic over the result: :class:`Encoder` is its
 encrypted instance, and :class:`fedgat.plain_encoder.PlainEncoder` (the same per-node compute in the
@@ -31,8 +33,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
@@ -42,10 +43,10 @@ from .spool import CiphertextSpool
 from .tasks import (
     ComputeBucket,
     NodeResult,
-    Task,
     Windowed,
     batched,
     encode_node,
+    interleaved,
     pieces,
     run_windowed,
     worker_batch_for,
@@ -162,31 +163,41 @@ class RoundPool:
         window: Windowed,
         chunksize: int = 32,
         max_task_cost: int = 512,
-    ) -> Iterator[NodeResult]:
-        """Every node of every ``(recipient key, buckets)`` job, in job then bucket order, through
-        one window of at most ``window.window`` batches in flight: the next recipient's batches are
-        submitted while the last ones of the previous recipient still run, so no worker idles at a
-        recipient's end. Tasks are cut and batched as :class:`ProcessPoolEncoder` documents; a batch
-        holds one recipient's tasks."""
+        weights: Mapping[int, float] | None = None,
+    ) -> Iterator[tuple[int, NodeResult]]:
+        """``(recipient key, result)`` of every node of every ``(recipient key, buckets)`` job, each
+        recipient's in its bucket order, through one window of at most ``window.window`` batches in
+        flight. The recipients' batches are :func:`~fedgat.crypto.tasks.interleaved` in proportion
+        to ``weights`` (their work; default equal shares), so every recipient's results stream out
+        together and no worker idles at a recipient's end. Tasks are cut and batched as
+        :class:`ProcessPoolEncoder` documents; a batch holds one recipient's tasks.
+
+        Raises:
+            ValueError: a job's key is not one of the pool's, or appears twice.
+        """
         executor = self.executor
         if executor is None:
             raise RuntimeError("the round pool is closed")
-        keys: deque[int] = deque()  # the key of each batch, in the order run_windowed submits them
-
-        def batches() -> Iterator[list[Task]]:
-            for key, buckets in jobs:
-                if key not in self.keys:
-                    raise ValueError(f"recipient {key} is not one of the round pool's")
-                tasks = pieces(buckets, layout.chunks, layout.blocks, max_task_cost)
-                for batch in batched(tasks, chunksize, max_task_cost, layout.chunks):
-                    keys.append(key)
-                    yield batch
-
-        # run_windowed submits each batch as soon as it has drawn it, so the keys pop in step
+        jobs = list(jobs)
+        for key, _ in jobs:
+            if key not in self.keys:
+                raise ValueError(f"recipient {key} is not one of the round pool's")
+        streams = [
+            (
+                key,
+                batched(
+                    pieces(buckets, layout.chunks, layout.blocks, max_task_cost),
+                    chunksize,
+                    max_task_cost,
+                    layout.chunks,
+                ),
+            )
+            for key, buckets in jobs
+        ]
         yield from run_windowed(
             window,
-            batches(),
-            lambda batch: executor.submit(worker_batch_for, keys.popleft(), batch),
+            interleaved(streams, layout.chunks, weights),
+            lambda key, batch: executor.submit(worker_batch_for, key, batch),
             lambda future: future.result(),
         )
 
@@ -264,9 +275,10 @@ class ProcessPoolEncoder:
             yield from self._inline.map(buckets)
             return
         assert self._key is not None  # set with the pool (checked against a round pool's keys)
-        yield from self._pool.map(
+        for _, result in self._pool.map(
             [(self._key, buckets)], self._layout, self, self.chunksize, self.max_task_cost
-        )
+        ):
+            yield result
 
     def close(self) -> None:
         if self._own is not None:
@@ -343,20 +355,25 @@ class LocalEncoderFactory:
         return 0 if self.pool is None else self.pool.workers
 
     def map_round(
-        self, jobs: Iterable[tuple[int, Iterable[ComputeBucket]]], layout: SlotLayout
-    ) -> Iterator[NodeResult]:
-        """Every ``(recipient key, buckets)`` job of the recipients given to :meth:`prepare`, in
-        order: on the round's pool through one submission window for the whole round
-        (:meth:`RoundPool.map`), or, without a pool, in this process under each recipient's context
-        and spool."""
+        self,
+        jobs: Iterable[tuple[int, Iterable[ComputeBucket]]],
+        layout: SlotLayout,
+        weights: Mapping[int, float] | None = None,
+    ) -> Iterator[tuple[int, NodeResult]]:
+        """``(recipient key, result)`` of every ``(recipient key, buckets)`` job of the recipients
+        given to :meth:`prepare`, each recipient's results in its bucket order: on the round's pool
+        through one submission window for the whole round, the recipients interleaved in proportion
+        to ``weights`` (:meth:`RoundPool.map`), or, without a pool, in this process under each
+        recipient's context and spool, one recipient after another."""
         if self.pool is not None:
-            yield from self.pool.map(jobs, layout, self)
+            yield from self.pool.map(jobs, layout, self, weights=weights)
             return
         for key, buckets in jobs:
             if key not in self._recipients:
                 raise ValueError(f"recipient {key} was not prepared")
             ctx, spool = self._recipients[key]
-            yield from InlineEncoder(ctx, layout, spool).map(buckets)
+            for result in InlineEncoder(ctx, layout, spool).map(buckets):
+                yield key, result
 
     def __call__(
         self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int

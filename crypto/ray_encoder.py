@@ -168,7 +168,7 @@ class RayEncoder:
         layout = self._layout
         tasks = pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
 
-        def submit(batch: list[Task]) -> Any:
+        def submit(_key: None, batch: list[Task]) -> Any:
             nodes = sorted({int(j) for task in batch for j in task[1]})
             self.tasks_submitted += 1
             return self._task.remote(
@@ -187,8 +187,11 @@ class RayEncoder:
                 if uses[j] == 0:
                     self._uploads.pop(j, None)  # the store frees it once no task holds it
 
-        batches = batched(tasks, self.chunksize, self.max_task_cost, layout.chunks)
-        yield from run_windowed(self, batches, submit, self._ray.get, node_done)
+        batches = (
+            (None, batch) for batch in batched(tasks, self.chunksize, self.max_task_cost, layout.chunks)
+        )
+        for _, result in run_windowed(self, batches, submit, self._ray.get, node_done):
+            yield result
 
     def close(self) -> None:
         self._uploads.clear()

@@ -160,8 +160,7 @@ class CiphertextSpool:
         return spool
 
     def drop_cache(self) -> None:
-        """Forget the loaded ciphertexts kept for reuse (a round pool's worker does so when it moves
-        on to another recipient's spool: one spool's cache in memory at a time)."""
+        """Forget the loaded ciphertexts kept for reuse (benchmarks start each pass cold with it)."""
         self._cache.clear()
 
     def close(self) -> None:

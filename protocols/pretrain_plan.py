@@ -286,7 +286,9 @@ def partition_graphs(partition: Partition, dim: int = 1) -> dict[int, GraphAnnou
 
 class ResultBatcher:
     """Collects each computed result into the batch of every client bucket it belongs to, and says
-    which batches are ready: a bucket's last result, or ``batch_bytes`` of results waiting."""
+    which batches are ready: a bucket's last result, or ``batch_bytes`` of results waiting. Results
+    may come in any order (the server interleaves its recipients); each names its position in the
+    plan."""
 
     def __init__(self, plan: RoundPlan, batch_bytes: int) -> None:
         self._plan, self._batch_bytes = plan, batch_bytes
@@ -300,11 +302,11 @@ class ResultBatcher:
         self._bytes: dict[tuple[int, int], int] = {}
         self.results = 0
 
-    def add(self, item: ResultItem) -> list[tuple[int, int, tuple[ResultItem, ...]]]:
-        """Route the next result (in the plan's order); returns the ``(client, bucket, items)``
-        batches that are ready."""
+    def add(self, item: ResultItem, at: int) -> list[tuple[int, int, tuple[ResultItem, ...]]]:
+        """Route the result at position ``at`` of the plan's order (of :attr:`RoundPlan.recipients`);
+        returns the ``(client, bucket, items)`` batches that are ready."""
         ready = []
-        for c in self._plan.recipients[self.results]:
+        for c in self._plan.recipients[at]:
             key = (c, self._plan.route[c][item.node])
             self._pending.setdefault(key, []).append(item)
             self._bytes[key] = self._bytes.get(key, 0) + item.nbytes()

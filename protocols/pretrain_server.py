@@ -12,6 +12,7 @@ in-process, process-pool, Ray and Flower engines differ only in what they pass.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -146,6 +147,7 @@ class ServerPretrain(Party):
         self._results: Iterator[tuple[int, int, NodeResult]] | None = None
         self._encoder: Encoder | None = None
         self._batcher: ResultBatcher | None = None
+        self._bucket_start: list[int] = []  # plan position of each compute bucket's first result
         #: statistics
         self.nodes_total = 0  # results (packs of partials, PackedShares) to compute
         self.nodes_computed = 0  # results computed
@@ -555,6 +557,7 @@ class ServerPretrain(Party):
             if self.config.dp is not None:  # confirm the terms before anything built on them
                 out += [self._new(PrivacyTerms, c, **self.config.dp_fields()) for c in self.participants]
             self._batcher = ResultBatcher(plan, self._result_batch_bytes)
+            self._bucket_start = list(itertools.accumulate((len(b) for b in plan.buckets), initial=0))
             for c in self.participants:
                 for cb, view in enumerate(plan.views[c]):
                     out.append(
@@ -626,30 +629,44 @@ class ServerPretrain(Party):
         assert self.plan is not None and self.plan.shares is not None
         return [(c, shares) for c, shares in sorted(self.plan.shares.items()) if shares]
 
-    def _round_results(self) -> Iterator[NodeResult]:
-        """Every recipient's results under its context, in :attr:`buckets` order: through the
-        factory's :meth:`~fedgat.crypto.encoders.LocalEncoderFactory.map_round` when it has one (one
-        stream over the round's recipients), else an encoder per recipient, one after another."""
+    def _round_results(self) -> Iterator[tuple[int, NodeResult]]:
+        """Every recipient's ``(recipient, result)`` under its context, each recipient's in
+        :attr:`buckets` order: through the factory's
+        :meth:`~fedgat.crypto.encoders.LocalEncoderFactory.map_round` when it has one (one stream
+        over the round's recipients, interleaved in proportion to their multiply-adds, so that every
+        client downloads and decrypts while the others do), else an encoder per recipient, one after
+        another."""
         jobs = self._jobs()
         self._prepare_encoders()
         map_round = getattr(self.encoder_factory, "map_round", None)
         if callable(map_round):
             self.workers = max(self.workers, int(getattr(self.encoder_factory, "pool_workers", 0)))
             assert self.layout is not None
-            yield from map_round(jobs, self.layout)
+            weights = {c: max(1, self._recipient_multiply_adds[c]) for c, _ in jobs}
+            yield from map_round(jobs, self.layout, weights)
             return
         for c, shares in jobs:
             self._encoder = self._new_encoder(c)
-            yield from self._encoder.map(shares)
+            for result in self._encoder.map(shares):
+                yield c, result
             self._encoder.close()
             self._encoder = None
 
     def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
-        """The round's results: ``(compute bucket, pack in it, result)``."""
-        buckets = [b for _, shares in self._jobs() for b in shares]
-        at = ((g, s) for g, b in enumerate(buckets) for s in range(len(b)))
-        for (bucket, s), result in zip(at, self._round_results(), strict=True):
-            yield bucket, s, result
+        """The round's results: ``(compute bucket, pack in it, result)``, each recipient's in its
+        plan order (recipients interleaved as :meth:`_round_results` yields them)."""
+        at: dict[int, Iterator[tuple[int, int]]] = {}
+        g = 0
+        for c, shares in self._jobs():
+            at[c] = ((g0, s) for g0, b in enumerate(shares, start=g) for s in range(len(b)))
+            g += len(shares)
+        for c, result in self._round_results():
+            place = next(at[c], None) if c in at else None
+            if place is None:
+                raise RuntimeError(f"the encoder returned a result for recipient {c} beyond the plan's")
+            yield *place, result
+        if any(next(rest, None) is not None for rest in at.values()):
+            raise RuntimeError("the encoder returned fewer results than the plan asks for")
 
     def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
         """Upload window: one recipient's results, ``(compute bucket, pack in it, result)``, on an
@@ -750,9 +767,8 @@ class ServerPretrain(Party):
         self.result_ciphertexts += len(result.row_blobs)
         self.result_rows += bucket.num_feature_rows() * len(nodes)
         item = ResultItem(result.node, bucket.owner, tuple(result.row_blobs), packed=nodes[1:])
-        out = [
-            self._new(EncodingResults, c, bucket=cb, items=items) for c, cb, items in self._batcher.add(item)
-        ]
+        ready = self._batcher.add(item, self._bucket_start[g] + s)
+        out = [self._new(EncodingResults, c, bucket=cb, items=items) for c, cb, items in ready]
         return out
 
     def replay_compute(self) -> EncoderTiming:

@@ -146,12 +146,14 @@ def test_round_pool_serves_every_recipient_under_its_own_key(keys):
         spool.close()
 
 
-def test_round_stream_keeps_the_window_full_across_recipients(keys, monkeypatch):
+def test_round_stream_interleaves_recipients_in_one_window(keys, monkeypatch):
     """:meth:`LocalEncoderFactory.map_round` runs two recipients through one window of the round's
-    pool: the second recipient's first batch is submitted before the first recipient's last result
-    is read (its workers do not drain between recipients), at most ``window`` batches are ever in
+    pool, their batches interleaved: the second recipient's first batch is submitted and its first
+    result read before the first recipient's last one (every client decrypts while the others do),
+    each recipient's nodes come back in its own order and whole even when their group pieces
+    (``max_task_cost=1``) alternate with the other recipient's, at most ``window`` batches are ever in
     flight, and every result decrypts under its own recipient's key to the plaintext encodings.
-    Without a pool, the same stream is computed inline."""
+    Without a pool, the same results come inline, one recipient after the other."""
     from fedgat.crypto import encoders
     from fedgat.crypto.encoders import LocalEncoderFactory
 
@@ -160,9 +162,9 @@ def test_round_stream_keeps_the_window_full_across_recipients(keys, monkeypatch)
     per_recipient = sum(len(b) for b in bases)
     read = [0]  # results the consumer has read so far
     submitted: list[tuple[int, int]] = []  # (recipient key, results read when its batch was submitted)
-    real_submit = encoders.RoundPool.map
+    real_map = encoders.RoundPool.map
 
-    def spying_map(self, jobs, layout, window, chunksize=32, max_task_cost=512):
+    def spying_map(self, jobs, layout, window, chunksize=32, max_task_cost=512, weights=None):
         submit = self.executor.submit
 
         def spy(fn, key, batch):
@@ -170,7 +172,7 @@ def test_round_stream_keeps_the_window_full_across_recipients(keys, monkeypatch)
             return submit(fn, key, batch)
 
         self.executor.submit = spy  # type: ignore[method-assign]
-        yield from real_submit(self, jobs, layout, window, 1, max_task_cost)  # one node per batch
+        yield from real_map(self, jobs, layout, window, 1, 1, weights)  # one group piece per batch
 
     monkeypatch.setattr(encoders.RoundPool, "map", spying_map)
     recipients = {7: (servers[0], spools[0], 12), 9: (servers[1], spools[1], 12)}
@@ -178,24 +180,28 @@ def test_round_stream_keeps_the_window_full_across_recipients(keys, monkeypatch)
         factory = LocalEncoderFactory(workers=workers)
         factory.prepare(recipients, layout)
         assert factory.pool_workers == workers
-        results = []
+        results: list[tuple[int, object]] = []
         try:
-            for r in factory.map_round([(7, bases), (9, bases)], layout):
+            for r in factory.map_round([(7, bases), (9, bases)], layout, {7: 1, 9: 1}):
                 results.append(r)
                 read[0] += 1
         finally:
             factory.close()
-        assert len(results) == 2 * per_recipient
+        keys_read = [key for key, _ in results]
+        assert keys_read.count(7) == keys_read.count(9) == per_recipient
         if workers:
             first_of_9 = next(at for key, at in submitted if key == 9)
             assert first_of_9 < per_recipient  # submitted while recipient 7's results were still coming
+            assert keys_read.index(9) < len(keys_read) - 1 - keys_read[::-1].index(7)  # read interleaved
             assert 1 <= factory.max_in_flight <= factory.window == 8
-        it = iter(results)
-        for holder in holders:
+        else:
+            assert keys_read == [7] * per_recipient + [9] * per_recipient
+        for key, holder in zip((7, 9), holders, strict=True):
+            it = iter(r for k, r in results if k == key)
             for b in bases:
-                got = decrypt_bucket(
-                    holder, layout, b, [next(it) for _ in range(len(b))], dtype=torch.float64
-                )
+                mine = [next(it) for _ in range(len(b))]
+                assert [r.node for r in mine] == [int(n) for n in b.nodes]
+                got = decrypt_bucket(holder, layout, b, mine, dtype=torch.float64)
                 assert (got.features - encode_bucket(b, x).features).abs().max().item() < 1e-5
         submitted.clear()
         read[0] = 0
@@ -203,6 +209,13 @@ def test_round_stream_keeps_the_window_full_across_recipients(keys, monkeypatch)
     factory.prepare(recipients, layout)
     with pytest.raises(ValueError, match="not prepared"):
         list(factory.map_round([(8, bases)], layout))
+    factory = LocalEncoderFactory(workers=1)
+    factory.prepare(recipients, layout)
+    try:
+        with pytest.raises(ValueError, match="each key once"):
+            list(factory.map_round([(7, bases), (7, bases)], layout))
+    finally:
+        factory.close()
     for spool in spools:
         spool.close()
 

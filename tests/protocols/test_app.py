@@ -40,6 +40,61 @@ def test_pretrain_parties_match_the_plaintext_twin(tiny_graph, tiny_partition, v
     parties.server.close()
 
 
+def test_pooled_round_streams_every_recipients_results_together(tiny_graph, tiny_partition):
+    """On the server's process pool the recipients' work is interleaved: every client's first
+    results leave before any client's last ones (each client decrypts while the others do, instead
+    of one client after another), and the encodings still equal the plaintext twin's."""
+    from fedgat.protocols import Transcript
+
+    parties = app.build_pretrain_parties(
+        tiny_graph,
+        tiny_partition,
+        seed=SEED,
+        workers=2,
+        result_batch_bytes=1,  # one result per frame
+    )
+    transport = InProcessTransport(Transcript(keep_payloads=False))
+    drive(transport, parties.all())
+    server = parties.server.party_id
+    to = [
+        e.recipient for e in transport.transcript if e.sender == server and e.type_name == "EncodingResults"
+    ]
+    clients = sorted(set(to))
+    assert len(clients) >= 2 and all(to.count(c) >= 2 for c in clients)
+    first = {c: to.index(c) for c in clients}
+    last = {c: len(to) - 1 - to[::-1].index(c) for c in clients}
+    assert max(first.values()) < min(last.values())
+    assert parties.server.workers == 2
+    got = {c: client.encodings for c, client in parties.clients.items()}
+    want = run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", SEED)
+    assert max_abs_error(got, want) <= TOL  # type: ignore[arg-type]
+    parties.server.close()
+
+
+@pytest.mark.parametrize("fault", ["short", "extra", "stranger"])
+def test_server_refuses_an_encoder_stream_that_does_not_match_its_plan(tiny_graph, tiny_partition, fault):
+    """Results are placed by recipient and plan position: a stream with one result too few, one too
+    many, or one for a recipient outside the round stops the round with an error, never a result
+    routed to the wrong place."""
+    from fedgat.crypto.encoders import LocalEncoderFactory
+
+    class Faulty(LocalEncoderFactory):
+        def map_round(self, jobs, layout, weights=None):
+            results = list(super().map_round(jobs, layout, weights))
+            if fault == "short":
+                results.pop()
+            elif fault == "extra":
+                results.append(results[-1])
+            else:
+                results.insert(0, (max(k for k, _ in results) + 100, results[0][1]))
+            yield from results
+
+    parties = app.build_pretrain_parties(tiny_graph, tiny_partition, seed=SEED, encoder=Faulty(workers=0))
+    with pytest.raises(RuntimeError, match="fewer results|beyond the plan"):
+        drive(InProcessTransport(), parties.all())
+    parties.server.close()
+
+
 def test_one_party_at_a_time_equals_the_whole_deployment(tiny_graph, tiny_partition):
     """What a Flower party builds for itself (its own identity, the roster) is what
     ``build_pretrain_parties`` builds for everyone."""
