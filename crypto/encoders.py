@@ -67,6 +67,7 @@ __all__ = [
     "RoundPool",
     "auto_workers",
     "local_encoder",
+    "map_inline",
 ]
 
 #: smallest round (multiply-adds, every recipient's together) for which :func:`local_encoder` with
@@ -293,6 +294,25 @@ class ProcessPoolEncoder:
         self.close()
 
 
+def map_inline(
+    recipients: Mapping[int, tuple[CkksContext, CiphertextSpool]],
+    jobs: Iterable[tuple[int, Iterable[ComputeBucket]]],
+    layout: SlotLayout,
+) -> Iterator[tuple[int, NodeResult]]:
+    """``(recipient key, result)`` of every job computed in this process, one recipient after another,
+    each under its context and spool (``recipients``: what a factory's ``prepare`` was given).
+
+    Raises:
+        ValueError: a job's recipient is not in ``recipients``.
+    """
+    for key, buckets in jobs:
+        if key not in recipients:
+            raise ValueError(f"recipient {key} was not prepared")
+        ctx, spool = recipients[key]
+        for result in InlineEncoder(ctx, layout, spool).map(buckets):
+            yield key, result
+
+
 def auto_workers(workers: int | None, multiply_adds: int) -> int:
     """Processes :func:`local_encoder` starts: ``workers`` when given, else ``os.cpu_count()`` for
     work of at least :data:`AUTO_POOL_MIN_MULTIPLY_ADDS` multiply-adds on a machine with more than
@@ -368,12 +388,7 @@ class LocalEncoderFactory:
         if self.pool is not None:
             yield from self.pool.map(jobs, layout, self, weights=weights)
             return
-        for key, buckets in jobs:
-            if key not in self._recipients:
-                raise ValueError(f"recipient {key} was not prepared")
-            ctx, spool = self._recipients[key]
-            for result in InlineEncoder(ctx, layout, spool).map(buckets):
-                yield key, result
+        yield from map_inline(self._recipients, jobs, layout)
 
     def __call__(
         self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int

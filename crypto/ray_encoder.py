@@ -24,16 +24,16 @@ with the install hint when it is missing.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Self
 
 from .context import ServerContext
-from .encoders import Encoder, EncoderFactory, InlineEncoder, auto_workers
+from .encoders import Encoder, InlineEncoder, auto_workers, map_inline
 from .packing import SlotLayout, deserialize
 from .spool import CiphertextSpool
-from .tasks import ComputeBucket, NodeResult, Task, batched, encode_node, pieces, run_windowed
+from .tasks import ComputeBucket, NodeResult, Task, batched, encode_node, interleaved, pieces, run_windowed
 
-__all__ = ["RayEncoder", "RayUnavailableError", "import_ray", "ray_encoder"]
+__all__ = ["RayEncoder", "RayEncoderFactory", "RayUnavailableError", "import_ray", "ray_encoder"]
 
 INSTALL_HINT = 'pip install "fedgat[ray]"'
 
@@ -56,11 +56,18 @@ def import_ray() -> Any:
 _CONTEXTS: dict[tuple[bytes, str], ServerContext] = {}
 
 
+#: contexts a worker keeps loaded (the server interleaves its recipients' tasks, so a worker moves
+#: between them all the time; a public context without Galois keys is small)
+MAX_WORKER_CONTEXTS = 64
+
+
 def _context(key: bytes, public_context: bytes, wire: str) -> ServerContext:
-    ctx = _CONTEXTS.get((key, wire))
+    ctx = _CONTEXTS.pop((key, wire), None)
     if ctx is None:
-        _CONTEXTS.clear()  # one context at a time per worker: the server computes recipient by recipient
-        ctx = _CONTEXTS[(key, wire)] = ServerContext.from_bytes(public_context, wire=wire)
+        while len(_CONTEXTS) >= MAX_WORKER_CONTEXTS:
+            del _CONTEXTS[next(iter(_CONTEXTS))]  # the least recently used
+        ctx = ServerContext.from_bytes(public_context, wire=wire)
+    _CONTEXTS[(key, wire)] = ctx  # the most recently used last
     return ctx
 
 
@@ -159,6 +166,23 @@ class RayEncoder:
 
     def map(self, bases_list: Iterable[ComputeBucket]) -> Iterator[NodeResult]:
         """Encrypted encodings of every node of every bucket, in bucket order."""
+        batches, submit, node_done = self.stream(bases_list)
+        for _, result in run_windowed(
+            self,
+            ((None, b) for b in batches),
+            lambda _k, b: submit(b),
+            self._ray.get,
+            lambda _k, t: node_done(t),
+        ):
+            yield result
+
+    def stream(
+        self, bases_list: Iterable[ComputeBucket]
+    ) -> tuple[Iterator[list[Task]], Callable[[list[Task]], Any], Callable[[Task], None]]:
+        """This recipient's work as ``(batches, submit, node_done)`` for
+        :func:`~fedgat.crypto.tasks.run_windowed`: ``submit(batch)`` starts the batch's Ray task
+        (putting the uploads it needs into the object store first), ``node_done(task)`` releases the
+        uploads no node still to compute uses."""
         bases_list = list(bases_list)
         uses: dict[int, int] = {}  # node -> computed nodes that still need its upload
         for b in bases_list:
@@ -168,7 +192,7 @@ class RayEncoder:
         layout = self._layout
         tasks = pieces(bases_list, layout.chunks, layout.blocks, self.max_task_cost)
 
-        def submit(_key: None, batch: list[Task]) -> Any:
+        def submit(batch: list[Task]) -> Any:
             nodes = sorted({int(j) for task in batch for j in task[1]})
             self.tasks_submitted += 1
             return self._task.remote(
@@ -187,11 +211,7 @@ class RayEncoder:
                 if uses[j] == 0:
                     self._uploads.pop(j, None)  # the store frees it once no task holds it
 
-        batches = (
-            (None, batch) for batch in batched(tasks, self.chunksize, self.max_task_cost, layout.chunks)
-        )
-        for _, result in run_windowed(self, batches, submit, self._ray.get, node_done):
-            yield result
+        return batched(tasks, self.chunksize, self.max_task_cost, layout.chunks), submit, node_done
 
     def close(self) -> None:
         self._uploads.clear()
@@ -204,17 +224,125 @@ class RayEncoder:
         self.close()
 
 
-def ray_encoder(workers: int | None = None, *, everywhere: bool = True) -> EncoderFactory:
-    """An :data:`~fedgat.crypto.encoders.EncoderFactory` for the pre-training server: :class:`RayEncoder`
-    with ``workers`` tasks at once (None or 0: the cluster's CPUs). ``everywhere=False`` uses Ray
-    only where :func:`~fedgat.crypto.encoders.local_encoder` with the same ``workers`` would start a
-    process pool; smaller rounds stay in the server's process."""
+class RayEncoderFactory:
+    """An :data:`~fedgat.crypto.encoders.EncoderFactory` for the pre-training server as Ray tasks
+    (:func:`ray_encoder` makes one). Called per recipient, it returns a :class:`RayEncoder`; with
+    :meth:`prepare` and :meth:`map_round` (which the server uses when they are there) the round's
+    recipients run through one window of Ray tasks, their batches
+    :func:`~fedgat.crypto.tasks.interleaved` in proportion to their work, so that every client
+    receives and decrypts its results while the others do (as
+    :meth:`~fedgat.crypto.encoders.LocalEncoderFactory.map_round` on a process pool).
 
-    def factory(
-        ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int
+    Args:
+        workers: tasks that may run at once; None or 0: the cluster's CPUs.
+        everywhere: False uses Ray only where :func:`~fedgat.crypto.encoders.local_encoder` with the
+            same ``workers`` would start a process pool (decided for the whole round in
+            :meth:`prepare`, per recipient without it); smaller rounds stay in the server's process.
+        on_encoder: called with every :class:`RayEncoder` made (engines keep them for statistics).
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        everywhere: bool = True,
+        on_encoder: Callable[[RayEncoder], None] | None = None,
+    ) -> None:
+        self.workers, self.everywhere, self._on_encoder = workers, everywhere, on_encoder
+        self._recipients: dict[int, tuple[ServerContext, CiphertextSpool]] = {}
+        self._on_ray = False
+        #: :meth:`map_round`'s window (batches in flight at most) and the most ever in flight in it
+        self.window = 0
+        self.max_in_flight = 0
+
+    def _encoder(self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool) -> RayEncoder:
+        encoder = RayEncoder(ctx.public_context_bytes(), layout, spool, workers=self.workers or None)
+        if self._on_encoder is not None:
+            self._on_encoder(encoder)
+        return encoder
+
+    def __call__(
+        self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int
     ) -> Encoder:
-        if not everywhere and auto_workers(workers, multiply_adds) == 0:
+        if not self.everywhere and auto_workers(self.workers, multiply_adds) == 0:
             return InlineEncoder(ctx, layout, spool)
-        return RayEncoder(ctx.public_context_bytes(), layout, spool, workers=workers or None)
+        return self._encoder(ctx, layout, spool)
 
-    return factory
+    def prepare(
+        self, recipients: dict[int, tuple[ServerContext, CiphertextSpool, int]], layout: SlotLayout
+    ) -> None:
+        """The round's recipients (``key -> (public context, complete spool, multiply-adds)``),
+        every upload in; whether the round runs on Ray (``everywhere``, or the round's multiply-adds
+        together)."""
+        self._recipients = {key: (ctx, spool) for key, (ctx, spool, _) in recipients.items()}
+        work = sum(m for _, _, m in recipients.values())
+        self._on_ray = bool(recipients) and (self.everywhere or auto_workers(self.workers, work) > 0)
+        self.max_in_flight = 0
+
+    @property
+    def pool_workers(self) -> int:
+        """Ray tasks at once in :meth:`map_round` (0: the round computes in this process)."""
+        if not self._on_ray:
+            return 0
+        return max(1, self.workers or int(import_ray().cluster_resources().get("CPU", 1)))
+
+    def map_round(
+        self,
+        jobs: Iterable[tuple[int, Iterable[ComputeBucket]]],
+        layout: SlotLayout,
+        weights: Mapping[int, float] | None = None,
+    ) -> Iterator[tuple[int, NodeResult]]:
+        """``(recipient key, result)`` of every ``(recipient key, buckets)`` job of the recipients
+        given to :meth:`prepare`, each recipient's in its bucket order: as Ray tasks through one
+        window (``2 x`` :attr:`pool_workers` batches), the recipients interleaved in proportion to
+        ``weights``; or, for a round too small for Ray, in this process, one recipient after
+        another.
+
+        Raises:
+            ValueError: a job's recipient was not prepared, or appears twice.
+        """
+        jobs = list(jobs)
+        if not self._on_ray:
+            yield from map_inline(self._recipients, jobs, layout)
+            return
+        for key, _ in jobs:
+            if key not in self._recipients:
+                raise ValueError(f"recipient {key} was not prepared")
+        ray = import_ray()
+        streams, submits, releases, encoders = [], {}, {}, []
+        try:
+            for key, buckets in jobs:
+                ctx, spool = self._recipients[key]
+                encoder = self._encoder(ctx, layout, spool)
+                encoders.append(encoder)
+                batches, submits[key], releases[key] = encoder.stream(buckets)
+                streams.append((key, batches))
+            self.window = 2 * self.pool_workers
+            yield from run_windowed(
+                self,
+                interleaved(streams, layout.chunks, weights),
+                lambda key, batch: submits[key](batch),
+                ray.get,
+                lambda key, task: releases[key](task),
+            )
+        finally:
+            for encoder in encoders:
+                encoder.close()
+
+    def close(self) -> None:
+        """Forget the round's recipients (the Ray tasks hold nothing once their results are read)."""
+        self._recipients, self._on_ray = {}, False
+
+
+def ray_encoder(
+    workers: int | None = None,
+    *,
+    everywhere: bool = True,
+    on_encoder: Callable[[RayEncoder], None] | None = None,
+) -> RayEncoderFactory:
+    """An :data:`~fedgat.crypto.encoders.EncoderFactory` for the pre-training server:
+    :class:`RayEncoderFactory` (:class:`RayEncoder` with ``workers`` tasks at once, None or 0: the
+    cluster's CPUs). ``everywhere=False`` uses Ray only where
+    :func:`~fedgat.crypto.encoders.local_encoder` with the same ``workers`` would start a process
+    pool; smaller rounds stay in the server's process."""
+    return RayEncoderFactory(workers, everywhere=everywhere, on_encoder=on_encoder)

@@ -167,13 +167,13 @@ def run_windowed(
     batches: Iterable[tuple[K, list[Task]]],
     submit: Callable[[K, list[Task]], Any],
     wait: Callable[[Any], list[NodeResult]],
-    node_done: Callable[[Task], None] | None = None,
+    node_done: Callable[[K, Task], None] | None = None,
 ) -> Iterator[tuple[K, NodeResult]]:
     """Submit ``(key, batch)`` pairs with at most ``encoder.window`` in flight (tracking
     ``encoder.max_in_flight``) and reassemble each node's rows from its pieces, in each key's order
     (a key's pieces of one node are consecutive in its batches; other keys' batches may come between
     them). ``submit(key, batch)`` returns a handle, ``wait(handle)`` the batch's per-piece results;
-    ``node_done(task)`` is called with a node's last piece once its rows are complete. Yields
+    ``node_done(key, task)`` is called with a node's last piece once its rows are complete. Yields
     ``(key, result)`` in submission order."""
     pending: deque = deque()
     partial: dict[K, list[bytes]] = {}
@@ -184,7 +184,7 @@ def run_windowed(
             rows.extend(result.row_blobs)
             if task[3]:  # the node's last piece: its rows are complete, in group order
                 if node_done is not None:
-                    node_done(task)
+                    node_done(key, task)
                 yield key, NodeResult(result.node, rows.copy())
                 rows.clear()
 

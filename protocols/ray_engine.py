@@ -45,11 +45,11 @@ Design
   Errors raised in an actor cross as values too and are raised here as the party raised them (a
   protocol error) or as :class:`RayEngineError`.
 * Server work: :meth:`RayTransport.encoder_factory` is what the pre-training server is built with
-  (:func:`fedgat.pipeline.run_encrypted_pretraining` asks the transport). The server calls it once
-  per recipient, with that recipient's public context, and computes the recipients one after
-  another; each encoder computes with :class:`~fedgat.crypto.ray_encoder.RayEncoder` (Ray tasks over
-  the cluster) where it would start a process pool (``server_tasks=None``), always (True) or never
-  (False). No party's method is replaced.
+  (:func:`fedgat.pipeline.run_encrypted_pretraining` asks the transport): a
+  :class:`~fedgat.crypto.ray_encoder.RayEncoderFactory`, through which the server runs the round's
+  recipients as one window of Ray tasks, interleaved (a windowed round: one encoder per recipient,
+  under its public context), where it would start a process pool (``server_tasks=None``), always
+  (True) or never (False). No party's method is replaced.
 
 The observer of :func:`~fedgat.protocols.driver.run_parties` gets a ``"deliver"`` event for every
 frame (after its recipient handled it; ``out`` is ``[]`` for hosted parties, whose replies are
@@ -68,10 +68,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Self
 
-from fedgat.crypto import ServerContext, SlotLayout
-from fedgat.crypto.encoders import Encoder, EncoderFactory, local_encoder
+from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.crypto.ray_encoder import INSTALL_HINT, RayEncoder, RayUnavailableError, import_ray, ray_encoder
-from fedgat.crypto.spool import CiphertextSpool
 
 from .hosting import MAX_FRAME_BYTES, HostedTransport, PartyHost
 from .party import Party
@@ -233,24 +231,15 @@ class RayTransport(HostedTransport):
         )
 
     def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
-        """A pre-training server over this transport computes as Ray tasks (:class:`RayEncoder`,
-        ``workers`` at once; None/0: the cluster's CPUs) -- always with ``server_tasks=True``, only
-        where it would start a process pool with None (decided per recipient, by its multiply-adds),
-        never with False. The server makes one encoder per recipient (under that
-        recipient's public context); every :class:`RayEncoder` made is kept in :attr:`encoders`."""
+        """A pre-training server over this transport computes as Ray tasks
+        (:class:`~fedgat.crypto.ray_encoder.RayEncoderFactory`, ``workers`` at once; None/0: the
+        cluster's CPUs) -- always with ``server_tasks=True``, only where it would start a process
+        pool with None (decided for the round, by its multiply-adds), never with False. The round's
+        recipients run through one window of tasks, interleaved; every :class:`RayEncoder` made
+        (one per recipient, under its public context) is kept in :attr:`encoders`."""
         if self.server_tasks is False:
             return local_encoder(workers)
-        ray_factory = ray_encoder(workers, everywhere=bool(self.server_tasks))
-
-        def factory(
-            ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int
-        ) -> Encoder:
-            encoder = ray_factory(ctx, layout, spool, multiply_adds)
-            if isinstance(encoder, RayEncoder):
-                self.encoders.append(encoder)
-            return encoder
-
-        return factory
+        return ray_encoder(workers, everywhere=bool(self.server_tasks), on_encoder=self.encoders.append)
 
     # --- host calls: actor method calls, answers as object refs ----------------------------------
     def _open_hosts(self, parties: int) -> int:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from he_helpers import assert_keyed_results_decrypt, two_recipients
 
 from fedgat.crypto import KeyHolderContext, ServerContext, SlotLayout, decrypt_rows, deserialize, encrypt_rows
 from fedgat.crypto.encodings import CiphertextSpool, compute_bucket, decrypt_bucket, multiply_adds
@@ -96,19 +97,10 @@ def test_parallel_encoder_matches_serial(keys):
 
 
 def _two_recipients(keys, seed: int):
-    """Two recipients' keys (server views) and spools holding the same 12 unit rows, each encrypted
-    under its recipient's key: ``(holders, servers, x, layout, spools, csr)``."""
+    """:func:`he_helpers.two_recipients` for the module's key and a fresh one:
+    ``(holders, servers, x, layout, spools, csr)``."""
     holders = [keys[0], KeyHolderContext.generate("n4096")]
-    servers = [ServerContext.from_bytes(h.public_context_bytes()) for h in holders]
-    csr = random_csr(12, 4, seed=seed)
-    x = unit_rows(12, 10, seed=seed + 1)
-    layout = SlotLayout.for_dimension(10, servers[0].slots)
-    spools = [CiphertextSpool(s, layout) for s in servers]
-    for holder, spool in zip(holders, spools, strict=True):
-        for node, row in enumerate(x.numpy()):
-            for chunk, blob in enumerate(encrypt_rows(holder, row[None], layout)):
-                spool.put(node, chunk, blob)
-    return holders, servers, x, layout, spools, csr
+    return holders, *two_recipients(holders, seed)
 
 
 def test_round_pool_serves_every_recipient_under_its_own_key(keys):
@@ -196,13 +188,7 @@ def test_round_stream_interleaves_recipients_in_one_window(keys, monkeypatch):
             assert 1 <= factory.max_in_flight <= factory.window == 8
         else:
             assert keys_read == [7] * per_recipient + [9] * per_recipient
-        for key, holder in zip((7, 9), holders, strict=True):
-            it = iter(r for k, r in results if k == key)
-            for b in bases:
-                mine = [next(it) for _ in range(len(b))]
-                assert [r.node for r in mine] == [int(n) for n in b.nodes]
-                got = decrypt_bucket(holder, layout, b, mine, dtype=torch.float64)
-                assert (got.features - encode_bucket(b, x).features).abs().max().item() < 1e-5
+        assert_keyed_results_decrypt(results, {7: holders[0], 9: holders[1]}, bases, x, layout)
         submitted.clear()
         read[0] = 0
     factory = LocalEncoderFactory(workers=0)

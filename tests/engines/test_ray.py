@@ -115,6 +115,48 @@ def test_pretraining_conforms(engine):
     assert [m["parties"] for m in engine.memory()] == [0, 0]
 
 
+def test_ray_round_interleaves_recipients_under_their_own_keys(engine):
+    """:meth:`RayEncoderFactory.map_round` runs two recipients through one window of Ray tasks, their
+    batches interleaved (the second recipient's first result before the first one's last), at most
+    ``window`` in flight, each recipient's nodes in its order and decrypting under its own key to the
+    plaintext encodings; a round below the pool threshold with ``everywhere=False`` computes in this
+    process, one recipient after the other."""
+    import numpy as np
+    from he_helpers import assert_keyed_results_decrypt, two_recipients
+
+    from fedgat.crypto import KeyHolderContext
+    from fedgat.crypto.ray_encoder import RayEncoderFactory
+    from fedgat.encodings import draw_bases
+
+    engine.ensure_actors(1)  # Ray is up
+    holders = [KeyHolderContext.generate("n4096") for _ in range(2)]
+    servers, x, layout, spools, csr = two_recipients(holders, seed=81)
+    bases = draw_bases("vector", csr, np.arange(12), rng=83)
+    per_recipient = sum(len(b) for b in bases)
+    recipients = {7: (servers[0], spools[0], 12), 9: (servers[1], spools[1], 12)}
+    for everywhere in (True, False):
+        made: list = []
+        factory = RayEncoderFactory(2 if everywhere else None, everywhere=everywhere, on_encoder=made.append)
+        factory.prepare(recipients, layout)
+        results = list(factory.map_round([(7, bases), (9, bases)], layout, {7: 1, 9: 1}))
+        factory.close()
+        keys = [k for k, _ in results]
+        assert keys.count(7) == keys.count(9) == per_recipient
+        if everywhere:
+            assert factory.pool_workers == 0  # closed
+            assert keys.index(9) < len(keys) - 1 - keys[::-1].index(7)
+            assert len(made) == 2 and all(e.tasks_submitted > 0 for e in made)
+            assert 1 <= factory.max_in_flight <= factory.window == 4
+        else:
+            assert keys == [7] * per_recipient + [9] * per_recipient and made == []
+        assert_keyed_results_decrypt(results, {7: holders[0], 9: holders[1]}, bases, x, layout)
+    factory.prepare(recipients, layout)
+    with pytest.raises(ValueError, match="not prepared"):
+        list(factory.map_round([(8, bases)], layout))
+    for spool in spools:
+        spool.close()
+
+
 def test_a_windowed_round_runs_on_ray(engine):
     """Uploads paced one recipient at a time on Ray actors, the server's work on Ray tasks."""
     fed = federation()
