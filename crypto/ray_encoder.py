@@ -251,6 +251,7 @@ class RayEncoderFactory:
         self.workers, self.everywhere, self._on_encoder = workers, everywhere, on_encoder
         self._recipients: dict[int, tuple[ServerContext, CiphertextSpool]] = {}
         self._on_ray = False
+        self._live: list[RayEncoder] = []  # map_round's encoders, until its stream ends or close()
         #: :meth:`map_round`'s window (batches in flight at most) and the most ever in flight in it
         self.window = 0
         self.max_in_flight = 0
@@ -309,12 +310,12 @@ class RayEncoderFactory:
             if key not in self._recipients:
                 raise ValueError(f"recipient {key} was not prepared")
         ray = import_ray()
-        streams, submits, releases, encoders = [], {}, {}, []
+        streams, submits, releases = [], {}, {}
         try:
             for key, buckets in jobs:
                 ctx, spool = self._recipients[key]
                 encoder = self._encoder(ctx, layout, spool)
-                encoders.append(encoder)
+                self._live.append(encoder)
                 batches, submits[key], releases[key] = encoder.stream(buckets)
                 streams.append((key, batches))
             self.window = 2 * self.pool_workers
@@ -326,11 +327,16 @@ class RayEncoderFactory:
                 lambda key, task: releases[key](task),
             )
         finally:
-            for encoder in encoders:
-                encoder.close()
+            self._release()
+
+    def _release(self) -> None:
+        for encoder in self._live:
+            encoder.close()  # its uploads and context leave the object store once no task holds them
+        self._live = []
 
     def close(self) -> None:
-        """Forget the round's recipients (the Ray tasks hold nothing once their results are read)."""
+        """Release the encoders of a round stopped midway and forget the round's recipients."""
+        self._release()
         self._recipients, self._on_ray = {}, False
 
 

@@ -617,6 +617,10 @@ class ServerPretrain(Party):
         )
 
     def _close_encoders(self) -> None:
+        # a round stopped midway: its results stream lets go of what it holds (a factory's encoders)
+        close_stream = getattr(self._results, "close", None)
+        if callable(close_stream):
+            close_stream()
         if self._encoder is not None:
             self._encoder.close()
             self._encoder = None
@@ -755,6 +759,11 @@ class ServerPretrain(Party):
                 out += self._finish()
         return out
 
+    def plan_position(self, g: int, s: int) -> int:
+        """The position in the plan's order (of :attr:`RoundPlan.recipients`) of pack ``s`` of
+        compute bucket ``g``: results come interleaved across recipients, so their count is not it."""
+        return self._bucket_start[g] + s
+
     def _emit(self, g: int, s: int, result: NodeResult) -> list[Message]:
         """One computed result into its recipient's batch; the batches it completes."""
         assert self._batcher is not None and self.plan is not None
@@ -767,7 +776,7 @@ class ServerPretrain(Party):
         self.result_ciphertexts += len(result.row_blobs)
         self.result_rows += bucket.num_feature_rows() * len(nodes)
         item = ResultItem(result.node, bucket.owner, tuple(result.row_blobs), packed=nodes[1:])
-        ready = self._batcher.add(item, self._bucket_start[g] + s)
+        ready = self._batcher.add(item, self.plan_position(g, s))
         out = [self._new(EncodingResults, c, bucket=cb, items=items) for c, cb, items in ready]
         return out
 

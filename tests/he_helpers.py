@@ -12,13 +12,17 @@ from fedgat.encodings import encode_bucket
 from graph_helpers import random_csr, unit_rows
 
 
-def two_recipients(holders: list[KeyHolderContext], seed: int):
-    """Two recipients' keys (server views) and spools holding the same 12 unit rows, each encrypted
-    under its recipient's key: ``(servers, x, layout, spools, csr)``."""
+def two_recipients(holders: list[KeyHolderContext], seed: int, dim: int = 10):
+    """Two recipients' keys (server views) and spools holding the same 12 unit rows of ``dim``
+    features, each encrypted under its recipient's key: ``(servers, x, layout, spools, csr)``. With
+    ``dim=600`` a ciphertext holds 3 rows (one chunk), so a node of more rows spans several result
+    groups and can be cut into pieces."""
     servers = [ServerContext.from_bytes(h.public_context_bytes()) for h in holders]
     csr = random_csr(12, 4, seed=seed)
-    x = unit_rows(12, 10, seed=seed + 1)
-    layout = SlotLayout.for_dimension(10, servers[0].slots)
+    x = unit_rows(12, dim, seed=seed + 1)
+    layout = (
+        SlotLayout.for_dimension(dim, servers[0].slots) if dim <= 64 else SlotLayout(dim, servers[0].slots, 1)
+    )
     spools = [CiphertextSpool(s, layout) for s in servers]
     for holder, spool in zip(holders, spools, strict=True):
         for node, row in enumerate(x.numpy()):

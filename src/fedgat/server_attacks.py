@@ -342,8 +342,8 @@ class ForgingServer(ServerPretrain):
 
     def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
         assert self.plan is not None
-        for k, (g, s, result) in enumerate(super()._compute_results()):
-            recipient = self.plan.recipients[k][0]
+        for g, s, result in super()._compute_results():
+            recipient = self.plan.recipients[self.plan_position(g, s)][0]
             if recipient in self._left:
                 self._left[recipient] -= 1
                 bucket = self.plan.buckets[g]
@@ -773,10 +773,13 @@ class ColluderForgingServer(ServerPretrain):
 
     def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
         assert self.plan is not None
-        for k, (g, s, result) in enumerate(super()._compute_results()):
+        for g, s, result in super()._compute_results():
             bucket = self.plan.buckets[g]
             assert isinstance(bucket, PackedShares)
-            if self.plan.recipients[k][0] == self.victim and (result.node, bucket.owner) == self.target:
+            if (
+                self.plan.recipients[self.plan_position(g, s)][0] == self.victim
+                and (result.node, bucket.owner) == self.target
+            ):
                 result = self._forge(bucket, s)
             yield g, s, result
 

@@ -96,11 +96,11 @@ def test_parallel_encoder_matches_serial(keys):
     spool.close()
 
 
-def _two_recipients(keys, seed: int):
+def _two_recipients(keys, seed: int, dim: int = 10):
     """:func:`he_helpers.two_recipients` for the module's key and a fresh one:
     ``(holders, servers, x, layout, spools, csr)``."""
     holders = [keys[0], KeyHolderContext.generate("n4096")]
-    return holders, *two_recipients(holders, seed)
+    return holders, *two_recipients(holders, seed, dim)
 
 
 def test_round_pool_serves_every_recipient_under_its_own_key(keys):
@@ -148,10 +148,13 @@ def test_round_stream_interleaves_recipients_in_one_window(keys, monkeypatch):
     Without a pool, the same results come inline, one recipient after the other."""
     from fedgat.crypto import encoders
     from fedgat.crypto.encoders import LocalEncoderFactory
+    from fedgat.crypto.tasks import pieces
 
-    holders, servers, x, layout, spools, csr = _two_recipients(keys, seed=71)
+    holders, servers, x, layout, spools, csr = _two_recipients(keys, seed=71, dim=600)
     bases = draw_bases("vector", csr, np.arange(12), rng=11)
     per_recipient = sum(len(b) for b in bases)
+    cut = list(pieces(bases, layout.chunks, layout.blocks, max_cost=1))
+    assert sum(not last for *_, last in cut) >= 4  # some nodes are cut into several pieces
     read = [0]  # results the consumer has read so far
     submitted: list[tuple[int, int]] = []  # (recipient key, results read when its batch was submitted)
     real_map = encoders.RoundPool.map

@@ -57,6 +57,21 @@ def test_server_and_one_client_cannot_forge_an_honest_owners_partial(setting):
     assert d["owner"] not in (d["colluder"], d["victim"]) and d["victim_completed"] is False
 
 
+def test_forgeries_on_a_server_pool_hit_their_victims_and_are_refused(graph):
+    """With the server's work on a process pool its recipients come interleaved: the forging server
+    still finds each forged result's recipient by its plan position (not by the count of results
+    so far), every forgery reaches its victim and is refused there, and so is the colluder's."""
+    setting = AttackSetting(graph, make_partition(graph, 3, beta=1.0, seed=0), "vector", seed=1, workers=2)
+    out = forged_results_attacks(setting)
+    for name in ("substituted_result", "injected_ciphertexts"):
+        d = out[name].as_dict()
+        assert sorted(f["kind"] for f in d["forged"]) == sorted(k for k, a in FORGERIES.items() if a == name)
+        assert all(f["refused"] and not f["victim_completed"] for f in d["forged"])
+        assert out[name].detected and out[name].recovered == 0
+    colluder = colluder_forgery_attack(setting)
+    assert colluder.ran and colluder.detected and colluder.recovered == 0
+
+
 def test_a_clients_upload_of_another_owners_node_is_refused_by_the_server(forged):
     upload = forged["injected_ciphertexts"].as_dict()["client_upload"]
     assert upload["refused_by_server"] is True
