@@ -656,14 +656,20 @@ class ServerPretrain(Party):
             self._encoder.close()
             self._encoder = None
 
+    def _places(self) -> dict[int, Iterator[tuple[int, int]]]:
+        """Per recipient with work, its results' ``(compute bucket, pack in it)``, in its plan order
+        (its compute buckets follow the earlier recipients' in :attr:`buckets`)."""
+        places: dict[int, Iterator[tuple[int, int]]] = {}
+        start = 0
+        for c, shares in self._jobs():
+            places[c] = ((g, s) for g, b in enumerate(shares, start=start) for s in range(len(b)))
+            start += len(shares)
+        return places
+
     def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
         """The round's results: ``(compute bucket, pack in it, result)``, each recipient's in its
         plan order (recipients interleaved as :meth:`_round_results` yields them)."""
-        at: dict[int, Iterator[tuple[int, int]]] = {}
-        g = 0
-        for c, shares in self._jobs():
-            at[c] = ((g0, s) for g0, b in enumerate(shares, start=g) for s in range(len(b)))
-            g += len(shares)
+        at = self._places()
         for c, result in self._round_results():
             place = next(at[c], None) if c in at else None
             if place is None:
@@ -676,11 +682,10 @@ class ServerPretrain(Party):
         """Upload window: one recipient's results, ``(compute bucket, pack in it, result)``, on an
         encoder of its own (the factory's per-recipient path)."""
         assert self.plan is not None and self.plan.shares is not None
-        start = sum(len(shares) for c, shares in self._jobs() if c < recipient)
-        shares = self.plan.shares[recipient]
+        at = self._places().get(recipient, iter(()))
         self._encoder = self._new_encoder(recipient)
-        at = ((start + g, s) for g, b in enumerate(shares) for s in range(len(b)))
-        yield from ((g, s, result) for (g, s), result in zip(at, self._encoder.map(shares), strict=True))
+        results = self._encoder.map(self.plan.shares[recipient])
+        yield from ((g, s, result) for (g, s), result in zip(at, results, strict=True))
 
     def _recipient_done(self) -> list[Message]:
         """Upload window: a recipient's results are all out: its spool is deleted (unless kept for
