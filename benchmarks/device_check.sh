@@ -12,6 +12,8 @@
 #                bash benchmarks/device_check.sh server16 (the server's compute on a 16-worker round pool,
 #                                                         1,500 of Cora's tasks, against its op bound: ~3 min)
 #                bash benchmarks/device_check.sh round16 (the Cora encrypted round on 16 cores: <= 9 min)
+#                bash benchmarks/device_check.sh encrypt16 (a client's 7,500 encryptions, Cora's largest
+#                                                         client's, in process vs pools of 2-16 workers: ~1 min)
 #                bash benchmarks/device_check.sh gpu profile16 round16   (several parts in one call, in order;
 #                                                         ROUND_LIMIT=seconds caps the round's step, SMOKE=0 skips
 #                                                         the gpu part's encrypted smoke, BUDGET=seconds
@@ -116,13 +118,17 @@ server16)
     step server_pool 240 python3 benchmarks/server_profile.py --tasks "${SERVER_TASKS:-1500}" --wires compact --workers 16 \
         --quiet --name server_pool_16core --out "$stage/server16"
     ;;
+encrypt16)
+    step client_encrypt 120 python3 benchmarks/client_encrypt.py --rows 834 --recipients 3 --workers 2 4 8 16 \
+        --name client_encrypt_16core --out "$stage/encrypt16"
+    ;;
 round16)
     step overhead_cora "${ROUND_LIMIT:-500}" env -u TQDM_DISABLE python3 benchmarks/overhead.py --dataset cora --clients 10 --engine process \
         --no-train --progress --out "$stage/overhead16" \
         ${ROUND_BASELINE:+--baseline "$ROUND_BASELINE" --baseline-label "${ROUND_BASELINE_LABEL:-before}"}
     ;;
 *)
-    echo "device_check: unknown part '$part' (gpu, graphs, cpu16, profile16, server16 or round16)"
+    echo "device_check: unknown part '$part' (gpu, graphs, cpu16, profile16, server16, encrypt16 or round16)"
     continue
     ;;
 esac

@@ -7,7 +7,8 @@ Recipes (safe defaults, typed errors -- start here):
   client's own saved state, ``fingerprint``).
 * :class:`ServerContext` -- ``from_bytes`` loads a public context and refuses secret keys.
 * :func:`encrypt_rows` / :func:`decrypt_rows` -- feature rows <-> enveloped ciphertext bytes in the
-  rotation-free :class:`SlotLayout`.
+  rotation-free :class:`SlotLayout`; :class:`fedgat.crypto.encrypt_pool.EncryptionPool` -- the same
+  encryptions on several worker processes holding public contexts only (a client's uploads).
 * :func:`linear_combination` / :func:`linear_map_rows` -- the server's plaintext multiply-adds through
   TenSEAL (the reference); :class:`fedgat.crypto.evaluator.SealEvaluator` -- the same sums through
   SEAL's evaluator with one encoding per coefficient vector and one rescale per result (what the

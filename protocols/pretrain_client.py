@@ -24,6 +24,7 @@ from fedgat.crypto import (
     decrypt_rows,
     encrypt_rows,
 )
+from fedgat.crypto.encrypt_pool import EncryptionPool, EncryptionWorkerError, encrypt_pool_size
 from fedgat.crypto.tags import CheckKeys, ResultCheckError, check_share, prf_tags, tag_columns
 from fedgat.dp import LabelPredictor
 from fedgat.dp_ledger import DPLedger, dataset_id
@@ -125,6 +126,11 @@ class ClientPretrain(Party):
             :func:`needed_from_neighbourhoods`).
         dtype: dtype of the decrypted encodings.
         upload_batch: rows per FeatureUpload message.
+        encrypt_workers: processes this client may use for its encryptions
+            (:class:`~fedgat.crypto.encrypt_pool.EncryptionPool`, holding the recipients' public
+            contexts only; :func:`~fedgat.crypto.encrypt_pool.encrypt_pool_size` decides how many its
+            uploads are worth); 0 (default): in this process. Local execution: the messages are the
+            same either way.
         timeouts: the client's deadlines (``keys``, ``download``).
         limits: ``max_neighbours`` and ``max_encoding_bytes`` bound what the server's bases may make
             this client allocate.
@@ -168,6 +174,7 @@ class ClientPretrain(Party):
         needed: np.ndarray | None = None,
         dtype: torch.dtype = torch.float32,
         upload_batch: int = 32,
+        encrypt_workers: int = 0,
         timeouts: PretrainTimeouts | None = None,
         limits: PretrainLimits | None = None,
         ledger: DPLedger | None = None,
@@ -229,6 +236,16 @@ class ClientPretrain(Party):
         self._degree = dict(zip(owned.tolist(), np.diff(self._graph.indptr).tolist()))
         self.dtype = dtype
         self.upload_batch = upload_batch
+        if encrypt_workers < 0:
+            raise ValueError(f"encrypt_workers must be >= 0, got {encrypt_workers}")
+        self.encrypt_workers = int(encrypt_workers)
+        #: the encryption pool while this client uploads (None: none yet, or encrypting in process)
+        self._pool: EncryptionPool | None = None
+        self._pool_sized = False
+        self._ahead: dict[tuple[int, int], int] = {}  # (recipient, start) -> pool ticket, submitted early
+        #: CPU seconds its encryption workers spent (also in ``cpu_timings["encrypt"]``; not reported
+        #: by a hosted client: its host counts them)
+        self.encrypt_worker_cpu = 0.0
         self.state = ClientState.NEW
         #: this client's own CKKS key pair (generated at start; the secret never leaves it)
         self.holder: KeyHolderContext | None = None
@@ -418,6 +435,7 @@ class ClientPretrain(Party):
         self.state = ClientState.ABORTED
         self.abort_reason = f"server aborted (code {msg.code}): {msg.reason}"
         self._disarm("keys", "download")
+        self._close_pool()
         return []
 
     def _expired(self, phase: str) -> list[Message]:
@@ -441,6 +459,7 @@ class ClientPretrain(Party):
         )
         self.state, self.failure, self.abort_reason = ClientState.ABORTED, error, str(error)
         self._disarm("keys", "download")
+        self._close_pool()
         return [self._new(Abort, self.roster.server, code=int(AbortCode.TIMEOUT), reason=str(error))]
 
     # --- keys and claims ------------------------------------------------------------------------------
@@ -566,18 +585,17 @@ class ClientPretrain(Party):
         out: list[Message] = []
         at = self._next_batch()
         if at is not None:
-            r, start = self._queue.pop(at)
-            nodes = self.releases[r][start : start + self.upload_batch]
-            pos = np.searchsorted(self.owned, nodes)
-            rows = (self._features if self._release is None else self._release)[pos]
-            full = np.hstack([rows, tag_columns(self._owner_keys[r], self.session, nodes, rows)])
+            r, start = self._queue[at]
             with self.clock("encrypt"):
-                blobs = list(encrypt_rows(self._peer_contexts[r], full, self.layout))
+                blobs = self._encrypt(r, start)
+            del self._queue[at]  # only once encrypted: a failed encryption leaves the batch queued
+            nodes = self.releases[r][start : start + self.upload_batch]
             c = self.layout.chunks
             items = tuple(UploadItem(int(nodes[k // c]), k % c, blob) for k, blob in enumerate(blobs))
             self._uploaded += len(items)
             out.append(self._new(FeatureUpload, self.roster.server, target=r, items=items))
         if not self._queue:
+            self._close_pool()
             pairs = sum(len(v) for v in self.releases.values())
             out.append(self._new(UploadDone, self.roster.server, nodes=pairs, ciphertexts=self._uploaded))
             self.state = ClientState.AWAIT_ENCODINGS
@@ -585,6 +603,58 @@ class ClientPretrain(Party):
         if self.config.upload_window is not None:  # the time spent encrypting is not the server's
             self._arm_at_next_tick("download", self.timeouts.download)
         return out
+
+    def _rows(self, r: int, start: int) -> np.ndarray:
+        """The rows of upload batch ``(r, start)`` with their tag columns for recipient ``r``."""
+        nodes = self.releases[r][start : start + self.upload_batch]
+        pos = np.searchsorted(self.owned, nodes)
+        rows = (self._features if self._release is None else self._release)[pos]
+        return np.hstack([rows, tag_columns(self._owner_keys[r], self.session, nodes, rows)])
+
+    def _encrypt(self, r: int, start: int) -> list[bytes]:
+        """Envelopes of batch ``(r, start)``: in this process, or from the encryption pool, which
+        meanwhile gets the next batches this client may send (:attr:`EncryptionPool.depth` in all)."""
+        assert self.layout is not None
+        pool = self._encryption_pool()
+        if pool is None:
+            return list(encrypt_rows(self._peer_contexts[r], self._rows(r, start), self.layout))
+        try:
+            ticket = self._ahead.pop((r, start), None)
+            if ticket is None:
+                ticket = pool.submit(r, self._rows(r, start))
+            allowed = (b for b in self._queue if self.config.upload_window is None or b[0] in self._granted)
+            for batch in allowed:
+                if len(self._ahead) + 1 >= pool.depth:
+                    break
+                if batch not in self._ahead and batch != (r, start):
+                    self._ahead[batch] = pool.submit(batch[0], self._rows(*batch))
+            blobs, worker_cpu = pool.result(ticket)
+        except EncryptionWorkerError:
+            self._close_pool()
+            self._pool_sized = False  # the next step starts a new pool
+            raise
+        self.cpu_timings["encrypt"] += worker_cpu  # the workers' CPU is this client's too
+        self.encrypt_worker_cpu += worker_cpu
+        return blobs
+
+    def _encryption_pool(self) -> EncryptionPool | None:
+        """The pool, started at the first batch when :attr:`encrypt_workers` and the uploads ask for
+        one (:func:`~fedgat.crypto.encrypt_pool.encrypt_pool_size`)."""
+        if not self._pool_sized:
+            assert self.layout is not None
+            encryptions = sum(len(v) for v in self.releases.values()) * self.layout.chunks
+            workers = encrypt_pool_size(self.encrypt_workers, encryptions)
+            if workers:  # a pool that cannot start raises here, at every step: no silent fallback
+                contexts = {r: self._peer_contexts[r] for r in self.releases}
+                self._pool = EncryptionPool(contexts, self.layout, workers)
+            self._pool_sized = True
+        return self._pool
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self._ahead.clear()
 
     # --- encodings -----------------------------------------------------------------------------------
     def _on_terms(self, msg: PrivacyTerms) -> list[Message]:
@@ -761,6 +831,7 @@ class ClientPretrain(Party):
         """After a terminal refusal: the partly assembled encodings are dropped, never trained on."""
         self._assemblies = []
         self.encodings = None
+        self._close_pool()
 
     # --- checkpoint -----------------------------------------------------------------------------------
     @property

@@ -143,6 +143,7 @@ def state_fields(client: ClientPretrain) -> dict[str, Any]:
         "needed": np.asarray(client.needed),
         "dtype": dtype,
         "upload_batch": client.upload_batch,
+        "encrypt_workers": client.encrypt_workers,
         "timeouts": dataclasses.asdict(client.timeouts),
         "limits": dataclasses.asdict(client.limits),
     }
@@ -165,6 +166,7 @@ def client_from_spec(cls: type[ClientPretrain], spec: PartySpec) -> ClientPretra
         needed=f["needed"],
         dtype=DTYPES[f["dtype"]],
         upload_batch=int(f["upload_batch"]),
+        encrypt_workers=int(f.get("encrypt_workers", 0)),  # states saved before it: in process
         timeouts=PretrainTimeouts(**f["timeouts"]),
         limits=PretrainLimits(**f["limits"]),
         release=f["release"],

@@ -324,6 +324,12 @@ def test_argparse_errors_are_one_line_with_status_2(capsys):
             f"argument --upload-window: must be a positive integer, got '{bad}'" in err
             and err.count("\n") == 1
         )
+    for command, bad in (("demo", "-1"), ("bench", "some")):
+        with pytest.raises(SystemExit) as exc:
+            main([command, *(["overhead"] if command == "bench" else []), "--encrypt-workers", bad])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --encrypt-workers: must be 'auto' or a count >= 0, got '{bad}'" in err
 
 
 def test_train_refuses_more_clients_than_cora_has_nodes(cora, capsys, tmp_path):

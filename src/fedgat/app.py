@@ -197,6 +197,7 @@ def build_pretrain_client(
     seed: int | str | None = None,
     dtype: torch.dtype = torch.float64,
     upload_batch: int = 32,
+    encrypt_workers: int = 0,
     ledger: DPLedger | None = None,
     release: torch.Tensor | None = None,
     predictor: LabelPredictor | None = None,
@@ -206,7 +207,8 @@ def build_pretrain_client(
     With ``config.dp`` the client draws its release (randomness from a fresh CSPRNG, never from
     ``seed``; ``label_rr`` from the published ``predictor``) and charges it to ``ledger`` (required)
     at construction, or uploads its rows of ``release`` -- ``(N, w)`` rows of every node,
-    :func:`fedgat.dp_release.draw_release`, drawn and charged before.
+    :func:`fedgat.dp_release.draw_release`, drawn and charged before. ``encrypt_workers``: processes
+    the client may encrypt on (:class:`~fedgat.protocols.ClientPretrain`; 0: in its own process).
 
     Raises:
         ValueError: the client owns no node.
@@ -231,10 +233,23 @@ def build_pretrain_client(
         needed=cp.needed,
         dtype=dtype,
         upload_batch=upload_batch,
+        encrypt_workers=encrypt_workers,
         ledger=ledger,
         release=None if release is None else release.numpy()[cp.owned],
         predictor=predictor,
     )
+
+
+def auto_encrypt_workers(cores: int, concurrent: int) -> int:
+    """Encryption processes per client (``encrypt_workers``) when ``concurrent`` clients encrypt at
+    once on a machine of ``cores`` cores: twice their share of the cores, at most every core, 0 below
+    2. Twice: the clients that finish early leave their cores to the largest one, whose encryptions
+    are the round's straggler (Cora, 10 clients: 7,500 of the 47,946). A client's pool is sized down
+    further to its own uploads (:func:`fedgat.crypto.encrypt_pool.encrypt_pool_size`)."""
+    if cores < 1 or concurrent < 1:
+        raise ValueError(f"cores and concurrent clients must be positive, got {cores}, {concurrent}")
+    n = min(cores, -(-2 * cores // concurrent))
+    return n if n >= 2 else 0
 
 
 def build_pretrain_parties(
@@ -259,6 +274,7 @@ def build_pretrain_parties(
     predictors: Mapping[int, LabelPredictor] | None = None,
     wire: str = "compact",
     upload_window: int | None = None,
+    encrypt_workers: int = 0,
 ) -> PretrainParties:
     """Build the server and the clients of a pre-training round for ``partition``.
 
@@ -267,6 +283,8 @@ def build_pretrain_parties(
     ``upload_window``: uploads paced recipient by recipient, that many open at a time, so the
     server's spool holds that many recipients' uploads, not the round's
     (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`; None: all at once).
+    ``encrypt_workers``: processes each client may encrypt its uploads on (its own ``encrypt_workers``;
+    0: in its own process; see :func:`auto_encrypt_workers`).
 
     ``encoder``: where the server computes (default :func:`fedgat.crypto.encoders.local_encoder`
     with ``workers`` processes); ``spool_dir``: where it stores uploads (default a temporary folder).
@@ -324,6 +342,7 @@ def build_pretrain_parties(
             seed=seed,
             dtype=dtype,
             upload_batch=upload_batch,
+            encrypt_workers=encrypt_workers,
             ledger=None if dp_ledgers is None else dp_ledgers.get(c),
             release=dp_release,
             predictor=None if predictors is None else predictors.get(c),
@@ -601,6 +620,7 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
                 "preset": pre.preset,
                 "wire": pre.wire,
                 "upload_window": pre.upload_window,
+                "encrypt_workers": pre.encrypt_workers,
                 "peak_spooled_bytes": pre.peak_spooled_bytes,
                 "phases": {k: round(v, 3) for k, v in pre.phases.items()},
                 "pretrain_wall_seconds": round(pre.wall_seconds, 3),

@@ -128,6 +128,33 @@ def add_upload_window_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_encrypt_workers_argument(parser: argparse.ArgumentParser) -> None:
+    """``--encrypt-workers {auto,N}``: processes each client of the encrypted round may encrypt its
+    uploads on (:class:`fedgat.protocols.ClientPretrain`'s ``encrypt_workers``), default auto."""
+    parser.add_argument(
+        "--encrypt-workers",
+        type=_encrypt_workers,
+        default="auto",
+        metavar="{auto,N}",
+        help="processes each client of the encrypted round may encrypt its uploads on (they hold the "
+        "recipients' public keys only); 0: in the client's own process; auto (default): twice each "
+        "client's share of this machine's cores when that is 2 or more (in-process: the clients encrypt "
+        "one after another; an engine runs them all at once), and no more than its uploads are worth",
+    )
+
+
+def _encrypt_workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a count >= 0, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from fedgat.app import (
     Deployment,
     PretrainParties,
+    auto_encrypt_workers,
     bases_rng,
     build_predictor_parties,
     build_pretrain_parties,
@@ -158,6 +159,11 @@ class PretrainResult:
     cpu_phases: dict[str, float] = field(default_factory=dict)
     #: the server's worker processes (0: it computed in this process)
     server_workers: int = 0
+    #: processes each client could encrypt on (``encrypt_workers`` as resolved; 0: in its own process)
+    encrypt_workers: int = 0
+    #: CPU seconds of the encryption workers of the clients that ran in this process (children of
+    #: this process; a hosting engine's clients are counted in their hosts' CPU instead)
+    encrypt_worker_cpu: float = 0.0
     #: the session's ciphertext wire (:attr:`fedgat.protocols.pretrain.PretrainConfig.wire`)
     wire: str = "compact"
     #: the session's upload window (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`)
@@ -249,6 +255,20 @@ class _Progress:
                 bar.close()
 
 
+def resolve_encrypt_workers(value: int | str, clients: int, transport: Transport) -> int:
+    """``encrypt_workers`` as a number: ``"auto"`` is :func:`fedgat.app.auto_encrypt_workers` for this
+    machine's usable cores and the clients ``transport`` runs at once (the in-process driver steps
+    one client at a time; an engine runs them all)."""
+    if value == "auto":
+        from fedgat.protocols.process_engine import usable_cores
+
+        concurrent = 1 if isinstance(transport, InProcessTransport) else clients
+        return auto_encrypt_workers(usable_cores(), concurrent)
+    if isinstance(value, str) or int(value) < 0:
+        raise ValueError(f"encrypt_workers must be 'auto' or a count >= 0, got {value!r}")
+    return int(value)
+
+
 def run_encrypted_pretraining(
     graph: Graph,
     partition: Partition,
@@ -271,6 +291,7 @@ def run_encrypted_pretraining(
     predictors: Mapping[int, LabelPredictor] | None = None,
     wire: str = "compact",
     upload_window: int | None = None,
+    encrypt_workers: int | str = 0,
 ) -> PretrainResult:
     """Run the encrypted pre-training round (:mod:`fedgat.protocols.pretrain`) over ``transport``.
 
@@ -303,6 +324,9 @@ def run_encrypted_pretraining(
             server's spool holds that many recipients' uploads instead of the round's, and computes
             each recipient as soon as its uploads are in
             (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`; None: all at once).
+        encrypt_workers: processes each client may encrypt its uploads on (0: in its own process;
+            ``"auto"``: :func:`fedgat.app.auto_encrypt_workers` for this machine's cores and how many
+            clients ``transport`` runs at once; see :class:`~fedgat.protocols.ClientPretrain`).
         measure_server_alone: after the round, compute every result again with the clients idle
             (:meth:`ServerPretrain.replay_compute`) and report its wall time as
             ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
@@ -326,6 +350,7 @@ def run_encrypted_pretraining(
         predictors=predictors,
         wire=wire,
         upload_window=upload_window,
+        encrypt_workers=resolve_encrypt_workers(encrypt_workers, partition.num_clients, transport),
     )
     bars = _Progress(parties, progress)
     server = parties.server
@@ -397,6 +422,8 @@ def run_encrypted_pretraining(
         deployment=parties.deployment,
         cpu_phases=cpu_phases,
         server_workers=server.workers,
+        encrypt_workers=max((c.encrypt_workers for c in parties.clients.values()), default=0),
+        encrypt_worker_cpu=sum(c.encrypt_worker_cpu for c in parties.clients.values()),
         wire=wire,
         upload_window=upload_window,
         peak_spooled_bytes=server.peak_spooled_bytes,

@@ -269,8 +269,10 @@ def _status_bytes(field: str) -> int | None:
 
 def _memory(parties: int) -> dict[str, Any]:
     """This process's memory and CPU. The peak is ``VmHWM`` (reset by exec), not ``ru_maxrss``: Linux
-    keeps that across the spawn's fork + exec, so a worker would report its parent's size."""
+    keeps that across the spawn's fork + exec, so a worker would report its parent's size. CPU
+    includes the children that have ended (the hosted clients' encryption pools)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     rss = _status_bytes("VmRSS")
     peak = _status_bytes("VmHWM")
     return {
@@ -278,7 +280,7 @@ def _memory(parties: int) -> dict[str, Any]:
         "rss": rss or 0,
         "peak_rss": peak if peak is not None else usage.ru_maxrss * 1024,
         "parties": parties,
-        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime,
         "torch_loaded": "torch" in sys.modules,
     }
 

@@ -24,6 +24,8 @@ def test_demo_writes_the_report(tmp_path, capsys):
             "3",
             "--upload-window",
             "1",
+            "--encrypt-workers",
+            "2",
             "--json",
             str(out),
             "--quiet",
@@ -52,3 +54,4 @@ def test_demo_writes_the_report(tmp_path, capsys):
     out_text = capsys.readouterr().out
     assert "shared secret key: False" in out_text and "the server holds a secret key: False" in out_text
     assert "upload window of 1 recipient(s)" in out_text
+    assert report["encrypt_workers"] == 2 and "up to 2 worker processes per client" in out_text

@@ -35,6 +35,7 @@ from fedgat.cli_engine import (
     add_dataset_argument,
     add_debug_argument,
     add_device_argument,
+    add_encrypt_workers_argument,
     add_owners_arguments,
     add_wire_argument,
     check_beta,
@@ -97,6 +98,7 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--neighbour-cap", type=int, default=None)
     parser.add_argument("--preset", default="n4096", choices=("n4096", "n8192", "n8192-small", "n16384"))
     add_wire_argument(parser)
+    add_encrypt_workers_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")

@@ -38,6 +38,7 @@ from fedgat.cli_engine import (
     UsageError,
     add_dataset_argument,
     add_device_argument,
+    add_encrypt_workers_argument,
     add_engine_arguments,
     add_owners_arguments,
     add_upload_window_argument,
@@ -105,6 +106,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_wire_argument(parser)
     add_upload_window_argument(parser)
+    add_encrypt_workers_argument(parser)
     parser.add_argument(
         "--neighbour-cap",
         default=None,
@@ -282,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers,
             wire=args.wire,
             upload_window=args.upload_window,
+            encrypt_workers=args.encrypt_workers,
         )
         plain = run_plaintext_pretraining(graph, partition, args.variant, args.seed)
         error = max_abs_error(pre.encodings, plain)
@@ -374,6 +377,11 @@ def format_pretraining(r: dict) -> str:
         f"{r['ciphertexts_down']} ciphertexts ({r['result_ciphertexts']} distinct results)"
     )
     lines.append(f"server multiply-adds:           {r['multiply_adds']}")
+    if r.get("encrypt_workers"):
+        lines.append(
+            f"client encryption: up to {r['encrypt_workers']} worker processes per client "
+            "(public keys only; --encrypt-workers)"
+        )
     window = r.get("upload_window")
     lines.append(
         f"server spool: at most {_gb(r['peak_spooled_bytes'])} of uploads on disk at once ("

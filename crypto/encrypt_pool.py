@@ -1,0 +1,331 @@
+r"""A client's encryptions on several cores: worker processes that hold only public contexts.
+
+TenSEAL holds the GIL while it encrypts (two threads encrypting take as long as one), so a client
+that wants more than one core for its uploads needs processes. :class:`EncryptionPool` starts
+``workers`` of them (``python -m fedgat.crypto.encrypt_pool``), hands each the recipients' *public*
+contexts once, then sends batches of rows and reads back their envelopes -- exactly what
+:func:`~fedgat.crypto.packing.encrypt_rows` makes in the client's own process, one envelope per
+(row, chunk), node-major. The secret key never reaches a worker: a worker can encrypt for a
+recipient, never decrypt anything.
+
+Why plain subprocesses and not :mod:`multiprocessing`: the pool must run inside the process engine's
+party hosts, which are daemonic (multiprocessing forbids them children) and refuse pickles; the
+workers here speak length-prefixed frames over their stdin / a private copy of their stdout (a JSON
+header and raw parts: float64 rows in, envelopes out), and read nothing else. A worker exits at the
+end of its input, so it never outlives the process that started it (a crash or a kill of the client
+closes the pipe); :meth:`EncryptionPool.close` stops them at once.
+
+Scheduling: one batch in flight per worker (a second request could block on a pipe the worker
+fills with its previous answer), the rest queued here in submission order; every call drains the
+answers that are ready and hands each freed worker the next queued batch, so a client that keeps
+:attr:`EncryptionPool.depth` batches submitted (:class:`fedgat.protocols.ClientPretrain` does) keeps
+every worker busy while it waits for the next batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from typing import IO, NoReturn, Self
+
+import numpy as np
+
+from .context import CkksContext
+from .errors import CryptoError
+from .packing import SlotLayout
+
+__all__ = ["MIN_ENCRYPTIONS_PER_WORKER", "EncryptionPool", "EncryptionWorkerError", "encrypt_pool_size"]
+
+#: a worker's start (interpreter, numpy, TenSEAL, the contexts: ~0.4 s) is worth it from about this
+#: many encryptions (~1.1 s of one core at n4096)
+MIN_ENCRYPTIONS_PER_WORKER = 256
+_HEADER = struct.Struct("<I")
+_MAX_HEADER_BYTES = 1 << 20
+
+
+class EncryptionWorkerError(CryptoError):
+    """An encryption worker failed (it died, or its encryption raised): the batch is lost."""
+
+
+def encrypt_pool_size(requested: int, encryptions: int) -> int:
+    """Workers for a client with ``encryptions`` to make that allows ``requested``: at most one per
+    :data:`MIN_ENCRYPTIONS_PER_WORKER`, and 0 (encrypt in the client's own process) below 2 -- one
+    worker would only move the same work to another process."""
+    if requested < 0:
+        raise ValueError(f"requested workers must be >= 0, got {requested}")
+    n = min(requested, encryptions // MIN_ENCRYPTIONS_PER_WORKER)
+    return n if n >= 2 else 0
+
+
+# ------------------------------------------------------------------------------------------ framing
+def _write(stream: IO[bytes], header: dict, parts: tuple[bytes | memoryview, ...] = ()) -> None:
+    head = json.dumps({**header, "sizes": [len(p) for p in parts]}).encode()
+    stream.write(_HEADER.pack(len(head)) + head)
+    for part in parts:
+        stream.write(part)
+    stream.flush()
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes:
+    data = stream.read(n)
+    if data is None or len(data) != n:
+        raise EOFError("the stream ended inside a frame")
+    return data
+
+
+def _read(stream: IO[bytes]) -> tuple[dict, list[bytes]]:
+    """One frame (EOFError at a clean end of the stream)."""
+    raw = stream.read(_HEADER.size)
+    if not raw:
+        raise EOFError("end of stream")
+    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size - len(raw)) if len(raw) < _HEADER.size else raw)
+    if size > _MAX_HEADER_BYTES:
+        raise EncryptionWorkerError(f"frame header of {size} bytes")
+    header = json.loads(_read_exact(stream, size))
+    return header, [_read_exact(stream, int(n)) for n in header.pop("sizes")]
+
+
+# ------------------------------------------------------------------------------------------- pool
+class _Worker:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fedgat.crypto.encrypt_pool"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.stdin: IO[bytes] = self.process.stdin
+        self.stdout: IO[bytes] = self.process.stdout
+        self.ticket: int | None = None  # the batch in flight
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """Close the workers' input (they exit at its end), then make sure they are gone."""
+    for p in processes:
+        for stream in (p.stdin, p.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+    deadline = time.monotonic() + 2.0
+    for p in processes:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class EncryptionPool:
+    """``workers`` processes encrypting rows under the recipients' public contexts.
+
+    Args:
+        contexts: ``recipient key -> its public context`` (a :class:`~fedgat.crypto.context.CkksContext`;
+            only :meth:`~fedgat.crypto.context.CkksContext.public_context_bytes` and its wire travel).
+        layout: the upload slot layout (:func:`~fedgat.crypto.packing.encrypt_rows`).
+        workers: processes (at least 1).
+
+    Use :meth:`submit` then :meth:`result` (in any order); :meth:`close` when done (also a context
+    manager). The pool is not thread-safe: one caller drives it.
+    """
+
+    def __init__(self, contexts: Mapping[int, CkksContext], layout: SlotLayout, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"an encryption pool needs at least one worker, got {workers}")
+        if not contexts:
+            raise ValueError("an encryption pool needs at least one recipient's context")
+        wires = {ctx.wire for ctx in contexts.values()}
+        if len(wires) != 1:
+            raise ValueError(f"the recipients' contexts name different wires: {sorted(wires)}")
+        self.layout = layout
+        self.keys = frozenset(int(k) for k in contexts)
+        self._workers: list[_Worker] = []
+        self._queue: deque[tuple[int, int, np.ndarray]] = deque()  # (ticket, key, rows) not yet sent
+        self._done: dict[int, tuple[list[bytes], float]] = {}
+        self._next_ticket = 0
+        keys = sorted(self.keys)
+        init = {
+            "op": "init",
+            "wire": wires.pop(),
+            "layout": [layout.d, layout.slots, layout.chunks],
+            "keys": keys,
+        }
+        blobs = tuple(contexts[k].public_context_bytes() for k in keys)
+        try:
+            self._workers = [_Worker(i) for i in range(workers)]  # all start importing at once
+            for w in self._workers:
+                _write(w.stdin, init, blobs)
+        except BaseException:
+            _stop([w.process for w in self._workers])
+            raise
+        self._finalizer = weakref.finalize(self, _stop, [w.process for w in self._workers])
+
+    @property
+    def workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def depth(self) -> int:
+        """Batches worth keeping submitted: one per worker and one more. More would not keep the
+        workers busier (a finished worker waits, its answer in its pipe, until the caller calls in
+        again) and would hold more envelopes here."""
+        return len(self._workers) + 1
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def submit(self, key: int, rows: np.ndarray) -> int:
+        """Queue ``rows`` (``(n, layout.d)``, finite) for encryption under ``key``'s context; returns
+        the ticket that :meth:`result` takes.
+
+        Raises:
+            ValueError: an unknown recipient or rows of another width (nothing queued).
+            EncryptionWorkerError: as :meth:`result` (submitting also reads the answers ready).
+        """
+        if self.closed:
+            raise RuntimeError("the encryption pool is closed")
+        if int(key) not in self.keys:
+            raise ValueError(f"recipient {key} is not one of the pool's")
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != self.layout.d:
+            raise ValueError(f"rows must have shape (n, {self.layout.d}), got {rows.shape}")
+        ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+        self._queue.append((ticket, int(key), rows))
+        self._collect(block=False)
+        return ticket
+
+    def result(self, ticket: int) -> tuple[list[bytes], float]:
+        """The envelopes of ticket's rows (``encrypt_rows`` order) and the worker's CPU seconds for
+        them; waits for them. Each ticket's result is returned once.
+
+        Raises:
+            EncryptionWorkerError: a worker died or its encryption failed (the pool is closed).
+            KeyError: an unknown ticket, or one already collected.
+        """
+        if ticket not in self._done and not self._pending(ticket):
+            raise KeyError(f"no batch {ticket} in the encryption pool")
+        while ticket not in self._done:
+            self._collect(block=True)
+        return self._done.pop(ticket)
+
+    def _pending(self, ticket: int) -> bool:
+        return any(t == ticket for t, _, _ in self._queue) or any(w.ticket == ticket for w in self._workers)
+
+    def _collect(self, *, block: bool) -> None:
+        """Read every answer that is ready (with ``block``, wait for one first), then hand the freed
+        workers the next queued batches."""
+        self._dispatch()
+        busy = {w.stdout.fileno(): w for w in self._workers if w.ticket is not None}
+        if busy:
+            ready, _, _ = select.select(list(busy), [], [], None if block else 0.0)
+            for fd in ready:
+                self._answer(busy[fd])
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        for w in self._workers:
+            if not self._queue:
+                return
+            if w.ticket is None:
+                ticket, key, rows = self._queue.popleft()
+                n, d = rows.shape
+                try:
+                    _write(w.stdin, {"op": "encrypt", "key": key, "rows": n, "dim": d}, (rows.tobytes(),))
+                except OSError as exc:
+                    self._fail(w, f"could not send it a batch ({exc})")
+                w.ticket = ticket
+
+    def _answer(self, w: _Worker) -> None:
+        try:
+            header, blobs = _read(w.stdout)
+        except (EOFError, OSError, ValueError) as exc:
+            self._fail(w, f"its answer was cut short ({exc})")
+        if "error" in header:
+            self._fail(w, f"it could not encrypt: {header['error']}")
+        assert w.ticket is not None
+        self._done[w.ticket] = (blobs, float(header["cpu"]))
+        w.ticket = None
+
+    def _fail(self, w: _Worker, what: str) -> NoReturn:
+        code = w.process.poll()
+        self.close()
+        ended = "" if code is None else f" (exit status {code})"
+        raise EncryptionWorkerError(f"encryption worker {w.index} (pid {w.process.pid}){ended}: {what}")
+
+    def close(self) -> None:
+        """Stop the workers (idempotent); batches not collected are dropped."""
+        self._queue.clear()
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------------------- worker
+def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
+    """A worker's loop: an ``init`` frame (wire, layout, recipient keys, their public contexts), then
+    ``encrypt`` frames until the end of ``requests``."""
+    from .context import ServerContext
+    from .packing import encrypt_rows
+
+    header, parts = _read(requests)
+    try:
+        if header.get("op") != "init":
+            raise ValueError(f"expected an init frame, got {header.get('op')!r}")
+        wire = str(header["wire"])
+        layout = SlotLayout(*(int(x) for x in header["layout"]))
+        contexts = {
+            int(k): ServerContext.from_bytes(b, wire=wire) for k, b in zip(header["keys"], parts, strict=True)
+        }
+    except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
+        _write(answers, {"error": f"{type(exc).__name__}: {exc}"})
+        return
+    while True:
+        try:
+            header, parts = _read(requests)
+        except EOFError:
+            return
+        cpu = time.process_time()
+        try:
+            rows = np.frombuffer(parts[0], dtype=np.float64).reshape(int(header["rows"]), int(header["dim"]))
+            blobs = list(encrypt_rows(contexts[int(header["key"])], rows, layout))
+        except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
+            _write(answers, {"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        _write(answers, {"cpu": time.process_time() - cpu}, tuple(blobs))
+
+
+def main() -> None:
+    """Entry point of ``python -m fedgat.crypto.encrypt_pool``: frames in on stdin, out on a private
+    copy of stdout (stdout itself then points at stderr, so that a stray print cannot corrupt a frame)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's to handle; its end is ours
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    try:
+        _serve(sys.stdin.buffer, answers)
+    except (BrokenPipeError, EOFError):
+        pass  # the client is gone
+
+
+if __name__ == "__main__":
+    main()
