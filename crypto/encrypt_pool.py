@@ -99,7 +99,9 @@ class _Worker:
     def __init__(self, index: int) -> None:
         self.index = index
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fedgat.crypto.encrypt_pool"],
+            # -P: the current directory does not go first on the worker's sys.path (a numpy.py there
+            # would shadow numpy in the workers only)
+            [sys.executable, "-P", "-m", "fedgat.crypto.encrypt_pool"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -108,6 +110,8 @@ class _Worker:
         self.stdin: IO[bytes] = self.process.stdin
         self.stdout: IO[bytes] = self.process.stdout
         self.ticket: int | None = None  # the batch in flight
+        self.rows = 0  # its rows
+        self.cpu = 0.0  # the worker's CPU seconds so far, as of its last answer
 
 
 def _stop(processes: list[subprocess.Popen]) -> None:
@@ -155,6 +159,8 @@ class EncryptionPool:
         self._queue: deque[tuple[int, int, np.ndarray]] = deque()  # (ticket, key, rows) not yet sent
         self._done: dict[int, tuple[list[bytes], float]] = {}
         self._next_ticket = 0
+        #: CPU seconds of the workers' start (interpreter, imports, contexts), not charged to a batch
+        self.start_cpu = 0.0
         keys = sorted(self.keys)
         init = {
             "op": "init",
@@ -163,14 +169,23 @@ class EncryptionPool:
             "keys": keys,
         }
         blobs = tuple(contexts[k].public_context_bytes() for k in keys)
+        processes: list[subprocess.Popen] = []
+        self._finalizer = weakref.finalize(self, _stop, processes)
         try:
-            self._workers = [_Worker(i) for i in range(workers)]  # all start importing at once
+            for i in range(workers):  # all start importing at once
+                self._workers.append(_Worker(i))
+                processes.append(self._workers[-1].process)
             for w in self._workers:
-                _write(w.stdin, init, blobs)
+                try:
+                    _write(w.stdin, init, blobs)
+                except OSError as exc:
+                    self._fail(w, f"it did not take its contexts ({exc})")
+            for w in self._workers:  # each says it holds the contexts, or why not
+                self._read_answer(w)
+                self.start_cpu += w.cpu
         except BaseException:
-            _stop([w.process for w in self._workers])
+            self.close()
             raise
-        self._finalizer = weakref.finalize(self, _stop, [w.process for w in self._workers])
 
     @property
     def workers(self) -> int:
@@ -213,12 +228,15 @@ class EncryptionPool:
 
     def result(self, ticket: int) -> tuple[list[bytes], float]:
         """The envelopes of ticket's rows (``encrypt_rows`` order) and the worker's CPU seconds for
-        them; waits for them. Each ticket's result is returned once.
+        them (framing included); waits for them. Each ticket's result is returned once.
 
         Raises:
             EncryptionWorkerError: a worker died or its encryption failed (the pool is closed).
             KeyError: an unknown ticket, or one already collected.
+            RuntimeError: the pool is closed.
         """
+        if self.closed:
+            raise RuntimeError("the encryption pool is closed")
         if ticket not in self._done and not self._pending(ticket):
             raise KeyError(f"no batch {ticket} in the encryption pool")
         while ticket not in self._done:
@@ -234,8 +252,10 @@ class EncryptionPool:
         self._dispatch()
         busy = {w.stdout.fileno(): w for w in self._workers if w.ticket is not None}
         if busy:
-            ready, _, _ = select.select(list(busy), [], [], None if block else 0.0)
-            for fd in ready:
+            poll = select.poll()  # not select.select: no limit on descriptor numbers
+            for fd in busy:
+                poll.register(fd, select.POLLIN)
+            for fd, _ in poll.poll(None if block else 0):
                 self._answer(busy[fd])
         self._dispatch()
 
@@ -246,21 +266,31 @@ class EncryptionPool:
             if w.ticket is None:
                 ticket, key, rows = self._queue.popleft()
                 n, d = rows.shape
+                w.rows = n
                 try:
                     _write(w.stdin, {"op": "encrypt", "key": key, "rows": n, "dim": d}, (rows.tobytes(),))
                 except OSError as exc:
                     self._fail(w, f"could not send it a batch ({exc})")
                 w.ticket = ticket
 
-    def _answer(self, w: _Worker) -> None:
+    def _read_answer(self, w: _Worker) -> list[bytes]:
+        """One answer of ``w`` (its envelopes); its CPU so far goes to ``w.cpu``."""
         try:
             header, blobs = _read(w.stdout)
         except (EOFError, OSError, ValueError) as exc:
             self._fail(w, f"its answer was cut short ({exc})")
         if "error" in header:
-            self._fail(w, f"it could not encrypt: {header['error']}")
+            self._fail(w, header["error"])
+        w.cpu = float(header["cpu"])
+        return blobs
+
+    def _answer(self, w: _Worker) -> None:
+        before = w.cpu
+        blobs = self._read_answer(w)
         assert w.ticket is not None
-        self._done[w.ticket] = (blobs, float(header["cpu"]))
+        if len(blobs) != w.rows * self.layout.chunks:
+            self._fail(w, f"{len(blobs)} envelopes for {w.rows} rows of {self.layout.chunks} chunks")
+        self._done[w.ticket] = (blobs, w.cpu - before)
         w.ticket = None
 
     def _fail(self, w: _Worker, what: str) -> NoReturn:
@@ -272,6 +302,9 @@ class EncryptionPool:
     def close(self) -> None:
         """Stop the workers (idempotent); batches not collected are dropped."""
         self._queue.clear()
+        self._done.clear()
+        for w in self._workers:
+            w.ticket = None
         self._finalizer()
 
     def __enter__(self) -> Self:
@@ -298,21 +331,22 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
             int(k): ServerContext.from_bytes(b, wire=wire) for k, b in zip(header["keys"], parts, strict=True)
         }
     except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
-        _write(answers, {"error": f"{type(exc).__name__}: {exc}"})
+        _write(answers, {"error": f"it refused its contexts: {type(exc).__name__}: {exc}"})
         return
+    _write(answers, {"cpu": time.process_time()})  # ready: start-up CPU (interpreter, imports, contexts)
     while True:
         try:
             header, parts = _read(requests)
         except EOFError:
             return
-        cpu = time.process_time()
         try:
             rows = np.frombuffer(parts[0], dtype=np.float64).reshape(int(header["rows"]), int(header["dim"]))
             blobs = list(encrypt_rows(contexts[int(header["key"])], rows, layout))
         except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
-            _write(answers, {"error": f"{type(exc).__name__}: {exc}"})
+            _write(answers, {"error": f"it could not encrypt: {type(exc).__name__}: {exc}"})
             continue
-        _write(answers, {"cpu": time.process_time() - cpu}, tuple(blobs))
+        # the CPU of everything so far: the client charges the difference to this batch
+        _write(answers, {"cpu": time.process_time()}, tuple(blobs))
 
 
 def main() -> None:
@@ -323,8 +357,8 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         _serve(sys.stdin.buffer, answers)
-    except (BrokenPipeError, EOFError):
-        pass  # the client is gone
+    except (BrokenPipeError, EOFError):  # the client is gone: nothing to flush or to say
+        os._exit(0)
 
 
 if __name__ == "__main__":

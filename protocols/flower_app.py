@@ -26,7 +26,9 @@ every party with queued frames, pull their replies) happens whenever the server 
 nothing queued locally and no streamed work (or more than ``flush-bytes`` queued). The client side
 delivers the frames in order, runs its party until it has no streamed work left (e.g. encrypts and
 uploads all its rows) and replies with every frame it produced. The protocol needs only per-pair
-FIFO order, which this keeps.
+FIFO order, which this keeps. A node config's ``encrypt-workers`` (default 0) lets its client encrypt
+those rows on that many processes of its own machine (:mod:`fedgat.crypto.encrypt_pool`; public keys
+only; the frames are the same).
 
 FedAvg: the protocol's own ``GlobalModel`` and secure-aggregation frames (``LocalUpdate`` and
 ``EvaluationReport`` only with secure aggregation off), not Flower's ``FedAvg`` strategy. One protocol end to end: signed updates bound to the session and the

@@ -93,8 +93,26 @@ def _client_data(cfg: FlowerRunConfig) -> tuple[Graph, Partition]:
     return graph, make_run_partition(graph, cfg)
 
 
+def _encrypt_workers(context: Context) -> int:
+    """The node's ``encrypt-workers`` (processes this client encrypts its uploads on; default 0, in the
+    ClientApp's process): the node's own resource, so its node config, never the run config, says."""
+    raw = context.node_config.get("encrypt-workers", 0)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0 or isinstance(raw, bool):
+        raise RemotePartyError(f"node config encrypt-workers must be a count >= 0, got {raw!r}")
+    return value
+
+
 def _new_pretrain_party(
-    pid: int, cfg: FlowerRunConfig, identity: Identity, roster: Roster, config: PretrainConfig
+    pid: int,
+    cfg: FlowerRunConfig,
+    identity: Identity,
+    roster: Roster,
+    config: PretrainConfig,
+    encrypt_workers: int = 0,
 ) -> ClientPretrain:
     """A client's pre-training party (:func:`fedgat.app.build_pretrain_client`)."""
     graph, partition = _client_data(cfg)
@@ -108,6 +126,7 @@ def _new_pretrain_party(
             identity,
             dtype=torch.float64,
             upload_batch=cfg.upload_batch,
+            encrypt_workers=encrypt_workers,
         )
     except ValueError as exc:  # the client owns no node
         raise RemotePartyError(str(exc)) from exc
@@ -213,7 +232,7 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
             embed_factor=int(c["embed_factor"]),
             wire=pinned,
         )
-        store.party = _new_pretrain_party(pid, cfg, identity, roster, config)
+        store.party = _new_pretrain_party(pid, cfg, identity, roster, config, _encrypt_workers(context))
     elif setup["phase"] == "rounds":
         pre = store.party
         if not isinstance(pre, ClientPretrain) or pre.encodings is None:

@@ -7,6 +7,7 @@ the encodings of the nodes it needs. See :mod:`fedgat.protocols.pretrain` for th
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -629,7 +630,7 @@ class ClientPretrain(Party):
                 if batch not in self._ahead and batch != (r, start):
                     self._ahead[batch] = pool.submit(batch[0], self._rows(*batch))
             blobs, worker_cpu = pool.result(ticket)
-        except EncryptionWorkerError:
+        except BaseException:  # a failed worker, or an interrupt mid-frame: this pool is done
             self._close_pool()
             self._pool_sized = False  # the next step starts a new pool
             raise
@@ -644,9 +645,20 @@ class ClientPretrain(Party):
             assert self.layout is not None
             encryptions = sum(len(v) for v in self.releases.values()) * self.layout.chunks
             workers = encrypt_pool_size(self.encrypt_workers, encryptions)
-            if workers:  # a pool that cannot start raises here, at every step: no silent fallback
+            if workers:
                 contexts = {r: self._peer_contexts[r] for r in self.releases}
-                self._pool = EncryptionPool(contexts, self.layout, workers)
+                try:
+                    self._pool = EncryptionPool(contexts, self.layout, workers)
+                except (EncryptionWorkerError, OSError) as exc:  # same messages either way: go on here
+                    warnings.warn(
+                        f"client {self.party_id}: its {workers} encryption workers did not start ({exc}); "
+                        "it encrypts in its own process",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                else:
+                    self.cpu_timings["encrypt"] += self._pool.start_cpu
+                    self.encrypt_worker_cpu += self._pool.start_cpu
             self._pool_sized = True
         return self._pool
 

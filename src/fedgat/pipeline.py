@@ -255,14 +255,17 @@ class _Progress:
                 bar.close()
 
 
-def resolve_encrypt_workers(value: int | str, clients: int, transport: Transport) -> int:
+def resolve_encrypt_workers(
+    value: int | str, clients: int, transport: Transport, *, windowed: bool = False
+) -> int:
     """``encrypt_workers`` as a number: ``"auto"`` is :func:`fedgat.app.auto_encrypt_workers` for this
     machine's usable cores and the clients ``transport`` runs at once (the in-process driver steps
-    one client at a time; an engine runs them all)."""
+    one client at a time, unless the uploads are ``windowed``: then every client waits for grants
+    with its pool started; an engine runs them all)."""
     if value == "auto":
         from fedgat.protocols.process_engine import usable_cores
 
-        concurrent = 1 if isinstance(transport, InProcessTransport) else clients
+        concurrent = 1 if isinstance(transport, InProcessTransport) and not windowed else clients
         return auto_encrypt_workers(usable_cores(), concurrent)
     if isinstance(value, str) or int(value) < 0:
         raise ValueError(f"encrypt_workers must be 'auto' or a count >= 0, got {value!r}")
@@ -350,7 +353,9 @@ def run_encrypted_pretraining(
         predictors=predictors,
         wire=wire,
         upload_window=upload_window,
-        encrypt_workers=resolve_encrypt_workers(encrypt_workers, partition.num_clients, transport),
+        encrypt_workers=resolve_encrypt_workers(
+            encrypt_workers, partition.num_clients, transport, windowed=upload_window is not None
+        ),
     )
     bars = _Progress(parties, progress)
     server = parties.server

@@ -121,21 +121,22 @@ def test_a_worker_refuses_a_context_with_a_secret_key(holder, rows):
             return holder.secret_context_bytes()
 
     layout = SlotLayout.for_dimension(D, holder.slots)
-    with EncryptionPool({3: Leaky()}, layout, 1) as pool:  # type: ignore[dict-item]
-        with pytest.raises(EncryptionWorkerError, match="NotPublicContextError"):
-            pool.result(pool.submit(3, rows[:1]))  # submit may already read the refusal
-        assert pool.closed
+    with pytest.raises(EncryptionWorkerError, match="refused its contexts: NotPublicContextError"):
+        EncryptionPool({3: Leaky()}, layout, 2)  # type: ignore[dict-item]
 
 
 def test_closing_or_dropping_a_pool_ends_its_workers(two_keys, rows):
     _, pubs = two_keys
     layout = SlotLayout.for_dimension(D, pubs[3].slots)
     pool = EncryptionPool(pubs, layout, 2)
+    assert pool.start_cpu > 0  # the workers' start-up, reported with their ready answers
     pids = pool.pids
-    pool.submit(3, rows)  # a batch left uncollected
+    ticket = pool.submit(3, rows)  # a batch left uncollected
     pool.close()
     pool.close()  # idempotent
     assert _gone(pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.result(ticket)
     dropped = EncryptionPool(pubs, layout, 1)
     pids = dropped.pids
     del dropped
@@ -196,3 +197,21 @@ def test_a_pool_starts_inside_a_daemonic_host_that_refuses_pickles(holder, rows)
     assert len(blobs) == 6 * layout.chunks and host.exitcode == 0
     got = decrypt_rows(holder, blobs, 6, layout, kind="fresh")
     np.testing.assert_allclose(got, rows[:6], atol=1e-6)
+
+
+def test_workers_that_cannot_start_raise_a_typed_error_and_leave_nothing_behind(two_keys, monkeypatch):
+    from fedgat.crypto import encrypt_pool
+
+    _, pubs = two_keys
+    started = []
+    popen = encrypt_pool.subprocess.Popen
+
+    def broken(args, **kwargs):  # an interpreter that exits at once, as one that cannot import would
+        p = popen(["/bin/sh", "-c", "exit 3"], **kwargs)
+        started.append(p.pid)
+        return p
+
+    monkeypatch.setattr(encrypt_pool.subprocess, "Popen", broken)
+    with pytest.raises(EncryptionWorkerError, match="encryption worker 0"):
+        EncryptionPool(pubs, SlotLayout.for_dimension(D, pubs[3].slots), 2)
+    assert len(started) == 2 and _gone(started)

@@ -748,3 +748,43 @@ def test_deployment_conforms(fed, training_reference, deployment):
     )
     assert summary["roster_pinned"] is False and len(summary["party_nodes"]) == CLIENTS
     check_flower_run(fed, training_reference, summary, encodings, weights)
+
+
+def test_a_node_encrypts_on_the_workers_its_node_config_allows(
+    fed, training_reference, tmp_path, monkeypatch
+):
+    """``encrypt-workers`` in a node's config: its client encrypts on a pool of its own processes
+    (the tiny round's uploads made worth a pool of 2 here), and the run is the one without pools."""
+    from fedgat.crypto import encrypt_pool
+    from fedgat.protocols.flower_app import FlowerRunConfig, run_server
+
+    monkeypatch.setattr(encrypt_pool, "MIN_ENCRYPTIONS_PER_WORKER", 1)
+    started = []
+    init = encrypt_pool.EncryptionPool.__init__
+
+    def record(self, contexts, layout, workers):
+        init(self, contexts, layout, workers)
+        started.append(workers)
+
+    monkeypatch.setattr(encrypt_pool.EncryptionPool, "__init__", record)
+    out = tmp_path / "out"
+    nodes = [
+        {"partition-id": c, "num-partitions": CLIENTS, "output-dir": str(out / f"client{c}")}
+        | ({"encrypt-workers": 2} if c == 0 else {})
+        for c in range(CLIENTS)
+    ]
+    run_config = {**RUN_CONFIG, "output-dir": str(out / "server")}
+    grid = _InProcessGrid(run_config, nodes)
+    run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    assert started == [2]  # node 0 only
+    check_flower_run(fed, training_reference, *_read_outputs(out))
+
+
+@pytest.mark.parametrize("bad", [-1, "two", True])
+def test_a_node_refuses_a_bad_encrypt_workers(bad):
+    from types import SimpleNamespace
+
+    from fedgat.protocols.flower_client import RemotePartyError, _encrypt_workers
+
+    with pytest.raises(RemotePartyError, match="encrypt-workers"):
+        _encrypt_workers(SimpleNamespace(node_config={"encrypt-workers": bad}))  # type: ignore[arg-type]

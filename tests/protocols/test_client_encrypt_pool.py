@@ -142,6 +142,24 @@ def test_resolve_encrypt_workers(monkeypatch):
     assert resolve_encrypt_workers("auto", 10, InProcessTransport()) == 16
     assert resolve_encrypt_workers("auto", 10, object()) == 4  # type: ignore[arg-type]
     assert resolve_encrypt_workers(3, 10, InProcessTransport()) == 3
+    # paced uploads: every in-process client holds its pool while it waits for grants
+    assert resolve_encrypt_workers("auto", 10, InProcessTransport(), windowed=True) == 4
     for bad in (-1, "many"):
         with pytest.raises(ValueError, match="encrypt_workers"):
             resolve_encrypt_workers(bad, 10, InProcessTransport())
+
+
+def test_a_client_whose_pool_cannot_start_warns_and_encrypts_in_its_own_process(
+    tiny_graph, tiny_partition, pools, monkeypatch
+):
+    popen = encrypt_pool.subprocess.Popen
+    monkeypatch.setattr(
+        encrypt_pool.subprocess, "Popen", lambda args, **kw: popen(["/bin/sh", "-c", "exit 3"], **kw)
+    )
+    h = Harness(tiny_graph, tiny_partition, upload_batch=3, encrypt_workers=2).start()
+    with pytest.warns(RuntimeWarning, match="encrypts in its own process"):
+        h.run()
+    assert pools == []  # none started
+    assert all(p.done for p in h.parties.all().values())
+    got = {c: h.client(c).encodings for c in h.roster.clients}
+    assert max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", seed=1)) <= TOL
