@@ -43,17 +43,33 @@ from .context import CkksContext
 from .errors import CryptoError
 from .packing import SlotLayout
 
-__all__ = ["MIN_ENCRYPTIONS_PER_WORKER", "EncryptionPool", "EncryptionWorkerError", "encrypt_pool_size"]
+__all__ = [
+    "MIN_ENCRYPTIONS_PER_WORKER",
+    "EncryptionPool",
+    "EncryptionWorkerError",
+    "EncryptionWorkerStartError",
+    "encrypt_pool_size",
+]
 
 #: a worker's start (interpreter, numpy, TenSEAL, the contexts: ~0.4 s) is worth it from about this
 #: many encryptions (~1.1 s of one core at n4096)
 MIN_ENCRYPTIONS_PER_WORKER = 256
+#: seconds a worker may take to start and load its contexts, and to answer one batch
+START_TIMEOUT = 120.0
+BATCH_TIMEOUT = 600.0
 _HEADER = struct.Struct("<I")
 _MAX_HEADER_BYTES = 1 << 20
 
 
 class EncryptionWorkerError(CryptoError):
-    """An encryption worker failed (it died, or its encryption raised): the batch is lost."""
+    """An encryption worker failed (it died, refused its contexts, its encryption raised, or it did
+    not answer in time): the pool is closed and its batches are lost."""
+
+
+class EncryptionWorkerStartError(EncryptionWorkerError):
+    """A worker could not start at all (no process, or it ended before answering its contexts): the
+    caller may encrypt in its own process instead. A worker that *refuses* its contexts is an
+    :class:`EncryptionWorkerError`, not this: that is a bug to report, not a machine to work around."""
 
 
 def encrypt_pool_size(requested: int, encryptions: int) -> int:
@@ -67,7 +83,27 @@ def encrypt_pool_size(requested: int, encryptions: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ framing
+def _frame(header: dict, parts: tuple[bytes | memoryview, ...] = ()) -> bytes:
+    head = json.dumps({**header, "sizes": [len(p) for p in parts]}).encode()
+    return b"".join([_HEADER.pack(len(head)), head, *parts])
+
+
+def _send(fd: int, data: bytes, deadline: float) -> None:
+    """Write ``data`` to the non-blocking pipe ``fd`` by ``deadline`` (TimeoutError): a worker that
+    stops reading cannot block its client."""
+    view = memoryview(data)
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            if not poll.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                raise TimeoutError("the worker did not read its input in time") from None
+
+
 def _write(stream: IO[bytes], header: dict, parts: tuple[bytes | memoryview, ...] = ()) -> None:
+    """A worker's answer (blocking: its client reads every answer it waits for)."""
     head = json.dumps({**header, "sizes": [len(p) for p in parts]}).encode()
     stream.write(_HEADER.pack(len(head)) + head)
     for part in parts:
@@ -87,9 +123,11 @@ def _read(stream: IO[bytes]) -> tuple[dict, list[bytes]]:
     raw = stream.read(_HEADER.size)
     if not raw:
         raise EOFError("end of stream")
-    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size - len(raw)) if len(raw) < _HEADER.size else raw)
+    if len(raw) < _HEADER.size:
+        raw += _read_exact(stream, _HEADER.size - len(raw))
+    (size,) = _HEADER.unpack(raw)
     if size > _MAX_HEADER_BYTES:
-        raise EncryptionWorkerError(f"frame header of {size} bytes")
+        raise ValueError(f"frame header of {size} bytes")
     header = json.loads(_read_exact(stream, size))
     return header, [_read_exact(stream, int(n)) for n in header.pop("sizes")]
 
@@ -107,7 +145,8 @@ class _Worker:
             close_fds=True,
         )
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.stdin: IO[bytes] = self.process.stdin
+        self.stdin = self.process.stdin.fileno()
+        os.set_blocking(self.stdin, False)  # written with deadlines (_send)
         self.stdout: IO[bytes] = self.process.stdout
         self.ticket: int | None = None  # the batch in flight
         self.rows = 0  # its rows
@@ -173,15 +212,23 @@ class EncryptionPool:
         self._finalizer = weakref.finalize(self, _stop, processes)
         try:
             for i in range(workers):  # all start importing at once
-                self._workers.append(_Worker(i))
+                try:
+                    self._workers.append(_Worker(i))
+                except OSError as exc:
+                    raise EncryptionWorkerStartError(f"encryption worker {i} did not start: {exc}") from exc
                 processes.append(self._workers[-1].process)
+            deadline = time.monotonic() + START_TIMEOUT
+            frame = _frame(init, blobs)
             for w in self._workers:
                 try:
-                    _write(w.stdin, init, blobs)
+                    _send(w.stdin, frame, deadline)
+                except TimeoutError:
+                    self._fail(w, f"it did not take its contexts within {START_TIMEOUT:g} s of its start")
                 except OSError as exc:
-                    self._fail(w, f"it did not take its contexts ({exc})")
+                    self._fail(w, f"it ended before taking its contexts ({exc})", EncryptionWorkerStartError)
             for w in self._workers:  # each says it holds the contexts, or why not
-                self._read_answer(w)
+                self._wait(w, deadline)
+                self._read_answer(w, starting=True)
                 self.start_cpu += w.cpu
         except BaseException:
             self.close()
@@ -231,7 +278,8 @@ class EncryptionPool:
         them (framing included); waits for them. Each ticket's result is returned once.
 
         Raises:
-            EncryptionWorkerError: a worker died or its encryption failed (the pool is closed).
+            EncryptionWorkerError: a worker died, its encryption failed, or no worker answered
+                within :data:`BATCH_TIMEOUT` (the pool is closed).
             KeyError: an unknown ticket, or one already collected.
             RuntimeError: the pool is closed.
         """
@@ -240,24 +288,37 @@ class EncryptionPool:
         if ticket not in self._done and not self._pending(ticket):
             raise KeyError(f"no batch {ticket} in the encryption pool")
         while ticket not in self._done:
-            self._collect(block=True)
+            if not self._collect(block=True):
+                late = next(w for w in self._workers if w.ticket is not None)
+                self._fail(late, f"no answer within {BATCH_TIMEOUT:g} s")
         return self._done.pop(ticket)
 
     def _pending(self, ticket: int) -> bool:
         return any(t == ticket for t, _, _ in self._queue) or any(w.ticket == ticket for w in self._workers)
 
-    def _collect(self, *, block: bool) -> None:
-        """Read every answer that is ready (with ``block``, wait for one first), then hand the freed
-        workers the next queued batches."""
+    def _collect(self, *, block: bool) -> bool:
+        """Read every answer that is ready (with ``block``, wait up to :data:`BATCH_TIMEOUT` for one
+        first), then hand the freed workers the next queued batches. False: a blocking wait that
+        got no answer."""
         self._dispatch()
         busy = {w.stdout.fileno(): w for w in self._workers if w.ticket is not None}
+        ready = []
         if busy:
             poll = select.poll()  # not select.select: no limit on descriptor numbers
             for fd in busy:
                 poll.register(fd, select.POLLIN)
-            for fd, _ in poll.poll(None if block else 0):
+            ready = poll.poll(BATCH_TIMEOUT * 1000 if block else 0)
+            for fd, _ in ready:
                 self._answer(busy[fd])
         self._dispatch()
+        return bool(ready) or not block
+
+    def _wait(self, w: _Worker, deadline: float) -> None:
+        """Wait until ``w`` has something to say (its ready answer), at most until ``deadline``."""
+        poll = select.poll()
+        poll.register(w.stdout.fileno(), select.POLLIN)
+        if not poll.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            self._fail(w, f"no answer within {START_TIMEOUT:g} s of its start")
 
     def _dispatch(self) -> None:
         for w in self._workers:
@@ -267,21 +328,30 @@ class EncryptionPool:
                 ticket, key, rows = self._queue.popleft()
                 n, d = rows.shape
                 w.rows = n
+                frame = _frame({"op": "encrypt", "key": key, "rows": n, "dim": d}, (rows.tobytes(),))
                 try:
-                    _write(w.stdin, {"op": "encrypt", "key": key, "rows": n, "dim": d}, (rows.tobytes(),))
+                    _send(w.stdin, frame, time.monotonic() + BATCH_TIMEOUT)
+                except TimeoutError:
+                    self._fail(w, f"it did not take a batch within {BATCH_TIMEOUT:g} s")
                 except OSError as exc:
                     self._fail(w, f"could not send it a batch ({exc})")
                 w.ticket = ticket
 
-    def _read_answer(self, w: _Worker) -> list[bytes]:
-        """One answer of ``w`` (its envelopes); its CPU so far goes to ``w.cpu``."""
+    def _read_answer(self, w: _Worker, *, starting: bool = False) -> list[bytes]:
+        """One answer of ``w`` (its envelopes); its CPU so far goes to ``w.cpu``. ``starting``: its
+        first answer (the stream ending before it means the worker did not start)."""
         try:
             header, blobs = _read(w.stdout)
-        except (EOFError, OSError, ValueError) as exc:
-            self._fail(w, f"its answer was cut short ({exc})")
-        if "error" in header:
-            self._fail(w, header["error"])
-        w.cpu = float(header["cpu"])
+            if not isinstance(header, dict):
+                raise TypeError(f"a {type(header).__name__} header")
+            if "error" in header:
+                self._fail(w, str(header["error"]))
+            w.cpu = float(header["cpu"])
+        except EOFError as exc:
+            kind = EncryptionWorkerStartError if starting else None
+            self._fail(w, f"it ended without an answer ({exc})", kind)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._fail(w, f"its answer is not a frame ({type(exc).__name__}: {exc})")
         return blobs
 
     def _answer(self, w: _Worker) -> None:
@@ -293,11 +363,13 @@ class EncryptionPool:
         self._done[w.ticket] = (blobs, w.cpu - before)
         w.ticket = None
 
-    def _fail(self, w: _Worker, what: str) -> NoReturn:
-        code = w.process.poll()
-        self.close()
+    def _fail(self, w: _Worker, what: str, kind: type[EncryptionWorkerError] | None = None) -> NoReturn:
+        self.close()  # waits for the workers (killing those that do not end): their status is known
+        code = w.process.returncode
         ended = "" if code is None else f" (exit status {code})"
-        raise EncryptionWorkerError(f"encryption worker {w.index} (pid {w.process.pid}){ended}: {what}")
+        raise (kind or EncryptionWorkerError)(
+            f"encryption worker {w.index} (pid {w.process.pid}){ended}: {what}"
+        )
 
     def close(self) -> None:
         """Stop the workers (idempotent); batches not collected are dropped."""

@@ -97,13 +97,11 @@ def _encrypt_workers(context: Context) -> int:
     """The node's ``encrypt-workers`` (processes this client encrypts its uploads on; default 0, in the
     ClientApp's process): the node's own resource, so its node config, never the run config, says."""
     raw = context.node_config.get("encrypt-workers", 0)
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = -1
-    if value < 0 or isinstance(raw, bool):
-        raise RemotePartyError(f"node config encrypt-workers must be a count >= 0, got {raw!r}")
-    return value
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return raw
+    if isinstance(raw, str) and raw.strip().isdigit():
+        return int(raw)
+    raise RemotePartyError(f"node config encrypt-workers must be a count >= 0, got {raw!r}")
 
 
 def _new_pretrain_party(

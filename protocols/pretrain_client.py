@@ -25,7 +25,7 @@ from fedgat.crypto import (
     decrypt_rows,
     encrypt_rows,
 )
-from fedgat.crypto.encrypt_pool import EncryptionPool, EncryptionWorkerError, encrypt_pool_size
+from fedgat.crypto.encrypt_pool import EncryptionPool, EncryptionWorkerStartError, encrypt_pool_size
 from fedgat.crypto.tags import CheckKeys, ResultCheckError, check_share, prf_tags, tag_columns
 from fedgat.dp import LabelPredictor
 from fedgat.dp_ledger import DPLedger, dataset_id
@@ -649,7 +649,7 @@ class ClientPretrain(Party):
                 contexts = {r: self._peer_contexts[r] for r in self.releases}
                 try:
                     self._pool = EncryptionPool(contexts, self.layout, workers)
-                except (EncryptionWorkerError, OSError) as exc:  # same messages either way: go on here
+                except EncryptionWorkerStartError as exc:  # no workers on this machine: same messages here
                     warnings.warn(
                         f"client {self.party_id}: its {workers} encryption workers did not start ({exc}); "
                         "it encrypts in its own process",

@@ -17,6 +17,7 @@ from fedgat.crypto.encrypt_pool import (
     MIN_ENCRYPTIONS_PER_WORKER,
     EncryptionPool,
     EncryptionWorkerError,
+    EncryptionWorkerStartError,
     encrypt_pool_size,
 )
 
@@ -121,8 +122,9 @@ def test_a_worker_refuses_a_context_with_a_secret_key(holder, rows):
             return holder.secret_context_bytes()
 
     layout = SlotLayout.for_dimension(D, holder.slots)
-    with pytest.raises(EncryptionWorkerError, match="refused its contexts: NotPublicContextError"):
+    with pytest.raises(EncryptionWorkerError, match="refused its contexts: NotPublicContextError") as exc:
         EncryptionPool({3: Leaky()}, layout, 2)  # type: ignore[dict-item]
+    assert not isinstance(exc.value, EncryptionWorkerStartError)  # a bug to report, not to work around
 
 
 def test_closing_or_dropping_a_pool_ends_its_workers(two_keys, rows):
@@ -212,6 +214,29 @@ def test_workers_that_cannot_start_raise_a_typed_error_and_leave_nothing_behind(
         return p
 
     monkeypatch.setattr(encrypt_pool.subprocess, "Popen", broken)
-    with pytest.raises(EncryptionWorkerError, match="encryption worker 0"):
+    with pytest.raises(
+        EncryptionWorkerStartError, match=r"encryption worker 0 \(pid \d+\) \(exit status 3\)"
+    ):
         EncryptionPool(pubs, SlotLayout.for_dimension(D, pubs[3].slots), 2)
     assert len(started) == 2 and _gone(started)
+
+
+def test_a_worker_that_hangs_at_start_cannot_block_its_client(two_keys, monkeypatch):
+    from fedgat.crypto import encrypt_pool
+
+    _, pubs = two_keys
+    started = []
+    popen = encrypt_pool.subprocess.Popen
+
+    def hung(args, **kwargs):  # reads nothing, answers nothing
+        p = popen(["/bin/sh", "-c", "exec sleep 60"], **kwargs)
+        started.append(p.pid)
+        return p
+
+    monkeypatch.setattr(encrypt_pool.subprocess, "Popen", hung)
+    monkeypatch.setattr(encrypt_pool, "START_TIMEOUT", 0.5)
+    clock = time.monotonic()
+    with pytest.raises(EncryptionWorkerError, match=r"within 0.5 s") as exc:
+        EncryptionPool(pubs, SlotLayout.for_dimension(D, pubs[3].slots), 2)
+    assert not isinstance(exc.value, EncryptionWorkerStartError)
+    assert time.monotonic() - clock < 10 and _gone(started)  # killed, not waited for

@@ -780,7 +780,17 @@ def test_a_node_encrypts_on_the_workers_its_node_config_allows(
     check_flower_run(fed, training_reference, *_read_outputs(out))
 
 
-@pytest.mark.parametrize("bad", [-1, "two", True])
+@pytest.mark.parametrize(("given", "want"), [(3, 3), ("2", 2), (0, 0)])
+def test_a_node_reads_encrypt_workers(given, want):
+    from types import SimpleNamespace
+
+    from fedgat.protocols.flower_client import _encrypt_workers
+
+    assert _encrypt_workers(SimpleNamespace(node_config={"encrypt-workers": given})) == want  # type: ignore[arg-type]
+    assert _encrypt_workers(SimpleNamespace(node_config={})) == 0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [-1, "two", True, 2.7, float("inf"), "-1"])
 def test_a_node_refuses_a_bad_encrypt_workers(bad):
     from types import SimpleNamespace
 

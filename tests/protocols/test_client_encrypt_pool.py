@@ -60,8 +60,10 @@ def test_clients_on_encryption_pools_send_the_same_uploads_and_get_the_same_enco
     assert _uploads(pooled) == _uploads(inline)
     got = {c: pooled.client(c).encodings for c in pooled.roster.clients}
     assert max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", seed=1)) <= TOL
-    # the workers' CPU is charged to the client's encryption
-    assert all(pooled.client(c).cpu_timings["encrypt"] > 0 for c in pooled.roster.clients)
+    # the workers' CPU (their start-up included) is charged to the client's encryption
+    spent = [pooled.client(c).encrypt_worker_cpu for c in pooled.roster.clients]
+    assert sum(spent) >= sum(p.start_cpu for p in pools) > 0 and all(x > 0 for x in spent)
+    assert all(pooled.client(c).cpu_timings["encrypt"] >= x for c, x in zip(pooled.roster.clients, spent))
 
 
 def test_a_failed_pool_leaves_the_batch_queued_and_the_next_step_starts_a_new_one(
