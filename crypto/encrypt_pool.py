@@ -2,7 +2,7 @@ r"""A client's encryptions on several cores: worker processes that hold only pub
 
 TenSEAL holds the GIL while it encrypts (two threads encrypting take as long as one), so a client
 that wants more than one core for its uploads needs processes. :class:`EncryptionPool` starts
-``workers`` of them (``python -m fedgat.crypto.encrypt_pool``), hands each the recipients' *public*
+``workers`` of them (``python -P -m fedgat.crypto.encrypt_pool``), hands each the recipients' *public*
 contexts once, then sends batches of rows and reads back their envelopes -- exactly what
 :func:`~fedgat.crypto.packing.encrypt_rows` makes in the client's own process, one envelope per
 (row, chunk), node-major. The secret key never reaches a worker: a worker can encrypt for a
@@ -13,7 +13,15 @@ party hosts, which are daemonic (multiprocessing forbids them children) and refu
 workers here speak length-prefixed frames over their stdin / a private copy of their stdout (a JSON
 header and raw parts: float64 rows in, envelopes out), and read nothing else. A worker exits at the
 end of its input, so it never outlives the process that started it (a crash or a kill of the client
-closes the pipe); :meth:`EncryptionPool.close` stops them at once.
+closes the pipe); :meth:`EncryptionPool.close` stops them at once (killing any that do not end).
+
+Start and failures: each worker answers its contexts ("ready", with the CPU its start took, or why
+not), so the constructor knows every worker holds them. A worker that cannot start at all raises
+:class:`EncryptionWorkerStartError` (a caller may then encrypt in its own process); one that refuses
+its contexts, dies, fails a batch or does not answer in time (:data:`START_TIMEOUT`,
+:data:`BATCH_TIMEOUT`; requests are written without blocking, against the same deadlines) raises
+:class:`EncryptionWorkerError` and the pool is closed. Every answer carries the worker's CPU so far:
+:meth:`EncryptionPool.result` returns each batch's share, :attr:`EncryptionPool.start_cpu` the rest.
 
 Scheduling: one batch in flight per worker (a second request could block on a pipe the worker
 fills with its previous answer), the rest queued here in submission order; every call drains the
