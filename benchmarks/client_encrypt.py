@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -34,10 +33,6 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run(
@@ -53,8 +48,9 @@ def run(
     from fedgat.benchmarks.layer_speed import cpu_model
     from fedgat.crypto import KeyHolderContext, ServerContext, SlotLayout, decrypt_rows, encrypt_rows
     from fedgat.crypto.encrypt_pool import EncryptionPool
+    from fedgat.protocols.process_engine import usable_cores
 
-    cores = _cores()
+    cores = usable_cores()
     workers = workers or sorted({2, cores})
     holders = [KeyHolderContext.generate(preset, wire=wire) for _ in range(recipients)]
     pubs = {r: ServerContext.from_bytes(h.public_context_bytes(), wire=wire) for r, h in enumerate(holders)}

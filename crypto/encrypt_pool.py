@@ -10,8 +10,9 @@ recipient, never decrypt anything.
 
 Why plain subprocesses and not :mod:`multiprocessing`: the pool must run inside the process engine's
 party hosts, which are daemonic (multiprocessing forbids them children) and refuse pickles; the
-workers here speak length-prefixed frames over their stdin / a private copy of their stdout (a JSON
-header and raw parts: float64 rows in, envelopes out), and read nothing else. A worker exits at the
+workers here speak length-prefixed frames over their stdin / a private copy of their stdout, each
+a value in the process engine's worker encoding (:func:`fedgat.process_worker.encode_parts`: a JSON
+header, ``bytes`` raw; float64 rows in, envelopes out), and read nothing else. A worker exits at the
 end of its input, so it never outlives the process that started it (a crash or a kill of the client
 closes the pipe); :meth:`EncryptionPool.close` stops them at once (killing any that do not end).
 
@@ -32,7 +33,6 @@ every worker busy while it waits for the next batch.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -46,6 +46,8 @@ from collections.abc import Mapping
 from typing import IO, NoReturn, Self
 
 import numpy as np
+
+from fedgat.process_worker import WireError, decode, encode_parts
 
 from .context import CkksContext
 from .errors import CryptoError
@@ -65,8 +67,9 @@ MIN_ENCRYPTIONS_PER_WORKER = 256
 #: seconds a worker may take to start and load its contexts, and to answer one batch
 START_TIMEOUT = 120.0
 BATCH_TIMEOUT = 600.0
-_HEADER = struct.Struct("<I")
-_MAX_HEADER_BYTES = 1 << 20
+_LENGTH = struct.Struct("<Q")
+#: the largest frame read (a batch's answer is ~8 MB at Cora's width): longer is not a worker's frame
+_MAX_FRAME_BYTES = 1 << 31
 
 
 class EncryptionWorkerError(CryptoError):
@@ -91,15 +94,17 @@ def encrypt_pool_size(requested: int, encryptions: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ framing
-def _frame(header: dict, parts: tuple[bytes | memoryview, ...] = ()) -> bytes:
-    head = json.dumps({**header, "sizes": [len(p) for p in parts]}).encode()
-    return b"".join([_HEADER.pack(len(head)), head, *parts])
+def _frame(value: dict) -> list[bytes | bytearray | memoryview]:
+    """``value`` in the process engine's worker encoding (:func:`fedgat.process_worker.encode_parts`:
+    a JSON header, ``bytes`` values raw), after its length."""
+    parts = encode_parts(value)
+    return [_LENGTH.pack(sum(memoryview(p).nbytes for p in parts)), *parts]
 
 
-def _send(fd: int, data: bytes, deadline: float) -> None:
-    """Write ``data`` to the non-blocking pipe ``fd`` by ``deadline`` (TimeoutError): a worker that
-    stops reading cannot block its client."""
-    view = memoryview(data)
+def _send(fd: int, value: dict, deadline: float) -> None:
+    """Write ``value``'s frame to the non-blocking pipe ``fd`` by ``deadline`` (TimeoutError): a
+    worker that stops reading cannot block its client."""
+    view = memoryview(b"".join(_frame(value)))
     poll = select.poll()
     poll.register(fd, select.POLLOUT)
     while view:
@@ -110,11 +115,9 @@ def _send(fd: int, data: bytes, deadline: float) -> None:
                 raise TimeoutError("the worker did not read its input in time") from None
 
 
-def _write(stream: IO[bytes], header: dict, parts: tuple[bytes | memoryview, ...] = ()) -> None:
+def _write(stream: IO[bytes], value: dict) -> None:
     """A worker's answer (blocking: its client reads every answer it waits for)."""
-    head = json.dumps({**header, "sizes": [len(p) for p in parts]}).encode()
-    stream.write(_HEADER.pack(len(head)) + head)
-    for part in parts:
+    for part in _frame(value):
         stream.write(part)
     stream.flush()
 
@@ -126,18 +129,21 @@ def _read_exact(stream: IO[bytes], n: int) -> bytes:
     return data
 
 
-def _read(stream: IO[bytes]) -> tuple[dict, list[bytes]]:
-    """One frame (EOFError at a clean end of the stream)."""
-    raw = stream.read(_HEADER.size)
+def _read(stream: IO[bytes]) -> dict:
+    """One frame's value (EOFError at a clean end of the stream; WireError, a ValueError, for bytes
+    that are not a frame)."""
+    raw = stream.read(_LENGTH.size)
     if not raw:
         raise EOFError("end of stream")
-    if len(raw) < _HEADER.size:
-        raw += _read_exact(stream, _HEADER.size - len(raw))
-    (size,) = _HEADER.unpack(raw)
-    if size > _MAX_HEADER_BYTES:
-        raise ValueError(f"frame header of {size} bytes")
-    header = json.loads(_read_exact(stream, size))
-    return header, [_read_exact(stream, int(n)) for n in header.pop("sizes")]
+    if len(raw) < _LENGTH.size:
+        raw += _read_exact(stream, _LENGTH.size - len(raw))
+    (size,) = _LENGTH.unpack(raw)
+    if size > _MAX_FRAME_BYTES:
+        raise WireError(f"a frame of {size} bytes")
+    value = decode(_read_exact(stream, size))
+    if not isinstance(value, dict):
+        raise WireError(f"a frame holds a {type(value).__name__}, not a dict")
+    return value
 
 
 # ------------------------------------------------------------------------------------------- pool
@@ -213,9 +219,8 @@ class EncryptionPool:
             "op": "init",
             "wire": wires.pop(),
             "layout": [layout.d, layout.slots, layout.chunks],
-            "keys": keys,
+            "contexts": [[k, contexts[k].public_context_bytes()] for k in keys],
         }
-        blobs = tuple(contexts[k].public_context_bytes() for k in keys)
         processes: list[subprocess.Popen] = []
         self._finalizer = weakref.finalize(self, _stop, processes)
         try:
@@ -226,10 +231,9 @@ class EncryptionPool:
                     raise EncryptionWorkerStartError(f"encryption worker {i} did not start: {exc}") from exc
                 processes.append(self._workers[-1].process)
             deadline = time.monotonic() + START_TIMEOUT
-            frame = _frame(init, blobs)
             for w in self._workers:
                 try:
-                    _send(w.stdin, frame, deadline)
+                    _send(w.stdin, init, deadline)
                 except TimeoutError:
                     self._fail(w, f"it did not take its contexts within {START_TIMEOUT:g} s of its start")
                 except OSError as exc:
@@ -336,9 +340,9 @@ class EncryptionPool:
                 ticket, key, rows = self._queue.popleft()
                 n, d = rows.shape
                 w.rows = n
-                frame = _frame({"op": "encrypt", "key": key, "rows": n, "dim": d}, (rows.tobytes(),))
+                request = {"op": "encrypt", "key": key, "shape": [n, d], "rows": rows.tobytes()}
                 try:
-                    _send(w.stdin, frame, time.monotonic() + BATCH_TIMEOUT)
+                    _send(w.stdin, request, time.monotonic() + BATCH_TIMEOUT)
                 except TimeoutError:
                     self._fail(w, f"it did not take a batch within {BATCH_TIMEOUT:g} s")
                 except OSError as exc:
@@ -349,12 +353,11 @@ class EncryptionPool:
         """One answer of ``w`` (its envelopes); its CPU so far goes to ``w.cpu``. ``starting``: its
         first answer (the stream ending before it means the worker did not start)."""
         try:
-            header, blobs = _read(w.stdout)
-            if not isinstance(header, dict):
-                raise TypeError(f"a {type(header).__name__} header")
-            if "error" in header:
-                self._fail(w, str(header["error"]))
-            w.cpu = float(header["cpu"])
+            answer = _read(w.stdout)
+            if "error" in answer:
+                self._fail(w, str(answer["error"]))
+            w.cpu = float(answer["cpu"])
+            blobs = list(answer.get("blobs", []))
         except EOFError as exc:
             kind = EncryptionWorkerStartError if starting else None
             self._fail(w, f"it ended without an answer ({exc})", kind)
@@ -401,32 +404,32 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
     from .context import ServerContext
     from .packing import encrypt_rows
 
-    header, parts = _read(requests)
+    init = _read(requests)
     try:
-        if header.get("op") != "init":
-            raise ValueError(f"expected an init frame, got {header.get('op')!r}")
-        wire = str(header["wire"])
-        layout = SlotLayout(*(int(x) for x in header["layout"]))
-        contexts = {
-            int(k): ServerContext.from_bytes(b, wire=wire) for k, b in zip(header["keys"], parts, strict=True)
-        }
+        if init.get("op") != "init":
+            raise ValueError(f"expected an init frame, got {init.get('op')!r}")
+        wire = str(init["wire"])
+        layout = SlotLayout(*(int(x) for x in init["layout"]))
+        contexts = {int(k): ServerContext.from_bytes(b, wire=wire) for k, b in init["contexts"]}
     except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
         _write(answers, {"error": f"it refused its contexts: {type(exc).__name__}: {exc}"})
         return
     _write(answers, {"cpu": time.process_time()})  # ready: start-up CPU (interpreter, imports, contexts)
     while True:
         try:
-            header, parts = _read(requests)
+            request = _read(requests)
         except EOFError:
             return
         try:
-            rows = np.frombuffer(parts[0], dtype=np.float64).reshape(int(header["rows"]), int(header["dim"]))
-            blobs = list(encrypt_rows(contexts[int(header["key"])], rows, layout))
+            rows = np.frombuffer(request["rows"], dtype=np.float64).reshape(
+                *(int(x) for x in request["shape"])
+            )
+            blobs = list(encrypt_rows(contexts[int(request["key"])], rows, layout))
         except Exception as exc:  # noqa: BLE001 - reported to the client, which raises it
             _write(answers, {"error": f"it could not encrypt: {type(exc).__name__}: {exc}"})
             continue
         # the CPU of everything so far: the client charges the difference to this batch
-        _write(answers, {"cpu": time.process_time()}, tuple(blobs))
+        _write(answers, {"cpu": time.process_time(), "blobs": blobs})
 
 
 def main() -> None:
