@@ -250,6 +250,8 @@ class ClientPretrain(Party):
         self.state = ClientState.NEW
         #: this client's own CKKS key pair (generated at start; the secret never leaves it)
         self.holder: KeyHolderContext | None = None
+        #: its key's fingerprint as a hosted client reported it (the caller's copy has no holder)
+        self._reported_key: bytes | None = None
         self._session_keys: SessionKeys | None = None
         self.layout: SlotLayout | None = None
         self._peers: dict[int, KeyAnnounce] = {}
@@ -277,6 +279,12 @@ class ClientPretrain(Party):
     @property
     def done(self) -> bool:
         return self.state is ClientState.DONE
+
+    @property
+    def key_fingerprint(self) -> bytes | None:
+        """Fingerprint of this client's own CKKS key (:meth:`~fedgat.crypto.KeyHolderContext.fingerprint`),
+        also in a hosted client's caller-side copy, which holds no key; None before ``start()``."""
+        return self.holder.fingerprint() if self.holder is not None else self._reported_key
 
     @property
     def dim(self) -> int:

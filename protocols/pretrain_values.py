@@ -12,7 +12,8 @@ The per-session keys do not exist yet: the client generates them at ``start()``.
 Report: state, abort reason, failure and timings (every party), the counters ``ciphertexts_decrypted``
 and ``nodes_decrypted``, and the result: the decrypted encodings
 (:func:`~fedgat.protocols.party_values.encodings_to_value`, exact), the fingerprint of the round's key
-set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the participants and the slot layout --
+set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the fingerprint of the client's own CKKS
+key (public: it hashes the public context), the participants and the slot layout --
 never a secret (the CKKS secret context, HPKE keys and check keys stay where the client ran:
 ``holder`` stays None in the caller's copy).
 
@@ -185,6 +186,7 @@ def report_client(client: ClientPretrain) -> tuple[dict[str, int], dict[str, Any
     result = {
         "encodings": None if client.encodings is None else encodings_to_value(client.encodings),
         "fingerprint": client.verifier.fingerprint,
+        "key": client.key_fingerprint,
         "participants": [int(p) for p in client.participants],
         "layout": None if layout is None else [layout.d, layout.slots, layout.chunks],
     }
@@ -198,6 +200,8 @@ def absorb_client(client: ClientPretrain, report: PartyReport) -> None:
     enc, layout = report.result["encodings"], report.result["layout"]
     client.encodings = None if enc is None else encodings_from_value(enc)
     client.verifier.fingerprint = report.result["fingerprint"]
+    key = report.result.get("key")  # absent from reports of an older client
+    client._reported_key = None if key is None else bytes(key)
     client.participants = [int(p) for p in report.result["participants"]]
     client.layout = None if layout is None else SlotLayout(*(int(x) for x in layout))
 

@@ -537,9 +537,9 @@ def audit_server(
             ),
             "shared_secret_key": shared_secret_key(parties),
             "client_key_fingerprints": {
-                c: p.holder.fingerprint().hex()[:16]
+                c: p.key_fingerprint.hex()[:16]
                 for c, p in parties.clients.items()
-                if p.holder is not None
+                if p.key_fingerprint is not None
             },
         }
         if "server_plus_one_client" in wanted:

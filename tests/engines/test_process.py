@@ -122,6 +122,8 @@ def test_a_windowed_round_runs_on_processes(engine):
     assert got.ciphertexts_up == ref.pretrain.ciphertexts_up
     assert got.ciphertexts_down == ref.pretrain.ciphertexts_down
     assert 0 < got.peak_spooled_bytes < ref.pretrain.peak_spooled_bytes
+    # the hosted clients' copies hold no key, yet the result knows each client has its own
+    assert got.shared_secret_key is False and got.server_has_secret_key is False
 
 
 def test_take_progress_refuses_counters_a_party_does_not_keep():
@@ -181,6 +183,10 @@ def test_secrets_stay_in_the_worker(engine):
     for client in parties.clients.values():
         assert client.done and client.encodings is not None
         assert client.holder is None  # the CKKS secret context never left its worker
+    # what each reported of its key is the key the server loaded from its announce: one per client
+    reported = {c: client.key_fingerprint for c, client in parties.clients.items()}
+    assert reported == {c: ctx.fingerprint() for c, ctx in parties.server.contexts.items()}
+    assert len(set(reported.values())) == len(reported)
 
 
 # ------------------------------------------------------------------------------ failures
