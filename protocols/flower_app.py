@@ -28,7 +28,9 @@ delivers the frames in order, runs its party until it has no streamed work left 
 uploads all its rows) and replies with every frame it produced. The protocol needs only per-pair
 FIFO order, which this keeps. A node config's ``encrypt-workers`` (default 0) lets its client encrypt
 those rows on that many processes of its own machine (:mod:`fedgat.crypto.encrypt_pool`; public keys
-only; the frames are the same).
+only; the frames are the same). The run config's ``upload-window`` (default 0: off) paces the
+uploads recipient by recipient (:attr:`~fedgat.protocols.pretrain.PretrainConfig.upload_window`): the
+server's set-up tells the nodes, whose clients then upload only what the server has granted.
 
 FedAvg: the protocol's own ``GlobalModel`` and secure-aggregation frames (``LocalUpdate`` and
 ``EvaluationReport`` only with secure aggregation off), not Flower's ``FedAvg`` strategy. One protocol end to end: signed updates bound to the session and the

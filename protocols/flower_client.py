@@ -207,6 +207,15 @@ def _session_roster(
     return roster
 
 
+def _upload_window(raw: object) -> int | None:
+    """The server's upload window from a set-up (None: off); anything but a positive count is refused."""
+    if raw is None:
+        return None
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1:
+        return raw
+    raise RemotePartyError(f"the server's set-up has upload_window {raw!r}: not a positive count")
+
+
 def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore, setup: dict) -> None:
     """Check the roster a phase's set-up carries (or keep the run's one) and build the phase's party."""
     identity = store.identity
@@ -229,6 +238,7 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
             chunks=c["chunks"],
             embed_factor=int(c["embed_factor"]),
             wire=pinned,
+            upload_window=_upload_window(c.get("upload_window")),  # absent: a server without windows
         )
         store.party = _new_pretrain_party(pid, cfg, identity, roster, config, _encrypt_workers(context))
     elif setup["phase"] == "rounds":

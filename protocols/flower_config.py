@@ -78,6 +78,9 @@ class FlowerRunConfig:
         hparams: JSON object of FedGAT hyper-parameter overrides (:func:`fedgat.methods.default_hparams`).
         server_workers: processes for the server's homomorphic compute (0: in process).
         upload_batch: rows per FeatureUpload.
+        upload_window: pace the pre-training's uploads recipient by recipient, that many recipients
+            open at a time (:attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`: the
+            server spools one recipient's uploads at a time, not the round's); 0: every upload at once.
         round_timeout: seconds to wait for the replies of one exchange (and for nodes to connect).
         flush_bytes: send queued frames once this many bytes wait, even while the server computes.
         output_dir: where the server writes ``summary.json`` and the model ("": nowhere).
@@ -105,6 +108,7 @@ class FlowerRunConfig:
     hparams: str = "{}"
     server_workers: int = 0
     upload_batch: int = 32
+    upload_window: int = 0
     round_timeout: float = 600.0
     flush_bytes: int = 256 << 20
     output_dir: str = ""
@@ -123,7 +127,10 @@ class FlowerRunConfig:
             if key in run_config:
                 kind = type(getattr(defaults, f.name))
                 kwargs[f.name] = kind(run_config[key])
-        return cls(**kwargs)
+        out = cls(**kwargs)
+        if out.upload_window < 0:
+            raise ValueError(f"run config upload-window must be >= 0 (0: off), got {out.upload_window}")
+        return out
 
     def hyper(self) -> dict:
         """Resolved FedGAT hyper-parameters (:func:`fedgat.methods.resolve_hparams`)."""

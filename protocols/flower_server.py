@@ -298,6 +298,7 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
         preset=cfg.preset,
         chunks=cfg.chunks or None,
         wire=cfg.wire,
+        upload_window=cfg.upload_window or None,
     )
     pserver = build_pretrain_server(
         roster,
@@ -316,6 +317,7 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
             "chunks": pconfig.chunks,
             "embed_factor": pconfig.embed_factor,
             "wire": pconfig.wire,
+            "upload_window": pconfig.upload_window,
         },
     }
     pre = _drive(grid, pserver, party_node, PRETRAIN, cfg, setup=pre_setup)
@@ -372,6 +374,7 @@ def run_server(grid: Grid, cfg: FlowerRunConfig) -> FlowerRunResult:
             "ciphertexts_up": pserver.ciphertexts_received,
             "result_ciphertexts": pserver.result_ciphertexts,
             "multiply_adds": pserver.multiply_adds,
+            "upload_window": pconfig.upload_window,
         },
         "training": {
             "exchanges": rounds.exchanges,

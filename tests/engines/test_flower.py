@@ -97,12 +97,13 @@ def training_reference(fed):
 
 
 def check_flower_run(
-    fed, training_reference, summary: dict, encodings: dict, final_weights: dict[str, np.ndarray]
+    fed, training_reference, summary: dict, encodings: dict, final_weights: dict[str, np.ndarray], want=None
 ) -> None:
     """The checks of :func:`.conformance.check_pretraining` and :func:`.conformance.check_training`
-    that apply to a run whose parties live in other processes (the engine hosts them itself)."""
+    that apply to a run whose parties live in other processes (the engine hosts them itself);
+    ``want``: the in-process pre-training to match (default the conformance reference's)."""
     ref = reference(fed)
-    want = ref.pretrain
+    want = ref.pretrain if want is None else want
     # --- pre-training: same bases exactly, same encodings up to CKKS noise, same counts --------------
     assert sorted(encodings) == sorted(want.encodings)
     for c, enc in encodings.items():
@@ -780,6 +781,47 @@ def test_a_node_encrypts_on_the_workers_its_node_config_allows(
     check_flower_run(fed, training_reference, *_read_outputs(out))
 
 
+def test_a_windowed_pretraining_runs_on_flower(fed, training_reference, tmp_path):
+    """``upload-window=1`` in the run config: the server grants uploads one recipient at a time and
+    the nodes follow; the run is the in-process windowed round message for message (grants
+    included), and trains as the run without a window."""
+    from fedgat.pipeline import run_encrypted_pretraining
+    from fedgat.protocols.flower_app import FlowerRunConfig, run_server
+
+    windowed = run_encrypted_pretraining(
+        fed.graph, fed.partition, seed=fed.seed, progress=False, workers=0, upload_window=1
+    )
+    assert windowed.messages_down > reference(fed).pretrain.messages_down  # the grants
+    out = tmp_path / "out"
+    nodes = [
+        {"partition-id": c, "num-partitions": CLIENTS, "output-dir": str(out / f"client{c}")}
+        for c in range(CLIENTS)
+    ]
+    run_config = {**RUN_CONFIG, "output-dir": str(out / "server"), "upload-window": 1}
+    grid = _InProcessGrid(run_config, nodes)
+    run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    summary, encodings, weights = _read_outputs(out)
+    assert summary["pretrain"]["upload_window"] == 1
+    check_flower_run(fed, training_reference, summary, encodings, weights, want=windowed)
+
+
+@pytest.mark.parametrize("bad", [-1, "-2"])
+def test_a_negative_upload_window_is_refused(bad):
+    from fedgat.protocols.flower_app import FlowerRunConfig
+
+    with pytest.raises(ValueError, match="upload-window"):
+        FlowerRunConfig.from_run_config({"upload-window": bad})
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_a_node_refuses_a_bad_upload_window(bad):
+    from fedgat.protocols.flower_client import RemotePartyError, _upload_window
+
+    with pytest.raises(RemotePartyError, match="upload_window"):
+        _upload_window(bad)
+    assert _upload_window(None) is None and _upload_window(3) == 3
+
+
 @pytest.mark.parametrize(("given", "want"), [(3, 3), ("2", 2), (0, 0)])
 def test_a_node_reads_encrypt_workers(given, want):
     from types import SimpleNamespace
@@ -798,3 +840,17 @@ def test_a_node_refuses_a_bad_encrypt_workers(bad):
 
     with pytest.raises(RemotePartyError, match="encrypt-workers"):
         _encrypt_workers(SimpleNamespace(node_config={"encrypt-workers": bad}))  # type: ignore[arg-type]
+
+
+def test_the_app_config_lists_every_run_config_key_with_its_default():
+    """pyproject's ``[tool.flwr.app.config]`` (what ``flwr run`` starts from) names every field of
+    :class:`FlowerRunConfig`, each with the field's default."""
+    import dataclasses
+    import tomllib
+
+    from fedgat.protocols.flower_app import FlowerRunConfig
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    defaults = FlowerRunConfig()
+    want = {f.name.replace("_", "-"): getattr(defaults, f.name) for f in dataclasses.fields(FlowerRunConfig)}
+    assert config == want
