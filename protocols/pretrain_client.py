@@ -647,14 +647,16 @@ class ClientPretrain(Party):
         return blobs
 
     def _encryption_pool(self) -> EncryptionPool | None:
-        """The pool, started at the first batch when :attr:`encrypt_workers` and the uploads ask for
-        one (:func:`~fedgat.crypto.encrypt_pool.encrypt_pool_size`)."""
+        """The pool, started at the first batch when :attr:`encrypt_workers` and the uploads still to
+        encrypt ask for one (:func:`~fedgat.crypto.encrypt_pool.encrypt_pool_size`; after a failed
+        pool, or in a restored client, only the batches left count)."""
         if not self._pool_sized:
             assert self.layout is not None
-            encryptions = sum(len(v) for v in self.releases.values()) * self.layout.chunks
-            workers = encrypt_pool_size(self.encrypt_workers, encryptions)
+            batch = self.upload_batch
+            rows = sum(min(batch, len(self.releases[r]) - start) for r, start in self._queue)
+            workers = encrypt_pool_size(self.encrypt_workers, rows * self.layout.chunks)
             if workers:
-                contexts = {r: self._peer_contexts[r] for r in self.releases}
+                contexts = {r: self._peer_contexts[r] for r in dict.fromkeys(r for r, _ in self._queue)}
                 try:
                     self._pool = EncryptionPool(contexts, self.layout, workers)
                 except EncryptionWorkerStartError as exc:  # no workers on this machine: same messages here

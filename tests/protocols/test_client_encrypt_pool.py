@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -67,8 +68,19 @@ def test_clients_on_encryption_pools_send_the_same_uploads_and_get_the_same_enco
 
 
 def test_a_failed_pool_leaves_the_batch_queued_and_the_next_step_starts_a_new_one(
-    tiny_graph, tiny_partition, pools
+    tiny_graph, tiny_partition, pools, monkeypatch
 ):
+    from fedgat.protocols import pretrain_client
+
+    sized: list[tuple[int, int]] = []  # (client, the encryptions its pool was sized for)
+    size = pretrain_client.encrypt_pool_size
+
+    def spy(requested: int, encryptions: int) -> int:
+        caller = sys._getframe(1).f_locals["self"]  # the client sizing its pool
+        sized.append((caller.party_id, encryptions))
+        return size(requested, encryptions)
+
+    monkeypatch.setattr(pretrain_client, "encrypt_pool_size", spy)
     h = Harness(tiny_graph, tiny_partition, upload_batch=3, encrypt_workers=2).start()
     h.run(until=lambda: all(c.state is ClientState.UPLOADING for c in h.parties.clients.values()))
     client = h.client(h.roster.clients[0])
@@ -89,7 +101,14 @@ def test_a_failed_pool_leaves_the_batch_queued_and_the_next_step_starts_a_new_on
         h.run()  # batches already encrypted ahead may still go out first
     assert client._snapshot() == snapshots[-1]  # the failed batch is still queued, nothing sent for it
     assert pool.closed and client._pool is None
+    assert client.layout is not None
+    left = sum(min(3, len(client.releases[r]) - start) for r, start in client._queue) * client.layout.chunks
+    total = sum(len(v) for v in client.releases.values()) * client.layout.chunks
+    mine = [e for c, e in sized if c == client.party_id]
+    assert mine == [total] and 0 < left < total
     h.run()
+    # the new pool is sized for the encryptions left, not the client's total
+    assert [e for c, e in sized if c == client.party_id] == [total, left]
     assert len(pools) == len(h.roster.clients) + 1  # a new pool took over, the other clients had theirs
     assert all(p.done for p in h.parties.all().values())
     got = {c: h.client(c).encodings for c in h.roster.clients}
