@@ -482,6 +482,7 @@ def audit_server(
     seed: int = 0,
     preset: str = "n4096",
     workers: int | None = None,
+    upload_window: int | None = None,
     colluder: int | None = None,
     attacks: Iterable[str] = SERVER_ATTACKS,
     training_rounds: int = 3,
@@ -501,9 +502,14 @@ def audit_server(
     ``training_rounds`` attack rounds, the aggregate attack under each of ``strategies``, default
     :data:`fedgat.training_attacks.ATTACK_STRATEGIES`).
 
+    ``upload_window``: every encrypted round (the honest one and the hostile ones) runs with this
+    upload window (:attr:`fedgat.server_attacks.AttackSetting.upload_window`; None: every upload
+    before compute), so the attacks are measured against the windowed protocol too.
+
     Returns:
-        ``{"server": checks, "shared_secret_key": bool, "server_attacks": {name: {"recovered_fraction",
-        "detected", "ran", "targets", "recovered", ...}}, "server_attacks_not_run": [names]}``.
+        ``{"upload_window": int | None, "server": checks, "shared_secret_key": bool, "server_attacks":
+        {name: {"recovered_fraction", "detected", "ran", "targets", "recovered", ...}},
+        "server_attacks_not_run": [names]}``.
     """
     import tempfile
 
@@ -525,13 +531,14 @@ def audit_server(
     if unknown:
         raise ValueError(f"unknown server attacks {sorted(unknown)}; known: {list(SERVER_ATTACKS)}")
     kind = as_variant(variant)
-    setting = AttackSetting(graph, partition, kind.name, seed, preset, workers)
+    setting = AttackSetting(graph, partition, kind.name, seed, preset, workers, upload_window=upload_window)
     truth = setting.truth
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="fedgat-audit-", dir=transcript_dir) as tmp:
         transcript = Transcript(keep_payloads=True, directory=tmp)
         parties = honest_round(setting, transcript)
         report: dict = {
+            "upload_window": upload_window,
             "server": server_checks(
                 transcript, parties.server.party_id, graph.x.numpy(), parties.server.config.wire
             ),

@@ -26,6 +26,12 @@ payoff comes later through training, that reached an honest client's training in
 * :func:`collusion_attack` -- the server gives a colluding client every ciphertext it holds
   (uploads and results of an honest round); the client decrypts each with its own secret key,
   ignoring the envelopes' key fingerprints.
+
+With :attr:`AttackSetting.upload_window` every round above runs windowed
+(:attr:`~fedgat.protocols.pretrain.PretrainConfig.upload_window`): the server grants uploads
+recipient by recipient (UploadGrant) and computes each recipient on its own
+(``ServerPretrain._recipient_results``); the hostile servers tamper with that path too. Each attack's
+``detail`` says how many UploadGrant messages its rounds' server sent (``upload_grants``).
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from fedgat.protocols import (
     ResultRejectedError,
     ServerPretrain,
     Transcript,
+    UploadGrant,
     UploadItem,
     decode_message,
     run_parties,
@@ -130,7 +137,11 @@ class AttackOutcome:
 @dataclass(frozen=True)
 class AttackSetting:
     """The federation the attacks run on: a graph, its 2-layer partition, the variant, the seed of
-    the server's bases, the CKKS preset and the server's worker processes (0: in process)."""
+    the server's bases, the CKKS preset, the server's worker processes (0: in process) and the
+    rounds' upload window (:attr:`~fedgat.protocols.pretrain.PretrainConfig.upload_window`: None,
+    every upload before compute; ``W >= 1``: uploads granted recipient by recipient, ``W`` open at a
+    time, each recipient computed as soon as its uploads are in). Every round an attack builds runs
+    with it."""
 
     graph: Graph
     partition: Partition
@@ -138,6 +149,12 @@ class AttackSetting:
     seed: int = 0
     preset: str = "n4096"
     workers: int | None = 0
+    upload_window: int | None = None
+
+    def __post_init__(self) -> None:
+        w = self.upload_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"upload_window must be None or a positive int, got {w!r}")
 
     @property
     def truth(self) -> np.ndarray:
@@ -211,6 +228,7 @@ def _build(
         seed=setting.seed,
         workers=setting.workers,
         result_batch_bytes=result_batch_bytes,
+        upload_window=setting.upload_window,
     )
     new_server = parties.server
     if server is not None:
@@ -235,14 +253,27 @@ def _server_args(parties: PretrainParties, setting: AttackSetting, result_batch_
     }
 
 
+class AttackDriver(Driver):
+    """A :class:`~fedgat.protocols.Driver` that counts the UploadGrant messages sent
+    (:attr:`upload_grants`): a windowed round's server sends them, an un-windowed one's none."""
+
+    upload_grants = 0
+
+    def emit(self, pid: int, messages: list) -> None:
+        self.upload_grants += sum(isinstance(m, UploadGrant) for m in messages)
+        super().emit(pid, messages)
+
+
 def _drive(
     parties: PretrainParties,
     until: Callable[[InProcessTransport], bool] | None = None,
     observer: Observer | None = None,
-) -> Driver:
-    """Run the round (rejections recorded, not raised: ``driver.rejected``) until idle or ``until``."""
+) -> AttackDriver:
+    """Run the round (rejections recorded, not raised: ``driver.rejected``) until idle or ``until``
+    (the attack rounds arm no deadline: a round that stalls, e.g. a windowed round waiting for a
+    victim that aborted, ends idle)."""
     transport = InProcessTransport()
-    driver = Driver(transport, parties.all(), observer, strict=False)
+    driver = AttackDriver(transport, parties.all(), observer, strict=False)
     try:
         driver.start()
         driver.run(until=None if until is None else (lambda: until(transport)))
@@ -285,16 +316,22 @@ class Forgery:
 
 
 class ForgingServer(ServerPretrain):
-    """A hostile server: honest until it computes, then, for each of the first ``len(kinds)``
-    recipients it computes for (the victims), replaces one result with a forgery of that victim's
-    kind (:data:`FORGERIES`): valid ciphertexts of the right size and level under the victim's key.
-    One per victim, because a refusal is terminal (the victim aborts and checks nothing after).
-    It sends each victim EncodingsDone right after that victim's results, so a victim completes if
-    it accepted everything."""
+    """A hostile server: honest until it computes, then, for each of ``len(kinds)`` recipients it
+    computes for (the victims: from the ``offset``-th recipient on, in plan order), replaces one
+    result with a forgery of that victim's kind (:data:`FORGERIES`): valid ciphertexts of the right
+    size and level under the victim's key. One per victim, because a refusal is terminal (the victim
+    aborts and checks nothing after). Without an upload window it sends each victim EncodingsDone
+    right after that victim's results, so a victim completes if it accepted everything; with one it
+    tampers with each recipient's own compute (:meth:`_recipient_results`) and the round ends as an
+    honest windowed round does (a victim that accepted uploads its rows for the later recipients and
+    completes)."""
 
-    def __init__(self, *args: Any, kinds: Iterable[str] = tuple(FORGERIES), **kw: Any) -> None:
+    def __init__(
+        self, *args: Any, kinds: Iterable[str] = tuple(FORGERIES), offset: int = 0, **kw: Any
+    ) -> None:
         super().__init__(*args, **kw)
         self.kinds = list(kinds)
+        self.offset = offset
         self.forgeries: dict[tuple[int, int, int], Forgery] = {}  # (victim, node, owner)
         self.finished: set[int] = set()
         self._left: dict[int, int] = {}
@@ -306,17 +343,18 @@ class ForgingServer(ServerPretrain):
 
     @property
     def victims_finished(self) -> bool:
-        """Every victim has had its results and EncodingsDone (once computing; with no victim: the
-        round is over)."""
-        if self.plan is None:
-            return False
+        """Every victim has had its results and EncodingsDone (once computing; with no victim, or
+        with an upload window: the round is over)."""
+        if self.plan is None or self.windowed:
+            return self.done
         return set(self.victims) <= self.finished if self.victims else self.done
 
-    def _begin_compute(self) -> list[Message]:
-        out = super()._begin_compute()
+    def _draw_plan(self) -> list[Message]:
+        # both paths draw the plan here: at compute (no window) or when the roster is ready (window)
+        out = super()._draw_plan()
         assert self.plan is not None and self.plan.shares is not None
         recipients = [c for c, s in sorted(self.plan.shares.items()) if s]
-        for victim, kind in zip(recipients, self.kinds, strict=False):
+        for victim, kind in zip(recipients[self.offset :], self.kinds, strict=False):
             shares = self.plan.shares[victim]
             if self._choose(victim, shares, kind):
                 self._left[victim] = sum(len(b) for b in shares)
@@ -341,8 +379,16 @@ class ForgingServer(ServerPretrain):
         return False
 
     def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
+        return self._tampered(super()._compute_results())
+
+    def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
+        return self._tampered(super()._recipient_results(recipient))
+
+    def _tampered(
+        self, results: Iterator[tuple[int, int, NodeResult]]
+    ) -> Iterator[tuple[int, int, NodeResult]]:
         assert self.plan is not None
-        for g, s, result in super()._compute_results():
+        for g, s, result in results:
             recipient = self.plan.recipients[self.plan_position(g, s)][0]
             if recipient in self._left:
                 self._left[recipient] -= 1
@@ -414,6 +460,8 @@ class ForgingServer(ServerPretrain):
     def step(self) -> list[Message]:
         out = super().step()
         assert self.plan is not None or not self._left
+        if self.windowed:  # the victim may still owe uploads: its EncodingsDone comes at the end
+            return out
         for v, left in self._left.items():
             if left == 0 and v not in self.finished:
                 assert self.plan is not None
@@ -428,7 +476,9 @@ class ForgingServer(ServerPretrain):
 
 class InjectingClient(ClientPretrain):
     """A colluding client that, with its first upload batch, also uploads a chosen row (encrypted
-    under the recipient's key, zero tag columns) as another owner's node ``node`` for ``recipient``."""
+    under the recipient's key, zero tag columns) as another owner's node ``node`` for ``recipient``.
+    With an upload window it waits for the server's grant for ``recipient`` (when it releases rows to
+    it), so that the server's check of the upload's rows is what answers, not the grant check."""
 
     def __init__(self, *args: Any, inject: tuple[int, int], **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -437,8 +487,11 @@ class InjectingClient(ClientPretrain):
 
     def step(self) -> list[Message]:
         out: list[Message] = []
-        if self.injected_seq is None and self.layout is not None:
-            recipient, node = self.inject
+        recipient, node = self.inject
+        granted = (
+            self.config.upload_window is None or recipient in self._granted or recipient not in self.releases
+        )
+        if self.injected_seq is None and self.layout is not None and granted:
             row = np.zeros((1, self.layout.d))
             row[0, : self.dim] = 1.0 / np.sqrt(self.dim)
             blobs = list(encrypt_rows(self._peer_contexts[recipient], row, self.layout))
@@ -479,13 +532,16 @@ def forged_results_attacks(setting: AttackSetting) -> dict[str, AttackOutcome]:
 
     Each forgery kind of :data:`FORGERIES` is tried on its own victim (a refusal is terminal, so a
     victim answers one forgery): the recipients the server computes for, in order, as many rounds
-    as the kinds need. In the first round a colluding client also uploads a chosen row as the node of
-    a third owner that a victim needs. Each forged result travels in its own message, so that every
-    rejection names its node. ``recovered``: forged results a victim accepted into the encodings it
-    trains on (what the server could then read back through training); ``detected``: every forged
-    result was refused with :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and
-    the owner whose rows it should have combined, the victim aborted (it never completes), and the
-    client's injected upload was refused with a typed error.
+    as the kinds need. With an upload window, one victim per round (same victims, in the same
+    order): a victim that refuses aborts without uploading its rows for the recipients granted after
+    it, so a second victim later in the same round would never be computed. In the first round a
+    colluding client also uploads a chosen row as the node of a third owner that a victim needs.
+    Each forged result travels in its own message, so that every rejection names its node.
+    ``recovered``: forged results a victim accepted into the encodings it trains on (what the server
+    could then read back through training); ``detected``: every forged result was refused with
+    :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and the owner whose rows it
+    should have combined, the victim aborted (it never completes), and the client's injected upload
+    was refused with a typed error.
     """
     part = setting.partition
     recipients = [c for c in range(part.num_clients) if len(foreign_rows(part, c))]
@@ -507,11 +563,16 @@ def forged_results_attacks(setting: AttackSetting) -> dict[str, AttackOutcome]:
     kinds = list(FORGERIES)
     forgeries: list[tuple[Forgery, ProtocolError | None, bool]] = []  # (forgery, refusal, victim done)
     server_refused: list[ProtocolError] = []
-    for start in range(0, len(kinds), len(recipients)):
-        chunk = kinds[start : start + len(recipients)]
+    per_round = len(recipients) if setting.upload_window is None else 1
+    grants: list[int] = []  # UploadGrant messages each round's server sent
+    for start in range(0, len(kinds), per_round):
+        chunk = kinds[start : start + per_round]
+        offset = start % len(recipients)
 
-        def server(parties: PretrainParties, chunk: list[str] = chunk) -> ServerPretrain:
-            return ForgingServer(**_server_args(parties, setting, 1), kinds=chunk)
+        def server(
+            parties: PretrainParties, chunk: list[str] = chunk, offset: int = offset
+        ) -> ServerPretrain:
+            return ForgingServer(**_server_args(parties, setting, 1), kinds=chunk, offset=offset)
 
         clients = {}
         if start == 0 and colluder is not None and inject is not None:
@@ -533,6 +594,7 @@ def forged_results_attacks(setting: AttackSetting) -> dict[str, AttackOutcome]:
             return h.victims_finished and not t.pending()
 
         driver = _drive(parties, until=until)
+        grants.append(driver.upload_grants)
         for f in hostile.forgeries.values():
             first = next(iter(_rejections(driver, f.victim)), None)
             forgeries.append((f, first, parties.clients[f.victim].done))
@@ -565,6 +627,8 @@ def forged_results_attacks(setting: AttackSetting) -> dict[str, AttackOutcome]:
                 }
                 for f, _, done in mine
             ],
+            "upload_window": setting.upload_window,
+            "upload_grants": grants,
             "note": (
                 "one forgery per victim (a refusal is terminal); recovered counts forged results a victim "
                 "accepted into the encodings it trains on; detected: each was refused with "
@@ -722,6 +786,7 @@ def fake_edges_attack(setting: AttackSetting, colluder: int | None = None, fakes
             "rows_released_for_fake_targets": released,
             "rows_released_beyond_honest_view": int(beyond),
             "rejections": len(driver.rejected),
+            "upload_grants": driver.upload_grants,
         }
     recovered = int(np.sum(best >= RECOVERY_COSINE))
     return AttackOutcome(
@@ -732,6 +797,7 @@ def fake_edges_attack(setting: AttackSetting, colluder: int | None = None, fakes
         detail={
             "colluder": colluder,
             "fake_targets": targets.tolist(),
+            "upload_window": setting.upload_window,
             "runs": runs,
             "note": (
                 "detected: the honest server's claim check refused the unconfirmed edges (typed error, round "
@@ -748,7 +814,8 @@ class ColluderForgingServer(ServerPretrain):
     0.5) to row 0 of one partial for the first recipient other than the colluder, with the tag
     columns ``<r, delta>`` for the check vectors ``r`` that recipient gave the colluder (the PRF part
     is 0: ``delta`` has no sources). ``own`` picks the partial of the colluder's own rows (True) or
-    of an honest third party's (False)."""
+    of an honest third party's (False). It tampers with both compute paths: the round's
+    (:meth:`_compute_results`) and, with an upload window, each recipient's (:meth:`_recipient_results`)."""
 
     def __init__(self, *args: Any, colluder: ClientPretrain, own: bool, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -757,8 +824,9 @@ class ColluderForgingServer(ServerPretrain):
         self.target: tuple[int, int] | None = None  # (node, owner) of the forged partial
         self.delta: np.ndarray | None = None
 
-    def _begin_compute(self) -> list[Message]:
-        out = super()._begin_compute()
+    def _draw_plan(self) -> list[Message]:
+        # both paths draw the plan here: at compute (no window) or when the roster is ready (window)
+        out = super()._draw_plan()
         assert self.plan is not None and self.plan.shares is not None
         me = self.colluder.party_id
         for victim, shares in sorted(self.plan.shares.items()):
@@ -772,8 +840,16 @@ class ColluderForgingServer(ServerPretrain):
         return out
 
     def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
+        return self._tampered(super()._compute_results())
+
+    def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
+        return self._tampered(super()._recipient_results(recipient))
+
+    def _tampered(
+        self, results: Iterator[tuple[int, int, NodeResult]]
+    ) -> Iterator[tuple[int, int, NodeResult]]:
         assert self.plan is not None
-        for g, s, result in super()._compute_results():
+        for g, s, result in results:
             bucket = self.plan.buckets[g]
             assert isinstance(bucket, PackedShares)
             if (
@@ -807,9 +883,11 @@ class ColluderForgingServer(ServerPretrain):
 
 def colluder_forgery_run(
     setting: AttackSetting, *, own: bool, colluder: int | None = None
-) -> tuple[PretrainParties, Driver, ColluderForgingServer]:
+) -> tuple[PretrainParties, AttackDriver, ColluderForgingServer]:
     """Run a round whose server forges one partial with ``colluder``'s keys (default the last client);
-    returns the parties, the driver (its ``rejected``) and the server (victim, target, delta)."""
+    returns the parties, the driver (its ``rejected``, ``upload_grants``) and the server (victim,
+    target, delta). With an upload window a victim that refuses aborts without uploading its rows
+    for the recipients after it: the round then stalls and ends idle, the others not done."""
     made: dict[str, ColluderForgingServer] = {}
 
     def server(parties: PretrainParties) -> ServerPretrain:
@@ -853,6 +931,8 @@ def colluder_forgery_attack(setting: AttackSetting, colluder: int | None = None)
             "node": server.target[0],
             "owner": server.target[1],
             "victim_completed": victim.done,
+            "upload_window": setting.upload_window,
+            "upload_grants": driver.upload_grants,
             "note": (
                 "server + one client add a chosen vector to an honest owner's partial with the tags the "
                 "colluder's check keys predict; keys are per (recipient, owner), so they predict nothing of "
@@ -914,8 +994,9 @@ def collusion_attack(
         book = released if recipient == colluder else others
         book[node] = max(book.get(node, -1.0), cos)
     neighbours: dict[tuple[int, int], dict[int, np.ndarray]] = {}
-    results = 0
+    results = grants = 0
     for e in transcript.entries:
+        grants += e.sender == server and e.type_name == "UploadGrant"
         if e.sender != server or e.type_name not in ("EncodingBases", "EncodingResults") or e.data is None:
             continue
         msg = decode_message(e.data)
@@ -955,6 +1036,8 @@ def collusion_attack(
             "released_to_colluder": len(honest),
             "released_to_colluder_recovered": int(sum(released[u] >= RECOVERY_COSINE for u in honest)),
             "best_cosine_not_released": max((others[u] for u in target_nodes), default=None),
+            "upload_window": parties.server.config.upload_window,
+            "upload_grants": int(grants),
             "note": (
                 "the colluder decrypts every ciphertext the server held with its own key (fingerprints "
                 "ignored); targets: foreign rows held only in ciphertexts made for other clients. Rows "

@@ -6,6 +6,7 @@
     fedgat audit --dataset cora --dp-epsilon 4 --dp-mechanism gaussian --dp-dim 64
     fedgat audit --dataset cora --sweep 0.5 1 2 4 8 16 --json audit.json --report audit.md
     fedgat audit --dataset my_graph.npz --owners owners.csv --quiet   # your graph, your organisations
+    fedgat audit --dataset cora --upload-window 1                 # server side against windowed rounds
 
 Runs (1) the server side (:func:`fedgat.audit.audit_server`): the encrypted pre-training round with
 a recorded transcript, the checks of everything the server received and whether any two clients
@@ -16,6 +17,8 @@ each with the fraction of foreign feature vectors it recovers and whether an hon
 it; (2) every client-side attack on every client's view (:func:`fedgat.audit.audit_clients`: what an
 honest recipient learns), (3) FedGAT training under the same mitigation for its test accuracy, and
 optionally (4) a sweep over epsilon with DistGAT's accuracy (no sharing at all) as the reference line.
+With ``--upload-window N`` every encrypted round of the server side (the honest one and the hostile
+ones) runs with that upload window (uploads granted recipient by recipient, N at a time).
 Writes a Markdown report with a table per party and, with ``--json``, the numbers (top level:
 ``server_attacks``, ``shared_secret_key``).
 """
@@ -33,6 +36,7 @@ from fedgat.cli_engine import (
     UsageError,
     add_dataset_argument,
     add_owners_arguments,
+    add_upload_window_argument,
     check_beta,
     check_counts,
     check_dataset,
@@ -115,6 +119,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="server processes for the encrypted rounds (default: auto)"
     )
+    add_upload_window_argument(parser)  # the server side's encrypted rounds, honest and hostile
     parser.add_argument("--no-training", action="store_true", help="skip the accuracy runs")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--report", type=Path, default=None, help="Markdown report path")
@@ -220,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         "beta": args.beta,
         "owners": None if args.owners is None else str(args.owners),
         "seed": args.seed,
+        "upload_window": args.upload_window,
         "mitigation": mitigation.describe(),
         "attacked_clients": len(clients),
         "chance_reidentification": chance_reidentification(graph, part),
@@ -237,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
                 args.variant,
                 seed=args.seed,
                 workers=args.workers,
+                upload_window=args.upload_window,
                 colluder=args.colluder,
                 attacks=SERVER_ATTACKS if args.server_attacks is None else args.server_attacks,
                 training_rounds=args.attack_rounds,
@@ -379,6 +386,13 @@ def render_markdown(report: dict) -> str:
         ),
         "",
         f"Mitigation: `{json.dumps(report['mitigation'], default=str)}`",
+        "",
+        "Upload window of the encrypted rounds: "
+        + (
+            "none (every upload before compute)"
+            if report.get("upload_window") is None
+            else f"{report['upload_window']} recipient(s) at a time (`--upload-window`)"
+        ),
         "",
     ]
     server = report.get("server")
