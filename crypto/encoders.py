@@ -23,6 +23,11 @@ result)``, which the server then uses instead of an encoder per recipient: :clas
 submits every recipient's batches through one window (:meth:`RoundPool.map`), interleaved in
 proportion to their work, so that every client receives and decrypts its results while the others
 do (not one client after another) and the pool does not drain at the end of each recipient.
+A round with an upload window computes its recipients one by one, as their uploads complete: a
+factory with ``add_recipient(key, context, spool, layout, round_multiply_adds)`` and
+``remove_recipient(key)`` hears of each before its encoder is asked for and after its results are
+out, and :class:`LocalEncoderFactory` lets each join one :class:`RoundPool` started by the first
+(:meth:`RoundPool.add`), so such a round too spawns its workers once.
 
 The seam itself is :class:`BucketEncoder`, generic over the result: :class:`Encoder` is its
 encrypted instance, and :class:`fedgat.plain_encoder.PlainEncoder` (the same per-node compute in the
@@ -33,9 +38,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from typing import TYPE_CHECKING, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from .context import CkksContext, ServerContext
 from .packing import SlotLayout
@@ -51,6 +57,7 @@ from .tasks import (
     run_windowed,
     worker_batch_for,
     worker_init_round,
+    write_recipient_setup,
 )
 
 if TYPE_CHECKING:
@@ -130,9 +137,18 @@ class RoundPool:
     """One spawned process pool for every recipient of a round: each worker loads every recipient's
     *public* context and opens its spool read-only once, at start-up; tasks name their recipient.
 
+    Recipients whose spools complete later (an upload window computes them one by one) join with
+    :meth:`add` and leave with :meth:`remove`: the pool is started once per round, not once per
+    recipient (a spawn of every core's worker, seconds apiece). A joining recipient's context and
+    spool index go to a setup file of plain arrays in the pool's private directory, which each worker
+    reads on its first task for that recipient. Each task then names the recipients still in the
+    pool, and a worker closes its readers of the others before it runs the task (a worker that gets
+    no task after a recipient left keeps that handle until the pool closes).
+
     Args:
         recipients: ``key -> (public context bytes, spool)``, every spool complete (its
-            :meth:`~fedgat.crypto.spool.CiphertextSpool.snapshot` is what the workers read).
+            :meth:`~fedgat.crypto.spool.CiphertextSpool.snapshot` is what the workers read); may be
+            empty when every recipient joins with :meth:`add`.
         layout: the slot layout of the uploads.
         wire: the session's ciphertext wire.
         workers: processes (at least 1).
@@ -147,8 +163,12 @@ class RoundPool:
     ) -> None:
         if workers < 1:
             raise ValueError(f"a round pool needs at least one worker, got {workers}")
-        self.workers = workers
-        self.keys = frozenset(recipients)
+        self.workers, self.wire = workers, wire
+        #: the recipients tasks may name now
+        self.keys: set[int] = set(recipients)
+        self._setups: dict[int, str] = {}  # key -> setup file of a recipient that joined later
+        self._joined = False  # whether any did (tasks then carry the live keys)
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
         setup = {key: (ctx, *spool.snapshot()) for key, (ctx, spool) in recipients.items()}
         self.executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
             workers,
@@ -195,18 +215,52 @@ class RoundPool:
             )
             for key, buckets in jobs
         ]
+        live = tuple(sorted(self.keys))
+
+        def submit(key: int, batch: list) -> Any:
+            if not self._joined:
+                return executor.submit(worker_batch_for, key, batch)
+            return executor.submit(worker_batch_for, key, batch, self._setups.get(key), live)
+
         yield from run_windowed(
-            window,
-            interleaved(streams, layout.chunks, weights),
-            lambda key, batch: executor.submit(worker_batch_for, key, batch),
-            lambda future: future.result(),
+            window, interleaved(streams, layout.chunks, weights), submit, lambda future: future.result()
         )
+
+    def add(self, key: int, public_context: bytes, spool: CiphertextSpool) -> None:
+        """Let tasks name recipient ``key`` from now on: its public context and complete ``spool``
+        (what :func:`~fedgat.crypto.tasks.write_recipient_setup` writes for the workers).
+
+        Raises:
+            ValueError: ``key`` is one of the pool's already.
+            RuntimeError: the pool is closed.
+        """
+        if self.executor is None:
+            raise RuntimeError("the round pool is closed")
+        if key in self.keys:
+            raise ValueError(f"recipient {key} is one of the round pool's already")
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="fedgat-pool-")
+        path = os.path.join(self._dir.name, f"recipient-{key}.npz")
+        write_recipient_setup(path, public_context, spool)
+        self._setups[key], self.keys, self._joined = path, self.keys | {key}, True
+
+    def remove(self, key: int) -> None:
+        """Recipient ``key`` is done: tasks may no longer name it, and each worker closes its reader of
+        ``key``'s spool before its next task (idempotent)."""
+        self.keys = self.keys - {key}
+        path = self._setups.pop(key, None)
+        if path is not None:
+            os.unlink(path)
 
     def close(self) -> None:
         """Shut the pool down, waiting for its workers (so their CPU time is reaped)."""
         if self.executor is not None:
             self.executor.shutdown()
             self.executor = None
+        self.keys, self._setups = set(), {}
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
 
 
 class ProcessPoolEncoder:
@@ -389,6 +443,39 @@ class LocalEncoderFactory:
             yield from self.pool.map(jobs, layout, self, weights=weights)
             return
         yield from map_inline(self._recipients, jobs, layout)
+
+    def add_recipient(
+        self,
+        key: int,
+        ctx: ServerContext,
+        spool: CiphertextSpool,
+        layout: SlotLayout,
+        round_multiply_adds: int,
+    ) -> None:
+        """A recipient whose uploads are all in, in a round that computes its recipients one by one
+        (an upload window; the server calls this before the recipient's encoder): it joins the
+        round's pool (:meth:`RoundPool.add`), which the first recipient starts when the rule above
+        asks for one for the whole round's ``round_multiply_adds``; the encoder the factory then
+        returns for ``spool`` computes on it. :meth:`remove_recipient` when its results are out."""
+        if self.pool is None:
+            n = auto_workers(self.workers, round_multiply_adds)
+            if n == 0:
+                return
+            self.pool = RoundPool({}, layout, ctx.wire, n)
+            self.window = 4 * n
+        elif ctx.wire != self.pool.wire:
+            raise ValueError(f"one round, one ciphertext wire: got {ctx.wire!r} on a {self.pool.wire!r} pool")
+        self.pool.add(key, ctx.public_context_bytes(), spool)
+        self._keys[id(spool)] = key
+        self._recipients[key] = (ctx, spool)
+
+    def remove_recipient(self, key: int) -> None:
+        """Recipient ``key``'s results are all out (:meth:`add_recipient`); idempotent."""
+        entry = self._recipients.pop(key, None)
+        if entry is not None:
+            self._keys.pop(id(entry[1]), None)
+        if self.pool is not None:
+            self.pool.remove(key)
 
     def __call__(
         self, ctx: ServerContext, layout: SlotLayout, spool: CiphertextSpool, multiply_adds: int

@@ -220,12 +220,63 @@ def worker_init_round(
     for key, (public_context, path, index) in recipients.items():
         ctx = ServerContext.from_bytes(public_context, wire=wire)
         opened[key] = (ctx, CiphertextSpool.reader(ctx, layout, path, index, cache_size=cache))
-    _WORKER.update(layout=layout, recipients=opened)
+    _WORKER.update(layout=layout, recipients=opened, wire=wire)
 
 
-def worker_batch_for(key: int, tasks: list[Task]) -> list[NodeResult]:
+def write_recipient_setup(
+    path: str | os.PathLike[str], public_context: bytes, spool: CiphertextSpool
+) -> None:
+    """A recipient joining a running round pool (:meth:`~fedgat.crypto.encoders.RoundPool.add`): its
+    public context and its spool's ``(path, index)`` as one ``.npz`` of plain arrays (no pickle),
+    which a worker reads the first time a task names the recipient (:func:`worker_batch_for`)."""
+    spool_path, index = spool.snapshot()
+    keys = np.array(list(index), dtype=np.int64).reshape(-1, 2)
+    spans = np.array(list(index.values()), dtype=np.int64).reshape(-1, 2)
+    with open(path, "wb") as f:
+        np.savez(
+            f,
+            context=np.frombuffer(public_context, dtype=np.uint8),
+            spool=np.frombuffer(os.fsencode(spool_path), dtype=np.uint8),
+            keys=keys,
+            spans=spans,
+        )
+
+
+def _read_recipient_setup(path: str) -> tuple[bytes, str, dict[tuple[int, int], tuple[int, int]]]:
+    with np.load(path, allow_pickle=False) as z:
+        index = {(int(n), int(c)): (int(o), int(z_)) for (n, c), (o, z_) in zip(z["keys"], z["spans"])}
+        return z["context"].tobytes(), os.fsdecode(z["spool"].tobytes()), index
+
+
+def _open_recipient(key: int, setup: str, live: Sequence[int]) -> None:
+    """Load a recipient that joined the pool after this worker started; every live recipient's
+    reader shares the cache budget evenly."""
+    recipients: dict = _WORKER["recipients"]
+    public_context, path, index = _read_recipient_setup(setup)
+    ctx = ServerContext.from_bytes(public_context, wire=_WORKER["wire"])
+    cache = max(1, WORKER_CACHE_NODES // max(1, len(live)))
+    recipients[key] = (ctx, CiphertextSpool.reader(ctx, _WORKER["layout"], path, index, cache_size=cache))
+    for _, spool in recipients.values():
+        spool.cache_size = cache
+
+
+def worker_batch_for(
+    key: int, tasks: list[Task], setup: str | None = None, live: Sequence[int] = ()
+) -> list[NodeResult]:
     """Process-pool task of a round pool: :func:`encode_node` for each task under recipient
-    ``key``'s context, uploads read from its spool (through its share of the worker's cache)."""
+    ``key``'s context, uploads read from its spool (through its share of the worker's cache).
+    ``setup``: for a recipient that joined after the pool started, its setup file
+    (:func:`write_recipient_setup`), read on this worker's first task for it; ``live``: the pool's
+    recipients now, when some joined later -- the readers of any other are closed first (their
+    spools are deleted, and an open handle would keep the disk space until the pool closes)."""
+    recipients = _WORKER["recipients"]
+    if live and any(k not in live for k in recipients):
+        for gone in [k for k in recipients if k not in live]:
+            recipients.pop(gone)[1].close()
+    if key not in recipients:
+        if setup is None:
+            raise KeyError(f"recipient {key} is not one of this worker's")
+        _open_recipient(key, setup, live)
     ctx, spool = _WORKER["recipients"][key]
     layout = _WORKER["layout"]
     return [

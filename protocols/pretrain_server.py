@@ -680,9 +680,14 @@ class ServerPretrain(Party):
 
     def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
         """Upload window: one recipient's results, ``(compute bucket, pack in it, result)``, on an
-        encoder of its own (the factory's per-recipient path)."""
-        assert self.plan is not None and self.plan.shares is not None
+        encoder of its own (the factory's per-recipient path). A factory with ``add_recipient``
+        (:meth:`~fedgat.crypto.encoders.LocalEncoderFactory.add_recipient`) is told first, so that
+        one pool serves the round's recipients one after another."""
+        assert self.plan is not None and self.plan.shares is not None and self.layout is not None
         at = self._places().get(recipient, iter(()))
+        add = getattr(self.encoder_factory, "add_recipient", None)
+        if callable(add):
+            add(recipient, self.contexts[recipient], self._spool(recipient), self.layout, self.multiply_adds)
         self._encoder = self._new_encoder(recipient)
         results = self._encoder.map(self.plan.shares[recipient])
         yield from ((g, s, result) for (g, s), result in zip(at, results, strict=True))
@@ -695,6 +700,9 @@ class ServerPretrain(Party):
         if self._encoder is not None:
             self._encoder.close()
             self._encoder = None
+        remove = getattr(self.encoder_factory, "remove_recipient", None)
+        if callable(remove):
+            remove(recipient)
         self._computed.add(recipient)
         spool = None if self.keep_encoder else self._spools.pop(recipient, None)
         if spool is not None:

@@ -1,5 +1,8 @@
 """Encrypted encodings equal the plaintext encodings built with the same bases."""
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -134,6 +137,70 @@ def test_round_pool_serves_every_recipient_under_its_own_key(keys):
         factory.close()
     assert factory.pool is None and pool.executor is None
     factory.close()  # idempotent
+    for spool in spools:
+        spool.close()
+
+
+def test_recipients_join_a_running_round_pool_one_after_another(keys):
+    """An upload window computes recipients one by one: they join one :class:`RoundPool` (started
+    by the first, :meth:`LocalEncoderFactory.add_recipient`) and leave it when done. Each decrypts
+    with its own key to the plaintext encodings; a recipient that left is refused, its setup file
+    is gone, and once the next recipient's tasks have run no worker holds its spool open (a deleted
+    spool's disk space is freed)."""
+    from fedgat.crypto.encoders import LocalEncoderFactory, ProcessPoolEncoder
+
+    holders, servers, x, layout, spools, csr = _two_recipients(keys, seed=67)
+    bases = draw_bases("vector", csr, np.arange(12), rng=5)
+    factory = LocalEncoderFactory(workers=2)
+    paths = [str(spool.snapshot()[0]) for spool in spools]
+
+    def open_spools(pool) -> set[str]:
+        held = set()
+        for pid in pool.executor._processes:  # the workers (the spawned pool's own table)
+            fd_dir = f"/proc/{pid}/fd"
+            for fd in os.listdir(fd_dir):
+                try:
+                    held.add(os.readlink(os.path.join(fd_dir, fd)).removesuffix(" (deleted)"))
+                except OSError:
+                    pass
+        return held
+
+    pool = None
+    try:
+        for key, holder, server, spool in zip((7, 9), holders, servers, spools, strict=True):
+            factory.add_recipient(key, server, spool, layout, round_multiply_adds=10**6)
+            assert pool is None or factory.pool is pool  # started once, by the first recipient
+            pool = factory.pool
+            assert pool is not None and pool.keys == {key} and pool.workers == 2
+            enc = factory(server, layout, spool, 12)
+            assert isinstance(enc, ProcessPoolEncoder) and enc._pool is pool
+            if key == 7:
+                results = list(enc.map(bases))
+            else:  # one group piece per batch: both workers run some of them
+                results = [r for _, r in pool.map([(key, bases)], layout, enc, 1, 1)]
+            enc.close()
+            it = iter(results)
+            for b in bases:
+                got = decrypt_bucket(
+                    holder, layout, b, [next(it) for _ in range(len(b))], dtype=torch.float64
+                )
+                assert (got.features - encode_bucket(b, x).features).abs().max().item() < 1e-5
+            if key == 9 and sys.platform.startswith("linux"):
+                assert paths[0] not in open_spools(pool) and paths[1] in open_spools(pool)
+            setup = pool._setups[key]
+            factory.remove_recipient(key)
+            assert not os.path.exists(setup) and key not in pool.keys
+            with pytest.raises(ValueError, match="not one of the round pool's"):
+                list(pool.map([(key, bases)], layout, enc))
+        with pytest.raises(ValueError, match="one ciphertext wire"):
+            other = ServerContext.from_bytes(holders[0].public_context_bytes(), wire="tenseal")
+            factory.add_recipient(8, other, spools[0], layout, round_multiply_adds=10**6)
+    finally:
+        factory.close()
+    assert pool is not None and pool.executor is None and pool._dir is None
+    small = LocalEncoderFactory(workers=None)  # a round too small for a pool: inline, as before
+    small.add_recipient(7, servers[0], spools[0], layout, round_multiply_adds=1)
+    assert small.pool is None and small(servers[0], layout, spools[0], 1).workers == 0
     for spool in spools:
         spool.close()
 

@@ -77,6 +77,39 @@ def test_a_windowed_round_matches_plaintext_and_spools_at_most_its_window(
         assert min(results) < max(uploads)
 
 
+def test_a_windowed_round_computes_every_recipient_on_one_pool(tiny_graph, tiny_partition, monkeypatch):
+    """With a server pool, the recipients join one round pool as their uploads complete and leave it
+    when computed (one spawn per round, not per recipient); the encodings are the plaintext's."""
+    from fedgat.crypto import encoders
+
+    started, added, removed = [], [], []
+    init, add, remove = encoders.RoundPool.__init__, encoders.RoundPool.add, encoders.RoundPool.remove
+
+    def spy_init(self, recipients, *args, **kwargs):
+        init(self, recipients, *args, **kwargs)
+        started.append(dict(recipients))
+
+    def spy_add(self, key, *args):
+        add(self, key, *args)
+        added.append((key, sorted(self.keys)))
+
+    def spy_remove(self, key):
+        remove(self, key)
+        removed.append(key)
+
+    monkeypatch.setattr(encoders.RoundPool, "__init__", spy_init)
+    monkeypatch.setattr(encoders.RoundPool, "add", spy_add)
+    monkeypatch.setattr(encoders.RoundPool, "remove", spy_remove)
+    h = Harness(tiny_graph, tiny_partition, upload_window=1, workers=2).start().run()
+    assert all(p.done for p in h.parties.all().values())
+    order = sorted({r for c in h.roster.clients for r in h.client(c).releases})
+    assert started == [{}]  # one pool, started empty by the first recipient
+    assert added == [(r, [r]) for r in order] and removed == order  # one recipient in it at a time
+    assert h.server.workers == 2
+    got = {c: h.client(c).encodings for c in h.roster.clients}
+    assert max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", seed=1)) <= TOL
+
+
 def test_recipients_are_computed_in_order_whatever_order_their_uploads_complete_in(
     tiny_graph, tiny_partition
 ):
