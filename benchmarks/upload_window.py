@@ -82,8 +82,8 @@ def run(
         pools[0] += 1
         init(self, *args, **kwargs)
 
-    RoundPool.__init__ = counted  # type: ignore[method-assign]
     engine = ProcessEngine(min(clients, os.cpu_count() or 1)) if engine_name == "process" else None
+    RoundPool.__init__ = counted  # type: ignore[method-assign]
     try:
         for rep in range(repeats):
             for window, per_recipient in modes:

@@ -142,8 +142,8 @@ class RoundPool:
     recipient (a spawn of every core's worker, seconds apiece). A joining recipient's context and
     spool index go to a setup file of plain arrays in the pool's private directory, which each worker
     reads on its first task for that recipient. Each task then names the recipients still in the
-    pool, and a worker closes its readers of the others before it runs the task (a worker that gets
-    no task after a recipient left keeps that handle until the pool closes).
+    pool: a worker drops its readers of the others before it runs the task, and lets go of the spool
+    file after it (a recipient's spool is deleted when it leaves: no worker keeps its disk space).
 
     Args:
         recipients: ``key -> (public context bytes, spool)``, every spool complete (its
@@ -168,6 +168,7 @@ class RoundPool:
         self.keys: set[int] = set(recipients)
         self._setups: dict[int, str] = {}  # key -> setup file of a recipient that joined later
         self._joined = False  # whether any did (tasks then carry the live keys)
+        self._left: set[int] = set()  # recipients removed (never added again)
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         setup = {key: (ctx, *spool.snapshot()) for key, (ctx, spool) in recipients.items()}
         self.executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
@@ -236,8 +237,9 @@ class RoundPool:
         """
         if self.executor is None:
             raise RuntimeError("the round pool is closed")
-        if key in self.keys:
-            raise ValueError(f"recipient {key} is one of the round pool's already")
+        if key in self.keys or key in self._left:
+            # workers know a recipient by its key: one that left may still be open in an idle worker
+            raise ValueError(f"recipient {key} is or was one of the round pool's already")
         if self._dir is None:
             self._dir = tempfile.TemporaryDirectory(prefix="fedgat-pool-")
         path = os.path.join(self._dir.name, f"recipient-{key}.npz")
@@ -245,8 +247,11 @@ class RoundPool:
         self._setups[key], self.keys, self._joined = path, self.keys | {key}, True
 
     def remove(self, key: int) -> None:
-        """Recipient ``key`` is done: tasks may no longer name it, and each worker closes its reader of
-        ``key``'s spool before its next task (idempotent)."""
+        """Recipient ``key`` is done: tasks may no longer name it, and each worker drops its reader of
+        ``key``'s spool before its next task (idempotent). Call it once ``key``'s :meth:`map` has
+        been read to the end: a task still queued for it would find its setup file gone."""
+        if key in self.keys:
+            self._left.add(key)
         self.keys = self.keys - {key}
         path = self._setups.pop(key, None)
         if path is not None:

@@ -86,7 +86,7 @@ class CiphertextSpool:
             self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_BINARY", 0), 0o600
         )
         self._owns_file = True
-        self._file: BinaryIO = os.fdopen(fd, "w+b")
+        self._file: BinaryIO | None = os.fdopen(fd, "w+b")
         self._index: dict[tuple[int, int], tuple[int, int]] = {}
         self._cache: OrderedDict[int, list[ts.CKKSVector]] = OrderedDict()
         self.cache_size = cache_size
@@ -106,6 +106,7 @@ class CiphertextSpool:
             raise CiphertextFormatError(f"duplicate upload for node {node} chunk {chunk}")
         if not validated:
             check_envelope(self.ctx, blob, level="fresh")  # raises a typed error; nothing stored
+        assert self._file is not None  # a writing spool's file is open until close()
         self._file.seek(0, os.SEEK_END)
         offset = self._file.tell()
         self._file.write(blob)
@@ -113,11 +114,12 @@ class CiphertextSpool:
         self.bytes_stored += len(blob)
 
     def blobs(self, node: int) -> list[bytes]:
+        f = self._file if self._file is not None else self._reopen()
         out = []
         for ch in range(self.layout.chunks):
             offset, size = self._index[(int(node), ch)]
-            self._file.seek(offset)
-            out.append(self._file.read(size))
+            f.seek(offset)
+            out.append(f.read(size))
         return out
 
     def get(self, node: int) -> list[ts.CKKSVector]:
@@ -137,7 +139,8 @@ class CiphertextSpool:
     def snapshot(self) -> tuple[str, dict[tuple[int, int], tuple[int, int]]]:
         """``(path, index)`` for read-only readers in other processes
         (:class:`~fedgat.crypto.encoders.ProcessPoolEncoder`)."""
-        self._file.flush()
+        if self._file is not None:
+            self._file.flush()
         return str(self.path), dict(self._index)
 
     @classmethod
@@ -153,11 +156,31 @@ class CiphertextSpool:
         spool = cls.__new__(cls)
         spool.ctx, spool.layout, spool._tmp, spool._own_dir, spool._owns_file = ctx, layout, None, None, False
         spool.path = Path(path)
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0))  # never through a symlink
-        spool._file = os.fdopen(fd, "rb")
+        spool._file = None
+        spool._reopen()
         spool._index, spool._cache, spool.cache_size = index, OrderedDict(), cache_size
         spool.bytes_stored = sum(size for _, size in index.values())
         return spool
+
+    def _reopen(self) -> BinaryIO:
+        """A reader's handle on the spool file, opened again after :meth:`detach`."""
+        if self._owns_file:
+            raise RuntimeError("a writing spool keeps its file open")
+        fd = os.open(
+            self.path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0)
+        )  # never through a symlink
+        self._file = os.fdopen(fd, "rb")
+        return self._file
+
+    def detach(self) -> None:
+        """A reader lets go of the spool file until its next read (its loaded ciphertexts stay
+        cached): a worker that may not read this spool again must not keep a deleted spool's disk
+        space allocated (:func:`fedgat.crypto.tasks.worker_batch_for`)."""
+        if self._owns_file:
+            raise RuntimeError("a writing spool keeps its file open")
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def drop_cache(self) -> None:
         """Forget the loaded ciphertexts kept for reuse (benchmarks start each pass cold with it)."""
@@ -166,7 +189,8 @@ class CiphertextSpool:
     def close(self) -> None:
         """Close the file; a writing spool also deletes it (and the directory it created).
         Idempotent. Readers only close their handle."""
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         self._cache.clear()
         if self._owns_file:
             self._owns_file = False

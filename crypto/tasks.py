@@ -267,8 +267,10 @@ def worker_batch_for(
     ``key``'s context, uploads read from its spool (through its share of the worker's cache).
     ``setup``: for a recipient that joined after the pool started, its setup file
     (:func:`write_recipient_setup`), read on this worker's first task for it; ``live``: the pool's
-    recipients now, when some joined later -- the readers of any other are closed first (their
-    spools are deleted, and an open handle would keep the disk space until the pool closes)."""
+    recipients now, when some joined later -- the readers of any other are closed first, and the
+    spool's file is let go of after the batch (:meth:`~fedgat.crypto.spool.CiphertextSpool.detach`;
+    its cache stays): a recipient's spool is deleted when it leaves, and a worker that runs no task
+    after that must not keep its disk space allocated."""
     recipients = _WORKER["recipients"]
     if live and any(k not in live for k in recipients):
         for gone in [k for k in recipients if k not in live]:
@@ -279,10 +281,13 @@ def worker_batch_for(
         _open_recipient(key, setup, live)
     ctx, spool = _WORKER["recipients"][key]
     layout = _WORKER["layout"]
-    return [
+    out = [
         encode_node(ctx, layout, [spool.get(j) for j in neighbours], node, q)
         for node, neighbours, q, _last in tasks
     ]
+    if live:  # recipients leave this pool: hold no spool file between tasks (it may be deleted next)
+        spool.detach()
+    return out
 
 
 def worker_pid(barrier: Any = None) -> int:

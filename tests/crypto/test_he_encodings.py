@@ -144,9 +144,9 @@ def test_round_pool_serves_every_recipient_under_its_own_key(keys):
 def test_recipients_join_a_running_round_pool_one_after_another(keys):
     """An upload window computes recipients one by one: they join one :class:`RoundPool` (started
     by the first, :meth:`LocalEncoderFactory.add_recipient`) and leave it when done. Each decrypts
-    with its own key to the plaintext encodings; a recipient that left is refused, its setup file
-    is gone, and once the next recipient's tasks have run no worker holds its spool open (a deleted
-    spool's disk space is freed)."""
+    with its own key to the plaintext encodings; a recipient that left is refused (also as a new
+    joiner: workers know recipients by key), its setup file is gone, and between tasks no worker
+    holds a spool file open, even one that ran none of them (a deleted spool's disk is freed)."""
     from fedgat.crypto.encoders import LocalEncoderFactory, ProcessPoolEncoder
 
     holders, servers, x, layout, spools, csr = _two_recipients(keys, seed=67)
@@ -174,24 +174,26 @@ def test_recipients_join_a_running_round_pool_one_after_another(keys):
             assert pool is not None and pool.keys == {key} and pool.workers == 2
             enc = factory(server, layout, spool, 12)
             assert isinstance(enc, ProcessPoolEncoder) and enc._pool is pool
-            if key == 7:
-                results = list(enc.map(bases))
-            else:  # one group piece per batch: both workers run some of them
+            if key == 7:  # one group piece per batch: both workers run some of them
                 results = [r for _, r in pool.map([(key, bases)], layout, enc, 1, 1)]
+            else:  # one batch: one worker runs none of it
+                results = [r for _, r in pool.map([(key, bases)], layout, enc, 10**6, 10**9)]
             enc.close()
+            if sys.platform.startswith("linux"):
+                assert not open_spools(pool) & set(paths)
             it = iter(results)
             for b in bases:
                 got = decrypt_bucket(
                     holder, layout, b, [next(it) for _ in range(len(b))], dtype=torch.float64
                 )
                 assert (got.features - encode_bucket(b, x).features).abs().max().item() < 1e-5
-            if key == 9 and sys.platform.startswith("linux"):
-                assert paths[0] not in open_spools(pool) and paths[1] in open_spools(pool)
             setup = pool._setups[key]
             factory.remove_recipient(key)
             assert not os.path.exists(setup) and key not in pool.keys
             with pytest.raises(ValueError, match="not one of the round pool's"):
                 list(pool.map([(key, bases)], layout, enc))
+        with pytest.raises(ValueError, match="is or was one of the round pool's"):
+            factory.add_recipient(7, servers[0], spools[0], layout, round_multiply_adds=10**6)
         with pytest.raises(ValueError, match="one ciphertext wire"):
             other = ServerContext.from_bytes(holders[0].public_context_bytes(), wire="tenseal")
             factory.add_recipient(8, other, spools[0], layout, round_multiply_adds=10**6)
