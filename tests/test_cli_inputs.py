@@ -407,3 +407,31 @@ def test_train_with_dp_fedavg_reports_the_update_budget_spent(tmp_path, capsys):
         for row in got["per_seed"][0]["history"]
     )
     assert "DP-FedAvg epsilon 4 over 3 rounds" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("window", "hint"), [([], True), (["--upload-window", "1"], False)])
+def test_demo_refuses_a_spool_the_disk_cannot_hold(monkeypatch, capsys, tmp_path, window, hint):
+    """The server spools uploads under the temporary directory: a demo whose estimated spool
+    (:func:`fedgat.estimate.peak_spool_bytes`, the window's) exceeds 80% of the free disk stops in
+    one line before any work, pointing at ``--upload-window 1`` when that would hold less."""
+    from fedgat.commands import demo
+
+    monkeypatch.setattr(demo, "_free_disk", lambda path: 1000)
+    out = tmp_path / "r.json"
+    argv = [
+        "demo",
+        "--dataset",
+        "synthetic",
+        "--nodes",
+        "400",
+        "--clients",
+        "3",
+        "--quiet",
+        "--json",
+        str(out),
+    ]
+    assert main([*argv, *window]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "the server's spool needs ~" in lines[0] and "--force" in lines[0], lines
+    assert ("--upload-window 1 holds ~" in lines[0]) is hint
+    assert not out.exists()

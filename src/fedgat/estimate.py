@@ -10,7 +10,7 @@ from fedgat.crypto.evaluator import OpCounts
 from fedgat.partition import Partition
 from fedgat.protocols import PretrainConfig
 
-__all__ = ["N4096_OP_SECONDS", "estimate_pretraining"]
+__all__ = ["N4096_OP_SECONDS", "estimate_pretraining", "peak_spool_bytes"]
 
 #: seconds per SEAL operation of the server's evaluator at n4096, 2-core VM (2026-11-25)
 N4096_OP_SECONDS = {"encode": 0.37e-3, "multiply": 0.135e-3, "add": 0.035e-3, "rescale": 0.31e-3}
@@ -55,6 +55,7 @@ def estimate_pretraining(
     rows = np.array([cfg.rows_per_node(int(k), ship_m2) for k in n])
     groups = -(-(rows + 1) // layout.blocks)  # h_i is computed as result row 0
     mads = down_cts = released = 0
+    spooled: dict[int, int] = {}  # recipient -> rows released to it (what the server spools for it)
     uses = np.zeros(partition.num_nodes, dtype=np.int64)
     owner = partition.owner
     for c, cp in enumerate(partition.clients):
@@ -86,7 +87,10 @@ def estimate_pretraining(
             tail = r % layout.blocks
             packs = -(-count // layout.pack_size(r)) if tail else 0
             down_cts += (count * (r // layout.blocks) + packs) * layout.chunks
-        released += int(np.unique(sources[foreign.astype(bool)]).size)
+        mine = int(np.unique(sources[foreign.astype(bool)]).size)
+        released += mine
+        if mine:
+            spooled[c] = mine
     held = np.array([cfg.rows_per_node(int(k), True) for k in n])  # M2 is held, shipped or derived
     decrypted_reals = int(((1 + held) * uses).sum()) * d
     if seconds_per_multiply_add is not None:
@@ -113,9 +117,22 @@ def estimate_pretraining(
         "bytes_down": down_cts * result_bytes,
         "rows_released": released,
         "bytes_up": released * layout.chunks * fresh_bytes,
+        # every upload is spooled for its recipient until that recipient is computed
+        "spool_bytes_per_recipient": {c: k * layout.chunks * fresh_bytes for c, k in sorted(spooled.items())},
         "layout_chunks": layout.chunks,
         "max_rows_per_node": int(rows.max()) if len(rows) else 0,
         "decrypted_bytes_float64": decrypted_reals * 8,
         # the clients' encryptions and decryptions together, on one core (what a process engine spreads)
         "client_seconds": encryptions * encrypt_s + down_cts * decrypt_s,
     }
+
+
+def peak_spool_bytes(estimate: dict, upload_window: int | None = None) -> int:
+    """The most bytes of uploads the server's spool holds at once
+    (:attr:`~fedgat.protocols.pretrain_server.ServerPretrain.peak_spooled_bytes`), from
+    :func:`estimate_pretraining`: every upload without a window; with a window of ``W``, the most
+    that ``W`` consecutive recipients (in plan order: by party id) receive."""
+    sizes = list(estimate["spool_bytes_per_recipient"].values())
+    if upload_window is None or upload_window >= len(sizes):
+        return int(sum(sizes))
+    return int(max(sum(sizes[k : k + upload_window]) for k in range(len(sizes) - upload_window + 1)))

@@ -236,3 +236,25 @@ def test_the_window_is_a_positive_int_and_travels_with_the_config(bad):
     config = PretrainConfig(session=1, upload_window=3)
     assert config_from_value(config_to_value(config)) == config
     assert config_from_value({**config_to_value(config), "upload_window": None}).upload_window is None
+
+
+@pytest.mark.parametrize("window", [None, 1, 2])
+def test_the_spool_estimate_is_what_the_round_spools(tiny_graph, tiny_partition, window):
+    """Per recipient, the bytes the estimate says the server spools are the bytes uploaded for it in
+    a real round, and :func:`peak_spool_bytes` bounds the round's measured peak for its window
+    (every upload without one)."""
+    from fedgat.estimate import estimate_pretraining, peak_spool_bytes
+
+    h = Harness(tiny_graph, tiny_partition, upload_window=window).start().run()
+    uploaded: dict[int, int] = {}
+    for c in h.roster.clients:
+        for msg in h.sent(c, FeatureUpload):
+            uploaded[msg.target] = uploaded.get(msg.target, 0) + sum(len(i.ciphertext) for i in msg.items)
+    est = estimate_pretraining(tiny_partition, "vector", tiny_graph.num_features)
+    assert est["spool_bytes_per_recipient"] == dict(sorted(uploaded.items()))
+    assert sum(uploaded.values()) == est["bytes_up"]
+    peak = h.server.peak_spooled_bytes
+    if window is None:
+        assert peak == peak_spool_bytes(est) == est["bytes_up"]
+    else:
+        assert 0 < peak <= peak_spool_bytes(est, window) < est["bytes_up"]

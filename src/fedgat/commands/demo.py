@@ -30,7 +30,9 @@ import argparse
 import json
 import math
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,7 +140,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="run even when the estimated memory exceeds 70%% of what is available",
+        help="run even when the estimated memory exceeds 70%% of what is available, or the server's "
+        "spool 80%% of the free disk",
     )
 
 
@@ -207,6 +210,14 @@ def _available_memory() -> int | None:
     return None
 
 
+def _free_disk(path: str) -> int | None:
+    """Free bytes on the file system holding ``path`` (where the server spools uploads), or None."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
@@ -216,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fedgat.app import run_summary
     from fedgat.device import describe_device
-    from fedgat.estimate import estimate_pretraining
+    from fedgat.estimate import estimate_pretraining, peak_spool_bytes
     from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import (
         max_abs_error,
@@ -268,6 +279,22 @@ def run(args: argparse.Namespace) -> int:
             f"the decrypted encodings need ~{_gb(memory)}, more than 70% of the "
             f"{_gb(available)} available; lower --neighbour-cap, use a smaller dataset, or pass "
             "--force"
+        )
+
+    # the server spools uploads under the temporary directory (a windowed round: W recipients' at once)
+    spool = peak_spool_bytes(est, args.upload_window)
+    free = _free_disk(tempfile.gettempdir())
+    if free is not None and spool > 0.8 * free and not args.force:
+        hint = (
+            f"--upload-window 1 holds ~{_gb(peak_spool_bytes(est, 1))} at once (uploads paced recipient "
+            "by recipient), "
+            if args.upload_window is None or args.upload_window > 1
+            else ""
+        )
+        raise UsageError(
+            f"the server's spool needs ~{_gb(spool)} of disk for the uploads it holds at once, more than "
+            f"80% of the {_gb(free)} free under {tempfile.gettempdir()}; {hint}point TMPDIR at a larger "
+            "disk, or pass --force"
         )
 
     engine = open_engine(args, "demo")
