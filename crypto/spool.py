@@ -166,9 +166,8 @@ class CiphertextSpool:
         """A reader's handle on the spool file, opened again after :meth:`detach`."""
         if self._owns_file:
             raise RuntimeError("a writing spool keeps its file open")
-        fd = os.open(
-            self.path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0)
-        )  # never through a symlink
+        # never through a symlink
+        fd = os.open(self.path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_BINARY", 0))
         self._file = os.fdopen(fd, "rb")
         return self._file
 

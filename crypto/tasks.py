@@ -244,7 +244,8 @@ def write_recipient_setup(
 
 def _read_recipient_setup(path: str) -> tuple[bytes, str, dict[tuple[int, int], tuple[int, int]]]:
     with np.load(path, allow_pickle=False) as z:
-        index = {(int(n), int(c)): (int(o), int(z_)) for (n, c), (o, z_) in zip(z["keys"], z["spans"])}
+        spans = zip(z["keys"].tolist(), z["spans"].tolist(), strict=True)
+        index = {(node, chunk): (offset, size) for (node, chunk), (offset, size) in spans}
         return z["context"].tobytes(), os.fsdecode(z["spool"].tobytes()), index
 
 
