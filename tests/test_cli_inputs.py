@@ -412,8 +412,9 @@ def test_train_with_dp_fedavg_reports_the_update_budget_spent(tmp_path, capsys):
 @pytest.mark.parametrize(("window", "hint"), [([], True), (["--upload-window", "1"], False)])
 def test_demo_refuses_a_spool_the_disk_cannot_hold(monkeypatch, capsys, tmp_path, window, hint):
     """The server spools uploads under the temporary directory: a demo whose estimated spool
-    (:func:`fedgat.estimate.peak_spool_bytes`, the window's) exceeds 80% of the free disk stops in
-    one line before any work, pointing at ``--upload-window 1`` when that would hold less."""
+    (:func:`fedgat.estimate.peak_spool_bytes`) cannot fit in 80% of the free disk, even one recipient
+    at a time, stops in one line before any work, saying what ``--upload-window 1`` would hold unless
+    that was asked already."""
     from fedgat.commands import demo
 
     monkeypatch.setattr(demo, "_free_disk", lambda path: 1000)
@@ -433,5 +434,49 @@ def test_demo_refuses_a_spool_the_disk_cannot_hold(monkeypatch, capsys, tmp_path
     assert main([*argv, *window]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "the server's spool needs ~" in lines[0] and "--force" in lines[0], lines
-    assert ("--upload-window 1 holds ~" in lines[0]) is hint
+    assert ("--upload-window 1 would hold ~" in lines[0]) is hint
     assert not out.exists()
+
+
+def test_the_demo_paces_uploads_when_only_a_window_fits_the_disk():
+    """:func:`fedgat.commands.demo.spool_window`: the window asked when its spool fits; without one, every
+    upload at once when that fits, else the widest window that does; else a one-line refusal."""
+    from fedgat.cli_engine import UsageError
+    from fedgat.commands.demo import spool_window
+
+    est = {"spool_bytes_per_recipient": {0: 10, 1: 20, 2: 30}}  # peaks: all 60, pairs 30/50, singles 30
+    assert spool_window(est, 100, None) is None
+    assert spool_window(est, 55, None) == 2 and spool_window(est, 35, None) == 1
+    assert spool_window(est, 35, 1) == 1
+    with pytest.raises(UsageError, match="--upload-window 1 would hold"):
+        spool_window(est, 25, None)
+    with pytest.raises(UsageError, match="--upload-window 1 would hold"):
+        spool_window(est, 45, 2)  # asked for: not widened or narrowed behind the user's back
+    with pytest.raises(UsageError) as exc:
+        spool_window(est, 25, 1)
+    assert "would hold" not in str(exc.value)
+
+
+@pytest.mark.slow  # a whole (small) demo
+def test_a_demo_whose_disk_holds_one_recipient_runs_windowed(monkeypatch, capsys, tmp_path):
+    from fedgat import estimate
+    from fedgat.commands import demo
+
+    seen: list[dict] = []
+    real = estimate.estimate_pretraining
+
+    def recorded(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(estimate, "estimate_pretraining", recorded)
+    # room for one recipient's uploads at a time (80% of it), not for two
+    monkeypatch.setattr(demo, "_free_disk", lambda path: int(estimate.peak_spool_bytes(seen[-1], 1) / 0.8) + 1)
+    out = tmp_path / "r.json"
+    argv = ["demo", "--dataset", "synthetic", "--nodes", "400", "--clients", "3", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert estimate.peak_spool_bytes(seen[-1], 2) > 0.8 * demo._free_disk("")
+    assert "the uploads are paced recipient by recipient (--upload-window 1" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["upload_window"] == 1
+    assert 0 < report["peak_spooled_bytes"] <= estimate.peak_spool_bytes(seen[-1], 1)

@@ -218,6 +218,29 @@ def _free_disk(path: str) -> int | None:
         return None
 
 
+def spool_window(estimate: dict, budget: int, requested: int | None, where: str = "the disk") -> int | None:
+    """The upload window to run with, given the bytes the server's spool may take (``budget``):
+    ``requested`` when its peak (:func:`fedgat.estimate.peak_spool_bytes`) fits; without a request and
+    with every upload at once too big, the widest window that fits (the user is told); otherwise a
+    :class:`UsageError` saying what would fit."""
+    from fedgat.estimate import peak_spool_bytes
+
+    if peak_spool_bytes(estimate, requested) <= budget:
+        return requested
+    if requested is None:
+        recipients = len(estimate["spool_bytes_per_recipient"])
+        fits = [w for w in range(1, recipients + 1) if peak_spool_bytes(estimate, w) <= budget]
+        if fits:
+            return max(fits)
+    one = peak_spool_bytes(estimate, 1)
+    hint = "" if requested == 1 else f"--upload-window 1 would hold ~{_gb(one)}, "
+    raise UsageError(
+        f"the server's spool needs ~{_gb(peak_spool_bytes(estimate, requested))} of disk for the uploads "
+        f"it holds at once, more than the {_gb(budget)} it may use (80% of the free space under {where}); "
+        f"{hint}point TMPDIR at a larger disk, or pass --force"
+    )
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
@@ -282,20 +305,18 @@ def run(args: argparse.Namespace) -> int:
         )
 
     # the server spools uploads under the temporary directory (a windowed round: W recipients' at once)
-    spool = peak_spool_bytes(est, args.upload_window)
     free = _free_disk(tempfile.gettempdir())
-    if free is not None and spool > 0.8 * free and not args.force:
-        hint = (
-            f"--upload-window 1 holds ~{_gb(peak_spool_bytes(est, 1))} at once (uploads paced recipient "
-            "by recipient), "
-            if args.upload_window is None or args.upload_window > 1
-            else ""
-        )
-        raise UsageError(
-            f"the server's spool needs ~{_gb(spool)} of disk for the uploads it holds at once, more than "
-            f"80% of the {_gb(free)} free under {tempfile.gettempdir()}; {hint}point TMPDIR at a larger "
-            "disk, or pass --force"
-        )
+    if free is not None and not args.force:
+        window = spool_window(est, int(0.8 * free), args.upload_window, tempfile.gettempdir())
+        if window != args.upload_window:
+            print(
+                f"note: every upload at once would need ~{_gb(peak_spool_bytes(est))} of the "
+                f"{_gb(free)} free under {tempfile.gettempdir()}: the uploads are paced recipient by "
+                f"recipient (--upload-window {window}, ~{_gb(peak_spool_bytes(est, window))} at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+            args.upload_window = window
 
     engine = open_engine(args, "demo")
     try:
