@@ -471,7 +471,9 @@ def test_a_demo_whose_disk_holds_one_recipient_runs_windowed(monkeypatch, capsys
 
     monkeypatch.setattr(estimate, "estimate_pretraining", recorded)
     # room for one recipient's uploads at a time (80% of it), not for two
-    monkeypatch.setattr(demo, "_free_disk", lambda path: int(estimate.peak_spool_bytes(seen[-1], 1) / 0.8) + 1)
+    monkeypatch.setattr(
+        demo, "_free_disk", lambda path: int(estimate.peak_spool_bytes(seen[-1], 1) / 0.8) + 1
+    )
     out = tmp_path / "r.json"
     argv = ["demo", "--dataset", "synthetic", "--nodes", "400", "--clients", "3", "--rounds", "1", "--quiet"]
     assert main([*argv, "--json", str(out)]) == 0
