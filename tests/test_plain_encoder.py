@@ -28,7 +28,7 @@ from fedgat.protocols import InProcessTransport
 from fedgat.protocols.pretrain_plan import partition_graphs, plan_round
 from fedgat.synthetic import synthetic_graph
 
-from graph_helpers import random_csr, unit_rows
+from graph_helpers import random_csr, rows_by_node, unit_rows
 
 SEED = 11
 DP = FeatureDP(epsilon=4.0, delta=1e-5, mechanism="gaussian", dim=8, seed=5)
@@ -57,14 +57,6 @@ def federation():
     graph = synthetic_graph(num_nodes=48, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
     partition = make_partition(graph, 3, beta=1.0, seed=0, num_layers=2)
     return graph, partition
-
-
-def rows_by_node(enc) -> dict[int, np.ndarray]:
-    out = {}
-    for b in enc.buckets:
-        feats = b.features.double().numpy()
-        out.update((int(n), feats[k]) for k, n in enumerate(b.bases.nodes))
-    return out
 
 
 def direct(bases: BucketBases, slot: int, sources: torch.Tensor) -> np.ndarray:

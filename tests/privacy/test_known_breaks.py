@@ -60,6 +60,8 @@ from fedgat.server_attacks import AttackSetting, _build, _server_args, colluder_
 from fedgat.synthetic import synthetic_graph
 from fedgat.tasks import LocalTask
 
+from graph_helpers import rows_by_node
+
 RESULT_BATCH_BYTES = 16 << 20
 
 
@@ -70,15 +72,6 @@ def pretraining_setting() -> AttackSetting:
         num_nodes=120, num_features=16, avg_degree=4.0, seed=3, train_per_class=5, num_val=20, num_test=40
     )
     return AttackSetting(graph, make_partition(graph, 3, beta=1.0, seed=0), "vector", seed=1)
-
-
-def rows_by_node(encodings) -> dict[int, np.ndarray]:
-    """Every node's encoding rows, as float64 arrays."""
-    out = {}
-    for bucket in encodings.buckets:
-        feats = bucket.features.double().numpy()
-        out.update((int(n), feats[k]) for k, n in enumerate(bucket.bases.nodes))
-    return out
 
 
 def test_server_plus_one_client_cannot_forge_another_owners_partial():

@@ -26,6 +26,8 @@ from fedgat.server_attacks import (
 )
 from fedgat.synthetic import synthetic_graph
 
+from graph_helpers import rows_by_node
+
 WINDOW = 1
 
 
@@ -130,7 +132,7 @@ def test_the_windowed_forgery_path_is_not_blind(setting, honest):
     victim = parties.clients[server.victim]
     assert [exc for pid, exc in driver.rejected if pid == server.victim] == []
     assert victim.state is ClientState.DONE
-    got, want = (_rows_by_node(p.clients[server.victim].encodings) for p in (parties, honest[0]))
+    got, want = (rows_by_node(p.clients[server.victim].encodings) for p in (parties, honest[0]))
     node = server.target[0]
     diff = got[node] - want[node]
     np.testing.assert_allclose(diff[0], server.delta, rtol=0, atol=1e-6)
@@ -196,11 +198,3 @@ def test_audit_command_records_the_window(tmp_path, capsys):
     assert entry["upload_window"] == 1 and entry["upload_grants"] > 0
     assert entry["ran"] and entry["recovered_fraction"] == 0.0
     assert "Upload window of the encrypted rounds: 1 recipient(s) at a time" in capsys.readouterr().out
-
-
-def _rows_by_node(encodings) -> dict[int, np.ndarray]:
-    out = {}
-    for bucket in encodings.buckets:
-        feats = bucket.features.double().numpy()
-        out.update((int(n), feats[k]) for k, n in enumerate(bucket.bases.nodes))
-    return out

@@ -51,6 +51,7 @@ from fedgat.protocols import (
     run_parties,
 )
 
+from graph_helpers import rows_by_node
 from protocol_helpers import Harness, computing, refused_for_good, rejected
 
 DP = FeatureDP(epsilon=4.0, delta=1e-5, mechanism="gaussian", dim=8, seed=5)
@@ -69,15 +70,6 @@ def ledgers(partition) -> dict[int, DPLedger]:
 def drawn(tiny_graph, tiny_partition):
     """One release of every node, drawn once and handed to the encrypted round and its twin."""
     return draw_release(tiny_graph, tiny_partition, DP, ledgers=ledgers(tiny_partition))
-
-
-def rows_by_node(enc) -> dict[int, np.ndarray]:
-    """Every node's feature-dependent rows ``(R + 1, d)`` in the coefficient layout."""
-    out = {}
-    for b in enc.buckets:
-        feats = b.features.double().numpy()
-        out.update((int(n), feats[k]) for k, n in enumerate(b.bases.nodes))
-    return out
 
 
 def reference(graph, partition, variant, viewer, drawn):
