@@ -315,7 +315,25 @@ class Forgery:
     target: int | None = None  # the other owner's row a single-row substitution sends
 
 
-class ForgingServer(ServerPretrain):
+class TamperingServer(ServerPretrain):
+    """A hostile server's one hook on its results: :meth:`_tampered` sees every ``(compute bucket,
+    pack, result)`` the server computes, on both compute paths -- the round's
+    (:meth:`_compute_results`) and, with an upload window, each recipient's
+    (:meth:`_recipient_results`) -- and yields what it sends instead."""
+
+    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
+        return self._tampered(super()._compute_results())
+
+    def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
+        return self._tampered(super()._recipient_results(recipient))
+
+    def _tampered(
+        self, results: Iterator[tuple[int, int, NodeResult]]
+    ) -> Iterator[tuple[int, int, NodeResult]]:
+        return results
+
+
+class ForgingServer(TamperingServer):
     """A hostile server: honest until it computes, then, for each of ``len(kinds)`` recipients it
     computes for (the victims: from the ``offset``-th recipient on, in plan order), replaces one
     result with a forgery of that victim's kind (:data:`FORGERIES`): valid ciphertexts of the right
@@ -377,12 +395,6 @@ class ForgingServer(ServerPretrain):
                 self.forgeries[(victim, node, owner)] = Forgery(kind, victim, node, (owner,), target)
                 return True
         return False
-
-    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
-        return self._tampered(super()._compute_results())
-
-    def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
-        return self._tampered(super()._recipient_results(recipient))
 
     def _tampered(
         self, results: Iterator[tuple[int, int, NodeResult]]
@@ -809,13 +821,12 @@ def fake_edges_attack(setting: AttackSetting, colluder: int | None = None, fakes
 
 
 # ------------------------------------------------------------- server + one client, forging
-class ColluderForgingServer(ServerPretrain):
+class ColluderForgingServer(TamperingServer):
     """A server colluding with client ``colluder`` (whose secrets it holds): it adds ``delta`` (norm
     0.5) to row 0 of one partial for the first recipient other than the colluder, with the tag
     columns ``<r, delta>`` for the check vectors ``r`` that recipient gave the colluder (the PRF part
     is 0: ``delta`` has no sources). ``own`` picks the partial of the colluder's own rows (True) or
-    of an honest third party's (False). It tampers with both compute paths: the round's
-    (:meth:`_compute_results`) and, with an upload window, each recipient's (:meth:`_recipient_results`)."""
+    of an honest third party's (False). It tampers with both compute paths (:class:`TamperingServer`)."""
 
     def __init__(self, *args: Any, colluder: ClientPretrain, own: bool, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -838,12 +849,6 @@ class ColluderForgingServer(ServerPretrain):
                 self.victim, self.target = victim, (int(bucket.nodes[0]), bucket.owner)
                 break
         return out
-
-    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
-        return self._tampered(super()._compute_results())
-
-    def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
-        return self._tampered(super()._recipient_results(recipient))
 
     def _tampered(
         self, results: Iterator[tuple[int, int, NodeResult]]
