@@ -132,6 +132,14 @@ class PretrainParties:
     def all(self) -> dict[int, ClientPretrain | ServerPretrain]:
         return {**self.clients, self.server.party_id: self.server}
 
+    @property
+    def clients_share_a_key(self) -> bool:
+        """Whether two clients' CKKS keys may be the same: two equal key fingerprints
+        (:attr:`ClientPretrain.key_fingerprint`, a hosted client's as it reported it), or one unknown
+        (a client that never reported its key cannot be shown to hold its own)."""
+        fps = [c.key_fingerprint for c in self.clients.values()]
+        return None in fps or len(set(fps)) < len(fps)
+
 
 def owned_neighbourhoods(partition: Partition, owned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(indptr, indices)``: the CSR rows of ``owned`` in the partition's (filtered) neighbourhoods,

@@ -255,12 +255,6 @@ class _Progress:
                 bar.close()
 
 
-def _shares_a_key(fingerprints: list[bytes | None]) -> bool:
-    """Whether two clients' CKKS keys may be the same: two equal fingerprints, or one unknown
-    (a client that never reported its key cannot be shown to hold its own)."""
-    return None in fingerprints or len(set(fingerprints)) < len(fingerprints)
-
-
 def resolve_encrypt_workers(
     value: int | str, clients: int, transport: Transport, *, windowed: bool = False
 ) -> int:
@@ -423,7 +417,7 @@ def run_encrypted_pretraining(
             else float("nan")
         ),
         server_has_secret_key=server.has_secret_key,
-        shared_secret_key=_shares_a_key([c.key_fingerprint for c in parties.clients.values()]),
+        shared_secret_key=parties.clients_share_a_key,
         rows_released=server.rows_released,
         variant=variant,
         preset=preset,

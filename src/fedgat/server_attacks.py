@@ -164,10 +164,9 @@ class AttackSetting:
 
 # ------------------------------------------------------------------------------------ helpers
 def shared_secret_key(parties: PretrainParties) -> bool:
-    """Whether any two clients hold the same CKKS key (fingerprints of their key holders) or the
-    server holds a secret key: read from the parties of a round, never assumed."""
-    fps = [c.key_fingerprint for c in parties.clients.values()]
-    return None in fps or len(set(fps)) != len(fps) or parties.server.has_secret_key
+    """Whether any two clients hold the same CKKS key (:attr:`PretrainParties.clients_share_a_key`)
+    or the server holds a secret key: read from the parties of a round, never assumed."""
+    return parties.clients_share_a_key or parties.server.has_secret_key
 
 
 def cosines(rows: np.ndarray, truth: np.ndarray) -> np.ndarray:
