@@ -30,7 +30,8 @@ What it catches:
   :math:`\Delta` to another owner's result with the tag :math:`\langle r_a, \Delta\rangle`.
 
 A failing result raises :class:`ResultCheckError` naming the node and the owner whose rows it
-should have combined. Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
+should have combined. A recipient checks every partial of a results message at once
+(:func:`check_shares`, the same rule as :func:`check_share` without a per-partial loop). Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
 (:func:`check_share` refuses more, and anything not finite).
 """
 
@@ -49,6 +50,7 @@ __all__ = [
     "CheckKeys",
     "ResultCheckError",
     "check_share",
+    "check_shares",
     "prf_tags",
     "tag_columns",
 ]
@@ -189,5 +191,55 @@ def check_share(
             f"{list(owners)} (tag off by {miss.max():.3g})",
             node=node,
             owners=owners,
+        )
+    return features
+
+
+def check_shares(
+    decrypted: np.ndarray,
+    coefficients: np.ndarray,
+    source_prf: np.ndarray,
+    vectors: np.ndarray,
+    *,
+    nodes: np.ndarray,
+    owners: np.ndarray,
+    max_row_norm: float | None = 1.0,
+) -> np.ndarray:
+    """:func:`check_share` of ``P`` partials at once; their feature columns ``(P, R + 1, d)``.
+
+    Each partial's sources are the columns where its coefficients are non-zero: a source another
+    owner holds has coefficient 0 and PRF tag 0, so it adds nothing to the prediction or the range,
+    and the verdict is :func:`check_share`'s on the partial's own columns.
+
+    Args:
+        decrypted: ``(P, R + 1, d + T)`` decrypted rows of each partial.
+        coefficients: ``(P, R + 1, n)`` each partial's coefficients, zero outside its sources.
+        source_prf: ``(P, n, T)`` the PRF tags of the sources (each under its owner's pair key), zero
+            outside them.
+        vectors: ``(P, T, d)`` the check vectors of each partial's owner.
+        nodes, owners: ``(P,)`` named in the error of a failing partial.
+        max_row_norm: as :func:`check_share`.
+
+    Raises:
+        ResultCheckError: of the first failing partial, exactly as :func:`check_share` raises it.
+    """
+    d = vectors.shape[2]
+    features, tags = decrypted[:, :, :d], decrypted[:, :, d:]
+    scale = 1.0 + np.abs(coefficients).sum(axis=2)  # (P, R + 1)
+    ok = np.isfinite(decrypted).all(axis=(1, 2))
+    if max_row_norm is not None:
+        norms = np.linalg.norm(features, axis=2)
+        ok &= (norms <= max_row_norm * scale * (1 + TAG_TOLERANCE)).all(axis=1)
+    expected = coefficients @ source_prf + features @ vectors.transpose(0, 2, 1)
+    ok &= (np.abs(tags - expected) / scale[:, :, None] <= TAG_TOLERANCE).all(axis=(1, 2))
+    for k in np.flatnonzero(~ok):  # the single check raises, with its message
+        check_share(
+            decrypted[k],
+            coefficients[k],
+            source_prf[k],
+            vectors[k],
+            node=int(nodes[k]),
+            owners=(int(owners[k]),),
+            max_row_norm=max_row_norm,
         )
     return features

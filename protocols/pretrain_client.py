@@ -26,7 +26,7 @@ from fedgat.crypto import (
     encrypt_rows,
 )
 from fedgat.crypto.encrypt_pool import EncryptionPool, EncryptionWorkerStartError, encrypt_pool_size
-from fedgat.crypto.tags import CheckKeys, ResultCheckError, check_share, prf_tags, tag_columns
+from fedgat.crypto.tags import TAG_COLUMNS, CheckKeys, ResultCheckError, check_shares, prf_tags, tag_columns
 from fedgat.dp import LabelPredictor
 from fedgat.dp_ledger import DPLedger, dataset_id
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
@@ -785,54 +785,65 @@ class ClientPretrain(Party):
                 raise PayloadError(
                     f"node {item.node}: {len(item.row_blobs)} row ciphertexts, expected {want}"
                 )
-        shares = []
+        decrypted: list[np.ndarray] = []
         with self.clock("decrypt"):
-            at = 0
             for item in msg.items:
                 count = len(item.nodes)
                 try:
                     dec = decrypt_rows(self.holder, item.row_blobs, count * R, layout, kind="result")
                 except (CiphertextFormatError, KeyMismatchError) as exc:
                     raise crypto_error(exc, f"results of node {item.node}") from exc
-                for rows, (slot, owner) in zip(
-                    layout.unpack_items(dec, count, R), parts[at : at + count], strict=True
-                ):
-                    shares.append(self._check(asm, slot, owner, rows))
-                at += count
+                decrypted.extend(layout.unpack_items(dec, count, R))
+            slots = np.array([slot for slot, _ in parts], dtype=np.int64)
+            owners = np.array([owner for _, owner in parts], dtype=np.int64)
+            shares = self._check(asm, slots, owners, np.stack(decrypted))
         lo = self._offset
-        for (slot, owner), share in zip(parts, shares, strict=True):  # all checked: now store
-            asm.rows[slot, :, lo:] += torch.from_numpy(share).to(self.dtype)
+        for k, (slot, owner) in enumerate(parts):  # all checked: now store
+            asm.rows[slot, :, lo:] += torch.from_numpy(shares[k]).to(self.dtype)
             asm.received.add((slot, owner))
             asm.remaining[slot] -= 1
         self._arm("download", self.timeouts.download)
-        done = np.unique([slot for slot, _ in parts])
+        done = np.unique(slots)
         self.nodes_decrypted += int(asm.filled[done].sum())  # nodes whose last partial came in
         self.ciphertexts_decrypted += sum(len(item.row_blobs) for item in msg.items)
         return []
 
-    def _check(self, asm: _Assembly, slot: int, owner: int, dec: np.ndarray) -> np.ndarray:
-        """The verified feature columns of one decrypted partial: the rows of ``owner``'s neighbours
-        of the node, against ``owner``'s check keys alone (:func:`check_share`)."""
-        node = int(asm.bases.nodes[slot])
-        theirs = asm.owners[slot] == owner
-        keys = self._my_keys.get(owner)
-        if keys is None:
-            raise ResultRejectedError(node, (owner,), detail=f"no check keys for owner {owner}")
-        ids = asm.bases.neighbours[slot][theirs]
-        if owner not in self._vectors:
-            self._vectors[owner] = keys.vectors(self.dim)
+    def _check(self, asm: _Assembly, slots: np.ndarray, owners: np.ndarray, dec: np.ndarray) -> np.ndarray:
+        """``(P, R + 1, d)``: the verified feature columns of the decrypted partials ``dec`` (P, R + 1,
+        d + T); partial ``k`` combines the rows of ``owners[k]``'s neighbours of the node at
+        ``slots[k]`` and is checked against that owner's check keys alone (:func:`check_shares`, one
+        pass per message)."""
+        nodes = asm.bases.nodes[slots]
+        theirs = asm.owners[slots] == owners[:, None]  # (P, n): the sources of each partial
+        coefficients = asm.bases.coefficients(slots) * theirs[:, None, :]
+        source_prf = np.zeros((*theirs.shape, TAG_COLUMNS))
+        vectors = np.empty((len(slots), TAG_COLUMNS, self.dim))
+        for owner in np.unique(owners).tolist():
+            keys = self._my_keys.get(owner)
+            at = np.flatnonzero(owners == owner)
+            if keys is None:
+                raise ResultRejectedError(
+                    int(nodes[at[0]]), (owner,), detail=f"no check keys for owner {owner}"
+                )
+            if owner not in self._vectors:
+                self._vectors[owner] = keys.vectors(self.dim)
+            mine = theirs[at]
+            block = np.zeros((*mine.shape, TAG_COLUMNS))
+            block[mine] = prf_tags(keys.prf, self.session, asm.bases.neighbours[slots[at]][mine])
+            source_prf[at] = block
+            vectors[at] = self._vectors[owner]
         try:
-            return check_share(
+            return check_shares(
                 dec,
-                asm.bases.coefficients(slot)[:, theirs],
-                prf_tags(keys.prf, self.session, ids),
-                self._vectors[owner],
-                node=node,
-                owners=(owner,),
+                coefficients,
+                source_prf,
+                vectors,
+                nodes=nodes,
+                owners=owners,
                 max_row_norm=1.0,  # released rows are unit-norm (DP releases are renormalised)
             )
         except ResultCheckError as exc:
-            raise ResultRejectedError(node, (owner,), detail=str(exc)) from exc
+            raise ResultRejectedError(exc.node, exc.owners, detail=str(exc)) from exc
 
     def _on_done(self, msg: EncodingsDone) -> list[Message]:
         self._from_server(msg)

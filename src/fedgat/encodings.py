@@ -107,21 +107,26 @@ class BucketBases:
     def __len__(self) -> int:
         return int(self.rows.shape[0])
 
-    def coefficients(self, slot: int | None = None) -> np.ndarray:
+    def coefficients(self, slot: int | np.ndarray | None = None) -> np.ndarray:
         """``(B, R, n)`` coefficient matrices :math:`A_i` of the *computed* feature-dependent encodings
-        (``(R, n)`` for the single node ``slot``): what the (encrypted) server evaluates.
+        (``(R, n)`` for the single node ``slot``, ``(len(slot), R, n)`` for an array of positions):
+        what the (encrypted) server evaluates.
 
         Row layout: row 0 is :math:`h_i` itself (the :math:`M_1` factor; self is neighbour 0), rows
         ``1..m`` are :math:`K_2` (matrix) or :math:`V` (vector). The matrix variant's :math:`M_2` is
         not computed: it is the feature-free map :meth:`m2_map` applied to :math:`K_2`.
         """
-        sel = slice(None) if slot is None else slice(slot, slot + 1)
-        p = self.p[sel]
+        if slot is None:
+            p = self.p
+        elif isinstance(slot, np.ndarray):
+            p = self.p[slot]
+        else:
+            p = self.p[slot : slot + 1]
         B, _, n = p.shape
         self_row = np.zeros((B, 1, n))
         self_row[:, 0, 0] = 1.0
         out = np.concatenate([self_row, p], axis=1)
-        return out if slot is None else out[0]
+        return out if slot is None or isinstance(slot, np.ndarray) else out[0]
 
     def m2_map(self) -> np.ndarray:
         r"""``(B, m*m, m)``: :math:`L_i` with :math:`M_2 = L_i K_2` (matrix variant; paper eq. 9-14,

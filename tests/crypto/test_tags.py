@@ -19,6 +19,7 @@ from fedgat.crypto.tags import (
     CheckKeys,
     ResultCheckError,
     check_share,
+    check_shares,
     prf_tags,
     tag_columns,
 )
@@ -196,6 +197,84 @@ def test_an_out_of_range_row_is_refused_even_with_matching_tags():
     c_pos = np.abs(s.c)
     tagged = s.release(s.ids, s.owners, aligned)
     check_share(c_pos @ tagged, c_pos, s.prf(), s.vectors, node=1, owners=(7,))
+
+
+# ------------------------------------------------------------------------- a message at once
+def _partials(seeds: range) -> dict[str, np.ndarray]:
+    """Every single-owner partial of the shares ``seeds`` as a recipient holds a results message:
+    coefficients and PRF tags over the node's whole neighbourhood, zero outside the owner's rows."""
+    parts: dict[str, list] = {k: [] for k in ("dec", "coef", "prf", "vectors", "nodes", "owners", "mask")}
+    for seed in seeds:
+        s = Share(seed)
+        prf = s.prf()
+        for o in (7, 9):
+            mine = s.owners == o
+            parts["dec"].append(s.c[:, mine] @ s.tagged[mine] + s.noise)
+            parts["coef"].append(s.c * mine)
+            parts["prf"].append(prf * mine[:, None])
+            parts["vectors"].append(s.vectors)
+            parts["nodes"].append(int(s.ids[0]))
+            parts["owners"].append(o)
+            parts["mask"].append(mine)
+    return {k: np.array(v) for k, v in parts.items()}
+
+
+def _check_all(p: dict[str, np.ndarray], dec: np.ndarray | None = None, **kw) -> np.ndarray:
+    return check_shares(
+        p["dec"] if dec is None else dec,
+        p["coef"],
+        p["prf"],
+        p["vectors"],
+        nodes=p["nodes"],
+        owners=p["owners"],
+        **kw,
+    )
+
+
+def _check_one(p: dict[str, np.ndarray], k: int, dec: np.ndarray, **kw) -> np.ndarray:
+    """:func:`check_share` of partial ``k`` on its owner's columns alone."""
+    mine = p["mask"][k]
+    return check_share(
+        dec[k],
+        p["coef"][k][:, mine],
+        p["prf"][k][mine],
+        p["vectors"][k],
+        node=int(p["nodes"][k]),
+        owners=(int(p["owners"][k]),),
+        **kw,
+    )
+
+
+def test_checking_a_message_at_once_agrees_with_each_partial_alone():
+    p = _partials(range(6))
+    got = _check_all(p)
+    assert got.shape == (12, 4, D)
+    for k in range(12):
+        np.testing.assert_allclose(got[k], _check_one(p, k, p["dec"]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fault", ["substituted", "scaled", "nan", "out_of_range"])
+def test_a_bad_partial_in_a_message_is_refused_as_alone_and_the_first_one_is_named(fault):
+    """Two bad partials among twelve: the batch raises the error :func:`check_share` raises for the
+    first of them (same node, owner and message), whatever the other partials hold."""
+    p = _partials(range(6))
+    dec = p["dec"].copy()
+    for k in (9, 4):
+        if fault == "substituted":  # another owner's released row in place of the first source
+            dec[k] = p["coef"][k][:, p["mask"][k]] @ np.roll(Share(k // 2).tagged[p["mask"][k]], 1, axis=0)
+        elif fault == "scaled":
+            dec[k] *= 1.01
+        elif fault == "nan":
+            dec[k, 1, 2] = np.nan
+        else:
+            dec[k, 1, :D] *= 100.0
+    with pytest.raises(ResultCheckError) as batch:
+        _check_all(p, dec, max_row_norm=None if fault == "scaled" else 1.0)
+    with pytest.raises(ResultCheckError) as alone:
+        _check_one(p, 4, dec, max_row_norm=None if fault == "scaled" else 1.0)
+    assert (batch.value.node, batch.value.owners) == (int(p["nodes"][4]), (int(p["owners"][4]),))
+    assert str(batch.value) == str(alone.value)
+    _check_one(p, 3, dec)  # the partials before it pass alone
 
 
 # ----------------------------------------------------------------------------------------- PRF
