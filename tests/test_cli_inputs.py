@@ -415,9 +415,9 @@ def test_demo_refuses_a_spool_the_disk_cannot_hold(monkeypatch, capsys, tmp_path
     (:func:`fedgat.estimate.peak_spool_bytes`) cannot fit in 80% of the free disk, even one recipient
     at a time, stops in one line before any work, saying what ``--upload-window 1`` would hold unless
     that was asked already."""
-    from fedgat.commands import demo
+    from fedgat import cli_engine
 
-    monkeypatch.setattr(demo, "_free_disk", lambda path: 1000)
+    monkeypatch.setattr(cli_engine, "free_disk", lambda path: 1000)
     out = tmp_path / "r.json"
     argv = [
         "demo",
@@ -439,10 +439,10 @@ def test_demo_refuses_a_spool_the_disk_cannot_hold(monkeypatch, capsys, tmp_path
 
 
 def test_the_demo_paces_uploads_when_only_a_window_fits_the_disk():
-    """:func:`fedgat.commands.demo.spool_window`: the window asked when its spool fits; without one, every
-    upload at once when that fits, else the widest window that does; else a one-line refusal."""
-    from fedgat.cli_engine import UsageError
-    from fedgat.commands.demo import spool_window
+    """:func:`fedgat.cli_engine.spool_window`: the window asked when its spool fits; without one, every
+    upload at once when that fits, else the widest window that does (unless told not to pace, as the
+    audit and the overhead benchmark are); else a one-line refusal."""
+    from fedgat.cli_engine import UsageError, spool_window
 
     est = {"spool_bytes_per_recipient": {0: 10, 1: 20, 2: 30}}  # peaks: all 60, pairs 30/50, singles 30
     assert spool_window(est, 100, None) is None
@@ -455,12 +455,38 @@ def test_the_demo_paces_uploads_when_only_a_window_fits_the_disk():
     with pytest.raises(UsageError) as exc:
         spool_window(est, 25, 1)
     assert "would hold" not in str(exc.value)
+    assert spool_window(est, 100, None, pace=False) is None
+    with pytest.raises(UsageError, match="--upload-window 1 would hold .* or skip it"):
+        spool_window(est, 55, None, pace=False, escape="skip it")
+
+
+@pytest.mark.parametrize(
+    ("argv", "escape"),
+    [
+        (["audit", "--no-training", "--server-attacks"], "--no-server-check"),
+        (["audit", "--no-training", "--server-attacks", "--upload-window", "2"], "--no-server-check"),
+        (["bench", "overhead", "--no-train", "--nodes", "300"], "benchmark a smaller graph"),
+    ],
+)
+def test_audit_and_overhead_refuse_a_spool_the_disk_cannot_hold(monkeypatch, capsys, tmp_path, argv, escape):
+    """The audit's and the overhead benchmark's encrypted rounds spool their uploads like the demo's,
+    but are never paced behind the user's back (the round they measure is the one asked for): a spool
+    that does not fit in 80% of the free disk stops them in one line before any work."""
+    from fedgat import cli_engine
+
+    monkeypatch.setattr(cli_engine, "free_disk", lambda path: 1000)
+    out = tmp_path / "r.json"
+    graph = ["--dataset", "synthetic", "--clients", "3", "--json", str(out)]
+    assert main([*argv, *graph]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "the server's spool needs ~" in lines[0] and escape in lines[0], lines
+    assert ("--upload-window 1 would hold" in lines[0]) is (argv[0] == "audit")  # bench has no window
+    assert not out.exists()
 
 
 @pytest.mark.slow  # a whole (small) demo
 def test_a_demo_whose_disk_holds_one_recipient_runs_windowed(monkeypatch, capsys, tmp_path):
-    from fedgat import estimate
-    from fedgat.commands import demo
+    from fedgat import cli_engine, estimate
 
     seen: list[dict] = []
     real = estimate.estimate_pretraining
@@ -472,12 +498,12 @@ def test_a_demo_whose_disk_holds_one_recipient_runs_windowed(monkeypatch, capsys
     monkeypatch.setattr(estimate, "estimate_pretraining", recorded)
     # room for one recipient's uploads at a time (80% of it), not for two
     monkeypatch.setattr(
-        demo, "_free_disk", lambda path: int(estimate.peak_spool_bytes(seen[-1], 1) / 0.8) + 1
+        cli_engine, "free_disk", lambda path: int(estimate.peak_spool_bytes(seen[-1], 1) / 0.8) + 1
     )
     out = tmp_path / "r.json"
     argv = ["demo", "--dataset", "synthetic", "--nodes", "400", "--clients", "3", "--rounds", "1", "--quiet"]
     assert main([*argv, "--json", str(out)]) == 0
-    assert estimate.peak_spool_bytes(seen[-1], 2) > 0.8 * demo._free_disk("")
+    assert estimate.peak_spool_bytes(seen[-1], 2) > 0.8 * cli_engine.free_disk("")
     assert "the uploads are paced recipient by recipient (--upload-window 1" in capsys.readouterr().err
     report = json.loads(out.read_text())
     assert report["upload_window"] == 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -300,6 +301,89 @@ def write_text(path: Path, text: str, what: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     print(f"wrote {what} to {path}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------- the server's disk
+#: the share of the free disk under the temporary directory the server's spool may take
+SPOOL_DISK_SHARE = 0.8
+
+
+def free_disk(path: str) -> int | None:
+    """Free bytes on the file system holding ``path`` (where the server spools uploads), or None."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def spool_window(
+    estimate: dict,
+    budget: int,
+    requested: int | None,
+    where: str = "the disk",
+    *,
+    pace: bool = True,
+    escape: str = "pass --force",
+    windowed: bool = True,
+) -> int | None:
+    """The upload window to run with, given the bytes the server's spool may take (``budget``):
+    ``requested`` when its peak (:func:`fedgat.estimate.peak_spool_bytes`) fits; without a request,
+    with every upload at once too big and ``pace``, the widest window that fits; otherwise a
+    :class:`UsageError` saying what ``--upload-window 1`` would hold (when the command has it:
+    ``windowed``) and ``escape``, the command's way past the check."""
+    from fedgat.estimate import peak_spool_bytes
+
+    if peak_spool_bytes(estimate, requested) <= budget:
+        return requested
+    if requested is None and pace:
+        recipients = len(estimate["spool_bytes_per_recipient"])
+        fits = [w for w in range(1, recipients + 1) if peak_spool_bytes(estimate, w) <= budget]
+        if fits:
+            return max(fits)
+    one = peak_spool_bytes(estimate, 1)
+    hint = "" if requested == 1 or not windowed else f"--upload-window 1 would hold ~{gigabytes(one)}, "
+    raise UsageError(
+        f"the server's spool needs ~{gigabytes(peak_spool_bytes(estimate, requested))} of disk for the "
+        f"uploads it holds at once, more than the {gigabytes(budget)} it may use "
+        f"({SPOOL_DISK_SHARE:.0%} of the free space under {where}); {hint}point TMPDIR at a larger disk, "
+        f"or {escape}"
+    )
+
+
+def fit_spool(
+    estimate: dict,
+    requested: int | None,
+    *,
+    pace: bool = True,
+    escape: str = "pass --force",
+    windowed: bool = True,
+) -> int | None:
+    """:func:`spool_window` for the free disk under the temporary directory, where the server spools
+    (unknown free space: ``requested``). When it paces a round that asked for no window it says so on
+    stderr."""
+    from fedgat.estimate import peak_spool_bytes
+
+    where = tempfile.gettempdir()
+    free = free_disk(where)
+    if free is None:
+        return requested
+    window = spool_window(
+        estimate, int(SPOOL_DISK_SHARE * free), requested, where, pace=pace, escape=escape, windowed=windowed
+    )
+    if window != requested:
+        print(
+            f"note: every upload at once would need ~{gigabytes(peak_spool_bytes(estimate))} of the "
+            f"{gigabytes(free)} free under {where}: the uploads are paced recipient by recipient "
+            f"(--upload-window {window}, ~{gigabytes(peak_spool_bytes(estimate, window))} at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return window
+
+
+def gigabytes(n: float) -> str:
+    """``n`` bytes for people: GB from 0.1 GB on, else MB."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 # ------------------------------------------------------------------------------------ datasets

@@ -42,6 +42,7 @@ from fedgat.cli_engine import (
     check_dataset,
     check_output_file,
     check_owners_path,
+    fit_spool,
     load_graph,
     resolve_owners,
     write_text,
@@ -217,6 +218,15 @@ def run(args: argparse.Namespace) -> int:
         neighbour_cap=cap,
         owner=owners,
     )
+    if not args.no_server_check:  # its encrypted rounds spool uploads under the temporary directory
+        from fedgat.estimate import estimate_pretraining
+
+        fit_spool(
+            estimate_pretraining(part, args.variant, graph.num_features),
+            args.upload_window,
+            pace=False,
+            escape="audit the server side of a smaller graph, or skip it (--no-server-check)",
+        )
     clients = range(min(args.attack_clients or part.num_clients, part.num_clients))
     report: dict = {
         "dataset": args.dataset,

@@ -46,6 +46,7 @@ from fedgat.cli_engine import (
     check_output_dir,
     check_output_file,
     check_owners_path,
+    fit_spool,
     report_line,
     resolve_owners,
 )
@@ -223,6 +224,18 @@ def run(args: argparse.Namespace) -> int:
     return int(module.main(extra) or 0)
 
 
+def _check_spool(args: argparse.Namespace, graph) -> None:
+    """The benchmark's round spools every upload at once under the temporary directory: refuse,
+    before any work, one whose estimated spool does not fit (:func:`fedgat.cli_engine.fit_spool`)."""
+    from fedgat.estimate import estimate_pretraining
+    from fedgat.methods import fedgat_partition, resolve_hparams
+
+    hp = resolve_hparams("fedgat", {"variant": args.variant, "neighbour_cap": args.neighbour_cap})
+    partition = fedgat_partition(graph, args.clients, args.beta, args.seed, hp, args.owner_array)
+    est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset, wire=args.wire)
+    fit_spool(est, None, pace=False, escape="benchmark a smaller graph", windowed=False)
+
+
 def _run_overhead(args: argparse.Namespace) -> int:
     check_counts(
         {
@@ -259,4 +272,5 @@ def _run_overhead(args: argparse.Namespace) -> int:
         args.owner_array = resolve_owners(args, graph)
         if args.matrix_estimate and args.owners is not None:
             raise UsageError("--matrix-estimate uses the Dirichlet split; leave --owners out")
+        _check_spool(args, graph)
     return int(load_benchmark("overhead").main_args(args) or 0)

@@ -30,9 +30,7 @@ import argparse
 import json
 import math
 import resource
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +53,8 @@ from fedgat.cli_engine import (
     check_owners_path,
     describe_rule,
     describe_split,
+    fit_spool,
+    gigabytes,
     load_graph,
     open_engine,
     parse_cap,
@@ -210,47 +210,12 @@ def _available_memory() -> int | None:
     return None
 
 
-def _free_disk(path: str) -> int | None:
-    """Free bytes on the file system holding ``path`` (where the server spools uploads), or None."""
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
-def spool_window(estimate: dict, budget: int, requested: int | None, where: str = "the disk") -> int | None:
-    """The upload window to run with, given the bytes the server's spool may take (``budget``):
-    ``requested`` when its peak (:func:`fedgat.estimate.peak_spool_bytes`) fits; without a request and
-    with every upload at once too big, the widest window that fits (the user is told); otherwise a
-    :class:`UsageError` saying what would fit."""
-    from fedgat.estimate import peak_spool_bytes
-
-    if peak_spool_bytes(estimate, requested) <= budget:
-        return requested
-    if requested is None:
-        recipients = len(estimate["spool_bytes_per_recipient"])
-        fits = [w for w in range(1, recipients + 1) if peak_spool_bytes(estimate, w) <= budget]
-        if fits:
-            return max(fits)
-    one = peak_spool_bytes(estimate, 1)
-    hint = "" if requested == 1 else f"--upload-window 1 would hold ~{_gb(one)}, "
-    raise UsageError(
-        f"the server's spool needs ~{_gb(peak_spool_bytes(estimate, requested))} of disk for the uploads "
-        f"it holds at once, more than the {_gb(budget)} it may use (80% of the free space under {where}); "
-        f"{hint}point TMPDIR at a larger disk, or pass --force"
-    )
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from fedgat.app import run_summary
     from fedgat.device import describe_device
-    from fedgat.estimate import estimate_pretraining, peak_spool_bytes
+    from fedgat.estimate import estimate_pretraining
     from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import (
         max_abs_error,
@@ -290,8 +255,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"WARNING: {args.variant} encodings need ~{est['multiply_adds']:.3g} homomorphic multiply-adds "
             f"(~{est['server_seconds'] / 60:.0f} min of server compute on one core, more on a busy machine), "
-            f"up to {est['max_rows_per_node']} encoding rows per node, ~{_gb(est['bytes_down'])} of "
-            f"result ciphertexts to download and ~{_gb(memory)} of memory for the decrypted encodings "
+            f"up to {est['max_rows_per_node']} encoding rows per node, ~{gigabytes(est['bytes_down'])} of "
+            f"result ciphertexts to download and ~{gigabytes(memory)} of memory for the decrypted encodings "
             "and their plaintext twin; --workers N spreads the compute.",
             file=sys.stderr,
             flush=True,
@@ -299,24 +264,14 @@ def run(args: argparse.Namespace) -> int:
     available = _available_memory()
     if available is not None and memory > 0.7 * available and not args.force:
         raise UsageError(
-            f"the decrypted encodings need ~{_gb(memory)}, more than 70% of the "
-            f"{_gb(available)} available; lower --neighbour-cap, use a smaller dataset, or pass "
+            f"the decrypted encodings need ~{gigabytes(memory)}, more than 70% of the "
+            f"{gigabytes(available)} available; lower --neighbour-cap, use a smaller dataset, or pass "
             "--force"
         )
 
     # the server spools uploads under the temporary directory (a windowed round: W recipients' at once)
-    free = _free_disk(tempfile.gettempdir())
-    if free is not None and not args.force:
-        window = spool_window(est, int(0.8 * free), args.upload_window, tempfile.gettempdir())
-        if window != args.upload_window:
-            print(
-                f"note: every upload at once would need ~{_gb(peak_spool_bytes(est))} of the "
-                f"{_gb(free)} free under {tempfile.gettempdir()}: the uploads are paced recipient by "
-                f"recipient (--upload-window {window}, ~{_gb(peak_spool_bytes(est, window))} at once)",
-                file=sys.stderr,
-                flush=True,
-            )
-            args.upload_window = window
+    if not args.force:
+        args.upload_window = fit_spool(est, args.upload_window)
 
     engine = open_engine(args, "demo")
     try:
@@ -417,11 +372,11 @@ def format_pretraining(r: dict) -> str:
     layout = r["slot_layout"]
     lines.append(f"  {'wall':<15} {r['pretrain_wall_seconds']:8.2f}")
     lines.append(
-        f"bytes up (clients -> server):   {_gb(r['bytes_up'])} in {r['messages_up']} messages, "
+        f"bytes up (clients -> server):   {gigabytes(r['bytes_up'])} in {r['messages_up']} messages, "
         f"{r['ciphertexts_up']} ciphertexts"
     )
     lines.append(
-        f"bytes down (server -> clients): {_gb(r['bytes_down'])} in {r['messages_down']} messages, "
+        f"bytes down (server -> clients): {gigabytes(r['bytes_down'])} in {r['messages_down']} messages, "
         f"{r['ciphertexts_down']} ciphertexts ({r['result_ciphertexts']} distinct results)"
     )
     lines.append(f"server multiply-adds:           {r['multiply_adds']}")
@@ -432,7 +387,7 @@ def format_pretraining(r: dict) -> str:
         )
     window = r.get("upload_window")
     lines.append(
-        f"server spool: at most {_gb(r['peak_spooled_bytes'])} of uploads on disk at once ("
+        f"server spool: at most {gigabytes(r['peak_spooled_bytes'])} of uploads on disk at once ("
         + ("every upload before compute" if window is None else f"upload window of {window} recipient(s)")
         + ")"
     )
