@@ -86,6 +86,11 @@ class ClientState(enum.Enum):
     ABORTED = "aborted"
 
 
+#: coefficients (partials x rows x neighbourhood) a client's result check takes at once (16 MiB; a few
+#: transient copies of that size)
+CHECK_ENTRIES = 1 << 21
+
+
 @dataclass
 class _Assembly:
     """One bucket of a client's encodings while its foreign shares arrive."""
@@ -811,8 +816,21 @@ class ClientPretrain(Party):
     def _check(self, asm: _Assembly, slots: np.ndarray, owners: np.ndarray, dec: np.ndarray) -> np.ndarray:
         """``(P, R + 1, d)``: the verified feature columns of the decrypted partials ``dec`` (P, R + 1,
         d + T); partial ``k`` combines the rows of ``owners[k]``'s neighbours of the node at
-        ``slots[k]`` and is checked against that owner's check keys alone (:func:`check_shares`, one
-        pass per message)."""
+        ``slots[k]`` and is checked against that owner's check keys alone (:func:`check_shares`, a
+        few passes per message: at most :data:`CHECK_ENTRIES` coefficients at once, so a bucket of
+        high-degree nodes checks in chunks, in order)."""
+        rows, n = asm.bases.num_feature_rows(), asm.bases.n
+        step = max(1, CHECK_ENTRIES // max(1, rows * n))
+        return np.concatenate(
+            [
+                self._check_chunk(asm, slots[k : k + step], owners[k : k + step], dec[k : k + step])
+                for k in range(0, len(slots), step)
+            ]
+        )
+
+    def _check_chunk(
+        self, asm: _Assembly, slots: np.ndarray, owners: np.ndarray, dec: np.ndarray
+    ) -> np.ndarray:
         nodes = asm.bases.nodes[slots]
         theirs = asm.owners[slots] == owners[:, None]  # (P, n): the sources of each partial
         coefficients = asm.bases.coefficients(slots) * theirs[:, None, :]

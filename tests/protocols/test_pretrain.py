@@ -57,6 +57,7 @@ from fedgat.protocols import (
     WrongRecipientError,
     decode_message,
     encode_message,
+    pretrain_client,
     validate_features,
 )
 from fedgat.protocols.messages import (
@@ -141,6 +142,17 @@ def test_round_matches_plaintext_with_the_same_bases(tiny_graph, tiny_partition,
     )
     # ... from exactly the rows the plan needs, each uploaded once for each recipient
     assert h.server.ciphertexts_received == h.server.rows_released * h.server.layout.chunks
+
+
+def test_a_round_whose_results_are_checked_partial_by_partial_matches_plaintext(
+    tiny_graph, tiny_partition, monkeypatch
+):
+    """The recipients' result check in chunks of one partial (what a bucket of high-degree nodes gets
+    under :data:`~fedgat.protocols.pretrain_client.CHECK_ENTRIES`) accepts the honest round."""
+    monkeypatch.setattr(pretrain_client, "CHECK_ENTRIES", 1)
+    h = Harness(tiny_graph, tiny_partition).start().run()
+    got = {c: h.client(c).encodings for c in h.roster.clients}
+    assert max_abs_error(got, run_plaintext_pretraining(tiny_graph, tiny_partition, "vector", seed=1)) <= TOL
 
 
 @pytest.mark.slow
@@ -284,10 +296,15 @@ def _victim_share(h: Harness):
     raise AssertionError("no foreign share with a foreign neighbour")
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-pass", "partial-by-partial"])
 @pytest.mark.parametrize("attack", ["coefficient", "substituted-row", "dropped-source", "amplified"])
 def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
-    tiny_graph, tiny_partition, attack
+    tiny_graph, tiny_partition, attack, chunked, monkeypatch
 ):
+    """``chunked``: the recipient checks a message's partials one at a time (as it does a bucket of
+    high-degree nodes, :data:`~fedgat.protocols.pretrain_client.CHECK_ENTRIES`), not in one pass."""
+    if chunked:
+        monkeypatch.setattr(pretrain_client, "CHECK_ENTRIES", 1)
     h = Harness(tiny_graph, tiny_partition).start()
     h.run(until=lambda: computing(h))
     victim, packed, s = _victim_share(h)
