@@ -277,6 +277,45 @@ def test_a_bad_partial_in_a_message_is_refused_as_alone_and_the_first_one_is_nam
     _check_one(p, 3, dec)  # the partials before it pass alone
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 11),
+            st.integers(0, 3),
+            st.integers(0, D + TAG_COLUMNS - 1),
+            st.floats(-1.0, 1.0).filter(lambda x: abs(x) > 1e-9),
+        ),
+        max_size=4,
+    ),
+    st.sampled_from([1.0, None]),
+)
+def test_a_message_is_refused_exactly_when_some_partial_alone_is(changes, max_row_norm):
+    """Any perturbation of any entries: the batch passes iff every partial passes alone, and else
+    raises the error of the first partial that fails alone."""
+    p = _partials(range(6))
+    dec = p["dec"].copy()
+    for k, r, c, delta in changes:
+        dec[k, r, c] += delta
+    first = None
+    for k in range(len(dec)):
+        try:
+            _check_one(p, k, dec, max_row_norm=max_row_norm)
+        except ResultCheckError as exc:
+            first = exc
+            break
+    if first is None:
+        _check_all(p, dec, max_row_norm=max_row_norm)
+    else:
+        with pytest.raises(ResultCheckError) as batch:
+            _check_all(p, dec, max_row_norm=max_row_norm)
+        assert (batch.value.node, batch.value.owners, str(batch.value)) == (
+            first.node,
+            first.owners,
+            str(first),
+        )
+
+
 # ----------------------------------------------------------------------------------------- PRF
 def _reference_prf(prf: bytes, session: int, nodes: np.ndarray) -> np.ndarray:
     """The documented layout: node u's T values are keystream words u*T .. u*T+T-1 of ChaCha20 keyed
