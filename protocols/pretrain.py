@@ -47,7 +47,8 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
             :func:`~fedgat.protocols.pretrain_plan.plan_shares`,
             :class:`~fedgat.crypto.encodings.PackedShares`); finally EncodingsDone
     client  adds the share of its own rows in plaintext; decrypts and unpacks each partial, checks its tag
-            columns and range (:func:`fedgat.crypto.tags.check_share`:
+            columns and range (:func:`fedgat.crypto.tags.check_share`, every partial of a message in
+            one pass by :func:`~fedgat.crypto.tags.check_shares`:
             :class:`~fedgat.protocols.errors.ResultRejectedError` names the node and the owners),
             and assembles its :class:`~fedgat.encodings.Encodings`
 
