@@ -766,6 +766,7 @@ class ClientPretrain(Party):
         asm = self._assemblies[msg.bucket]
         layout, R = self.layout, asm.bases.num_feature_rows()
         parts: list[tuple[int, int]] = []
+        seen: set[tuple[int, int]] = set()
         for item in msg.items:
             if len(item.nodes) > layout.pack_size(R):
                 raise PayloadError(
@@ -780,11 +781,12 @@ class ClientPretrain(Party):
                     raise PayloadError(
                         f"node {node}: a partial of party {item.owner}, which owns none of its foreign neighbours"
                     )
-                if (slot, item.owner) in asm.received or (slot, item.owner) in parts:
+                if (slot, item.owner) in asm.received or (slot, item.owner) in seen:
                     raise PayloadError(
                         f"duplicate results for node {node} from the rows of party {item.owner}"
                     )
                 parts.append((slot, item.owner))
+                seen.add((slot, item.owner))
             want = layout.packed_groups(len(item.nodes), R) * layout.chunks
             if len(item.row_blobs) != want:
                 raise PayloadError(
