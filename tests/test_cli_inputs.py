@@ -466,6 +466,10 @@ def test_the_demo_paces_uploads_when_only_a_window_fits_the_disk():
         (["audit", "--no-training", "--server-attacks"], "--no-server-check"),
         (["audit", "--no-training", "--server-attacks", "--upload-window", "2"], "--no-server-check"),
         (["bench", "overhead", "--no-train", "--nodes", "300"], "benchmark a smaller graph"),
+        (
+            ["bench", "overhead", "--sweep", "--datasets", "cora", "--client-counts", "2"],
+            "benchmark a smaller",
+        ),
     ],
 )
 def test_audit_and_overhead_refuse_a_spool_the_disk_cannot_hold(monkeypatch, capsys, tmp_path, argv, escape):
@@ -476,7 +480,8 @@ def test_audit_and_overhead_refuse_a_spool_the_disk_cannot_hold(monkeypatch, cap
 
     monkeypatch.setattr(cli_engine, "free_disk", lambda path: 1000)
     out = tmp_path / "r.json"
-    graph = ["--dataset", "synthetic", "--clients", "3", "--json", str(out)]
+    sweep = "--sweep" in argv
+    graph = ["--json", str(out)] + ([] if sweep else ["--dataset", "synthetic", "--clients", "3"])
     assert main([*argv, *graph]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "the server's spool needs ~" in lines[0] and escape in lines[0], lines

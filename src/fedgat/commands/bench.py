@@ -224,14 +224,14 @@ def run(args: argparse.Namespace) -> int:
     return int(module.main(extra) or 0)
 
 
-def _check_spool(args: argparse.Namespace, graph) -> None:
+def _check_spool(args: argparse.Namespace, graph, clients: int, owner=None) -> None:
     """The benchmark's round spools every upload at once under the temporary directory: refuse,
     before any work, one whose estimated spool does not fit (:func:`fedgat.cli_engine.fit_spool`)."""
     from fedgat.estimate import estimate_pretraining
     from fedgat.methods import fedgat_partition, resolve_hparams
 
     hp = resolve_hparams("fedgat", {"variant": args.variant, "neighbour_cap": args.neighbour_cap})
-    partition = fedgat_partition(graph, args.clients, args.beta, args.seed, hp, args.owner_array)
+    partition = fedgat_partition(graph, clients, args.beta, args.seed, hp, owner)
     est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset, wire=args.wire)
     fit_spool(est, None, pace=False, escape="benchmark a smaller graph", windowed=False)
 
@@ -263,6 +263,10 @@ def _run_overhead(args: argparse.Namespace) -> int:
         for dataset in args.datasets:
             check_dataset(dataset)
         check_counts({"--client-counts": (min(args.client_counts), 1)})
+        for dataset in args.datasets:  # one round at a time: each must fit
+            graph = load_benchmark("overhead").load_graph(dataset, None, args.seed)
+            for clients in args.client_counts:
+                _check_spool(args, graph, clients)
     else:
         check_dataset(args.dataset)
         check_nodes(args.dataset, args.nodes)
@@ -272,5 +276,5 @@ def _run_overhead(args: argparse.Namespace) -> int:
         args.owner_array = resolve_owners(args, graph)
         if args.matrix_estimate and args.owners is not None:
             raise UsageError("--matrix-estimate uses the Dirichlet split; leave --owners out")
-        _check_spool(args, graph)
+        _check_spool(args, graph, args.clients, args.owner_array)
     return int(load_benchmark("overhead").main_args(args) or 0)
