@@ -167,8 +167,14 @@ def check_bases(
             f"bucket {msg.bucket} would take the decrypted encodings to "
             f"{held_bytes + need} bytes; the limit is {limits.max_encoding_bytes}"
         )
-    if max(np.abs(msg.p).max(), 0.0 if msg.q is None else np.abs(msg.q).max()) > MAX_BASIS_ABS:
-        raise PayloadError(f"basis entries above {MAX_BASIS_ABS} would overflow the CKKS headroom")
+    for basis in (
+        msg.p,
+        msg.q,
+    ):  # NaN fails "<=" too (the codec refuses it first, but not every caller decodes)
+        if basis is not None and not np.all(np.abs(basis) <= MAX_BASIS_ABS):
+            raise PayloadError(
+                f"basis entries above {MAX_BASIS_ABS} (or not finite) would overflow the CKKS headroom"
+            )
     return need
 
 

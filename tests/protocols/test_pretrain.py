@@ -4,6 +4,7 @@ leaving its receiver unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import numpy as np
@@ -68,6 +69,7 @@ from fedgat.protocols.messages import (
     peek_type,
     sealed_keys_bytes,
 )
+from fedgat.protocols.pretrain_checks import check_bases
 from fedgat.protocols.pretrain_client import foreign_owner_counts
 from fedgat.protocols.pretrain_keys import SessionKeys, seal_check_keys
 
@@ -534,6 +536,17 @@ def test_clients_refuse_bases_that_contradict_their_graph(tiny_graph, tiny_parti
     nb[k, col] = next(int(u) for u in client.owned if int(u) not in nb[k])
     ow[k, col] = 1
     rejected(client, h.relay(first, 1, neighbours=nb, owners=ow), PayloadError, "another neighbourhood")
+    # basis entries beyond the CKKS headroom (a server scaling a node's result up to overflow it)
+    for field in ("p", "q") if first.q is not None else ("p",):
+        big = getattr(first, field).copy()
+        big[k, 0, -1] = 16.5
+        rejected(client, h.relay(first, 1, **{field: big}), PayloadError, "basis entries above 16")
+    # ... or not finite, in a message that skipped the codec (which refuses it on the wire)
+    nan = first.p.copy()
+    nan[k, 0, -1] = np.nan
+    config, limits = client.config, client.limits
+    with pytest.raises(PayloadError, match="not finite"):
+        check_bases(dataclasses.replace(first, p=nan), config, limits, 8, 0)
     h.transport.release()
     h.run()
     assert all(p.done for p in h.parties.all().values())
