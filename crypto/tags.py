@@ -30,9 +30,9 @@ What it catches:
   :math:`\Delta` to another owner's result with the tag :math:`\langle r_a, \Delta\rangle`.
 
 A failing result raises :class:`ResultCheckError` naming the node and the owner whose rows it
-should have combined. A recipient checks every partial of a results message at once
-(:func:`check_shares`, the same rule as :func:`check_share` without a per-partial loop). Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
-(:func:`check_share` refuses more, and anything not finite).
+should have combined. Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
+(:func:`check_share` refuses more, and anything not finite). A recipient checks every partial of a
+results message at once (:func:`check_shares`: the same rule without a per-partial loop).
 """
 
 from __future__ import annotations
