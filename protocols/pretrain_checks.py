@@ -167,10 +167,8 @@ def check_bases(
             f"bucket {msg.bucket} would take the decrypted encodings to "
             f"{held_bytes + need} bytes; the limit is {limits.max_encoding_bytes}"
         )
-    for basis in (
-        msg.p,
-        msg.q,
-    ):  # NaN fails "<=" too (the codec refuses it first, but not every caller decodes)
+    # NaN fails "<=" too (the codec refuses it first, but not every caller decodes)
+    for basis in (msg.p, msg.q):
         if basis is not None and not np.all(np.abs(basis) <= MAX_BASIS_ABS):
             raise PayloadError(
                 f"basis entries above {MAX_BASIS_ABS} (or not finite) would overflow the CKKS headroom"
