@@ -232,6 +232,18 @@ def load_average() -> float | None:
         return None
 
 
+def partition_for(
+    graph, clients: int, variant: str, neighbour_cap: int | None, beta: float, seed: int, owner=None
+) -> tuple:
+    """The split :func:`run_overhead` measures (FedGAT's) and the settings it was made with (the
+    variant's default neighbour cap filled in): also what ``fedgat bench overhead`` estimates the
+    server's spool on before it starts."""
+    from fedgat.methods import fedgat_partition, resolve_hparams
+
+    hp = resolve_hparams("fedgat", {"variant": variant, "neighbour_cap": neighbour_cap})
+    return fedgat_partition(graph, clients, beta, seed, hp, owner), hp
+
+
 def load_graph(dataset: str, nodes: int | None = None, seed: int = 0):
     from fedgat.data import load_dataset
 
@@ -398,14 +410,12 @@ def run_overhead(
         measure_preset,
         multiply_add_seconds,
     )
-    from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import max_abs_error, plaintext_round, run_encrypted_pretraining, train_fedgat
     from fedgat.protocols import InProcessTransport
 
     torch.set_num_threads(1)
     graph = load_graph(dataset, nodes, seed)
-    hp = resolve_hparams("fedgat", {"variant": variant, "neighbour_cap": neighbour_cap})
-    partition = fedgat_partition(graph, clients, beta, seed, hp, owner)
+    partition, hp = partition_for(graph, clients, variant, neighbour_cap, beta, seed, owner)
     cores = os.cpu_count() or 1
     d = graph.num_features
 
@@ -762,11 +772,9 @@ def estimate_matrix(
 ) -> dict:
     """Cost of the matrix variant without running it (:func:`fedgat.estimate.estimate_pretraining`)."""
     from fedgat.estimate import estimate_pretraining
-    from fedgat.methods import fedgat_partition, resolve_hparams
 
     graph = load_graph(dataset)
-    hp = resolve_hparams("fedgat", {"variant": "matrix", "neighbour_cap": cap})
-    partition = fedgat_partition(graph, clients, beta, seed, hp)
+    partition, _ = partition_for(graph, clients, "matrix", cap, beta, seed)
     est = estimate_pretraining(
         partition,
         "matrix",

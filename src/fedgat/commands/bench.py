@@ -228,10 +228,10 @@ def _check_spool(args: argparse.Namespace, graph, clients: int, owner=None) -> N
     """The benchmark's round spools every upload at once under the temporary directory: refuse,
     before any work, one whose estimated spool does not fit (:func:`fedgat.cli_engine.fit_spool`)."""
     from fedgat.estimate import estimate_pretraining
-    from fedgat.methods import fedgat_partition, resolve_hparams
 
-    hp = resolve_hparams("fedgat", {"variant": args.variant, "neighbour_cap": args.neighbour_cap})
-    partition = fedgat_partition(graph, clients, args.beta, args.seed, hp, owner)
+    partition, _ = load_benchmark("overhead").partition_for(
+        graph, clients, args.variant, args.neighbour_cap, args.beta, args.seed, owner
+    )
     est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset, wire=args.wire)
     fit_spool(est, None, pace=False, escape="benchmark a smaller graph", windowed=False)
 
