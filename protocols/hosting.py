@@ -19,6 +19,15 @@ hosts are worker processes). What they share lives here, so that both route fram
   caller's party object (:meth:`~fedgat.protocols.party.Party.absorb`). An engine subclasses it and
   says only how a call reaches a host and how its answer comes back (:meth:`HostedTransport._call`
   and the methods after it).
+* Time, as with the in-process driver (:mod:`~fedgat.protocols.driver`): the coordinator's
+  :class:`~fedgat.protocols.driver.Clock` is the only one. Its parties are ticked before every event;
+  every call to a host carries ``now``, with which the host ticks its parties first, and each answer
+  says when the host next wants a tick (:meth:`PartyHost.due`); a host whose deadline is due gets a
+  call of its own, the coordinator never waits past the earliest deadline, and when nothing is in
+  flight it sleeps until then. So a party that stalls meets the same typed fault
+  (:class:`~fedgat.protocols.errors.FaultError`) on every engine, raised out of
+  :meth:`HostedTransport.run_parties` as out of the in-process driver. Without timeouts (the
+  default) no deadline is armed and nothing changes.
 
 The observer of :func:`~fedgat.protocols.driver.run_parties` gets a ``"deliver"`` event for every
 frame (after its recipient handled it; ``out`` is ``[]`` for hosted parties, whose replies are
@@ -38,7 +47,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NoReturn
 
-from .driver import Observer
+from .driver import Clock, MonotonicClock, Observer
 from .frame import HEADER, SIGNATURE_SIZE
 from .messages import MESSAGE_TYPES
 from .party import Party
@@ -147,31 +156,50 @@ class PartyHost:
         party = self.parties[pid]
         return [(pid, msg.recipient, party.encode(msg)) for msg in messages]
 
-    def start(self, pids: list[int]) -> dict:
-        """``{"frames": the opening frames of each of pids, in that order, "error": None or a
-        failure}``."""
+    def start(self, pids: list[int], now: float | None = None) -> dict:
+        """``{"frames": the opening frames of each of pids, in that order, "due": see :meth:`due`,
+        "error": None or a failure}``; with ``now`` (the coordinator's clock) every hosted party is
+        ticked first, as the in-process driver ticks before it starts its parties."""
         frames: list[list[Frame]] = []
         try:
+            if now is not None:
+                for pid in pids:
+                    self.parties[pid].tick(now)
             for pid in pids:
                 frames.append(self._emit(pid, self.parties[pid].start()))
         except Exception as exc:  # noqa: BLE001
-            return {"frames": frames, "error": failure(pids[len(frames)], exc)}
-        return {"frames": frames, "error": None}
+            return {"frames": frames, "due": None, "error": failure(pids[len(frames)], exc)}
+        return {"frames": frames, "due": self.due(now), "error": None}
 
     def has_work(self) -> bool:
         return any(p.has_work() for p in self.parties.values())
 
-    def deliver(self, frames: Sequence[Sequence[Any]], step: bool) -> dict:
-        """Hand each ``(sender, recipient, data)`` frame to its recipient, in order; then, with
-        ``step``, one step of the next party with streamed work. Returns ``{"replies": [frames per
-        delivered frame], "step": frames of the step, "work": any work left, "progress": party id ->
-        :meth:`~fedgat.protocols.party.Party.progress` of each party that received or stepped, where
-        it counts any, "error": None or a failure}``, a failure being ``{"party": the party that
-        raised, "exception": error_to_value(exc)}``; after an error the remaining frames are not
+    def due(self, now: float | None) -> float | None:
+        """When this host next wants a tick, on the coordinator's clock: its parties' earliest armed
+        deadline, or ``now`` when one waits to be armed at the next tick
+        (:meth:`~fedgat.protocols.party.Party.tick_pending`); None: never (no deadline, the
+        default)."""
+        if now is not None and any(p.tick_pending() for p in self.parties.values()):
+            return now
+        return min((d for p in self.parties.values() if (d := p.next_deadline()) is not None), default=None)
+
+    def deliver(self, frames: Sequence[Sequence[Any]], step: bool, now: float | None = None) -> dict:
+        """With ``now`` (the coordinator's clock), first tick every hosted party: the messages of a
+        deadline that passed come back as ``"ticked"`` frames. Then hand each ``(sender, recipient,
+        data)`` frame to its recipient, in order; then, with ``step``, one step of the next party
+        with streamed work. Returns ``{"ticked": frames, "replies": [frames per delivered frame],
+        "step": frames of the step, "work": any work left, "due": see :meth:`due`, "progress": party
+        id -> :meth:`~fedgat.protocols.party.Party.progress` of each party that received or stepped,
+        where it counts any, "error": None or a failure}``, a failure being ``{"party": the party
+        that raised, "exception": error_to_value(exc)}``; after an error the remaining frames are not
         delivered."""
+        ticked: list[Frame] = []
         replies: list[list[Frame]] = []
         current: int | None = None
         try:
+            if now is not None:
+                for current in sorted(self.parties):
+                    ticked += self._emit(current, self.parties[current].tick(now))
             for _sender, recipient, data in frames:
                 current = recipient
                 if type(data) is not bytes:
@@ -190,13 +218,22 @@ class PartyHost:
                         stepped = self._emit(current, self.parties[current].step())
                         break
         except Exception as exc:  # noqa: BLE001 - handed to the coordinator, which raises it
-            return {"replies": replies, "step": [], "work": False, "error": failure(current, exc)}
+            return {
+                "ticked": ticked,
+                "replies": replies,
+                "step": [],
+                "work": False,
+                "due": None,
+                "error": failure(current, exc),
+            }
         touched = {int(f[1]) for f in frames} | ({current} if stepped and current is not None else set())
         progress = {pid: c for pid in sorted(touched) if (c := self.parties[pid].progress())}
         return {
+            "ticked": ticked,
             "replies": replies,
             "step": stepped,
             "work": self.has_work(),
+            "due": self.due(now),
             "progress": progress,
             "error": None,
         }
@@ -252,6 +289,10 @@ class HostedTransport(TrafficLog, Transport):
         batch_bytes: most frame bytes sent to one host per call (one frame at least).
         max_frame_bytes: the largest frame carried (default :data:`MAX_FRAME_BYTES`); a larger one
             raises :class:`FrameSizeError` before it is counted or queued.
+        clock: time source of the parties' deadlines (default
+            :class:`~fedgat.protocols.driver.MonotonicClock`), as the in-process driver's: local
+            parties are ticked before every event, hosted ones with each call and, when one of their
+            deadlines is due, by a call of its own; the hosts never read a clock of their own.
     """
 
     #: what an error from a host that is not rebuilt as itself is raised as
@@ -267,8 +308,10 @@ class HostedTransport(TrafficLog, Transport):
         max_pending_bytes: int = 256 * MiB,
         batch_bytes: int = 32 * MiB,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        clock: Clock | None = None,
     ) -> None:
         self.transcript = transcript
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         self.keep_local = keep_local or (lambda party: party.party_id == party.roster.server)
         self.max_pending_bytes = max_pending_bytes
         self.batch_bytes = batch_bytes
@@ -294,8 +337,9 @@ class HostedTransport(TrafficLog, Transport):
         """The calls among ``calls`` whose answer can be read now (does not wait)."""
         raise NotImplementedError
 
-    def _wait(self, calls: list[Any]) -> None:
-        """Wait until at least one of ``calls`` can be read."""
+    def _wait(self, calls: list[Any], timeout: float | None = None) -> None:
+        """Wait until at least one of ``calls`` can be read, or ``timeout`` seconds (None: no limit
+        but the engine's own) have passed."""
         raise NotImplementedError
 
     def _result(self, call: Any) -> dict:
@@ -383,14 +427,23 @@ class HostedTransport(TrafficLog, Transport):
         return replies
 
     def run_parties(
-        self, parties: Mapping[int, Party], *, observer: Observer | None = None, start: bool = True
+        self,
+        parties: Mapping[int, Party],
+        *,
+        observer: Observer | None = None,
+        start: bool = True,
+        clock: Clock | None = None,
     ) -> int:
         """Run ``parties`` to the end, hosting all but ``keep_local`` ones on the engine's hosts;
         returns the number of events (deliveries and steps). Each hosted party of ``parties`` absorbs
-        its twin's :class:`~fedgat.protocols.party_values.PartyReport` at the end.
+        its twin's :class:`~fedgat.protocols.party_values.PartyReport` at the end. The end is the
+        in-process driver's: no frame in flight, no party with work and no deadline armed (the
+        parties' deadlines on ``clock``, default :attr:`clock`, hosted ones' included).
 
         Raises:
             Whatever a party raises for a rejected frame (the protocol's typed errors);
+            the first party's :class:`~fedgat.protocols.errors.FaultError` when one gave up after a
+            timeout (hosted parties' once their reports are absorbed), as the in-process driver;
             TypeError: a party to host cannot be described as a value;
             EngineError (the engine's subclass): a host died, or raised an error that is not rebuilt
                 as itself.
@@ -398,7 +451,8 @@ class HostedTransport(TrafficLog, Transport):
         parties = dict(parties)
         local = {pid: p for pid, p in parties.items() if self.keep_local(p)}
         hosted = sorted(pid for pid in parties if pid not in local)
-        clock = time.perf_counter()
+        t0 = time.perf_counter()
+        time_of: Clock = clock if clock is not None else self.clock
         specs = {pid: self._spec_bytes(parties[pid]) for pid in hosted}
         n = self._open_hosts(len(hosted)) if hosted else 0
         blocks = [hosted[h * len(hosted) // n : (h + 1) * len(hosted) // n] for h in range(n)]
@@ -406,23 +460,40 @@ class HostedTransport(TrafficLog, Transport):
         links = {pid: self.connect(pid) for pid in local}
         events = 0
         inflight: dict[Any, tuple[int, list[Frame]]] = {}
+        due: list[float | None] = [None] * n  # per host: when it wants a tick (PartyHost.due)
         try:
             self._place(blocks, specs)
-            self.placement_seconds = time.perf_counter() - clock
+            self.placement_seconds = time.perf_counter() - t0
             work = [bool(block) for block in blocks]  # may have work: ask once
 
             def emit(pid: int, messages: list) -> None:
                 for msg in messages:
                     links[pid].send(msg.recipient, local[pid].encode(msg))
 
+            def tick() -> float:
+                now = time_of.now()
+                for pid, party in local.items():
+                    emit(pid, party.tick(now))
+                return now
+
+            def wake() -> float | None:
+                """The earliest deadline of a local party or of a host without a call in flight."""
+                dues = [d for p in local.values() if (d := p.next_deadline()) is not None]
+                dues += [d for h, d in enumerate(due) if d is not None and h not in busy]
+                return min(dues, default=None)
+
             if start:
-                calls = [self._call(h, "start", block) for h, block in enumerate(blocks) if block]
+                now = tick()
+                calls = [self._call(h, "start", block, now) for h, block in enumerate(blocks) if block]
                 for pid, party in local.items():
                     out = party.start()
                     emit(pid, out)
                     if observer is not None:
                         observer("start", pid, None, out)
-                for started in self._check(self._results(calls)):
+                for h, started in zip(
+                    (h for h, block in enumerate(blocks) if block), self._check(self._results(calls))
+                ):
+                    due[h] = started.get("due")
                     for per_party in started["frames"]:
                         for frame in per_party:
                             self._route(*frame)
@@ -431,6 +502,8 @@ class HostedTransport(TrafficLog, Transport):
                 h, sent = inflight.pop(call)
                 result = self._result(call)
                 self._pending -= sum(len(f[2]) for f in sent)
+                for frame in result.get("ticked", []):
+                    self._route(*frame)
                 if result["error"] is None:  # the twins' counters first, so the observer sees them
                     for pid, counters in result.get("progress", {}).items():
                         parties[int(pid)].take_progress(counters)
@@ -443,6 +516,7 @@ class HostedTransport(TrafficLog, Transport):
                 for frame in result["step"]:
                     self._route(*frame)
                 work[h] = result["work"]
+                due[h] = result.get("due")
 
             busy: set[int] = set()
             while True:
@@ -450,9 +524,11 @@ class HostedTransport(TrafficLog, Transport):
                     busy.discard(inflight[call][0])
                     collect(call)
                     events += 1
+                now = tick()
                 room = self._pending < self.max_pending_bytes
                 for h in range(n):
-                    if h in busy or not (self._outbox[h] or (work[h] and room)):
+                    tick_due = due[h] is not None and due[h] <= now  # type: ignore[operator]
+                    if h in busy or not (self._outbox[h] or (work[h] and room) or tick_due):
                         continue
                     batch: list[Frame] = []
                     size = 0
@@ -461,7 +537,7 @@ class HostedTransport(TrafficLog, Transport):
                         frame = box.pop(0)
                         batch.append(frame)
                         size += len(frame[2])
-                    inflight[self._call(h, "deliver", batch, room)] = (h, batch)
+                    inflight[self._call(h, "deliver", batch, room, now)] = (h, batch)
                     busy.add(h)
                 delivery = self.poll()
                 if delivery is not None:
@@ -483,18 +559,24 @@ class HostedTransport(TrafficLog, Transport):
                             observer("step", busy_pid, None, out)
                         continue
                 if inflight:
-                    self._wait(list(inflight))
+                    until = wake()
+                    self._wait(list(inflight), None if until is None else max(0.0, until - time_of.now()))
                     continue
                 if any(self._outbox) or any(work):
                     continue
-                break
-            clock = time.perf_counter()
+                until = wake()
+                if until is None:
+                    break
+                time_of.sleep(until - time_of.now())  # idle until a deadline (a ManualClock jumps)
+            t0 = time.perf_counter()
             for pid, blob in self._reports(blocks):
                 parties[pid].absorb(PartyReport.from_bytes(blob))
-            self.export_seconds = time.perf_counter() - clock
+            self.export_seconds = time.perf_counter() - t0
         except BaseException as exc:
             self._abandon(list(inflight), exc)
             raise
         finally:
             self._reset({}, 0)
+        for party in parties.values():
+            party.raise_for_failure()
         return events

@@ -236,6 +236,12 @@ class Party:
         (:meth:`_arm_at_next_tick`) is not one yet: drivers tick every party before each event."""
         return min(self._deadlines.values(), default=None)
 
+    def tick_pending(self) -> bool:
+        """True when a deadline waits to be armed at the next tick (:meth:`_arm_at_next_tick`): a
+        driver that does not tick before every event (a host, ticked by its coordinator) must tick
+        this party soon, or that deadline never starts."""
+        return bool(self._rearm)
+
     @property
     def checkpoint_label(self) -> int | None:
         """The label of the checkpoint this party can write now (None: not at a resume point).

@@ -34,7 +34,8 @@ Design
   :class:`WorkerDiedError` and one that stops answering :class:`WorkerTimeoutError` in the
   coordinator, never a hang. After any failed run the workers that are still in step drop their
   parties; if any worker is dead or out of step, the whole pool is stopped and the next run starts a
-  fresh one.
+  fresh one. The protocol's own deadlines (a peer that stalls while its worker is fine) hold as in
+  process: the coordinator's clock ticks the hosted parties (:mod:`~fedgat.protocols.hosting`).
 * The server's homomorphic work runs where it does in process: on the server's own process pool
   (:func:`fedgat.crypto.encoders.local_encoder`), sized by ``server_workers`` (see
   :meth:`ProcessTransport.encoder_factory`).
@@ -65,6 +66,7 @@ from typing import Any, Self
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.process_worker import WireError, decode, encode_parts, recv_message, send_parts
 
+from .driver import Clock
 from .hosting import MAX_FRAME_BYTES, EngineError, HostedTransport
 from .party import Party
 from .party_values import error_from_value
@@ -318,10 +320,18 @@ class ProcessEngine:
                 raise WorkerTimeoutError(f"{w.describe()} has not answered {w.op!r} within {limit:g} s")
         return out
 
-    def wait_any(self, indices: list[int]) -> None:
-        """Wait until at least one of ``indices`` can be read (see :meth:`ready`)."""
-        while not self.ready(indices, timeout=None):
-            pass
+    def wait_any(self, indices: list[int], timeout: float | None = None) -> None:
+        """Wait until at least one of ``indices`` can be read (see :meth:`ready`), or ``timeout``
+        seconds (None: no limit but the calls' deadlines) have passed."""
+        if timeout is None:
+            while not self.ready(indices, timeout=None):
+                pass
+            return
+        end = time.monotonic() + timeout
+        while True:
+            due = min(min(self.workers[i].deadline for i in indices), end)  # a call's deadline is checked
+            if self.ready(indices, timeout=max(0.0, due - time.monotonic())) or time.monotonic() >= end:
+                return
 
     def result(self, index: int) -> Any:
         """The answer of worker ``index``'s call (waits for it, within its deadline).
@@ -414,6 +424,7 @@ class ProcessTransport(HostedTransport):
         max_pending_bytes: streamed steps pause while more frames than this wait for delivery.
         batch_bytes: most frame bytes sent to one worker per call (one frame at least).
         max_frame_bytes: the largest frame carried (:class:`~fedgat.protocols.hosting.HostedTransport`).
+        clock: time source of the parties' deadlines (:class:`~fedgat.protocols.hosting.HostedTransport`).
         server_workers: processes of the pre-training server's pool when the caller gives none
             (``workers=None``); None keeps :func:`~fedgat.crypto.encoders.local_encoder`'s rule.
     """
@@ -430,6 +441,7 @@ class ProcessTransport(HostedTransport):
         max_pending_bytes: int = 256 * MiB,
         batch_bytes: int = 32 * MiB,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        clock: Clock | None = None,
         server_workers: int | None = None,
     ) -> None:
         self.engine = engine
@@ -441,6 +453,7 @@ class ProcessTransport(HostedTransport):
             max_pending_bytes=max_pending_bytes,
             batch_bytes=batch_bytes,
             max_frame_bytes=max_frame_bytes,
+            clock=clock,
         )
 
     def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
@@ -470,8 +483,8 @@ class ProcessTransport(HostedTransport):
     def _ready(self, calls: list[Any]) -> list[Any]:
         return self.engine.ready(calls)
 
-    def _wait(self, calls: list[Any]) -> None:
-        self.engine.wait_any(calls)
+    def _wait(self, calls: list[Any], timeout: float | None = None) -> None:
+        self.engine.wait_any(calls, timeout)
 
     def _result(self, call: Any) -> dict:
         try:

@@ -71,6 +71,7 @@ from typing import Any, Self
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
 from fedgat.crypto.ray_encoder import INSTALL_HINT, RayEncoder, RayUnavailableError, import_ray, ray_encoder
 
+from .driver import Clock
 from .hosting import MAX_FRAME_BYTES, HostedTransport, PartyHost
 from .party import Party
 from .ray_host import RayEngineError
@@ -201,6 +202,7 @@ class RayTransport(HostedTransport):
         server_tasks: pre-training server on Ray tasks: None (where it would use a process pool),
             True, False.
         max_frame_bytes: the largest frame carried (:class:`~fedgat.protocols.hosting.HostedTransport`).
+        clock: time source of the parties' deadlines (:class:`~fedgat.protocols.hosting.HostedTransport`).
     """
 
     engine_error = RayEngineError
@@ -216,6 +218,7 @@ class RayTransport(HostedTransport):
         batch_bytes: int = 32 * MiB,
         server_tasks: bool | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        clock: Clock | None = None,
     ) -> None:
         self.engine = engine
         self.server_tasks = server_tasks
@@ -228,6 +231,7 @@ class RayTransport(HostedTransport):
             max_pending_bytes=max_pending_bytes,
             batch_bytes=batch_bytes,
             max_frame_bytes=max_frame_bytes,
+            clock=clock,
         )
 
     def encoder_factory(self, workers: int | None = None) -> EncoderFactory:
@@ -251,8 +255,8 @@ class RayTransport(HostedTransport):
     def _ready(self, calls: list[Any]) -> list[Any]:
         return list(self.engine.ray.wait(calls, num_returns=len(calls), timeout=0)[0])
 
-    def _wait(self, calls: list[Any]) -> None:
-        self.engine.ray.wait(calls, num_returns=1)
+    def _wait(self, calls: list[Any], timeout: float | None = None) -> None:
+        self.engine.ray.wait(calls, num_returns=1, timeout=timeout)
 
     def _result(self, call: Any) -> dict:
         return self.engine._get(call)

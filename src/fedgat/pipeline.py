@@ -62,7 +62,7 @@ from fedgat.methods import fedgat_partition, resolve_hparams
 from fedgat.owners import check_owners
 from fedgat.partition import Partition
 from fedgat.plain_encoder import PlaintextRound
-from fedgat.protocols import Delivery, InProcessTransport, Party, Transport, run_parties
+from fedgat.protocols import Clock, Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, peek_type
 from fedgat.protocols.pretrain import ServerState
@@ -93,14 +93,22 @@ __all__ = [
 PHASES = ("keygen", "encrypt", "upload", "server_compute", "download", "decrypt")
 
 
-def drive(transport: Transport, parties: Mapping[int, Party], observer: Observer | None = None) -> int:
+def drive(
+    transport: Transport,
+    parties: Mapping[int, Party],
+    observer: Observer | None = None,
+    *,
+    clock: Clock | None = None,
+) -> int:
     """Run ``parties`` to the end over ``transport``. A transport that hosts parties itself (it has a
-    ``run_parties(parties, observer=...)`` method, e.g. :class:`fedgat.protocols.ray_engine.RayTransport`)
-    runs them; any other goes through the in-process driver :func:`~fedgat.protocols.run_parties`."""
+    ``run_parties(parties, observer=..., clock=...)`` method, e.g.
+    :class:`fedgat.protocols.ray_engine.RayTransport`) runs them; any other goes through the
+    in-process driver :func:`~fedgat.protocols.run_parties`. ``clock``: the time of the parties'
+    deadlines (None: the hosting transport's own clock, else real time)."""
     hosted = getattr(transport, "run_parties", None)
     if callable(hosted):
-        return hosted(parties, observer=observer)
-    return run_parties(transport, parties, observer=observer)
+        return hosted(parties, observer=observer, clock=clock)
+    return run_parties(transport, parties, observer=observer, clock=clock)
 
 
 # ------------------------------------------------------------------------------------- results

@@ -13,6 +13,7 @@ transport factory and call::
     check_pretraining(make_transport)   # encrypted pre-training round
     check_training(make_transport)      # FedAvg rounds through the protocol
     check_rejection(make_transport)     # a forged frame surfaces as the protocol's typed error
+    check_deadlines(make_transport)     # stalls end at the parties' deadlines, on a manual clock
 
 What is compared:
 
@@ -22,7 +23,10 @@ What is compared:
   server, and -- when the transport keeps ``traffic`` like :class:`~fedgat.protocols.InProcessTransport`
   -- the same messages per (sender, recipient, type);
 * training (dropout off, so that no engine's RNG stream matters): the same number of rounds, best
-  round, validation and test accuracies, and losses within ``LOSS_RTOL``.
+  round, validation and test accuracies, and losses within ``LOSS_RTOL``;
+* deadlines: the same typed fault, naming the same phase and parties, when a peer stalls (time from
+  a :class:`~fedgat.protocols.ManualClock` handed to :func:`~fedgat.pipeline.drive`, which the
+  hosting engines pass on to their hosts).
 
 Defaults are small (:func:`federation`: 96 nodes, 4 clients, 3 rounds) so a check takes seconds in
 process; the in-process reference of a federation is computed once per test session and cached.
@@ -50,13 +54,24 @@ from fedgat.pipeline import (
     run_plaintext_pretraining,
     train_fedgat,
 )
-from fedgat.protocols import InProcessTransport, SignatureError, Transport, Verifier
+from fedgat.protocols import (
+    InProcessTransport,
+    ManualClock,
+    MissingPartyError,
+    ServerState,
+    SignatureError,
+    Transport,
+    Verifier,
+)
+from fedgat.protocols.messages import FeatureUpload, UploadDone, peek_type
+from fedgat.protocols.pretrain import ClientState, PretrainTimeouts
 from fedgat.synthetic import synthetic_graph
 
 __all__ = [
     "ENCODING_ATOL",
     "LOSS_RTOL",
     "Federation",
+    "check_deadlines",
     "check_pretraining",
     "check_rejection",
     "check_training",
@@ -238,3 +253,76 @@ def check_rejection(make_transport: MakeTransport, fed: Federation | None = None
     client.verifier = Verifier(forged, victim, client.session)
     with pytest.raises(SignatureError):
         drive(make_transport(), parties.all())
+
+
+def _losing(transport: Transport, lost: Callable[[int, int, bytes], bool]) -> Transport:
+    """``transport``, losing every frame for which ``lost(sender, recipient, data)`` holds before it
+    is counted: where an in-process transport sends, where a hosting one routes (every frame, a
+    hosted party's included, passes there)."""
+    name = "_route" if hasattr(transport, "_route") else "_send"
+    carry = getattr(transport, name)
+
+    def send(sender: int, to: int, data: bytes) -> None:
+        if not lost(sender, to, data):
+            carry(sender, to, data)
+
+    setattr(transport, name, send)
+    return transport
+
+
+def check_deadlines(make_transport: MakeTransport, fed: Federation | None = None) -> None:
+    """On a manual clock: (1) a client whose uploads stop after its first frame is named by the
+    server's ``upload`` deadline (:class:`~fedgat.protocols.MissingPartyError`, raised out of the
+    run) and the round stops; (2) when every frame to or from the server is lost once it computes,
+    each client gives up at its own ``download`` deadline naming the server (hosted clients: in
+    their host, ticked by the coordinator's time), and the first client's error is raised out of the
+    run. Without ticks for hosted parties, or without a wait for the earliest deadline, either run
+    would end silently with parties still waiting."""
+    fed = fed or federation()
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    roster = parties.deployment.roster
+    parties.server.timeouts = PretrainTimeouts(keys=30.0, upload=30.0)
+    for client in parties.clients.values():  # clients wait longer, as a deployment sets them
+        client.timeouts = PretrainTimeouts(keys=60.0, download=60.0)
+    staller, uploads = roster.clients[-1], [0]
+
+    def stalls(sender: int, to: int, data: bytes) -> bool:
+        if sender == staller and peek_type(data) in (FeatureUpload.TYPE, UploadDone.TYPE):
+            uploads[0] += 1
+            return uploads[0] > 1
+        return False
+
+    with pytest.raises(MissingPartyError) as info:
+        drive(_losing(make_transport(), stalls), parties.all(), clock=ManualClock())
+    assert (info.value.phase, info.value.missing) == ("upload", (staller,))
+    assert parties.server.state is ServerState.ABORTED and uploads[0] > 1
+
+    # (2) with and without an upload window: a windowed client re-arms its deadline after each upload
+    # step (at the next tick), which a hosted client only gets from the coordinator
+    for window in (None, 1):
+        _check_silent_server(make_transport, fed, window)
+
+
+def _check_silent_server(make_transport: MakeTransport, fed: Federation, window: int | None) -> None:
+    """Every frame to or from the server is lost once it computes (``window`` None) or once the
+    first upload is sent (windowed): each client gives up at its ``download`` deadline."""
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0, upload_window=window)
+    server, roster = parties.server, parties.deployment.roster
+    for client in parties.clients.values():
+        client.timeouts = PretrainTimeouts(download=20.0)
+    silent = [False]
+
+    def silenced(sender: int, to: int, data: bytes) -> bool:
+        silent[0] = silent[0] or (
+            server.state is ServerState.COMPUTING if window is None else peek_type(data) == FeatureUpload.TYPE
+        )
+        return silent[0] and roster.server in (sender, to)
+
+    with pytest.raises(MissingPartyError) as info:
+        drive(_losing(make_transport(), silenced), parties.all(), clock=ManualClock())
+    assert silent[0] and (info.value.phase, info.value.missing) == ("download", (roster.server,))
+    for c, client in parties.clients.items():
+        err = client.failure
+        assert isinstance(err, MissingPartyError), (window, c)
+        assert (err.phase, err.missing) == ("download", (roster.server,)), (window, c)
+        assert client.state is ClientState.ABORTED and client.encodings is None, (window, c)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fedgat.protocols import InProcessTransport
 
-from .conformance import check_pretraining, check_rejection, check_training
+from .conformance import check_deadlines, check_pretraining, check_rejection, check_training
 
 
 def test_pretraining_conforms():
@@ -18,6 +18,10 @@ def test_training_conforms():
 
 def test_rejection_surfaces_typed():
     check_rejection(InProcessTransport)
+
+
+def test_stalls_end_at_the_deadlines():
+    check_deadlines(InProcessTransport)
 
 
 def test_engine_flags_are_checked_before_anything_runs(capsys):

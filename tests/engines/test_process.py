@@ -30,6 +30,7 @@ from fedgat.protocols.process_engine import (
 
 from .conformance import (
     ENCODING_ATOL,
+    check_deadlines,
     check_pretraining,
     check_rejection,
     check_training,
@@ -145,6 +146,11 @@ def test_rejection_surfaces_typed(engine):
     check_rejection(engine.transport)
     assert [m["parties"] for m in engine.memory()] == [0, 0]  # the workers dropped their parties
     assert engine.pool_starts == 1  # a protocol error costs no new pool
+
+
+def test_stalls_end_at_the_deadlines(engine):
+    """The coordinator's manual clock reaches the workers: the hosted clients' deadlines fire there."""
+    check_deadlines(engine.transport)
 
 
 def test_a_dp_release_runs_on_processes_without_pickle(engine, monkeypatch):

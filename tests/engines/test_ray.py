@@ -14,6 +14,7 @@ from fedgat.protocols.ray_engine import PartyHost, RayEngine, RayTransport
 
 from .conformance import (
     ENCODING_ATOL,
+    check_deadlines,
     check_pretraining,
     check_rejection,
     check_training,
@@ -186,6 +187,11 @@ def test_training_conforms(engine):
 def test_rejection_surfaces_typed(engine):
     check_rejection(engine.transport)
     assert [m["parties"] for m in engine.memory()] == [0, 0]  # reset after the failure
+
+
+def test_stalls_end_at_the_deadlines(engine):
+    """The coordinator's manual clock reaches the actors: the hosted clients' deadlines fire there."""
+    check_deadlines(engine.transport)
 
 
 def test_secrets_stay_in_the_actor(engine):

@@ -47,6 +47,7 @@ from fedgat.protocols.party_values import (
     pack_value,
     unpack_value,
 )
+from fedgat.protocols.pretrain import PretrainTimeouts
 from fedgat.protocols.ray_engine import PartyHost, RayEngineError, RayTransport
 
 TRAIN = {"rounds": 2, "patience": None, "dropout": 0.0, "feature_dropout": 0.0}
@@ -331,6 +332,46 @@ def test_hosted_run_equals_in_process_without_pickle(tiny_graph, tiny_partition,
         )
         assert run.fit.rounds == ref.fit.rounds and run.messages == ref.messages
         assert run.fit.best_val_accuracy == ref.fit.best_val_accuracy
+
+
+def test_a_host_reports_when_its_parties_want_a_tick(tiny_graph, tiny_partition):
+    """A host never reads a clock: it ticks its parties with the coordinator's ``now`` and says when
+    it next wants a tick -- the earliest armed deadline, or at once while a deadline waits to be
+    armed at the next tick (a windowed client after an upload step), which would otherwise never
+    start on a host nobody calls."""
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0, upload_window=1)
+    c = parties.deployment.roster.clients[0]
+    parties.clients[c].timeouts = PretrainTimeouts(keys=50.0, download=20.0)
+    host = PartyHost(threads=None)
+    host.place({c: parties.clients[c].spec().to_bytes()})
+    hosted = host.parties[c]
+    assert host.due(0.0) is None  # nothing armed before the start
+    started = host.start([c], 5.0)
+    assert started["error"] is None and started["due"] == 55.0  # keys, from the tick at 5.0
+    hosted._arm_at_next_tick("download", 20.0)  # as an upload step leaves it
+    assert hosted.tick_pending() and host.due(7.0) == 7.0 and host.due(None) == 55.0
+    reply = host.deliver([], False, 9.0)  # the coordinator's tick-only call
+    assert reply["error"] is None and reply["ticked"] == [] and not hosted.tick_pending()
+    assert reply["due"] == 29.0 == hosted.next_deadline()
+    reply = host.deliver([], False, 60.0)  # past both deadlines: the client gives up, says so
+    assert [(f[0], f[1]) for f in reply["ticked"]] == [(c, parties.deployment.roster.server)]
+    assert isinstance(hosted.failure, MissingPartyError) and reply["due"] is None
+
+
+def test_without_timeouts_a_hosted_run_makes_no_tick_calls(tiny_graph, tiny_partition, monkeypatch):
+    calls: list[tuple[int, bool, float | None, float | None]] = []
+    deliver = PartyHost.deliver
+
+    def spy(self, frames, step, now=None):
+        reply = deliver(self, frames, step, now)
+        calls.append((len(frames), step, now, reply["due"]))
+        return reply
+
+    monkeypatch.setattr(PartyHost, "deliver", spy)
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    drive(RayTransport(FakeEngine(), server_tasks=False), parties.all())
+    assert calls and all(now is not None and due is None for _, _, now, due in calls)
+    assert not [c for c in calls if c[0] == 0 and not c[1]]  # no call only to tick a host
 
 
 def test_hosted_rejection_surfaces_typed(tiny_graph, tiny_partition, monkeypatch):
