@@ -35,7 +35,10 @@ __all__ = ["Clock", "Driver", "ManualClock", "MonotonicClock", "Observer", "run_
 
 
 class Clock(Protocol):
-    """Where the driver reads the time and how it waits."""
+    """Where the driver reads the time and how it waits. A clock may say ``realtime = True`` (its time
+    runs with the wall clock's): a party hosted elsewhere then adds the time its host has spent in a
+    call to the time the call carried (:mod:`~fedgat.protocols.hosting`); otherwise the time stands
+    still between the driver's readings, as a :class:`ManualClock`'s."""
 
     def now(self) -> float: ...
 
@@ -44,6 +47,8 @@ class Clock(Protocol):
 
 class MonotonicClock:
     """Real time: :func:`time.monotonic` and :func:`time.sleep`."""
+
+    realtime = True
 
     def now(self) -> float:
         return time.monotonic()
@@ -55,6 +60,8 @@ class MonotonicClock:
 
 class ManualClock:
     """Simulated time for tests: ``sleep`` jumps ahead at once; :meth:`advance` moves it by hand."""
+
+    realtime = False
 
     def __init__(self, start: float = 0.0) -> None:
         self.t = float(start)
@@ -73,7 +80,7 @@ class ManualClock:
 Observer = Callable[[str, int, Delivery | None, list], None]
 
 
-def _detached(exc: ProtocolError) -> ProtocolError:
+def detached(exc: ProtocolError) -> ProtocolError:
     """``exc`` without its traceback (nor its causes'): a recorded rejection must not keep the frames'
     locals, i.e. the refused message and its ciphertexts, alive (thousands of frames refused by an
     aborted party held gigabytes)."""
@@ -212,7 +219,7 @@ class Driver:
         except ProtocolError as exc:
             if self.strict:
                 raise
-            self.rejected.append((pid, _detached(exc)))
+            self.rejected.append((pid, detached(exc)))
             return []
         self._handled(pid, out)
         return out

@@ -24,10 +24,13 @@ hosts are worker processes). What they share lives here, so that both route fram
   every call to a host carries ``now``, with which the host ticks its parties first, and each answer
   says when the host next wants a tick (:meth:`PartyHost.due`); a host whose deadline is due gets a
   call of its own, the coordinator never waits past the earliest deadline, and when nothing is in
-  flight it sleeps until then. So a party that stalls meets the same typed fault
+  flight it sleeps until then. On a real-time clock a host ticks each party before each frame and
+  step at the call's time plus the time the call has taken, so a batch's work is not counted as
+  waiting. So a party that stalls meets the same typed fault
   (:class:`~fedgat.protocols.errors.FaultError`) on every engine, raised out of
-  :meth:`HostedTransport.run_parties` as out of the in-process driver. Without timeouts (the
-  default) no deadline is armed and nothing changes.
+  :meth:`HostedTransport.run_parties` as out of the in-process driver, and ``strict=False`` records
+  the late frames that parties refuse after a deadline (:attr:`HostedTransport.rejected`) instead
+  of raising the first. Without timeouts (the default) no deadline is armed and nothing changes.
 
 The observer of :func:`~fedgat.protocols.driver.run_parties` gets a ``"deliver"`` event for every
 frame (after its recipient handled it; ``out`` is ``[]`` for hosted parties, whose replies are
@@ -47,7 +50,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NoReturn
 
-from .driver import Clock, MonotonicClock, Observer
+from .driver import Clock, MonotonicClock, Observer, detached
+from .errors import ProtocolError
 from .frame import HEADER, SIGNATURE_SIZE
 from .messages import MESSAGE_TYPES
 from .party import Party
@@ -183,23 +187,45 @@ class PartyHost:
             return now
         return min((d for p in self.parties.values() if (d := p.next_deadline()) is not None), default=None)
 
-    def deliver(self, frames: Sequence[Sequence[Any]], step: bool, now: float | None = None) -> dict:
-        """With ``now`` (the coordinator's clock), first tick every hosted party: the messages of a
-        deadline that passed come back as ``"ticked"`` frames. Then hand each ``(sender, recipient,
-        data)`` frame to its recipient, in order; then, with ``step``, one step of the next party
-        with streamed work. Returns ``{"ticked": frames, "replies": [frames per delivered frame],
-        "step": frames of the step, "work": any work left, "due": see :meth:`due`, "progress": party
-        id -> :meth:`~fedgat.protocols.party.Party.progress` of each party that received or stepped,
-        where it counts any, "error": None or a failure}``, a failure being ``{"party": the party
-        that raised, "exception": error_to_value(exc)}``; after an error the remaining frames are not
-        delivered."""
+    def deliver(
+        self,
+        frames: Sequence[Sequence[Any]],
+        step: bool,
+        now: float | None = None,
+        realtime: bool = False,
+        strict: bool = True,
+    ) -> dict:
+        """With ``now`` (the coordinator's clock when it made the call), first tick every hosted
+        party: the messages of a deadline that passed come back as ``"ticked"`` frames. Then hand
+        each ``(sender, recipient, data)`` frame to its recipient, in order; then, with ``step``, one
+        step of the next party with streamed work; each after a tick of that party, as the
+        in-process driver ticks before every event (with ``realtime``, at ``now`` plus the time this
+        call has taken so far: a batch's work is not counted as waiting). Returns ``{"ticked":
+        frames, "replies": [frames per delivered frame], "step": frames of the step, "work": any
+        work left, "due": see :meth:`due`, "progress": party id ->
+        :meth:`~fedgat.protocols.party.Party.progress` of each party that received or stepped,
+        where it counts any, "rejected": [[party id, error_to_value(exc)] of each frame a party
+        refused, when not ``strict``], "error": None or a failure}``, a failure being ``{"party": the
+        party that raised, "exception": error_to_value(exc)}``; after an error the remaining frames
+        are not delivered. With ``strict`` (the default) a refused frame is that error; without, it
+        is recorded and the next frame delivered, as the in-process driver's ``strict=False``."""
+        began = time.monotonic()
+
+        def at() -> float | None:
+            """The coordinator's time now, as far as this host can tell."""
+            return now + (time.monotonic() - began) if now is not None and realtime else now
+
+        def tick(pid: int) -> list[Frame]:
+            t = at()
+            return [] if t is None else self._emit(pid, self.parties[pid].tick(t))
+
         ticked: list[Frame] = []
         replies: list[list[Frame]] = []
+        rejected: list[list[Any]] = []
         current: int | None = None
         try:
-            if now is not None:
-                for current in sorted(self.parties):
-                    ticked += self._emit(current, self.parties[current].tick(now))
+            for current in sorted(self.parties):
+                ticked += tick(current)
             for _sender, recipient, data in frames:
                 current = recipient
                 if type(data) is not bytes:
@@ -207,7 +233,14 @@ class PartyHost:
                 party = self.parties.get(recipient)
                 if party is None:
                     raise KeyError(f"frame for party {recipient}, which this host does not host")
-                replies.append(self._emit(recipient, party.receive(data)))
+                out = tick(recipient)  # before the frame, in the frame's replies: per-peer order kept
+                try:
+                    out += self._emit(recipient, party.receive(data))
+                except ProtocolError as exc:
+                    if strict:
+                        raise
+                    rejected.append([recipient, {**error_to_value(exc), "traceback": ""}])
+                replies.append(out)
             stepped: list[Frame] = []
             if step:
                 pids = sorted(self.parties)
@@ -215,7 +248,8 @@ class PartyHost:
                     current = pids[(self._turn + k) % len(pids)]
                     if self.parties[current].has_work():
                         self._turn = (self._turn + k + 1) % len(pids)
-                        stepped = self._emit(current, self.parties[current].step())
+                        stepped = tick(current)
+                        stepped += self._emit(current, self.parties[current].step())
                         break
         except Exception as exc:  # noqa: BLE001 - handed to the coordinator, which raises it
             return {
@@ -224,6 +258,7 @@ class PartyHost:
                 "step": [],
                 "work": False,
                 "due": None,
+                "rejected": rejected,
                 "error": failure(current, exc),
             }
         touched = {int(f[1]) for f in frames} | ({current} if stepped and current is not None else set())
@@ -233,8 +268,9 @@ class PartyHost:
             "replies": replies,
             "step": stepped,
             "work": self.has_work(),
-            "due": self.due(now),
+            "due": self.due(at()),
             "progress": progress,
+            "rejected": rejected,
             "error": None,
         }
 
@@ -318,6 +354,8 @@ class HostedTransport(TrafficLog, Transport):
         self.max_frame_bytes = max_frame_bytes
         #: (sender, recipient, type name) -> [messages, bytes], as InProcessTransport.traffic
         self.traffic: dict[tuple[int, int, str], list[int]] = {}
+        #: (recipient, error) of every frame a party refused in the last run with ``strict=False``
+        self.rejected: list[tuple[int, ProtocolError]] = []
         #: seconds of the last run spent placing parties (specs) and absorbing their reports
         self.placement_seconds = 0.0
         self.export_seconds = 0.0
@@ -433,15 +471,19 @@ class HostedTransport(TrafficLog, Transport):
         observer: Observer | None = None,
         start: bool = True,
         clock: Clock | None = None,
+        strict: bool = True,
     ) -> int:
         """Run ``parties`` to the end, hosting all but ``keep_local`` ones on the engine's hosts;
         returns the number of events (deliveries and steps). Each hosted party of ``parties`` absorbs
         its twin's :class:`~fedgat.protocols.party_values.PartyReport` at the end. The end is the
         in-process driver's: no frame in flight, no party with work and no deadline armed (the
-        parties' deadlines on ``clock``, default :attr:`clock`, hosted ones' included).
+        parties' deadlines on ``clock``, default :attr:`clock`, hosted ones' included). ``strict``:
+        raise a party's refusal of a frame (True), or record it in :attr:`rejected` and go on (a
+        late answer after a deadline, as the in-process driver's ``strict=False``).
 
         Raises:
-            Whatever a party raises for a rejected frame (the protocol's typed errors);
+            Whatever a party raises for a rejected frame (the protocol's typed errors), with
+                ``strict``;
             the first party's :class:`~fedgat.protocols.errors.FaultError` when one gave up after a
             timeout (hosted parties' once their reports are absorbed), as the in-process driver;
             TypeError: a party to host cannot be described as a value;
@@ -453,10 +495,12 @@ class HostedTransport(TrafficLog, Transport):
         hosted = sorted(pid for pid in parties if pid not in local)
         t0 = time.perf_counter()
         time_of: Clock = clock if clock is not None else self.clock
+        realtime = bool(getattr(time_of, "realtime", False))
         specs = {pid: self._spec_bytes(parties[pid]) for pid in hosted}
         n = self._open_hosts(len(hosted)) if hosted else 0
         blocks = [hosted[h * len(hosted) // n : (h + 1) * len(hosted) // n] for h in range(n)]
         self._reset({pid: h for h, block in enumerate(blocks) for pid in block}, n)
+        self.rejected = []
         links = {pid: self.connect(pid) for pid in local}
         events = 0
         inflight: dict[Any, tuple[int, list[Frame]]] = {}
@@ -504,6 +548,11 @@ class HostedTransport(TrafficLog, Transport):
                 self._pending -= sum(len(f[2]) for f in sent)
                 for frame in result.get("ticked", []):
                     self._route(*frame)
+                for pid, value in result.get("rejected", []):
+                    error = error_from_value(value, self.engine_error)
+                    if not isinstance(error, ProtocolError):  # pragma: no cover - hosts send refusals only
+                        raise error
+                    self.rejected.append((int(pid), error))
                 if result["error"] is None:  # the twins' counters first, so the observer sees them
                     for pid, counters in result.get("progress", {}).items():
                         parties[int(pid)].take_progress(counters)
@@ -537,13 +586,19 @@ class HostedTransport(TrafficLog, Transport):
                         frame = box.pop(0)
                         batch.append(frame)
                         size += len(frame[2])
-                    inflight[self._call(h, "deliver", batch, room, now)] = (h, batch)
+                    inflight[self._call(h, "deliver", batch, room, now, realtime, strict)] = (h, batch)
                     busy.add(h)
                 delivery = self.poll()
                 if delivery is not None:
                     if delivery.recipient not in local:
                         raise KeyError(f"frame for unknown party {delivery.recipient}")
-                    out = local[delivery.recipient].receive(delivery.data)
+                    try:
+                        out = local[delivery.recipient].receive(delivery.data)
+                    except ProtocolError as exc:
+                        if strict:
+                            raise
+                        self.rejected.append((delivery.recipient, detached(exc)))
+                        out = []
                     emit(delivery.recipient, out)
                     events += 1
                     if observer is not None:

@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,16 +100,24 @@ def drive(
     observer: Observer | None = None,
     *,
     clock: Clock | None = None,
+    strict: bool = True,
 ) -> int:
     """Run ``parties`` to the end over ``transport``. A transport that hosts parties itself (it has a
-    ``run_parties(parties, observer=..., clock=...)`` method, e.g.
-    :class:`fedgat.protocols.ray_engine.RayTransport`) runs them; any other goes through the
-    in-process driver :func:`~fedgat.protocols.run_parties`. ``clock``: the time of the parties'
-    deadlines (None: the hosting transport's own clock, else real time)."""
+    ``run_parties(parties, observer=...)`` method, e.g.
+    :class:`fedgat.protocols.ray_engine.RayTransport`) runs them, given ``clock=`` and ``strict=``
+    only when they are not the defaults; any other goes through the in-process driver
+    :func:`~fedgat.protocols.run_parties`. ``clock``: the time of the parties' deadlines (None: the
+    hosting transport's own clock, else real time); ``strict=False``: a frame a party refuses (a
+    late answer after a deadline) is recorded in the transport's or driver's ``rejected`` rather
+    than raised (the in-process driver's list is not kept: pass a transport that hosts, or use
+    :class:`~fedgat.protocols.Driver`, to read it)."""
     hosted = getattr(transport, "run_parties", None)
     if callable(hosted):
-        return hosted(parties, observer=observer, clock=clock)
-    return run_parties(transport, parties, observer=observer, clock=clock)
+        options: dict[str, Any] = {} if clock is None else {"clock": clock}
+        if not strict:  # a hosting transport need not take these
+            options["strict"] = False
+        return hosted(parties, observer=observer, **options)
+    return run_parties(transport, parties, observer=observer, clock=clock, strict=strict)
 
 
 # ------------------------------------------------------------------------------------- results

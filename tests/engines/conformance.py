@@ -4,8 +4,9 @@ Each check takes ``make_transport``, a zero-argument callable returning a fresh
 :class:`~fedgat.protocols.Transport` (called once per run), runs the pipeline over it and compares
 with the in-process transport on the same partition and seeds. A transport either works with the
 in-process driver (``connect``/``poll``) or hosts parties itself through a
-``run_parties(parties, observer=...)`` method (:func:`fedgat.pipeline.drive` picks); either way the
-party objects handed in must reflect the run's outcome afterwards (e.g. ``client.encodings``).
+``run_parties(parties, observer=...)`` method (:func:`fedgat.pipeline.drive` picks; ``clock=`` too
+for :func:`check_deadlines`); either way the party objects handed in must reflect the run's outcome
+afterwards (e.g. ``client.encodings``).
 
 Engine test files (``test_inprocess.py``, ``test_ray.py``, ``test_flower.py``) only build their
 transport factory and call::
@@ -60,6 +61,7 @@ from fedgat.protocols import (
     MissingPartyError,
     ServerState,
     SignatureError,
+    StateError,
     Transport,
     Verifier,
 )
@@ -292,15 +294,20 @@ def check_deadlines(make_transport: MakeTransport, fed: Federation | None = None
             return uploads[0] > 1
         return False
 
+    clock = ManualClock()  # stands still while anything runs: every deadline is armed at 0
     with pytest.raises(MissingPartyError) as info:
-        drive(_losing(make_transport(), stalls), parties.all(), clock=ManualClock())
+        drive(_losing(make_transport(), stalls), parties.all(), clock=clock)
     assert (info.value.phase, info.value.missing) == ("upload", (staller,))
+    assert clock.now() == 30.0  # at the server's upload deadline, not later
     assert parties.server.state is ServerState.ABORTED and uploads[0] > 1
 
     # (2) with and without an upload window: a windowed client re-arms its deadline after each upload
     # step (at the next tick), which a hosted client only gets from the coordinator
     for window in (None, 1):
         _check_silent_server(make_transport, fed, window)
+    # (3) late frames: raised by default, recorded with strict=False
+    for strict in (True, False):
+        _check_late_results(make_transport, fed, strict)
 
 
 def _check_silent_server(make_transport: MakeTransport, fed: Federation, window: int | None) -> None:
@@ -318,11 +325,54 @@ def _check_silent_server(make_transport: MakeTransport, fed: Federation, window:
         )
         return silent[0] and roster.server in (sender, to)
 
+    clock = ManualClock()
     with pytest.raises(MissingPartyError) as info:
-        drive(_losing(make_transport(), silenced), parties.all(), clock=ManualClock())
+        drive(_losing(make_transport(), silenced), parties.all(), clock=clock)
     assert silent[0] and (info.value.phase, info.value.missing) == ("download", (roster.server,))
+    # every client armed its deadline at 0 (the clock stands still while anything runs), so all give
+    # up at 20: a hosted client whose deadline waited to be armed at its next tick (windowed, after
+    # an upload step) and got that tick late would give up later
+    assert clock.now() == 20.0, window
     for c, client in parties.clients.items():
         err = client.failure
         assert isinstance(err, MissingPartyError), (window, c)
         assert (err.phase, err.missing) == ("download", (roster.server,)), (window, c)
         assert client.state is ClientState.ABORTED and client.encodings is None, (window, c)
+
+
+def _check_late_results(make_transport: MakeTransport, fed: Federation, strict: bool) -> None:
+    """The server's results are held until the clients' ``download`` deadline (20) has passed, then
+    delivered: each client has given up by then, so it refuses them (``StateError``), as the server
+    refuses the clients' aborts once it is done. ``strict`` (the default) raises the first refusal;
+    ``strict=False`` records every one (in the transport's ``rejected``, where it keeps one) and the
+    run ends with the clients' own fault."""
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    server, roster = parties.server, parties.deployment.roster
+    for client in parties.clients.values():
+        client.timeouts = PretrainTimeouts(download=20.0)
+    clock, held = ManualClock(), []
+    transport = make_transport()
+    name = "_route" if hasattr(transport, "_route") else "_send"
+    carry = getattr(transport, name)
+
+    def route(sender: int, to: int, data: bytes) -> None:
+        if clock.now() >= 20.0:  # the deadline passed: what was held arrives now, late
+            while held:
+                carry(*held.pop(0))
+        elif sender == roster.server and server.state in (ServerState.COMPUTING, ServerState.DONE):
+            held.append((sender, to, data))
+            return
+        carry(sender, to, data)
+
+    setattr(transport, name, route)
+    expected = StateError if strict else MissingPartyError
+    with pytest.raises(expected) as info:
+        drive(transport, parties.all(), clock=clock, strict=strict)
+    assert clock.now() == 20.0 and not held
+    if not strict:
+        assert (info.value.phase, info.value.missing) == ("download", (roster.server,))
+        assert all(c.state is ClientState.ABORTED for c in parties.clients.values())
+        rejected = getattr(transport, "rejected", None)
+        if rejected is not None:  # a hosting transport keeps them; the in-process driver's are its own
+            assert {pid for pid, _ in rejected} == {roster.server, *roster.clients}
+            assert all(isinstance(err, StateError) for _, err in rejected)

@@ -18,8 +18,9 @@ import pytest
 from fedgat.app import build_pretrain_parties
 from fedgat.pipeline import drive, max_abs_error, run_encrypted_pretraining
 from fedgat.process_worker import WireError, WorkerLoop, decode, encode
-from fedgat.protocols import InProcessTransport, Transcript
+from fedgat.protocols import InProcessTransport, MissingPartyError, ServerState, Transcript
 from fedgat.protocols.hosting import MAX_FRAME_BYTES, FrameSizeError
+from fedgat.protocols.pretrain import PretrainTimeouts
 from fedgat.protocols.process_engine import (
     ProcessEngine,
     ProcessEngineError,
@@ -196,11 +197,12 @@ def test_secrets_stay_in_the_worker(engine):
 
 
 # ------------------------------------------------------------------------------ failures
-def _run_with(engine: ProcessEngine, act) -> None:
-    """A pre-training run over ``engine`` whose observer calls ``act(worker pids)`` once, at the first
-    frame delivered to a hosted party."""
-    fed = federation()
-    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+def _run_with(engine: ProcessEngine, act, parties=None) -> None:
+    """A pre-training run of ``parties`` (default: fresh ones of :func:`federation`) over ``engine``
+    whose observer calls ``act(worker pids)`` once, at the first frame delivered to a hosted party."""
+    if parties is None:
+        fed = federation()
+        parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
     done = []
 
     def observer(event, pid, delivery, out):
@@ -250,6 +252,24 @@ def test_a_stopped_worker_mid_run_is_a_timeout_not_a_hang():
         with pytest.raises(WorkerTimeoutError, match=r"process worker 0 .* within 3 s"):
             _run_with(engine, lambda pids: os.kill(pids[0], signal.SIGSTOP))
         assert engine.workers == []
+
+
+@pytest.mark.slow
+def test_deadlines_fire_while_a_worker_call_is_in_flight():
+    """Real time: while a stopped worker's call is in flight the coordinator waits no longer than the
+    server's ``keys`` deadline (1 s), so the server gives up on that worker's clients, naming them,
+    well before the call's own deadline (4 s) ends the run with a WorkerTimeoutError."""
+    fed = federation()
+    parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
+    parties.server.timeouts = PretrainTimeouts(keys=1.0, upload=1.0)
+    with (
+        ProcessEngine(2, call_timeout=4.0) as engine,
+        pytest.raises(WorkerTimeoutError, match=r"process worker 0 .* within 4 s"),
+    ):
+        _run_with(engine, lambda pids: os.kill(pids[0], signal.SIGSTOP), parties)
+    err = parties.server.failure  # the stop lands during the keys or the upload phase
+    assert isinstance(err, MissingPartyError) and err.phase in ("keys", "upload")
+    assert err.missing == (0, 1) and parties.server.state is ServerState.ABORTED  # worker 0's clients
 
 
 def test_oversized_frame_is_refused_before_it_is_counted():

@@ -358,20 +358,46 @@ def test_a_host_reports_when_its_parties_want_a_tick(tiny_graph, tiny_partition)
     assert isinstance(hosted.failure, MissingPartyError) and reply["due"] is None
 
 
+def test_a_host_on_real_time_counts_its_own_work_as_work(tiny_graph, tiny_partition, monkeypatch):
+    """On a real-time clock a host ticks each party before its frame at the call's time plus the
+    time the call has taken so far, so a deadline armed after a long batch starts when the batch's
+    work ends (as the in-process driver, which reads the clock before every event), not when the
+    coordinator made the call; on a manual clock time stands still."""
+    from fedgat.protocols import hosting
+
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0, upload_window=1)
+    c = parties.deployment.roster.clients[0]
+    parties.clients[c].timeouts = PretrainTimeouts(download=20.0)
+    wall = iter(range(0, 10_000, 7))  # each reading of the host's clock: 7 s later
+    monkeypatch.setattr(hosting.time, "monotonic", lambda: float(next(wall)))
+    for realtime, want in ((False, 100.0), (True, 107.0)):
+        host = PartyHost(threads=None)
+        host.place({c: parties.clients[c].spec().to_bytes()})
+        hosted = host.parties[c]
+        hosted._arm_at_next_tick("download", 20.0)
+        reply = host.deliver([], False, 100.0, realtime)
+        # on real time: the call's start, then the tick, 7 s apart: the deadline starts at 107
+        assert hosted.now == want and reply["due"] == want + 20.0, realtime
+
+
 def test_without_timeouts_a_hosted_run_makes_no_tick_calls(tiny_graph, tiny_partition, monkeypatch):
-    calls: list[tuple[int, bool, float | None, float | None]] = []
+    calls: dict[int, list[tuple[bool, bool, float | None, float | None]]] = {}
     deliver = PartyHost.deliver
 
-    def spy(self, frames, step, now=None):
-        reply = deliver(self, frames, step, now)
-        calls.append((len(frames), step, now, reply["due"]))
+    def spy(self, frames, step, now=None, realtime=False, strict=True):
+        work = self.has_work()  # a call with no frames for a host without work could only tick it
+        reply = deliver(self, frames, step, now, realtime, strict)
+        calls.setdefault(id(self), []).append((bool(frames) or work, realtime, now, reply["due"]))
         return reply
 
     monkeypatch.setattr(PartyHost, "deliver", spy)
     parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
     drive(RayTransport(FakeEngine(), server_tasks=False), parties.all())
-    assert calls and all(now is not None and due is None for _, _, now, due in calls)
-    assert not [c for c in calls if c[0] == 0 and not c[1]]  # no call only to tick a host
+    every = [call for host in calls.values() for call in host]
+    assert len(calls) == 2 and all(now is not None and real and due is None for _, real, now, due in every)
+    # after its first call (the coordinator asks every host once whether it has work), every call
+    # to a host delivered frames or stepped streamed work: none only ticked it
+    assert all(reason for host in calls.values() for reason, *_ in host[1:])
 
 
 def test_hosted_rejection_surfaces_typed(tiny_graph, tiny_partition, monkeypatch):
