@@ -257,19 +257,20 @@ def test_a_stopped_worker_mid_run_is_a_timeout_not_a_hang():
 @pytest.mark.slow
 def test_deadlines_fire_while_a_worker_call_is_in_flight():
     """Real time: while a stopped worker's call is in flight the coordinator waits no longer than the
-    server's ``keys`` deadline (1 s), so the server gives up on that worker's clients, naming them,
-    well before the call's own deadline (4 s) ends the run with a WorkerTimeoutError."""
+    server's deadline (2 s), so the server gives up, naming that worker's clients among the missing,
+    before the call's own deadline (8 s) ends the run with a WorkerTimeoutError. (The other worker's
+    clients may be missing too on a loaded machine: 2 s is short.)"""
     fed = federation()
     parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
-    parties.server.timeouts = PretrainTimeouts(keys=1.0, upload=1.0)
+    parties.server.timeouts = PretrainTimeouts(keys=2.0, upload=2.0)
     with (
-        ProcessEngine(2, call_timeout=4.0) as engine,
-        pytest.raises(WorkerTimeoutError, match=r"process worker 0 .* within 4 s"),
+        ProcessEngine(2, call_timeout=8.0) as engine,
+        pytest.raises(WorkerTimeoutError, match=r"process worker 0 .* within 8 s"),
     ):
         _run_with(engine, lambda pids: os.kill(pids[0], signal.SIGSTOP), parties)
     err = parties.server.failure  # the stop lands during the keys or the upload phase
     assert isinstance(err, MissingPartyError) and err.phase in ("keys", "upload")
-    assert err.missing == (0, 1) and parties.server.state is ServerState.ABORTED  # worker 0's clients
+    assert {0, 1} <= set(err.missing) and parties.server.state is ServerState.ABORTED  # worker 0's
 
 
 def test_oversized_frame_is_refused_before_it_is_counted():
