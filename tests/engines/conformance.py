@@ -25,9 +25,10 @@ What is compared:
   -- the same messages per (sender, recipient, type);
 * training (dropout off, so that no engine's RNG stream matters): the same number of rounds, best
   round, validation and test accuracies, and losses within ``LOSS_RTOL``;
-* deadlines: the same typed fault, naming the same phase and parties, when a peer stalls (time from
-  a :class:`~fedgat.protocols.ManualClock` handed to :func:`~fedgat.pipeline.drive`, which the
-  hosting engines pass on to their hosts).
+* deadlines: the same typed fault, naming the same phase and parties, at the same time, when a peer
+  stalls in the pre-training round, and the same history when a client drops out of the secure
+  FedAvg rounds (time from a :class:`~fedgat.protocols.ManualClock` handed to
+  :func:`~fedgat.pipeline.drive`, which the hosting engines pass on to their hosts).
 
 Defaults are small (:func:`federation`: 96 nodes, 4 clients, 3 rounds) so a check takes seconds in
 process; the in-process reference of a federation is computed once per test session and cached.
@@ -43,7 +44,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from fedgat.app import build_pretrain_parties
+from fedgat.app import build_pretrain_parties, build_training_parties
 from fedgat.graph import Graph
 from fedgat.partition import Partition, make_partition
 from fedgat.pipeline import (
@@ -65,6 +66,7 @@ from fedgat.protocols import (
     Transport,
     Verifier,
 )
+from fedgat.protocols.fedavg import RoundTimeouts
 from fedgat.protocols.messages import FeatureUpload, UploadDone, peek_type
 from fedgat.protocols.pretrain import ClientState, PretrainTimeouts
 from fedgat.synthetic import synthetic_graph
@@ -308,6 +310,8 @@ def check_deadlines(make_transport: MakeTransport, fed: Federation | None = None
     # (3) late frames: raised by default, recorded with strict=False
     for strict in (True, False):
         _check_late_results(make_transport, fed, strict)
+    # (4) the FedAvg rounds (secure aggregation, the server's fit/evaluate deadlines)
+    _check_round_dropout(make_transport, fed)
 
 
 def _check_silent_server(make_transport: MakeTransport, fed: Federation, window: int | None) -> None:
@@ -376,3 +380,37 @@ def _check_late_results(make_transport: MakeTransport, fed: Federation, strict: 
         if rejected is not None:  # a hosting transport keeps them; the in-process driver's are its own
             assert {pid for pid, _ in rejected} == {roster.server, *roster.clients}
             assert all(isinstance(err, StateError) for _, err in rejected)
+
+
+def _round_dropout(transport: Transport, fed: Federation) -> tuple[list[dict], float, object]:
+    """FedAvg rounds (secure aggregation: 4 clients) whose last client's frames are all lost once
+    the first round is in the history; the server waits 10 s per phase. Returns the history, the
+    clock's time at the end and the server's result."""
+    parties = build_training_parties(
+        fed.graph, fed.partition, reference(fed).plaintext, seed=fed.seed, **TRAIN_HPARAMS
+    )
+    server = parties.server
+    assert server.secagg is not None  # the dropout goes through the secure sum's unmasking
+    server.timeouts = RoundTimeouts(fit=10.0, evaluate=10.0)
+    gone = server.clients[-1]
+    clock = ManualClock()
+    drive(
+        _losing(transport, lambda s, t, d: s == gone and len(server.history) >= 1), parties.all(), clock=clock
+    )
+    return server.history, clock.now(), server.result
+
+
+def _check_round_dropout(make_transport: MakeTransport, fed: Federation) -> None:
+    """A client that drops out after the first round is left out at the server's deadlines (quorum
+    kept), as in process: the same history (missing clients, accuracies, losses), at the same time."""
+    want, want_time, want_result = _round_dropout(InProcessTransport(), fed)
+    got, got_time, got_result = _round_dropout(make_transport(), fed)
+    assert want_result is not None and got_result is not None and got_time == want_time > 0
+    assert any("missing_fit" in row for row in want), "the dropout must reach a fit phase"
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            if key.endswith("_loss"):
+                assert mine[key] == pytest.approx(value, rel=LOSS_RTOL), (theirs["round"], key)
+            elif not (isinstance(value, float) and math.isnan(value)):
+                assert mine[key] == value, (theirs["round"], key)
