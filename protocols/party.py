@@ -163,6 +163,7 @@ class Party:
         start, cpu = time.perf_counter(), time.process_time()
         self._clock_stack.append([0.0, 0.0])
         phase = "setup"
+        stopped = self._ended()
         try:
             if (
                 not isinstance(data, Message)
@@ -197,8 +198,25 @@ class Party:
                 raise
             self.verifier.commit(msg)
             return out
+        except StateError as exc:
+            if stopped is not None:  # e.g. a frame still in flight when this party's deadline passed
+                exc.add_note(
+                    f"party {self.party_id} had already ended ({stopped[:200]}); drivers record such "
+                    "refusals instead of raising them with strict=False, as runs with deadlines should"
+                )
+            raise
         finally:
             self._stop_clock(phase, start, cpu)
+
+    def _ended(self) -> str | None:
+        """Why this party takes no more messages of its session (its abort reason, or "done"); None
+        while it runs."""
+        if self.abort_reason is not None:
+            return self.abort_reason
+        try:
+            return "done" if self.done else None
+        except NotImplementedError:  # a party kind without an end of its own
+            return None
 
     def _terminate(self, exc: ProtocolError) -> None:
         """End the session after a terminal refusal: aborted state (every party's state enum has

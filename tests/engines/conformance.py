@@ -373,7 +373,9 @@ def _check_late_results(make_transport: MakeTransport, fed: Federation, strict: 
     with pytest.raises(expected) as info:
         drive(transport, parties.all(), clock=clock, strict=strict)
     assert clock.now() == 20.0 and not held
-    if not strict:
+    if strict:  # the refusal says why the party refused and what to do
+        assert any("had already ended" in note and "strict=False" in note for note in info.value.__notes__)
+    else:
         assert (info.value.phase, info.value.missing) == ("download", (roster.server,))
         assert all(c.state is ClientState.ABORTED for c in parties.clients.values())
         rejected = getattr(transport, "rejected", None)
