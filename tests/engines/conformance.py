@@ -259,19 +259,27 @@ def check_rejection(make_transport: MakeTransport, fed: Federation | None = None
         drive(make_transport(), parties.all())
 
 
-def _losing(transport: Transport, lost: Callable[[int, int, bytes], bool]) -> Transport:
-    """``transport``, losing every frame for which ``lost(sender, recipient, data)`` holds before it
-    is counted: where an in-process transport sends, where a hosting one routes (every frame, a
-    hosted party's included, passes there)."""
+Carry = Callable[[int, int, bytes], None]
+
+
+def _intercept(transport: Transport, route: Callable[[Carry, int, int, bytes], None]) -> Transport:
+    """``transport`` with every frame handed to ``route(carry, sender, recipient, data)`` before it
+    is counted, ``carry`` passing a frame on: where an in-process transport sends, where a hosting
+    one routes (every frame, a hosted party's included, passes there)."""
     name = "_route" if hasattr(transport, "_route") else "_send"
     carry = getattr(transport, name)
+    setattr(transport, name, lambda sender, to, data: route(carry, sender, to, data))
+    return transport
 
-    def send(sender: int, to: int, data: bytes) -> None:
+
+def _losing(transport: Transport, lost: Callable[[int, int, bytes], bool]) -> Transport:
+    """``transport``, losing every frame for which ``lost(sender, recipient, data)`` holds."""
+
+    def route(carry: Carry, sender: int, to: int, data: bytes) -> None:
         if not lost(sender, to, data):
             carry(sender, to, data)
 
-    setattr(transport, name, send)
-    return transport
+    return _intercept(transport, route)
 
 
 def check_deadlines(make_transport: MakeTransport, fed: Federation | None = None) -> None:
@@ -280,8 +288,11 @@ def check_deadlines(make_transport: MakeTransport, fed: Federation | None = None
     run) and the round stops; (2) when every frame to or from the server is lost once it computes,
     each client gives up at its own ``download`` deadline naming the server (hosted clients: in
     their host, ticked by the coordinator's time), and the first client's error is raised out of the
-    run. Without ticks for hosted parties, or without a wait for the earliest deadline, either run
-    would end silently with parties still waiting."""
+    run; (3) results held past that deadline are refused (:func:`_check_late_results`); (4) a client
+    dropping out of the secure FedAvg rounds is left out as in process
+    (:func:`_check_round_dropout`). Each fault comes at the time of its deadline. Without ticks for
+    hosted parties, or without a wait for the earliest deadline, the runs would end silently (or
+    spin) with parties still waiting."""
     fed = fed or federation()
     parties = build_pretrain_parties(fed.graph, fed.partition, seed=fed.seed, workers=0)
     roster = parties.deployment.roster
@@ -355,11 +366,8 @@ def _check_late_results(make_transport: MakeTransport, fed: Federation, strict: 
     for client in parties.clients.values():
         client.timeouts = PretrainTimeouts(download=20.0)
     clock, held = ManualClock(), []
-    transport = make_transport()
-    name = "_route" if hasattr(transport, "_route") else "_send"
-    carry = getattr(transport, name)
 
-    def route(sender: int, to: int, data: bytes) -> None:
+    def route(carry: Carry, sender: int, to: int, data: bytes) -> None:
         if clock.now() >= 20.0:  # the deadline passed: what was held arrives now, late
             while held:
                 carry(*held.pop(0))
@@ -368,7 +376,7 @@ def _check_late_results(make_transport: MakeTransport, fed: Federation, strict: 
             return
         carry(sender, to, data)
 
-    setattr(transport, name, route)
+    transport = _intercept(make_transport(), route)
     expected = StateError if strict else MissingPartyError
     with pytest.raises(expected) as info:
         drive(transport, parties.all(), clock=clock, strict=strict)
