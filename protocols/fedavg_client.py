@@ -22,7 +22,7 @@ from fedgat.checkpoint import (
     tensors_to_arrays,
 )
 from fedgat.dp_fedavg import UpdateBudgetError
-from fedgat.federated import Client, ClientUpdate, NonFiniteUpdateError, StateDict
+from fedgat.federated import Client, ClientUpdate, NonFiniteUpdateError, StateDict, stream_state
 from fedgat.rounds import Counts, exact_weights
 
 from .errors import (
@@ -186,9 +186,11 @@ class ClientRounds(Party):
             :class:`~fedgat.protocols.fedavg.ServerRounds` must be configured too). The client then
             answers a fit GlobalModel with a SecAggAdvert and follows the stages of
             :mod:`~fedgat.protocols.secagg_client`; it refuses a cohort below ``min_cohort``.
-        seed: give the client its own torch random stream (dropout) seeded so, as a separate process
-            would have; checkpoints then carry it and a restored client continues exactly. None: the
-            process-wide stream (bit-identical to :class:`fedgat.federated.Server` in one process).
+        seed: give the client its own torch random stream (dropout) seeded so (it replaces the
+            stream of ``client``, :attr:`fedgat.federated.Client.rng_state`). None: ``client``'s own
+            stream, if it has one, else the process-wide stream. Specs, checkpoints and mid-run
+            states carry the stream, so a hosted or restored client continues exactly; with one,
+            :class:`fedgat.federated.Server` over the same clients trains the same model.
 
     As a value (:mod:`fedgat.protocols.training_values`): :meth:`spec` before its first message
     (model description and weights, optimiser, strategy, tasks), :meth:`report` / :meth:`absorb`.
@@ -218,9 +220,8 @@ class ClientRounds(Party):
         self._weights: StateDict | None = None  # the last global weights received
         self._evaluated: set[str] = set()
         self._reference = {k: v.detach() for k, v in client.model.state_dict().items()}
-        self._rng: torch.Tensor | None = (
-            None if seed is None else torch.Generator().manual_seed(int(seed)).get_state()
-        )
+        if seed is not None:
+            client.rng_state = stream_state(seed)
         self.max_frame_bytes = model_frame_limit(self._reference, len(roster.clients), secagg is not None)
 
     @property
@@ -411,15 +412,19 @@ class ClientRounds(Party):
         if global_rng is not None:
             torch.set_rng_state(global_rng)
 
+    @property
+    def _rng(self) -> torch.Tensor | None:
+        """The client's own random stream (:attr:`fedgat.federated.Client.rng_state`), None when it
+        draws from the process-wide one."""
+        return self.client.rng_state
+
+    @_rng.setter
+    def _rng(self, state: torch.Tensor | None) -> None:
+        self.client.rng_state = state
+
     def _fit(self, weights: StateDict) -> ClientUpdate:
-        """Local training, drawing from the client's own random stream when it has one."""
-        if self._rng is None:
-            return self.client.fit(weights)
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(self._rng)
-            update = self.client.fit(weights)
-            self._rng = torch.get_rng_state()
-        return update
+        """Local training (from the client's own random stream when it has one)."""
+        return self.client.fit(weights)
 
     # --- checkpoints ----------------------------------------------------------------------------------
     @property

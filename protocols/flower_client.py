@@ -148,6 +148,7 @@ def _new_rounds_party(
             num_features=int(setup["num-features"]),
             num_classes=int(setup["num-classes"]),
             fingerprint=bytes.fromhex(setup["fingerprint"]),
+            seed=cfg.seed,
         )
     except ValueError as exc:  # the encodings do not cover the client's needed nodes
         raise RemotePartyError(str(exc)) from exc

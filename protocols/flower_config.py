@@ -68,7 +68,7 @@ class FlowerRunConfig:
             synthetic_seed: the synthetic graph (:func:`fedgat.synthetic.synthetic_graph`; a fifth of
             the nodes validate, a quarter test).
         beta, seed: Dirichlet split and seed (the split of :func:`fedgat.pipeline.run_encrypted_fedgat`;
-            the seed also seeds the initial model).
+            the seed also seeds the initial model and each client's dropout stream).
         variant, preset, chunks: encodings variant, CKKS preset, chunks per ciphertext (0: auto).
         wire: the ciphertext wire (``"compact"``: bytes at the floor, more CPU; ``"tenseal"``:
             ~16-22 % more bytes, less CPU; :attr:`fedgat.protocols.pretrain.PretrainConfig.wire`). A

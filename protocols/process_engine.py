@@ -41,8 +41,9 @@ Design
   :meth:`ProcessTransport.encoder_factory`).
 
 Results equal the in-process transport's for the same partition and seeds (tests/engines): the same
-bases, encodings up to CKKS noise, message counts, and trained model (dropout off; with dropout each
-worker draws from its own torch generator, as Ray actors do).
+bases, encodings up to CKKS noise, message counts, and trained model, dropout included: each client
+draws its masks from a stream of its own that travels in its spec (:func:`fedgat.federated.client_seed`),
+not from its worker's.
 """
 
 from __future__ import annotations

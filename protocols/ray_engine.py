@@ -56,8 +56,8 @@ frame (after its recipient handled it; ``out`` is ``[]`` for hosted parties, who
 routed as their own events) and ``"start"``/``"step"`` events of the coordinator's parties only.
 
 Results equal the in-process transport's for the same partition and seeds (tests/engines): the
-same bases and, up to CKKS noise, encodings; the same FedAvg histories when dropout is off. With
-dropout, each actor draws from its own torch generator, so runs differ like two seeds would.
+same bases and, up to CKKS noise, encodings; the same FedAvg histories, dropout included (each
+client draws its masks from a stream of its own that travels in its spec, not from its actor's).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import DPLedger, MissingLedgerError
 from fedgat.dp_predictor import predictor_model_fn, predictor_tasks
 from fedgat.encodings import Encodings
-from fedgat.federated import Client, strategy_from_hparams
+from fedgat.federated import Client, client_seed, strategy_from_hparams
 from fedgat.graph import Graph
 from fedgat.methods import fedgat_model_fn, resolve_hparams
 from fedgat.partition import Partition
@@ -453,6 +453,7 @@ def build_rounds_client(
     dp_rounds: int = 0,
     device: str | torch.device | None = None,
     cuda_graphs: bool = False,
+    seed: int | None = None,
 ) -> ClientRounds:
     """Client ``client``'s party of the FedAvg rounds: a :class:`fedgat.federated.Client` training
     FedGAT (hyper-parameters ``hp``) on the tasks of its (decrypted) ``encodings`` of its ``needed``
@@ -460,7 +461,9 @@ def build_rounds_client(
     :func:`build_rounds_server` (both sides must agree); ``dp_rounds``: the rounds DP-FedAvg has
     already counted against the client's budget (the release predictor's, :func:`build_predictor_parties`);
     ``device``: where the client trains (:class:`fedgat.federated.Client`; default the CPU), with
-    its local step captured as a CUDA graph when ``cuda_graphs`` (a CUDA ``device`` only).
+    its local step captured as a CUDA graph when ``cuda_graphs`` (a CUDA ``device`` only);
+    ``seed``: the run's seed, from which the client's own random stream (dropout) is drawn
+    (:func:`fedgat.federated.client_seed`; None: the process-wide stream).
 
     Raises:
         ValueError: the encodings do not cover the client's ``needed`` nodes in order, or
@@ -479,6 +482,7 @@ def build_rounds_client(
         update_dp=update_dp_from_hparams(hp),
         device=device,
         cuda_graphs=cuda_graphs,
+        seed=None if seed is None else client_seed(seed, client),
     )
     member.dp_rounds = dp_rounds
     return ClientRounds(
@@ -512,7 +516,9 @@ def build_training_parties(
 
     Models, clients, seeds and rounds are those of :func:`fedgat.methods.run_method` for
     ``"fedgat"`` (``hparams``: overrides of :func:`fedgat.methods.default_hparams`); only the
-    encodings come from the pre-training round instead of being built locally. The models read the
+    encodings come from the pre-training round instead of being built locally. Each client draws
+    its dropout masks from a stream of its own, seeded from ``seed`` and its id
+    (:func:`fedgat.federated.client_seed`), so every engine trains the same model. The models read the
     encodings' feature dimension (the DP projection's, with DP). ``secagg``: secure aggregation of
     the updates for every party (:mod:`fedgat.protocols.secagg`; "auto", the default, as
     :func:`training_secagg`; None: plaintext updates). The in-process simulator
@@ -558,6 +564,7 @@ def build_training_parties(
             dp_rounds=0 if dp_rounds is None else int(dp_rounds.get(c, 0)),
             device=device,
             cuda_graphs=cuda_graphs,
+            seed=seed,
             **shape,
         )
         for c in roster.clients
@@ -608,7 +615,14 @@ def build_predictor_parties(
     clients = {}
     for c, task in zip(roster.clients, predictor_tasks(graph, partition), strict=True):
         member = Client.from_hparams(
-            c, model_fn(), task, task, hp, strategy=strategy_from_hparams(hp).client, update_dp=update_dp
+            c,
+            model_fn(),
+            task,
+            task,
+            hp,
+            strategy=strategy_from_hparams(hp).client,
+            update_dp=update_dp,
+            seed=client_seed(seed, c),
         )
         clients[c] = ClientRounds(c, roster, session, deployment.identities[c], client=member, secagg=secagg)
     return TrainingParties(deployment, hp, server, clients)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedgat.dp_fedavg import UpdateDP
-from fedgat.federated import Client, LocalTask, Server, StateDict, strategy_from_hparams
+from fedgat.federated import Client, LocalTask, Server, StateDict, client_seed, strategy_from_hparams
 from fedgat.graph import Graph
 from fedgat.partition import Partition
 from fedgat.tasks import owned_targets
@@ -121,7 +121,16 @@ def train_predictor(
     model = model_fn()
     strategy = strategy_from_hparams(hp, model)
     members = [
-        Client.from_hparams(i, model_fn(), task, task, hp, strategy=strategy.client, update_dp=update_dp)
+        Client.from_hparams(
+            i,
+            model_fn(),
+            task,
+            task,
+            hp,
+            strategy=strategy.client,
+            update_dp=update_dp,
+            seed=client_seed(seed, i),
+        )
         for i, task in enumerate(predictor_tasks(graph, partition))
     ]
     server = Server(members, model.state_dict(), strategy.server, fraction=hp["fraction"], seed=seed)

@@ -26,6 +26,7 @@ re-exported here: :class:`FedAvg` (clients keep their own Adam; the default and 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +72,10 @@ __all__ = [
     "StateDict",
     "StrategyPair",
     "as_client_strategy",
+    "client_seed",
     "fedavg",
     "strategy_from_hparams",
+    "stream_state",
 ]
 
 
@@ -111,6 +114,20 @@ class LocalTask:
         return int(self.targets[split][0].numel()) if split in self.targets else 0
 
 
+def client_seed(seed: int, client_id: int) -> int:
+    """The seed of client ``client_id``'s own random stream in a run seeded ``seed`` (63 bits of
+    SHA-256 of both): streams of different clients, or of one client in runs of different seeds, are
+    unrelated. Dropout masks protect nothing, so a seeded stream is fine here (DP noise never comes
+    from one: :mod:`fedgat.randomness`)."""
+    digest = hashlib.sha256(f"fedgat-client-stream:{int(seed)}:{int(client_id)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def stream_state(seed: int) -> torch.Tensor:
+    """The state of a fresh CPU torch stream seeded ``seed`` (what :attr:`Client.rng_state` holds)."""
+    return torch.Generator().manual_seed(int(seed)).get_state()
+
+
 class Client:
     """A federated client: local data, a model replica and an optimiser that persists across rounds.
 
@@ -143,11 +160,18 @@ class Client:
             built with ``capturable=True``). The same maths with fewer launches; dropout draws its
             masks from the same generator but not the same ones as eager steps, and the proximal
             anchor is copied into a fixed device buffer each round. ``ValueError`` elsewhere.
+        seed: give the client a random stream of its own (its dropout masks), seeded so
+            (:func:`client_seed` derives one per client from a run's seed): local training then
+            draws the same masks whatever the other clients do and wherever the client runs (in
+            this process, a worker process, a Ray actor, a Flower ClientApp), so every engine trains
+            the same model. None: the process-wide stream (``torch.manual_seed``). It is the CPU's
+            stream: on a GPU, dropout draws from the device's generator.
 
     Attributes:
         training: the client half in use (:class:`ClientStrategy`).
         dp_rounds: rounds this client trained in under ``update_dp`` (what its budget has spent).
         device: the resolved :class:`torch.device`.
+        rng_state: the state of its own random stream (``seed``), between rounds; None without one.
     """
 
     def __init__(
@@ -164,6 +188,7 @@ class Client:
         update_dp: UpdateDP | None = None,
         device: str | torch.device | None = None,
         cuda_graphs: bool = False,
+        seed: int | None = None,
     ) -> None:
         if local_epochs < 1:
             raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
@@ -186,6 +211,7 @@ class Client:
         )
         self.update_dp = update_dp
         self.dp_rounds = 0
+        self.rng_state: torch.Tensor | None = None if seed is None else stream_state(seed)
         self._anchor: StateDict | None = None  # the proximal anchor's fixed device buffers (graphs)
         self._graphed = (
             GraphedStep(lambda: self._step_losses(self._anchor), self.optimizer) if cuda_graphs else None
@@ -204,9 +230,11 @@ class Client:
         update_dp: UpdateDP | None = None,
         device: str | torch.device | None = None,
         cuda_graphs: bool = False,
+        seed: int | None = None,
     ) -> Client:
         """A client with the optimiser settings of resolved hyper-parameters ``hp`` (``lr``,
-        ``weight_decay``, ``local_epochs``), training on ``device`` (with ``cuda_graphs``)."""
+        ``weight_decay``, ``local_epochs``), training on ``device`` (with ``cuda_graphs``), drawing
+        from a stream of its own when ``seed`` is given."""
         return cls(
             client_id,
             model,
@@ -219,6 +247,7 @@ class Client:
             update_dp=update_dp,
             device=device,
             cuda_graphs=cuda_graphs,
+            seed=seed,
         )
 
     def count(self, split: str) -> int:
@@ -257,6 +286,17 @@ class Client:
                 self.dp_rounds += 1
                 return ClientUpdate(dp.privatize(global_state, global_state), 1, float("nan"))
             return ClientUpdate(global_state, 0, 0.0)
+        if self.rng_state is None:
+            return self._train(global_state)
+        with torch.random.fork_rng(devices=[]):  # the process-wide stream is left as it was
+            torch.set_rng_state(self.rng_state)
+            update = self._train(global_state)
+            self.rng_state = torch.get_rng_state()  # only once the update exists (no step on a failure)
+        return update
+
+    def _train(self, global_state: StateDict) -> ClientUpdate:
+        """:meth:`fit`'s local steps from ``global_state``, drawing from the current stream."""
+        dp = self.update_dp
         self.model.load_state_dict(global_state)  # copies the CPU weights into the device's
         self.model.train()
         if self._graphed is not None:

@@ -43,7 +43,7 @@ from fedgat.dp_ledger import owner_ledgers
 from fedgat.dp_predictor import train_predictor
 from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
 from fedgat.encodings import as_variant, encode, encoding_size
-from fedgat.federated import Client, LocalTask, Server, strategy_from_hparams
+from fedgat.federated import Client, LocalTask, Server, client_seed, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
 from fedgat.graph import CSR, Graph
 from fedgat.models import GAT, FedGAT
@@ -286,6 +286,7 @@ def run_method(
             update_dp=update_dp,
             device=device,
             cuda_graphs=cuda_graphs,
+            seed=client_seed(seed, i),
         )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]

@@ -23,8 +23,10 @@ What is compared:
   of the plaintext twin, the same ciphertext/message/multiply-add counts, no secret key at the
   server, and -- when the transport keeps ``traffic`` like :class:`~fedgat.protocols.InProcessTransport`
   -- the same messages per (sender, recipient, type);
-* training (dropout off, so that no engine's RNG stream matters): the same number of rounds, best
-  round, validation and test accuracies, and losses within ``LOSS_RTOL``;
+* training: the same number of rounds, best round, validation and test accuracies, and losses
+  within ``LOSS_RTOL``, with dropout off and with dropout on (each client draws its masks from a
+  stream of its own, seeded from the run's seed, wherever it is hosted: without that a worker
+  process or an actor would draw from its own unseeded stream and train another model each run);
 * deadlines: the same typed fault, naming the same phase and parties, at the same time, when a peer
   stalls in the pre-training round, and the same history when a client drops out of the secure
   FedAvg rounds (time from a :class:`~fedgat.protocols.ManualClock` handed to
@@ -89,6 +91,8 @@ ENCODING_ATOL = 1e-5
 LOSS_RTOL = 1e-4
 #: training hyper-parameters of the checks: few rounds, no dropout, no early stop
 TRAIN_HPARAMS = {"rounds": 3, "patience": None, "dropout": 0.0, "feature_dropout": 0.0}
+#: the same with dropout on both axes (the clients' own random streams)
+DROPOUT_HPARAMS = {**TRAIN_HPARAMS, "dropout": 0.6, "feature_dropout": 0.3}
 
 MakeTransport = Callable[[], Transport]
 
@@ -127,6 +131,7 @@ class Reference:
     plaintext: dict
     training: TrainingResult
     training_traffic: dict
+    dropout: TrainingResult
 
 
 _REFERENCES: dict[int, Reference] = {}
@@ -150,8 +155,11 @@ def reference(fed: Federation) -> Reference:
         training = train_fedgat(
             fed.graph, fed.partition, plain, seed=fed.seed, transport=t_train, progress=False, **TRAIN_HPARAMS
         )
+        dropout = train_fedgat(
+            fed.graph, fed.partition, plain, seed=fed.seed, progress=False, **DROPOUT_HPARAMS
+        )
         ref = _REFERENCES[id(fed)] = Reference(
-            pre, _message_counts(t_pre), plain, training, _message_counts(t_train)
+            pre, _message_counts(t_pre), plain, training, _message_counts(t_train), dropout
         )
     return ref
 
@@ -210,9 +218,24 @@ def check_pretraining(
 
 def check_training(make_transport: MakeTransport, fed: Federation | None = None) -> TrainingResult:
     """FedAvg rounds over ``make_transport()`` from the plaintext twin's encodings equal the
-    in-process rounds (dropout off). Returns the transport's result."""
+    in-process rounds, with dropout off (the same traffic too) and on. Returns the transport's
+    result (dropout off)."""
     fed = fed or federation()
     ref = reference(fed)
+    dropout = train_fedgat(
+        fed.graph,
+        fed.partition,
+        ref.plaintext,
+        seed=fed.seed,
+        transport=make_transport(),
+        progress=False,
+        **DROPOUT_HPARAMS,
+    )
+    _same_training(dropout, ref.dropout)
+    # dropout took effect: the training losses are not those of the run without it
+    assert [r["train_loss"] for r in ref.dropout.fit.history] != [
+        r["train_loss"] for r in ref.training.fit.history
+    ]
     transport = make_transport()
     got = train_fedgat(
         fed.graph,
@@ -223,7 +246,13 @@ def check_training(make_transport: MakeTransport, fed: Federation | None = None)
         progress=False,
         **TRAIN_HPARAMS,
     )
-    want = ref.training
+    _same_training(got, ref.training)
+    _same_traffic(_message_counts(transport), ref.training_traffic)
+    return got
+
+
+def _same_training(got: TrainingResult, want: TrainingResult) -> None:
+    """The same rounds, best round, accuracies (exactly) and losses (within ``LOSS_RTOL``)."""
     assert got.fit.rounds == want.fit.rounds and got.fit.best_round == want.fit.best_round
     assert got.messages == want.messages
     assert got.fit.best_val_accuracy == want.fit.best_val_accuracy
@@ -238,8 +267,6 @@ def check_training(make_transport: MakeTransport, fed: Federation | None = None)
                 assert mine[key] == value, f"round {theirs['round']}: {key} differs"
             elif key.endswith("_loss"):
                 assert mine[key] == pytest.approx(value, rel=LOSS_RTOL), f"round {theirs['round']}: {key}"
-    _same_traffic(_message_counts(transport), ref.training_traffic)
-    return got
 
 
 def check_rejection(make_transport: MakeTransport, fed: Federation | None = None) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedgat.federated import Client, FedAdam, FedAvg, LocalTask, Server
+from fedgat.federated import Client, FedAdam, FedAvg, LocalTask, Server, client_seed
 from fedgat.pipeline import make_deployment
 from fedgat.protocols import (
     ClientRounds,
@@ -30,8 +30,9 @@ from fedgat.rounds import RoundLoop
 from fedgat.synthetic import synthetic_graph
 
 
-def _clients(seed: int, strategy=None) -> tuple[list[Client], dict]:
-    """3 clients with a dropout + linear model; client 2 has no training node."""
+def _clients(seed: int, strategy=None, streams: int | None = None) -> tuple[list[Client], dict]:
+    """3 clients with a dropout + linear model; client 2 has no training node. ``streams``: each
+    client draws from a stream of its own, seeded from it (:func:`fedgat.federated.client_seed`)."""
     g = synthetic_graph(num_nodes=90, num_features=12, train_per_class=4, num_val=20, num_test=30, seed=5)
     owner = np.arange(g.num_nodes) % 3
     torch.manual_seed(seed)
@@ -51,7 +52,10 @@ def _clients(seed: int, strategy=None) -> tuple[list[Client], dict]:
             rows = torch.from_numpy(np.flatnonzero(mask))
             targets[split] = (rows, g.y[nodes][rows])
         task = LocalTask((g.x[nodes],), targets)
-        clients.append(Client(c, model_fn(), task, task, lr=0.05, local_epochs=2, strategy=strategy))
+        own = None if streams is None else client_seed(streams, c)
+        clients.append(
+            Client(c, model_fn(), task, task, lr=0.05, local_epochs=2, strategy=strategy, seed=own)
+        )
     return clients, initial
 
 
@@ -138,6 +142,56 @@ def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, s
     assert ("secagg" in srv.timings) == secure
     if patience is not None:
         assert got.rounds <= rounds
+
+
+def test_a_client_with_its_own_stream_draws_the_same_masks_whatever_else_draws():
+    """A seeded client's update depends on its seed only: not on the process-wide stream, nor on the
+    other clients that trained before it, and it leaves the process-wide stream as it was."""
+    clients, initial = _clients(seed=3, streams=7)
+    alone = clients[0].fit(initial)
+    twins, _ = _clients(seed=3, streams=7)
+    torch.manual_seed(123)  # another process-wide stream ...
+    torch.rand(1000)
+    twins[1].fit(initial)  # ... and another client trained first
+    before = torch.get_rng_state()
+    again = twins[0].fit(initial)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert _same(alone.state, again.state) and alone.loss == again.loss
+    others, _ = _clients(seed=3, streams=8)  # another run seed: other masks, another update
+    assert not _same(others[0].fit(initial).state, alone.state)
+    # the stream moves on: a second round draws new masks
+    assert not _same(twins[0].fit(initial).state, again.state)
+
+
+def test_clients_with_own_streams_train_alike_in_process_and_through_the_protocol():
+    """With a stream per client (as every pipeline builds them) the protocol's rounds train exactly
+    the model of :class:`fedgat.federated.Server`, though the server samples a fraction of them."""
+    clients, initial = _clients(seed=3, streams=11)
+    server = Server(clients, initial, FedAvg(), fraction=0.67, seed=4)
+    want = server.fit(6, None)
+    clients, initial = _clients(seed=3, streams=11)
+    dep = make_deployment(3)
+    roster = dep.roster
+    srv = ServerRounds(
+        roster.server,
+        roster,
+        9,
+        dep.identities[roster.server],
+        initial_state=initial,
+        rounds=6,
+        patience=None,
+        fraction=0.67,
+        seed=4,
+        secagg=None,
+    )
+    parties = {
+        c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c], secagg=None)
+        for c in roster.clients
+    }
+    torch.manual_seed(99)  # the process-wide stream plays no part
+    run_parties(InProcessTransport(), {**parties, roster.server: srv})
+    assert srv.result is not None and _same_history(srv.result.history, want.history)
+    assert _same(srv.global_state, server.state) and _same(srv.best_state, server.best_state)
 
 
 def test_round_messages_are_checked():
