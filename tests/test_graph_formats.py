@@ -185,6 +185,60 @@ def test_features_normalised_as_the_planetoid_loader_does():
     assert all(getattr(g, k).dtype == torch.bool for k in MASKS)
 
 
+@pytest.mark.parametrize(
+    "scale",
+    [
+        lambda x: x * 1e19,  # float32: squares overflow
+        lambda x: x * 1e-30,  # float32: squares underflow
+        lambda x: x.double() * 1e300,  # the cast to float32 overflows
+        lambda x: x.double() * 1e-300,  # the cast to float32 underflows to zero
+        lambda x: x.double() * 1e-40,  # the cast to float32 leaves subnormals
+    ],
+)
+def test_rows_of_extreme_magnitude_are_normalised_not_zeroed(scale):
+    """A feature row scaled by any positive factor normalises to the same unit row (to float32
+    rounding), through :meth:`Graph.from_pyg` and the constructor alike; none is reported all-zero."""
+    d = random_data(masks=True)
+    want = Graph.from_pyg(d)
+    big = d.clone()
+    big.x = scale(d.x)
+    got = Graph.from_pyg(big)
+    assert torch.allclose(got.x, want.x, rtol=0, atol=5e-7)
+    assert (got.report.zero_feature_rows, got.report.rows_normalised) == (0, d.num_nodes)
+    fields = {k: getattr(want, k) for k in ("y", "edge_index", *MASKS, "num_classes", "name")}
+    assert torch.allclose(Graph(x=scale(d.x), **fields).x, want.x, rtol=0, atol=5e-7)
+    assert torch.allclose(unit_normalise(scale(d.x)).float(), want.x, rtol=0, atol=5e-7)
+
+
+def test_labels_of_one_class_and_empty_classes_are_reported():
+    d = random_data(c=3, masks=True)
+    single = Graph.from_pyg(_changed(d, y=torch.zeros_like(d.y)))  # the command line refuses it
+    assert "every node has the same label (0): there is nothing to classify" in single.report.notes
+    shifted = Graph.from_pyg(_changed(d, y=d.y + 1))  # 1-based labels: class 0 is empty
+    assert shifted.num_classes == 4
+    assert any(n.startswith("1 of 4 classes have no node (0)") for n in shifted.report.notes)
+    gapped = Graph.from_pyg(_changed(d, y=d.y * 10))  # ids 0, 10, 20
+    assert any(n.startswith("18 of 21 classes have no node (1, 2, 3,") for n in gapped.report.notes)
+    assert not any("no node" in n for n in Graph.from_pyg(d).report.notes)
+
+
+def test_given_masks_must_hold_training_and_validation_nodes():
+    d = random_data(masks=True)
+    for key in ("train_mask", "val_mask"):
+        with pytest.raises(GraphError, match=f"{key} selects no node"):
+            Graph.from_pyg(_changed(d, **{key: torch.zeros_like(d[key])}))
+    g = Graph.from_pyg(_changed(d, test_mask=torch.zeros_like(d.test_mask)))
+    assert "test_mask selects no node: the test accuracy will be NaN" in g.report.notes
+
+
+def test_load_dataset_says_what_to_do_with_a_graph_object():
+    d = random_data(masks=True)
+    with pytest.raises(TypeError, match=r"not a Data: for a PyG Data .* use fedgat.Graph.from_pyg\(data\)"):
+        load_dataset(d)
+    with pytest.raises(TypeError, match="not a Graph: it is a Graph already"):
+        load_dataset(Graph.from_pyg(d))
+
+
 def test_from_pyg_of_planetoid_reader_equals_load_planetoid(cora):
     from torch_geometric.io import read_planetoid_data
     from torch_geometric.utils import sort_edge_index

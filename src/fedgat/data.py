@@ -132,11 +132,22 @@ def load_dataset(name: str | os.PathLike, root: str | Path | None = None, **kwar
       ``.pt``, ``trust_pickle``; ``root`` unused).
 
     Raises:
+        TypeError: ``name`` is neither a string nor a path (e.g. a PyG ``Data``: that one is
+            :meth:`Graph.from_pyg`'s).
         ValueError: an unknown name or family, or an unsupported file suffix.
         DatasetNotFoundError: missing raw files (not downloadable) or a missing file.
         DatasetFormatError: a malformed file (a :class:`~fedgat.graph.GraphError`, so a ValueError).
         GraphError: a graph that cannot be prepared (e.g. too small for the split).
     """
+    if not isinstance(name, (str, os.PathLike)):
+        hint = (
+            "it is a Graph already"
+            if isinstance(name, Graph)
+            else "for a PyG Data (or a dict of its fields) use fedgat.Graph.from_pyg(data)"
+        )
+        raise TypeError(
+            f"load_dataset takes a dataset name or a file path, not a {type(name).__name__}: {hint}"
+        )
     if isinstance(name, os.PathLike) or _looks_like_path(name):
         return _load_file(Path(name), **kwargs)
     key = name.lower()

@@ -213,9 +213,60 @@ class Graph:
 
 
 def unit_normalise(x: torch.Tensor) -> torch.Tensor:
-    """Scale each row to unit L2 norm; all-zero rows stay zero."""
+    """Scale each row to unit L2 norm; all-zero rows stay zero. A row whose norm overflows or
+    underflows the dtype (e.g. float32 values near 1e19, or 1e-30) is first divided by its largest
+    magnitude, so it still comes out of unit norm instead of zero."""
     norms = x.norm(dim=1, keepdim=True)
-    return torch.where(norms > 0, x / norms.clamp_min(torch.finfo(x.dtype).tiny), x)
+    out = torch.where(norms > 0, x / norms.clamp_min(torch.finfo(x.dtype).tiny), x)
+    lost = _lost_norms(x, norms[:, 0])
+    if bool(lost.any()):
+        rows = x[lost]
+        scaled = rows / rows.abs().amax(dim=1, keepdim=True)
+        out[lost] = scaled / scaled.norm(dim=1, keepdim=True)
+    return out
+
+
+def _lost_norms(x: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` (finite) whose computed ``norms`` overflowed or underflowed though the row is
+    not all-zero."""
+    return ~torch.isfinite(norms) | ((norms == 0) & (x != 0).any(dim=1))
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """L2 norm of each row of ``x`` (finite), computed as ``x.norm(dim=1)`` and, where that
+    overflows or underflows, from the row divided by its largest magnitude."""
+    norms = x.norm(dim=1)
+    lost = _lost_norms(x, norms)
+    if bool(lost.any()):
+        peak = x[lost].abs().amax(dim=1)
+        norms[lost] = peak * (x[lost] / peak[:, None]).norm(dim=1)
+    return norms
+
+
+def unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` (finite) as float32 with every row that is neither all-zero nor within
+    :data:`UNIT_NORM_TOLERANCE` of unit norm scaled to unit norm by :func:`unit_normalise` of its
+    float32 values, or of its float64 values where the cast to float32 overflows or underflows; also
+    the masks of the scaled rows and of the all-zero rows. Rows already of unit norm are kept."""
+    with torch.no_grad():
+        xd = x.to(torch.float64)
+        x32 = x if x.dtype == torch.float32 else xd.to(torch.float32)
+        norms = x32.to(torch.float64).norm(dim=1)
+        # the float32 cast overflowed (inf) or underflowed (zeros, or subnormals that lost precision)
+        cast_lost = _lost_norms(xd, norms)
+        if x.dtype != torch.float32 and x.shape[1]:
+            cast_lost |= (x32.abs().amax(dim=1) < torch.finfo(torch.float32).tiny) & (xd != 0).any(dim=1)
+        if bool(cast_lost.any()):
+            norms[cast_lost] = row_norms(xd[cast_lost])
+        zero = ~(xd != 0).any(dim=1)
+        scale = ~zero & ((norms - 1.0).abs() > UNIT_NORM_TOLERANCE)
+        if bool(scale.any()):
+            x32 = x32.clone()
+            plain, cast = scale & ~cast_lost, scale & cast_lost
+            x32[plain] = unit_normalise(x32[plain])
+            if bool(cast.any()):
+                x32[cast] = unit_normalise(xd[cast]).to(torch.float32)
+    return x32, scale, zero
 
 
 def _tensor(value: object, name: str) -> torch.Tensor:
@@ -241,12 +292,12 @@ def _validated(g: Graph) -> dict[str, object]:
     n = int(x.shape[0])
     with torch.no_grad():
         xd = x.to(torch.float64)
-        norms = xd.norm(dim=1)
+        norms = row_norms(xd)
         scale = (norms > 0) & ((norms - 1.0).abs() > UNIT_NORM_TOLERANCE)
         x32 = x if x.dtype == torch.float32 else xd.to(torch.float32)
         if bool(scale.any()):
             x32 = x32.clone()
-            x32[scale] = (xd[scale] / norms[scale, None]).to(torch.float32)
+            x32[scale] = unit_normalise(xd[scale]).to(torch.float32)
     out["x"] = x32
 
     num_classes = g.num_classes

@@ -9,13 +9,15 @@ every change in a :class:`GraphReport` attached to the graph as ``graph.report``
   (:func:`~torch_geometric.utils.to_undirected`: the reverse of every edge is added), the result
   sorted by (source, target). An input that needs none of these keeps its edges in their order.
   Nodes without edges are kept (the report counts them); edge attributes and weights are dropped.
-* features: float32, rows scaled to unit L2 norm with :func:`fedgat.graph.unit_normalise` (as the
-  Planetoid loader does) unless already within :data:`~fedgat.graph.UNIT_NORM_TOLERANCE` of it, in
+* features: float32, rows scaled to unit L2 norm with :func:`fedgat.graph.unit_normalise` (in float64,
+  overflow-safe; as the Planetoid loader does) unless already within :data:`~fedgat.graph.UNIT_NORM_TOLERANCE` of it, in
   which case they are kept bit for bit; all-zero rows stay zero. Sparse features are made dense.
-* labels: int64 (an ``(N, 1)`` label column is flattened); negative labels are refused.
-* masks: ``train_mask``, ``val_mask`` and ``test_mask`` are used when all three are present; when none
-  is, the seeded per-class split of :mod:`fedgat.splits` is drawn (20 per class, 500, 1000 by
-  default).
+* labels: int64 (an ``(N, 1)`` label column is flattened); negative labels are refused; labels of a
+  single class (the command line refuses them), and classes below the largest label that no node
+  has (1-based or gapped class ids), are reported.
+* masks: ``train_mask``, ``val_mask`` and ``test_mask`` are used when all three are present (an empty
+  training or validation mask is refused, an empty test mask reported); when none is, the seeded
+  per-class split of :mod:`fedgat.splits` is drawn (20 per class, 500, 1000 by default).
 
 :meth:`Graph.to_pyg <fedgat.graph.Graph.to_pyg>` goes the other way; ``Graph.from_pyg(g.to_pyg())``
 equals ``g`` tensor for tensor (and a prepared ``Data`` survives the trip the other way unchanged).
@@ -34,18 +36,20 @@ import torch
 
 from fedgat.graph import (
     _MASKS,
-    UNIT_NORM_TOLERANCE,
     Graph,
     GraphError,
     _checked_edge_index,
     _checked_features,
     _checked_labels,
     _tensor,
-    unit_normalise,
+    unit_rows,
 )
 from fedgat.splits import NUM_TEST, NUM_VAL, TRAIN_PER_CLASS, per_class_split
 
 logger = logging.getLogger(__name__)
+
+#: the report's note on labels of one class (the command line refuses such a graph)
+SINGLE_CLASS = "every node has the same label"
 
 #: ``Data`` attributes :meth:`Graph.from_pyg` reads; any other attribute is reported as ignored
 KNOWN_KEYS = frozenset({"x", "y", "edge_index", *_MASKS, "num_nodes", "num_classes", "name"})
@@ -173,12 +177,17 @@ def from_pyg(
     edge_index, loops, dups, added = _prepared_edges(raw_edges, n)
     isolated = n - int(torch.unique(edge_index).numel()) if edge_index.numel() else n
 
-    x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
-    norms = x32.to(torch.float64).norm(dim=1)
-    scale = (norms > 0) & ((norms - 1.0).abs() > UNIT_NORM_TOLERANCE)
-    if bool(scale.any()):
-        x32 = x32.clone()
-        x32[scale] = unit_normalise(x32[scale])
+    x32, scale, zero = unit_rows(x)
+    seen = torch.unique(y).tolist()
+    empty = sorted(set(range(num_classes)) - set(seen))
+    if len(seen) == 1:
+        notes.append(f"{SINGLE_CLASS} ({seen[0]}): there is nothing to classify")
+    elif empty:
+        shown = ", ".join(map(str, empty[:8])) + (", ..." if len(empty) > 8 else "")
+        notes.append(
+            f"{len(empty)} of {num_classes} classes have no node ({shown}): labels should be 0..K-1 "
+            "(1-based or gapped class ids leave classes empty; renumber them)"
+        )
 
     given = [key for key in _MASKS if present(key)]
     if len(given) == len(_MASKS):
@@ -190,6 +199,15 @@ def from_pyg(
                     f"first, e.g. data.{key} = data.{key}[:, 0]"
                 )
         counts = [int(torch.as_tensor(m).to(torch.int64).sum()) for m in masks.values()]
+        for key, count in zip(("train_mask", "val_mask"), counts, strict=False):
+            if count == 0:
+                raise GraphError(
+                    f"{key} selects no node: training needs training and validation nodes (a model "
+                    "is picked by its validation accuracy); give each mask some nodes, or none of the "
+                    "three masks for a seeded per-class split"
+                )
+        if counts[2] == 0:
+            notes.append("test_mask selects no node: the test accuracy will be NaN")
         split = f"given masks ({counts[0]} train, {counts[1]} val, {counts[2]} test)"
     elif not given:
         drawn = per_class_split(
@@ -225,7 +243,7 @@ def from_pyg(
         edges_added=added,
         isolated_nodes=isolated,
         rows_normalised=int(scale.sum()),
-        zero_feature_rows=int((norms == 0).sum()),
+        zero_feature_rows=int(zero.sum()),
         split=split,
         notes=tuple(notes),
     )
