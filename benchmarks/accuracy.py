@@ -24,9 +24,9 @@ into ``--out`` (default ``benchmarks/results``).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -653,8 +653,12 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, *, prog: str | None = None, out: Path | None = None) -> None:
+    """Run from the command line (``prog``, ``out``: the name and default output folder ``fedgat
+    bench accuracy`` gives it)."""
+    from fedgat.cli_engine import ArgumentParser, check_counts, parser_checks
+
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
     parser.add_argument(
@@ -678,7 +682,12 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--patience", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS if out is None else out,
+        help="output folder (default %(default)s)",
+    )
     parser.add_argument(
         "--render", action="store_true", help="only re-write Markdown and plots from the JSON"
     )
@@ -688,6 +697,21 @@ def main(argv=None) -> None:
         help="build the sections from runs already in the JSON, run nothing (cells say their seed count)",
     )
     args = parser.parse_args(argv)
+    parser_checks(
+        parser,
+        lambda: check_counts(
+            {
+                "--seeds": (args.seeds, 1),
+                "--sweep-seeds": (args.sweep_seeds, 1),
+                "--tune-seeds": (args.tune_seeds, 1),
+                "--rounds": (args.rounds, 1),
+                "--patience": (args.patience, 1),
+                "--threads": (args.threads, 1),
+            }
+        ),
+    )
+    if not (math.isfinite(args.sweep_beta) and args.sweep_beta > 0):
+        parser.error(f"--sweep-beta must be finite and > 0, got {args.sweep_beta:g}")
 
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)

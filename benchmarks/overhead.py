@@ -1234,13 +1234,18 @@ def render_sweep(rows: list[dict], out: Path) -> None:
 def write(
     r: dict, out: Path, json_path: Path | None = None, matrix: dict | None = None, stem: str = "overhead"
 ) -> list[Path]:
+    """``<stem>.json``, ``.md`` and ``.png`` in ``out``, and the JSON also at ``json_path`` when given."""
     out.mkdir(parents=True, exist_ok=True)
     data = dict(r, matrix_estimate=matrix) if matrix else r
-    paths = [json_path or out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
-    paths[0].parent.mkdir(parents=True, exist_ok=True)
-    paths[0].write_text(json.dumps(data, indent=2, default=float) + "\n")
+    text = json.dumps(data, indent=2, default=float) + "\n"
+    paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
+    paths[0].write_text(text)
     paths[1].write_text(render_markdown(r, matrix))
     render_plot(r, paths[2])
+    if json_path is not None and json_path.resolve() != paths[0].resolve():
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(text)
+        paths.append(json_path)
     return paths
 
 
@@ -1326,9 +1331,9 @@ def main_args(args: argparse.Namespace) -> int:
                 print(format_table(r), flush=True)
                 rows.append(r)
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.json or args.out / "overhead_sweep.json").write_text(
-            json.dumps(rows, indent=2, default=float) + "\n"
-        )
+        text = json.dumps(rows, indent=2, default=float) + "\n"
+        for target in {args.out / "overhead_sweep.json", *([args.json] if args.json else [])}:
+            target.write_text(text)
         render_sweep(rows, args.out)
         return 0
     r = run_overhead(

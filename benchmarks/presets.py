@@ -15,7 +15,6 @@ whose error is at most ``--target`` (1e-5). Beside it each preset's wire sizes a
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -115,10 +114,13 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, prog: str | None = None, out: Path | None = None) -> int:
+    """Run from the command line (``prog``, ``out``: the name and default output folder ``fedgat
+    bench presets`` gives it)."""
+    from fedgat.cli_engine import ArgumentParser, check_counts, check_dataset, parser_checks
     from fedgat.crypto import PRESETS
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", default="synthetic", help="synthetic (default) or a Planetoid name")
     parser.add_argument("--nodes", type=int, default=120, help="synthetic graph size (default 120)")
     parser.add_argument("--clients", type=int, default=2)
@@ -126,8 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--presets", nargs="+", choices=sorted(PRESETS), default=list(PRESETS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=TARGET)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" if out is None else out,
+        help="output folder (default %(default)s)",
+    )
     args = parser.parse_args(argv)
+    synthetic = args.dataset.lower() == "synthetic"
+    parser_checks(
+        parser,
+        lambda: check_dataset(args.dataset),
+        lambda: check_counts(
+            {"--nodes": (args.nodes if synthetic else None, 40), "--clients": (args.clients, 1)}
+        ),
+    )
+    if not 0 < args.target < 1:
+        parser.error(f"--target must lie in (0, 1), got {args.target:g}")
     result = preset_errors(
         args.dataset,
         nodes=args.nodes,

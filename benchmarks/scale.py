@@ -236,8 +236,12 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, *, prog: str | None = None, out: Path | None = None) -> int:
+    """Run from the command line (``prog``, ``out``: the name and default output folder ``fedgat
+    bench scale`` gives it)."""
+    from fedgat.cli_engine import ArgumentParser, check_counts, parser_checks
+
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=None)
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     parser.add_argument("--nodes", type=int, default=None, help="graph size (default 1000; --quick 200)")
@@ -245,9 +249,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actors", type=int, default=None, help="Ray actors (default min(CPUs, clients))")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a smoke run: 4 and 10 clients, 200 nodes")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).parent / "results" if out is None else out,
+        help="output folder (default %(default)s)",
+    )
     parser.add_argument("--one", nargs=2, metavar=("ENGINE", "CLIENTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    parser_checks(
+        parser,
+        lambda: check_counts(
+            {
+                "--clients": (min(args.clients) if args.clients else None, 1),
+                "--nodes": (args.nodes, 40),
+                "--rounds": (args.rounds, 1),
+                "--actors": (args.actors, 1),
+            }
+        ),
+    )
     args.nodes = args.nodes or (200 if args.quick else 1000)
     args.rounds = args.rounds or (3 if args.quick else 10)
     if args.one:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from fedgat.benchmarks.layer_speed import describe_machine, machine_info, time_step
+from fedgat.cli_engine import ArgumentParser, check_counts, check_dataset, parser_checks
 from fedgat.cuda_graphs import WARMUP_STEPS, GraphedStep
 from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.data import load_dataset
@@ -306,22 +307,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also time every measure with each step captured as a CUDA graph (a CUDA device only)",
     )
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS, help="output folder (default benchmarks/results)"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="output folder (default %(default)s)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def main(argv: list[str] | None = None, *, prog: str | None = None, out: Path | None = None) -> int:
+    """Run from the command line (``prog``, ``out``: the name and default output folder ``fedgat
+    bench train`` gives it)."""
+    parser = ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser)
+    if out is not None:
+        parser.set_defaults(out=out)
     args = parser.parse_args(argv)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     if not variants or any(v not in ("vector", "matrix") for v in variants):
         parser.error(f"--variants takes vector and/or matrix, got {args.variants!r}")
-    if min(args.epochs, args.rounds) < 1 or args.clients < 0:
-        parser.error("--epochs and --rounds must be >= 1, --clients >= 0")
+    parser_checks(
+        parser,
+        lambda: check_dataset(args.dataset),
+        lambda: check_counts(
+            {
+                "--epochs": (args.epochs, 1),
+                "--rounds": (args.rounds, 1),
+                "--clients": (args.clients, 0),
+                "--cap": (args.cap, 1),
+                "--threads": (args.threads, 1),
+            }
+        ),
+    )
     try:
         device = resolve_device(args.device)
     except ValueError as exc:

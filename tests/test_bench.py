@@ -52,6 +52,7 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     )
     assert status == 0
     data = json.loads(path.read_text())
+    assert json.loads((out / "overhead.json").read_text()) == data  # --json writes a copy, as its help says
     assert REQUIRED <= set(data)
     assert RATIOS <= set(data["ratios"])
     for side in ("plaintext", "encrypted"):

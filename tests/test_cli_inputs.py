@@ -66,13 +66,25 @@ def write_npz(path: Path, **override) -> Path:
     return path
 
 
-def write_pt(path: Path) -> Path:
-    """A saved PyG ``Data`` with the same graph."""
+def write_pt(path: Path, **fields) -> Path:
+    """A saved PyG ``Data`` with the same graph (and ``fields`` besides, e.g. masks)."""
     data = Data(
-        x=torch.from_numpy(_features()), y=torch.from_numpy(_labels()), edge_index=torch.from_numpy(_edges())
+        x=torch.from_numpy(_features()),
+        y=torch.from_numpy(_labels()),
+        edge_index=torch.from_numpy(_edges()),
+        **fields,
     )
     torch.save(data, path)
     return path
+
+
+def _masks(empty: str) -> dict[str, torch.Tensor]:
+    """The three split masks (nodes 0-19 train, 20-39 val, 40-59 test), ``empty`` selecting none."""
+    masks = {
+        key: (torch.arange(N) // 20 == i) for i, key in enumerate(("train_mask", "val_mask", "test_mask"))
+    }
+    masks[empty] = torch.zeros(N, dtype=torch.bool)
+    return masks
 
 
 def owners_array(k: int = 3) -> np.ndarray:
@@ -185,6 +197,9 @@ def _bad_inputs(folder: Path) -> dict[str, Path]:
         "pickle": folder / "obj.npy",
         "nan_features": write_npz(folder / "nanx.npz", features=np.full((N, D), np.nan, dtype=np.float32)),
         "bad_labels": write_npz(folder / "labels.npz", labels=-np.ones(N, dtype=np.int64)),
+        "one_class": write_npz(folder / "one.npz", labels=np.zeros(N, dtype=np.int64)),
+        "no_train": write_pt(folder / "notrain.pt", **_masks("train_mask")),
+        "no_val": write_pt(folder / "noval.pt", **_masks("val_mask")),
         "not_npz": folder / "junk.npz",
         "xlsx": folder / "owners.xlsx",
     }
@@ -214,6 +229,13 @@ BAD = [
     (["train", "--dataset", "{out}/missing.npz"], 2, "missing.npz: no such file"),
     (["demo", "--dataset", "{nan_features}"], 1, "finite"),
     (["train", "--dataset", "{bad_labels}"], 1, "label"),
+    (
+        ["train", "--dataset", "{one_class}"],
+        1,
+        "every node has label 0; node classification needs at least two",
+    ),
+    (["demo", "--dataset", "{no_train}"], 1, "train_mask selects no node"),
+    (["train", "--dataset", "{no_val}"], 1, "val_mask selects no node"),
     (["audit", "--dataset", "{not_npz}"], 1, "junk.npz"),
     (
         ["train", "--dataset", "{npz}", "--owners", "{short}"],
@@ -270,6 +292,28 @@ BAD = [
     (["bench", "overhead", "--out", "{npz}"], 2, "--out"),
     (["bench", "layer", "--out", "{npz}"], 2, "is a file; give a folder"),
     (["bench", "accuracy", "--out", "{npz}"], 2, "is a file; give a folder"),
+    # hyper-parameters out of their range, refused before any set-up (not deep inside a run)
+    (["train", "--dataset", "synthetic", "--psi", "foo"], 2, "unknown psi 'foo'"),
+    (["train", "--dataset", "synthetic", "--domain", "0"], 2, "domain must lie in (0, inf)"),
+    (["train", "--dataset", "synthetic", "--fraction", "0"], 2, "fraction must lie in (0, 1]"),
+    (["train", "--dataset", "synthetic", "--fraction", "1.5"], 2, "fraction must lie in (0, 1]"),
+    (["train", "--dataset", "synthetic", "--dropout", "1.5"], 2, "dropout must lie in [0, 1)"),
+    (["train", "--dataset", "synthetic", "--feature-dropout", "1"], 2, "feature_dropout must lie in [0, 1)"),
+    (["train", "--dataset", "synthetic", "--strategy", "fedavg", "--mu", "-1"], 2, "mu must lie in [0, inf)"),
+    (["train", "--dataset", "synthetic", "--min-cross", "-1"], 2, "min_cross must be an integer >= 0"),
+    (["train", "--dataset", "synthetic", "--lr", "0"], 2, "lr must lie in (0, inf)"),
+    (["train", "--dataset", "synthetic", "--first-seed", "-1"], 2, "--first-seed must be >= 0"),
+    (["demo", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
+    (["audit", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
+    (["audit", "--dataset", "synthetic", "--server-attacks", "bogus"], 2, "--server-attacks: unknown bogus"),
+    # the benchmarks with their own parser: one line under the command's name, before any work
+    (["bench", "presets", "--nodes", "-5"], 2, "--nodes must be >= 40, got -5"),
+    (["bench", "presets", "--dataset", "nosuch"], 2, "unknown dataset"),
+    (["bench", "train", "--dataset", "nosuch"], 2, "--dataset nosuch: unknown dataset"),
+    (["bench", "train", "--epochs", "0"], 2, "--epochs must be >= 1"),
+    (["bench", "scale", "--quick", "--clients", "-1"], 2, "--clients must be >= 1, got -1"),
+    (["bench", "accuracy", "--seeds", "0"], 2, "--seeds must be >= 1, got 0"),
+    (["bench", "accuracy", "--sweep-beta", "0"], 2, "--sweep-beta must be finite and > 0"),
 ]
 
 
@@ -294,6 +338,20 @@ def test_bad_input_is_refused_in_one_line_before_any_work(
     assert not inputs["out"].exists() and not (tmp_path / "fedgat-results").exists()  # nothing written
     assert sorted(p.name for p in (tmp_path / "in").rglob("*")) == before
     assert not any((tmp_path / "in" / "dir").iterdir())
+
+
+def test_a_benchmark_with_its_own_parser_speaks_under_its_command_name(capsys, tmp_path, monkeypatch):
+    """``fedgat bench train|accuracy|scale|presets`` hand their options to the benchmark's own
+    parser: its help and errors carry the command's name and the folder the command writes to."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("train", "accuracy", "scale", "presets"):
+        assert main(["bench", name, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: fedgat bench {name} "), out[:80]
+        assert "(default fedgat-results)" in " ".join(out.split()), name
+    assert main(["bench", "presets", "--debug", "--nodes", "10"]) == 2  # --debug is known here too
+    assert capsys.readouterr().err.startswith("fedgat bench presets: error: --nodes must be >= 40")
+    assert not (tmp_path / "fedgat-results").exists()
 
 
 def test_debug_shows_the_traceback(inputs, tmp_path):

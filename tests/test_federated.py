@@ -530,6 +530,38 @@ def test_hparams_resolution_and_errors(small_graph):
     assert set(METHODS) == {"fedgat", "distgat", "fedgcn", "gat", "gcn"}
 
 
+@pytest.mark.parametrize(
+    ("method", "overrides", "match"),
+    [
+        ("fedgat", {"fraction": 0.0}, r"fraction must lie in \(0, 1\], got 0.0"),
+        ("gcn", {"fraction": 1.01}, r"fraction must lie in \(0, 1\]"),
+        ("gat", {"dropout": 1.0}, r"dropout must lie in \[0, 1\)"),
+        ("fedgat", {"feature_dropout": -0.1}, r"feature_dropout must lie in \[0, 1\)"),
+        ("distgat", {"strategy": "fedavg", "mu": -0.5}, r"mu must lie in \[0, inf\)"),
+        ("fedgat", {"lr": float("nan")}, r"lr must lie in \(0, inf\), got nan"),
+        ("fedgat", {"weight_decay": -1e-4}, r"weight_decay must lie in \[0, inf\)"),
+        ("fedgat", {"domain": 0.0}, r"domain must lie in \(0, inf\)"),
+        ("fedgat", {"psi": "relu"}, r"unknown psi 'relu'"),
+        ("fedgat", {"min_cross": -1}, r"min_cross must be an integer >= 0"),
+        ("fedgat", {"rounds": 2.5}, r"rounds must be an integer >= 1"),
+        ("fedgat", {"patience": 0}, r"patience must be an integer >= 1"),
+        ("fedgat", {"heads": True}, r"heads must be an integer >= 1"),
+        ("fedgcn", {"update_dp_clip": 0.0}, r"update_dp_clip must lie in \(0, inf\)"),
+    ],
+)
+def test_hparams_out_of_range_are_refused_before_any_set_up(method, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_hparams(method, overrides)
+
+
+def test_hparams_at_the_ends_of_their_ranges_are_accepted():
+    hp = resolve_hparams(
+        "fedgat", {"fraction": 1.0, "dropout": 0.0, "mu": 0.0, "min_cross": 0, "patience": None, "rounds": 1}
+    )
+    assert (hp["fraction"], hp["dropout"], hp["patience"], hp["rounds"]) == (1.0, 0.0, None, 1)
+    assert resolve_hparams("gcn", {"fraction": 1e-9})["fraction"] == 1e-9
+
+
 @pytest.mark.parametrize("method", ["distgat", "fedgcn", "gcn"])
 def test_every_method_runs_and_reports(small_graph, method):
     result = run_method(method, small_graph, num_clients=3, seed=0, rounds=3)

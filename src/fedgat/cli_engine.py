@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -223,6 +224,16 @@ def check_counts(minimums: dict[str, tuple[float | None, float]]) -> None:
     for flag, (value, minimum) in minimums.items():
         if value is not None and value < minimum:
             raise UsageError(f"{flag} must be >= {minimum:g}, got {value:g}")
+
+
+def parser_checks(parser: argparse.ArgumentParser, *checks: Callable[[], object]) -> None:
+    """Run each check (a call of this module's ``check_*``); a :class:`UsageError` becomes
+    ``parser.error`` (one line, exit status 2), as a benchmark's own parser reports its errors."""
+    for check in checks:
+        try:
+            check()
+        except UsageError as exc:
+            parser.error(str(exc))
 
 
 def check_beta(beta: float) -> None:
@@ -455,15 +466,23 @@ def load_graph(dataset: str, quiet: bool = False, **synthetic: Any):
     (what was dropped, merged or symmetrised on the way in) in one line on stderr.
 
     Raises:
-        DatasetNotFoundError, DatasetFormatError, GraphError: from :func:`fedgat.data.load_dataset`.
+        DatasetNotFoundError, DatasetFormatError, GraphError: from :func:`fedgat.data.load_dataset`;
+            a GraphError too for labels of one class (every accuracy would be 1).
     """
     from fedgat.data import load_dataset
+    from fedgat.graph import GraphError
 
     graph = (
         load_dataset("synthetic", **synthetic) if dataset.lower() == "synthetic" else load_dataset(dataset)
     )
     if not quiet and graph.report is not None:
         print(report_line(graph), file=sys.stderr)
+    labels = graph.y.unique()
+    if len(labels) < 2:
+        raise GraphError(
+            f"{dataset}: every node has label {int(labels[0])}; node classification needs at least two "
+            "classes (every accuracy would be 1)"
+        )
     return graph
 
 

@@ -220,7 +220,8 @@ class DPLedger:
         if budget is None and stored is None:
             raise DPError(
                 f"a new DP ledger ({self.path or 'in memory'}) needs the owner's budget (epsilon, delta) "
-                "(the dp_budget hyper-parameter, or Budget(...))"
+                "(--dp-budget EPSILON DELTA on the command line; the dp_budget hyper-parameter or "
+                "Budget(...) in Python)"
             )
         if budget is not None and stored is not None and budget != stored:
             raise LedgerFileError(f"ledger {self.path} holds budget {stored}, not the given {budget}")

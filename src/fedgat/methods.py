@@ -26,6 +26,8 @@ every ``needed`` node, as the protocol ships them all.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedgat.approx import fit_score
+from fedgat.approx import PSI_NAMES, fit_score
 from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device
 from fedgat.dp import MECHANISMS, block_rows
@@ -134,18 +136,74 @@ def default_hparams(method: str) -> dict:
     return dict(_DEFAULTS[method])
 
 
+#: hyper-parameter -> (lowest, highest, whether each end is included); checked where present
+_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "lr": (0.0, math.inf, False, False),
+    "client_lr": (0.0, math.inf, False, False),
+    "weight_decay": (0.0, math.inf, True, False),
+    "mu": (0.0, math.inf, True, False),
+    "fraction": (0.0, 1.0, False, True),
+    "dropout": (0.0, 1.0, True, False),
+    "feature_dropout": (0.0, 1.0, True, False),
+    "domain": (0.0, math.inf, False, False),
+    "update_dp_delta": (0.0, 1.0, False, False),
+    "update_dp_clip": (0.0, math.inf, False, False),
+}
+#: integer hyper-parameters -> their least value (None allowed where the name is in _OPTIONAL)
+_COUNTS = {
+    "rounds": 1,
+    "patience": 1,
+    "local_epochs": 1,
+    "hidden": 1,
+    "heads": 1,
+    "degree": 1,
+    "min_cross": 0,
+    "dp_dim": 1,
+    "dp_predictor_hidden": 1,
+}
+_OPTIONAL = ("patience",)
+
+
+def check_ranges(hp: dict) -> None:
+    """Each hyper-parameter ``hp`` holds inside its range (rates in (0, inf), dropouts in [0, 1),
+    ``fraction`` in (0, 1], counts integers >= 1, ``min_cross`` >= 0, ``psi`` a known score), so a
+    bad value fails before any set-up, not deep inside a run (or, for ``mu < 0``, never).
+
+    Raises:
+        ValueError: naming the hyper-parameter, its range and the value.
+    """
+    for name, (low, high, low_in, high_in) in _RANGES.items():
+        value = hp.get(name)
+        if value is None or name not in hp:
+            continue
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+        ok = ok and (low <= value if low_in else low < value) and (value <= high if high_in else value < high)
+        if not ok:
+            span = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+            raise ValueError(f"{name} must lie in {span}, got {value!r}")
+    for name, least in _COUNTS.items():
+        value = hp.get(name)
+        if name not in hp or (value is None and name in _OPTIONAL):
+            continue
+        if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= least):
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if "psi" in hp and hp["psi"] not in PSI_NAMES:
+        raise ValueError(f"unknown psi {hp['psi']!r}; choose one of {', '.join(PSI_NAMES)}")
+
+
 def resolve_hparams(method: str, overrides: dict) -> dict:
     """Defaults updated with ``overrides``; "auto" neighbour caps resolved.
 
     Raises:
-        ValueError: unknown method, unknown hyper-parameter name, a bad strategy setting, or a bad
-            FedGAT variant.
+        ValueError: unknown method, unknown hyper-parameter name, a value out of its range
+            (:func:`check_ranges`), a bad strategy setting, or a bad FedGAT variant.
     """
     hp = default_hparams(method)
     unknown = sorted(set(overrides) - set(hp))
     if unknown:
         raise ValueError(f"unknown hyper-parameter(s) {unknown} for method {method!r}; known: {sorted(hp)}")
     hp.update(overrides)
+    check_ranges(hp)
     strategy_from_hparams(hp)  # an unknown strategy, or mu with FedAdam, fails here, before any set-up
     if method == "fedgat":
         variant = as_variant(hp["variant"])  # ValueError for an unknown name, listing the choices

@@ -139,6 +139,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_counts(
         {
             "--clients": (args.clients, 1),
+            "--seed": (args.seed, 0),
             "--rounds": (args.rounds, 1),
             "--attack-rounds": (args.attack_rounds, 1),
             "--attack-clients": (args.attack_clients, 1),
@@ -161,6 +162,14 @@ def check_arguments(args: argparse.Namespace) -> None:
         check_output_file(flag, path)
     if args.plot is not None and not args.sweep:
         raise UsageError("--plot draws the epsilon sweep; give --sweep EPS ... too")
+    if args.server_attacks:
+        from fedgat.audit import SERVER_ATTACKS
+
+        unknown = sorted(set(args.server_attacks) - set(SERVER_ATTACKS))
+        if unknown:
+            raise UsageError(
+                f"--server-attacks: unknown {', '.join(unknown)}; choose from {', '.join(SERVER_ATTACKS)}"
+            )
 
 
 def _accuracy(graph, args, **hp) -> float:

@@ -189,10 +189,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         passthrough = sub.add_parser(name, help=helps[name], description=helps[name], add_help=False)
         _add_out(passthrough, f"{name}'s JSON, Markdown and plots")
         passthrough.set_defaults(passthrough=True)
-    for name, command in sub.choices.items():
+    for command in sub.choices.values():
         command.set_defaults(prog=command.prog)
-        if name not in _PASSTHROUGH:
-            add_debug_argument(command)
+        add_debug_argument(command)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -219,9 +218,12 @@ def run(args: argparse.Namespace) -> int:
     extra = list(getattr(args, "extra", []))
     if any(a in ("-h", "--help") for a in extra):
         extra = ["--help"]
-    else:
-        extra += ["--out", str(args.out)]
-    return int(module.main(extra) or 0)
+    # the benchmark's own parser, under this command's name and with its output folder; its --help
+    # and its one-line errors end in SystemExit, whose status this command returns
+    try:
+        return int(module.main(extra, prog=args.prog, out=args.out) or 0)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
 
 
 def _check_spool(args: argparse.Namespace, graph, clients: int, owner=None) -> None:

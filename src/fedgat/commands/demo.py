@@ -154,6 +154,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_counts(
         {
             "--clients": (args.clients, 1),
+            "--seed": (args.seed, 0),
             "--rounds": (args.rounds, 1),
             "--patience": (args.patience, 1),
             "--threads": (args.threads, 1),

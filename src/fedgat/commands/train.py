@@ -179,6 +179,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
         {
             "--clients": (args.clients, 1),
             "--seeds": (args.seeds, 1),
+            "--first-seed": (args.first_seed, 0),
             "--threads": (args.threads, 1),
             "--rounds": (args.rounds, 1),
             "--patience": (args.patience, 1),
