@@ -303,6 +303,8 @@ BAD = [
     (["train", "--dataset", "synthetic", "--min-cross", "-1"], 2, "min_cross must be an integer >= 0"),
     (["train", "--dataset", "synthetic", "--lr", "0"], 2, "lr must lie in (0, inf)"),
     (["train", "--dataset", "synthetic", "--first-seed", "-1"], 2, "--first-seed must be >= 0"),
+    (["train", "--dataset", "cora", "--nodes", "80"], 2, "--nodes applies to --dataset synthetic only"),
+    (["train", "--dataset", "synthetic", "--nodes", "10"], 2, "--nodes must be >= 40"),
     (["demo", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
     (["audit", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
     (["audit", "--dataset", "synthetic", "--server-attacks", "bogus"], 2, "--server-attacks: unknown bogus"),
@@ -338,6 +340,22 @@ def test_bad_input_is_refused_in_one_line_before_any_work(
     assert not inputs["out"].exists() and not (tmp_path / "fedgat-results").exists()  # nothing written
     assert sorted(p.name for p in (tmp_path / "in").rglob("*")) == before
     assert not any((tmp_path / "in" / "dir").iterdir())
+
+
+def test_train_sizes_the_synthetic_graph_as_demo_does(monkeypatch, capsys):
+    import fedgat.commands.train as train_command
+
+    seen: list[Graph] = []
+    real = train_command.load_graph
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(train_command, "load_graph", spy)
+    argv = ["train", "--dataset", "synthetic", "--nodes", "80", "--clients", "2", "--rounds", "1", "--quiet"]
+    assert main(argv) == 0
+    assert seen[0].num_nodes == 80 and int(seen[0].val_mask.sum()) == int(seen[0].test_mask.sum()) == 16
 
 
 def test_a_benchmark_with_its_own_parser_speaks_under_its_command_name(capsys, tmp_path, monkeypatch):

@@ -461,6 +461,19 @@ def check_nodes(dataset: str, nodes: int | None, minimum: int = 40) -> None:
         raise UsageError(f"--nodes must be >= {minimum}, got {nodes}")
 
 
+def synthetic_sizes(nodes: int, classes: int = 4) -> dict[str, int]:
+    """The synthetic graph of ``--nodes`` nodes the commands build: ``classes`` classes, 64 features,
+    a fifth of the nodes validate and a fifth test, up to 20 training nodes per class."""
+    return {
+        "num_nodes": nodes,
+        "num_classes": classes,
+        "num_features": 64,
+        "train_per_class": max(2, min(20, nodes // (4 * classes))),
+        "num_val": nodes // 5,
+        "num_test": nodes // 5,
+    }
+
+
 def load_graph(dataset: str, quiet: bool = False, **synthetic: Any):
     """Load ``--dataset`` (``synthetic`` with the ``synthetic`` keyword arguments) and print its report
     (what was dropped, merged or symmetrised on the way in) in one line on stderr.

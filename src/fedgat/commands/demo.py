@@ -60,6 +60,7 @@ from fedgat.cli_engine import (
     parse_cap,
     resolve_engine,
     resolve_owners,
+    synthetic_sizes,
     write_text,
 )
 
@@ -172,18 +173,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace):
-    n = 500 if args.nodes is None else args.nodes
-    classes = 4
-    return load_graph(
-        args.dataset,
-        num_nodes=n,
-        num_classes=classes,
-        num_features=64,
-        train_per_class=max(2, min(20, n // (4 * classes))),
-        num_val=n // 5,
-        num_test=n // 5,
-        seed=args.seed,
-    )
+    return load_graph(args.dataset, **synthetic_sizes(500 if args.nodes is None else args.nodes), seed=args.seed)
 
 
 def _cap(args: argparse.Namespace) -> int | None:

@@ -43,6 +43,7 @@ from fedgat.cli_engine import (
     check_dataset,
     check_device,
     check_engine_arguments,
+    check_nodes,
     check_output_file,
     check_owners_path,
     describe_rule,
@@ -50,6 +51,7 @@ from fedgat.cli_engine import (
     open_engine,
     parse_cap,
     resolve_owners,
+    synthetic_sizes,
     write_text,
 )
 
@@ -127,6 +129,9 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_dataset_argument(parser)
+    parser.add_argument(
+        "--nodes", type=int, default=None, help="synthetic dataset only: number of nodes (default 500)"
+    )
     parser.add_argument("--method", default="fedgat", choices=METHOD_CHOICES)
     add_owners_arguments(parser)
     parser.add_argument(
@@ -191,6 +196,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     )
     check_beta(args.beta)
     check_dataset(args.dataset)
+    check_nodes(args.dataset, args.nodes)
     check_owners_path(args.owners)
     check_engine_arguments(args)
     check_output_file("--json", args.json)
@@ -276,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
     overrides, hparams = check_arguments(args)
     device = check_device(args.device)
     torch.set_num_threads(args.threads)
-    graph = load_graph(args.dataset)
+    sized = {} if args.nodes is None else synthetic_sizes(args.nodes)
+    graph = load_graph(args.dataset, **sized)
     owners = resolve_owners(args, graph)
 
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
