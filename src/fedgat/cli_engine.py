@@ -461,7 +461,7 @@ def check_nodes(dataset: str, nodes: int | None, minimum: int = 40) -> None:
         raise UsageError(f"--nodes must be >= {minimum}, got {nodes}")
 
 
-def synthetic_sizes(nodes: int, classes: int = 4) -> dict[str, int]:
+def synthetic_sizes(nodes: int, classes: int = 4) -> dict[str, Any]:
     """The synthetic graph of ``--nodes`` nodes the commands build: ``classes`` classes, 64 features,
     a fifth of the nodes validate and a fifth test, up to 20 training nodes per class."""
     return {
@@ -474,7 +474,7 @@ def synthetic_sizes(nodes: int, classes: int = 4) -> dict[str, int]:
     }
 
 
-def load_graph(dataset: str, quiet: bool = False, **synthetic: Any):
+def load_graph(dataset: str, *, quiet: bool = False, **synthetic: Any):
     """Load ``--dataset`` (``synthetic`` with the ``synthetic`` keyword arguments) and print its report
     (what was dropped, merged or symmetrised on the way in) in one line on stderr.
 

@@ -173,7 +173,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace):
-    return load_graph(args.dataset, **synthetic_sizes(500 if args.nodes is None else args.nodes), seed=args.seed)
+    return load_graph(
+        args.dataset, **synthetic_sizes(500 if args.nodes is None else args.nodes), seed=args.seed
+    )
 
 
 def _cap(args: argparse.Namespace) -> int | None:
