@@ -19,7 +19,7 @@ Sections:
 Every finished run is stored in ``accuracy.json`` under ``runs`` (keyed by method, dataset, clients,
 beta, seed and the resolved hyper-parameters) and reused on the next invocation, so an interrupted
 benchmark resumes and sections share runs. Writes ``accuracy.json``, ``accuracy.md`` and ``*.png``
-into ``--out`` (default ``benchmarks/results``).
+into ``--out`` (``benchmarks/results`` run from a checkout, ``./fedgat-results`` as ``fedgat bench accuracy``).
 """
 
 from __future__ import annotations

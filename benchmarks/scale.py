@@ -21,7 +21,8 @@ process, the growth of the process's peak RSS over its size before the clients w
 by K; on Ray, the actors' peak RSS summed and divided by K (``actor_rss_per_client``), and the same
 after subtracting each actor's idle size (torch + TenSEAL imported, ``actor_marginal_per_client``).
 
-Writes ``scale.json``, ``scale.md`` and ``scale.png`` into ``--out`` (default ``benchmarks/results``).
+Writes ``scale.json``, ``scale.md`` and ``scale.png`` into ``--out``
+(``benchmarks/results`` run from a checkout, ``./fedgat-results`` as ``fedgat bench scale``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ round's clients with ``cuda_graphs``), warm-up and capture done before timing.
     fedgat bench train --dataset cora --device auto
 
 Writes ``train_speed.json`` and ``train_speed.md`` (or ``train_speed_<suffix>.*`` with ``--suffix``)
-into ``--out`` (default ``benchmarks/results``), naming the machine, its cores, the device and the date.
+into ``--out`` (``benchmarks/results`` run from a checkout, ``./fedgat-results`` as ``fedgat bench
+train``), naming the machine, its cores, the device and the date.
 """
 
 from __future__ import annotations
