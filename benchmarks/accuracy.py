@@ -158,23 +158,33 @@ Single-seed probes first (seed 0, Cora, 10 clients, β=10000, 300 rounds; test /
 """
 
 
-def run_key(method: str, dataset: str, clients: int, beta: float, seed: int, hparams: dict) -> str:
+#: where the clients' dropout masks come from: "per-client" (each client's own seeded stream,
+#: :func:`fedgat.federated.client_seed`; since 2026-11-27) or "shared" (the process-wide stream, every
+#: run before). A run of the other kind is kept in the JSON but never reused: its masks differ.
+STREAMS = "per-client"
+
+
+def run_key(
+    method: str, dataset: str, clients: int, beta: float, seed: int, hparams: dict, streams: str = STREAMS
+) -> str:
     hp = resolve_hparams(method, hparams)
     if method in CENTRALISED:
         clients, beta = 1, 0.0
-    return json.dumps([method, dataset, clients, beta, seed, hp], sort_keys=True)
+    return json.dumps([method, dataset, clients, beta, seed, hp, streams], sort_keys=True)
 
 
 def upgrade_keys(runs: dict) -> dict:
     """Re-key stored runs with today's resolved hyper-parameters, so that a hyper-parameter added to
     :mod:`fedgat.methods` since a run does not invalidate it. This assumes additions default to the
     old behaviour (true so far: the DP options default to off); runs whose settings no longer
-    resolve (a removed hyper-parameter) are dropped."""
+    resolve (a removed hyper-parameter) are dropped. A key without its streams entry is a run of
+    the shared stream (:data:`STREAMS`), and stays one."""
     out = {}
     for key, value in runs.items():
-        method, dataset, clients, beta, seed, hp = json.loads(key)
+        method, dataset, clients, beta, seed, hp, *rest = json.loads(key)
+        streams = rest[0] if rest else "shared"
         try:
-            out[run_key(method, dataset, clients, beta, seed, hp)] = value
+            out[run_key(method, dataset, clients, beta, seed, hp, streams)] = value
         except ValueError:
             continue
     return out

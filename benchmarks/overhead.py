@@ -1333,6 +1333,7 @@ def main_args(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         text = json.dumps(rows, indent=2, default=float) + "\n"
         for target in {args.out / "overhead_sweep.json", *([args.json] if args.json else [])}:
+            target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
         render_sweep(rows, args.out)
         return 0

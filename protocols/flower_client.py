@@ -270,7 +270,9 @@ def handle_message(message: Message, context: Context) -> Message:
         return Message(message_content(meta, []), reply_to=message)
     meta_in = message_meta(message)
     store.messages += 1
-    # every message reseeds torch: dropout is reproducible run to run (per party and message)
+    # every message reseeds torch's process-wide stream, so whatever draws from it is reproducible run
+    # to run (per party and message); a rounds client's dropout masks come from its own stream, which
+    # travels in its saved state
     torch.manual_seed(
         int.from_bytes(hashlib.sha256(f"{cfg.seed}:{pid}:{store.messages}".encode()).digest()[:8], "big")
     )

@@ -251,7 +251,9 @@ def task_from_value(value: Mapping[str, Any]) -> LocalTask:
 
 # ----------------------------------------------------------------------------------------- client
 def client_to_value(client: Client) -> dict[str, Any]:
-    """A :class:`~fedgat.federated.Client` as plain values (see the module docstring)."""
+    """A :class:`~fedgat.federated.Client` as plain values (see the module docstring). Its own random
+    stream (:attr:`~fedgat.federated.Client.rng_state`) is not among them: a rounds client's spec
+    and state carry it beside (:func:`rounds_spec_fields`)."""
     if type(client) is not Client:
         raise TypeError(f"no value description for client class {type(client).__qualname__}")
     if type(client.training) is not ClientStrategy:

@@ -194,6 +194,26 @@ def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
     assert bench._pm(stats, seeds=10).endswith("(n=1)") and "n=" not in bench._pm(stats, seeds=1)
 
 
+def test_accuracy_bench_never_reuses_a_run_of_the_shared_dropout_stream():
+    """Runs stored before each client drew from its own stream (keys without the streams entry) are
+    kept under their own kind, not recalled for today's code (whose masks differ)."""
+    bench = _accuracy_bench()
+    done = {
+        "test_accuracy": 0.5,
+        "best_val_accuracy": 0.5,
+        "rounds": 3,
+        "pretrain_bytes": 0,
+        "train_seconds": 1.0,
+    }
+    hp = bench.resolve_hparams("gat", {"rounds": 5, "patience": 2, "strategy": "fedavg"})
+    old = json.dumps(["gat", "cora", 1, 0.0, 0, hp], sort_keys=True)  # the key as runs were stored
+    runs = bench.upgrade_keys({old: done})
+    assert list(runs) == [bench.run_key("gat", "cora", 1, 0.0, 0, hp, streams="shared")]
+    run = bench.Runner(runs, rounds=5, patience=2, save=lambda: None, cached_only=True)
+    assert run("gat", "cora", 10, 1.0, 0) is None
+    assert bench.upgrade_keys(runs) == runs  # and an upgraded file stays as it is
+
+
 def _accuracy_bench():
     return load_benchmark("accuracy")
 

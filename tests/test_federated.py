@@ -547,6 +547,9 @@ def test_hparams_resolution_and_errors(small_graph):
         ("fedgat", {"patience": 0}, r"patience must be an integer >= 1"),
         ("fedgat", {"heads": True}, r"heads must be an integer >= 1"),
         ("fedgcn", {"update_dp_clip": 0.0}, r"update_dp_clip must lie in \(0, inf\)"),
+        ("fedgat", {"fraction": None}, r"fraction must lie in \(0, 1\], got None"),
+        ("gat", {"lr": None}, r"lr must lie in \(0, inf\), got None"),
+        ("fedgat", {"dp_dim": 0}, r"dp_dim must be an integer >= 1"),
     ],
 )
 def test_hparams_out_of_range_are_refused_before_any_set_up(method, overrides, match):
@@ -560,6 +563,9 @@ def test_hparams_at_the_ends_of_their_ranges_are_accepted():
     )
     assert (hp["fraction"], hp["dropout"], hp["patience"], hp["rounds"]) == (1.0, 0.0, None, 1)
     assert resolve_hparams("gcn", {"fraction": 1e-9})["fraction"] == 1e-9
+    assert resolve_hparams("fedgat", {"dp_dim": None})["dp_dim"] is None  # the release without projection
+    numpy = resolve_hparams("fedgat", {"fraction": np.float32(0.5), "rounds": np.int64(3)})
+    assert (numpy["fraction"], numpy["rounds"]) == (0.5, 3)
 
 
 @pytest.mark.parametrize("method", ["distgat", "fedgcn", "gcn"])

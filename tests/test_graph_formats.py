@@ -17,7 +17,7 @@ from torch_geometric.data import Data
 
 from fedgat import data as fdata
 from fedgat.data import DatasetFormatError, DatasetNotFoundError, load_dataset, load_pyg_dataset
-from fedgat.graph import UNIT_NORM_TOLERANCE, Graph, GraphError, unit_normalise
+from fedgat.graph import UNIT_NORM_TOLERANCE, Graph, GraphError, check_trainable, unit_normalise
 from fedgat.graph_files import load_npz, read_npz_data
 from fedgat.splits import SplitError, per_class_split
 from fedgat.synthetic import synthetic_graph
@@ -193,6 +193,8 @@ def test_features_normalised_as_the_planetoid_loader_does():
         lambda x: x.double() * 1e300,  # the cast to float32 overflows
         lambda x: x.double() * 1e-300,  # the cast to float32 underflows to zero
         lambda x: x.double() * 1e-40,  # the cast to float32 leaves subnormals
+        lambda x: x * 4e-23,  # float32: squares subnormal, so the plain norm is imprecise
+        lambda x: x * 1e-21,
     ],
 )
 def test_rows_of_extreme_magnitude_are_normalised_not_zeroed(scale):
@@ -222,13 +224,24 @@ def test_labels_of_one_class_and_empty_classes_are_reported():
     assert not any("no node" in n for n in Graph.from_pyg(d).report.notes)
 
 
-def test_given_masks_must_hold_training_and_validation_nodes():
+def test_an_empty_given_mask_is_reported_and_training_refuses_the_graph():
+    """An empty mask survives the round trip through PyG (and is reported); training refuses a graph
+    without training or validation nodes before any set-up, an empty test mask only gives NaN."""
+    from fedgat.methods import run_method
+
     d = random_data(masks=True)
-    for key in ("train_mask", "val_mask"):
+    notes = {"train_mask": "nothing to train on", "val_mask": "no validation node", "test_mask": "NaN"}
+    for key, note in notes.items():
+        g = Graph.from_pyg(_changed(d, **{key: torch.zeros_like(d[key])}))
+        assert any(n.startswith(f"{key} selects no node") and note in n for n in g.report.notes)
+        same_graph(Graph.from_pyg(g.to_pyg()), g)
+        if key == "test_mask":
+            check_trainable(g)
+            continue
+        with pytest.raises(GraphError, match=f"{key} selects no node; training needs"):
+            check_trainable(g)
         with pytest.raises(GraphError, match=f"{key} selects no node"):
-            Graph.from_pyg(_changed(d, **{key: torch.zeros_like(d[key])}))
-    g = Graph.from_pyg(_changed(d, test_mask=torch.zeros_like(d.test_mask)))
-    assert "test_mask selects no node: the test accuracy will be NaN" in g.report.notes
+            run_method("gcn", g, num_clients=2, rounds=1)
 
 
 def test_load_dataset_says_what_to_do_with_a_graph_object():

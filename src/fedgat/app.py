@@ -518,7 +518,8 @@ def build_training_parties(
     ``"fedgat"`` (``hparams``: overrides of :func:`fedgat.methods.default_hparams`); only the
     encodings come from the pre-training round instead of being built locally. Each client draws
     its dropout masks from a stream of its own, seeded from ``seed`` and its id
-    (:func:`fedgat.federated.client_seed`), so every engine trains the same model. The models read the
+    (:func:`fedgat.federated.client_seed`), so every engine trains the same model (on the CPU; on a
+    GPU the masks come from the device's generator). The models read the
     encodings' feature dimension (the DP projection's, with DP). ``secagg``: secure aggregation of
     the updates for every party (:mod:`fedgat.protocols.secagg`; "auto", the default, as
     :func:`training_secagg`; None: plaintext updates). The in-process simulator
@@ -622,7 +623,7 @@ def build_predictor_parties(
             hp,
             strategy=strategy_from_hparams(hp).client,
             update_dp=update_dp,
-            seed=client_seed(seed, c),
+            seed=client_seed(seed, c, "predictor"),
         )
         clients[c] = ClientRounds(c, roster, session, deployment.identities[c], client=member, secagg=secagg)
     return TrainingParties(deployment, hp, server, clients)

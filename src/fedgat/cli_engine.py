@@ -480,10 +480,11 @@ def load_graph(dataset: str, *, quiet: bool = False, **synthetic: Any):
 
     Raises:
         DatasetNotFoundError, DatasetFormatError, GraphError: from :func:`fedgat.data.load_dataset`;
-            a GraphError too for labels of one class (every accuracy would be 1).
+            a GraphError too for labels of one class (every accuracy would be 1) or a split without
+            training or validation nodes (:func:`fedgat.graph.check_trainable`).
     """
     from fedgat.data import load_dataset
-    from fedgat.graph import GraphError
+    from fedgat.graph import GraphError, check_trainable
 
     graph = (
         load_dataset("synthetic", **synthetic) if dataset.lower() == "synthetic" else load_dataset(dataset)
@@ -496,6 +497,7 @@ def load_graph(dataset: str, *, quiet: bool = False, **synthetic: Any):
             f"{dataset}: every node has label {int(labels[0])}; node classification needs at least two "
             "classes (every accuracy would be 1)"
         )
+    check_trainable(graph)
     return graph
 
 

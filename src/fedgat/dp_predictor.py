@@ -129,7 +129,7 @@ def train_predictor(
             hp,
             strategy=strategy.client,
             update_dp=update_dp,
-            seed=client_seed(seed, i),
+            seed=client_seed(seed, i, "predictor"),
         )
         for i, task in enumerate(predictor_tasks(graph, partition))
     ]

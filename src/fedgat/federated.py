@@ -114,13 +114,14 @@ class LocalTask:
         return int(self.targets[split][0].numel()) if split in self.targets else 0
 
 
-def client_seed(seed: int, client_id: int) -> int:
-    """The seed of client ``client_id``'s own random stream in a run seeded ``seed`` (63 bits of
-    SHA-256 of both): streams of different clients, or of one client in runs of different seeds, are
-    unrelated. Dropout masks protect nothing, so a seeded stream is fine here (DP noise never comes
-    from one: :mod:`fedgat.randomness`)."""
-    digest = hashlib.sha256(f"fedgat-client-stream:{int(seed)}:{int(client_id)}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+def client_seed(seed: int, client_id: int, purpose: str = "training") -> int:
+    """The seed of client ``client_id``'s own random stream for ``purpose`` (``"training"``: the
+    model's rounds; ``"predictor"``: the DP release predictor's) in a run seeded ``seed`` (63 bits
+    of SHA-256 of all three): streams of different clients, purposes or run seeds are unrelated.
+    Dropout masks protect nothing, so a seeded stream is fine here (DP noise never comes from one:
+    :mod:`fedgat.randomness`)."""
+    text = f"fedgat-client-stream:{purpose}:{int(seed)}:{int(client_id)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
 def stream_state(seed: int) -> torch.Tensor:
@@ -165,7 +166,8 @@ class Client:
             draws the same masks whatever the other clients do and wherever the client runs (in
             this process, a worker process, a Ray actor, a Flower ClientApp), so every engine trains
             the same model. None: the process-wide stream (``torch.manual_seed``). It is the CPU's
-            stream: on a GPU, dropout draws from the device's generator.
+            stream: on a GPU, dropout draws from the device's generator, shared by the clients of
+            the process (the hosted engines train on the CPU).
 
     Attributes:
         training: the client half in use (:class:`ClientStrategy`).

@@ -8,6 +8,7 @@ node, :math:`\\mathcal{N}(i) \\cup \\{i\\}`, adds the self-loop explicitly throu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -227,9 +228,14 @@ def unit_normalise(x: torch.Tensor) -> torch.Tensor:
 
 
 def _lost_norms(x: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
-    """Rows of ``x`` (finite) whose computed ``norms`` overflowed or underflowed though the row is
-    not all-zero."""
-    return ~torch.isfinite(norms) | ((norms == 0) & (x != 0).any(dim=1))
+    """Rows of ``x`` (finite) whose computed ``norms`` overflowed, or are so small that their squares
+    went subnormal (imprecise) or to zero, though the row is not all-zero."""
+    info = torch.finfo(x.dtype)
+    small = norms < math.sqrt(info.tiny / info.eps)
+    lost = ~torch.isfinite(norms)
+    if bool(small.any()):
+        lost |= small & (x != 0).any(dim=1)
+    return lost
 
 
 def row_norms(x: torch.Tensor) -> torch.Tensor:
@@ -251,14 +257,14 @@ def unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     with torch.no_grad():
         xd = x.to(torch.float64)
         x32 = x if x.dtype == torch.float32 else xd.to(torch.float32)
-        norms = x32.to(torch.float64).norm(dim=1)
+        norms = (xd if x.dtype == torch.float32 else x32.to(torch.float64)).norm(dim=1)
         # the float32 cast overflowed (inf) or underflowed (zeros, or subnormals that lost precision)
         cast_lost = _lost_norms(xd, norms)
         if x.dtype != torch.float32 and x.shape[1]:
             cast_lost |= (x32.abs().amax(dim=1) < torch.finfo(torch.float32).tiny) & (xd != 0).any(dim=1)
         if bool(cast_lost.any()):
             norms[cast_lost] = row_norms(xd[cast_lost])
-        zero = ~(xd != 0).any(dim=1)
+        zero = norms == 0  # after the recomputation above: exactly the all-zero rows
         scale = ~zero & ((norms - 1.0).abs() > UNIT_NORM_TOLERANCE)
         if bool(scale.any()):
             x32 = x32.clone()
@@ -267,6 +273,22 @@ def unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
             if bool(cast.any()):
                 x32[cast] = unit_normalise(xd[cast]).to(torch.float32)
     return x32, scale, zero
+
+
+def check_trainable(graph: Graph) -> None:
+    """Refuse a graph that training cannot use: no training node, or no validation node (the model
+    of the best validation accuracy is kept). :meth:`Graph.from_pyg` builds such a graph (and
+    reports it); the command line and the training entry points refuse it here.
+
+    Raises:
+        GraphError: naming the empty split.
+    """
+    for key, what in (("train_mask", "training"), ("val_mask", "validation")):
+        if not bool(getattr(graph, key).any()):
+            raise GraphError(
+                f"{graph.name}: {key} selects no node; training needs {what} nodes (give each mask some "
+                "nodes, or none of the three masks for a seeded per-class split)"
+            )
 
 
 def _tensor(value: object, name: str) -> torch.Tensor:

@@ -9,15 +9,17 @@ every change in a :class:`GraphReport` attached to the graph as ``graph.report``
   (:func:`~torch_geometric.utils.to_undirected`: the reverse of every edge is added), the result
   sorted by (source, target). An input that needs none of these keeps its edges in their order.
   Nodes without edges are kept (the report counts them); edge attributes and weights are dropped.
-* features: float32, rows scaled to unit L2 norm with :func:`fedgat.graph.unit_normalise` (in float64,
-  overflow-safe; as the Planetoid loader does) unless already within :data:`~fedgat.graph.UNIT_NORM_TOLERANCE` of it, in
+* features: float32, rows scaled to unit L2 norm with :func:`fedgat.graph.unit_normalise` (as the
+  Planetoid loader does; overflow- and underflow-safe, from the float64 values where the cast to
+  float32 loses a row) unless already within :data:`~fedgat.graph.UNIT_NORM_TOLERANCE` of it, in
   which case they are kept bit for bit; all-zero rows stay zero. Sparse features are made dense.
 * labels: int64 (an ``(N, 1)`` label column is flattened); negative labels are refused; labels of a
   single class (the command line refuses them), and classes below the largest label that no node
   has (1-based or gapped class ids), are reported.
 * masks: ``train_mask``, ``val_mask`` and ``test_mask`` are used when all three are present (an empty
-  training or validation mask is refused, an empty test mask reported); when none is, the seeded
-  per-class split of :mod:`fedgat.splits` is drawn (20 per class, 500, 1000 by default).
+  one is reported; training refuses a graph without training or validation nodes,
+  :func:`fedgat.graph.check_trainable`); when none is, the seeded per-class split of
+  :mod:`fedgat.splits` is drawn (20 per class, 500, 1000 by default).
 
 :meth:`Graph.to_pyg <fedgat.graph.Graph.to_pyg>` goes the other way; ``Graph.from_pyg(g.to_pyg())``
 equals ``g`` tensor for tensor (and a prepared ``Data`` survives the trip the other way unchanged).
@@ -50,6 +52,13 @@ logger = logging.getLogger(__name__)
 
 #: the report's note on labels of one class (the command line refuses such a graph)
 SINGLE_CLASS = "every node has the same label"
+#: what an empty given mask means, per mask (training refuses the first two:
+#: :func:`fedgat.graph.check_trainable`)
+EMPTY_SPLIT_NOTES = (
+    "nothing to train on",
+    "no validation node to pick the model by",
+    "the test accuracy will be NaN",
+)
 
 #: ``Data`` attributes :meth:`Graph.from_pyg` reads; any other attribute is reported as ignored
 KNOWN_KEYS = frozenset({"x", "y", "edge_index", *_MASKS, "num_nodes", "num_classes", "name"})
@@ -199,15 +208,9 @@ def from_pyg(
                     f"first, e.g. data.{key} = data.{key}[:, 0]"
                 )
         counts = [int(torch.as_tensor(m).to(torch.int64).sum()) for m in masks.values()]
-        for key, count in zip(("train_mask", "val_mask"), counts, strict=False):
+        for key, count, why in zip(_MASKS, counts, EMPTY_SPLIT_NOTES, strict=True):
             if count == 0:
-                raise GraphError(
-                    f"{key} selects no node: training needs training and validation nodes (a model "
-                    "is picked by its validation accuracy); give each mask some nodes, or none of the "
-                    "three masks for a seeded per-class split"
-                )
-        if counts[2] == 0:
-            notes.append("test_mask selects no node: the test accuracy will be NaN")
+                notes.append(f"{key} selects no node: {why}")
         split = f"given masks ({counts[0]} train, {counts[1]} val, {counts[2]} test)"
     elif not given:
         drawn = per_class_split(

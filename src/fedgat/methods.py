@@ -47,7 +47,7 @@ from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hpara
 from fedgat.encodings import as_variant, encode, encoding_size
 from fedgat.federated import Client, LocalTask, Server, client_seed, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
-from fedgat.graph import CSR, Graph
+from fedgat.graph import CSR, Graph, check_trainable
 from fedgat.models import GAT, FedGAT
 from fedgat.partition import Partition, drop_cross_client, make_partition
 from fedgat.randomness import RandomSource
@@ -149,7 +149,7 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "update_dp_delta": (0.0, 1.0, False, False),
     "update_dp_clip": (0.0, math.inf, False, False),
 }
-#: integer hyper-parameters -> their least value (None allowed where the name is in _OPTIONAL)
+#: integer hyper-parameters -> their least value
 _COUNTS = {
     "rounds": 1,
     "patience": 1,
@@ -161,7 +161,8 @@ _COUNTS = {
     "dp_dim": 1,
     "dp_predictor_hidden": 1,
 }
-_OPTIONAL = ("patience",)
+#: hyper-parameters of _RANGES and _COUNTS that may be None (no early stop; no DP projection)
+_OPTIONAL = ("patience", "dp_dim")
 
 
 def check_ranges(hp: dict) -> None:
@@ -174,11 +175,12 @@ def check_ranges(hp: dict) -> None:
     """
     for name, (low, high, low_in, high_in) in _RANGES.items():
         value = hp.get(name)
-        if value is None or name not in hp:
+        if name not in hp or (value is None and name in _OPTIONAL):
             continue
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
-        ok = ok and (low <= value if low_in else low < value) and (value <= high if high_in else value < high)
-        if not ok:
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        v = float(value) if real else math.nan  # type: ignore[arg-type]
+        inside = (low <= v if low_in else low < v) and (v <= high if high_in else v < high)
+        if not (math.isfinite(v) and inside):
             span = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
             raise ValueError(f"{name} must lie in {span}, got {value!r}")
     for name, least in _COUNTS.items():
@@ -322,6 +324,7 @@ def run_method(
         fedgat.device.DeviceError: an unknown ``device``, or CUDA asked for without one (a ValueError).
     """
     hp = resolve_hparams(method, hparams)
+    check_trainable(graph)
     device = resolve_device(device)  # before any set-up
     if cuda_graphs:
         cuda_graphs_device(device)

@@ -58,7 +58,7 @@ from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hpara
 from fedgat.encodings import Encodings
 from fedgat.estimate import estimate_pretraining
 from fedgat.federated import FitResult
-from fedgat.graph import Graph
+from fedgat.graph import Graph, check_trainable
 from fedgat.methods import fedgat_partition, resolve_hparams
 from fedgat.owners import check_owners
 from fedgat.partition import Partition
@@ -605,7 +605,11 @@ def train_fedgat(
 
     ``encodings`` are only read while the parties are built (each client copies the rows of its
     tasks): a caller that hands them over without keeping a reference frees them before the rounds.
+
+    Raises:
+        GraphError: the graph has no training or no validation node (:func:`fedgat.graph.check_trainable`).
     """
+    check_trainable(graph)
     parties = build_training_parties(
         graph,
         partition,
@@ -769,6 +773,7 @@ def run_encrypted_fedgat(
     clients train the FedAvg rounds (default the CPU; the pre-training round always runs on the CPU).
     ``wire``: the pre-training's ciphertext wire (:func:`run_encrypted_pretraining`)."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
+    check_trainable(graph)
     if hp["share"] != "rows":
         raise ValueError(f"share={hp['share']!r} is simulated by fedgat.methods.run_method only")
     dp = feature_dp_from_hparams(hp, seed)

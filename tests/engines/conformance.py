@@ -74,6 +74,7 @@ from fedgat.protocols.pretrain import ClientState, PretrainTimeouts
 from fedgat.synthetic import synthetic_graph
 
 __all__ = [
+    "DROPOUT_HPARAMS",
     "ENCODING_ATOL",
     "LOSS_RTOL",
     "Federation",

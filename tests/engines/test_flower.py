@@ -37,7 +37,7 @@ pytest.importorskip("flwr")
 
 from fedgat.pipeline import max_abs_error
 
-from .conformance import ENCODING_ATOL, LOSS_RTOL, TRAIN_HPARAMS, federation, reference
+from .conformance import DROPOUT_HPARAMS, ENCODING_ATOL, LOSS_RTOL, federation, reference
 
 pytestmark = pytest.mark.flower
 
@@ -47,8 +47,9 @@ CLIENTS = 3
 NODES = 96
 SEED = 0
 #: the conformance checks' hyper-parameters with two rounds: every round costs a few Flower
-#: exchanges, each of which starts a ClientApp process per client (Flower 1.41 runs one per message)
-HPARAMS = {**TRAIN_HPARAMS, "rounds": 2}
+#: exchanges, each of which starts a ClientApp process per client (Flower 1.41 runs one per message).
+#: Dropout on: each client's masks come from its own stream, carried in its state across messages
+HPARAMS = {**DROPOUT_HPARAMS, "rounds": 2}
 #: the run config of the conformance federation (:func:`.conformance.federation`)
 RUN_CONFIG = {
     "num-clients": CLIENTS,

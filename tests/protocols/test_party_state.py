@@ -196,7 +196,8 @@ def test_timed_out_client_keeps_its_failure(tiny_graph, tiny_partition):
 # ----------------------------------------------------------------------------------------- rounds
 @pytest.mark.parametrize("variant", ["vector", "matrix"])
 def test_rounds_survive_a_restore_after_every_event(tiny_graph, tiny_partition, monkeypatch, variant):
-    """Bit for bit: dropout draws from torch's global stream, which rebuilding never touches."""
+    """Bit for bit: each client's dropout stream travels in its state (torch's global stream, seeded
+    alike for both runs, plays no part in the masks)."""
     plain = run_plaintext_pretraining(tiny_graph, tiny_partition, variant=variant, seed=1)
     torch.manual_seed(3)
     ref = build_training_parties(tiny_graph, tiny_partition, plain, seed=1, session=9, **TRAIN)

@@ -223,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return int(module.main(extra, prog=args.prog, out=args.out) or 0)
     except SystemExit as exc:
+        if isinstance(exc.code, str):  # what the interpreter would have printed on its way out
+            print(exc.code, file=sys.stderr)
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
 
 
