@@ -222,6 +222,8 @@ def test_labels_of_one_class_and_empty_classes_are_reported():
     gapped = Graph.from_pyg(_changed(d, y=d.y * 10))  # ids 0, 10, 20
     assert any(n.startswith("18 of 21 classes have no node (1, 2, 3,") for n in gapped.report.notes)
     assert not any("no node" in n for n in Graph.from_pyg(d).report.notes)
+    # classes above the largest label, asked for explicitly, are no gap
+    assert not any("no node" in n for n in Graph.from_pyg(d, num_classes=6).report.notes)
 
 
 def test_an_empty_given_mask_is_reported_and_training_refuses_the_graph():

@@ -188,13 +188,13 @@ def from_pyg(
 
     x32, scale, zero = unit_rows(x)
     seen = torch.unique(y).tolist()
-    empty = sorted(set(range(num_classes)) - set(seen))
+    empty = sorted(set(range(max(seen))) - set(seen))  # gaps below the largest label
     if len(seen) == 1:
         notes.append(f"{SINGLE_CLASS} ({seen[0]}): there is nothing to classify")
     elif empty:
         shown = ", ".join(map(str, empty[:8])) + (", ..." if len(empty) > 8 else "")
         notes.append(
-            f"{len(empty)} of {num_classes} classes have no node ({shown}): labels should be 0..K-1 "
+            f"{len(empty)} of {max(seen) + 1} classes have no node ({shown}): labels should be 0..K-1 "
             "(1-based or gapped class ids leave classes empty; renumber them)"
         )
 
