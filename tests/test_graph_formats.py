@@ -295,7 +295,7 @@ def _changed(d: Data, **changes) -> Data:
         ({"x": torch.full((120, 6), float("nan"))}, r"x holds NaN or infinite values \(e.g. row 0\)"),
         ({"y": torch.full((120,), -1)}, r"y holds label -1; labels must lie in \[0, num_classes\)"),
         ({"y": torch.zeros(120)}, r"y has dtype torch.float32"),
-        ({"y": torch.zeros(119, dtype=torch.long)}, r"y has shape \(119,\)"),
+        ({"y": torch.zeros(119, dtype=torch.long)}, r"y has shape \(119,\).*y has 119 labels, x 120 rows"),
         (
             {"edge_index": torch.tensor([[0], [120]])},
             r"edge_index holds node 120; node ids must lie in \[0, 120\)",

@@ -388,7 +388,10 @@ def _checked_labels(value: object, n: int) -> torch.Tensor:
     """``value`` as ``(n,)`` int64 labels, all ``>= 0``."""
     y = _tensor(value, "y")
     if y.ndim != 1 or y.shape[0] != n:
-        raise GraphError(f"y has shape {tuple(y.shape)}; pass int64 labels of shape ({n},), one per node")
+        rows = f" (y has {y.shape[0]} labels, x {n} rows: one of the two is off)" if y.ndim == 1 else ""
+        raise GraphError(
+            f"y has shape {tuple(y.shape)}; pass int64 labels of shape ({n},), one per node{rows}"
+        )
     if not _is_int(y):
         raise GraphError(f"y has dtype {y.dtype}; pass int64 labels of shape ({n},)")
     y = y.to(torch.int64)
