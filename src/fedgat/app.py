@@ -43,7 +43,7 @@ from fedgat.encodings import Encodings
 from fedgat.federated import Client, client_seed, strategy_from_hparams
 from fedgat.graph import Graph
 from fedgat.methods import fedgat_model_fn, resolve_hparams
-from fedgat.partition import Partition
+from fedgat.partition import Partition, check_partition
 from fedgat.protocols import (
     ClientPretrain,
     ClientRounds,
@@ -58,6 +58,7 @@ from fedgat.protocols.fedavg_client import DEFAULT_SECAGG
 from fedgat.protocols.secagg import SecAggConfig
 from fedgat.randomness import RandomSource
 from fedgat.tasks import COMPACT_TOLERANCE, tasks_from_encodings
+from fedgat.variants import as_variant
 
 if TYPE_CHECKING:
     from fedgat.pipeline import PretrainResult, TrainingResult
@@ -308,6 +309,9 @@ def build_pretrain_parties(
         MissingLedgerError: ``dp`` without ``dp_ledgers`` (or ``dp_release``), or a client without one.
         BudgetExceededError: a client's release would exceed its budget (no party is built, nothing sent).
     """
+    check_partition(graph, partition)
+    if isinstance(upload_batch, bool) or not isinstance(upload_batch, int) or upload_batch < 1:
+        raise ValueError(f"upload_batch must be an integer >= 1, got {upload_batch!r}")
     if dp is not None and dp_release is None:
         missing = [c for c in range(partition.num_clients) if dp_ledgers is None or c not in dp_ledgers]
         if missing:
@@ -531,7 +535,17 @@ def build_training_parties(
     """
     if cuda_graphs:
         cuda_graphs_device(resolve_device(device))
-    hp = resolve_hparams("fedgat", hparams)
+    check_partition(graph, partition)
+    missing = sorted(set(range(partition.num_clients)) - set(encodings))
+    if missing:
+        raise ValueError(f"no encodings for clients {missing}: give every client's (client id -> Encodings)")
+    kinds = sorted({enc.variant for enc in encodings.values()})
+    if len(kinds) != 1:
+        raise ValueError(f"the clients' encodings are of several variants ({', '.join(kinds)})")
+    asked = hparams.get("variant", kinds[0])
+    if as_variant(asked).name != kinds[0]:
+        raise ValueError(f"variant={asked!r} but the encodings are the {kinds[0]} variant's")
+    hp = resolve_hparams("fedgat", {**hparams, "variant": kinds[0]})  # the model follows the encodings
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
@@ -589,6 +603,7 @@ def build_predictor_parties(
     ``dp_predictor_rounds`` rounds without early stopping. Models are drawn after
     ``torch.manual_seed(seed)`` as :func:`fedgat.dp_predictor.train_predictor` draws them, so the
     protocol and the simulation train the same predictor (up to the secure sum's rounding)."""
+    check_partition(graph, partition)
     hp = resolve_hparams("fedgat", hparams)
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster

@@ -39,7 +39,7 @@ from fedgat.dp_predictor import train_predictor
 from fedgat.encodings import encode
 from fedgat.graph import Graph
 from fedgat.methods import resolve_hparams
-from fedgat.partition import Partition, make_partition
+from fedgat.partition import Partition, check_partition, make_partition
 from fedgat.randomness import RandomSource
 from fedgat.variants import VariantLike, as_variant
 
@@ -169,9 +169,26 @@ def audit_clients(
     :func:`client_features`. ``dp_ledger``: charged for the audited release (default with DP: an
     in-memory ledger whose budget is the mitigation's own ``(epsilon, delta)``: the audit's release
     never leaves this process, so it only reports what one release spends, ``dp_spent``).
-    ``predictor``: ``label_rr``'s (default: :func:`audit_predictor`).
+    ``predictor``: ``label_rr``'s (default: :func:`audit_predictor`). ``partition``: audit this split
+    of ``graph`` instead of the Dirichlet one of ``(num_clients, beta, seed)`` (those are then
+    unused); it must have been made with the mitigation's ``min_cross`` and ``neighbour_cap``.
+
+    Raises:
+        fedgat.partition.PartitionMismatchError: ``partition`` is another graph's.
+        ValueError: ``partition`` made with another minimum-cross rule or neighbour cap than
+            ``mitigation``'s (the audit would report on a mitigation it did not apply), or a client id
+            of ``clients`` out of range.
     """
     kind = as_variant(variant)
+    if partition is not None:
+        check_partition(graph, partition)
+        made = (partition.min_cross, partition.neighbour_cap)
+        if made != (mitigation.min_cross, mitigation.neighbour_cap):
+            raise ValueError(
+                f"the partition was made with min_cross={made[0]}, neighbour_cap={made[1]} but the "
+                f"mitigation audited has min_cross={mitigation.min_cross}, "
+                f"neighbour_cap={mitigation.neighbour_cap}; make the partition with the mitigation's"
+            )
     part = partition or make_partition(
         graph,
         num_clients,
@@ -180,6 +197,9 @@ def audit_clients(
         min_cross=mitigation.min_cross,
         neighbour_cap=mitigation.neighbour_cap,
     )
+    wanted = list(range(part.num_clients)) if clients is None else list(clients)
+    if any(not 0 <= c < part.num_clients for c in wanted):
+        raise ValueError(f"clients {wanted}: ids must lie in 0..{part.num_clients - 1}")
     dp = mitigation.dp
     if dp is not None and dp_ledger is None:
         dp_ledger = DPLedger(Budget(dp.epsilon, dp.delta))
@@ -197,7 +217,7 @@ def audit_clients(
             perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed + 7919))
             shared_source = graph.x[perm]
         result.dp_spent = dp_ledger.spent(dataset_id(np.asarray(shared_source, dtype=np.float64)))
-    for cid in range(part.num_clients) if clients is None else clients:
+    for cid in wanted:
         c = part.clients[cid]
         if len(c.needed) == 0:
             continue
@@ -510,7 +530,14 @@ def audit_server(
         ``{"upload_window": int | None, "server": checks, "shared_secret_key": bool, "server_attacks":
         {name: {"recovered_fraction", "detected", "ran", "targets", "recovered", ...}},
         "server_attacks_not_run": [names]}``.
+
+    Raises:
+        fedgat.partition.PartitionMismatchError: ``partition`` is another graph's.
+        ValueError: an unknown attack, or ``colluder`` not a client id.
     """
+    check_partition(graph, partition)
+    if colluder is not None and not 0 <= colluder < partition.num_clients:
+        raise ValueError(f"colluder {colluder} is not a client id (0..{partition.num_clients - 1})")
     import tempfile
 
     from fedgat.protocols import Transcript

@@ -8,6 +8,7 @@ node, :math:`\\mathcal{N}(i) \\cup \\{i\\}`, adds the self-loop explicitly throu
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -113,6 +114,20 @@ class Graph:
             if value is not getattr(self, key):
                 object.__setattr__(self, key, value)
 
+    def __eq__(self, other: object) -> bool:
+        """The same features, labels, edges and masks (tensor for tensor, dtypes included), class
+        count and name; the report and caches do not count."""
+        if not isinstance(other, Graph):
+            return NotImplemented
+        tensors = ("x", "y", "edge_index", "train_mask", "val_mask", "test_mask")
+        return (self.num_classes, self.name) == (other.num_classes, other.name) and all(
+            getattr(self, k).dtype == getattr(other, k).dtype
+            and torch.equal(getattr(self, k), getattr(other, k))
+            for k in tensors
+        )
+
+    __hash__ = object.__hash__  # identity: the tensors are mutable
+
     def __repr__(self) -> str:
         return (
             f"Graph(name={self.name!r}, nodes={self.num_nodes}, features={self.num_features}, "
@@ -184,6 +199,19 @@ class Graph:
     @property
     def num_features(self) -> int:
         return int(self.x.shape[1])
+
+    def structure_digest(self) -> str:
+        """SHA-256 (hex) of what a :class:`~fedgat.partition.Partition` of this graph depends on: the
+        node count, the edges and the three split masks (features and labels do not enter), so a
+        partition can tell the graph it was made from (:func:`fedgat.partition.check_partition`)."""
+        key = ("structure_digest",)
+        if key not in self._cache:
+            h = hashlib.sha256(f"fedgat-graph-structure:{self.num_nodes}:".encode())
+            for t in (self.edge_index, self.train_mask, self.val_mask, self.test_mask):
+                h.update(str(tuple(t.shape)).encode())
+                h.update(t.contiguous().numpy().tobytes())
+            self._cache[key] = h.hexdigest()
+        return self._cache[key]
 
     def neighbourhoods(self, self_loops: bool = True) -> CSR:
         """Incoming neighbour lists; with ``self_loops`` node ``i`` comes first in its own row.

@@ -49,6 +49,7 @@ from fedgat.federated import Client, LocalTask, Server, client_seed, strategy_fr
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
 from fedgat.graph import CSR, Graph, check_trainable
 from fedgat.models import GAT, FedGAT
+from fedgat.owners import owner_clients
 from fedgat.partition import Partition, drop_cross_client, make_partition
 from fedgat.randomness import RandomSource
 from fedgat.tasks import owned_targets, support_tasks
@@ -136,6 +137,9 @@ def default_hparams(method: str) -> dict:
     return dict(_DEFAULTS[method])
 
 
+#: clients of a Dirichlet split unless a caller says otherwise
+DEFAULT_CLIENTS = 10
+
 #: hyper-parameter -> (lowest, highest, whether each end is included); checked where present
 _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "lr": (0.0, math.inf, False, False),
@@ -189,6 +193,11 @@ def check_ranges(hp: dict) -> None:
             continue
         if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= least):
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    budget = hp.get("dp_budget")
+    if budget is not None:
+        pair = isinstance(budget, (tuple, list)) and len(budget) == 2
+        if not pair or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in budget):
+            raise ValueError(f"dp_budget must be a pair (epsilon, delta) of numbers, got {budget!r}")
     if "psi" in hp and hp["psi"] not in PSI_NAMES:
         raise ValueError(f"unknown psi {hp['psi']!r}; choose one of {', '.join(PSI_NAMES)}")
 
@@ -284,7 +293,7 @@ class Federation:
 def run_method(
     method: str,
     graph: Graph,
-    num_clients: int = 10,
+    num_clients: int | None = None,
     beta: float = 1.0,
     seed: int = 0,
     callback: Callable[[int, dict], None] | None = None,
@@ -299,12 +308,14 @@ def run_method(
     Args:
         method: one of :data:`METHODS`.
         graph: the full graph (features unit-norm rows).
-        num_clients, beta: Dirichlet label split (ignored by centralised methods).
+        num_clients, beta: Dirichlet label split (ignored by centralised methods); ``num_clients``
+            defaults to the owners' count with ``owner``, else 10.
         seed: seeds the split, the encodings' bases, model initialisation, dropout and client
             sampling; a run is reproducible from its arguments.
         callback: ``callback(round, metrics)`` after every round (progress bars).
         owner: ``(N,)`` client id of every node, the user's split instead of the Dirichlet one
-            (``num_clients`` must match it; ``beta`` is unused); check a user's file with
+            (checked by :func:`fedgat.owners.owner_clients`: every client ``0..K-1`` owns a node, and
+            ``num_clients``, when given, is ``K``; ``beta`` is unused); read a user's file with
             :func:`fedgat.owners.load_owners`. Ignored by centralised methods.
         device: where the clients train (:func:`fedgat.device.resolve_device`; default the CPU):
             models, optimisers, encodings and labels live there, the server's global weights and
@@ -325,10 +336,17 @@ def run_method(
     """
     hp = resolve_hparams(method, hparams)
     check_trainable(graph)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     device = resolve_device(device)  # before any set-up
     if cuda_graphs:
         cuda_graphs_device(device)
-    clients = 1 if method in CENTRALISED else num_clients
+    if method in CENTRALISED:
+        clients, owner = 1, None
+    elif owner is not None:
+        owner, clients = owner_clients(owner, num_clients, graph.num_nodes)
+    else:
+        clients = DEFAULT_CLIENTS if num_clients is None else num_clients
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)
     torch.manual_seed(seed)

@@ -62,6 +62,22 @@ def load_owners(path: str | Path, num_nodes: int, num_clients: int | None = None
     return check_owners(owners, num_nodes, num_clients, source=f"owners file {path}")
 
 
+def owner_clients(owner: object, num_clients: int | None, num_nodes: int) -> tuple[np.ndarray, int]:
+    """A user's ``owner`` array (:func:`check_owners`) and the client count it names (``max + 1``).
+
+    Raises:
+        OwnersError: a malformed owner array, or a ``num_clients`` given that differs from its count.
+    """
+    owners = check_owners(owner, num_nodes, source="owner")
+    k = int(owners.max()) + 1
+    if num_clients is not None and int(num_clients) != k:
+        raise OwnersError(
+            f"num_clients is {num_clients} but owner names {k} clients (ids 0..{k - 1}); leave "
+            "num_clients out (it follows the owners) or give the owners' count"
+        )
+    return owners, k
+
+
 def check_owners(
     owners: object, num_nodes: int, num_clients: int | None = None, *, source: str = "owners"
 ) -> np.ndarray:

@@ -22,7 +22,7 @@ so the self-loop stays first and the rest stays sorted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -126,6 +126,8 @@ class Partition:
         cross_dropped_by_rule: cross-client edges removed by the minimum-cross rule (both passes).
         nodes_hit_by_rule: nodes that lost their cross-client neighbours to the rule.
         dropped_by_cap: edges (cross-client or not) removed by the neighbour cap.
+        graph_digest: :meth:`Graph.structure_digest` of the graph it was made from (None: unknown),
+            which :func:`check_partition` compares.
     """
 
     owner: np.ndarray
@@ -137,6 +139,7 @@ class Partition:
     cross_dropped_by_rule: int
     nodes_hit_by_rule: int
     dropped_by_cap: int
+    graph_digest: str | None = field(default=None, compare=False)
 
     @property
     def num_clients(self) -> int:
@@ -224,6 +227,7 @@ def make_partition(
             and positive, or ``owner`` of the wrong shape, dtype or range.
     """
     _check_clients_beta(num_clients, beta)
+    _check_int("seed", seed, 0)
     _check_int("num_layers", num_layers, 1)
     _check_int("min_cross", min_cross, None)
     if neighbour_cap is not None:
@@ -288,7 +292,37 @@ def make_partition(
         cross_dropped_by_rule=dropped_1 + dropped_2,
         nodes_hit_by_rule=int((hit_1 | hit_2).sum()),
         dropped_by_cap=dropped_cap,
+        graph_digest=graph.structure_digest(),
     )
+
+
+class PartitionMismatchError(ValueError):
+    """A partition used with another graph than the one it was made from."""
+
+
+def check_partition(graph: Graph, partition: Partition) -> None:
+    """Refuse ``partition`` unless it was made from ``graph`` (its node count, edges and split masks:
+    :meth:`Graph.structure_digest`); a partition of another graph would give neighbourhoods, and so
+    encodings and scores, that are not this graph's, silently.
+
+    Raises:
+        TypeError: ``graph`` or ``partition`` of another type (e.g. a dataset name: load it first).
+        PartitionMismatchError: naming what differs.
+    """
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a fedgat Graph, got {type(graph).__name__} (load_dataset gives one)")
+    if not isinstance(partition, Partition):
+        raise TypeError(f"partition must be a Partition (make_partition), got {type(partition).__name__}")
+    if partition.num_nodes != graph.num_nodes:
+        raise PartitionMismatchError(
+            f"the partition covers {partition.num_nodes} nodes but graph {graph.name!r} has "
+            f"{graph.num_nodes}: it was made from another graph (make_partition(graph, ...))"
+        )
+    if partition.graph_digest is not None and partition.graph_digest != graph.structure_digest():
+        raise PartitionMismatchError(
+            f"the partition was made from another graph than {graph.name!r} (same node count, other "
+            "edges or split masks); make it from this graph (make_partition(graph, ...))"
+        )
 
 
 def drop_cross_client(partition: Partition) -> CSR:

@@ -59,9 +59,9 @@ from fedgat.encodings import Encodings
 from fedgat.estimate import estimate_pretraining
 from fedgat.federated import FitResult
 from fedgat.graph import Graph, check_trainable
-from fedgat.methods import fedgat_partition, resolve_hparams
-from fedgat.owners import check_owners
-from fedgat.partition import Partition
+from fedgat.methods import DEFAULT_CLIENTS, fedgat_partition, resolve_hparams
+from fedgat.owners import owner_clients
+from fedgat.partition import Partition, check_partition
 from fedgat.plain_encoder import PlaintextRound
 from fedgat.protocols import Clock, Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
@@ -480,6 +480,7 @@ def plaintext_round(
     the spool (with ``dp`` the block layout of :mod:`fedgat.dp`: each node's clean row and its
     release ``dp_release``, or one drawn here by :func:`fedgat.dp_release.draw_release`, charged to
     ``dp_ledgers``, ``label_rr`` from ``predictor``)."""
+    check_partition(graph, partition)
     if seed is None:
         raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
     x, release = graph.x.to(dtype), None
@@ -732,8 +733,12 @@ class FedGATRun:
         return self.training.fit.test_accuracy
 
     def summary(self) -> dict:
-        """Plain values for JSON (:func:`fedgat.app.run_summary`)."""
+        """Plain values for JSON (:func:`fedgat.app.run_summary`), with the client count and whether
+        the pre-training round was encrypted (``"pretraining"``: ``"encrypted"`` or
+        ``"plaintext twin"``, ``encrypted=False``)."""
         out = run_summary(self.pretrain, self.training)
+        out["num_clients"] = self.partition.num_clients
+        out["pretraining"] = "encrypted" if self.pretrain is not None else "plaintext twin"
         if self.dp_spent is not None:
             out["dp_spent"] = {str(c): list(v) for c, v in self.dp_spent.items()}
         return out
@@ -741,7 +746,7 @@ class FedGATRun:
 
 def run_encrypted_fedgat(
     graph: Graph,
-    num_clients: int = 10,
+    num_clients: int | None = None,
     beta: float = 1.0,
     seed: int = 0,
     *,
@@ -756,12 +761,15 @@ def run_encrypted_fedgat(
     owner: np.ndarray | None = None,
     dp_ledgers: Mapping[int, DPLedger] | None = None,
     device: str | torch.device | None = None,
+    upload_window: int | None = None,
+    encrypt_workers: int | str = 0,
     **hparams,
 ) -> FedGATRun:
     """Encrypted pre-training (or, with ``encrypted=False``, its plaintext twin) and FedGAT training
     through the federated rounds protocol, for the Dirichlet split ``(num_clients, beta, seed)`` or,
     with ``owner`` (``(N,)`` client ids, e.g. :func:`fedgat.owners.load_owners`), the user's split
-    (``num_clients`` defaults to its number of clients). The split is
+    (``num_clients`` defaults to its number of clients, else to 10; given with ``owner`` it must be
+    that number: :func:`fedgat.owners.owner_clients`). The split is
     :func:`fedgat.methods.fedgat_partition`'s.
 
     With the ``dp_epsilon`` hyper-parameter (and ``dp_mechanism``, ``dp_delta``, ``dp_dim``) the
@@ -771,15 +779,18 @@ def run_encrypted_fedgat(
     persistent ones of :func:`fedgat.dp_ledger.owner_ledgers` for ``dp_budget`` and
     ``dp_ledger_dir``); ``dp_spent`` reports what each client has spent. ``device``: where the
     clients train the FedAvg rounds (default the CPU; the pre-training round always runs on the CPU).
-    ``wire``: the pre-training's ciphertext wire (:func:`run_encrypted_pretraining`)."""
+    ``wire``, ``upload_window`` (uploads paced recipient by recipient, so the server's spool holds
+    that many recipients' uploads), ``encrypt_workers``: the pre-training's, as
+    :func:`run_encrypted_pretraining` takes them."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
     check_trainable(graph)
     if hp["share"] != "rows":
         raise ValueError(f"share={hp['share']!r} is simulated by fedgat.methods.run_method only")
     dp = feature_dp_from_hparams(hp, seed)
     if owner is not None:
-        owner = check_owners(owner, graph.num_nodes)
-        num_clients = int(owner.max()) + 1
+        owner, num_clients = owner_clients(owner, num_clients, graph.num_nodes)
+    elif num_clients is None:
+        num_clients = DEFAULT_CLIENTS
     partition = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
     if dp is not None and dp_ledgers is None:
         dp_ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
@@ -809,6 +820,8 @@ def run_encrypted_fedgat(
             dp_ledgers=dp_ledgers,
             predictors=predictors,
             wire=wire,
+            upload_window=upload_window,
+            encrypt_workers=encrypt_workers,
         )
         encodings, fingerprint = pre.encodings, pre.fingerprint
     else:

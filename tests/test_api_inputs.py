@@ -1,0 +1,138 @@
+"""The Python API refuses wrong inputs early, with a typed error naming the problem (a walkthrough
+found each of these failing deep inside, or worse, silently giving another graph's results)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedgat.audit import Mitigation, audit_clients, audit_server
+from fedgat.graph import Graph
+from fedgat.methods import run_method
+from fedgat.owners import OwnersError
+from fedgat.partition import PartitionMismatchError, check_partition, make_partition
+from fedgat.pipeline import (
+    run_encrypted_fedgat,
+    run_encrypted_pretraining,
+    run_plaintext_pretraining,
+    train_fedgat,
+)
+from fedgat.synthetic import synthetic_graph
+
+SIZES = {"num_features": 8, "train_per_class": 4, "num_val": 24, "num_test": 24}
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return synthetic_graph(num_nodes=120, seed=0, **SIZES)
+
+
+@pytest.fixture(scope="module")
+def partition(graph):
+    return make_partition(graph, 3, seed=0, num_layers=2)
+
+
+def test_a_partition_of_another_graph_is_refused(graph, partition):
+    """Same node count with other edges (the silent case), another node count, another split."""
+    same_size = synthetic_graph(num_nodes=120, seed=1, **SIZES)
+    smaller = synthetic_graph(num_nodes=100, seed=0, **SIZES)
+    for other in (same_size, smaller):
+        theirs = make_partition(other, 3, seed=0, num_layers=2)
+        with pytest.raises(PartitionMismatchError, match="another graph"):
+            run_plaintext_pretraining(graph, theirs, seed=0)
+        with pytest.raises(PartitionMismatchError, match="another graph"):
+            run_encrypted_pretraining(graph, theirs, seed=0, progress=False, workers=0)
+        with pytest.raises(PartitionMismatchError):
+            audit_clients(graph, "vector", partition=theirs)
+        with pytest.raises(PartitionMismatchError):
+            audit_server(graph, theirs)
+    encodings = run_plaintext_pretraining(graph, partition, seed=0)
+    with pytest.raises(PartitionMismatchError, match="same node count, other edges"):
+        train_fedgat(same_size, partition, encodings, progress=False)
+    # features do not enter: a DP release of the same graph keeps its partition
+    released = Graph(**{**_fields(graph), "x": graph.x.flip(0)})
+    check_partition(released, partition)
+    with pytest.raises(TypeError, match="graph must be a fedgat Graph, got str"):
+        run_encrypted_pretraining("cora", partition)  # type: ignore[arg-type]
+
+
+def _fields(g: Graph) -> dict:
+    keys = ("x", "y", "edge_index", "train_mask", "val_mask", "test_mask", "num_classes", "name")
+    return {k: getattr(g, k) for k in keys}
+
+
+def test_audit_clients_refuses_a_partition_made_without_its_mitigation(graph):
+    plain = make_partition(graph, 3, seed=0)
+    with pytest.raises(ValueError, match="made with min_cross=0, neighbour_cap=None but the mitigation"):
+        audit_clients(graph, "vector", mitigation=Mitigation(min_cross=2), partition=plain)
+    ruled = make_partition(graph, 3, seed=0, min_cross=2)
+    got = audit_clients(graph, "vector", mitigation=Mitigation(min_cross=2), partition=ruled)
+    want = audit_clients(graph, "vector", 3, seed=0, mitigation=Mitigation(min_cross=2))
+    assert {k: s.as_dict() for k, s in got.scores.items()} == {k: s.as_dict() for k, s in want.scores.items()}
+    with pytest.raises(ValueError, match=r"clients \[5\]: ids must lie in 0..2"):
+        audit_clients(graph, "vector", 3, clients=[5])
+    with pytest.raises(ValueError, match=r"colluder 9 is not a client id \(0..2\)"):
+        audit_server(graph, make_partition(graph, 3, seed=0, num_layers=2), colluder=9)
+
+
+def test_owners_set_the_client_count_everywhere(graph):
+    owner = np.arange(graph.num_nodes) % 3
+    run = run_method("fedgat", graph, owner=owner, rounds=1)
+    assert run.num_clients == 3
+    assert run_method("fedgat", graph, owner=owner.astype(float), rounds=1).num_clients == 3  # as load_owners
+    for call in (
+        lambda: run_method("fedgat", graph, 5, owner=owner, rounds=1),
+        lambda: run_encrypted_fedgat(graph, 5, owner=owner, progress=False),
+    ):
+        with pytest.raises(OwnersError, match="num_clients is 5 but owner names 3 clients"):
+            call()
+    with pytest.raises(OwnersError, match="client 1 owns no nodes"):
+        run_method("distgat", graph, owner=np.where(owner == 1, 2, owner), rounds=1)
+
+
+def test_bad_values_fail_before_any_work(graph, partition):
+    for seed in (-1, 1.5):
+        with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+            run_method("gcn", graph, seed=seed, rounds=1)  # type: ignore[arg-type]
+    with pytest.raises((TypeError, ValueError), match="seed must be"):
+        run_encrypted_fedgat(graph, 3, seed=-1, progress=False)
+    with pytest.raises(ValueError, match=r"dp_budget must be a pair \(epsilon, delta\) of numbers, got 8"):
+        run_encrypted_fedgat(graph, 3, dp_epsilon=2.0, dp_budget=8, progress=False)
+    with pytest.raises(ValueError, match="upload_batch must be an integer >= 1, got 0"):
+        run_encrypted_pretraining(graph, partition, upload_batch=0, progress=False, workers=0)
+    encodings = run_plaintext_pretraining(graph, partition, seed=0)
+    with pytest.raises(ValueError, match=r"no encodings for clients \[2\]"):
+        train_fedgat(graph, partition, {c: encodings[c] for c in (0, 1)}, progress=False)
+
+
+def test_training_follows_the_encodings_variant(graph):
+    capped = make_partition(graph, 3, seed=0, num_layers=2, neighbour_cap=16)
+    matrix = run_plaintext_pretraining(graph, capped, "matrix", seed=0)
+    run = train_fedgat(graph, capped, matrix, rounds=1, progress=False)
+    assert run.hparams["variant"] == "matrix" and run.hparams["neighbour_cap"] == 16
+    with pytest.raises(ValueError, match="variant='vector' but the encodings are the matrix variant's"):
+        train_fedgat(graph, capped, matrix, rounds=1, progress=False, variant="vector")
+
+
+def test_a_run_summary_says_how_it_pre_trained_and_for_how_many_clients(graph):
+    twin = run_encrypted_fedgat(graph, 3, encrypted=False, rounds=1, progress=False)
+    summary = twin.summary()
+    assert (summary["pretraining"], summary["num_clients"]) == ("plaintext twin", 3)
+    json.dumps(summary)
+
+
+def test_graphs_compare_by_content(graph):
+    assert Graph.from_pyg(graph.to_pyg()) == graph  # as to_pyg's docstring says
+    assert graph != synthetic_graph(num_nodes=120, seed=1, **SIZES)
+    assert graph != Graph(**{**_fields(graph), "name": "other"})
+    assert {graph: 1}[graph] == 1  # hashable (by identity)
+
+
+def test_the_one_call_api_paces_uploads_as_the_demo_can(graph):
+    """``run_encrypted_fedgat(upload_window=)`` reaches the pre-training round (the spool then holds a
+    recipient's uploads at a time, not the round's)."""
+    paced = run_encrypted_fedgat(graph, 3, upload_window=1, workers=0, rounds=1, progress=False)
+    assert paced.pretrain is not None and paced.pretrain.upload_window == 1
+    assert paced.summary()["upload_window"] == 1 and paced.summary()["pretraining"] == "encrypted"
