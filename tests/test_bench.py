@@ -173,15 +173,19 @@ def test_bench_overhead_critical_path_of_a_deployment(tmp_path, capsys):
     assert "critical path" in capsys.readouterr().out
 
 
+#: a stored run of the accuracy benchmark, as its JSON holds one
+_STORED_RUN = {
+    "test_accuracy": 0.5,
+    "best_val_accuracy": 0.5,
+    "rounds": 3,
+    "pretrain_bytes": 0,
+    "train_seconds": 1.0,
+}
+
+
 def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
     bench = _accuracy_bench()
-    done = {
-        "test_accuracy": 0.5,
-        "best_val_accuracy": 0.5,
-        "rounds": 3,
-        "pretrain_bytes": 0,
-        "train_seconds": 1.0,
-    }
+    done = _STORED_RUN
     # stored under the paper's setting, which the runner starts every run from
     runs = {
         bench.run_key("gat", "cora", 10, 1.0, 0, {"rounds": 5, "patience": 2, "strategy": "fedavg"}): done
@@ -198,13 +202,7 @@ def test_accuracy_bench_never_reuses_a_run_of_the_shared_dropout_stream():
     """Runs stored before each client drew from its own stream (keys without the streams entry) are
     kept under their own kind, not recalled for today's code (whose masks differ)."""
     bench = _accuracy_bench()
-    done = {
-        "test_accuracy": 0.5,
-        "best_val_accuracy": 0.5,
-        "rounds": 3,
-        "pretrain_bytes": 0,
-        "train_seconds": 1.0,
-    }
+    done = _STORED_RUN
     hp = bench.resolve_hparams("gat", {"rounds": 5, "patience": 2, "strategy": "fedavg"})
     old = json.dumps(["gat", "cora", 1, 0.0, 0, hp], sort_keys=True)  # the key as runs were stored
     runs = bench.upgrade_keys({old: done})

@@ -98,17 +98,21 @@ def _close_history(a: list[dict], b: list[dict]) -> bool:
     "fraction, patience, rounds, secure",
     [(1.0, None, 6, False), (0.67, 2, 12, False), (1.0, None, 6, True), (1.0, 2, 12, True)],
 )
-def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, secure, strategy):
-    clients, initial = _clients(seed=3, strategy=_strategy(strategy))
+@pytest.mark.parametrize("streams", [None, 11])
+def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, secure, strategy, streams):
+    """The protocol's rounds train exactly the model of :class:`fedgat.federated.Server`: clients on
+    the process-wide stream (seeded alike for both runs), or each on a stream of its own (as every
+    pipeline builds them; the process-wide stream then plays no part: seeded otherwise)."""
+    clients, initial = _clients(seed=3, strategy=_strategy(strategy), streams=streams)
     torch.manual_seed(11)
     server = Server(clients, initial, _strategy(strategy), fraction=fraction, seed=4)
     want = server.fit(rounds, patience)
 
-    clients, initial = _clients(seed=3, strategy=_strategy(strategy))
+    clients, initial = _clients(seed=3, strategy=_strategy(strategy), streams=streams)
     dep = make_deployment(3)
     roster = dep.roster
     secagg = SecAggConfig() if secure else None
-    torch.manual_seed(11)
+    torch.manual_seed(11 if streams is None else 99)
     srv = ServerRounds(
         roster.server,
         roster,
@@ -161,37 +165,6 @@ def test_a_client_with_its_own_stream_draws_the_same_masks_whatever_else_draws()
     assert not _same(others[0].fit(initial).state, alone.state)
     # the stream moves on: a second round draws new masks
     assert not _same(twins[0].fit(initial).state, again.state)
-
-
-def test_clients_with_own_streams_train_alike_in_process_and_through_the_protocol():
-    """With a stream per client (as every pipeline builds them) the protocol's rounds train exactly
-    the model of :class:`fedgat.federated.Server`, though the server samples a fraction of them."""
-    clients, initial = _clients(seed=3, streams=11)
-    server = Server(clients, initial, FedAvg(), fraction=0.67, seed=4)
-    want = server.fit(6, None)
-    clients, initial = _clients(seed=3, streams=11)
-    dep = make_deployment(3)
-    roster = dep.roster
-    srv = ServerRounds(
-        roster.server,
-        roster,
-        9,
-        dep.identities[roster.server],
-        initial_state=initial,
-        rounds=6,
-        patience=None,
-        fraction=0.67,
-        seed=4,
-        secagg=None,
-    )
-    parties = {
-        c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c], secagg=None)
-        for c in roster.clients
-    }
-    torch.manual_seed(99)  # the process-wide stream plays no part
-    run_parties(InProcessTransport(), {**parties, roster.server: srv})
-    assert srv.result is not None and _same_history(srv.result.history, want.history)
-    assert _same(srv.global_state, server.state) and _same(srv.best_state, server.best_state)
 
 
 def test_round_messages_are_checked():
