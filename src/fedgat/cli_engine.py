@@ -408,35 +408,50 @@ def add_dataset_argument(parser: argparse.ArgumentParser, default: str = "cora")
         metavar="DATASET",
         help=f"{', '.join(DATASET_NAMES)} (synthetic: a planted-class graph for quick checks); a PyG "
         "dataset as FAMILY:NAME (citationfull:cora_ml, coauthor:cs, amazon:photo, ...; raw files under "
-        "$FEDGAT_DATA); or a path to a gnn-benchmark .npz or a saved torch_geometric Data (.pt) "
-        f"(default {default})",
+        "$FEDGAT_DATA); a path to a gnn-benchmark .npz or a saved torch_geometric Data (.pt); or a "
+        f"folder holding nodes.csv (id,label[,split],features...) and edges.csv (source,target) (default {default})",
     )
 
 
 def check_dataset(spec: str) -> None:
-    """The form of ``--dataset`` alone (nothing is read): a known name, ``<family>:<name>`` of a known
-    family, or an existing file with a graph suffix (its content is checked when loading).
+    """The form of ``--dataset`` alone (its content is checked when loading): a known name,
+    ``<family>:<name>`` of a known family, an existing file with a graph suffix, or a graph folder
+    holding its two tables (:func:`fedgat.graph_csv.table_files`).
 
     Raises:
-        UsageError: an unknown name or family, a missing file, or a file type fedgat cannot read.
+        UsageError: an unknown name or family, a missing file, a file type fedgat cannot read, or a
+            folder without its tables.
     """
     from fedgat.data import PYG_DATASETS
+    from fedgat.graph_csv import table_files
 
     lower = spec.lower()
+    path = Path(spec).expanduser()
     if lower.endswith(_GRAPH_SUFFIXES):
-        path = Path(spec).expanduser()
         if path.is_dir():
             raise UsageError(f"--dataset {spec} is a directory; give a .npz or .pt file")
         if not path.is_file():
             raise UsageError(f"--dataset {spec}: no such file")
         return
-    if "/" in spec or os.sep in spec or Path(spec).suffix:
-        raise UsageError(
-            f"--dataset {spec}: unsupported file type {Path(spec).suffix or '(no suffix)'!r}; fedgat reads "
-            ".npz (gnn-benchmark layout) and .pt/.pth (a saved torch_geometric Data)"
-        )
     if lower in DATASET_NAMES:
         return
+    if path.is_dir():
+        try:
+            table_files(path)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--dataset {spec}: {exc}") from None
+        return
+    if "/" in spec or os.sep in spec or path.suffix:
+        hint = (
+            " (give the folder holding nodes.csv and edges.csv)" if lower.endswith((".csv", ".tsv")) else ""
+        )
+        if not path.suffix:
+            raise UsageError(f"--dataset {spec}: no such file or folder")
+        raise UsageError(
+            f"--dataset {spec}: unsupported file type {path.suffix!r}{hint}; fedgat reads .npz "
+            "(gnn-benchmark layout), .pt/.pth (a saved torch_geometric Data) and graph folders "
+            "(nodes.csv, edges.csv)"
+        )
     family, colon, name = lower.partition(":")
     if colon and family in PYG_DATASETS:
         if name in PYG_DATASETS[family]:
@@ -447,7 +462,8 @@ def check_dataset(spec: str) -> None:
         )
     raise UsageError(
         f"--dataset {spec}: unknown dataset; give one of {', '.join(DATASET_NAMES)}, a PyG dataset as "
-        f"FAMILY:NAME ({', '.join(f'{f}:' for f in PYG_DATASETS)}), or a path to a .npz or .pt file"
+        f"FAMILY:NAME ({', '.join(f'{f}:' for f in PYG_DATASETS)}), a path to a .npz or .pt file, or a "
+        "graph folder (nodes.csv, edges.csv)"
     )
 
 

@@ -21,8 +21,13 @@ fails, :class:`DatasetNotFoundError` says where it looked.
   downloaded from PyG's URL when missing and ``download`` is true, and the seeded per-class split of
   :mod:`fedgat.splits` is drawn (these datasets have no public split);
 * a path to a gnn-benchmark ``.npz`` or a saved PyG ``Data`` (``.pt``/``.pth``); see
-  :mod:`fedgat.graph_files`. A string is read as a path when it ends in one of those suffixes or
-  contains a path separator; relative paths are taken from the working directory, not ``root``.
+  :mod:`fedgat.graph_files`;
+* a path to a folder holding ``nodes.csv`` and ``edges.csv`` (a node table and an edge list; see
+  :mod:`fedgat.graph_csv`).
+
+A string is read as a path when it ends in one of those suffixes or contains a path separator, and
+as a folder when it names none of the datasets above and an existing folder; relative paths are
+taken from the working directory, not ``root``.
 
 Every graph built from these sources carries a :class:`~fedgat.graph_pyg.GraphReport` in
 ``graph.report`` saying what was changed on the way in (self-loops, duplicates, reverse edges added,
@@ -41,6 +46,7 @@ from torch_geometric.io import fs, read_planetoid_data
 from torch_geometric.utils import sort_edge_index
 
 from fedgat.graph import Graph
+from fedgat.graph_csv import load_csv_folder
 from fedgat.graph_files import DatasetFormatError, DatasetNotFoundError, load_npz, load_pt, read_npz_data
 from fedgat.splits import NUM_TEST, NUM_VAL, TRAIN_PER_CLASS
 from fedgat.synthetic import synthetic_graph
@@ -129,7 +135,9 @@ def load_dataset(name: str | os.PathLike, root: str | Path | None = None, **kwar
       ``split_seed``, ``train_per_class``, ``num_val``, ``num_test``);
     * a path ending in ``.npz``: :func:`fedgat.graph_files.load_npz`; ``.pt`` or ``.pth``:
       :func:`fedgat.graph_files.load_pt` (``kwargs``: ``name``, the split's arguments and, for
-      ``.pt``, ``trust_pickle``; ``root`` unused).
+      ``.pt``, ``trust_pickle``; ``root`` unused);
+    * a folder: :func:`fedgat.graph_csv.load_csv_folder` (``kwargs``: ``name`` and the split's
+      arguments).
 
     Raises:
         TypeError: ``name`` is neither a string nor a path (e.g. a PyG ``Data``: that one is
@@ -157,9 +165,12 @@ def load_dataset(name: str | os.PathLike, root: str | Path | None = None, **kwar
         return load_planetoid(key, root, **kwargs)
     if ":" in key:
         return load_pyg_dataset(key, root=root, **kwargs)
+    if Path(name).expanduser().is_dir():
+        return load_csv_folder(name, **kwargs)
     raise ValueError(
         f"unknown dataset {name!r}; expected one of {[*PLANETOID_NAMES, 'synthetic']}, a PyG dataset as "
-        f"<family>:<name> ({', '.join(f'{f}:' for f in PYG_DATASETS)}), or a path to a .npz or .pt file"
+        f"<family>:<name> ({', '.join(f'{f}:' for f in PYG_DATASETS)}), a path to a .npz or .pt file, or "
+        "a folder holding nodes.csv and edges.csv"
     )
 
 
@@ -218,6 +229,8 @@ def _looks_like_path(name: str) -> bool:
 
 
 def _load_file(path: Path, **kwargs) -> Graph:
+    if path.expanduser().is_dir():
+        return load_csv_folder(path, **kwargs)
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return load_npz(path, **kwargs)
@@ -225,9 +238,10 @@ def _load_file(path: Path, **kwargs) -> Graph:
         return load_pt(path, **kwargs)
     if not path.exists():
         raise DatasetNotFoundError(f"dataset file {path} not found")
+    hint = " (give the folder holding nodes.csv and edges.csv)" if suffix in (".csv", ".tsv") else ""
     raise DatasetFormatError(
-        f"{path}: unsupported file type {suffix or '(no suffix)'!r}; fedgat reads .npz (gnn-benchmark "
-        f"layout) and .pt/.pth (a saved torch_geometric Data)"
+        f"{path}: unsupported file type {suffix or '(no suffix)'!r}{hint}; fedgat reads .npz (gnn-benchmark "
+        f"layout), .pt/.pth (a saved torch_geometric Data) and graph folders (nodes.csv, edges.csv)"
     )
 
 

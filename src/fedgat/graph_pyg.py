@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,9 +146,12 @@ def from_pyg(
     num_val: int = NUM_VAL,
     num_test: int = NUM_TEST,
     source: str | None = None,
+    reader_notes: Sequence[str] = (),
 ) -> Graph:
-    """The implementation of :meth:`Graph.from_pyg` (see there and the module docstring)."""
-    data, notes = _as_data(data)
+    """The implementation of :meth:`Graph.from_pyg` (see there and the module docstring);
+    ``reader_notes`` (a file reader's) go first in the report's notes."""
+    data, own_notes = _as_data(data)
+    notes = [*reader_notes, *own_notes]
     keys = set(data.keys())
 
     def present(key: str) -> bool:

@@ -1,0 +1,241 @@
+"""Graph folders (``nodes.csv`` + ``edges.csv``, :mod:`fedgat.graph_csv`): a folder written from random
+arrays reads back as the graph :meth:`Graph.from_pyg` makes of the same arrays (ids in any order,
+class names, TSV, quoting, comments, a headerless edge list); a ``split`` column gives the masks; and
+every malformed table is refused with a typed error naming the file, the line and the column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedgat.cli_engine import UsageError, check_dataset
+from fedgat.data import DatasetFormatError, DatasetNotFoundError, load_dataset
+from fedgat.graph import Graph
+from fedgat.graph_csv import load_csv_folder, table_files
+
+N, D, C = 90, 5, 3
+SPLIT = {"train_per_class": 5, "num_val": 20, "num_test": 30}
+
+
+def arrays(seed: int = 0) -> dict:
+    """Features (float64, not unit rows), labels ``0..C-1``, directed edges with a self-loop and a
+    duplicate, and node names that are neither positions nor sorted."""
+    rng = np.random.default_rng(seed)
+    edges = rng.integers(0, N, size=(2, 4 * N))
+    edges[:, 0] = 7  # a self-loop
+    edges[:, 1] = edges[:, 2]  # a duplicate
+    return {
+        "x": rng.normal(size=(N, D)),
+        "y": np.arange(N) % C,
+        "edge_index": edges,
+        "ids": np.array([f"paper-{v}" for v in rng.permutation(10 * N)[:N]]),
+    }
+
+
+def write_folder(
+    folder: Path,
+    a: dict,
+    *,
+    sep: str = ",",
+    labels: list[str] | None = None,
+    split: list[str] | None = None,
+    edge_header: bool = True,
+    extra: str = "",
+) -> Path:
+    """``nodes`` and ``edges`` tables of ``a`` (suffix from ``sep``); ``extra`` is put before each
+    table's data (comments, blank lines)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = ".csv" if sep == "," else ".tsv"
+    names = [str(v) for v in a["y"]] if labels is None else labels
+    head = ["id", "label", *(["split"] if split is not None else []), *(f"f{j}" for j in range(D))]
+    rows = [sep.join(head)]
+    for k in range(N):
+        cells = [a["ids"][k], names[k], *([split[k]] if split is not None else [])]
+        rows.append(sep.join([*cells, *(repr(float(v)) for v in a["x"][k])]))
+    (folder / f"nodes{suffix}").write_text(extra + "\n".join(rows) + "\n")
+    src, dst = a["ids"][a["edge_index"][0]], a["ids"][a["edge_index"][1]]
+    lines = (["source" + sep + "target"] if edge_header else []) + [f"{s}{sep}{t}" for s, t in zip(src, dst)]
+    (folder / f"edges{suffix}").write_text(extra + "\n".join(lines) + "\n")
+    return folder
+
+
+def direct(a: dict, name: str, **fields) -> Graph:
+    return Graph.from_pyg(
+        {"x": a["x"], "y": a["y"], "edge_index": a["edge_index"], **fields}, name=name, **SPLIT
+    )
+
+
+def same(u: Graph, v: Graph) -> None:
+    assert u == v  # features, labels, edges, masks, class count, name
+    counts = ("input_edges", "self_loops_removed", "duplicates_removed", "edges_added", "rows_normalised")
+    assert [getattr(u.report, k) for k in counts] == [getattr(v.report, k) for k in counts]
+    assert u.report.self_loops_removed >= 1 and u.report.duplicates_removed >= 1
+
+
+@pytest.mark.parametrize("sep", [",", "\t"])
+def test_a_folder_reads_as_the_graph_of_its_arrays(tmp_path, sep):
+    a = arrays()
+    graph = load_csv_folder(write_folder(tmp_path / "g", a, sep=sep), **SPLIT)
+    same(graph, direct(a, "g"))
+    assert graph.report.source == str(tmp_path / "g")
+    assert any("line 1 (source, target) read as a header" in note for note in graph.report.notes)
+
+
+def test_quotes_comments_and_a_headerless_edge_list_read_the_same(tmp_path):
+    a = arrays(1)
+    a["ids"] = np.array([f'"{i}, with a comma"' for i in a["ids"]])  # quoted: the comma is in the id
+    folder = write_folder(tmp_path / "q", a, edge_header=False, extra="# exported\n\n")
+    graph = load_csv_folder(folder, **SPLIT)
+    same(graph, direct(a, "q"))
+    assert not any("header" in note for note in graph.report.notes)
+
+
+def test_class_names_are_numbered_in_sorted_order(tmp_path):
+    a = arrays(2)
+    names = ["zebra", "ant", "moth"]  # sorted: ant=0, moth=1, zebra=2
+    graph = load_csv_folder(write_folder(tmp_path / "n", a, labels=[names[c] for c in a["y"]]), **SPLIT)
+    assert torch.equal(graph.y, torch.as_tensor(np.array([2, 0, 1])[a["y"]]))
+    assert "3 class names numbered in sorted order: ant=0, moth=1, zebra=2" in graph.report.notes
+
+
+def test_whole_number_labels_keep_their_values(tmp_path):
+    a = {**arrays(3), "y": np.arange(N) % C + 1}  # 1-based: class 0 has no node
+    graph = load_csv_folder(write_folder(tmp_path / "one", a), **SPLIT)
+    assert torch.equal(graph.y, torch.as_tensor(a["y"])) and graph.num_classes == C + 1
+    assert any("1 of 4 classes have no node" in note for note in graph.report.notes)
+
+
+def test_a_split_column_gives_the_masks(tmp_path):
+    a = arrays(4)
+    words = np.array(["train", "VAL", "test", "", "-", "valid", "none"])[np.arange(N) % 7]
+    graph = load_csv_folder(write_folder(tmp_path / "s", a, split=list(words)))
+    masks = {
+        "train_mask": words == "train",
+        "val_mask": np.isin(words, ["VAL", "valid"]),
+        "test_mask": words == "test",
+    }
+    assert graph == direct(a, "s", **masks)
+    counts = [int(m.sum()) for m in masks.values()]
+    assert counts == [13, 26, 13]  # 90 rows: the first six words 13 times each
+    assert graph.report.split == "given masks (13 train, 26 val, 13 test)"
+
+
+def test_load_dataset_and_the_command_line_take_the_folder(tmp_path, monkeypatch):
+    a = arrays(5)
+    folder = write_folder(tmp_path / "mine", a)
+    assert load_dataset(folder, **SPLIT) == direct(a, "mine")
+    assert load_dataset(str(folder), **SPLIT) == direct(a, "mine")
+    monkeypatch.chdir(tmp_path)
+    assert load_dataset("mine", **SPLIT) == direct(a, "mine")  # a bare name naming a folder
+    check_dataset("mine")
+    check_dataset(str(folder))
+    (tmp_path / "synthetic").mkdir()  # a dataset's name is the dataset, not the folder
+    assert load_dataset("synthetic").name == "synthetic"
+
+
+@pytest.mark.parametrize(
+    ("layout", "error", "message"),
+    [
+        ({}, DatasetNotFoundError, r"has no nodes.csv \(or nodes.tsv\); a graph folder holds"),
+        ({"nodes.csv": "id,label,f\na,0,1\n"}, DatasetNotFoundError, "has no edges.csv"),
+        (
+            {"nodes.csv": "id,label,f\na,0,1\n", "nodes.tsv": "", "edges.csv": ""},
+            DatasetFormatError,
+            "has both nodes.csv and nodes.tsv; keep one",
+        ),
+    ],
+)
+def test_a_folder_needs_its_two_tables(tmp_path, layout, error, message):
+    folder = tmp_path / "g"
+    folder.mkdir()
+    for name, text in layout.items():
+        (folder / name).write_text(text)
+    with pytest.raises(error, match=message):
+        table_files(folder)
+    with pytest.raises(UsageError, match=message):
+        check_dataset(str(folder))
+    with pytest.raises(DatasetNotFoundError, match="graph folder .*absent not found"):
+        table_files(tmp_path / "absent")
+    with pytest.raises(UsageError, match="absent: no such file or folder"):
+        check_dataset(str(tmp_path / "absent"))
+
+
+EDGES = "source,target\na,b\nb,c\n"
+NODES = "id,label,f0,f1\na,0,1,0\nb,1,0,1\nc,0,1,1\n"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "edges", "message"),
+    [
+        ("", EDGES, r"nodes.csv is empty; its first line names the columns"),
+        ("# only a comment\n", EDGES, r"nodes.csv is empty"),
+        ("id,label,f0\n", EDGES, r"nodes.csv lists no nodes \(only its header\)"),
+        (
+            "name,label,f0\na,0,1\n",
+            EDGES,
+            r"the header \(name, label, f0\) has no id column; name it id or node",
+        ),
+        ("id,f0\na,1\n", EDGES, r"has no label column; name it label or class or y"),
+        ("id,node,label,f0\na,a,0,1\n", EDGES, r"the header has 2 id columns \(id, node\); keep one"),
+        ("id,label,f0,f0\na,0,1,1\n", EDGES, r"line 1 names column 'f0' twice"),
+        ("id,label,split\na,0,train\n", EDGES, r"no feature columns; besides id, label, split every column"),
+        (
+            NODES + "d,1,1,oops\n",
+            EDGES,
+            r"nodes.csv: line 5, column 4 \(f1\): could not convert string 'oops'",
+        ),
+        (
+            NODES + "\n# gap\nd,1,1\n",
+            EDGES,
+            r"nodes.csv: line 7 has 3 column\(s\), fewer than the columns read",
+        ),
+        (NODES + "d,1,1,inf\n", EDGES, r"line 5, column 4 \(f1\): inf is not a finite number"),
+        (NODES + "d,1,nan,1\n", EDGES, r"line 5, column 3 \(f0\): nan is not a finite number"),
+        (NODES + "b,1,1,1\n", EDGES, r"nodes.csv: line 5 repeats node id 'b' \(line 3\); ids must be unique"),
+        (NODES + ",1,1,1\n", EDGES, r"nodes.csv: line 5: the node has no id"),
+        (NODES + "d,,1,1\n", EDGES, r"nodes.csv: line 5 has no label; every node needs a class"),
+        (
+            "id,label,split,f0\na,0,train,1\nb,1,training,1\n",
+            EDGES,
+            r"line 3: split 'training' is none of train",
+        ),
+        (
+            NODES,
+            "source,target\na,b\nb,x\n",
+            r"edges.csv: line 3, column 2: node 'x' is not in nodes.csv \(1 unknown",
+        ),
+        (NODES, "a,b\nb\n", r"edges.csv: line 2 has 1 column\(s\)"),
+        (NODES, "a\n", r"edges.csv: line 1: one column; an edge is two ids"),
+        (NODES, "x,y\nb,z\n", r"line 2, column 2: node 'z' is not in nodes.csv"),
+    ],
+)
+def test_malformed_tables_are_refused_naming_the_line(tmp_path, nodes, edges, message):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "nodes.csv").write_text(nodes)
+    (folder / "edges.csv").write_text(edges)
+    with pytest.raises(ValueError, match=message):  # DatasetFormatError, or GraphError for the graph
+        load_csv_folder(folder)
+
+
+def test_not_utf8_is_refused(tmp_path):
+    folder = tmp_path / "latin"
+    folder.mkdir()
+    (folder / "nodes.csv").write_bytes("id,label,f0\ncaf\xe9,0,1\n".encode("latin-1"))
+    (folder / "edges.csv").write_text("")
+    with pytest.raises(DatasetFormatError, match=r"nodes.csv is not UTF-8 text"):
+        load_csv_folder(folder)
+
+
+def test_an_empty_edge_list_is_a_graph_of_isolated_nodes(tmp_path):
+    folder = tmp_path / "iso"
+    folder.mkdir()
+    (folder / "nodes.csv").write_text(
+        "id,label,split,f0\n" + "".join(f"n{i},{i % 2},{'train' if i < 4 else 'test'},1\n" for i in range(8))
+    )
+    (folder / "edges.csv").write_text("# nothing\n")
+    graph = load_csv_folder(folder)
+    assert graph.edge_index.shape == (2, 0) and graph.report.isolated_nodes == 8
