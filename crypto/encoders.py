@@ -37,6 +37,7 @@ clear, over feature rows keyed like the spool) its plaintext one, which the plai
 from __future__ import annotations
 
 import multiprocessing
+import numbers
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -372,6 +373,20 @@ def map_inline(
             yield key, result
 
 
+def check_workers(workers: object, name: str = "workers") -> None:
+    """``workers`` is None (automatic) or a whole number ``>= 0`` (0: compute in the server's process).
+
+    Raises:
+        ValueError: anything else, naming ``name``.
+    """
+    if workers is None:
+        return
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 0:
+        raise ValueError(
+            f"{name} must be None (one per core) or a count >= 0 (0: in process), got {workers!r}"
+        )
+
+
 def auto_workers(workers: int | None, multiply_adds: int) -> int:
     """Processes :func:`local_encoder` starts: ``workers`` when given, else ``os.cpu_count()`` for
     work of at least :data:`AUTO_POOL_MIN_MULTIPLY_ADDS` multiply-adds on a machine with more than
@@ -396,6 +411,7 @@ class LocalEncoderFactory:
     """
 
     def __init__(self, workers: int | None = None) -> None:
+        check_workers(workers)
         self.workers = workers
         self.pool: RoundPool | None = None
         self._keys: dict[int, int] = {}  # id(spool) -> the recipient key its pool tasks name

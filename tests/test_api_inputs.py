@@ -105,6 +105,30 @@ def test_bad_values_fail_before_any_work(graph, partition):
     encodings = run_plaintext_pretraining(graph, partition, seed=0)
     with pytest.raises(ValueError, match=r"no encodings for clients \[2\]"):
         train_fedgat(graph, partition, {c: encodings[c] for c in (0, 1)}, progress=False)
+    for bad in (-1, 1.5, True):  # the server's pool size: was refused only once the round ran
+        with pytest.raises(
+            ValueError, match=rf"workers must be None \(one per core\) or a count >= 0 .*{bad!r}"
+        ):
+            run_encrypted_fedgat(graph, 3, workers=bad, progress=False)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=rf"encrypt_workers must be 'auto' or a count >= 0, got {bad!r}"):
+            run_encrypted_pretraining(graph, partition, encrypt_workers=bad, progress=False)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        ({"min_cross": -1}, ValueError, "min_cross must be >= 0, got -1"),
+        ({"min_cross": 2.0}, TypeError, "min_cross must be an integer, got 2.0"),
+        ({"neighbour_cap": 0}, ValueError, "neighbour_cap must be >= 1, got 0"),
+        ({"dp": 4.0}, TypeError, "dp must be a fedgat.dp.FeatureDP or None, got float"),
+    ],
+)
+def test_a_mitigation_is_checked_when_made(graph, fields, error, message):
+    with pytest.raises(error, match=message):
+        Mitigation(**fields)
+    if "dp" not in fields:  # the partition's own rule, as make_partition gets it
+        with pytest.raises(error, match=message):
+            make_partition(graph, 3, seed=0, **fields)
 
 
 def test_training_follows_the_encodings_variant(graph):

@@ -39,7 +39,7 @@ from fedgat.dp_predictor import train_predictor
 from fedgat.encodings import encode
 from fedgat.graph import Graph
 from fedgat.methods import resolve_hparams
-from fedgat.partition import Partition, check_partition, make_partition
+from fedgat.partition import Partition, check_partition, check_rule, make_partition
 from fedgat.randomness import RandomSource
 from fedgat.variants import VariantLike, as_variant
 
@@ -52,6 +52,11 @@ class Mitigation:
     min_cross: int = 0
     neighbour_cap: int | None = None
     dp: FeatureDP | None = None
+
+    def __post_init__(self) -> None:
+        check_rule(self.min_cross, self.neighbour_cap)  # TypeError / ValueError naming the field
+        if self.dp is not None and not isinstance(self.dp, FeatureDP):
+            raise TypeError(f"dp must be a fedgat.dp.FeatureDP or None, got {type(self.dp).__name__}")
 
     def describe(self) -> dict:
         return {

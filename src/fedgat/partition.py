@@ -223,15 +223,13 @@ def make_partition(
     Raises:
         TypeError: a count (``num_clients``, ``num_layers``, ``min_cross``, ``neighbour_cap``) that
             is not an integer.
-        ValueError: ``num_clients``, ``num_layers`` or ``neighbour_cap`` below 1, ``beta`` not finite
-            and positive, or ``owner`` of the wrong shape, dtype or range.
+        ValueError: ``num_clients``, ``num_layers`` or ``neighbour_cap`` below 1, ``min_cross`` below
+            0, ``beta`` not finite and positive, or ``owner`` of the wrong shape, dtype or range.
     """
     _check_clients_beta(num_clients, beta)
     _check_int("seed", seed, 0)
     _check_int("num_layers", num_layers, 1)
-    _check_int("min_cross", min_cross, None)
-    if neighbour_cap is not None:
-        _check_int("neighbour_cap", neighbour_cap, 1)
+    check_rule(min_cross, neighbour_cap)
 
     n = graph.num_nodes
     labels = graph.y.numpy()
@@ -332,6 +330,18 @@ def drop_cross_client(partition: Partition) -> CSR:
     targets = _row_ids(nbh)
     owner = partition.owner
     return _filter(nbh, owner[nbh.indices] == owner[targets])
+
+
+def check_rule(min_cross: object, neighbour_cap: object) -> None:
+    """``min_cross`` an integer ``>= 0`` (0: off), ``neighbour_cap`` None or an integer ``>= 1``.
+
+    Raises:
+        TypeError: a value that is not an integer.
+        ValueError: a value below its least.
+    """
+    _check_int("min_cross", min_cross, 0)
+    if neighbour_cap is not None:
+        _check_int("neighbour_cap", neighbour_cap, 1)
 
 
 def _check_int(name: str, value, minimum: int | None) -> None:

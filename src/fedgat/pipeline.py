@@ -29,6 +29,7 @@ here, so the phases add up to the wall time of the round (minus the driver's que
 
 from __future__ import annotations
 
+import numbers
 import sys
 import time
 from collections.abc import Mapping
@@ -51,6 +52,7 @@ from fedgat.app import (
     run_summary,
 )
 from fedgat.crypto import SlotLayout
+from fedgat.crypto.encoders import check_workers
 from fedgat.dp import FeatureDP, LabelPredictor, block_rows
 from fedgat.dp_ledger import DPLedger, owner_ledgers
 from fedgat.dp_predictor import TrainedPredictor
@@ -284,9 +286,20 @@ def resolve_encrypt_workers(
 
         concurrent = 1 if isinstance(transport, InProcessTransport) and not windowed else clients
         return auto_encrypt_workers(usable_cores(), concurrent)
-    if isinstance(value, str) or int(value) < 0:
-        raise ValueError(f"encrypt_workers must be 'auto' or a count >= 0, got {value!r}")
+    check_encrypt_workers(value)
     return int(value)
+
+
+def check_encrypt_workers(value: object) -> None:
+    """``encrypt_workers`` is ``"auto"`` or a whole number ``>= 0``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"encrypt_workers must be 'auto' or a count >= 0, got {value!r}")
 
 
 def run_encrypted_pretraining(
@@ -351,6 +364,8 @@ def run_encrypted_pretraining(
             (:meth:`ServerPretrain.replay_compute`) and report its wall time as
             ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
     """
+    check_workers(workers)
+    check_encrypt_workers(encrypt_workers)
     transport = transport if transport is not None else InProcessTransport()
     parties = build_pretrain_parties(
         graph,
@@ -784,6 +799,8 @@ def run_encrypted_fedgat(
     :func:`run_encrypted_pretraining` takes them."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
     check_trainable(graph)
+    check_workers(workers)
+    check_encrypt_workers(encrypt_workers)
     if hp["share"] != "rows":
         raise ValueError(f"share={hp['share']!r} is simulated by fedgat.methods.run_method only")
     dp = feature_dp_from_hparams(hp, seed)
