@@ -33,7 +33,15 @@ uploads recipient by recipient (:attr:`~fedgat.protocols.pretrain.PretrainConfig
 server's set-up tells the nodes, whose clients then upload only what the server has granted.
 
 FedAvg: the protocol's own ``GlobalModel`` and secure-aggregation frames (``LocalUpdate`` and
-``EvaluationReport`` only with secure aggregation off), not Flower's ``FedAvg`` strategy. One protocol end to end: signed updates bound to the session and the
+``EvaluationReport`` only with secure aggregation off), not Flower's ``FedAvg`` strategy.
+The run config, hyper-parameters included, is the server operator's; what protects a client's
+update is the client's to decide, in its node config (:func:`~fedgat.protocols.flower_client._training_policy`):
+``secure-aggregation`` (``required``, the default, refuses a run that samples fewer clients per round
+than the cohort minimum, whose updates would travel in the clear; ``allow-plaintext`` accepts it),
+``min-cohort`` (default and least 3) and ``max-update-epsilon`` (when set, a run without DP-FedAvg or
+with a larger ``update_dp_epsilon`` is refused). A refusal is a :class:`NodePolicyError` before
+the client trains (a red-team review found a run config of ``{"fraction": 0.5}`` turning secure
+aggregation off at every client, 2026-11-27). One protocol end to end: signed updates bound to the session and the
 pre-training's key set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the aggregation,
 evaluation and early stopping of :meth:`fedgat.federated.Server.fit` (what
 :func:`fedgat.pipeline.train_fedgat` runs in process), so both engines give the same model.
@@ -77,6 +85,7 @@ from .flower_config import (
     FlowerRunConfig,
     FlowerTimeoutError,
     FlowerUnavailableError,
+    NodePolicyError,
     RemotePartyError,
     RosterChangedError,
     RosterMismatchError,
@@ -108,6 +117,7 @@ __all__ = [
     "FlowerServerTransport",
     "FlowerTimeoutError",
     "FlowerUnavailableError",
+    "NodePolicyError",
     "RemotePartyError",
     "RosterChangedError",
     "RosterMismatchError",

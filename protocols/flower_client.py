@@ -29,6 +29,7 @@ from .flower_config import (
     FLOWER_HINT,
     FlowerRunConfig,
     FlowerUnavailableError,
+    NodePolicyError,
     RemotePartyError,
     RosterChangedError,
     RosterMismatchError,
@@ -44,15 +45,17 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from .driver import Driver
 from .errors import ConfigMismatchError, ProtocolError
 from .fedavg import ClientRounds
+from .fedavg_client import DEFAULT_SECAGG
 from .flower_roster import check_pinned, roster_fingerprint, roster_from_json, roster_to_json
 from .flower_state import ClientStore, load_client, save_client, save_encodings
 from .flower_wire import HELLO, config_str, message_content, message_frames, message_meta
 from .party import Party
 from .pretrain import ClientPretrain, PretrainConfig
 from .roster import Identity, Roster
+from .secagg import SecAggConfig
 from .transport import Delivery, Transport
 
-__all__ = ["handle_message"]
+__all__ = ["SECURE_AGGREGATION", "handle_message"]
 
 log = logging.getLogger("flwr").getChild("fedgat")  # Flower's handlers show it in the run's logs
 
@@ -130,11 +133,84 @@ def _new_pretrain_party(
         raise RemotePartyError(str(exc)) from exc
 
 
+#: node config keys of the training policy (:func:`_training_policy`) and the secure-aggregation modes
+SECURE_AGGREGATION = ("required", "allow-plaintext")
+
+
+def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> SecAggConfig | None:
+    """The secure aggregation this node trains under, decided by its own node config, never by the
+    run config (the server operator's, which sets ``hparams``):
+
+    * ``secure-aggregation``: ``"required"`` (default) refuses a run whose rounds would send this
+      client's update in the clear (fewer clients per round than the cohort minimum);
+      ``"allow-plaintext"`` accepts it (with a warning), as the in-process default does;
+    * ``min-cohort``: the smallest cohort the client joins (default and least 3: a server with one
+      colluding client then still faces the sum of two honest updates);
+    * ``max-update-epsilon``: when set, the client refuses a run without DP-FedAvg or with a larger
+      ``update_dp_epsilon`` than this.
+
+    Raises:
+        NodePolicyError: the run config asks for less than the node allows, or a malformed value.
+    """
+    nc = context.node_config
+    mode = str(nc.get("secure-aggregation", "required"))
+    if mode not in SECURE_AGGREGATION:
+        raise NodePolicyError(
+            f"node config secure-aggregation must be one of {', '.join(SECURE_AGGREGATION)}, got {mode!r}"
+        )
+    least = _count(nc.get("min-cohort", DEFAULT_SECAGG.min_cohort), "min-cohort", DEFAULT_SECAGG.min_cohort)
+    cap = nc.get("max-update-epsilon")
+    if cap is not None:
+        try:
+            cap = float(cap)
+        except (TypeError, ValueError):
+            cap = float("nan")
+        if not cap > 0 or cap == float("inf"):
+            raise NodePolicyError(
+                f"node config max-update-epsilon must be a number > 0, got {nc['max-update-epsilon']!r}"
+            )
+        eps = hp.get("update_dp_epsilon")
+        if eps is None or float(eps) > cap:
+            raise NodePolicyError(
+                f"party {pid}: the run config trains with update_dp_epsilon={eps!r}; this node requires "
+                f"DP-FedAvg at epsilon <= {cap:g} (node config max-update-epsilon)"
+            )
+    per_round = max(1, round(float(hp["fraction"]) * num_clients))
+    if per_round >= least:
+        return SecAggConfig(min_cohort=least, threshold_ratio=DEFAULT_SECAGG.threshold_ratio)
+    if mode == "required":
+        raise NodePolicyError(
+            f"party {pid}: the run config samples {per_round} of {num_clients} clients per round "
+            f"(fraction {hp['fraction']}), below this node's cohort minimum of {least}: its updates would "
+            "reach the server without secure aggregation; refusing (node config secure-aggregation="
+            "allow-plaintext permits it)"
+        )
+    log.warning("fedgat party %d: training without secure aggregation (node config allows plaintext)", pid)
+    return None
+
+
+def _count(raw: object, key: str, least: int) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= least:
+        return raw
+    if isinstance(raw, str) and raw.strip().isdigit() and int(raw) >= least:
+        return int(raw)
+    raise NodePolicyError(f"node config {key} must be a count >= {least}, got {raw!r}")
+
+
 def _new_rounds_party(
-    pid: int, cfg: FlowerRunConfig, identity: Identity, roster: Roster, setup: dict, encodings: Encodings
+    pid: int,
+    cfg: FlowerRunConfig,
+    identity: Identity,
+    roster: Roster,
+    setup: dict,
+    encodings: Encodings,
+    context: Context,
 ) -> ClientRounds:
-    """A client's FedAvg party (:func:`fedgat.app.build_rounds_client`) from its decrypted encodings."""
+    """A client's FedAvg party (:func:`fedgat.app.build_rounds_client`) from its decrypted encodings,
+    under the node's training policy (:func:`_training_policy`)."""
     graph, partition = _client_data(cfg)
+    hp = cfg.hyper()
+    secagg = _training_policy(pid, context, hp, cfg.num_clients)
     try:
         return build_rounds_client(
             pid,
@@ -143,12 +219,13 @@ def _new_rounds_party(
             encodings,
             roster,
             identity,
-            cfg.hyper(),
+            hp,
             session=int(setup["session"]),
             num_features=int(setup["num-features"]),
             num_classes=int(setup["num-classes"]),
             fingerprint=bytes.fromhex(setup["fingerprint"]),
             seed=cfg.seed,
+            secagg=secagg,
         )
     except ValueError as exc:  # the encodings do not cover the client's needed nodes
         raise RemotePartyError(str(exc)) from exc
@@ -246,7 +323,7 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
         pre = store.party
         if not isinstance(pre, ClientPretrain) or pre.encodings is None:
             raise RemotePartyError(f"party {pid} has no encodings: the pre-training did not complete")
-        store.party = _new_rounds_party(pid, cfg, identity, roster, setup, pre.encodings)
+        store.party = _new_rounds_party(pid, cfg, identity, roster, setup, pre.encodings, context)
     else:
         raise RemotePartyError(f"unknown phase {setup['phase']!r}")
 

@@ -21,6 +21,7 @@ __all__ = [
     "FlowerRunConfig",
     "FlowerTimeoutError",
     "FlowerUnavailableError",
+    "NodePolicyError",
     "RemotePartyError",
     "RosterChangedError",
     "RosterMismatchError",
@@ -45,6 +46,12 @@ class FlowerTimeoutError(FlowerEngineError):
 
 class RemotePartyError(FlowerEngineError):
     """A ClientApp raised (Flower error reply) or its party aborted or ended in a wrong state."""
+
+
+class NodePolicyError(RemotePartyError):
+    """The run config (the server operator's) asks for something this node's own config does not
+    allow: training updates without secure aggregation, a cohort below the node's ``min-cohort``, or
+    weaker DP-FedAvg than its ``max-update-epsilon``."""
 
 
 class RosterMismatchError(FlowerEngineError):

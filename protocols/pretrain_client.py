@@ -28,7 +28,7 @@ from fedgat.crypto import (
 from fedgat.crypto.encrypt_pool import EncryptionPool, EncryptionWorkerStartError, encrypt_pool_size
 from fedgat.crypto.tags import TAG_COLUMNS, CheckKeys, ResultCheckError, check_shares, prf_tags, tag_columns
 from fedgat.dp import LabelPredictor
-from fedgat.dp_ledger import DPLedger, dataset_id
+from fedgat.dp_ledger import DPLedger
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
 
 from .errors import (
@@ -67,7 +67,7 @@ from .party import Handler, Party
 from .party_values import PartyReport, PartySpec
 from .pretrain_checks import check_bases, check_bucket_nodes, crypto_error, validate_features
 from .pretrain_config import CLIENT_KIND, PretrainConfig, PretrainLimits, PretrainTimeouts
-from .pretrain_edges import ClaimSet, LocalGraph, releases, verify_claim
+from .pretrain_edges import ClaimSet, LocalGraph, check_foreign_neighbourhoods, releases, verify_claim
 from .pretrain_keys import SessionKeys, check_announce, load_public_context, open_check_keys, seal_check_keys
 from .pretrain_plan import needed_from_neighbourhoods
 from .pretrain_values import absorb_client, client_from_spec, client_spec_fields, report_client
@@ -209,7 +209,7 @@ class ClientPretrain(Party):
                 self._features, ledger=ledger, recipients=others, predictor=predictor
             )
             assert ledger is not None  # release_rows refused otherwise
-            self.dp_spent = ledger.spent(dataset_id(self._features))
+            self.dp_spent = ledger.spent(self._features)
         self._graph = GraphAnnounce(
             sender=party_id,
             recipient=roster.server,
@@ -262,6 +262,7 @@ class ClientPretrain(Party):
         self._peers: dict[int, KeyAnnounce] = {}
         self._peer_contexts: dict[int, ServerContext] = {}
         self._claims: dict[tuple[int, int], EdgeClaims] = {}
+        self._claims_cache: ClaimSet | None = None  # derived from _claims once the roster is in
         self.participants: list[int] = []
         #: recipient -> owned node ids whose rows it is released (from confirmed edges)
         self.releases: dict[int, np.ndarray] = {}
@@ -528,9 +529,7 @@ class ClientPretrain(Party):
         keyset = keyset_fingerprint(self.session, fps)
         if msg.fingerprint != keyset:
             raise KeyFingerprintError("the roster is bound to another key set than the relayed keys")
-        claims = ClaimSet.of(
-            c for k, c in self._claims.items() if k[0] in participants and k[1] in participants
-        )
+        claims = self._claims_among(participants)
         rel = releases(self.party_id, self.local, claims, others)
         my_keys = {p: CheckKeys.generate() for p in others}  # per owner: no key checks two owners' rows
         sealed = seal_check_keys(
@@ -538,6 +537,7 @@ class ClientPretrain(Party):
         )
         self.verifier.fingerprint = keyset
         self.participants, self.releases, self._my_keys = participants, rel, my_keys
+        self._claims_cache = claims
         self._queue = [(r, start) for r in sorted(rel) for start in range(0, len(rel[r]), self.upload_batch)]
         self.state = ClientState.AWAIT_CHECK_KEYS
         out = [self._new(SealedCheckKeys, self.roster.server, **sealed)]
@@ -715,6 +715,26 @@ class ClientPretrain(Party):
             for u, o in zip(msg.neighbours[k].tolist(), msg.owners[k].tolist(), strict=True):
                 if u in theirs and theirs[u] != o:
                     raise PayloadError(f"the bases give node {u} another owner than this client knows")
+        foreign = ~np.isin(msg.nodes, self.owned)
+        if np.any(foreign):
+            check_foreign_neighbourhoods(
+                me,
+                self.local,
+                self._claim_set(),
+                msg.nodes[foreign],
+                msg.neighbours[foreign],
+                msg.owners[foreign],
+            )
+
+    def _claim_set(self) -> ClaimSet:
+        """The verified claims among the round's participants (as :meth:`_on_roster` read them)."""
+        if self._claims_cache is None:
+            self._claims_cache = self._claims_among(self.participants)
+        return self._claims_cache
+
+    def _claims_among(self, participants: list[int]) -> ClaimSet:
+        inside = set(participants)
+        return ClaimSet.of(c for k, c in self._claims.items() if k[0] in inside and k[1] in inside)
 
     def _on_bases(self, msg: EncodingBases) -> list[Message]:
         self._from_server(msg)

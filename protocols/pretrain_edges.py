@@ -11,14 +11,22 @@ neighbours), the rows of :math:`v`'s attention neighbourhood. Owner :math:`b` th
 row :math:`u` to :math:`a` only if some :math:`v` *uses* :math:`u` and :math:`v` is needed by
 :math:`a`, each fact backed by the claims of the owners involved (:func:`releases`):
 
-* (a) :math:`v` owned by :math:`a`: :math:`a` claims ``(v, u)`` as used and :math:`b` has the edge;
+* (a) :math:`v` owned by :math:`a`: :math:`a` claims ``(v, u)`` as used and :math:`b` has the edge
+  ``(u, v)`` *to a node of* :math:`a`;
 * (b) :math:`v` owned by :math:`b`: :math:`u \in N(v)` (:math:`b`'s own data) and :math:`a` claims a
-  used edge ``(i, v)`` that :math:`b` has;
-* (c) :math:`v` owned by :math:`c`: :math:`c` claims ``(v, u)`` as used and :math:`b` has the edge,
-  and :math:`a` claims a used edge ``(i, v)`` that :math:`c` claims too.
+  used edge ``(i, v)`` that :math:`b` has, to a node of :math:`a`;
+* (c) :math:`v` owned by :math:`c`: :math:`c` claims ``(v, u)`` as used and :math:`b` has the edge
+  to a node of :math:`c`, and :math:`a` claims a used edge ``(i, v)`` that :math:`c` claims too.
+
+"A node of :math:`a`" is :math:`b`'s own record of who owns the other end of its edge
+(:attr:`LocalGraph.cross_owner`), never the claimer's word: without it :math:`a` could claim, as its
+own, a node :math:`v` of a third client that :math:`b` borders, and receive :math:`v`'s neighbours'
+rows (measured before the check: 93 rows beyond the colluder's honest view on a 400-node graph with
+a server that skips its claim check; the audit's ``third_party_claims``).
 
 So neither the server nor a single client can invent a need: a fake edge of :math:`a` to
-:math:`b`'s node is not in :math:`b`'s edges; a fake 2-hop need must be claimed by the middle
+:math:`b`'s node is not in :math:`b`'s edges; a claim over :math:`b`'s edge to a third client's node
+is not one of :math:`b`'s edges to :math:`a`; a fake 2-hop need must be claimed by the middle
 node's honest owner. What the claims reveal: an owner learns, besides its own edges, the claimed
 edges between the clients it borders and any other client (those it needs to check (c)).
 """
@@ -42,6 +50,7 @@ __all__ = [
     "LocalGraph",
     "OwnerMap",
     "check_claims",
+    "check_foreign_neighbourhoods",
     "expected_releases",
     "relay_targets",
     "releases",
@@ -169,26 +178,30 @@ def releases(
     """Owner ``me``'s releases: recipient -> sorted owned node ids whose rows it may receive,
     from ``me``'s own graph and the verified ``claims`` of the others (see the module docstring)."""
     owned = np.asarray(local.owned, dtype=np.int64)
-    mine = local.cross_keys  # (own, foreign) edges of me
+    keys, ends = local.cross_keys, local.cross_owner  # (own, foreign) edges of me, foreign ends' owners
+
+    def mine(peer: int) -> np.ndarray:  # my edges to nodes that peer owns, as I know them
+        return keys[ends == peer]
+
     src, dst = local.attention_pairs()
     out: dict[int, np.ndarray] = {}
     for a in recipients:
         if a == me:
             continue
         rows: list[np.ndarray] = []
-        # (a) a's node v uses my u: a's used claim (v, u), and my edge (u, v)
+        # (a) a's node v uses my u: a's used claim (v, u), and my edge (u, v) to a node of a
         used = claims.get_used(a, me)
-        ok = used[np.isin(_swap(used), mine)]
+        ok = used[np.isin(_swap(used), mine(a))]
         rows.append(ok % _SHIFT)
         # (b) a needs my node v (a's used claim (i, v), my edge (v, i)): v's neighbourhood, mine only
         needed_mine = np.unique(ok % _SHIFT)
         at = np.isin(src, needed_mine)
         rows.append(dst[at][np.isin(dst[at], owned)])
-        # (c) c's node v uses my u (c's used claim (v, u), my edge (u, v)) and a needs v (a's used claim
-        #     (i, v), c's edge (v, i))
+        # (c) c's node v uses my u (c's used claim (v, u), my edge (u, v) to a node of c) and a needs v
+        #     (a's used claim (i, v), c's edge (v, i))
         for c in {k[0] for k in claims.used if k[1] == me and k[0] not in (a, me)}:
             via = claims.get_used(c, me)
-            via = via[np.isin(_swap(via), mine)]
+            via = via[np.isin(_swap(via), mine(c))]
             need = claims.get_used(a, c)
             need = need[np.isin(_swap(need), claims.get_edges(c, a))]
             v_needed = np.unique(need % _SHIFT)
@@ -197,6 +210,90 @@ def releases(
         if len(got):
             out[int(a)] = got
     return out
+
+
+def check_foreign_neighbourhoods(
+    me: int,
+    local: LocalGraph,
+    claims: ClaimSet,
+    nodes: np.ndarray,
+    neighbours: np.ndarray,
+    owners: np.ndarray,
+) -> None:
+    """Recipient ``me``'s check of the neighbourhoods and owner labels the server's bases give for
+    the *foreign* nodes it needs (``nodes`` ``(B,)`` not owned by ``me``, ``neighbours`` and
+    ``owners`` ``(B, n)``), against what it knows and the signed claims it holds.
+
+    Each such node ``v`` is the end of one of ``me``'s cross edges, so ``me`` knows its owner ``d``
+    (:attr:`LocalGraph.cross_owner`), and the server relays to ``me`` every claim of ``d``
+    (:func:`relay_targets`: ``me`` borders ``d``). So: ``v`` is labelled ``d``; a neighbour labelled
+    ``me`` is ``me``'s node at the end of its own edge to ``v``; a neighbour ``u`` labelled ``o`` (not
+    ``me`` or ``d``) is in ``d``'s signed used claims to ``o`` as ``(v, u)``; no neighbour repeats;
+    and the neighbours not labelled ``d`` are as many as ``d``'s used claims from ``v`` (so none is
+    dropped). What stays unchecked is which of ``d``'s own rows the neighbourhood holds: their values
+    still pass ``d``'s tags, so a server can only drop, repeat or swap rows ``d`` released to ``me``.
+
+    Without this, a server colluding with a client C could label an honest owner's row in a
+    foreign node's neighbourhood as C's, and the recipient checked that partial against the check
+    keys it gave C (red-team review, 2026-11-27: a chosen delta in the recipient's encodings,
+    accepted; the audit's ``relabel_forgery``).
+
+    Raises:
+        PayloadError: the first disagreement.
+    """
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if not len(nodes):
+        return
+    neighbours = np.asarray(neighbours, dtype=np.int64)
+    owners = np.asarray(owners, dtype=np.int64)
+    ends, first = np.unique(local.cross[:, 1], return_index=True)
+    at = np.minimum(np.searchsorted(ends, nodes), max(len(ends) - 1, 0))
+    known = (ends[at] == nodes) if len(ends) else np.zeros(len(nodes), bool)
+    if not known.all():
+        v = int(nodes[~known][0])
+        raise PayloadError(f"the bases give foreign node {v}, which no edge of this client reaches")
+    d = local.cross_owner[first][at]  # each node's owner, as this client records it
+    wide = np.broadcast_to(nodes[:, None], neighbours.shape)
+    label = np.broadcast_to(d[:, None], neighbours.shape)
+    if np.any((neighbours == wide) & (owners != label)) or not np.all(np.any(neighbours == wide, axis=1)):
+        raise PayloadError(
+            "the bases give a foreign node another owner than this client knows, or not itself"
+        )
+    ordered = np.sort(neighbours, axis=1)
+    if np.any(ordered[:, 1:] == ordered[:, :-1]):
+        raise PayloadError("the bases repeat a neighbour in a foreign node's neighbourhood")
+    mine = owners == me
+    if np.any(mine):
+        keys = _keys(neighbours[mine], wide[mine])  # (own, foreign) edges they imply
+        pos = np.minimum(np.searchsorted(local.cross_keys, keys), max(len(local.cross_keys) - 1, 0))
+        ok = (
+            (local.cross_keys[pos] == keys) & (local.cross_owner[pos] == label[mine])
+            if len(local.cross_keys)
+            else False
+        )
+        if not np.all(ok):
+            raise PayloadError(
+                "the bases put this client's node in a foreign node's neighbourhood it has no edge to"
+            )
+    cross = owners != label
+    for dd, o in {(int(a), int(b)) for a, b in zip(label[cross & ~mine], owners[cross & ~mine], strict=True)}:
+        sel = cross & ~mine & (label == dd) & (owners == o)
+        if not np.all(np.isin(_keys(wide[sel], neighbours[sel]), claims.get_used(dd, o))):
+            raise PayloadError(
+                f"the bases label a neighbour of party {dd}'s node as party {o}'s, which party {dd}'s "
+                "signed claims do not say"
+            )
+    for dd in np.unique(d).tolist():
+        rows = d == dd
+        used = [claims.get_used(dd, p) for p in {k[1] for k in claims.used if k[0] == dd}]
+        sources = np.concatenate(used) // _SHIFT if used else np.zeros(0, np.int64)
+        claimed = np.searchsorted(np.sort(sources), nodes[rows], side="right") - np.searchsorted(
+            np.sort(sources), nodes[rows], side="left"
+        )
+        if not np.array_equal(cross[rows].sum(axis=1), claimed):
+            raise PayloadError(
+                f"the bases give a node of party {dd} other cross-client neighbours than party {dd} claims"
+            )
 
 
 def relay_targets(

@@ -12,7 +12,7 @@ client that needs it. Each client receives its share of the bases cut into bucke
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -221,6 +221,7 @@ def plan_shares(
     layout: SlotLayout,
     embed_factor: int = 1,
     max_bucket_elems: int = 1 << 20,
+    labels: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> RoundPlan:
     """Plan the encrypted round: the bases of every needed node drawn once, and per recipient the
     *partials* of its foreign share: for each node it needs and each other client owning some of the
@@ -234,7 +235,11 @@ def plan_shares(
     Per-owner partials cost no extra multiply-add (each neighbour is read by one partial) but one
     result per (node, foreign owner) instead of per node: more download bytes and decryptions. They
     are what lets the recipient check each partial against its owner's keys alone. Packing the
-    partials' tails wins most of those bytes back."""
+    partials' tails wins most of those bytes back.
+
+    ``labels(recipient, nodes, neighbours)``: the owner of each entry of a bucket's ``(B, n)``
+    ``neighbours``, as the recipient's bases will name them (default: the announced graphs' owners);
+    the server passes the function it labels the bases with, so the partials follow the labels."""
     needed, bases = _draw(graphs, variant, rng, embed_factor)
     views, route = _views(bases, needed, max_bucket_elems)
     ids = np.concatenate([graphs[c].owned for c in graphs])
@@ -247,7 +252,10 @@ def plan_shares(
     for c in sorted(graphs):
         shares[c] = []
         for view in views[c]:
-            owner = who[np.minimum(np.searchsorted(ids, view.neighbours), len(ids) - 1)]
+            if labels is None:
+                owner = who[np.minimum(np.searchsorted(ids, view.neighbours), len(ids) - 1)]
+            else:
+                owner = labels(c, view.nodes, view.neighbours)
             for o in np.unique(owner[owner != c]).tolist():
                 part = owner == o
                 has = np.flatnonzero(part.any(axis=1))

@@ -539,11 +539,16 @@ class ServerPretrain(Party):
         self.state = ServerState.COMPUTING
         return out
 
+    def _owner_labels(self, recipient: int, nodes: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+        """The owner of each of a bucket's ``neighbours`` (``(B, n)``, of ``nodes``), as the bases
+        sent to ``recipient`` name them and its partials are planned (from the announced graphs)."""
+        return self._owners.owner(neighbours.ravel()).reshape(neighbours.shape)
+
     def _draw_plan(self) -> list[Message]:
         """Draw the bases (:func:`plan_shares`): the DP terms' confirmation, then every client's
         EncodingBases."""
         assert self.layout is not None
-        owners = OwnerMap({c: self._graphs[c] for c in self.participants})
+        self._owners = OwnerMap({c: self._graphs[c] for c in self.participants})
         with self.clock("server_compute"):
             plan = self.plan = plan_shares(
                 {c: self._graphs[c] for c in self.participants},
@@ -552,6 +557,7 @@ class ServerPretrain(Party):
                 layout=self.layout,
                 embed_factor=self.config.embed_factor,
                 max_bucket_elems=self._max_bucket_elems,
+                labels=self._owner_labels,
             )
             out: list[Message] = []
             if self.config.dp is not None:  # confirm the terms before anything built on them
@@ -569,7 +575,7 @@ class ServerPretrain(Party):
                             n=view.n,
                             nodes=view.nodes,
                             neighbours=view.neighbours,
-                            owners=owners.owner(view.neighbours.ravel()).reshape(view.neighbours.shape),
+                            owners=self._owner_labels(c, view.nodes, view.neighbours),
                             p=view.p,
                             q=view.q,
                         )

@@ -327,6 +327,7 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
     client._peer_contexts = contexts
     claims = [_unframe(f, EdgeClaims) for f in progress["claims"]]
     client._claims = {(int(m.claimer), int(m.peer)): m for m in claims}
+    client._claims_cache = None  # derived again from the claims and participants when needed
     client.participants = [int(p) for p in progress["participants"]]
     client.releases = {int(r): np.asarray(nodes, dtype=np.int64) for r, nodes in progress["releases"]}
     client._owner_keys = {int(p): CheckKeys.from_bytes(k) for p, k in progress["owner_keys"]}

@@ -609,7 +609,10 @@ def test_unreadable_files_are_refused(tmp_path):
     with pytest.raises(DatasetNotFoundError, match=r"dataset file .*absent.npz not found"):
         load_dataset(str(tmp_path / "absent.npz"))
     (tmp_path / "g.csv").write_text("1,2\n")
-    with pytest.raises(DatasetFormatError, match=r"unsupported file type '.csv' \(give the folder holding nodes.csv and edges.csv\); fedgat reads .npz"):
+    with pytest.raises(
+        DatasetFormatError,
+        match=r"unsupported file type '.csv' \(give the folder holding nodes.csv and edges.csv\); fedgat reads .npz",
+    ):
         load_dataset(tmp_path / "g.csv")
     with pytest.raises(DatasetNotFoundError, match="not found"):
         load_dataset(tmp_path / "absent.csv")

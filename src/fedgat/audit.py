@@ -34,7 +34,7 @@ from fedgat.attacks import (
     spectral_attack,
 )
 from fedgat.dp import FeatureDP, LabelPredictor, block_rows
-from fedgat.dp_ledger import Budget, DPLedger, MissingLedgerError, dataset_id
+from fedgat.dp_ledger import Budget, DPLedger, MissingLedgerError
 from fedgat.dp_predictor import train_predictor
 from fedgat.encodings import encode
 from fedgat.graph import Graph
@@ -221,7 +221,7 @@ def audit_clients(
         if null_release:  # the permuted features client_features released
             perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed + 7919))
             shared_source = graph.x[perm]
-        result.dp_spent = dp_ledger.spent(dataset_id(np.asarray(shared_source, dtype=np.float64)))
+        result.dp_spent = dp_ledger.spent(np.asarray(shared_source, dtype=np.float64))
     for cid in wanted:
         c = part.clients[cid]
         if len(c.needed) == 0:
@@ -490,6 +490,8 @@ SERVER_ATTACKS = (
     "substituted_result",
     "injected_ciphertexts",
     "fake_edges",
+    "third_party_claims",
+    "relabel_forgery",
     "server_plus_one_client",
     "colluder_forgery",
     "chosen_weights_one_client",
@@ -522,6 +524,8 @@ def audit_server(
     default the first client that receives foreign rows). Then the hostile rounds
     (:func:`fedgat.server_attacks.forged_results_attacks`,
     :func:`fedgat.server_attacks.fake_edges_attack`,
+    :func:`fedgat.server_attacks.third_party_claims_attack`,
+    :func:`fedgat.server_attacks.relabel_forgery_attack`,
     :func:`fedgat.server_attacks.colluder_forgery_attack`) and, on the clients' decrypted encodings of
     the honest round, the training attacks (:func:`fedgat.training_attacks.training_attacks`,
     ``training_rounds`` attack rounds, the aggregate attack under each of ``strategies``, default
@@ -554,7 +558,9 @@ def audit_server(
         first_recipient,
         forged_results_attacks,
         honest_round,
+        relabel_forgery_attack,
         shared_secret_key,
+        third_party_claims_attack,
     )
     from fedgat.training_attacks import ATTACK_STRATEGIES, TrainingSetting, training_attacks
 
@@ -592,6 +598,10 @@ def audit_server(
                 results[name] = outcome
     if "fake_edges" in wanted:
         results["fake_edges"] = fake_edges_attack(setting, colluder)
+    if "third_party_claims" in wanted:
+        results["third_party_claims"] = third_party_claims_attack(setting, colluder)
+    if "relabel_forgery" in wanted:
+        results["relabel_forgery"] = relabel_forgery_attack(setting)
     if "colluder_forgery" in wanted:
         results["colluder_forgery"] = colluder_forgery_attack(setting, colluder)
     training = {

@@ -85,7 +85,7 @@ import numpy as np
 import torch
 from scipy.special import log_ndtr, ndtr
 
-from fedgat.dp_ledger import DPLedger, MissingLedgerError, ReleaseRecord, dataset_id
+from fedgat.dp_ledger import DPLedger, MissingLedgerError, ReleaseRecord
 from fedgat.randomness import RandomSource
 
 __all__ = [
@@ -296,7 +296,7 @@ class FeatureDP:
         """The release ``(n, w)`` float64 of one owner's feature rows ``x`` ``(n, d)``.
 
         The release is first charged to the owner's ``ledger`` (:meth:`fedgat.dp_ledger.DPLedger.charge`
-        of :meth:`record`, dataset :func:`~fedgat.dp_ledger.dataset_id` of ``x``, ``recipients``);
+        of :meth:`record` for every row of ``x`` (:func:`~fedgat.dp_ledger.row_ids`), ``recipients``);
         its randomness then comes from a fresh :class:`~fedgat.randomness.RandomSource` (ChaCha20
         keyed from ``os.urandom``): never from a seed or any other public input. ``_test_rng``
         replaces that source in tests only.
@@ -323,7 +323,7 @@ class FeatureDP:
                 len(labels) and not 0 <= labels.min() <= labels.max() < classes
             ):
                 raise ValueError(f"the predictor's labels must be {len(raw)} classes in [0, {classes})")
-        ledger.charge(dataset_id(raw), self.record(raw.shape[1], classes), recipients)
+        ledger.charge(raw, self.record(raw.shape[1], classes), recipients)
         rng = _test_rng if _test_rng is not None else RandomSource()
         if labels is not None and classes is not None:
             return _with_marker(np.eye(classes)[_randomized_response(labels, classes, self.epsilon, rng)])

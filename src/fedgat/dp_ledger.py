@@ -1,17 +1,30 @@
 """A data owner's persistent ledger of its DP releases, composed with ``dp_accounting``.
 
 Each owner keeps one ledger (a JSON file, ``~/.fedgat/dp_ledger/<owner>.json`` by default; see
-:func:`default_ledger_path`) holding its budget ``(epsilon, delta)`` and every release it made: per
-dataset (a content hash of the owner's feature matrix, :func:`dataset_id`), per recipient set, what
+:func:`default_ledger_path`) holding its budget ``(epsilon, delta)`` and every release it made: which
+feature rows it covered (:func:`row_ids`, a content fingerprint per row), per recipient set, what
 the release cost (:class:`ReleaseRecord`: the Gaussian mechanism with its ``sigma`` and sensitivity,
 or ``count`` randomised responses over ``buckets`` values at ``epsilon`` each), a count and a
-timestamp. :meth:`DPLedger.charge` composes every past release of the same dataset with the new one
+timestamp. The budget is per row, the unit of the mechanisms' replace-one neighbouring: a release is
+charged to every row it covers, whichever matrix the row came in. :meth:`DPLedger.charge` composes,
+for each row of the new release, every past release that covered it with the new one
 with Google's ``dp_accounting`` (its privacy-loss-distribution accountant under replace-one
 neighbouring, which is tight for both mechanisms: one release calibrated by the analytic Gaussian at
 ``(epsilon, delta)`` is charged ``epsilon``, and one randomised response at ``epsilon`` is charged
 ``epsilon``; no hand-written composition), converts to epsilon at the budget's delta, and refuses
 with :class:`BudgetExceededError` *before* anything is drawn if that exceeds the budget; otherwise it
-records the release and writes the file atomically (temp file, ``os.replace``, mode 0600).
+records the release and writes the file atomically (temp file, ``os.replace``, mode 0600). Rows
+with the same history share one composition, so a check costs one accountant query per distinct
+history (usually one or two), not one per row.
+
+Why per row (a red-team review, 2026-11-27): the ledger used to key a release by a hash of the whole
+matrix, so the same rows released again with one row added, two rows swapped or one row dropped
+counted as a new dataset with a fresh budget (each accepted at the full epsilon). Row fingerprints
+are a 128-bit hash of each row's float64 values (:func:`row_ids`): the same values are the same row
+in any matrix, order or subset; two different rows sharing a fingerprint would only be charged for
+each other's releases (conservative, never less). A row whose values change counts as new data.
+Ledgers of version 1 (whole-matrix keys) are read conservatively: each of their releases counts
+against every row.
 
 Why persistent and never a default in-memory ledger: a budget counts every release of the same data,
 across runs. A ledger created afresh for each run would let every run spend the whole budget again and
@@ -25,6 +38,7 @@ one party received everything): recipients may collude.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -39,10 +53,9 @@ from typing import Any
 import numpy as np
 
 SENSITIVITY = 2.0  # L2 distance between two unit vectors (fedgat.dp.SENSITIVITY)
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 RECORD_KINDS = ("gaussian", "randomized_response")
-_DEFAULT_GRID = 1e-4  # dp_accounting's default value_discretization_interval
-_RR_GRID = 1e-8
 _DEFAULT_GRID = 1e-4  # dp_accounting's default value_discretization_interval
 _RR_GRID = 1e-8
 _TOLERANCE = 1e-9  # relative slack on the budget comparison (the accountant's float rounding)
@@ -66,7 +79,8 @@ class LedgerFileError(DPError):
 
 @dataclass(frozen=True)
 class Budget:
-    """An owner's total privacy budget ``(epsilon, delta)`` over all its releases of one dataset."""
+    """An owner's total privacy budget ``(epsilon, delta)``: what the releases of any one of its rows
+    may spend together."""
 
     epsilon: float
     delta: float
@@ -78,12 +92,46 @@ class Budget:
             raise DPError(f"budget delta must be in (0, 1), got {self.delta!r}")
 
 
-def dataset_id(x: np.ndarray) -> str:
-    """Content hash (SHA-256, shape and float64 bytes) of an owner's feature matrix: the ledger's key."""
-    a = np.ascontiguousarray(np.asarray(x, dtype=np.float64))
-    h = hashlib.sha256(f"fedgat-dataset:{a.shape}".encode())
-    h.update(a.tobytes())
-    return h.hexdigest()
+#: splitmix64's multipliers and the two hashes' seeds (any odd constants would do)
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+_SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03))
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _MIX[0]
+    z = (z ^ (z >> np.uint64(27))) * _MIX[1]
+    return z ^ (z >> np.uint64(31))
+
+
+def row_ids(x: np.ndarray) -> np.ndarray:
+    """``(n,)`` 16-byte fingerprints (dtype ``S16``) of the rows of ``x`` ``(n, d)``: what the ledger
+    charges. Two 64-bit hashes of each row's float64 words (splitmix64-mixed with their column and
+    the row length), vectorised; ``-0.0`` counts as ``0.0``. Not a cryptographic hash: a collision
+    only makes two rows share their charges (conservative)."""
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float64) + 0.0)  # -0.0 + 0.0 == +0.0
+    if a.ndim != 2:
+        raise DPError(f"row_ids needs a 2-D (rows, features) array, got shape {a.shape}")
+    words = a.view(np.uint64)
+    cols = np.arange(a.shape[1], dtype=np.uint64)
+    out = np.empty((a.shape[0], 2), dtype="<u8")
+    with np.errstate(over="ignore"):
+        for k, seed in enumerate(_SEEDS):
+            salt = _mix(cols * seed + seed + np.uint64(a.shape[1]))
+            out[:, k] = _mix(
+                np.bitwise_xor.reduce(_mix(words ^ salt) + cols, axis=1, initial=np.uint64(0)) ^ seed
+            )
+    return out.view("S16").reshape(-1)
+
+
+def _units(data: object) -> np.ndarray:
+    """The ledger units of ``data``: row fingerprints (``S16``) as given, a feature matrix's
+    (:func:`row_ids`), or one unit named by a string (an opaque key, e.g. in tests)."""
+    if isinstance(data, str):
+        return np.array([hashlib.sha256(f"fedgat-unit:{data}".encode()).digest()[:16]], dtype="S16")
+    a = np.asarray(data)
+    if a.dtype == np.dtype("S16") and a.ndim == 1:
+        return a
+    return row_ids(a)
 
 
 @dataclass(frozen=True)
@@ -236,9 +284,14 @@ class DPLedger:
         assert self.path is not None
         try:
             data = json.loads(self.path.read_text())
-            if data.get("version") != LEDGER_VERSION:
-                raise LedgerFileError(f"ledger {self.path}: version {data.get('version')!r}, expected 1")
+            if data.get("version") not in _READABLE_VERSIONS:
+                raise LedgerFileError(
+                    f"ledger {self.path}: version {data.get('version')!r}, expected one of {_READABLE_VERSIONS}"
+                )
             self.releases = list(data["releases"])
+            for release in self.releases:
+                if "rows" in release:
+                    _stored_units(release)  # malformed fingerprints fail here, not at a charge
             return Budget(float(data["budget"]["epsilon"]), float(data["budget"]["delta"]))
         except (OSError, ValueError, KeyError, TypeError) as e:
             if isinstance(e, LedgerFileError):
@@ -267,24 +320,39 @@ class DPLedger:
                 os.unlink(tmp)
             raise
 
-    def _records(self, dataset: str) -> list[tuple[ReleaseRecord, int]]:
-        return [
-            (ReleaseRecord.from_json(r), int(r["count"])) for r in self.releases if r["dataset"] == dataset
-        ]
+    def _covered(self, units: np.ndarray) -> np.ndarray:
+        """``(len(units), releases)`` bool: which past release covered which unit (a version-1 release,
+        keyed by a whole matrix, counts as covering every unit)."""
+        out = np.ones((len(units), len(self.releases)), dtype=bool)
+        for k, release in enumerate(self.releases):
+            if "rows" in release:
+                out[:, k] = np.isin(units, _stored_units(release))
+        return out
 
-    def spent(self, dataset: str) -> tuple[float, float]:
-        """``(epsilon, delta)`` spent so far on ``dataset`` (epsilon at the budget's delta)."""
-        return composed_epsilon(self._records(dataset), self.budget.delta), self.budget.delta
+    def _histories(self, units: np.ndarray) -> list[list[tuple[ReleaseRecord, int]]]:
+        """The distinct release histories of ``units``: for each, the ``(record, times)`` to compose."""
+        if not len(units):
+            return [[]]
+        records = [(ReleaseRecord.from_json(r), int(r["count"])) for r in self.releases]
+        histories = np.unique(self._covered(units), axis=0)
+        return [[records[k] for k in np.flatnonzero(h)] for h in histories]
+
+    def spent(self, data: object) -> tuple[float, float]:
+        """``(epsilon, delta)`` spent so far (epsilon at the budget's delta) on the most-charged unit of
+        ``data``: a feature matrix (its rows, :func:`row_ids`), row fingerprints, or a string key."""
+        units = _units(data)
+        eps = max(composed_epsilon(h, self.budget.delta) for h in self._histories(units))
+        return eps, self.budget.delta
 
     def check(
-        self, dataset: str, release: ReleaseRecord | float, *, count: int = 1
+        self, data: object, release: ReleaseRecord | float, *, count: int = 1
     ) -> tuple[ReleaseRecord, int, float]:
         """What :meth:`charge` would record, without recording it: ``(one release, times, epsilon
-        after)``.
+        after)`` (the largest over the rows of ``data``).
 
         Raises:
             DPError: an invalid record (e.g. ``sigma`` not finite and > 0), or ``count`` < 1.
-            BudgetExceededError: the composition would exceed the budget.
+            BudgetExceededError: the composition would exceed the budget for some row.
         """
         if not isinstance(release, ReleaseRecord):
             release = ReleaseRecord.gaussian(release)  # validated there
@@ -293,37 +361,42 @@ class DPLedger:
         # a record's own count (multibit's m bits) is part of one release
         times = count * release.count
         one = dataclasses.replace(release, count=1)
-        after = composed_epsilon(self._records(dataset) + [(one, times)], self.budget.delta)
+        units = _units(data)
+        histories = self._histories(units)
+        after = max(composed_epsilon(h + [(one, times)], self.budget.delta) for h in histories)
         if after > self.budget.epsilon * (1.0 + _TOLERANCE):
-            before, _ = self.spent(dataset)
+            before = max(composed_epsilon(h, self.budget.delta) for h in histories)
             raise BudgetExceededError(
-                f"DP release refused: dataset {dataset[:12]} has spent epsilon {before:.4g}; this release "
-                f"({release.kind}) would bring it to {after:.4g} at delta {self.budget.delta:g}, over "
-                f"the budget epsilon {self.budget.epsilon:g}"
+                f"DP release refused: {len(units)} row(s), of which the most charged has spent epsilon "
+                f"{before:.4g}; this release ({release.kind}) would bring it to {after:.4g} at delta "
+                f"{self.budget.delta:g}, over the budget epsilon {self.budget.epsilon:g}"
             )
         return one, times, after
 
     def charge(
         self,
-        dataset: str,
+        data: object,
         release: ReleaseRecord | float,
         recipients: tuple[int, ...] | list[int] = (),
         *,
         count: int = 1,
     ) -> tuple[float, float]:
-        """Record ``count`` releases of ``dataset`` to ``recipients``, each costing ``release`` (a
+        """Record ``count`` releases of ``data`` (a feature matrix: each of its rows, :func:`row_ids`;
+        row fingerprints; or a string naming one unit) to ``recipients``, each costing ``release`` (a
         :class:`ReleaseRecord`; a bare number is a Gaussian ``sigma`` at sensitivity 2), if the
-        composition stays within the budget (:meth:`check`); return the spent ``(epsilon, delta)``
-        after it.
+        composition stays within the budget for every row (:meth:`check`); return the spent
+        ``(epsilon, delta)`` of the most-charged row after it.
 
         Raises:
             DPError: an invalid record (e.g. ``sigma`` not finite and > 0), or ``count`` < 1.
             BudgetExceededError: the composition would exceed the budget (the ledger is unchanged).
         """
-        one, times, after = self.check(dataset, release, count=count)
+        one, times, after = self.check(data, release, count=count)
+        units = np.unique(_units(data))
         self.releases.append(
             {
-                "dataset": dataset,
+                "rows": base64.b64encode(units.tobytes()).decode("ascii"),
+                "num_rows": len(units),
                 "recipients": sorted(int(r) for r in recipients),
                 **one.as_json(),
                 "count": times,
@@ -336,6 +409,13 @@ class DPLedger:
             self.releases.pop()
             raise
         return after, self.budget.delta
+
+
+def _stored_units(release: dict) -> np.ndarray:
+    raw = base64.b64decode(release["rows"], validate=True)
+    if len(raw) % 16 or len(raw) // 16 != int(release["num_rows"]):
+        raise LedgerFileError("a release's row fingerprints are malformed")
+    return np.frombuffer(raw, dtype="S16")
 
 
 def owner_ledgers(

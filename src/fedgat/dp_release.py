@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fedgat.dp import FeatureDP, LabelPredictor
-from fedgat.dp_ledger import DPLedger, MissingLedgerError, dataset_id
+from fedgat.dp_ledger import DPLedger, MissingLedgerError
 from fedgat.graph import Graph
 from fedgat.partition import Partition
 
@@ -60,7 +60,7 @@ def check_budgets(
         ledger = None if ledgers is None else ledgers.get(c)
         if ledger is None:
             raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
-        ledger.check(dataset_id(np.asarray(x[cp.owned], dtype=np.float64)), record)
+        ledger.check(np.asarray(x[cp.owned], dtype=np.float64), record)
 
 
 def draw_release(
@@ -102,7 +102,7 @@ def spent_by_owner(
     """Client -> the ``(epsilon, delta)`` its ledger has spent on its owned rows (all its releases)."""
     x = graph.x.numpy()
     return {
-        c: ledgers[c].spent(dataset_id(np.asarray(x[cp.owned], dtype=np.float64)))
+        c: ledgers[c].spent(np.asarray(x[cp.owned], dtype=np.float64))
         for c, cp in enumerate(partition.clients)
         if len(cp.owned) and c in ledgers
     }

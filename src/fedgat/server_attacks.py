@@ -21,6 +21,9 @@ payoff comes later through training, that reached an honest client's training in
 * :func:`fake_edges_attack` -- a colluding client claims edges to another client's nodes that do
   not exist: once with the honest server (its claim check), once with a server that skips the check
   and hands the colluder every ciphertext it receives;
+* :func:`third_party_claims_attack` -- a colluding client claims, as its own, other clients'
+  nodes at the ends of an honest owner's real edges: with the honest server, and with one that skips
+  its claim check;
 * :func:`colluder_forgery_attack` -- the server and a colluding client forge an honest owner's
   partial for a victim with the check keys the victim gave the colluder;
 * :func:`collusion_attack` -- the server gives a colluding client every ciphertext it holds
@@ -50,6 +53,7 @@ from fedgat.crypto import KeyHolderContext, SlotLayout, deserialize, encrypt_row
 from fedgat.crypto.encoders import local_encoder
 from fedgat.crypto.encodings import PackedShares, pack_maps
 from fedgat.crypto.packing import tenseal_payload
+from fedgat.crypto.tags import tag_columns
 from fedgat.crypto.tasks import NodeResult, encode_node
 from fedgat.graph import Graph
 from fedgat.partition import Partition
@@ -90,7 +94,10 @@ __all__ = [
     "foreign_rows",
     "forged_results_attacks",
     "honest_round",
+    "relabel_forgery_attack",
     "shared_secret_key",
+    "third_party_claims_attack",
+    "third_party_edges",
 ]
 
 #: a vector counts as recovered at this cosine with the ground truth
@@ -716,6 +723,24 @@ def _server_uploads(transcript: Transcript, server: int) -> Iterator[FeatureUplo
             yield msg
 
 
+def _decrypt_released(
+    colluder: ClientPretrain, kept: Iterable[FeatureUpload], truth: np.ndarray
+) -> dict[int, list[float]]:
+    """node -> the cosine to its true row of every copy of it among ``kept`` (uploads the server
+    received for ``colluder``), decrypted with the colluder's secret key; a copy that does not
+    decrypt counts as -1."""
+    holder, layout = colluder.holder, colluder.layout
+    seen: dict[int, list[float]] = {}
+    for _sender, _to, node, blobs in _upload_groups(kept):
+        vectors = [] if holder is None else [raw_decrypt(holder, b) for b in blobs]
+        if layout is None or not vectors or any(v is None for v in vectors):
+            seen.setdefault(node, []).append(-1.0)
+            continue
+        row = layout.unpack([v for v in vectors if v is not None], 1)[:, : truth.shape[1]]
+        seen.setdefault(node, []).append(float(cosines(row, truth[[node]])[0, 0]))
+    return seen
+
+
 def _upload_collector(server: int, recipient: int, kept: list[FeatureUpload]) -> Observer:
     """A driver observer that keeps every upload the server receives for ``recipient``."""
 
@@ -771,23 +796,13 @@ def fake_edges_attack(setting: AttackSetting, colluder: int | None = None, fakes
         kept: list[FeatureUpload] = []  # what the server received for the colluder
         keep = _upload_collector(server.party_id, colluder, kept)
         driver = _drive(parties, observer=keep)
-        holder = parties.clients[colluder].holder
-        layout = parties.clients[colluder].layout
-        released = beyond = total = readable = 0
-        if holder is not None and layout is not None:
-            for _sender, _to, node, blobs in _upload_groups(kept):
-                total += 1
-                beyond += node not in honest_rows
-                vectors = [raw_decrypt(holder, b) for b in blobs]
-                if any(vec is None for vec in vectors):
-                    continue
-                row = layout.unpack([v for v in vectors if v is not None], 1)[:, : truth.shape[1]]
-                cos = float(cosines(row, truth[[node]])[0, 0])
-                readable += cos >= RECOVERY_COSINE
-                if node in set(targets.tolist()):
-                    released += 1
-                    k = int(np.searchsorted(targets, node))
-                    best[k] = max(best[k], cos)
+        seen = _decrypt_released(parties.clients[colluder], kept, truth)
+        total = sum(len(c) for c in seen.values())
+        beyond = sum(len(c) for node, c in seen.items() if node not in honest_rows)
+        readable = sum(sum(v >= RECOVERY_COSINE for v in c) for c in seen.values())
+        released = sum(len(seen.get(int(node), ())) for node in targets)
+        for k, node in enumerate(targets.tolist()):
+            best[k] = max([best[k], *seen.get(node, ())])
         reason = server.abort_reason or ""
         runs[mode] = {
             "server_refused": server.aborted and f"party {colluder} " in reason and "confirm" in reason,
@@ -815,6 +830,236 @@ def fake_edges_attack(setting: AttackSetting, colluder: int | None = None, fakes
                 "aborted); recovered: fake targets whose row the colluder decrypts from anything released to it, "
                 "with the honest server or one that skips the check"
             ),
+        },
+    )
+
+
+# ------------------------------------------------------------------- third-party claims
+class _ClaimsWithExtra:
+    """A client's :class:`~fedgat.protocols.pretrain_edges.LocalGraph` whose signed claims carry,
+    per peer, extra used edges ``(v, u)`` (``v`` not the client's node) besides its own."""
+
+    def __init__(self, local: Any, extra: Mapping[int, np.ndarray]) -> None:
+        self._local, self._extra = local, extra
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._local, name)
+
+    def claims(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        out = dict(self._local.claims())
+        for peer, pairs in self._extra.items():
+            edges, uses = out.get(peer, (np.zeros((0, 2), np.int64), np.zeros(0, np.int64)))
+            edges = np.concatenate([edges, pairs])
+            uses = np.concatenate([uses, np.ones(len(pairs), np.int64)])
+            order = np.unique(edges[:, 0] * (1 << 32) + edges[:, 1], return_index=True)[1]
+            out[peer] = (edges[order], uses[order])
+        return out
+
+
+def third_party_edges(setting: AttackSetting, colluder: int) -> dict[int, np.ndarray]:
+    """Owner ``b`` -> the ``(v, u)`` pairs of ``b``'s cross edges ``(u, v)`` whose other end ``v``
+    belongs to a third client (neither ``b`` nor ``colluder``): what the colluder claims as its own
+    in :func:`third_party_claims_attack`."""
+    owner = setting.partition.owner
+    src, dst = setting.graph.edge_index.numpy()
+    a, d = owner[src], owner[dst]
+    third = (a != d) & (a != colluder) & (d != colluder)
+    pairs = np.stack([dst[third], src[third]], axis=1).astype(np.int64)
+    return {int(b): np.unique(pairs[a[third] == b], axis=0) for b in np.unique(a[third])}
+
+
+def third_party_claims_attack(setting: AttackSetting, colluder: int | None = None) -> AttackOutcome:
+    """A colluding client C claims (signed, as used) edges of honest owners to *third* clients'
+    nodes, as if those nodes were its own: for owner ``b``'s real edge ``(u, v)`` with ``v`` of
+    client ``d`` (``d`` neither ``b`` nor C), C claims ``v`` uses ``u``. The edge exists at ``b``,
+    so only ``b``'s own record of who owns ``v`` can tell the claim from C's (found by a red-team
+    review, 2026-11-27: 93 rows beyond C's honest view on a 400-node graph before the owners checked
+    it, :func:`fedgat.protocols.pretrain_edges.releases`).
+
+    Run twice, as :func:`fake_edges_attack`: with the honest server (its claim check refuses:
+    ``detected``) and with one that skips the check and hands C every ciphertext it receives for it.
+    ``targets``: the foreign rows outside C's honest view; ``recovered``: those C decrypts at cosine
+    >= :data:`RECOVERY_COSINE` in either run."""
+    part, truth = setting.partition, setting.truth
+    colluder = first_recipient(part) if colluder is None else colluder
+    extra = {} if colluder is None else third_party_edges(setting, colluder)
+    if colluder is None or not extra:
+        note = "no client to collude with" if colluder is None else "no edge between two other clients"
+        return AttackOutcome("third_party_claims", 0, 0, False, ran=False, detail={"note": note})
+    honest_rows = set(foreign_rows(part, colluder).tolist()) | set(part.clients[colluder].needed.tolist())
+    outside = [u for u in np.flatnonzero(part.owner != colluder).tolist() if u not in honest_rows]
+
+    def client(parties: PretrainParties) -> ClientPretrain:
+        c = ClientPretrain(**_client_args(parties, colluder), **_client_graph(setting, colluder))
+        c.local = _ClaimsWithExtra(c.local, extra)  # type: ignore[assignment]
+        return c
+
+    def blind(parties: PretrainParties) -> ServerPretrain:
+        return ClaimBlindServer(**_server_args(parties, setting, 16 << 20))
+
+    runs: dict[str, dict[str, Any]] = {}
+    recovered: set[int] = set()
+    for mode, factory in (("honest_server", None), ("claim_blind_server", blind)):
+        parties = _build(setting, server=factory, clients={colluder: client})
+        kept: list[FeatureUpload] = []
+        driver = _drive(parties, observer=_upload_collector(parties.server.party_id, colluder, kept))
+        seen = _decrypt_released(parties.clients[colluder], kept, truth)
+        beyond = [node for node in seen if node not in honest_rows]
+        recovered |= {node for node in beyond if max(seen[node]) >= RECOVERY_COSINE}
+        reason = parties.server.abort_reason or ""
+        runs[mode] = {
+            "server_refused": parties.server.aborted and f"party {colluder}'s claimed edges" in reason,
+            "server_error": parties.server.abort_reason,
+            "rows_released_to_colluder": len(seen),
+            "rows_released_to_colluder_recovered": sum(max(c) >= RECOVERY_COSINE for c in seen.values()),
+            "rows_released_beyond_honest_view": len(beyond),
+            "rejections": len(driver.rejected),
+            "upload_grants": driver.upload_grants,
+        }
+    return AttackOutcome(
+        "third_party_claims",
+        len(outside),
+        len(recovered),
+        bool(runs["honest_server"]["server_refused"]),
+        detail={
+            "colluder": colluder,
+            "claims": int(sum(len(p) for p in extra.values())),
+            "upload_window": setting.upload_window,
+            "runs": runs,
+            "note": (
+                "detected: the honest server's claim check refused the claims (typed error, round aborted); "
+                "recovered: foreign rows outside the colluder's honest view that it decrypts from anything "
+                "released to it, with the honest server or one that skips the check"
+            ),
+        },
+    )
+
+
+# ------------------------------------------------------------------- relabelled owners
+class RelabelingServer(TamperingServer):
+    """A server colluding with client ``colluder`` (whose secrets it holds) that, in the bases of
+    ``victim`` only, labels node ``u`` in the neighbourhood of the victim's foreign needed node ``v``
+    as the colluder's (the victim's partials are planned by the same labels), and computes that
+    "colluder partial" of ``v`` with, in ``u``'s place, a fresh encryption under the victim's public
+    key of the row ``x`` with the tag columns of the check keys the victim gave the colluder."""
+
+    def __init__(
+        self,
+        *args: Any,
+        colluder: ClientPretrain,
+        relabel: tuple[int, int, int, int],
+        x: np.ndarray,
+        **kw: Any,
+    ) -> None:
+        super().__init__(*args, **kw)
+        self.colluder, self.relabel, self.x = colluder, relabel, np.asarray(x, dtype=np.float64)
+        self.forged = 0
+
+    def _owner_labels(self, recipient: int, nodes: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+        owner = super()._owner_labels(recipient, nodes, neighbours)
+        victim, v, u, colluder = self.relabel
+        if recipient == victim:
+            owner = np.where((np.asarray(nodes) == v)[:, None] & (neighbours == u), colluder, owner)
+        return owner
+
+    def _tampered(
+        self, results: Iterator[tuple[int, int, NodeResult]]
+    ) -> Iterator[tuple[int, int, NodeResult]]:
+        victim, v, _, colluder = self.relabel
+        assert self.plan is not None
+        for g, s, result in results:
+            bucket = self.plan.buckets[g]
+            if (
+                isinstance(bucket, PackedShares)
+                and self.plan.recipients[self.plan_position(g, s)][0] == victim
+                and bucket.owner == colluder
+                and v in bucket.pack_nodes(s)
+            ):
+                result = self._forge(bucket, s, result.node)
+            yield g, s, result
+
+    def _forge(self, bucket: PackedShares, s: int, first: int) -> NodeResult:
+        victim, v, u, _ = self.relabel
+        assert self.layout is not None
+        keys = self.colluder._owner_keys[victim]  # sealed by the victim to the colluder, opened by it
+        row = np.zeros(self.layout.d)
+        row[: len(self.x)] = self.x
+        tags = tag_columns(keys, self.session, np.array([u]), self.x[None])[0]
+        row[len(self.x) : len(self.x) + len(tags)] = tags
+        ctx, spool, share = self.contexts[victim], self._spool(victim), bucket.share
+        fresh = [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], self.layout)]
+        parts = []
+        for slot in (int(k) for k in bucket.packs[s]):
+            sources = [
+                fresh if (int(share.nodes[slot]) == v and int(j) == u) else spool.get(int(j))
+                for j in share.neighbours[slot]
+            ]
+            parts.append((sources, share.coefficients(slot)))
+        self.forged += 1
+        return _encode_pack(ctx, self.layout, first, parts)
+
+
+def relabel_target(partition: Partition) -> tuple[int, int, int, int] | None:
+    """``(victim, v, u, colluder)``: the victim needs ``v``, a node it does not own; ``u`` is a
+    neighbour of ``v`` owned neither by the victim nor the colluder; the colluder is a third client
+    (the lowest ids that fit)."""
+    owner, nbh = partition.owner, partition.neighbourhoods
+    for a, cp in enumerate(partition.clients):
+        for v in cp.needed[~np.isin(cp.needed, cp.owned)].tolist():
+            for u in nbh.row(int(v)).tolist():
+                b = int(owner[u])
+                if u == v or b == a:
+                    continue
+                c = next((k for k in range(partition.num_clients) if k not in (a, b)), None)
+                if c is not None:
+                    return a, int(v), int(u), c
+    return None
+
+
+def relabel_forgery_attack(setting: AttackSetting) -> AttackOutcome:
+    """Known break 9 (red-team review, 2026-11-27): a server colluding with client C labels an
+    honest owner's row ``u`` in the neighbourhood of a foreign node ``v`` the victim needs as C's,
+    and sends that partial computed from a chosen row (``h_u`` + a delta) with the tags of the check
+    keys the victim gave C. Before the victim checked foreign neighbourhoods against their owners'
+    signed claims (:func:`fedgat.protocols.pretrain_edges.check_foreign_neighbourhoods`) it accepted
+    the partial and trained on the forged row. ``recovered``: 1 if the victim completed with
+    encodings that differ from the honest round's; ``detected``: it refused the bases or the result
+    with a typed error."""
+    target = relabel_target(setting.partition)
+    if target is None or setting.partition.num_clients < 3:
+        return AttackOutcome("relabel_forgery", 0, 0, False, ran=False, detail={"note": "no target"})
+    victim, v, u, colluder = target
+    delta = np.full(setting.truth.shape[1], 0.05)
+    made: dict[str, RelabelingServer] = {}
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        made["s"] = RelabelingServer(
+            **_server_args(parties, setting, 16 << 20),
+            colluder=parties.clients[colluder],
+            relabel=target,
+            x=setting.truth[u] + delta,
+        )
+        return made["s"]
+
+    parties = _build(setting, server=server)
+    driver = _drive(parties)
+    refusals = _rejections(driver, victim)
+    accepted = parties.clients[victim].done
+    return AttackOutcome(
+        "relabel_forgery",
+        1,
+        int(accepted),
+        bool(refusals) and not accepted,
+        detail={
+            "victim": victim,
+            "node": v,
+            "relabelled": u,
+            "true_owner": int(setting.partition.owner[u]),
+            "colluder": colluder,
+            "forged_results_sent": made["s"].forged,
+            "victim_completed": accepted,
+            "victim_error": str(refusals[0]) if refusals else None,
+            "upload_window": setting.upload_window,
         },
     )
 

@@ -843,6 +843,100 @@ def test_a_node_refuses_a_bad_encrypt_workers(bad):
         _encrypt_workers(SimpleNamespace(node_config={"encrypt-workers": bad}))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("node", "hp", "want"),
+    [
+        ({}, {"fraction": 1.0}, 3),
+        ({"min-cohort": "3"}, {"fraction": 1.0}, 3),
+        ({"secure-aggregation": "allow-plaintext"}, {"fraction": 0.5}, None),
+        ({"max-update-epsilon": 8}, {"fraction": 1.0, "update_dp_epsilon": 4.0}, 3),
+        ({"max-update-epsilon": "8"}, {"fraction": 1.0, "update_dp_epsilon": 8}, 3),
+    ],
+)
+def test_a_nodes_training_policy(node, hp, want):
+    from types import SimpleNamespace
+
+    from fedgat.protocols.flower_client import _training_policy
+
+    got = _training_policy(0, SimpleNamespace(node_config=node), hp, CLIENTS)  # type: ignore[arg-type]
+    assert (got and got.min_cohort) == want
+
+
+@pytest.mark.parametrize(
+    ("node", "hp", "message"),
+    [
+        (
+            {},
+            {"fraction": 0.5},
+            r"samples 2 of 3 clients per round \(fraction 0.5\), below this node's cohort minimum of 3",
+        ),
+        ({"min-cohort": 4}, {"fraction": 1.0}, "below this node's cohort minimum of 4"),
+        ({"min-cohort": 2}, {"fraction": 1.0}, "min-cohort must be a count >= 3, got 2"),
+        (
+            {"secure-aggregation": "off"},
+            {"fraction": 1.0},
+            "secure-aggregation must be one of required, allow-plaintext",
+        ),
+        (
+            {"max-update-epsilon": 8},
+            {"fraction": 1.0},
+            r"update_dp_epsilon=None; this node requires DP-FedAvg at epsilon <= 8",
+        ),
+        ({"max-update-epsilon": 8}, {"fraction": 1.0, "update_dp_epsilon": 9.0}, "update_dp_epsilon=9.0"),
+        ({"max-update-epsilon": "many"}, {"fraction": 1.0}, "max-update-epsilon must be a number > 0"),
+        ({"max-update-epsilon": 0}, {"fraction": 1.0}, "max-update-epsilon must be a number > 0"),
+    ],
+)
+def test_a_node_refuses_what_its_policy_does_not_allow(node, hp, message):
+    from types import SimpleNamespace
+
+    from fedgat.protocols.flower_app import NodePolicyError
+    from fedgat.protocols.flower_client import _training_policy
+
+    with pytest.raises(NodePolicyError, match=message):
+        _training_policy(0, SimpleNamespace(node_config=node), hp, CLIENTS)  # type: ignore[arg-type]
+
+
+class _UpdateCounter(_InProcessGrid):
+    """An in-process grid that counts the training frames the clients send the server, by type."""
+
+    def __init__(self, run_config: dict, node_configs: list[dict]) -> None:
+        super().__init__(run_config, node_configs)
+        self.types: dict[str, int] = {}
+
+    def pull_messages(self, ids):
+        from fedgat.protocols.flower_wire import message_frames
+        from fedgat.protocols.messages import decode_message
+
+        replies = super().pull_messages(ids)
+        for reply in replies:
+            for frame in message_frames(reply):
+                name = type(decode_message(frame)).__name__
+                self.types[name] = self.types.get(name, 0) + 1
+        return replies
+
+
+def test_the_run_config_cannot_turn_secure_aggregation_off():
+    """The run config is the server operator's: hyper-parameters that sample fewer clients per round
+    than the cohort minimum used to send every client's update in the clear (red-team review,
+    2026-11-27). Clients refuse the run before training, unless their node config allows
+    plaintext, and only then does the server see individual updates."""
+    from fedgat.protocols.flower_app import FlowerRunConfig, NodePolicyError, run_server
+
+    run_config = {**RUN_CONFIG, "hparams": json.dumps({**HPARAMS, "rounds": 1, "fraction": 0.5})}
+    nodes = [{"partition-id": c, "num-partitions": CLIENTS} for c in range(CLIENTS)]
+    grid = _UpdateCounter(run_config, nodes)
+    with pytest.raises(
+        NodePolicyError, match="its updates would reach the server without secure aggregation"
+    ):
+        run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    assert grid.types.get("LocalUpdate", 0) == 0
+    allowing = [{**n, "secure-aggregation": "allow-plaintext"} for n in nodes]
+    grid = _UpdateCounter(run_config, allowing)
+    run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    assert grid.types.get("LocalUpdate", 0) == 2  # one round, 2 of 3 clients: the reference case
+
+
 def test_the_app_config_lists_every_run_config_key_with_its_default():
     """pyproject's ``[tool.flwr.app.config]`` (what ``flwr run`` starts from) names every field of
     :class:`FlowerRunConfig`, each with the field's default."""

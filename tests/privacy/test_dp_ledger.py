@@ -18,8 +18,8 @@ from fedgat.dp_ledger import (
     DPLedger,
     LedgerFileError,
     MissingLedgerError,
-    dataset_id,
     owner_ledgers,
+    row_ids,
 )
 from fedgat.dp_release import check_budgets, draw_release
 from fedgat.methods import run_method
@@ -55,14 +55,14 @@ def test_bad_budgets_are_refused(epsilon, delta, needle):
 
 def test_one_release_spends_its_epsilon_and_releases_compose_sublinearly():
     ledger = DPLedger(Budget(10.0, 1e-5))
-    data = dataset_id(rows())
+    data = rows()
     eps1, delta = ledger.charge(data, DP.sigma, (1, 2))
     assert delta == 1e-5 and eps1 == pytest.approx(2.0, rel=1e-6)  # tight for one analytic release
     eps2, _ = ledger.charge(data, DP.sigma, (1,))
     assert 2.0 * 1.1 < eps2 < 2.0 * 2.0  # composed, better than adding epsilons
     assert ledger.spent(data) == (eps2, 1e-5)
-    # another dataset has its own account
-    assert ledger.spent(dataset_id(rows(seed=1)))[0] == 0.0
+    # other rows have their own account
+    assert ledger.spent(rows(seed=1))[0] == 0.0
     rec = ledger.releases[0]
     assert rec["recipients"] == [1, 2] and rec["mechanism"] == "gaussian" and rec["sensitivity"] == 2.0
     assert rec["sigma"] == DP.sigma and rec["count"] == 1 and rec["timestamp"] > 0
@@ -72,7 +72,7 @@ def test_the_ledger_persists_atomically_and_privately(tmp_path):
     path = tmp_path / "owner" / "client.json"
     ledger = DPLedger(Budget(10.0, 1e-5), path)
     assert not path.exists()  # nothing written before a release
-    data = dataset_id(rows())
+    data = rows()
     spent = ledger.charge(data, DP.sigma)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert [p.name for p in path.parent.iterdir()] == ["client.json"]  # no temporary file left
@@ -96,7 +96,11 @@ def test_a_release_over_the_budget_is_refused_and_changes_nothing(tmp_path):
     with pytest.raises(BudgetExceededError) as err:
         DP.release_rows(x, ledger=ledger)
     msg = str(err.value)
-    assert "has spent epsilon 2" in msg and "(gaussian)" in msg and "budget epsilon 2.5" in msg
+    assert (
+        "20 row(s), of which the most charged has spent epsilon 2" in msg
+        and "(gaussian)" in msg
+        and "budget epsilon 2.5" in msg
+    )
     requested = float(msg.split("would bring it to ")[1].split()[0])
     assert 2.5 < requested < 4.0  # two epsilon-2 releases, composed
     assert path.read_bytes() == before and len(ledger.releases) == 1
@@ -105,6 +109,93 @@ def test_a_release_over_the_budget_is_refused_and_changes_nothing(tmp_path):
     DP.release_rows(x, ledger=tight)
     with pytest.raises(BudgetExceededError, match="over the budget epsilon 2"):
         FeatureDP(epsilon=0.05, delta=1e-5, mechanism="gaussian", dim=8).release_rows(x, ledger=tight)
+
+
+def test_the_budget_is_per_row_whatever_matrix_the_rows_come_in(tmp_path):
+    """A red-team review found whole-matrix keys: the same rows again with one row added, two rows
+    swapped, or one row dropped each got a fresh budget. Rows are the unit now."""
+    x = rows()
+    ledger = DPLedger(Budget(2.5, 1e-5), tmp_path / "c.json")
+    DP.release_rows(x, ledger=ledger)  # spends 2 on every row of x
+    for again in (np.vstack([x, rows(1, seed=9)]), x[[1, 0, *range(2, len(x))]], x[:-1], x[[3]]):
+        with pytest.raises(BudgetExceededError):
+            DP.release_rows(again, ledger=ledger)
+    assert len(ledger.releases) == 1
+    fresh = rows(5, seed=9)
+    DP.release_rows(fresh, ledger=ledger)  # other rows: their own budget
+    assert ledger.spent(fresh)[0] == pytest.approx(2.0, rel=1e-6)
+    # a mix: the most charged row decides (the new row has spent 2, x's rows 2)
+    with pytest.raises(BudgetExceededError, match="6 row"):
+        DP.release_rows(np.vstack([fresh, rows(1, seed=11)]), ledger=ledger)
+    # persisted per row: a reloaded ledger refuses the same subsets
+    with pytest.raises(BudgetExceededError):
+        DP.release_rows(x[:2], ledger=DPLedger(None, tmp_path / "c.json"))
+
+
+def test_rows_compose_by_their_own_histories():
+    """Two overlapping releases: the overlap has spent two releases, the rest one."""
+    x = rows(30)
+    ledger = DPLedger(Budget(10.0, 1e-5))
+    one, _ = ledger.charge(x[:20], DP.sigma)
+    two, _ = ledger.charge(x[10:], DP.sigma)
+    assert two > one * 1.1
+    assert ledger.spent(x[:10])[0] == pytest.approx(one) and ledger.spent(x[20:])[0] == pytest.approx(one)
+    assert ledger.spent(x[10:20])[0] == pytest.approx(two) and ledger.spent(x)[0] == pytest.approx(two)
+    assert ledger.spent(x[[0, 25]])[0] == pytest.approx(one)  # each row once: no composition across rows
+
+
+def test_row_fingerprints_follow_the_values():
+    x = rows(50)
+    ids = row_ids(x)
+    assert ids.dtype == np.dtype("S16") and len(set(ids.tolist())) == 50
+    np.testing.assert_array_equal(row_ids(x[::-1]), ids[::-1])  # order-free: one row, one id
+    np.testing.assert_array_equal(
+        row_ids(x.astype(np.float32)), row_ids(x.astype(np.float32).astype(np.float64))
+    )
+    y = x.copy()
+    y[7, 3] = np.nextafter(y[7, 3], 1.0)  # one bit of one value
+    assert (row_ids(y) != ids).tolist() == [k == 7 for k in range(50)]
+    z = np.zeros((2, 4))
+    z[1, 2] = -0.0
+    assert row_ids(z)[0] == row_ids(z)[1]
+    swapped = x[:, [1, 0, *range(2, x.shape[1])]]  # columns matter
+    assert not np.any(row_ids(swapped) == ids)
+    with pytest.raises(DPError, match="2-D"):
+        row_ids(x[0])
+
+
+def test_a_version_1_ledger_counts_its_releases_against_every_row(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "budget": {"epsilon": 2.5, "delta": 1e-5},
+                "releases": [
+                    {
+                        "dataset": "ab" * 32,
+                        "recipients": [1],
+                        "mechanism": "gaussian",
+                        "sigma": DP.sigma,
+                        "sensitivity": 2.0,
+                        "count": 1,
+                        "timestamp": 1.0,
+                    }
+                ],
+            }
+        )
+    )
+    ledger = DPLedger(None, path)
+    assert ledger.spent(rows(seed=4))[0] == pytest.approx(2.0, rel=1e-6)  # any rows: conservative
+    with pytest.raises(BudgetExceededError):
+        DP.release_rows(rows(seed=4), ledger=ledger)
+    small = FeatureDP(epsilon=0.3, delta=1e-5, mechanism="gaussian", dim=8)
+    small.release_rows(rows(seed=4), ledger=ledger)
+    stored = json.loads(path.read_text())
+    assert stored["version"] == 2 and "dataset" in stored["releases"][0] and "rows" in stored["releases"][1]
+    path.write_text(json.dumps({**stored, "releases": [{**stored["releases"][1], "rows": "!!"}]}))
+    with pytest.raises(LedgerFileError, match="cannot read DP ledger"):
+        DPLedger(None, path)
 
 
 def test_a_release_without_a_ledger_is_refused():

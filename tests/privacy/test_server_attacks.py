@@ -14,6 +14,8 @@ from fedgat.server_attacks import (
     colluder_forgery_attack,
     fake_edges_attack,
     forged_results_attacks,
+    relabel_forgery_attack,
+    third_party_claims_attack,
 )
 from fedgat.synthetic import synthetic_graph
 from fedgat.training_attacks import TrainingSetting, digest_binding_check, training_attacks, unmix
@@ -90,6 +92,66 @@ def test_fake_edges_are_refused_and_release_nothing(setting):
     # ... while the colluder's honest rows decrypt (the scan is not blind)
     assert blind["rows_released_to_colluder_recovered"] == blind["rows_released_to_colluder"] > 0
     assert out.targets == 6 and out.recovered == 0 and out.detected
+
+
+def test_claims_over_third_clients_nodes_release_nothing(setting):
+    """A colluder claims, as its own, the far ends of honest owners' real edges to third clients: the
+    honest server refuses; with one that skips its check, the owners release only the colluder's
+    honest rows (they check who owns the other end of their edge themselves)."""
+    out = third_party_claims_attack(setting)
+    d = out.as_dict()
+    honest, blind = d["runs"]["honest_server"], d["runs"]["claim_blind_server"]
+    assert d["claims"] > 0 and out.targets > 0
+    assert honest["server_refused"] and honest["rows_released_to_colluder"] == 0
+    assert blind["rows_released_beyond_honest_view"] == 0
+    assert blind["rows_released_to_colluder_recovered"] == blind["rows_released_to_colluder"] > 0
+    assert out.recovered == 0 and out.detected
+
+
+def test_owners_that_trust_the_claimers_word_release_third_clients_neighbours(setting, monkeypatch):
+    """The attack has teeth: owners whose release rule takes any of their cross edges as the
+    claimer's (the rule before the red-team fix) give the colluder rows beyond its honest view."""
+    import dataclasses
+
+    from fedgat.protocols import pretrain_client
+
+    real = pretrain_client.releases
+
+    def owner_blind(me, local, claims, recipients):
+        if not dataclasses.is_dataclass(local):  # the colluder's own (wrapped) graph
+            return real(me, local, claims, recipients)
+        out = {}
+        for a in recipients:  # every cross edge taken as one to a node of a
+            out.update(
+                real(me, dataclasses.replace(local, cross_owner=np.full(len(local.cross), a)), claims, [a])
+            )
+        return out
+
+    monkeypatch.setattr(pretrain_client, "releases", owner_blind)
+    out = third_party_claims_attack(setting)
+    blind = out.as_dict()["runs"]["claim_blind_server"]
+    assert blind["rows_released_beyond_honest_view"] > 0 and out.recovered > 0
+
+
+def test_a_foreign_neighbour_relabelled_as_the_colluders_is_refused(setting):
+    """Known break 9: the server labels an honest owner's row in a foreign node's neighbourhood as
+    its colluder's and sends that partial with a chosen row under the colluder's tags. The victim
+    refuses the bases (its owner's signed claims say otherwise) and never completes."""
+    out = relabel_forgery_attack(setting)
+    d = out.as_dict()
+    assert out.ran and d["true_owner"] not in (d["victim"], d["colluder"])
+    assert out.detected and out.recovered == 0 and not d["victim_completed"]
+    assert "signed claims do not say" in d["victim_error"]
+
+
+def test_without_the_check_the_victim_trains_on_the_forged_row(setting, monkeypatch):
+    """The attack has teeth: a recipient that does not check its foreign nodes' neighbourhoods (the
+    code before the fix) completes on the forged partial."""
+    from fedgat.protocols import pretrain_client
+
+    monkeypatch.setattr(pretrain_client, "check_foreign_neighbourhoods", lambda *a, **k: None)
+    out = relabel_forgery_attack(setting)
+    assert out.recovered == 1 and not out.detected and out.as_dict()["forged_results_sent"] >= 1
 
 
 @pytest.fixture(scope="module")

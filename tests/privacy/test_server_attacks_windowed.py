@@ -22,7 +22,9 @@ from fedgat.server_attacks import (
     fake_edges_attack,
     forged_results_attacks,
     honest_round,
+    relabel_forgery_attack,
     shared_secret_key,
+    third_party_claims_attack,
 )
 from fedgat.synthetic import synthetic_graph
 
@@ -151,6 +153,23 @@ def test_fake_edges_are_refused_and_release_nothing(setting):
     assert blind["rows_released_for_fake_targets"] == 0 and blind["rows_released_beyond_honest_view"] == 0
     assert blind["rows_released_to_colluder_recovered"] == blind["rows_released_to_colluder"] > 0
     assert out.targets == 6 and out.recovered == 0 and out.detected
+
+
+def test_a_relabelled_foreign_neighbour_is_refused(setting):
+    out = relabel_forgery_attack(setting)
+    assert out.as_dict()["upload_window"] == WINDOW
+    assert out.detected and out.recovered == 0 and not out.as_dict()["victim_completed"]
+
+
+def test_third_party_claims_release_nothing(setting):
+    out = third_party_claims_attack(setting)
+    d = out.as_dict()
+    assert d["upload_window"] == WINDOW
+    honest, blind = d["runs"]["honest_server"], d["runs"]["claim_blind_server"]
+    assert honest["server_refused"] and honest["rows_released_to_colluder"] == 0
+    assert blind["upload_grants"] > 0 and blind["rows_released_beyond_honest_view"] == 0
+    assert blind["rows_released_to_colluder_recovered"] == blind["rows_released_to_colluder"] > 0
+    assert out.recovered == 0 and out.detected
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])

@@ -14,7 +14,7 @@ import torch
 
 from fedgat.app import build_pretrain_parties
 from fedgat.dp import FeatureDP
-from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger, MissingLedgerError, dataset_id
+from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger, MissingLedgerError
 from fedgat.dp_release import draw_release
 from fedgat.pipeline import run_encrypted_pretraining
 from fedgat.protocols import ClientPretrain, InProcessTransport, Transcript
@@ -54,7 +54,7 @@ def test_same_seed_same_inputs_release_different_noise_in_the_protocol(tiny_grap
         predicted /= np.linalg.norm(predicted, axis=1, keepdims=True)
         assert np.abs(predicted - ca._release[:, 1:] * np.sqrt(2)).max() > 0.1
         assert ca.dp_spent == pytest.approx((4.0, 1e-5), rel=1e-6)
-        assert held[c].spent(dataset_id(raw)) == ca.dp_spent  # charged under this owner's features
+        assert held[c].spent(raw) == ca.dp_spent  # charged to this owner's rows
 
 
 def test_same_seed_same_inputs_release_different_noise_in_the_plaintext_paths(tiny_graph, tiny_partition):

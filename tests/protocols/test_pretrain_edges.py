@@ -21,6 +21,7 @@ from fedgat.protocols.pretrain_edges import (
     LocalGraph,
     OwnerMap,
     check_claims,
+    check_foreign_neighbourhoods,
     expected_releases,
     relay_targets,
     releases,
@@ -293,6 +294,58 @@ def test_a_fake_edge_cannot_create_a_two_hop_need():
         PayloadError, match="party 0 attends over edges to party 1 that party 1 does not confirm"
     ):
         world.check()
+
+
+def test_a_claim_over_an_owners_edge_to_a_third_client_releases_nothing():
+    """a signs, as its own node's use, c's node 3 at the end of b's real edge (5, 3): b's edge exists,
+    but b records node 3 as c's, so b releases a nothing more (before the red-team fix: row 5, and
+    with a server that skips its check, every such row of every owner)."""
+    world = _three_clients()
+    claims = {**world.claims, (0, 2): _claim(0, 2, [[3, 5]], [1])}  # a had no claim to b
+    relayed = ClaimSet.of(claims[k] for k in relay_targets(claims, [0, 1, 2])[2])
+    assert relayed.get_used(0, 2).size == 1  # b does read the claim
+    got = releases(2, world.locals[2], relayed, [0, 1])
+    assert got[0].tolist() == [4] and got[1].tolist() == [4, 5]  # as without the claim
+    trusting = releases(
+        2, dataclasses.replace(world.locals[2], cross_owner=np.zeros(2, np.int64)), relayed, [0]
+    )
+    assert 5 in trusting[0].tolist()  # an owner that took its edges' ends as a's would release it
+
+
+@pytest.mark.parametrize(
+    ("nodes", "neighbours", "owners", "message"),
+    [
+        ([2], [[2, 4, 0]], [[1, 1, 0]], "other cross-client neighbours than party 1 claims"),  # b's 4 as c's
+        ([2], [[2, 0]], [[1, 0]], "other cross-client neighbours than party 1 claims"),  # 4 dropped
+        ([2], [[2, 0, 4]], [[2, 0, 2]], "another owner than this client knows"),  # v itself relabelled
+        ([2], [[2, 0, 4, 4]], [[1, 0, 2, 2]], "repeat a neighbour"),
+        (
+            [2],
+            [[2, 1, 4]],
+            [[1, 0, 2]],
+            "this client's node in a foreign node's neighbourhood it has no edge to",
+        ),
+        ([3], [[3, 5]], [[1, 2]], "foreign node 3, which no edge of this client reaches"),
+    ],
+)
+def test_a_recipient_checks_its_foreign_nodes_neighbourhoods(nodes, neighbours, owners, message):
+    """a needs c's node 2 (N(2) = {2, 0, 4}, 4 being b's): the honest bases pass; relabelling, dropping
+    or repeating a neighbour, or naming a node a has no edge to, is refused by what a knows and c's
+    signed claims, which the server relays to a (red-team review, 2026-11-27)."""
+    world = _three_clients()
+    claims = world.relayed(0)
+    check_foreign_neighbourhoods(
+        0, world.locals[0], claims, np.array([2]), np.array([[2, 0, 4]]), np.array([[1, 0, 2]])
+    )
+    with pytest.raises(PayloadError, match=message):
+        check_foreign_neighbourhoods(
+            0, world.locals[0], claims, np.array(nodes), np.array(neighbours), np.array(owners)
+        )
+    withheld = ClaimSet.of(world.claims[k] for k in relay_targets(world.claims, [0, 1, 2])[0] if k != (1, 2))
+    with pytest.raises(PayloadError, match="party 1's signed claims do not say"):  # c's claim to b withheld
+        check_foreign_neighbourhoods(
+            0, world.locals[0], withheld, np.array([2]), np.array([[2, 0, 4]]), np.array([[1, 0, 2]])
+        )
 
 
 def test_the_server_relays_each_owner_the_claims_it_reads_and_never_its_own():
