@@ -97,7 +97,7 @@ class FlowerRunConfig:
         server_identity: the server's identity JSON ("": fresh keys).
     """
 
-    num_clients: int = 2
+    num_clients: int = 3
     dataset: str = "synthetic"
     data_dir: str = ""
     synthetic_nodes: int = 200

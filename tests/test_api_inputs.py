@@ -141,9 +141,9 @@ def test_training_follows_the_encodings_variant(graph):
 
 
 def test_a_run_summary_says_how_it_pre_trained_and_for_how_many_clients(graph):
-    twin = run_encrypted_fedgat(graph, 3, encrypted=False, rounds=1, progress=False)
+    twin = run_encrypted_fedgat(graph, 3, seed=4, encrypted=False, rounds=1, progress=False)
     summary = twin.summary()
-    assert (summary["pretraining"], summary["num_clients"]) == ("plaintext twin", 3)
+    assert (summary["pretraining"], summary["num_clients"], summary["seed"]) == ("plaintext twin", 3, 4)
     json.dumps(summary)
 
 

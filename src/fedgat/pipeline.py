@@ -575,7 +575,21 @@ def max_abs_error(got: Mapping[int, Encodings], want: Mapping[int, Encodings]) -
 # ------------------------------------------------------------------------------------- training
 @dataclass
 class TrainingResult:
-    """Outcome of :func:`train_fedgat`."""
+    """Outcome of :func:`train_fedgat`.
+
+    Attributes:
+        fit: the federated training's :class:`~fedgat.federated.FitResult` (accuracies at the best
+            validation round, per-round history, the final global model).
+        seconds: wall time of the rounds.
+        bytes_up, bytes_down: frame bytes clients -> server and server -> clients over the rounds
+            (signatures, headers and secure aggregation's messages included).
+        messages: frames exchanged, both ways.
+        hparams: the resolved hyper-parameters the clients trained with.
+        secure_aggregation: whether the server saw only the sum of the updates
+            (:mod:`fedgat.protocols.secagg`).
+        update_dp_spent: with DP-FedAvg (``update_dp_epsilon``), the ``(epsilon, delta)`` the rounds
+            spent of each client's update budget; None without it.
+    """
 
     fit: FitResult
     seconds: float
@@ -583,10 +597,7 @@ class TrainingResult:
     bytes_down: int
     messages: int
     hparams: dict
-    #: whether the server saw only the sum of the updates (:mod:`fedgat.protocols.secagg`)
     secure_aggregation: bool = False
-    #: with DP-FedAvg (``update_dp_epsilon``): the ``(epsilon, delta)`` the rounds spent of each
-    #: client's update budget
     update_dp_spent: tuple[float, float] | None = None
 
     def summary(self) -> dict:
@@ -742,18 +753,21 @@ class FedGATRun:
     partition: Partition = field(repr=False)
     #: with DP: client id -> ``(epsilon, delta)`` its ledger has spent on its features after this run
     dp_spent: dict[int, tuple[float, float]] | None = None
+    #: the run's seed (split, bases, initial model, dropout streams; never DP noise)
+    seed: int | None = None
 
     @property
     def test_accuracy(self) -> float:
         return self.training.fit.test_accuracy
 
     def summary(self) -> dict:
-        """Plain values for JSON (:func:`fedgat.app.run_summary`), with the client count and whether
-        the pre-training round was encrypted (``"pretraining"``: ``"encrypted"`` or
+        """Plain values for JSON (:func:`fedgat.app.run_summary`), with the client count, the seed and
+        whether the pre-training round was encrypted (``"pretraining"``: ``"encrypted"`` or
         ``"plaintext twin"``, ``encrypted=False``)."""
         out = run_summary(self.pretrain, self.training)
         out["num_clients"] = self.partition.num_clients
         out["pretraining"] = "encrypted" if self.pretrain is not None else "plaintext twin"
+        out["seed"] = self.seed
         if self.dp_spent is not None:
             out["dp_spent"] = {str(c): list(v) for c, v in self.dp_spent.items()}
         return out
@@ -871,4 +885,4 @@ def run_encrypted_fedgat(
     dp_spent = None
     if dp is not None and dp_ledgers is not None:
         dp_spent = spent_by_owner(graph, partition, dp_ledgers)
-    return FedGATRun(pre, training, partition, dp_spent)
+    return FedGATRun(pre, training, partition, dp_spent, seed)

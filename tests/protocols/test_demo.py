@@ -55,3 +55,18 @@ def test_demo_writes_the_report(tmp_path, capsys):
     assert "shared secret key: False" in out_text and "the server holds a secret key: False" in out_text
     assert "upload window of 1 recipient(s)" in out_text
     assert report["encrypt_workers"] == 2 and "up to 2 worker processes per client" in out_text
+
+
+def test_the_cost_warning_is_for_heavy_rounds_only(tmp_path, capsys, monkeypatch):
+    """The matrix variant on a 60-node graph is seconds of work: no warning (it used to print one for
+    every matrix run, "~0 min"); above the threshold the estimate is shown in the unit that reads."""
+    from fedgat.commands import demo
+
+    argv = ["demo", "--dataset", "synthetic", "--nodes", "60", "--clients", "3", "--variant", "matrix"]
+    argv += ["--rounds", "1", "--workers", "0", "--quiet", "--json", str(tmp_path / "m.json")]
+    assert main(argv) == 0
+    assert "WARNING" not in capsys.readouterr().err
+    monkeypatch.setattr(demo, "HEAVY_SECONDS", 0.0)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: matrix encodings need" in err and " s of server compute on one core" in err

@@ -71,6 +71,10 @@ PRESET_CHOICES = ("n4096", "n8192", "n8192-small", "n16384")
 
 MATRIX_DEFAULT_CAP = 16
 #: FedAvg rounds of the demo: Cora's best validation round is ~250 (fedgat train runs up to 500); 300
+#: server compute (one core, estimated) and decrypted-encoding memory above which the demo warns
+#: before it starts (a fifth of the time for the matrix variant)
+HEAVY_SECONDS = 600.0
+HEAVY_BYTES = 1e9
 #: keeps the whole demo near 5 minutes on 2 cores
 DEMO_ROUNDS = 300
 
@@ -244,10 +248,14 @@ def run(args: argparse.Namespace) -> int:
         f"training: {settings['strategy']}, minimum-cross rule {rule}; engine {args.engine}"
     )
     memory = 2 * est["decrypted_bytes_float64"]  # decrypted encodings + the plaintext twin, float64
-    if as_variant(args.variant).has_m2 or est["server_seconds"] > 600:  # M2: m^2 rows per node
+    # the matrix variant's M2 (m^2 rows per node) makes it heavy on any but the smallest graphs
+    heavy = HEAVY_SECONDS / (5 if as_variant(args.variant).has_m2 else 1)
+    if est["server_seconds"] > heavy or memory > HEAVY_BYTES:
+        minutes = est["server_seconds"] / 60
+        took = f"~{minutes:.0f} min" if minutes >= 1 else f"~{est['server_seconds']:.0f} s"
         print(
             f"WARNING: {args.variant} encodings need ~{est['multiply_adds']:.3g} homomorphic multiply-adds "
-            f"(~{est['server_seconds'] / 60:.0f} min of server compute on one core, more on a busy machine), "
+            f"({took} of server compute on one core, more on a busy machine), "
             f"up to {est['max_rows_per_node']} encoding rows per node, ~{gigabytes(est['bytes_down'])} of "
             f"result ciphertexts to download and ~{gigabytes(memory)} of memory for the decrypted encodings "
             "and their plaintext twin; --workers N spreads the compute.",
