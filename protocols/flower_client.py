@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections import deque
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 
 from fedgat.app import build_pretrain_client, build_rounds_client
 from fedgat.crypto.params import DEFAULT_WIRE
+from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.encodings import Encodings
 from fedgat.graph import Graph
 from fedgat.partition import Partition
@@ -146,8 +148,11 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
       ``"allow-plaintext"`` accepts it (with a warning), as the in-process default does;
     * ``min-cohort``: the smallest cohort the client joins (default and least 3: a server with one
       colluding client then still faces the sum of two honest updates);
-    * ``max-update-epsilon``: when set, the client refuses a run without DP-FedAvg or with a larger
-      ``update_dp_epsilon`` than this.
+    * ``max-update-epsilon`` (and ``max-update-delta``, default 1e-5): when set, the client refuses
+      a run without DP-FedAvg, or whose DP-FedAvg (noise, clipping and rounds as the run config
+      sets them) is not ``(max-update-epsilon, max-update-delta)``-DP over the run's rounds: the
+      client computes that epsilon itself, at its own delta (a run config's large
+      ``update_dp_delta`` otherwise buys a small stated epsilon with little noise).
 
     Raises:
         NodePolicyError: the run config asks for less than the node allows, or a malformed value.
@@ -159,21 +164,17 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
             f"node config secure-aggregation must be one of {', '.join(SECURE_AGGREGATION)}, got {mode!r}"
         )
     least = _count(nc.get("min-cohort", DEFAULT_SECAGG.min_cohort), "min-cohort", DEFAULT_SECAGG.min_cohort)
-    cap = nc.get("max-update-epsilon")
-    if cap is not None:
-        try:
-            cap = float(cap)
-        except (TypeError, ValueError):
-            cap = float("nan")
-        if not cap > 0 or cap == float("inf"):
-            raise NodePolicyError(
-                f"node config max-update-epsilon must be a number > 0, got {nc['max-update-epsilon']!r}"
-            )
+    if nc.get("max-update-epsilon") is not None:
+        cap = _positive(nc["max-update-epsilon"], "max-update-epsilon")
+        delta = _positive(nc.get("max-update-delta", 1e-5), "max-update-delta", below=1.0)
         eps = hp.get("update_dp_epsilon")
-        if eps is None or float(eps) > cap:
+        dp = None if eps is None else update_dp_from_hparams(hp)
+        actual = math.inf if dp is None else dp.epsilon(dp.max_rounds, delta=delta)
+        if actual > cap * (1 + 1e-6):
             raise NodePolicyError(
-                f"party {pid}: the run config trains with update_dp_epsilon={eps!r}; this node requires "
-                f"DP-FedAvg at epsilon <= {cap:g} (node config max-update-epsilon)"
+                f"party {pid}: the run config trains with update_dp_epsilon={eps!r} at update_dp_delta="
+                f"{hp.get('update_dp_delta')!r}, which is epsilon {actual:.4g} at delta {delta:g}; this node "
+                f"requires DP-FedAvg at epsilon <= {cap:g} (node config max-update-epsilon, max-update-delta)"
             )
     per_round = max(1, round(float(hp["fraction"]) * num_clients))
     if per_round >= least:
@@ -187,6 +188,16 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
         )
     log.warning("fedgat party %d: training without secure aggregation (node config allows plaintext)", pid)
     return None
+
+
+def _positive(raw: object, key: str, below: float = math.inf) -> float:
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0 < value < below:
+        raise NodePolicyError(f"node config {key} must be a number in (0, {below:g}), got {raw!r}")
+    return value
 
 
 def _count(raw: object, key: str, least: int) -> int:

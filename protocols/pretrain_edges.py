@@ -276,8 +276,9 @@ def check_foreign_neighbourhoods(
                 "the bases put this client's node in a foreign node's neighbourhood it has no edge to"
             )
     cross = owners != label
-    for dd, o in {(int(a), int(b)) for a, b in zip(label[cross & ~mine], owners[cross & ~mine], strict=True)}:
-        sel = cross & ~mine & (label == dd) & (owners == o)
+    third = cross & ~mine
+    for dd, o in np.unique(np.stack([label[third], owners[third]], axis=1), axis=0).tolist():
+        sel = third & (label == dd) & (owners == o)
         if not np.all(np.isin(_keys(wide[sel], neighbours[sel]), claims.get_used(dd, o))):
             raise PayloadError(
                 f"the bases label a neighbour of party {dd}'s node as party {o}'s, which party {dd}'s "

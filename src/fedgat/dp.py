@@ -78,6 +78,7 @@ only public choices (the projection ``seed``, the partition, the bases), never t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -291,6 +292,7 @@ class FeatureDP:
         ledger: DPLedger | None,
         recipients: tuple[int, ...] = (),
         predictor: LabelPredictor | None = None,
+        others: Iterable[DPLedger] = (),
         _test_rng: RandomSource | None = None,
     ) -> np.ndarray:
         """The release ``(n, w)`` float64 of one owner's feature rows ``x`` ``(n, d)``.
@@ -298,7 +300,8 @@ class FeatureDP:
         The release is first charged to the owner's ``ledger`` (:meth:`fedgat.dp_ledger.DPLedger.charge`
         of :meth:`record` for every row of ``x`` (:func:`~fedgat.dp_ledger.row_ids`), ``recipients``);
         its randomness then comes from a fresh :class:`~fedgat.randomness.RandomSource` (ChaCha20
-        keyed from ``os.urandom``): never from a seed or any other public input. ``_test_rng``
+        keyed from ``os.urandom``): never from a seed or any other public input. ``others``: further
+        ledgers whose releases of these rows count too (a simulation's other owners). ``_test_rng``
         replaces that source in tests only.
 
         Raises:
@@ -323,7 +326,7 @@ class FeatureDP:
                 len(labels) and not 0 <= labels.min() <= labels.max() < classes
             ):
                 raise ValueError(f"the predictor's labels must be {len(raw)} classes in [0, {classes})")
-        ledger.charge(raw, self.record(raw.shape[1], classes), recipients)
+        ledger.charge(raw, self.record(raw.shape[1], classes), recipients, others=others)
         rng = _test_rng if _test_rng is not None else RandomSource()
         if labels is not None and classes is not None:
             return _with_marker(np.eye(classes)[_randomized_response(labels, classes, self.epsilon, rng)])

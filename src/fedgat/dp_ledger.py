@@ -46,6 +46,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,35 +321,36 @@ class DPLedger:
                 os.unlink(tmp)
             raise
 
-    def _covered(self, units: np.ndarray) -> np.ndarray:
-        """``(len(units), releases)`` bool: which past release covered which unit (a version-1 release,
-        keyed by a whole matrix, counts as covering every unit)."""
-        out = np.ones((len(units), len(self.releases)), dtype=bool)
-        for k, release in enumerate(self.releases):
-            if "rows" in release:
-                out[:, k] = np.isin(units, _stored_units(release))
-        return out
-
-    def _histories(self, units: np.ndarray) -> list[list[tuple[ReleaseRecord, int]]]:
-        """The distinct release histories of ``units``: for each, the ``(record, times)`` to compose."""
+    def _histories(
+        self, units: np.ndarray, others: Iterable[DPLedger] = ()
+    ) -> list[list[tuple[ReleaseRecord, int]]]:
+        """The distinct release histories of ``units`` in this ledger and ``others``: for each, the
+        ``(record, times)`` to compose (a version-1 release, keyed by a whole matrix, counts as
+        covering every unit)."""
         if not len(units):
             return [[]]
-        records = [(ReleaseRecord.from_json(r), int(r["count"])) for r in self.releases]
-        histories = np.unique(self._covered(units), axis=0)
-        return [[records[k] for k in np.flatnonzero(h)] for h in histories]
+        releases = [r for ledger in (self, *others) for r in ledger.releases]
+        covered = np.ones((len(units), len(releases)), dtype=bool)
+        for k, release in enumerate(releases):
+            if "rows" in release:
+                covered[:, k] = np.isin(units, _stored_units(release))
+        records = [(ReleaseRecord.from_json(r), int(r["count"])) for r in releases]
+        return [[records[k] for k in np.flatnonzero(h)] for h in np.unique(covered, axis=0)]
 
-    def spent(self, data: object) -> tuple[float, float]:
+    def spent(self, data: object, *, others: Iterable[DPLedger] = ()) -> tuple[float, float]:
         """``(epsilon, delta)`` spent so far (epsilon at the budget's delta) on the most-charged unit of
-        ``data``: a feature matrix (its rows, :func:`row_ids`), row fingerprints, or a string key."""
+        ``data`` (a feature matrix: its rows, :func:`row_ids`; row fingerprints; or a string key), by
+        the releases of this ledger and of ``others`` (e.g. the other simulated owners' ledgers: a row
+        that moved to another owner's index keeps its history)."""
         units = _units(data)
-        eps = max(composed_epsilon(h, self.budget.delta) for h in self._histories(units))
+        eps = max(composed_epsilon(h, self.budget.delta) for h in self._histories(units, others))
         return eps, self.budget.delta
 
     def check(
-        self, data: object, release: ReleaseRecord | float, *, count: int = 1
+        self, data: object, release: ReleaseRecord | float, *, count: int = 1, others: Iterable[DPLedger] = ()
     ) -> tuple[ReleaseRecord, int, float]:
         """What :meth:`charge` would record, without recording it: ``(one release, times, epsilon
-        after)`` (the largest over the rows of ``data``).
+        after)`` (the largest over the rows of ``data``, their releases in ``others`` composed too).
 
         Raises:
             DPError: an invalid record (e.g. ``sigma`` not finite and > 0), or ``count`` < 1.
@@ -362,7 +364,8 @@ class DPLedger:
         times = count * release.count
         one = dataclasses.replace(release, count=1)
         units = _units(data)
-        histories = self._histories(units)
+        others = [o for o in others if o is not self]
+        histories = self._histories(units, others)
         after = max(composed_epsilon(h + [(one, times)], self.budget.delta) for h in histories)
         if after > self.budget.epsilon * (1.0 + _TOLERANCE):
             before = max(composed_epsilon(h, self.budget.delta) for h in histories)
@@ -380,18 +383,20 @@ class DPLedger:
         recipients: tuple[int, ...] | list[int] = (),
         *,
         count: int = 1,
+        others: Iterable[DPLedger] = (),
     ) -> tuple[float, float]:
         """Record ``count`` releases of ``data`` (a feature matrix: each of its rows, :func:`row_ids`;
         row fingerprints; or a string naming one unit) to ``recipients``, each costing ``release`` (a
         :class:`ReleaseRecord`; a bare number is a Gaussian ``sigma`` at sensitivity 2), if the
-        composition stays within the budget for every row (:meth:`check`); return the spent
-        ``(epsilon, delta)`` of the most-charged row after it.
+        composition stays within the budget for every row (:meth:`check`, with the releases in
+        ``others`` composed too; only this ledger records); return the spent ``(epsilon, delta)`` of
+        the most-charged row after it.
 
         Raises:
             DPError: an invalid record (e.g. ``sigma`` not finite and > 0), or ``count`` < 1.
             BudgetExceededError: the composition would exceed the budget (the ledger is unchanged).
         """
-        one, times, after = self.check(data, release, count=count)
+        one, times, after = self.check(data, release, count=count, others=others)
         units = np.unique(_units(data))
         self.releases.append(
             {

@@ -8,6 +8,9 @@ the plaintext pre-training of :mod:`fedgat.pipeline`, the audit) share with the 
 * :func:`check_budgets` -- whether every owner's budget still pays for one release, before anything
   runs (the predictor's rounds included);
 * :func:`spent_by_owner` -- what each owner's ledger has spent on its rows.
+
+One process holds every simulated owner's ledger, so each check counts a row's releases in all of
+them, not only in its current owner's.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def check_budgets(
         ledger = None if ledgers is None else ledgers.get(c)
         if ledger is None:
             raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
-        ledger.check(np.asarray(x[cp.owned], dtype=np.float64), record)
+        ledger.check(np.asarray(x[cp.owned], dtype=np.float64), record, others=_others(ledgers, ledger))
 
 
 def draw_release(
@@ -92,7 +95,13 @@ def draw_release(
         if ledger is None:
             raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
         others = tuple(o for o in clients if o != c)
-        out[cp.owned] = dp.release_rows(x[cp.owned], ledger=ledger, recipients=others, predictor=predictor)
+        out[cp.owned] = dp.release_rows(
+            x[cp.owned],
+            ledger=ledger,
+            recipients=others,
+            predictor=predictor,
+            others=_others(ledgers, ledger),
+        )
     return torch.from_numpy(out)
 
 
@@ -102,7 +111,14 @@ def spent_by_owner(
     """Client -> the ``(epsilon, delta)`` its ledger has spent on its owned rows (all its releases)."""
     x = graph.x.numpy()
     return {
-        c: ledgers[c].spent(np.asarray(x[cp.owned], dtype=np.float64))
+        c: ledgers[c].spent(np.asarray(x[cp.owned], dtype=np.float64), others=_others(ledgers, ledgers[c]))
         for c, cp in enumerate(partition.clients)
         if len(cp.owned) and c in ledgers
     }
+
+
+def _others(ledgers: Mapping[int, DPLedger] | None, ledger: DPLedger) -> list[DPLedger]:
+    """The simulation's other owners' ledgers: a row's releases count whichever simulated owner made
+    them (a split that renumbers the owners moves rows between ledgers; a red-team review released
+    400 of 400 rows twice at the full epsilon that way, 2026-11-27)."""
+    return [] if ledgers is None else [o for o in ledgers.values() if o is not ledger]

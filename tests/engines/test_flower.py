@@ -850,14 +850,21 @@ def test_a_node_refuses_a_bad_encrypt_workers(bad):
         ({"min-cohort": "3"}, {"fraction": 1.0}, 3),
         ({"secure-aggregation": "allow-plaintext"}, {"fraction": 0.5}, None),
         ({"max-update-epsilon": 8}, {"fraction": 1.0, "update_dp_epsilon": 4.0}, 3),
-        ({"max-update-epsilon": "8"}, {"fraction": 1.0, "update_dp_epsilon": 8}, 3),
+        ({"max-update-epsilon": "8"}, {"fraction": 1.0, "update_dp_epsilon": 8.0}, 3),
+        (
+            {"max-update-epsilon": 4, "max-update-delta": "1e-3"},
+            {"fraction": 1.0, "update_dp_epsilon": 4.0},
+            3,
+        ),
     ],
 )
 def test_a_nodes_training_policy(node, hp, want):
     from types import SimpleNamespace
 
+    from fedgat.methods import resolve_hparams
     from fedgat.protocols.flower_client import _training_policy
 
+    hp = resolve_hparams("fedgat", {"rounds": 10, **hp})
     got = _training_policy(0, SimpleNamespace(node_config=node), hp, CLIENTS)  # type: ignore[arg-type]
     assert (got and got.min_cohort) == want
 
@@ -880,19 +887,36 @@ def test_a_nodes_training_policy(node, hp, want):
         (
             {"max-update-epsilon": 8},
             {"fraction": 1.0},
-            r"update_dp_epsilon=None; this node requires DP-FedAvg at epsilon <= 8",
+            r"update_dp_epsilon=None at update_dp_delta=1e-05, which is epsilon inf at delta 1e-05",
         ),
-        ({"max-update-epsilon": 8}, {"fraction": 1.0, "update_dp_epsilon": 9.0}, "update_dp_epsilon=9.0"),
-        ({"max-update-epsilon": "many"}, {"fraction": 1.0}, "max-update-epsilon must be a number > 0"),
-        ({"max-update-epsilon": 0}, {"fraction": 1.0}, "max-update-epsilon must be a number > 0"),
+        ({"max-update-epsilon": 8}, {"fraction": 1.0, "update_dp_epsilon": 9.0}, "which is epsilon 9 at"),
+        # a red-team review: a large delta bought a small stated epsilon with 37x less noise
+        (
+            {"max-update-epsilon": 1},
+            {"fraction": 1.0, "update_dp_epsilon": 1.0, "update_dp_delta": 0.5},
+            r"update_dp_delta=0.5, which is epsilon \d+(\.\d+)? at delta 1e-05",
+        ),
+        (
+            {"max-update-epsilon": "many"},
+            {"fraction": 1.0},
+            r"max-update-epsilon must be a number in \(0, inf\)",
+        ),
+        ({"max-update-epsilon": 0}, {"fraction": 1.0}, r"max-update-epsilon must be a number in \(0, inf\)"),
+        (
+            {"max-update-epsilon": 8, "max-update-delta": 1.5},
+            {"fraction": 1.0, "update_dp_epsilon": 1.0},
+            r"max-update-delta must be a number in \(0, 1\)",
+        ),
     ],
 )
 def test_a_node_refuses_what_its_policy_does_not_allow(node, hp, message):
     from types import SimpleNamespace
 
+    from fedgat.methods import resolve_hparams
     from fedgat.protocols.flower_app import NodePolicyError
     from fedgat.protocols.flower_client import _training_policy
 
+    hp = resolve_hparams("fedgat", {"rounds": 10, **hp})
     with pytest.raises(NodePolicyError, match=message):
         _training_policy(0, SimpleNamespace(node_config=node), hp, CLIENTS)  # type: ignore[arg-type]
 

@@ -21,7 +21,7 @@ from fedgat.dp_ledger import (
     owner_ledgers,
     row_ids,
 )
-from fedgat.dp_release import check_budgets, draw_release
+from fedgat.dp_release import check_budgets, draw_release, spent_by_owner
 from fedgat.methods import run_method
 from fedgat.partition import make_partition
 from fedgat.synthetic import synthetic_graph
@@ -196,6 +196,27 @@ def test_a_version_1_ledger_counts_its_releases_against_every_row(tmp_path):
     path.write_text(json.dumps({**stored, "releases": [{**stored["releases"][1], "rows": "!!"}]}))
     with pytest.raises(LedgerFileError, match="cannot read DP ledger"):
         DPLedger(None, path)
+
+
+def test_renumbered_owners_do_not_reset_the_simulations_budget(tmp_path):
+    """A red-team review: per-row histories lived in per-index files, so the same split with the
+    clients renumbered released every row again at the full epsilon. A simulation's checks and
+    charges now count a row's releases in every owner's ledger."""
+    graph = synthetic_graph(num_nodes=60, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
+    dp = FeatureDP(1.0, 1e-5, "gaussian", 8, seed=0)
+    first = make_partition(graph, 3, beta=1.0, seed=0)
+    ledgers = owner_ledgers(3, (1.0, 1e-5), tmp_path)
+    draw_release(graph, first, dp, ledgers=ledgers)
+    rotated = make_partition(graph, 3, beta=1.0, seed=0, owner=(first.owner + 1) % 3)
+    again = owner_ledgers(3, (1.0, 1e-5), tmp_path)  # a new run reads the same files
+    assert spent_by_owner(graph, rotated, again) == {
+        c: pytest.approx((1.0, 1e-5), rel=1e-6) for c in range(3)
+    }
+    with pytest.raises(BudgetExceededError):
+        check_budgets(graph, rotated, dp, again)
+    with pytest.raises(BudgetExceededError):
+        draw_release(graph, rotated, dp, ledgers=again)
+    assert all(len(again[c].releases) == 1 for c in range(3))  # nothing charged by the refusals
 
 
 def test_a_release_without_a_ledger_is_refused():
