@@ -38,8 +38,9 @@ The run config, hyper-parameters included, is the server operator's; what protec
 update is the client's to decide, in its node config (:func:`~fedgat.protocols.flower_client._training_policy`):
 ``secure-aggregation`` (``required``, the default, refuses a run that samples fewer clients per round
 than the cohort minimum, whose updates would travel in the clear; ``allow-plaintext`` accepts it),
-``min-cohort`` (default and least 3) and ``max-update-epsilon`` (when set, a run without DP-FedAvg or
-with a larger ``update_dp_epsilon`` is refused). A refusal is a :class:`NodePolicyError` before
+``min-cohort`` (default and least 3) and ``max-update-epsilon`` with ``max-update-delta`` (default
+1e-5; when set, a run without DP-FedAvg, or whose DP-FedAvg the node computes to be less private at
+its own delta, is refused). A refusal is a :class:`NodePolicyError` before
 the client trains (a red-team review found a run config of ``{"fraction": 0.5}`` turning secure
 aggregation off at every client, 2026-11-27). One protocol end to end: signed updates bound to the session and the
 pre-training's key set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the aggregation,

@@ -87,6 +87,8 @@ UPLOAD_ITEMS = ListOf(Record(UploadItem, (("node", U32), ("chunk", U16), ("ciphe
 
 #: most edges one claim may list (between one client's nodes and one peer's)
 MAX_CLAIM_EDGES = 1 << 22
+#: the most clients one claim may name as the claimer's peers
+MAX_CLAIM_PEERS = 1 << 16
 
 #: bytes of an HPKE public key of the ML-KEM-768 + X25519 suite (ML-KEM 1184 B, then X25519 32 B)
 HPKE_PUBLIC = 1216
@@ -220,17 +222,22 @@ def claim_keys_digest(hpke: bytes, context_fingerprint: bytes) -> bytes:
 
 
 def claim_bytes(
-    session: int, claimer: int, peer: int, edges: np.ndarray, uses: np.ndarray, keys: bytes
+    session: int, claimer: int, peer: int, edges: np.ndarray, uses: np.ndarray, keys: bytes, peers: np.ndarray
 ) -> bytes:
     """What a client signs over its claim of the edges between its nodes and ``peer``'s: bound to the
     session id and to the claimer's fresh session keys (``keys``, :func:`claim_keys_digest`), so a
-    claim signed in an earlier session cannot be replayed in one that reuses its id."""
+    claim signed in an earlier session cannot be replayed in one that reuses its id, and to the list
+    of every client it claims edges to (``peers``), so a recipient can tell a claim the server
+    withheld from one the claimer never made."""
+    peers = np.asarray(peers, dtype="<i8")
     return (
-        b"fedgat/edge-claim/v2"
-        + struct.pack(">QII", session, claimer, peer)
+        b"fedgat/edge-claim/v3"
+        + struct.pack(">QIII", session, claimer, peer, len(peers))
         + keys
         + hashlib.sha256(
-            np.asarray(edges, dtype="<i8").tobytes() + np.asarray(uses, dtype="<i8").tobytes()
+            np.asarray(edges, dtype="<i8").tobytes()
+            + np.asarray(uses, dtype="<i8").tobytes()
+            + peers.tobytes()
         ).digest()
     )
 
@@ -239,16 +246,20 @@ def claim_bytes(
 class EdgeClaims(Message):
     """The graph edges between the ``claimer``'s nodes and the ``peer``'s (rows ``(mine, theirs)``,
     sorted, distinct), with ``uses[k] = 1`` where ``theirs`` is in the attention neighbourhood of
-    ``mine``. Signed by the claimer (``claim_signature`` over :func:`claim_bytes`) so that the server
-    can relay it: an edge counts only when both owners claim it (:mod:`fedgat.protocols.pretrain_edges`)."""
+    ``mine``; ``peers``: every client the claimer claims edges to (increasing, ``peer`` among them;
+    the same in each of its claims). Signed by the claimer (``claim_signature`` over
+    :func:`claim_bytes`) so that the server can relay it: an edge counts only when both owners claim
+    it (:mod:`fedgat.protocols.pretrain_edges`), and a recipient holds every claim of each client it
+    borders or refuses the round (frame version 9)."""
 
     TYPE: ClassVar[int] = 30
-    MAX_PAYLOAD: ClassVar[int] = 24 * MAX_CLAIM_EDGES + 1 * KiB
+    MAX_PAYLOAD: ClassVar[int] = 24 * MAX_CLAIM_EDGES + 8 * MAX_CLAIM_PEERS + 1 * KiB
     SCHEMA: ClassVar = (
         ("claimer", U32),
         ("peer", U32),
         ("edges", Array("<i8", 2 * MAX_CLAIM_EDGES, ndim=2)),
         ("uses", Array("<i8", MAX_CLAIM_EDGES, ndim=1)),
+        ("peers", Array("<i8", MAX_CLAIM_PEERS, ndim=1)),
         ("claim_signature", FixedBytes(64)),
     )
 
@@ -256,6 +267,7 @@ class EdgeClaims(Message):
     peer: int
     edges: np.ndarray
     uses: np.ndarray
+    peers: np.ndarray
     claim_signature: bytes
 
     def check(self) -> None:
@@ -269,6 +281,9 @@ class EdgeClaims(Message):
             raise PayloadError("edges must be sorted and distinct")
         if self.claimer == self.peer:
             raise PayloadError("a claim names another client as peer")
+        _check_party_ids(self.peers, "peers")
+        if self.peer not in self.peers or self.claimer in self.peers:
+            raise PayloadError("a claim's peers must list its peer and not its claimer")
 
 
 def _check_party_ids(ids: np.ndarray, name: str) -> None:

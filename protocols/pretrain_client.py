@@ -67,7 +67,14 @@ from .party import Handler, Party
 from .party_values import PartyReport, PartySpec
 from .pretrain_checks import check_bases, check_bucket_nodes, crypto_error, validate_features
 from .pretrain_config import CLIENT_KIND, PretrainConfig, PretrainLimits, PretrainTimeouts
-from .pretrain_edges import ClaimSet, LocalGraph, check_foreign_neighbourhoods, releases, verify_claim
+from .pretrain_edges import (
+    ClaimSet,
+    LocalGraph,
+    check_claims_complete,
+    check_foreign_neighbourhoods,
+    releases,
+    verify_claim,
+)
 from .pretrain_keys import SessionKeys, check_announce, load_public_context, open_check_keys, seal_check_keys
 from .pretrain_plan import needed_from_neighbourhoods
 from .pretrain_values import absorb_client, client_from_spec, client_spec_fields, report_client
@@ -388,8 +395,12 @@ class ClientPretrain(Party):
         if self.config.dp is not None:
             out.append(self._new(PrivacyTerms, server, **self.config.dp_fields()))
         keys = claim_keys_digest(hpke, fp)
-        for peer, (edges, uses) in self.local.claims().items():
-            signature = self._signer.sign(claim_bytes(self.session, self.party_id, peer, edges, uses, keys))
+        claims = self.local.claims()
+        peers = np.array(sorted(claims), dtype=np.int64)
+        for peer, (edges, uses) in claims.items():
+            signature = self._signer.sign(
+                claim_bytes(self.session, self.party_id, peer, edges, uses, keys, peers)
+            )
             out.append(
                 self._new(
                     EdgeClaims,
@@ -398,6 +409,7 @@ class ClientPretrain(Party):
                     peer=peer,
                     edges=edges,
                     uses=uses,
+                    peers=peers,
                     claim_signature=signature,
                 )
             )
@@ -530,6 +542,7 @@ class ClientPretrain(Party):
         if msg.fingerprint != keyset:
             raise KeyFingerprintError("the roster is bound to another key set than the relayed keys")
         claims = self._claims_among(participants)
+        check_claims_complete(self.party_id, self.local, claims, participants)
         rel = releases(self.party_id, self.local, claims, others)
         my_keys = {p: CheckKeys.generate() for p in others}  # per owner: no key checks two owners' rows
         sealed = seal_check_keys(

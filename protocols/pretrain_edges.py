@@ -34,7 +34,7 @@ edges between the clients it borders and any other client (those it needs to che
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,7 @@ __all__ = [
     "LocalGraph",
     "OwnerMap",
     "check_claims",
+    "check_claims_complete",
     "check_foreign_neighbourhoods",
     "expected_releases",
     "relay_targets",
@@ -121,19 +122,35 @@ class LocalGraph:
 
 @dataclass(frozen=True)
 class ClaimSet:
-    """Verified claims by ``(claimer, peer)``: ``edges`` keys (sorted) and the used subset."""
+    """Verified claims by ``(claimer, peer)``: ``edges`` keys (sorted) and the used subset; and per
+    claimer the ``peers`` its claims name (every client it claims edges to)."""
 
     edges: dict[tuple[int, int], np.ndarray]
     used: dict[tuple[int, int], np.ndarray]
+    peers: dict[int, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def of(cls, claims: Iterable[EdgeClaims]) -> ClaimSet:
-        edges, used = {}, {}
+        """Raises:
+        PayloadError: two claims of one claimer name different peers."""
+        edges: dict[tuple[int, int], np.ndarray] = {}
+        used: dict[tuple[int, int], np.ndarray] = {}
+        peers: dict[int, np.ndarray] = {}
         for c in claims:
             keys = _keys(c.edges[:, 0], c.edges[:, 1])
             edges[(c.claimer, c.peer)] = keys
             used[(c.claimer, c.peer)] = keys[c.uses.astype(bool)]
-        return cls(edges, used)
+            stated = np.asarray(c.peers, dtype=np.int64)
+            if c.claimer in peers and not np.array_equal(peers[c.claimer], stated):
+                raise PayloadError(f"party {c.claimer}'s claims name different peers")
+            peers[c.claimer] = stated
+        return cls(edges, used, peers)
+
+    def missing(self, claimer: int, participants: Iterable[int]) -> list[int]:
+        """The participants ``claimer`` says it claims edges to whose claim is not here."""
+        inside = set(participants)
+        stated = set(self.peers.get(claimer, np.zeros(0, np.int64)).tolist()) & inside
+        return sorted(p for p in stated if (claimer, p) not in self.edges)
 
     def get_edges(self, claimer: int, peer: int) -> np.ndarray:
         return self.edges.get((claimer, peer), np.zeros(0, np.int64))
@@ -158,7 +175,7 @@ def verify_claim(msg: EdgeClaims, roster: Roster, session: int, keys: KeyAnnounc
     try:
         verify_signature(
             roster.signing_key(msg.claimer),
-            claim_bytes(session, msg.claimer, msg.peer, msg.edges, msg.uses, digest),
+            claim_bytes(session, msg.claimer, msg.peer, msg.edges, msg.uses, digest, msg.peers),
             msg.claim_signature,
         )
     except CryptoSignatureError as exc:
@@ -210,6 +227,28 @@ def releases(
         if len(got):
             out[int(a)] = got
     return out
+
+
+def check_claims_complete(me: int, local: LocalGraph, claims: ClaimSet, participants: Iterable[int]) -> None:
+    """Recipient ``me`` holds every claim each client it borders made to a participant: the server
+    relays them all (:func:`relay_targets`), and each claim names, signed, all of its claimer's peers,
+    so a withheld one shows. Without this, a server could withhold a bordering owner's claim and
+    then swap the rows that claim names for the owner's own in a foreign node's neighbourhood
+    (:func:`check_foreign_neighbourhoods` counts against the claims it holds; red-team review,
+    2026-11-27).
+
+    Raises:
+        PayloadError: a bordering client without any relayed claim, or one with a claim withheld.
+    """
+    inside = set(participants)
+    for d in local.peers():
+        if d not in inside:
+            continue
+        if d not in claims.peers:
+            raise PayloadError(f"the server relayed no claim of party {d}, which this client borders")
+        missing = claims.missing(d, inside)
+        if missing:
+            raise PayloadError(f"the server withheld party {d}'s claims of its edges to parties {missing}")
 
 
 def check_foreign_neighbourhoods(
@@ -378,6 +417,10 @@ def check_claims(graphs: Mapping[int, GraphAnnounce], claims: ClaimSet, owners: 
     for (x, y), keys in claims.edges.items():
         if np.any(owners.owner(keys // _SHIFT) != x) or np.any(owners.owner(keys % _SHIFT) != y):
             raise PayloadError(f"party {x} claims edges that do not join its nodes to party {y}'s")
+    for c in claims.peers:
+        missing = claims.missing(c, graphs)
+        if missing:
+            raise PayloadError(f"party {c} names parties {missing} as its peers but sent no claim to them")
 
 
 def expected_releases(

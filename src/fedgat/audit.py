@@ -492,6 +492,7 @@ SERVER_ATTACKS = (
     "fake_edges",
     "third_party_claims",
     "relabel_forgery",
+    "withheld_claims",
     "server_plus_one_client",
     "colluder_forgery",
     "chosen_weights_one_client",
@@ -526,6 +527,7 @@ def audit_server(
     :func:`fedgat.server_attacks.fake_edges_attack`,
     :func:`fedgat.server_attacks.third_party_claims_attack`,
     :func:`fedgat.server_attacks.relabel_forgery_attack`,
+    :func:`fedgat.server_attacks.withheld_claims_attack`,
     :func:`fedgat.server_attacks.colluder_forgery_attack`) and, on the clients' decrypted encodings of
     the honest round, the training attacks (:func:`fedgat.training_attacks.training_attacks`,
     ``training_rounds`` attack rounds, the aggregate attack under each of ``strategies``, default
@@ -561,6 +563,7 @@ def audit_server(
         relabel_forgery_attack,
         shared_secret_key,
         third_party_claims_attack,
+        withheld_claims_attack,
     )
     from fedgat.training_attacks import ATTACK_STRATEGIES, TrainingSetting, training_attacks
 
@@ -602,6 +605,8 @@ def audit_server(
         results["third_party_claims"] = third_party_claims_attack(setting, colluder)
     if "relabel_forgery" in wanted:
         results["relabel_forgery"] = relabel_forgery_attack(setting)
+    if "withheld_claims" in wanted:
+        results["withheld_claims"] = withheld_claims_attack(setting)
     if "colluder_forgery" in wanted:
         results["colluder_forgery"] = colluder_forgery_attack(setting, colluder)
     training = {

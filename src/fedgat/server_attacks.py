@@ -59,6 +59,7 @@ from fedgat.graph import Graph
 from fedgat.partition import Partition
 from fedgat.protocols import (
     ClientPretrain,
+    ClientState,
     Delivery,
     Driver,
     EncodingBases,
@@ -98,6 +99,7 @@ __all__ = [
     "shared_secret_key",
     "third_party_claims_attack",
     "third_party_edges",
+    "withheld_claims_attack",
 ]
 
 #: a vector counts as recovered at this cosine with the ground truth
@@ -1058,6 +1060,82 @@ def relabel_forgery_attack(setting: AttackSetting) -> AttackOutcome:
             "colluder": colluder,
             "forged_results_sent": made["s"].forged,
             "victim_completed": accepted,
+            "victim_error": str(refusals[0]) if refusals else None,
+            "upload_window": setting.upload_window,
+        },
+    )
+
+
+# --------------------------------------------------------------------- withheld claims
+class WithholdingServer(ServerPretrain):
+    """A server that does not relay ``claim`` (a ``(claimer, peer)`` key) to ``victim``, and is honest
+    otherwise: the first step of the swap a review demonstrated (with a bordering owner D's claim to B
+    withheld, B's rows in D's nodes' neighbourhoods were replaced by D's, unseen)."""
+
+    def __init__(self, *args: Any, victim: int, claim: tuple[int, int], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.victim, self.claim = victim, claim
+
+    def _maybe_ready(self) -> list[Message]:
+        real = _pretrain_server.relay_targets
+
+        def relay(claims: Iterable[tuple[int, int]], keep: Iterable[int]) -> dict[int, list[tuple[int, int]]]:
+            out = real(claims, keep)
+            out[self.victim] = [k for k in out.get(self.victim, []) if k != self.claim]
+            return out
+
+        with mock.patch.object(_pretrain_server, "relay_targets", relay):
+            return super()._maybe_ready()
+
+
+def withheld_claim_target(setting: AttackSetting) -> tuple[int, tuple[int, int]] | None:
+    """``(victim, (d, b))``: the victim borders ``d``, and ``d`` borders ``b`` (neither the victim
+    nor ``d``): a claim the server must relay to the victim."""
+    part = setting.partition
+    src, dst = setting.graph.edge_index.numpy()
+    a, z = part.owner[src], part.owner[dst]
+    pairs = {(int(x), int(y)) for x, y in zip(a[a != z], z[a != z], strict=True)}
+    for victim in range(part.num_clients):
+        for d in sorted({y for x, y in pairs if x == victim}):
+            b = min((y for x, y in pairs if x == d and y != victim), default=None)
+            if b is not None:
+                return victim, (d, b)
+    return None
+
+
+def withheld_claims_attack(setting: AttackSetting) -> AttackOutcome:
+    """A server withholds from a victim one claim of an owner the victim borders. Since frame
+    version 9 each claim names all of its claimer's peers under its signature and the victim refuses
+    the roster unless it holds every claim of the clients it borders
+    (:func:`fedgat.protocols.pretrain_edges.check_claims_complete`); before, it went on, and a review
+    used that to swap another owner's rows in foreign neighbourhoods unseen. ``detected``: the
+    victim refused, naming the withheld claim; ``recovered``: 1 if it accepted the roster without
+    the claim (the step the swap needs)."""
+    target = withheld_claim_target(setting)
+    if target is None:
+        return AttackOutcome(
+            "withheld_claims", 0, 0, False, ran=False, detail={"note": "no third-party claim"}
+        )
+    victim, claim = target
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        return WithholdingServer(**_server_args(parties, setting, 16 << 20), victim=victim, claim=claim)
+
+    parties = _build(setting, server=server)
+    driver = _drive(parties)
+    refusals = _rejections(driver, victim)
+    client = parties.clients[victim]
+    went_on = client.state is not ClientState.AWAIT_ROSTER  # accepted the roster without the claim
+    return AttackOutcome(
+        "withheld_claims",
+        1,
+        int(went_on),
+        any("withheld" in str(e) for e in refusals) and not went_on,
+        detail={
+            "victim": victim,
+            "withheld": list(claim),
+            "victim_accepted_roster": went_on,
+            "victim_completed": client.done,
             "victim_error": str(refusals[0]) if refusals else None,
             "upload_window": setting.upload_window,
         },

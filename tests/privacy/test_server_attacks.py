@@ -16,6 +16,7 @@ from fedgat.server_attacks import (
     forged_results_attacks,
     relabel_forgery_attack,
     third_party_claims_attack,
+    withheld_claims_attack,
 )
 from fedgat.synthetic import synthetic_graph
 from fedgat.training_attacks import TrainingSetting, digest_binding_check, training_attacks, unmix
@@ -152,6 +153,28 @@ def test_without_the_check_the_victim_trains_on_the_forged_row(setting, monkeypa
     monkeypatch.setattr(pretrain_client, "check_foreign_neighbourhoods", lambda *a, **k: None)
     out = relabel_forgery_attack(setting)
     assert out.recovered == 1 and not out.detected and out.as_dict()["forged_results_sent"] >= 1
+
+
+def test_a_withheld_claim_is_refused_at_the_roster(setting):
+    """The server does not relay one claim of an owner the victim borders: the victim refuses the
+    roster (every claim names its claimer's peers, signed) and never completes; without that check
+    it goes on (a review used the gap to swap rows in foreign neighbourhoods unseen)."""
+    out = withheld_claims_attack(setting)
+    d = out.as_dict()
+    assert out.ran and out.detected and out.recovered == 0 and not d["victim_completed"]
+    assert not d["victim_accepted_roster"]
+    assert (
+        f"withheld party {d['withheld'][0]}'s claims of its edges to parties [{d['withheld'][1]}]"
+        in d["victim_error"]
+    )
+
+
+def test_without_the_completeness_check_a_withheld_claim_goes_unseen(setting, monkeypatch):
+    from fedgat.protocols import pretrain_client
+
+    monkeypatch.setattr(pretrain_client, "check_claims_complete", lambda *a, **k: None)
+    out = withheld_claims_attack(setting)
+    assert out.recovered == 1 and not out.detected
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from fedgat.server_attacks import (
     relabel_forgery_attack,
     shared_secret_key,
     third_party_claims_attack,
+    withheld_claims_attack,
 )
 from fedgat.synthetic import synthetic_graph
 
@@ -157,6 +158,12 @@ def test_fake_edges_are_refused_and_release_nothing(setting):
 
 def test_a_relabelled_foreign_neighbour_is_refused(setting):
     out = relabel_forgery_attack(setting)
+    assert out.as_dict()["upload_window"] == WINDOW
+    assert out.detected and out.recovered == 0 and not out.as_dict()["victim_completed"]
+
+
+def test_a_withheld_claim_is_refused(setting):
+    out = withheld_claims_attack(setting)
     assert out.as_dict()["upload_window"] == WINDOW
     assert out.detected and out.recovered == 0 and not out.as_dict()["victim_completed"]
 

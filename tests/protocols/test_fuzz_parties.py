@@ -197,10 +197,11 @@ def test_fuzz_signed_claims_with_random_edges(pretrain_round, claimer, peer, edg
         if client is not None and client.holder is not None and client._session_keys is not None
         else bytes(32)
     )
-    sig = key.sign(claim_bytes(session, claimer, peer, e, uses, keys)) if signed else bytes(64)
+    peers = np.array(sorted({peer, *(p for p in (0, 1, 2) if p != claimer)}), dtype=np.int64)
+    sig = key.sign(claim_bytes(session, claimer, peer, e, uses, keys, peers)) if signed else bytes(64)
     try:
         frame = fresh.craft(
-            1, EdgeClaims, 3, claimer=claimer, peer=peer, edges=e, uses=uses, claim_signature=sig
+            1, EdgeClaims, 3, claimer=claimer, peer=peer, edges=e, uses=uses, peers=peers, claim_signature=sig
         )
     except ProtocolError:
         return

@@ -139,6 +139,7 @@ def samples() -> list:
             peer=2,
             edges=np.array([[2, 7], [2, 9], [5, 7]]),
             uses=np.array([1, 0, 1]),
+            peers=np.array([0, 2, 3]),
             claim_signature=b"c" * 64,
             **HDR,
         ),
@@ -196,13 +197,13 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 8
+    assert data[4] == VERSION == 9
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
     # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4),
     # a PublicContext without the ciphertext wire (5), a signature over the frame's bytes themselves (6),
-    # results one node per item (7)
-    for version in (1, 2, 3, 4, 5, 6, 7, 9, 255):
+    # results one node per item (7), edge claims without their claimer's peers (8)
+    for version in (1, 2, 3, 4, 5, 6, 7, 8, 10, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):

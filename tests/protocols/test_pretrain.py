@@ -627,7 +627,7 @@ def test_the_server_refuses_claims_of_another_session_under_the_same_id(harness)
     signer = h.parties.deployment.identities[0].signer
     session = h.parties.config.session
     old_keys = claim_keys_digest(SessionKeys.generate().public_bytes(), bytes(32))
-    stale = signer.sign(claim_bytes(session, 0, claim.peer, claim.edges, claim.uses, old_keys))
+    stale = signer.sign(claim_bytes(session, 0, claim.peer, claim.edges, claim.uses, old_keys, claim.peers))
     body = claim.body()
     rejected(
         server,

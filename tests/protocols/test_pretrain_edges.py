@@ -32,7 +32,7 @@ from fedgat.protocols.pretrain_plan import needed_from_neighbourhoods
 SESSION = 5
 
 
-def _claim(c: int, p: int, edges, uses, signature: bytes = bytes(64)) -> EdgeClaims:
+def _claim(c: int, p: int, edges, uses, signature: bytes = bytes(64), peers=None) -> EdgeClaims:
     return EdgeClaims(
         sender=c,
         recipient=99,
@@ -42,6 +42,7 @@ def _claim(c: int, p: int, edges, uses, signature: bytes = bytes(64)) -> EdgeCla
         peer=p,
         edges=np.asarray(edges, dtype=np.int64).reshape(-1, 2),
         uses=np.asarray(uses, dtype=np.int64),
+        peers=np.asarray([p] if peers is None else peers, dtype=np.int64),
         claim_signature=signature,
     )
 
@@ -65,7 +66,7 @@ class World:
     def __init__(self, locals_: dict[int, LocalGraph]) -> None:
         self.locals = locals_
         self.claims = {
-            (c, p): _claim(c, p, edges, uses)
+            (c, p): _claim(c, p, edges, uses, peers=sorted(lg.claims()))
             for c, lg in locals_.items()
             for p, (edges, uses) in lg.claims().items()
         }
@@ -301,7 +302,12 @@ def test_a_claim_over_an_owners_edge_to_a_third_client_releases_nothing():
     but b records node 3 as c's, so b releases a nothing more (before the red-team fix: row 5, and
     with a server that skips its check, every such row of every owner)."""
     world = _three_clients()
-    claims = {**world.claims, (0, 2): _claim(0, 2, [[3, 5]], [1])}  # a had no claim to b
+    a_to_c = world.claims[(0, 1)]
+    claims = {  # a had no claim to b; its claims now name b too (signed, as a real client's would)
+        **world.claims,
+        (0, 1): _claim(0, 1, a_to_c.edges, a_to_c.uses, peers=[1, 2]),
+        (0, 2): _claim(0, 2, [[3, 5]], [1], peers=[1, 2]),
+    }
     relayed = ClaimSet.of(claims[k] for k in relay_targets(claims, [0, 1, 2])[2])
     assert relayed.get_used(0, 2).size == 1  # b does read the claim
     got = releases(2, world.locals[2], relayed, [0, 1])
@@ -381,15 +387,17 @@ def test_claims_are_signed_by_their_claimer_under_its_session_keys():
     keys = _keys(0)
     digest = claim_keys_digest(keys.hpke, keys.context_fingerprint)
     edges, uses = np.array([[0, 2], [1, 3]]), np.array([1, 0])
-    sig = signers[0].sign(claim_bytes(SESSION, 0, 1, edges, uses, digest))
-    ok = _claim(0, 1, edges, uses, sig)
+    peers = np.array([1, 2])
+    sig = signers[0].sign(claim_bytes(SESSION, 0, 1, edges, uses, digest, peers))
+    ok = _claim(0, 1, edges, uses, sig, peers=peers)
     verify_claim(ok, roster, SESSION, keys)
     for bad in (
         dataclasses.replace(ok, uses=np.array([1, 1])),  # the relaying server marks an edge used
         dataclasses.replace(ok, edges=np.array([[0, 2], [1, 4]])),
         dataclasses.replace(ok, peer=2),
+        dataclasses.replace(ok, peers=np.array([1])),  # the relaying server hides a peer
         dataclasses.replace(
-            ok, claim_signature=signers[3].sign(claim_bytes(SESSION, 0, 1, edges, uses, digest))
+            ok, claim_signature=signers[3].sign(claim_bytes(SESSION, 0, 1, edges, uses, digest, peers))
         ),
     ):
         with pytest.raises(SignatureError, match="party 0"):
