@@ -68,7 +68,9 @@ MAGIC = b"FGAT"
 #: 6: PublicContext names the session's ciphertext wire (``wire``); 7: the signature covers the SHA-256
 #: digest of the header and payload (:func:`signing_input`) instead of those bytes themselves; 8: a
 #: result item packs several nodes' partials (``ResultItem.packed``); 9: an edge claim names, signed,
-#: every client its claimer claims edges to (``EdgeClaims.peers``), so no claim can be withheld unseen
+#: every client its claimer claims edges to (``EdgeClaims.peers``), so no claim can be withheld unseen,
+#: and sealed check keys are signed over the round's key set (owners refuse a split roster); old peers
+#: fail the claims' and check keys' signatures as well as the version check
 VERSION = 9
 #: what an Ed25519 frame signature signs, before the digest (:func:`signing_input`): 50 bytes in all,
 #: shorter than any frame, so no frame of an earlier version nor any other signed structure is one

@@ -179,9 +179,16 @@ class PublicContext(Message):
             raise KeyFingerprintError("context_fingerprint is not SHA-256 of the context bytes")
 
 
-def sealed_keys_bytes(session: int, recipient: int, sealed: tuple[bytes, ...], owners: np.ndarray) -> bytes:
-    """What a recipient signs over the check keys it sealed for ``owners``."""
-    h = hashlib.sha256(b"fedgat/check-keys/v1" + struct.pack(">QI", session, recipient))
+def sealed_keys_bytes(
+    session: int, recipient: int, sealed: tuple[bytes, ...], owners: np.ndarray, keyset: bytes
+) -> bytes:
+    """What a recipient signs over the check keys it sealed for ``owners``, bound to the round's key
+    set as the recipient's roster gave it (``keyset``, :func:`keyset_fingerprint` of the participants'
+    keys): an owner verifies with its own, so a server that shows two clients different participants
+    is caught before any row is released (frame version 9)."""
+    if len(keyset) != 32:
+        raise ValueError("keyset is a 32-byte key-set fingerprint")
+    h = hashlib.sha256(b"fedgat/check-keys/v2" + struct.pack(">QI", session, recipient) + keyset)
     h.update(np.asarray(owners, dtype="<i8").tobytes())
     for blob in sealed:
         h.update(struct.pack(">I", len(blob)) + blob)

@@ -546,7 +546,12 @@ class ClientPretrain(Party):
         rel = releases(self.party_id, self.local, claims, others)
         my_keys = {p: CheckKeys.generate() for p in others}  # per owner: no key checks two owners' rows
         sealed = seal_check_keys(
-            self.session, self.party_id, self._signer, my_keys, {p: self._peers[p].hpke for p in others}
+            self.session,
+            self.party_id,
+            self._signer,
+            my_keys,
+            {p: self._peers[p].hpke for p in others},
+            keyset,
         )
         self.verifier.fingerprint = keyset
         self.participants, self.releases, self._my_keys = participants, rel, my_keys
@@ -565,7 +570,10 @@ class ClientPretrain(Party):
             raise PayloadError(f"check keys of party {r}, which is not another participant")
         if r in self._owner_keys:
             raise StateError(f"party {r}'s check keys were already relayed")
-        keys = open_check_keys(msg, self.party_id, self._session_keys, self.roster, self.session)
+        assert self.verifier.fingerprint is not None  # the roster's key set, set in _on_roster
+        keys = open_check_keys(
+            msg, self.party_id, self._session_keys, self.roster, self.session, self.verifier.fingerprint
+        )
         self._owner_keys[r] = keys
         self._maybe_upload()
         return []

@@ -158,9 +158,11 @@ def seal_check_keys(
     signer: SigningIdentity,
     keys: Mapping[int, CheckKeys],
     hpke_keys: Mapping[int, bytes],
+    keyset: bytes,
 ) -> dict:
     """The fields of ``recipient``'s :class:`SealedCheckKeys`: ``keys[b]`` sealed to ``hpke_keys[b]``
-    for every owner ``b``, and the recipient's signature over the lot."""
+    for every owner ``b``, and the recipient's signature over the lot and the round's key set
+    ``keyset`` (its roster's :func:`~fedgat.protocols.messages.keyset_fingerprint`)."""
     owners = np.array(sorted(keys), dtype=np.int64)
     sealed = tuple(
         _SUITE.encrypt(
@@ -168,28 +170,34 @@ def seal_check_keys(
         )
         for b in owners
     )
-    signature = signer.sign(sealed_keys_bytes(session, recipient, sealed, owners))
+    signature = signer.sign(sealed_keys_bytes(session, recipient, sealed, owners, keyset))
     return {"recipient_party": recipient, "owners": owners, "sealed": sealed, "keys_signature": signature}
 
 
 def open_check_keys(
-    msg: SealedCheckKeys, me: int, mine: SessionKeys, roster: Roster, session: int
+    msg: SealedCheckKeys, me: int, mine: SessionKeys, roster: Roster, session: int, keyset: bytes
 ) -> CheckKeys:
-    """The check keys recipient ``msg.recipient_party`` sealed for owner ``me``.
+    """The check keys recipient ``msg.recipient_party`` sealed for owner ``me``, signed over the key
+    set ``keyset`` of owner ``me``'s own roster.
 
     Raises:
         PayloadError: not a client's, or no entry for ``me``. SignatureError: not signed by the
-            recipient. AuthError: the entry does not open (another key, or tampered).
+            recipient, or signed over another key set (the server showed the two clients different
+            participants). AuthError: the entry does not open (another key, or tampered).
     """
     r = msg.recipient_party
     if not roster.is_client(r) or r == me:
         raise PayloadError(f"check keys of party {r}, which is no other client")
     try:
         verify_signature(
-            roster.signing_key(r), sealed_keys_bytes(session, r, msg.sealed, msg.owners), msg.keys_signature
+            roster.signing_key(r),
+            sealed_keys_bytes(session, r, msg.sealed, msg.owners, keyset),
+            msg.keys_signature,
         )
     except CryptoSignatureError as exc:
-        raise SignatureError(f"check keys of party {r} are not signed by it") from exc
+        raise SignatureError(
+            f"check keys of party {r} are not signed by it over this round's participants"
+        ) from exc
     at = np.flatnonzero(msg.owners == me)
     if not len(at):
         raise PayloadError(f"party {r}'s check keys hold no entry for party {me}")

@@ -493,6 +493,7 @@ SERVER_ATTACKS = (
     "third_party_claims",
     "relabel_forgery",
     "withheld_claims",
+    "split_roster",
     "server_plus_one_client",
     "colluder_forgery",
     "chosen_weights_one_client",
@@ -528,6 +529,7 @@ def audit_server(
     :func:`fedgat.server_attacks.third_party_claims_attack`,
     :func:`fedgat.server_attacks.relabel_forgery_attack`,
     :func:`fedgat.server_attacks.withheld_claims_attack`,
+    :func:`fedgat.server_attacks.split_roster_attack`,
     :func:`fedgat.server_attacks.colluder_forgery_attack`) and, on the clients' decrypted encodings of
     the honest round, the training attacks (:func:`fedgat.training_attacks.training_attacks`,
     ``training_rounds`` attack rounds, the aggregate attack under each of ``strategies``, default
@@ -562,6 +564,7 @@ def audit_server(
         honest_round,
         relabel_forgery_attack,
         shared_secret_key,
+        split_roster_attack,
         third_party_claims_attack,
         withheld_claims_attack,
     )
@@ -607,6 +610,8 @@ def audit_server(
         results["relabel_forgery"] = relabel_forgery_attack(setting)
     if "withheld_claims" in wanted:
         results["withheld_claims"] = withheld_claims_attack(setting)
+    if "split_roster" in wanted:
+        results["split_roster"] = split_roster_attack(setting)
     if "colluder_forgery" in wanted:
         results["colluder_forgery"] = colluder_forgery_attack(setting, colluder)
     training = {

@@ -39,6 +39,7 @@ recipient by recipient (UploadGrant) and computes each recipient on its own
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +81,7 @@ from fedgat.protocols import (
 )
 from fedgat.protocols import pretrain_server as _pretrain_server
 from fedgat.protocols.driver import Observer
-from fedgat.protocols.messages import peek_type
+from fedgat.protocols.messages import RosterReady, keyset_fingerprint, peek_type
 from fedgat.protocols.pretrain_plan import needed_from_neighbourhoods
 
 __all__ = [
@@ -97,6 +98,7 @@ __all__ = [
     "honest_round",
     "relabel_forgery_attack",
     "shared_secret_key",
+    "split_roster_attack",
     "third_party_claims_attack",
     "third_party_edges",
     "withheld_claims_attack",
@@ -1031,7 +1033,8 @@ def relabel_forgery_attack(setting: AttackSetting) -> AttackOutcome:
     if target is None or setting.partition.num_clients < 3:
         return AttackOutcome("relabel_forgery", 0, 0, False, ran=False, detail={"note": "no target"})
     victim, v, u, colluder = target
-    delta = np.full(setting.truth.shape[1], 0.05)
+    dim = setting.truth.shape[1]
+    delta = np.full(dim, 0.1 / np.sqrt(dim))  # norm 0.1: the forged row stays inside the range check
     made: dict[str, RelabelingServer] = {}
 
     def server(parties: PretrainParties) -> ServerPretrain:
@@ -1137,6 +1140,118 @@ def withheld_claims_attack(setting: AttackSetting) -> AttackOutcome:
             "victim_accepted_roster": went_on,
             "victim_completed": client.done,
             "victim_error": str(refusals[0]) if refusals else None,
+            "upload_window": setting.upload_window,
+        },
+    )
+
+
+# ------------------------------------------------------------------------ split roster
+class SplitRosterServer(ServerPretrain):
+    """A server that shows two clients ``a`` and ``b`` (which share no edge) rosters without each
+    other, and the others the full one: each message to or from ``a`` (``b``) carries the key set of
+    its own view, and the plan expects no rows between them. A third pass of the red-team review
+    (2026-11-27) used this view split to drop a bordering owner's claims to ``b`` from ``a``'s set, and
+    then swap ``b``'s rows in foreign neighbourhoods unseen; since frame version 9 sealed check keys
+    are signed over the signer's key set, and owners refuse keys of another view."""
+
+    def __init__(self, *args: Any, hide: Mapping[int, int], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.hide = dict(hide)  # recipient -> the party left out of its roster
+        self._views: dict[int, bytes] = {}
+        check = self.verifier.check_fingerprint
+
+        def check_in_view(msg: Message, **kw: Any) -> None:
+            with self._in_view(msg.sender):
+                check(msg, **kw)
+
+        self.verifier.check_fingerprint = check_in_view  # type: ignore[method-assign]
+
+    def _view(self, recipient: int) -> list[int]:
+        return [c for c in self.participants if c != self.hide[recipient]]
+
+    @contextlib.contextmanager
+    def _in_view(self, party: int) -> Iterator[None]:
+        view = self._views.get(party)
+        saved = self.verifier.fingerprint
+        if view is not None and saved is not None:
+            self.verifier.fingerprint = view
+        try:
+            yield
+        finally:
+            self.verifier.fingerprint = saved
+
+    def _new(self, cls: type, recipient: int, **fields: Any) -> Message:
+        if recipient in self.hide and self.verifier.fingerprint is not None:
+            if recipient not in self._views:
+                prints = {c: self._announced[c].context_fingerprint for c in self._view(recipient)}
+                self._views[recipient] = keyset_fingerprint(self.session, prints)
+            if cls is RosterReady:
+                fields["participants"] = np.array(self._view(recipient), dtype=np.int64)
+            with self._in_view(recipient):
+                return super()._new(cls, recipient, **fields)
+        return super()._new(cls, recipient, **fields)
+
+    def _maybe_ready(self) -> list[Message]:
+        out = super()._maybe_ready()
+        for r, h in self.hide.items():  # the hidden pairs exchange no rows
+            for key in ((h, r), (r, h)):
+                self._expected.pop(key, None)
+        return out
+
+    # it stops before computing: what is measured is whether the split view survives the exchange of
+    # check keys (the review's swap of the hidden party's rows then needs a plan of its own)
+    def _compute_results(self) -> Iterator[tuple[int, int, NodeResult]]:
+        return iter(())
+
+    def _recipient_results(self, recipient: int) -> Iterator[tuple[int, int, NodeResult]]:
+        return iter(())
+
+
+def split_roster_target(setting: AttackSetting) -> tuple[int, int] | None:
+    """Two clients that share no edge (the lowest ids), or None."""
+    part = setting.partition
+    src, dst = setting.graph.edge_index.numpy()
+    touching = {(int(x), int(y)) for x, y in zip(part.owner[src], part.owner[dst], strict=True)}
+    for a in range(part.num_clients):
+        for b in range(a + 1, part.num_clients):
+            if (a, b) not in touching:
+                return a, b
+    return None
+
+
+def split_roster_attack(setting: AttackSetting) -> AttackOutcome:
+    """The server shows clients ``a`` and ``b`` (no shared edge) rosters without each other and the
+    rest the full roster (:class:`SplitRosterServer`, which stops before computing). ``detected``: an
+    honest party refused check keys signed over another view of the round; ``recovered``: 1 if ``a``
+    accepted every check key it needs on its split view and went on to upload (the state from which
+    the review swapped ``b``'s rows in ``a``'s foreign neighbourhoods: 91 rows in 44 nodes, every
+    client completed)."""
+    target = split_roster_target(setting)
+    if target is None:
+        return AttackOutcome(
+            "split_roster", 0, 0, False, ran=False, detail={"note": "every two clients share an edge"}
+        )
+    a, b = target
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        return SplitRosterServer(**_server_args(parties, setting, 16 << 20), hide={a: b, b: a})
+
+    parties = _build(setting, server=server)
+    driver = _drive(parties)
+    refusals = [str(e) for _, e in driver.rejected if "over this round's participants" in str(e)]
+    victim = parties.clients[a]
+    went_on = victim.state not in (ClientState.AWAIT_ROSTER, ClientState.AWAIT_CHECK_KEYS)
+    return AttackOutcome(
+        "split_roster",
+        1,
+        int(went_on),
+        bool(refusals) and not went_on,
+        detail={
+            "hidden_pair": [a, b],
+            "victim_participants": [int(p) for p in victim.participants],
+            "victim_went_on": went_on,
+            "refusals": len(refusals),
+            "first_refusal": refusals[0] if refusals else None,
             "upload_window": setting.upload_window,
         },
     )

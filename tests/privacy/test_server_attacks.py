@@ -15,6 +15,7 @@ from fedgat.server_attacks import (
     fake_edges_attack,
     forged_results_attacks,
     relabel_forgery_attack,
+    split_roster_attack,
     third_party_claims_attack,
     withheld_claims_attack,
 )
@@ -174,6 +175,38 @@ def test_without_the_completeness_check_a_withheld_claim_goes_unseen(setting, mo
 
     monkeypatch.setattr(pretrain_client, "check_claims_complete", lambda *a, **k: None)
     out = withheld_claims_attack(setting)
+    assert out.recovered == 1 and not out.detected
+
+
+@pytest.fixture(scope="module")
+def apart(graph):
+    """4 clients where 0 and 1 share no edge (0's edges to 1 moved to client 2), for the split roster."""
+    owner = make_partition(graph, 4, beta=1.0, seed=0).owner.copy()
+    src, dst = graph.edge_index.numpy()
+    while np.any(hit := (owner[src] == 0) & (owner[dst] == 1)):
+        owner[dst[hit]] = 2
+    return AttackSetting(graph, make_partition(graph, 4, owner=owner), "vector", seed=1)
+
+
+def test_a_split_roster_is_refused_at_the_check_keys(apart):
+    """The server shows clients 0 and 1 rosters without each other: every owner refuses check keys
+    signed over another view of the round, and the victim never uploads on its split view."""
+    out = split_roster_attack(apart)
+    d = out.as_dict()
+    assert out.ran and d["hidden_pair"] == [0, 1] and d["victim_participants"] == [0, 2, 3]
+    assert out.detected and out.recovered == 0 and d["refusals"] > 0
+
+
+def test_without_the_key_set_binding_the_split_roster_passes(apart, monkeypatch):
+    from fedgat.protocols import messages_pretrain, pretrain_keys
+
+    real = messages_pretrain.sealed_keys_bytes
+    monkeypatch.setattr(
+        pretrain_keys,
+        "sealed_keys_bytes",
+        lambda s, r, sealed, owners, keyset: real(s, r, sealed, owners, bytes(32)),
+    )
+    out = split_roster_attack(apart)
     assert out.recovered == 1 and not out.detected
 
 

@@ -252,7 +252,8 @@ def test_fuzz_relayed_check_keys_with_random_fields(pretrain_round, recipient, o
     sealed = tuple(blob for _ in owners)
     session = h.parties.config.session
     signer = h.parties.deployment.identities[min(recipient, 3)].signer
-    sig = signer.sign(sealed_keys_bytes(session, recipient, sealed, o)) if signed else bytes(64)
+    keyset = h.server.verifier.fingerprint or bytes(32)
+    sig = signer.sign(sealed_keys_bytes(session, recipient, sealed, o, keyset)) if signed else bytes(64)
     try:
         frame = h.craft(
             3,

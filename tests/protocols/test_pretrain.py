@@ -465,8 +465,9 @@ def test_clients_refuse_check_keys_the_recipient_did_not_seal(tiny_graph, tiny_p
     sid = h.roster.server
     # the server seals check keys of its own choosing to client 1: r's signature breaks
     mine = client._session_keys.public_bytes()
+    keyset = client.verifier.fingerprint
     rogue = seal_check_keys(
-        session, r, h.parties.deployment.identities[sid].signer, {1: CheckKeys.generate()}, {1: mine}
+        session, r, h.parties.deployment.identities[sid].signer, {1: CheckKeys.generate()}, {1: mine}, keyset
     )
     rejected(
         client, h.relay(msg, 1, sealed=rogue["sealed"], owners=rogue["owners"]), SignatureError, f"party {r}"
@@ -480,9 +481,14 @@ def test_clients_refuse_check_keys_the_recipient_did_not_seal(tiny_graph, tiny_p
         "sealed": tuple(s for b, s in zip(msg.owners.tolist(), msg.sealed) if b != 1),
     }
     sig = h.parties.deployment.identities[r].signer.sign(
-        sealed_keys_bytes(session, r, only["sealed"], only["owners"])
+        sealed_keys_bytes(session, r, only["sealed"], only["owners"], keyset)
     )
     rejected(client, h.relay(msg, 1, keys_signature=sig, **only), PayloadError, "no entry for party 1")
+    # r's genuine keys, signed over another key set (a server showing r other participants than 1)
+    split = h.parties.deployment.identities[r].signer.sign(
+        sealed_keys_bytes(session, r, msg.sealed, msg.owners, bytes(32))
+    )
+    rejected(client, h.relay(msg, 1, keys_signature=split), SignatureError, "over this round's participants")
     # keys of client 1 itself, or of a party outside the round
     rejected(client, h.relay(msg, 1, recipient_party=1), PayloadError)
     # before the key set, with the pre-key fingerprint: not bound to the key set

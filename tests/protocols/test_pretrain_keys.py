@@ -35,6 +35,8 @@ from fedgat.protocols.pretrain_keys import (
 )
 
 SESSION = 123
+#: the round's key-set fingerprint both sides hold (keyset_fingerprint of the roster's keys)
+KEYSET = bytes(range(32))
 SIGNERS = {p: SigningIdentity.generate() for p in range(4)}
 ROSTER = Roster(server=3, clients=(0, 1, 2), signing_keys={p: s.public_bytes() for p, s in SIGNERS.items()})
 HDR = {"sender": 3, "recipient": 0, "session": SESSION, "seq": 1}
@@ -151,7 +153,7 @@ def _sealed(
     recipient: int, hpke: dict, keys: dict[int, CheckKeys], session: int = SESSION
 ) -> SealedCheckKeys:
     fields = seal_check_keys(
-        session, recipient, SIGNERS[recipient], keys, {b: hpke[b].public_bytes() for b in keys}
+        session, recipient, SIGNERS[recipient], keys, {b: hpke[b].public_bytes() for b in keys}, KEYSET
     )
     return SealedCheckKeys(**HDR, **fields)
 
@@ -161,23 +163,23 @@ def test_each_owner_opens_exactly_its_own_check_keys(hpke):
     msg = _sealed(1, hpke, keys)
     assert msg.owners.tolist() == [0, 2] and all(keys[0].prf not in s for s in msg.sealed)
     for b in (0, 2):
-        assert open_check_keys(msg, b, hpke[b], ROSTER, SESSION) == keys[b]
+        assert open_check_keys(msg, b, hpke[b], ROSTER, SESSION, KEYSET) == keys[b]
     # the recipient itself, or an owner with no entry
     with pytest.raises(PayloadError, match="no other client"):
-        open_check_keys(msg, 1, hpke[1], ROSTER, SESSION)
+        open_check_keys(msg, 1, hpke[1], ROSTER, SESSION, KEYSET)
     only0 = _sealed(1, hpke, {0: keys[0]})
     with pytest.raises(PayloadError, match="no entry for party 2"):
-        open_check_keys(only0, 2, hpke[2], ROSTER, SESSION)
+        open_check_keys(only0, 2, hpke[2], ROSTER, SESSION, KEYSET)
     # owner 2 cannot open owner 0's entry, even relabelled and re-signed by the recipient
     relabel = SealedCheckKeys(
         **HDR,
         **{
-            **seal_check_keys(SESSION, 1, SIGNERS[1], {0: keys[0]}, {0: hpke[0].public_bytes()}),
+            **seal_check_keys(SESSION, 1, SIGNERS[1], {0: keys[0]}, {0: hpke[0].public_bytes()}, KEYSET),
             "owners": np.array([2]),
         },
     )
     with pytest.raises(SignatureError):
-        open_check_keys(relabel, 2, hpke[2], ROSTER, SESSION)
+        open_check_keys(relabel, 2, hpke[2], ROSTER, SESSION, KEYSET)
 
 
 def test_the_relaying_server_can_neither_replace_nor_reorder_check_keys(hpke):
@@ -187,30 +189,42 @@ def test_the_relaying_server_can_neither_replace_nor_reorder_check_keys(hpke):
     rogue = _sealed(1, hpke, {0: CheckKeys.generate(), 2: keys[2]})
     swapped = dataclasses.replace(msg, sealed=(rogue.sealed[0], msg.sealed[1]))
     with pytest.raises(SignatureError, match="party 1"):
-        open_check_keys(swapped, 0, hpke[0], ROSTER, SESSION)
+        open_check_keys(swapped, 0, hpke[0], ROSTER, SESSION, KEYSET)
     # entries swapped between owners
     with pytest.raises(SignatureError):
-        open_check_keys(dataclasses.replace(msg, sealed=msg.sealed[::-1]), 0, hpke[0], ROSTER, SESSION)
+        open_check_keys(
+            dataclasses.replace(msg, sealed=msg.sealed[::-1]), 0, hpke[0], ROSTER, SESSION, KEYSET
+        )
     # one bit flipped inside an entry
     flipped = bytearray(msg.sealed[0])
     flipped[-1] ^= 1
     with pytest.raises(SignatureError):
         open_check_keys(
-            dataclasses.replace(msg, sealed=(bytes(flipped), msg.sealed[1])), 0, hpke[0], ROSTER, SESSION
+            dataclasses.replace(msg, sealed=(bytes(flipped), msg.sealed[1])),
+            0,
+            hpke[0],
+            ROSTER,
+            SESSION,
+            KEYSET,
         )
     # signed by another client, or replayed into another session
     with pytest.raises(SignatureError):
         open_check_keys(
-            dataclasses.replace(msg, keys_signature=SIGNERS[2].sign(b"x")), 0, hpke[0], ROSTER, SESSION
+            dataclasses.replace(msg, keys_signature=SIGNERS[2].sign(b"x")),
+            0,
+            hpke[0],
+            ROSTER,
+            SESSION,
+            KEYSET,
         )
     with pytest.raises(SignatureError):
-        open_check_keys(msg, 0, hpke[0], ROSTER, SESSION + 1)
+        open_check_keys(msg, 0, hpke[0], ROSTER, SESSION + 1, KEYSET)
     # a validly signed entry that does not open (sealed to another HPKE key): AuthError
     wrong = SealedCheckKeys(
-        **HDR, **seal_check_keys(SESSION, 1, SIGNERS[1], {0: keys[0]}, {0: hpke[2].public_bytes()})
+        **HDR, **seal_check_keys(SESSION, 1, SIGNERS[1], {0: keys[0]}, {0: hpke[2].public_bytes()}, KEYSET)
     )
     with pytest.raises(AuthError, match="do not open"):
-        open_check_keys(wrong, 0, hpke[0], ROSTER, SESSION)
+        open_check_keys(wrong, 0, hpke[0], ROSTER, SESSION, KEYSET)
     # an entry sealed for this owner in another session (the HPKE info binds it), re-signed
     other = _sealed(1, hpke, {0: keys[0]}, session=SESSION + 1)
     resigned = SealedCheckKeys(
@@ -218,9 +232,12 @@ def test_the_relaying_server_can_neither_replace_nor_reorder_check_keys(hpke):
         recipient_party=1,
         owners=other.owners,
         sealed=other.sealed,
-        keys_signature=SIGNERS[1].sign(sealed_keys_bytes(SESSION, 1, other.sealed, other.owners)),
+        keys_signature=SIGNERS[1].sign(sealed_keys_bytes(SESSION, 1, other.sealed, other.owners, KEYSET)),
     )
     with pytest.raises(AuthError):
-        open_check_keys(resigned, 0, hpke[0], ROSTER, SESSION)
+        open_check_keys(resigned, 0, hpke[0], ROSTER, SESSION, KEYSET)
+    # signed over another key set: the server showed the recipient other participants than owner 0
+    with pytest.raises(SignatureError, match="over this round's participants"):
+        open_check_keys(msg, 0, hpke[0], ROSTER, SESSION, bytes(32))
     # the genuine message still opens
-    assert open_check_keys(msg, 0, hpke[0], ROSTER, SESSION) == keys[0]
+    assert open_check_keys(msg, 0, hpke[0], ROSTER, SESSION, KEYSET) == keys[0]
