@@ -542,7 +542,13 @@ class ClientPretrain(Party):
         if msg.fingerprint != keyset:
             raise KeyFingerprintError("the roster is bound to another key set than the relayed keys")
         claims = self._claims_among(participants)
-        check_claims_complete(self.party_id, self.local, claims, participants)
+        inside = set(participants)
+        check_claims_complete(
+            self.party_id,
+            self.local,
+            ClaimSet.of(c for k, c in self._claims.items() if k[0] in inside),
+            participants,
+        )
         rel = releases(self.party_id, self.local, claims, others)
         my_keys = {p: CheckKeys.generate() for p in others}  # per owner: no key checks two owners' rows
         sealed = seal_check_keys(

@@ -230,15 +230,20 @@ def releases(
 
 
 def check_claims_complete(me: int, local: LocalGraph, claims: ClaimSet, participants: Iterable[int]) -> None:
-    """Recipient ``me`` holds every claim each client it borders made to a participant: the server
-    relays them all (:func:`relay_targets`), and each claim names, signed, all of its claimer's peers,
-    so a withheld one shows. Without this, a server could withhold a bordering owner's claim and
-    then swap the rows that claim names for the owner's own in a foreign node's neighbourhood
-    (:func:`check_foreign_neighbourhoods` counts against the claims it holds; red-team review,
-    2026-11-27).
+    """Recipient ``me`` holds every claim of each participant it borders (``claims``: those of the
+    round's participants, to any peer), and none of them attends over a client the roster leaves out.
+
+    The server relays a bordering client's claims to all its peers (:func:`relay_targets`), and each
+    claim names, signed, all of its claimer's peers, so a withheld one shows. Without this, a server
+    could withhold a bordering owner's claim, or leave out of the roster a client whose nodes that
+    owner attends over, and so drop or swap that client's rows in the foreign neighbourhoods the
+    recipient needs (:func:`check_foreign_neighbourhoods` counts against the claims it holds;
+    red-team review, 2026-11-27: 91 rows of a left-out client dropped from 44 of a victim's nodes).
+    An honest server ends such a round itself (:func:`fedgat.protocols.pretrain_plan.unsound_without`).
 
     Raises:
-        PayloadError: a bordering client without any relayed claim, or one with a claim withheld.
+        PayloadError: a bordering client without any relayed claim, one with a claim withheld, or one
+            attending over a left-out client's nodes.
     """
     inside = set(participants)
     for d in local.peers():
@@ -246,9 +251,15 @@ def check_claims_complete(me: int, local: LocalGraph, claims: ClaimSet, particip
             continue
         if d not in claims.peers:
             raise PayloadError(f"the server relayed no claim of party {d}, which this client borders")
-        missing = claims.missing(d, inside)
+        stated = [int(p) for p in claims.peers[d].tolist() if p != me]
+        missing = [p for p in stated if (d, p) not in claims.edges]
         if missing:
             raise PayloadError(f"the server withheld party {d}'s claims of its edges to parties {missing}")
+        outside = [p for p in stated if p not in inside and len(claims.get_used(d, p))]
+        if outside:
+            raise PayloadError(
+                f"party {d} attends over nodes of parties {outside}, which the roster leaves out"
+            )
 
 
 def check_foreign_neighbourhoods(

@@ -380,6 +380,9 @@ class ServerPretrain(Party):
         assert self._dim is not None
         self.layout = self.config.layout(self.config.row_width(self._dim), self.contexts[keep[0]].slots)
         out: list[Message] = []
+        # every participant's claims, to a left-out peer too: a recipient checks that the clients it
+        # borders use none of a left-out client's nodes (check_claims_complete)
+        claims = {k: m for k, m in self._claims.items() if k[0] in keep}
         relay = relay_targets(claims, keep)
         for c in keep:
             for p in keep:

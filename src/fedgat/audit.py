@@ -494,6 +494,7 @@ SERVER_ATTACKS = (
     "relabel_forgery",
     "withheld_claims",
     "split_roster",
+    "dropped_client",
     "server_plus_one_client",
     "colluder_forgery",
     "chosen_weights_one_client",
@@ -530,6 +531,7 @@ def audit_server(
     :func:`fedgat.server_attacks.relabel_forgery_attack`,
     :func:`fedgat.server_attacks.withheld_claims_attack`,
     :func:`fedgat.server_attacks.split_roster_attack`,
+    :func:`fedgat.server_attacks.dropped_client_attack`,
     :func:`fedgat.server_attacks.colluder_forgery_attack`) and, on the clients' decrypted encodings of
     the honest round, the training attacks (:func:`fedgat.training_attacks.training_attacks`,
     ``training_rounds`` attack rounds, the aggregate attack under each of ``strategies``, default
@@ -558,6 +560,7 @@ def audit_server(
         AttackSetting,
         colluder_forgery_attack,
         collusion_attack,
+        dropped_client_attack,
         fake_edges_attack,
         first_recipient,
         forged_results_attacks,
@@ -612,6 +615,8 @@ def audit_server(
         results["withheld_claims"] = withheld_claims_attack(setting)
     if "split_roster" in wanted:
         results["split_roster"] = split_roster_attack(setting)
+    if "dropped_client" in wanted:
+        results["dropped_client"] = dropped_client_attack(setting)
     if "colluder_forgery" in wanted:
         results["colluder_forgery"] = colluder_forgery_attack(setting, colluder)
     training = {

@@ -40,6 +40,7 @@ recipient by recipient (UploadGrant) and computes each recipient on its own
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,7 @@ from fedgat.protocols import (
     ProtocolError,
     ResultRejectedError,
     ServerPretrain,
+    ServerState,
     Transcript,
     UploadGrant,
     UploadItem,
@@ -91,6 +93,7 @@ __all__ = [
     "colluder_forgery_attack",
     "colluder_forgery_run",
     "collusion_attack",
+    "dropped_client_attack",
     "fake_edges_attack",
     "first_recipient",
     "foreign_rows",
@@ -1145,6 +1148,86 @@ def withheld_claims_attack(setting: AttackSetting) -> AttackOutcome:
     )
 
 
+# ---------------------------------------------------------------------- dropped client
+class DroppingServer(ServerPretrain):
+    """A server that leaves client ``left_out`` out of the roster although other participants' nodes
+    attend over its nodes (an honest server ends such a round: ``unsound_without``): it strikes the
+    dropped client's nodes out of its copies of the others' graphs, so its own claim check and plan
+    pass, and ignores clients that abort."""
+
+    def __init__(self, *args: Any, left_out: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.left_out = left_out
+
+    def _maybe_ready(self) -> list[Message]:
+        x = self.left_out
+        if self.state is ServerState.COLLECTING and x in self.participants and not self._keys_missing():
+            self.participants = [c for c in self.participants if c != x]
+            gone = self._graphs[x].owned
+            for c in self.participants:
+                g = self._graphs[c]
+                kept = ~np.isin(g.indices, gone)
+                sizes = np.add.reduceat(kept.astype(np.int64), g.indptr[:-1]) if len(g.indices) else kept[:0]
+                indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+                self._graphs[c] = dataclasses.replace(g, indptr=indptr, indices=g.indices[kept])
+        return super()._maybe_ready()
+
+    def _on_abort(self, msg: Message) -> list[Message]:
+        return []
+
+
+def dropped_client_target(setting: AttackSetting) -> tuple[int, int, int] | None:
+    """``(victim, d, x)``: the victim borders ``d``, ``d`` borders ``x``, the victim does not."""
+    part = setting.partition
+    src, dst = setting.graph.edge_index.numpy()
+    a, z = part.owner[src], part.owner[dst]
+    border = {(int(p), int(q)) for p, q in zip(a[a != z], z[a != z], strict=True)}
+    k = part.num_clients
+    for v in range(k):
+        for d in range(k):
+            for x in range(k):
+                if len({v, d, x}) == 3 and (v, d) in border and (d, x) in border and (v, x) not in border:
+                    return v, d, x
+    return None
+
+
+def dropped_client_attack(setting: AttackSetting) -> AttackOutcome:
+    """The server leaves out of the roster a client ``x`` whose nodes a participant ``d`` attends over
+    (:class:`DroppingServer`). A victim that borders ``d`` but not ``x`` used to accept: ``d``'s claims
+    to ``x`` were read as outside the round, and the victim completed on foreign neighbourhoods with
+    ``x``'s rows dropped (a fourth red-team pass, 2026-11-27: 91 rows in 44 nodes). Now it refuses the
+    roster (:func:`fedgat.protocols.pretrain_edges.check_claims_complete`). ``detected``: the victim
+    refused naming the left-out client; ``recovered``: 1 if it completed."""
+    target = dropped_client_target(setting)
+    if target is None:
+        return AttackOutcome(
+            "dropped_client", 0, 0, False, ran=False, detail={"note": "no such three clients"}
+        )
+    victim, d, x = target
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        return DroppingServer(**_server_args(parties, setting, 16 << 20), left_out=x)
+
+    parties = _build(setting, server=server)
+    driver = _drive(parties)
+    refusals = [str(e) for e in _rejections(driver, victim)]
+    completed = parties.clients[victim].done
+    return AttackOutcome(
+        "dropped_client",
+        1,
+        int(completed),
+        any("which the roster leaves out" in r for r in refusals) and not completed,
+        detail={
+            "victim": victim,
+            "bordering": d,
+            "dropped": x,
+            "victim_completed": completed,
+            "victim_error": refusals[0] if refusals else None,
+            "upload_window": setting.upload_window,
+        },
+    )
+
+
 # ------------------------------------------------------------------------ split roster
 class SplitRosterServer(ServerPretrain):
     """A server that shows two clients ``a`` and ``b`` (which share no edge) rosters without each
@@ -1222,7 +1305,8 @@ def split_roster_target(setting: AttackSetting) -> tuple[int, int] | None:
 def split_roster_attack(setting: AttackSetting) -> AttackOutcome:
     """The server shows clients ``a`` and ``b`` (no shared edge) rosters without each other and the
     rest the full roster (:class:`SplitRosterServer`, which stops before computing). ``detected``: an
-    honest party refused check keys signed over another view of the round; ``recovered``: 1 if ``a``
+    honest party refused check keys signed over another view of the round, or a roster that leaves
+    out a client its bordering owners attend over; ``recovered``: 1 if ``a``
     accepted every check key it needs on its split view and went on to upload (the state from which
     the review swapped ``b``'s rows in ``a``'s foreign neighbourhoods: 91 rows in 44 nodes, every
     client completed)."""
@@ -1238,7 +1322,10 @@ def split_roster_attack(setting: AttackSetting) -> AttackOutcome:
 
     parties = _build(setting, server=server)
     driver = _drive(parties)
-    refusals = [str(e) for _, e in driver.rejected if "over this round's participants" in str(e)]
+    # owners refuse check keys signed over another view; a client bordering an owner that attends over
+    # the hidden party refuses the roster itself (check_claims_complete)
+    signs = ("over this round's participants", "which the roster leaves out")
+    refusals = [str(e) for _, e in driver.rejected if any(t in str(e) for t in signs)]
     victim = parties.clients[a]
     went_on = victim.state not in (ClientState.AWAIT_ROSTER, ClientState.AWAIT_CHECK_KEYS)
     return AttackOutcome(

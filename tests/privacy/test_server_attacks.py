@@ -12,6 +12,7 @@ from fedgat.server_attacks import (
     FORGERIES,
     AttackSetting,
     colluder_forgery_attack,
+    dropped_client_attack,
     fake_edges_attack,
     forged_results_attacks,
     relabel_forgery_attack,
@@ -189,17 +190,21 @@ def apart(graph):
 
 
 def test_a_split_roster_is_refused_at_the_check_keys(apart):
-    """The server shows clients 0 and 1 rosters without each other: every owner refuses check keys
-    signed over another view of the round, and the victim never uploads on its split view."""
+    """The server shows clients 0 and 1 rosters without each other: the clients refuse (check keys
+    signed over another view of the round; a roster leaving out a client a bordering owner attends
+    over), and the victim never uploads on its split view."""
     out = split_roster_attack(apart)
     d = out.as_dict()
-    assert out.ran and d["hidden_pair"] == [0, 1] and d["victim_participants"] == [0, 2, 3]
+    assert out.ran and d["hidden_pair"] == [0, 1]
     assert out.detected and out.recovered == 0 and d["refusals"] > 0
 
 
 def test_without_the_key_set_binding_the_split_roster_passes(apart, monkeypatch):
-    from fedgat.protocols import messages_pretrain, pretrain_keys
+    """With both defences removed (the key-set binding, and the roster check that also catches this
+    split because a bordering owner attends over the hidden client) the split view goes through."""
+    from fedgat.protocols import messages_pretrain, pretrain_client, pretrain_keys
 
+    monkeypatch.setattr(pretrain_client, "check_claims_complete", lambda *a, **k: None)
     real = messages_pretrain.sealed_keys_bytes
     monkeypatch.setattr(
         pretrain_keys,
@@ -207,6 +212,24 @@ def test_without_the_key_set_binding_the_split_roster_passes(apart, monkeypatch)
         lambda s, r, sealed, owners, keyset: real(s, r, sealed, owners, bytes(32)),
     )
     out = split_roster_attack(apart)
+    assert out.recovered == 1 and not out.detected
+
+
+def test_a_client_left_out_of_the_roster_is_refused(apart):
+    """The server leaves out a client whose nodes a participant attends over: a victim bordering that
+    participant refuses the roster, naming the left-out client, and never completes (it completed on
+    neighbourhoods with the left-out client's rows dropped before the check)."""
+    out = dropped_client_attack(apart)
+    d = out.as_dict()
+    assert out.ran and out.detected and out.recovered == 0 and not d["victim_completed"]
+    assert f"attends over nodes of parties [{d['dropped']}], which the roster leaves out" in d["victim_error"]
+
+
+def test_without_the_roster_check_the_victim_completes_without_the_left_out_rows(apart, monkeypatch):
+    from fedgat.protocols import pretrain_client
+
+    monkeypatch.setattr(pretrain_client, "check_claims_complete", lambda *a, **k: None)
+    out = dropped_client_attack(apart)
     assert out.recovered == 1 and not out.detected
 
 
