@@ -278,7 +278,10 @@ def check_foreign_neighbourhoods(
     (:attr:`LocalGraph.cross_owner`), and the server relays to ``me`` every claim of ``d``
     (:func:`relay_targets`: ``me`` borders ``d``). So: ``v`` is labelled ``d``; a neighbour labelled
     ``me`` is ``me``'s node at the end of its own edge to ``v``; a neighbour ``u`` labelled ``o`` (not
-    ``me`` or ``d``) is in ``d``'s signed used claims to ``o`` as ``(v, u)``; no neighbour repeats;
+    ``me`` or ``d``) is in ``d``'s signed used claims to ``o`` as ``(v, u)``, and one labelled ``me``
+    in ``d``'s used claims to ``me`` too (with a neighbour cap, ``me``'s edge to ``v`` need not be in
+    ``v``'s neighbourhood: a fifth review pass swapped a third owner's row for such a node of
+    ``me``'s); no neighbour repeats;
     and the neighbours not labelled ``d`` are as many as ``d``'s used claims from ``v`` (so none is
     dropped). What stays unchecked is which of ``d``'s own rows the neighbourhood holds: their values
     still pass ``d``'s tags, so a server can only drop, repeat or swap rows ``d`` released to ``me``.
@@ -325,6 +328,14 @@ def check_foreign_neighbourhoods(
             raise PayloadError(
                 "the bases put this client's node in a foreign node's neighbourhood it has no edge to"
             )
+        # and the node's owner attends over it (a neighbour cap may drop an edge on its side only)
+        for dd in np.unique(label[mine]).tolist():
+            sel = mine & (label == dd)
+            if not np.all(np.isin(_keys(wide[sel], neighbours[sel]), claims.get_used(dd, me))):
+                raise PayloadError(
+                    f"the bases put this client's node in a neighbourhood of party {dd}'s node that "
+                    f"party {dd}'s signed claims do not say it attends over"
+                )
     cross = owners != label
     third = cross & ~mine
     for dd, o in np.unique(np.stack([label[third], owners[third]], axis=1), axis=0).tolist():

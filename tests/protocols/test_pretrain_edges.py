@@ -354,6 +354,33 @@ def test_a_recipient_checks_its_foreign_nodes_neighbourhoods(nodes, neighbours, 
         )
 
 
+def test_a_recipients_node_a_capped_owner_does_not_attend_over_is_refused():
+    """With a neighbour cap c's node 2 attends over b's 4 but not over a's 0, although the edge 0-2
+    exists. A server that puts a's node 0 in place of b's row 4 keeps the count of cross-client
+    neighbours; c's signed used claims to a say 2 does not attend over 0 (red-team review, fifth
+    pass, 2026-11-27)."""
+
+    def lg(owned, rows, cross, owner):
+        indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+        return LocalGraph(np.array(owned), indptr, np.concatenate(rows), np.array(cross), np.array(owner))
+
+    world = World(
+        {
+            0: lg([0, 1], [[0, 2], [1]], [[0, 2]], [1]),
+            1: lg([2, 3], [[2, 4], [3, 5]], [[2, 0], [2, 4], [3, 5]], [0, 2, 2]),  # 2 does not attend over 0
+            2: lg([4, 5], [[4, 2], [5, 3]], [[4, 2], [5, 3]], [1, 1]),
+        }
+    )
+    claims = world.relayed(0)
+    check_foreign_neighbourhoods(
+        0, world.locals[0], claims, np.array([2]), np.array([[2, 4]]), np.array([[1, 2]])
+    )
+    with pytest.raises(PayloadError, match="party 1's signed claims do not say it attends over"):
+        check_foreign_neighbourhoods(
+            0, world.locals[0], claims, np.array([2]), np.array([[2, 0]]), np.array([[1, 0]])
+        )
+
+
 def test_the_server_relays_each_owner_the_claims_it_reads_and_never_its_own():
     world = _three_clients()
     relay = relay_targets(world.claims, [0, 1, 2])
