@@ -101,12 +101,7 @@ def _client_data(cfg: FlowerRunConfig) -> tuple[Graph, Partition]:
 def _encrypt_workers(context: Context) -> int:
     """The node's ``encrypt-workers`` (processes this client encrypts its uploads on; default 0, in the
     ClientApp's process): the node's own resource, so its node config, never the run config, says."""
-    raw = context.node_config.get("encrypt-workers", 0)
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-        return raw
-    if isinstance(raw, str) and raw.strip().isdigit():
-        return int(raw)
-    raise RemotePartyError(f"node config encrypt-workers must be a count >= 0, got {raw!r}")
+    return _count(context.node_config.get("encrypt-workers", 0), "encrypt-workers", 0, RemotePartyError)
 
 
 def _new_pretrain_party(
@@ -200,12 +195,13 @@ def _positive(raw: object, key: str, below: float = math.inf) -> float:
     return value
 
 
-def _count(raw: object, key: str, least: int) -> int:
+def _count(raw: object, key: str, least: int, error: type[RemotePartyError] = NodePolicyError) -> int:
+    """A node config's whole number ``>= least`` (an int, or its digits as text)."""
     if isinstance(raw, int) and not isinstance(raw, bool) and raw >= least:
         return raw
     if isinstance(raw, str) and raw.strip().isdigit() and int(raw) >= least:
         return int(raw)
-    raise NodePolicyError(f"node config {key} must be a count >= {least}, got {raw!r}")
+    raise error(f"node config {key} must be a count >= {least}, got {raw!r}")
 
 
 def _new_rounds_party(

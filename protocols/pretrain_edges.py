@@ -252,7 +252,7 @@ def check_claims_complete(me: int, local: LocalGraph, claims: ClaimSet, particip
         if d not in claims.peers:
             raise PayloadError(f"the server relayed no claim of party {d}, which this client borders")
         stated = [int(p) for p in claims.peers[d].tolist() if p != me]
-        missing = [p for p in stated if (d, p) not in claims.edges]
+        missing = claims.missing(d, stated)
         if missing:
             raise PayloadError(f"the server withheld party {d}'s claims of its edges to parties {missing}")
         outside = [p for p in stated if p not in inside and len(claims.get_used(d, p))]

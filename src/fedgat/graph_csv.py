@@ -231,18 +231,13 @@ def _read_nodes(path: Path) -> tuple[dict, list[str]]:
 def _headed(path: Path) -> tuple[_Table, list[str]]:
     """The table after its header line, and the header's column names (stripped)."""
     delimiter = _DELIMITERS[path.suffix.lower()]
-    try:
-        with path.open(encoding="utf-8", newline="") as lines:
-            for number, text in enumerate(lines, start=1):
-                if text.split("#", 1)[0].strip():
-                    header = next(csv.reader([text.split("#", 1)[0]], delimiter=delimiter))
-                    names = [cell.strip() for cell in header]
-                    return _Table(path, delimiter, number, tuple(names)), names
-    except UnicodeDecodeError as exc:
-        raise DatasetFormatError(f"{path} is not UTF-8 text ({exc.reason})") from None
-    raise DatasetFormatError(
-        f"{path} is empty; its first line names the columns: id,label[,split],features..."
-    )
+    first = _first_data_line(path, delimiter)
+    if first is None:
+        raise DatasetFormatError(
+            f"{path} is empty; its first line names the columns: id,label[,split],features..."
+        )
+    number, names = first
+    return _Table(path, delimiter, number, tuple(names)), names
 
 
 def _roles(path: Path, header: list[str]) -> dict[str, int]:
@@ -354,6 +349,7 @@ def _read_edges(path: Path, ids: np.ndarray, nodes_name: str) -> tuple[np.ndarra
 
 
 def _first_data_line(path: Path, delimiter: str) -> tuple[int, list[str]] | None:
+    """The first line that is neither blank nor a comment: its number and its cells (stripped)."""
     try:
         with path.open(encoding="utf-8", newline="") as lines:
             for number, text in enumerate(lines, start=1):

@@ -1094,13 +1094,20 @@ class WithholdingServer(ServerPretrain):
             return super()._maybe_ready()
 
 
+def client_borders(setting: AttackSetting) -> set[tuple[int, int]]:
+    """``(a, b)`` for every two clients joined by a graph edge (both orders: the graph is undirected)."""
+    owner = setting.partition.owner
+    src, dst = setting.graph.edge_index.numpy()
+    a, z = owner[src], owner[dst]
+    cross = a != z
+    return {(int(x), int(y)) for x, y in np.unique(np.stack([a[cross], z[cross]], axis=1), axis=0)}
+
+
 def withheld_claim_target(setting: AttackSetting) -> tuple[int, tuple[int, int]] | None:
     """``(victim, (d, b))``: the victim borders ``d``, and ``d`` borders ``b`` (neither the victim
     nor ``d``): a claim the server must relay to the victim."""
     part = setting.partition
-    src, dst = setting.graph.edge_index.numpy()
-    a, z = part.owner[src], part.owner[dst]
-    pairs = {(int(x), int(y)) for x, y in zip(a[a != z], z[a != z], strict=True)}
+    pairs = client_borders(setting)
     for victim in range(part.num_clients):
         for d in sorted({y for x, y in pairs if x == victim}):
             b = min((y for x, y in pairs if x == d and y != victim), default=None)
@@ -1178,11 +1185,8 @@ class DroppingServer(ServerPretrain):
 
 def dropped_client_target(setting: AttackSetting) -> tuple[int, int, int] | None:
     """``(victim, d, x)``: the victim borders ``d``, ``d`` borders ``x``, the victim does not."""
-    part = setting.partition
-    src, dst = setting.graph.edge_index.numpy()
-    a, z = part.owner[src], part.owner[dst]
-    border = {(int(p), int(q)) for p, q in zip(a[a != z], z[a != z], strict=True)}
-    k = part.num_clients
+    border = client_borders(setting)
+    k = setting.partition.num_clients
     for v in range(k):
         for d in range(k):
             for x in range(k):
@@ -1293,8 +1297,7 @@ class SplitRosterServer(ServerPretrain):
 def split_roster_target(setting: AttackSetting) -> tuple[int, int] | None:
     """Two clients that share no edge (the lowest ids), or None."""
     part = setting.partition
-    src, dst = setting.graph.edge_index.numpy()
-    touching = {(int(x), int(y)) for x, y in zip(part.owner[src], part.owner[dst], strict=True)}
+    touching = client_borders(setting)
     for a in range(part.num_clients):
         for b in range(a + 1, part.num_clients):
             if (a, b) not in touching:
