@@ -49,7 +49,7 @@ from .messages_secagg import (
 from .party import PHASES, Handler, Party
 from .party_values import PartyReport, PartySpec
 from .roster import Identity, Roster
-from .secagg import SecAggConfig, encode, model_digest
+from .secagg import PART_COUNTS, PART_UPDATE, SecAggConfig, encode, model_digest
 from .secagg_client import ClientSecAgg
 from .training_values import absorb_rounds, report_rounds, rounds_from_spec, rounds_spec_fields
 
@@ -60,6 +60,7 @@ __all__ = [
     "SECURE_SPLITS",
     "ClientRounds",
     "RoundsState",
+    "check_secure_splits",
     "secure_length",
     "secure_mean",
     "secure_vector",
@@ -172,6 +173,19 @@ def check_arrays(arrays: dict[str, np.ndarray], reference: StateDict, what: str)
             )
     check_weights(arrays, what)
     return {name: torch.from_numpy(arr) for name, arr in arrays.items()}
+
+
+def check_secure_splits(splits: tuple[str, ...]) -> None:
+    """Under secure aggregation a client evaluates all of :data:`SECURE_SPLITS` or none: its advert's
+    counts part covers every split, so a member asked for a split the others were not asked for
+    would leave that split's sum to it alone (a seventh review pass read one client's evaluation
+    that way, one round per probe).
+
+    Raises:
+        PayloadError: another set of splits.
+    """
+    if splits and set(splits) != set(SECURE_SPLITS):
+        raise PayloadError(f"under secure aggregation a client evaluates all of {SECURE_SPLITS} or none")
 
 
 class ClientRounds(Party):
@@ -295,8 +309,8 @@ class ClientRounds(Party):
             raise ReplayError(
                 f"global model of round {msg.round}; round {self.last_round} was already served"
             )
-        if self.secagg is not None and not set(msg.splits) <= set(SECURE_SPLITS):
-            raise PayloadError(f"under secure aggregation a client evaluates only {SECURE_SPLITS}")
+        if self.secagg is not None:
+            check_secure_splits(msg.splits)
         weights = check_arrays(msg.arrays, self._reference, "GlobalModel")
         saved = self._save_for_rollback() if msg.fit else None
         self.last_round, self._weights, self._evaluated = msg.round, weights, set()
@@ -338,8 +352,19 @@ class ClientRounds(Party):
         secure = None  # a newer global model ends any secure round under way
         if self.secagg is not None:
             with self.clock("secagg"):
+                # what this input really adds: a member without training (or evaluation) nodes adds
+                # zeros there and must not count as a contributor (a seventh review pass)
+                adds_update = update is not None and update.num_train > 0
+                adds_counts = bool(counts) and all(c.count > 0 for c in counts.values())
+                parts = (PART_UPDATE if adds_update else 0) | (PART_COUNTS if adds_counts else 0)
                 secure = ClientSecAgg.begin(
-                    self.secagg, self.session, msg.round, self.party_id, model_digest(msg.arrays), vector
+                    self.secagg,
+                    self.session,
+                    msg.round,
+                    self.party_id,
+                    model_digest(msg.arrays),
+                    vector,
+                    parts,
                 )
                 out.append(self._new(SecAggAdvert, self.roster.server, **secure.advert(self._signer)))
         self._secure = secure

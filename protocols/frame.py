@@ -70,8 +70,10 @@ MAGIC = b"FGAT"
 #: result item packs several nodes' partials (``ResultItem.packed``); 9: an edge claim names, signed,
 #: every client its claimer claims edges to (``EdgeClaims.peers``), so no claim can be withheld unseen,
 #: and sealed check keys are signed over the round's key set (owners refuse a split roster); old peers
-#: fail the claims' and check keys' signatures as well as the version check
-VERSION = 9
+#: fail the claims' and check keys' signatures as well as the version check; 10: each owner signs the
+#: neighbourhoods of its nodes a recipient needs (NeighbourhoodStatement, type 32), which the recipient
+#: checks its bases against (a server could swap an owner's rows in them unseen)
+VERSION = 10
 #: what an Ed25519 frame signature signs, before the digest (:func:`signing_input`): 50 bytes in all,
 #: shorter than any frame, so no frame of an earlier version nor any other signed structure is one
 SIGNING_PREFIX = b"FGAT-frame-sha256\x00"

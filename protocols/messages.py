@@ -4,7 +4,7 @@ Frame (all integers big-endian)::
 
     offset  size  field
     0       4     magic b"FGAT"
-    4       1     version (7)
+    4       1     version (10)
     5       2     message type id (table below)
     7       4     sender party id
     11      4     recipient party id
@@ -57,6 +57,13 @@ id  type                 direction                   fields                     
                          server -> client
 17  UploadGrant          server -> client            recipients (int64, <= 4096): whose rows the       64 KiB
                                                      client may upload now (upload window only)
+30  EdgeClaims           client -> server -> the     claimer, peer, edges (int64 k x 2), uses (0/1),   ~96 MiB
+                         clients that check them     peers (every client it claims edges to),
+                                                     claim_signature (64 B)
+31  RosterReady          server -> client            participants (int64, <= 4096)                     64 KiB
+32  NeighbourhoodState-  client -> server ->         owner, recipient_party, nodes, indptr, indices          ~320 MiB
+    ment                 recipient                   (int64): neighbourhoods of the owner's nodes
+                                                     the recipient needs, statement_signature (64 B)
 ==  ===================  ==========================  ================================================  ========
 
 Secure aggregation of the FedAvg updates adds ids 20-26 (SecAggAdvert, SecAggCohort, SecAggShares,
@@ -75,10 +82,11 @@ Upload window (sessions whose :class:`~fedgat.protocols.pretrain.PretrainConfig`
 recipient only after an UploadGrant naming that recipient, and accepts its bases and results while
 it still uploads; the server refuses uploads for recipients it has not granted.
 
-Relayed messages (KeyAnnounce, PublicContext, SealedCheckKeys, EdgeClaims) are re-framed and
+Relayed messages (KeyAnnounce, PublicContext, SealedCheckKeys, EdgeClaims, NeighbourhoodStatement) are re-framed and
 re-signed by the server; what makes them trustworthy end to end is inside them: the announcing
 party's ``binding_signature`` over its keys (which fixes its context's fingerprint), its
-``keys_signature`` over the sealed check keys and its ``claim_signature`` over its edges.
+``keys_signature`` over the sealed check keys, its ``claim_signature`` over its edges and its
+``statement_signature`` over the neighbourhoods it states.
 """
 
 from __future__ import annotations
@@ -107,6 +115,7 @@ from .messages_pretrain import (
     FeatureUpload,
     GraphAnnounce,
     KeyAnnounce,
+    NeighbourhoodStatement,
     PrivacyTerms,
     PublicContext,
     ResultItem,
@@ -119,6 +128,7 @@ from .messages_pretrain import (
     claim_keys_digest,
     key_binding_bytes,
     keyset_fingerprint,
+    neighbourhood_bytes,
     sealed_keys_bytes,
 )
 from .messages_rounds import EvaluateRequest, EvaluationReport, GlobalModel, LocalUpdate, SplitCounts
@@ -147,6 +157,7 @@ __all__ = [
     "KeyAnnounce",
     "LocalUpdate",
     "Message",
+    "NeighbourhoodStatement",
     "PrivacyTerms",
     "PublicContext",
     "ResultItem",
@@ -162,6 +173,7 @@ __all__ = [
     "encode_message",
     "key_binding_bytes",
     "keyset_fingerprint",
+    "neighbourhood_bytes",
     "peek_type",
     "sealed_keys_bytes",
 ]
@@ -184,4 +196,5 @@ register(
     PrivacyTerms,
     EdgeClaims,
     RosterReady,
+    NeighbourhoodStatement,
 )

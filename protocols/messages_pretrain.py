@@ -1,4 +1,4 @@
-r"""Message types of the pre-training round (ids 1-9, 16, 30, 31; see :mod:`fedgat.protocols.messages`)."""
+r"""Message types of the pre-training round (ids 1-9, 16, 17, 30-32; see :mod:`fedgat.protocols.messages`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ __all__ = [
     "FeatureUpload",
     "GraphAnnounce",
     "KeyAnnounce",
+    "NeighbourhoodStatement",
     "PrivacyTerms",
     "PublicContext",
     "ResultItem",
@@ -37,6 +38,7 @@ __all__ = [
     "claim_keys_digest",
     "key_binding_bytes",
     "keyset_fingerprint",
+    "neighbourhood_bytes",
     "sealed_keys_bytes",
 ]
 
@@ -334,27 +336,102 @@ class GraphAnnounce(Message):
     indices: np.ndarray
 
     def check(self) -> None:
-        owned, indptr, indices = self.owned, self.indptr, self.indices
         if self.dim < 1:
             raise PayloadError("feature dimension must be >= 1")
-        if len(owned) == 0:
+        if len(self.owned) == 0:
             raise PayloadError("a client must own at least one node")
-        if owned.min() < 0 or owned.max() >= 2**32 or np.any(np.diff(owned) <= 0):
-            raise PayloadError("owned node ids must be strictly increasing u32 values")
-        if len(indptr) != len(owned) + 1 or indptr[0] != 0 or indptr[-1] != len(indices):
-            raise PayloadError("indptr must have len(owned) + 1 entries from 0 to len(indices)")
-        sizes = np.diff(indptr)
-        if np.any(sizes < 1):
-            raise PayloadError("every owned node needs a non-empty neighbourhood (itself first)")
-        if len(indices) and (indices.min() < 0 or indices.max() >= 2**32):
-            raise PayloadError("neighbour ids must be u32 values")
-        if not np.array_equal(indices[indptr[:-1]], owned):
-            raise PayloadError("each neighbourhood must start with the node itself")
-        # a neighbour listed twice would weigh twice in its node's encodings
-        row = np.repeat(np.arange(len(owned)), sizes)
-        pairs = np.lexsort((indices, row))
-        if np.any((np.diff(row[pairs]) == 0) & (np.diff(indices[pairs]) == 0)):
-            raise PayloadError("a neighbourhood lists a node twice")
+        _check_neighbourhoods(self.owned, self.indptr, self.indices, "owned")
+
+
+def _check_neighbourhoods(nodes: np.ndarray, indptr: np.ndarray, indices: np.ndarray, name: str) -> None:
+    """CSR neighbourhoods of ``nodes`` (strictly increasing u32 ids): each non-empty, the node itself
+    first, no neighbour twice."""
+    if len(nodes) and (nodes.min() < 0 or nodes.max() >= 2**32 or np.any(np.diff(nodes) <= 0)):
+        raise PayloadError(f"{name} node ids must be strictly increasing u32 values")
+    if len(indptr) != len(nodes) + 1 or indptr[0] != 0 or indptr[-1] != len(indices):
+        raise PayloadError(f"indptr must have len({name}) + 1 entries from 0 to len(indices)")
+    sizes = np.diff(indptr)
+    if np.any(sizes < 1):
+        raise PayloadError(f"every {name} node needs a non-empty neighbourhood (itself first)")
+    if len(indices) and (indices.min() < 0 or indices.max() >= 2**32):
+        raise PayloadError("neighbour ids must be u32 values")
+    if not np.array_equal(indices[indptr[:-1]], nodes):
+        raise PayloadError("each neighbourhood must start with the node itself")
+    # a neighbour listed twice would weigh twice in its node's encodings
+    row = np.repeat(np.arange(len(nodes)), sizes)
+    pairs = np.lexsort((indices, row))
+    if np.any((np.diff(row[pairs]) == 0) & (np.diff(indices[pairs]) == 0)):
+        raise PayloadError("a neighbourhood lists a node twice")
+
+
+def neighbourhood_bytes(
+    session: int,
+    owner: int,
+    recipient: int,
+    keyset: bytes,
+    nodes: np.ndarray,
+    indptr: np.ndarray,
+    indices: np.ndarray,
+) -> bytes:
+    """What an owner signs over the neighbourhoods of its nodes that ``recipient`` needs, bound to
+    the session, both parties and the round's key set (``keyset``, :func:`keyset_fingerprint`, which
+    covers every participant's fresh CKKS key), so a statement of another session or roster view is
+    refused (frame version 10)."""
+    if len(keyset) != 32:
+        raise ValueError("keyset is a 32-byte key-set fingerprint")
+    h = hashlib.sha256(b"fedgat/neighbourhoods/v1" + struct.pack(">QII", session, owner, recipient) + keyset)
+    for a in (nodes, indptr, indices):
+        a = np.asarray(a, dtype="<i8")
+        h.update(struct.pack(">Q", len(a)) + a.tobytes())
+    return h.digest()
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class NeighbourhoodStatement(Message):
+    """Owner ``owner``'s statement, to ``recipient_party``, of the attention neighbourhoods (CSR over
+    ``nodes``, the node itself first, as in its :class:`GraphAnnounce`) of its nodes the recipient
+    needs, i.e. those the recipient's nodes attend over. Signed by the owner (``statement_signature``
+    over :func:`neighbourhood_bytes`) and relayed by the server; the recipient checks the bases of
+    those nodes against it. Without it a server could swap, drop or repeat the owner's rows in those
+    neighbourhoods: the swapped rows' values still pass the owner's tags (known break 5).
+
+    It tells the recipient nothing its bases do not (they name the same neighbours), and the server
+    nothing its graph announcements do not."""
+
+    TYPE: ClassVar[int] = 32
+    MAX_PAYLOAD: ClassVar[int] = 8 * (2 * MAX_NODES + 1 + MAX_NEIGHBOUR_ENTRIES) + 1 * KiB
+    SCHEMA: ClassVar = (
+        ("owner", U32),
+        ("recipient_party", U32),
+        ("nodes", Array("<i8", MAX_NODES, ndim=1)),
+        ("indptr", Array("<i8", MAX_NODES + 1, ndim=1)),
+        ("indices", Array("<i8", MAX_NEIGHBOUR_ENTRIES, ndim=1)),
+        ("statement_signature", FixedBytes(64)),
+    )
+
+    owner: int
+    recipient_party: int
+    nodes: np.ndarray
+    indptr: np.ndarray
+    indices: np.ndarray
+    statement_signature: bytes
+
+    def check(self) -> None:
+        if self.owner == self.recipient_party:
+            raise PayloadError("a neighbourhood statement names another client as recipient")
+        if len(self.nodes) == 0:
+            raise PayloadError("a neighbourhood statement covers at least one node")
+        _check_neighbourhoods(self.nodes, self.indptr, self.indices, "stated")
+
+    def rows(self, nodes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(found (B,), neighbours (B, n))``: whether each of ``nodes`` is stated with a
+        neighbourhood of size ``n``, and that neighbourhood (garbage where not found)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.nodes, nodes), len(self.nodes) - 1)
+        start, size = self.indptr[pos], np.diff(self.indptr)[pos]
+        found = (self.nodes[pos] == nodes) & (size == n)
+        at = np.where(found[:, None], start[:, None] + np.arange(n), 0)
+        return found, self.indices[np.minimum(at, max(len(self.indices) - 1, 0))]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -6,9 +6,12 @@ r"""Message types of secure aggregation (ids 20-26), the stages of a secure FedA
 id  type                   direction         fields                                           limit
 ==  =====================  ================  ===============================================  ========
 20  SecAggAdvert           client -> server  round, c_pk, s_pk, b_commit, model_digest        1 KiB
-                                             (32 B each), binding_signature (64 B)
+                                             (32 B each), binding_signature (64 B), parts
+                                             (u8 bits: 1 update, 2 evaluation counts; 0:
+                                             adds nothing)
 21  SecAggCohort           server -> client  round, adverts: <= 4096 x (party, c_pk, s_pk,   1 MiB
-                                             b_commit, model_digest, signature), by party
+                                             b_commit, model_digest, signature, parts), by
+                                             party
 22  SecAggShares           client -> server  round, shares: <= 4096 x (recipient, sealed      1 MiB
                                              146 B), by party
 23  SecAggRelay            server -> client  round, shares: <= 4096 x (sender, sealed), by    1 MiB
@@ -35,8 +38,8 @@ import numpy as np
 
 from .codec import Array, FixedBytes, ListOf, Record
 from .errors import PayloadError
-from .frame import FP, U32, KiB, Message, MiB, register
-from .secagg import MAX_COHORT, MAX_SECAGG_ELEMS, SEALED_SHARE_BYTES, SEED_BYTES
+from .frame import FP, U8, U32, KiB, Message, MiB, register
+from .secagg import MAX_COHORT, MAX_SECAGG_ELEMS, PART_COUNTS, PART_UPDATE, SEALED_SHARE_BYTES, SEED_BYTES
 
 __all__ = [
     "SECAGG_MESSAGES",
@@ -63,6 +66,8 @@ class AdvertItem:
     b_commit: bytes
     model_digest: bytes
     signature: bytes
+    #: what its masked input carries (:data:`~fedgat.protocols.secagg.PART_UPDATE` | ``PART_COUNTS``)
+    parts: int = PART_UPDATE | PART_COUNTS
 
 
 @dataclass(frozen=True)
@@ -84,10 +89,23 @@ class RevealedShare:
 SIG = FixedBytes(64)
 ADVERT = Record(
     AdvertItem,
-    (("party", U32), ("c_pk", FP), ("s_pk", FP), ("b_commit", FP), ("model_digest", FP), ("signature", SIG)),
+    (
+        ("party", U32),
+        ("c_pk", FP),
+        ("s_pk", FP),
+        ("b_commit", FP),
+        ("model_digest", FP),
+        ("signature", SIG),
+        ("parts", U8),
+    ),
 )
 SEALED = Record(SealedShare, (("party", U32), ("sealed", FixedBytes(SEALED_SHARE_BYTES))))
 REVEALED = Record(RevealedShare, (("party", U32), ("share", FixedBytes(SEED_BYTES))))
+
+
+def _check_parts(parts: int) -> None:
+    if parts not in (0, PART_UPDATE, PART_COUNTS, PART_UPDATE | PART_COUNTS):
+        raise PayloadError(f"an advert's parts must be 0 (nothing), 1 (update), 2 (counts) or 3, not {parts}")
 
 
 def _sorted_parties(parties: list[int], what: str) -> None:
@@ -98,8 +116,9 @@ def _sorted_parties(parties: list[int], what: str) -> None:
 @dataclass(frozen=True, eq=False, kw_only=True)
 class SecAggAdvert(Message):
     """Stage 1 (advertise keys): the client's round keys -- ``c_pk`` (X25519, receives sealed shares),
-    ``s_pk`` (X25519, pairwise masks) -- a commitment to its self-mask seed and the digest of the
-    global model it trains on, bound to it by ``binding_signature``."""
+    ``s_pk`` (X25519, pairwise masks) -- a commitment to its self-mask seed, the digest of the
+    global model it trains on and the ``parts`` its input carries (its update, its evaluation
+    counts, or both), bound to it by ``binding_signature``."""
 
     TYPE: ClassVar[int] = 20
     MAX_PAYLOAD: ClassVar[int] = 1 * KiB
@@ -110,6 +129,7 @@ class SecAggAdvert(Message):
         ("b_commit", FP),
         ("model_digest", FP),
         ("binding_signature", SIG),
+        ("parts", U8),
     )
 
     round: int
@@ -118,6 +138,10 @@ class SecAggAdvert(Message):
     b_commit: bytes
     model_digest: bytes
     binding_signature: bytes
+    parts: int
+
+    def check(self) -> None:
+        _check_parts(self.parts)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -134,6 +158,8 @@ class SecAggCohort(Message):
 
     def check(self) -> None:
         _sorted_parties([a.party for a in self.adverts], "SecAggCohort.adverts")
+        for a in self.adverts:
+            _check_parts(a.parts)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

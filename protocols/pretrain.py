@@ -32,12 +32,14 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
             later messages are bound to their key set, :func:`~fedgat.protocols.messages.keyset_fingerprint`)
     client  RosterReady: decides its releases itself from confirmed edges
             (:func:`~fedgat.protocols.pretrain_edges.releases`); seals fresh check keys to every
-            other client (SealedCheckKeys: HPKE ML-KEM-768 + X25519, signed) -> server -> owners
+            other client (SealedCheckKeys: HPKE ML-KEM-768 + X25519, signed) -> server -> owners;
+            states, to each client whose nodes attend over its own, those nodes' neighbourhoods
+            (NeighbourhoodStatement, signed) -> server (checks it against the graph) -> recipient
     client  once it holds the check keys of every client it releases to: => FeatureUpload (its
             released rows with their tag columns, :mod:`fedgat.crypto.tags`, encrypted under the
             recipient's public context), UploadDone
-    server  checks every upload against the rows the plan needs from that owner for that recipient;
-            once all are done: draws the bases of every needed node ONCE
+    server  checks every upload against the rows the plan needs from that owner for that recipient
+            (and takes none before the owner's statement to that recipient); once all are done: draws the bases of every needed node ONCE
             (:func:`fedgat.encodings.draw_bases`), sends each client its buckets' EncodingBases
             (with neighbours and their owners), then => EncodingResults: per recipient, each needed
             node's *foreign share* :math:`F_i = A_i^{f} H^{f}` (paper eq. 9-14, over the neighbours
@@ -46,14 +48,17 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
             in shared ciphertexts (:func:`fedgat.crypto.tasks.encode_node`,
             :func:`~fedgat.protocols.pretrain_plan.plan_shares`,
             :class:`~fedgat.crypto.encodings.PackedShares`); finally EncodingsDone
-    client  adds the share of its own rows in plaintext; decrypts and unpacks each partial, checks its tag
+    client  checks its bases against what it knows, the claims and the statements
+            (:func:`~fedgat.protocols.pretrain_edges.check_foreign_neighbourhoods`); adds the share
+            of its own rows in plaintext; decrypts and unpacks each partial, checks its tag
             columns and range (:func:`fedgat.crypto.tags.check_share`, every partial of a message in
             one pass by :func:`~fedgat.crypto.tags.check_shares`:
             :class:`~fedgat.protocols.errors.ResultRejectedError` names the node and the owners),
             and assembles its :class:`~fedgat.encodings.Encodings`
 
-Upload window (``PretrainConfig.upload_window = W``; off by default): the server draws the plan and
-sends every client its bases as soon as the roster is ready, then grants uploads recipient by
+Upload window (``PretrainConfig.upload_window = W``; off by default): the server draws the plan as
+soon as the roster is ready and sends each client its bases once it has relayed the statements the
+client checks them against; it grants uploads recipient by
 recipient (UploadGrant to the owners that release rows to it), ``W`` recipients open at a time. A
 client uploads the rows it releases to a recipient only once granted, and takes its bases and
 results while it still uploads. Recipients are computed in plan order: once the next one's uploads

@@ -11,12 +11,15 @@ import numpy as np
 
 from fedgat.crypto import CiphertextFormatError, KeyMismatchError, ServerContext
 from fedgat.crypto.packing import check_envelope
+from fedgat.randomness import RandomSource
 
 from .errors import KeyFingerprintError, PayloadError, SizeLimitError
 from .messages import EncodingBases, GraphAnnounce, UploadItem
 from .pretrain_config import PretrainConfig, PretrainLimits, bases_bytes
 
 __all__ = [
+    "BASIS_PROBES",
+    "BASIS_TOLERANCE",
     "MAX_BASIS_ABS",
     "NORM_TOLERANCE",
     "check_bases",
@@ -29,6 +32,10 @@ __all__ = [
 
 #: largest |coefficient| a client accepts in the bases (keeps results inside the CKKS headroom)
 MAX_BASIS_ABS = 16.0
+#: random probes of a client's check of the bases' identity (:func:`check_bases`), and how far off
+#: it may be (float64 bases drawn by QR are off by ~1e-15 per entry)
+BASIS_PROBES = 4
+BASIS_TOLERANCE = 1e-9
 #: unit-norm tolerance of feature rows (all-zero rows, e.g. CiteSeer's isolated nodes, are allowed)
 NORM_TOLERANCE = 1e-4
 
@@ -173,7 +180,34 @@ def check_bases(
             raise PayloadError(
                 f"basis entries above {MAX_BASIS_ABS} (or not finite) would overflow the CKKS headroom"
             )
+    check_basis_identity(config, msg.p, msg.q)
     return need
+
+
+def check_basis_identity(config: PretrainConfig, p: np.ndarray, q: np.ndarray | None) -> None:
+    r"""The bases satisfy the identity the layer reads the neighbours' rows back with
+    (:meth:`fedgat.variants.Variant.left_inverse`: :math:`Q_i^\top Q_i = I`, or
+    :math:`q_k^\top p_j = 2\delta_{jk}`), checked on :data:`BASIS_PROBES` random vectors from the
+    OS CSPRNG (Freivalds: ``O(B m n)`` instead of the Gram matrices' ``O(B m n^2)``; a server that
+    does not know the probes passes with bases off the identity only with probability 0).
+
+    Without it a server chose the bases freely and every result, the announced map of *those* bases,
+    passed the tag check: a sixth review pass dropped, merged, scaled or isolated neighbours' rows
+    in the layer's inputs (own nodes' too) of every client, unseen (the audit's ``chosen_bases``).
+
+    Raises:
+        PayloadError: off by more than :data:`BASIS_TOLERANCE` for some node.
+    """
+    left, c = config.kind.left_inverse(p, q)
+    x = RandomSource().normal((p.shape[2], BASIS_PROBES))
+    back = np.einsum("bmn,bmk->bnk", left, np.einsum("bmn,nk->bmk", p, x))
+    off = np.abs(back - c * x).max(axis=(1, 2)) if len(p) else np.zeros(0)
+    bad = ~(off <= BASIS_TOLERANCE * (1.0 + np.abs(x).max()))  # NaN is bad too
+    if np.any(bad):
+        raise PayloadError(
+            f"the bases of {int(bad.sum())} nodes do not read their neighbours' rows back (the "
+            f"{config.kind.name} variant's identity is off by up to {float(np.nanmax(off)):.2e})"
+        )
 
 
 def check_bucket_nodes(

@@ -51,6 +51,7 @@ from .messages import (
     GraphAnnounce,
     KeyAnnounce,
     Message,
+    NeighbourhoodStatement,
     PrivacyTerms,
     PublicContext,
     RosterReady,
@@ -62,6 +63,7 @@ from .messages import (
     claim_keys_digest,
     key_binding_bytes,
     keyset_fingerprint,
+    neighbourhood_bytes,
 )
 from .party import Handler, Party
 from .party_values import PartyReport, PartySpec
@@ -70,10 +72,14 @@ from .pretrain_config import CLIENT_KIND, PretrainConfig, PretrainLimits, Pretra
 from .pretrain_edges import (
     ClaimSet,
     LocalGraph,
+    attended_by,
     check_claims_complete,
     check_foreign_neighbourhoods,
+    check_statement,
+    neighbourhoods_of,
     releases,
     verify_claim,
+    verify_statement,
 )
 from .pretrain_keys import SessionKeys, check_announce, load_public_context, open_check_keys, seal_check_keys
 from .pretrain_plan import needed_from_neighbourhoods
@@ -96,6 +102,10 @@ class ClientState(enum.Enum):
 #: coefficients (partials x rows x neighbourhood) a client's result check takes at once (16 MiB; a few
 #: transient copies of that size)
 CHECK_ENTRIES = 1 << 21
+
+
+#: the states in which the round's relayed check keys, statements and grants may arrive
+_AFTER_ROSTER = (ClientState.AWAIT_CHECK_KEYS, ClientState.UPLOADING, ClientState.AWAIT_ENCODINGS)
 
 
 @dataclass
@@ -270,6 +280,8 @@ class ClientPretrain(Party):
         self._peer_contexts: dict[int, ServerContext] = {}
         self._claims: dict[tuple[int, int], EdgeClaims] = {}
         self._claims_cache: ClaimSet | None = None  # derived from _claims once the roster is in
+        #: owner -> its signed statement of the neighbourhoods of its nodes this client needs
+        self._statements: dict[int, NeighbourhoodStatement] = {}
         self.participants: list[int] = []
         #: recipient -> owned node ids whose rows it is released (from confirmed edges)
         self.releases: dict[int, np.ndarray] = {}
@@ -321,6 +333,7 @@ class ClientPretrain(Party):
             "peers": tuple(sorted(self._peers)),
             "contexts": tuple(sorted(self._peer_contexts)),
             "claims": tuple(sorted(self._claims)),
+            "statements": tuple(sorted(self._statements)),
             "owner_keys": tuple(sorted(self._owner_keys)),
             "queue": tuple(self._queue),
             "granted": tuple(sorted(self._granted)),
@@ -424,12 +437,10 @@ class ClientPretrain(Party):
     def _handler(self, msg: Message) -> Handler | None:
         if isinstance(msg, Abort):
             return None if self.state in (ClientState.DONE, ClientState.ABORTED) else self._on_abort
-        if isinstance(msg, SealedCheckKeys) and self.state in (
-            ClientState.AWAIT_CHECK_KEYS,
-            ClientState.UPLOADING,
-            ClientState.AWAIT_ENCODINGS,
-        ):
+        if isinstance(msg, SealedCheckKeys) and self.state in _AFTER_ROSTER:
             return self._on_check_keys
+        if isinstance(msg, NeighbourhoodStatement) and self.state in _AFTER_ROSTER:
+            return self._on_statement
         return self._handlers().get((self.state, type(msg)))
 
     def _handlers(self) -> dict:
@@ -443,11 +454,10 @@ class ClientPretrain(Party):
             (ClientState.AWAIT_ENCODINGS, EncodingResults): self._on_results,
             (ClientState.AWAIT_ENCODINGS, EncodingsDone): self._on_done,
         }
-        after_roster = (ClientState.AWAIT_CHECK_KEYS, ClientState.UPLOADING, ClientState.AWAIT_ENCODINGS)
-        table.update({(state, UploadGrant): self._on_grant for state in after_roster})
+        table.update({(state, UploadGrant): self._on_grant for state in _AFTER_ROSTER})
         if self.config.upload_window is not None:
             # with an upload window the bases and results may come while this client still uploads
-            for state in after_roster[:2]:
+            for state in _AFTER_ROSTER[:2]:
                 table[(state, PrivacyTerms)] = self._on_terms
                 table[(state, EncodingBases)] = self._on_bases
                 table[(state, EncodingResults)] = self._on_results
@@ -559,14 +569,52 @@ class ClientPretrain(Party):
             {p: self._peers[p].hpke for p in others},
             keyset,
         )
+        statements = [
+            self._statement(r, attended_by(self.party_id, self.local, claims, r), keyset) for r in others
+        ]
         self.verifier.fingerprint = keyset
         self.participants, self.releases, self._my_keys = participants, rel, my_keys
         self._claims_cache = claims
         self._queue = [(r, start) for r in sorted(rel) for start in range(0, len(rel[r]), self.upload_batch)]
         self.state = ClientState.AWAIT_CHECK_KEYS
         out = [self._new(SealedCheckKeys, self.roster.server, **sealed)]
+        out += [self._new(NeighbourhoodStatement, self.roster.server, **s) for s in statements if s]
         self._maybe_upload()
         return out
+
+    def _statement(self, recipient: int, nodes: np.ndarray, keyset: bytes) -> dict:
+        """The fields of this client's signed :class:`NeighbourhoodStatement` to ``recipient`` of the
+        neighbourhoods of ``nodes`` (its nodes the recipient's attend over; empty: none to send)."""
+        if not len(nodes):
+            return {}
+        indptr, indices = neighbourhoods_of(self.owned, self._graph.indptr, self._graph.indices, nodes)
+        signed = neighbourhood_bytes(self.session, self.party_id, recipient, keyset, nodes, indptr, indices)
+        return {
+            "owner": self.party_id,
+            "recipient_party": recipient,
+            "nodes": nodes,
+            "indptr": indptr,
+            "indices": indices,
+            "statement_signature": self._signer.sign(signed),
+        }
+
+    def _on_statement(self, msg: NeighbourhoodStatement) -> list[Message]:
+        self._from_server(msg)
+        if msg.owner not in self.participants or msg.owner == self.party_id:
+            raise PayloadError(
+                f"a neighbourhood statement of party {msg.owner}, which is not another participant"
+            )
+        if msg.recipient_party != self.party_id:
+            raise PayloadError(
+                f"party {msg.owner}'s statement is for party {msg.recipient_party}, not this client"
+            )
+        if msg.owner in self._statements:
+            raise StateError(f"party {msg.owner}'s neighbourhood statement was already relayed")
+        assert self.verifier.fingerprint is not None  # the roster's key set, set in _on_roster
+        verify_statement(msg, self.roster, self.session, self.verifier.fingerprint)
+        check_statement(self.party_id, self.local, msg)
+        self._statements[msg.owner] = msg
+        return []
 
     def _on_check_keys(self, msg: SealedCheckKeys) -> list[Message]:
         self._from_server(msg)
@@ -751,6 +799,7 @@ class ClientPretrain(Party):
                 msg.nodes[foreign],
                 msg.neighbours[foreign],
                 msg.owners[foreign],
+                stated=self._statements,
             )
 
     def _claim_set(self) -> ClaimSet:

@@ -42,20 +42,32 @@ from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import verify as verify_signature
 
 from .errors import PayloadError, SignatureError
-from .messages import EdgeClaims, GraphAnnounce, KeyAnnounce, claim_bytes, claim_keys_digest
+from .messages import (
+    EdgeClaims,
+    GraphAnnounce,
+    KeyAnnounce,
+    NeighbourhoodStatement,
+    claim_bytes,
+    claim_keys_digest,
+    neighbourhood_bytes,
+)
 from .roster import Roster
 
 __all__ = [
     "ClaimSet",
     "LocalGraph",
     "OwnerMap",
+    "attended_by",
     "check_claims",
     "check_claims_complete",
     "check_foreign_neighbourhoods",
+    "check_statement",
     "expected_releases",
+    "neighbourhoods_of",
     "relay_targets",
     "releases",
     "verify_claim",
+    "verify_statement",
 ]
 
 _SHIFT = np.int64(1 << 32)
@@ -118,6 +130,14 @@ class LocalGraph:
 
     def peers(self) -> list[int]:
         return [int(p) for p in np.unique(self.cross_owner)]
+
+    def attended(self, peer: int) -> np.ndarray:
+        """The nodes of ``peer`` (as this client records their owner) that its own nodes attend over,
+        sorted: the foreign nodes of ``peer``'s it needs."""
+        src, dst = self.attention_pairs()
+        to_peer = self.cross_owner == peer
+        used = np.isin(self.cross_keys[to_peer], _keys(src, dst))
+        return np.unique(self.cross[to_peer][used][:, 1])
 
 
 @dataclass(frozen=True)
@@ -189,6 +209,68 @@ def _swap(keys: np.ndarray) -> np.ndarray:
     return (keys % _SHIFT) * _SHIFT + keys // _SHIFT
 
 
+def neighbourhoods_of(
+    owned: np.ndarray, indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr, indices)``: the CSR neighbourhoods of ``nodes`` (all in ``owned``) taken out of
+    those of ``owned`` (``indptr``, ``indices``)."""
+    pos = np.searchsorted(owned, nodes)
+    start, sizes = indptr[pos], np.diff(indptr)[pos]
+    out = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return out, indices[np.repeat(start - out[:-1], sizes) + np.arange(int(out[-1]))]
+
+
+def attended_by(me: int, local: LocalGraph, claims: ClaimSet, recipient: int) -> np.ndarray:
+    """Owner ``me``'s nodes that ``recipient``'s nodes attend over (sorted): ``recipient``'s used
+    claims to ``me`` whose edge ``me`` has, to a node it records as ``recipient``'s. These are the
+    nodes of ``me`` the recipient needs, whose neighbourhoods ``me`` releases (rule b) and states
+    (:class:`~fedgat.protocols.messages.NeighbourhoodStatement`)."""
+    used = claims.get_used(recipient, me)
+    mine = local.cross_keys[local.cross_owner == recipient]
+    return np.unique(used[np.isin(_swap(used), mine)] % _SHIFT)
+
+
+def verify_statement(msg: NeighbourhoodStatement, roster: Roster, session: int, keyset: bytes) -> None:
+    """Check the owner's signature over its neighbourhood statement (relayed re-framed by the
+    server), bound to the session and the round's key set.
+
+    Raises:
+        PayloadError: the owner or the recipient is not a client.
+        SignatureError: the signature does not verify (also: another session or key set).
+    """
+    if not roster.is_client(msg.owner) or not roster.is_client(msg.recipient_party):
+        raise PayloadError(
+            f"a statement between parties {msg.owner} and {msg.recipient_party}, not both clients"
+        )
+    signed = neighbourhood_bytes(
+        session, msg.owner, msg.recipient_party, keyset, msg.nodes, msg.indptr, msg.indices
+    )
+    try:
+        verify_signature(roster.signing_key(msg.owner), signed, msg.statement_signature)
+    except CryptoSignatureError as exc:
+        raise SignatureError(
+            f"party {msg.owner}'s statement of its neighbourhoods for party {msg.recipient_party} is not signed "
+            "by it for this round's key set"
+        ) from exc
+
+
+def check_statement(me: int, local: LocalGraph, msg: NeighbourhoodStatement) -> None:
+    """Recipient ``me``'s check that an owner's statement covers exactly the owner's nodes ``me``'s
+    nodes attend over, as ``me`` records them (:meth:`LocalGraph.attended`).
+
+    Raises:
+        PayloadError: a statement for another recipient, or over other nodes.
+    """
+    if msg.recipient_party != me:
+        raise PayloadError(
+            f"party {msg.owner}'s statement is for party {msg.recipient_party}, not this client"
+        )
+    if not np.array_equal(msg.nodes, local.attended(msg.owner)):
+        raise PayloadError(
+            f"party {msg.owner}'s statement covers other nodes than this client's nodes attend over"
+        )
+
+
 def releases(
     me: int, local: LocalGraph, claims: ClaimSet, recipients: Iterable[int]
 ) -> dict[int, np.ndarray]:
@@ -207,11 +289,9 @@ def releases(
             continue
         rows: list[np.ndarray] = []
         # (a) a's node v uses my u: a's used claim (v, u), and my edge (u, v) to a node of a
-        used = claims.get_used(a, me)
-        ok = used[np.isin(_swap(used), mine(a))]
-        rows.append(ok % _SHIFT)
+        needed_mine = attended_by(me, local, claims, a)
+        rows.append(needed_mine)
         # (b) a needs my node v (a's used claim (i, v), my edge (v, i)): v's neighbourhood, mine only
-        needed_mine = np.unique(ok % _SHIFT)
         at = np.isin(src, needed_mine)
         rows.append(dst[at][np.isin(dst[at], owned)])
         # (c) c's node v uses my u (c's used claim (v, u), my edge (u, v) to a node of c) and a needs v
@@ -251,7 +331,11 @@ def check_claims_complete(me: int, local: LocalGraph, claims: ClaimSet, particip
             continue
         if d not in claims.peers:
             raise PayloadError(f"the server relayed no claim of party {d}, which this client borders")
-        stated = [int(p) for p in claims.peers[d].tolist() if p != me]
+        stated = [int(p) for p in claims.peers[d].tolist()]
+        if me not in stated:  # the graph is undirected: d has the edges this client has to it
+            raise PayloadError(f"party {d}'s signed claims do not name this client, which borders it")
+        # d's claim to this client too (a sixth review pass withheld it, so that the count of d's
+        # cross-client neighbours missed this client's rows, and struck them unseen)
         missing = claims.missing(d, stated)
         if missing:
             raise PayloadError(f"the server withheld party {d}'s claims of its edges to parties {missing}")
@@ -269,10 +353,18 @@ def check_foreign_neighbourhoods(
     nodes: np.ndarray,
     neighbours: np.ndarray,
     owners: np.ndarray,
+    *,
+    stated: Mapping[int, NeighbourhoodStatement],
 ) -> None:
     """Recipient ``me``'s check of the neighbourhoods and owner labels the server's bases give for
     the *foreign* nodes it needs (``nodes`` ``(B,)`` not owned by ``me``, ``neighbours`` and
-    ``owners`` ``(B, n)``), against what it knows and the signed claims it holds.
+    ``owners`` ``(B, n)``), against what it knows, the signed claims it holds and the owners'
+    signed statements of those neighbourhoods (``stated``: owner -> its statement to ``me``,
+    checked by :func:`verify_statement` and :func:`check_statement`).
+
+    Each neighbourhood is the one its owner states, entry for entry (frame version 10; before, a
+    server could swap, drop or repeat the owner's own rows in it, whose values still pass the
+    owner's tags: known break 5).
 
     Each such node ``v`` is the end of one of ``me``'s cross edges, so ``me`` knows its owner ``d``
     (:attr:`LocalGraph.cross_owner`), and the server relays to ``me`` every claim of ``d``
@@ -283,8 +375,8 @@ def check_foreign_neighbourhoods(
     ``v``'s neighbourhood: a fifth review pass swapped a third owner's row for such a node of
     ``me``'s); no neighbour repeats;
     and the neighbours not labelled ``d`` are as many as ``d``'s used claims from ``v`` (so none is
-    dropped). What stays unchecked is which of ``d``'s own rows the neighbourhood holds: their values
-    still pass ``d``'s tags, so a server can only drop, repeat or swap rows ``d`` released to ``me``.
+    dropped). These label checks hold even where an owner colluding with the server states a false
+    neighbourhood: it cannot make another owner's row its own.
 
     Without this, a server colluding with a client C could label an honest owner's row in a
     foreign node's neighbourhood as C's, and the recipient checked that partial against the check
@@ -312,6 +404,19 @@ def check_foreign_neighbourhoods(
         raise PayloadError(
             "the bases give a foreign node another owner than this client knows, or not itself"
         )
+    for dd in np.unique(d).tolist():
+        statement = stated.get(dd)
+        if statement is None:
+            raise PayloadError(
+                f"the bases give nodes of party {dd} before party {dd}'s signed statement of their "
+                "neighbourhoods"
+            )
+        found, want = statement.rows(nodes[d == dd], neighbours.shape[1])
+        if not found.all() or not np.array_equal(want, neighbours[d == dd]):
+            raise PayloadError(
+                f"the bases give a node of party {dd} another neighbourhood than party {dd}'s signed "
+                "statement"
+            )
     ordered = np.sort(neighbours, axis=1)
     if np.any(ordered[:, 1:] == ordered[:, :-1]):
         raise PayloadError("the bases repeat a neighbour in a foreign node's neighbourhood")

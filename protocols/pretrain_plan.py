@@ -37,6 +37,8 @@ __all__ = [
     "partition_graphs",
     "plan_round",
     "plan_shares",
+    "recipient_shares",
+    "share_order",
     "shortfall",
     "unsound_without",
 ]
@@ -242,28 +244,51 @@ def plan_shares(
     the server passes the function it labels the bases with, so the partials follow the labels."""
     needed, bases = _draw(graphs, variant, rng, embed_factor)
     views, route = _views(bases, needed, max_bucket_elems)
+    owner_of = labels if labels is not None else _announced_owners(graphs)
+    shares = {c: recipient_shares(c, views[c], owner_of, layout) for c in sorted(graphs)}
+    return RoundPlan(needed, bases, *share_order(shares), views, route, shares)
+
+
+def _announced_owners(
+    graphs: Mapping[int, GraphAnnounce],
+) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
     ids = np.concatenate([graphs[c].owned for c in graphs])
     who = np.repeat(list(graphs), [len(graphs[c].owned) for c in graphs])
     order = np.argsort(ids, kind="stable")
     ids, who = ids[order], who[order]
-    shares: dict[int, list[PackedShares]] = {}
-    buckets: list[PackedShares] = []
-    recipients: list[tuple[int, ...]] = []
-    for c in sorted(graphs):
-        shares[c] = []
-        for view in views[c]:
-            if labels is None:
-                owner = who[np.minimum(np.searchsorted(ids, view.neighbours), len(ids) - 1)]
-            else:
-                owner = labels(c, view.nodes, view.neighbours)
-            for o in np.unique(owner[owner != c]).tolist():
-                part = owner == o
-                has = np.flatnonzero(part.any(axis=1))
-                share = ShareBucket(view.take(has), part[has], owner=int(o))
-                shares[c].append(PackedShares(share, layout))
-        buckets += shares[c]
-        recipients += [(c,)] * sum(len(b) for b in shares[c])
-    return RoundPlan(needed, bases, buckets, recipients, views, route, shares)
+
+    def owners(recipient: int, nodes: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+        return who[np.minimum(np.searchsorted(ids, neighbours), len(ids) - 1)]
+
+    return owners
+
+
+def recipient_shares(
+    recipient: int,
+    views: Sequence[BucketBases],
+    labels: Callable[[int, np.ndarray, np.ndarray], np.ndarray],
+    layout: SlotLayout,
+) -> list[PackedShares]:
+    """One recipient's compute buckets (:func:`plan_shares`): per bucket of its ``views`` and per
+    other owner its ``labels`` name, that owner's partials, packed."""
+    out: list[PackedShares] = []
+    for view in views:
+        owner = labels(recipient, view.nodes, view.neighbours)
+        for o in np.unique(owner[owner != recipient]).tolist():
+            part = owner == o
+            has = np.flatnonzero(part.any(axis=1))
+            out.append(PackedShares(ShareBucket(view.take(has), part[has], owner=int(o)), layout))
+    return out
+
+
+def share_order(shares: Mapping[int, list[PackedShares]]) -> tuple[list[PackedShares], list[tuple[int, ...]]]:
+    """:attr:`RoundPlan.buckets` and :attr:`RoundPlan.recipients` of a shares plan: recipient by
+    recipient (sorted), one recipient per result."""
+    buckets = [b for c in sorted(shares) for b in shares[c]]
+    recipients: list[tuple[int, ...]] = [
+        (c,) for c in sorted(shares) for b in shares[c] for _ in range(len(b))
+    ]
+    return buckets, recipients
 
 
 def partition_graphs(partition: Partition, dim: int = 1) -> dict[int, GraphAnnounce]:

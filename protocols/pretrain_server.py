@@ -11,9 +11,10 @@ in-process, process-pool, Ray and Flower engines differ only in what they pass.
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from .messages import (
     GraphAnnounce,
     KeyAnnounce,
     Message,
+    NeighbourhoodStatement,
     PrivacyTerms,
     PublicContext,
     ResultItem,
@@ -50,7 +52,16 @@ from .messages import (
 from .party import Handler, Party
 from .pretrain_checks import check_graph_limits, check_upload_items
 from .pretrain_config import PretrainConfig, PretrainLimits, PretrainTimeouts
-from .pretrain_edges import ClaimSet, OwnerMap, check_claims, expected_releases, relay_targets, verify_claim
+from .pretrain_edges import (
+    ClaimSet,
+    OwnerMap,
+    check_claims,
+    expected_releases,
+    neighbourhoods_of,
+    relay_targets,
+    verify_claim,
+    verify_statement,
+)
 from .pretrain_keys import check_announce, load_public_context
 from .pretrain_plan import ResultBatcher, RoundPlan, needed_from_neighbourhoods, plan_shares, unsound_without
 from .roster import Identity, Roster
@@ -140,6 +151,13 @@ class ServerPretrain(Party):
         self._terms: set[int] = set()
         self._sealed: set[int] = set()
         self._expected: dict[tuple[int, int], np.ndarray] = {}
+        #: (owner, recipient) -> the owner's nodes the recipient needs, whose neighbourhoods the owner
+        #: states before it uploads rows for the recipient; the statements relayed so far
+        self._to_state: dict[tuple[int, int], np.ndarray] = {}
+        self._statements: dict[tuple[int, int], NeighbourhoodStatement] = {}
+        self._unstated: dict[int, int] = {}  # recipient -> statements it still waits for
+        #: upload window: recipients whose bases wait for every statement they check them against
+        self._held_bases: set[int] = set()
         self._received: dict[tuple[int, int], set[tuple[int, int]]] = {}
         self._uploaded_done: set[int] = set()
         #: the round's plan (:func:`~fedgat.protocols.pretrain_plan.plan_shares`), once computing
@@ -198,6 +216,8 @@ class ServerPretrain(Party):
             "announced": tuple(sorted(self._announced)),
             "graphs": tuple(sorted(self._graphs)),
             "claims": tuple(sorted(self._claims)),
+            "statements": tuple(sorted(self._statements)),
+            "held_bases": tuple(sorted(self._held_bases)),
             "owners": len(self._owner),
             "sealed": tuple(sorted(self._sealed)),
             "received": tuple((k, len(v)) for k, v in sorted(self._received.items())),
@@ -225,6 +245,7 @@ class ServerPretrain(Party):
         elif self.state is ServerState.UPLOADING:
             handlers = {
                 SealedCheckKeys: self._on_sealed,
+                NeighbourhoodStatement: self._on_statement,
                 FeatureUpload: self._on_upload,
                 UploadDone: self._on_upload_done,
                 Abort: self._on_abort,
@@ -375,6 +396,8 @@ class ServerPretrain(Party):
             check_claims(graphs, ClaimSet.of(claims.values()), owners)
             needed = {c: needed_from_neighbourhoods(g.owned, g.indices) for c, g in graphs.items()}
             self._expected = expected_releases(needed, owners)
+            self._to_state = _to_state(needed, owners)
+            self._unstated = dict(collections.Counter(r for _, r in self._to_state))
         except PayloadError as exc:  # a client's claims contradict its graph or its peers'
             return self._abort(AbortCode.GRAPH_INCONSISTENT, str(exc))
         assert self._dim is not None
@@ -444,7 +467,49 @@ class ServerPretrain(Party):
     def _relay(self, msg: Message, to: int) -> Message:
         return self._new(type(msg), to, **msg.body())
 
+    def _stated_for(self, recipient: int) -> bool:
+        """Whether every statement ``recipient`` checks its bases against has been relayed to it."""
+        return not self._unstated.get(recipient, 0)
+
     # --- uploads ---------------------------------------------------------------------------------------
+    def _on_statement(self, msg: NeighbourhoodStatement) -> list[Message]:
+        """An owner's signed statement of the neighbourhoods of its nodes a recipient needs: checked
+        against its announced graph and relayed to the recipient (then, with an upload window, the
+        recipient's bases if they waited for it)."""
+        self._require_client(msg)
+        if msg.owner != msg.sender:
+            raise PayloadError(f"party {msg.sender} sends party {msg.owner}'s neighbourhood statement")
+        key = (msg.sender, msg.recipient_party)
+        want = self._to_state.get(key)
+        if want is None:
+            raise PayloadError(f"party {msg.recipient_party} needs no node of party {msg.sender}")
+        if key in self._statements:
+            raise StateError(
+                f"party {msg.sender} has already stated its neighbourhoods for party {msg.recipient_party}"
+            )
+        assert self.verifier.fingerprint is not None  # the round's key set, set with the roster
+        verify_statement(msg, self.roster, self.session, self.verifier.fingerprint)
+        g = self._graphs[msg.sender]
+        indptr, indices = neighbourhoods_of(g.owned, g.indptr, g.indices, want)
+        if not (
+            np.array_equal(msg.nodes, want)
+            and np.array_equal(msg.indptr, indptr)
+            and np.array_equal(msg.indices, indices)
+        ):
+            raise PayloadError(
+                f"party {msg.sender}'s statement for party {msg.recipient_party} differs from its announced "
+                f"graph or from the nodes party {msg.recipient_party} needs"
+            )
+        self._statements[key] = msg
+        self._unstated[msg.recipient_party] -= 1
+        out = [self._relay(msg, msg.recipient_party)]
+        r = msg.recipient_party
+        if r in self._held_bases and self._stated_for(r):
+            self._held_bases.discard(r)
+            with self.clock("server_compute"):
+                out += self._bases(r)
+        return out
+
     def _on_sealed(self, msg: SealedCheckKeys) -> list[Message]:
         self._require_client(msg)
         if msg.recipient_party != msg.sender:
@@ -468,6 +533,11 @@ class ServerPretrain(Party):
         if self.windowed and msg.target not in self._granted:
             raise PayloadError(
                 f"party {msg.sender} uploads rows for party {msg.target} before the server granted them"
+            )
+        if key in self._to_state and key not in self._statements:
+            raise PayloadError(
+                f"party {msg.sender} uploads rows for party {msg.target} before stating the "
+                "neighbourhoods of its nodes that party needs"
             )
         assert self.layout is not None
         received = self._received[key]
@@ -568,21 +638,12 @@ class ServerPretrain(Party):
             self._batcher = ResultBatcher(plan, self._result_batch_bytes)
             self._bucket_start = list(itertools.accumulate((len(b) for b in plan.buckets), initial=0))
             for c in self.participants:
-                for cb, view in enumerate(plan.views[c]):
-                    out.append(
-                        self._new(
-                            EncodingBases,
-                            c,
-                            bucket=cb,
-                            variant=view.variant,
-                            n=view.n,
-                            nodes=view.nodes,
-                            neighbours=view.neighbours,
-                            owners=self._owner_labels(c, view.nodes, view.neighbours),
-                            p=view.p,
-                            q=view.q,
-                        )
-                    )
+                # after the statements the client checks them against (without an upload window every
+                # upload, hence every statement, is in by now)
+                if self._stated_for(c):
+                    out += self._bases(c)
+                else:
+                    self._held_bases.add(c)
             self.nodes_total = plan.num_results
             # each recipient's multiply-adds (what the encoder factory weighs a pool against); a
             # shares plan's buckets are its recipients' shares, so they add up to the round's
@@ -592,6 +653,25 @@ class ServerPretrain(Party):
             }
             self.multiply_adds = sum(self._recipient_multiply_adds.values())
         return out
+
+    def _bases(self, c: int) -> list[Message]:
+        """Client ``c``'s EncodingBases, one per bucket of its view of the plan."""
+        assert self.plan is not None
+        return [
+            self._new(
+                EncodingBases,
+                c,
+                bucket=cb,
+                variant=view.variant,
+                n=view.n,
+                nodes=view.nodes,
+                neighbours=view.neighbours,
+                owners=self._owner_labels(c, view.nodes, view.neighbours),
+                p=view.p,
+                q=view.q,
+            )
+            for cb, view in enumerate(self.plan.views[c])
+        ]
 
     @property
     def bases(self) -> list[BucketBases]:
@@ -836,3 +916,14 @@ class ServerPretrain(Party):
             for spool in self._spools.values():
                 spool.close()
         self._closed = True
+
+
+def _to_state(needed: Mapping[int, np.ndarray], owners: OwnerMap) -> dict[tuple[int, int], np.ndarray]:
+    """``(owner, recipient) -> sorted node ids``: each recipient's needed nodes of other owners, whose
+    neighbourhoods their owner states to it (:class:`NeighbourhoodStatement`)."""
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for a, nodes in needed.items():
+        who = owners.owner(nodes)
+        for b in np.unique(who[(who != a) & (who >= 0)]).tolist():
+            out[(int(b), a)] = np.sort(nodes[who == b])
+    return out

@@ -25,9 +25,10 @@ Mid-run state (:mod:`fedgat.protocols.party_state`, any point between messages):
   :meth:`~fedgat.crypto.KeyHolderContext.from_secret_bytes`, which checks the fingerprint), its HPKE
   private keys (:meth:`~fedgat.protocols.pretrain_keys.SessionKeys.private_bytes`), the check keys it
   gave every owner and those every recipient gave it (:meth:`~fedgat.crypto.tags.CheckKeys.to_bytes`);
-* what the server relayed: every peer's :class:`~fedgat.protocols.messages.KeyAnnounce` and
-  :class:`~fedgat.protocols.messages.EdgeClaims` as the signed frame it arrived in (decoded again on
-  restore: the very same messages), every peer's public CKKS context as its canonical bytes
+* what the server relayed: every peer's :class:`~fedgat.protocols.messages.KeyAnnounce`,
+  :class:`~fedgat.protocols.messages.EdgeClaims` and
+  :class:`~fedgat.protocols.messages.NeighbourhoodStatement` as the signed frame it arrived in
+  (decoded again on restore: the very same messages), every peer's public CKKS context as its canonical bytes
   (reloaded with :meth:`~fedgat.crypto.ServerContext.from_bytes` and checked against the fingerprint
   the peer announced);
 * the round: the participants, the releases (recipient -> node ids), the slot layout, the upload
@@ -55,7 +56,7 @@ from fedgat.dp import FeatureDP
 
 from .errors import StateError
 from .frame import Message, decode_message
-from .messages import EdgeClaims, KeyAnnounce
+from .messages import EdgeClaims, KeyAnnounce, NeighbourhoodStatement
 from .party_values import PartyReport, PartySpec, encodings_from_value, encodings_to_value
 from .pretrain_config import PretrainConfig, PretrainLimits, PretrainTimeouts
 from .pretrain_keys import SessionKeys
@@ -257,6 +258,7 @@ def state_progress(client: ClientPretrain) -> dict[str, Any]:
         "peers": [_frame(m) for m in client._peers.values()],
         "contexts": [[int(p), ctx.public_context_bytes()] for p, ctx in client._peer_contexts.items()],
         "claims": [_frame(m) for m in client._claims.values()],
+        "statements": [_frame(m) for m in client._statements.values()],
         "participants": [int(p) for p in client.participants],
         "releases": [[int(r), np.asarray(nodes, dtype=np.int64)] for r, nodes in client.releases.items()],
         "owner_keys": [[int(p), k.to_bytes()] for p, k in client._owner_keys.items()],
@@ -328,6 +330,8 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
     claims = [_unframe(f, EdgeClaims) for f in progress["claims"]]
     client._claims = {(int(m.claimer), int(m.peer)): m for m in claims}
     client._claims_cache = None  # derived again from the claims and participants when needed
+    statements = [_unframe(f, NeighbourhoodStatement) for f in progress.get("statements", ())]
+    client._statements = {int(m.owner): m for m in statements}
     client.participants = [int(p) for p in progress["participants"]]
     client.releases = {int(r): np.asarray(nodes, dtype=np.int64) for r, nodes in progress["releases"]}
     client._owner_keys = {int(p): CheckKeys.from_bytes(k) for p, k in progress["owner_keys"]}

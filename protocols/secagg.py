@@ -70,6 +70,8 @@ __all__ = [
     "FRAC_BITS",
     "MAX_COHORT",
     "MAX_SECAGG_ELEMS",
+    "PART_COUNTS",
+    "PART_UPDATE",
     "RING_BITS",
     "SEALED_SHARE_BYTES",
     "SEED_BYTES",
@@ -354,15 +356,30 @@ def b_commitment(b_seed: bytes, session: int, round_: int, party: int) -> bytes:
     ).digest()
 
 
+#: what a client's masked input carries (:attr:`SecAggAdvert.parts`, a bit set): its update (it
+#: trains this round), its evaluation counts (it evaluates)
+PART_UPDATE, PART_COUNTS = 1, 2
+
+
 def advert_bytes(
-    session: int, round_: int, party: int, c_pk: bytes, s_pk: bytes, b_commit: bytes, digest: bytes
+    session: int,
+    round_: int,
+    party: int,
+    c_pk: bytes,
+    s_pk: bytes,
+    b_commit: bytes,
+    digest: bytes,
+    parts: int,
 ) -> bytes:
-    """What a client signs to bind its round keys, its :math:`b_u` commitment and the model digest to its
-    roster identity (the advert is relayed by the server, which cannot forge it)."""
+    """What a client signs to bind its round keys, its :math:`b_u` commitment, the model digest and
+    the parts its input carries (:data:`PART_UPDATE`, :data:`PART_COUNTS`) to its roster identity
+    (the advert is relayed by the server, which cannot forge it). Every member thus knows who adds
+    what to the sum: a sixth review pass filled a valid cohort with members that contribute zeros
+    (asked only to evaluate) and unmasked one client's update in one round (frame version 10)."""
     return (
-        b"fedgat/secagg/advert/v1"
+        b"fedgat/secagg/advert/v2"
         + _context(session, round_)
-        + struct.pack(">I", party)
+        + struct.pack(">IB", party, parts)
         + bytes(c_pk)
         + bytes(s_pk)
         + bytes(b_commit)

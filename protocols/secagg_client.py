@@ -7,10 +7,12 @@ Stages (Bonawitz et al. 2017, Fig. 4, over the complete graph of the round's coh
    training on the round's global model: fresh round keys :math:`c_u` (receives shares) and
    :math:`s_u` (masks), a fresh self-mask seed :math:`b_u`, and the encoded input
    :math:`x_u = (n_u w_u, n_u, n_u L_u)`; the advert binds the public keys, a commitment to
-   :math:`b_u` and the model's digest to the client's roster identity.
+   :math:`b_u`, the model's digest and the parts its input carries (its update, its evaluation
+   counts: a part it was not asked for is zeros) to the client's roster identity.
 2. **share keys** (:meth:`~ClientSecAgg.on_cohort`) -- checks every advert of the cohort (roster
    member, valid signature, distinct keys, the same model digest as its own, at least
-   ``min_cohort`` clients), then Shamir-splits the seeds of :math:`s_u` and :math:`b_u` with
+   ``min_cohort`` clients, and at least ``min_cohort`` of them carrying each part its own input
+   carries), then Shamir-splits the seeds of :math:`s_u` and :math:`b_u` with
    threshold :math:`t` and seals one pair of shares to each other member.
 3. **masked input** (:meth:`~ClientSecAgg.on_relay`) -- opens the shares dealt to it (each must
    open, carry its sender's signature and its own index); their senders and itself are
@@ -18,8 +20,9 @@ Stages (Bonawitz et al. 2017, Fig. 4, over the complete graph of the round's coh
    \pm \mathrm{PRG}(s_{uv})`.
 4. **unmask** (:meth:`~ClientSecAgg.on_unmask`) -- once per round: for the survivors :math:`U_3`
    (at least :math:`t`, itself among them, all in :math:`U_2`) it reveals their :math:`b` shares,
-   for :math:`U_2 \setminus U_3` their mask-key shares; never both for one client. Then the round's
-   secrets are dropped.
+   for :math:`U_2 \setminus U_3` their mask-key shares; never both for one client; and only if at
+   least ``min_cohort`` survivors carry each part its own input carries (else the sum of a part
+   could be one client's). Then the round's secrets are dropped.
 
 Every check runs before anything changes: a refused message leaves the round as it was.
 """
@@ -47,6 +50,8 @@ from .messages_secagg import (
 )
 from .roster import Roster
 from .secagg import (
+    PART_COUNTS,
+    PART_UPDATE,
     SecAggConfig,
     advert_bytes,
     b_commitment,
@@ -73,7 +78,14 @@ def check_advert(roster: Roster, session: int, round_: int, advert: AdvertItem) 
     if not roster.is_client(advert.party):
         raise AuthError(f"party {advert.party} advertised secure-aggregation keys but is not a client")
     data = advert_bytes(
-        session, round_, advert.party, advert.c_pk, advert.s_pk, advert.b_commit, advert.model_digest
+        session,
+        round_,
+        advert.party,
+        advert.c_pk,
+        advert.s_pk,
+        advert.b_commit,
+        advert.model_digest,
+        advert.parts,
     )
     try:
         verify(roster.signing_key(advert.party), data, advert.signature)
@@ -102,14 +114,44 @@ class ClientSecAgg:
     own: tuple[bytes, bytes] | None = field(default=None, repr=False)
     #: sender -> (share of its s seed, share of its b seed)
     received: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
+    #: what this client's input carries (:data:`~fedgat.protocols.secagg.PART_UPDATE` | ``PART_COUNTS``)
+    parts: int = PART_UPDATE | PART_COUNTS
 
     @classmethod
     def begin(
-        cls, config: SecAggConfig, session: int, round_: int, party: int, digest: bytes, vector: np.ndarray
+        cls,
+        config: SecAggConfig,
+        session: int,
+        round_: int,
+        party: int,
+        digest: bytes,
+        vector: np.ndarray,
+        parts: int = PART_UPDATE | PART_COUNTS,
     ) -> ClientSecAgg:
-        """Stage 1: fresh keys and seeds from the OS CSPRNG (never a seed) for ``vector``."""
+        """Stage 1: fresh keys and seeds from the OS CSPRNG (never a seed) for ``vector``, whose
+        ``parts`` (its update, its evaluation counts) this client contributes."""
         c_secret = private_bytes(X25519PrivateKey.from_private_bytes(random_seed(32)))
-        return cls(config, session, round_, party, digest, vector, c_secret, random_seed(), random_seed())
+        return cls(
+            config,
+            session,
+            round_,
+            party,
+            digest,
+            vector,
+            c_secret,
+            random_seed(),
+            random_seed(),
+            parts=parts,
+        )
+
+    def _short_parts(self, members: Mapping[int, AdvertItem] | list[AdvertItem]) -> list[str]:
+        """The parts of this client's input that fewer than ``min_cohort`` of ``members`` carry."""
+        items = list(members.values()) if isinstance(members, Mapping) else members
+        return [
+            name
+            for part, name in ((PART_UPDATE, "updates"), (PART_COUNTS, "evaluation counts"))
+            if self.parts & part and sum(bool(a.parts & part) for a in items) < self.config.min_cohort
+        ]
 
     # --- keys ------------------------------------------------------------------------------------
     def _c_key(self) -> X25519PrivateKey:
@@ -122,7 +164,9 @@ class ClientSecAgg:
         """The fields of this round's SecAggAdvert."""
         c_pk, s_pk = public_bytes(self._c_key()), public_bytes(self._s_key())
         b_commit = b_commitment(self.b_seed, self.session, self.round, self.party)
-        data = advert_bytes(self.session, self.round, self.party, c_pk, s_pk, b_commit, self.digest)
+        data = advert_bytes(
+            self.session, self.round, self.party, c_pk, s_pk, b_commit, self.digest, self.parts
+        )
         return {
             "round": self.round,
             "c_pk": c_pk,
@@ -130,6 +174,7 @@ class ClientSecAgg:
             "b_commit": b_commit,
             "model_digest": self.digest,
             "binding_signature": signer.sign(data),
+            "parts": self.parts,
         }
 
     def _expect(self, round_: int, stage: str, what: str) -> None:
@@ -156,11 +201,12 @@ class ClientSecAgg:
                 f"round {self.round}: a cohort of {n} clients is below the minimum {self.config.min_cohort}"
             )
         mine = adverts.get(self.party)
-        if mine is None or (mine.c_pk, mine.s_pk, mine.b_commit, mine.model_digest) != (
+        if mine is None or (mine.c_pk, mine.s_pk, mine.b_commit, mine.model_digest, mine.parts) != (
             public_bytes(self._c_key()),
             public_bytes(self._s_key()),
             b_commitment(self.b_seed, self.session, self.round, self.party),
             self.digest,
+            self.parts,
         ):
             raise PayloadError(f"round {self.round}: the cohort does not carry this client's own advert")
         keys = [a.c_pk for a in msg.adverts] + [a.s_pk for a in msg.adverts]
@@ -180,6 +226,12 @@ class ClientSecAgg:
                     s_key.exchange(X25519PublicKey.from_public_bytes(a.s_pk))
                 except ValueError as exc:
                     raise PayloadError(f"party {a.party} advertised an unusable X25519 key ({exc})") from exc
+        short = self._short_parts(adverts)
+        if short:
+            raise PayloadError(
+                f"round {self.round}: fewer than {self.config.min_cohort} members of the cohort add their "
+                f"{' and '.join(short)} to the sum; the sum would not hide this client's"
+            )
         t = self.config.threshold(n)
         order = sorted(adverts)
         s_shares = split_secret(self.s_seed, t, n)
@@ -267,6 +319,12 @@ class ClientSecAgg:
                 f"round {self.round}: {len(survivors)} survivors, below the threshold {self.threshold}; "
                 "unmasking fewer inputs than that is refused"
             )
+        short = self._short_parts([self.cohort[p] for p in survivors])
+        if short:
+            raise PayloadError(
+                f"round {self.round}: fewer than {self.config.min_cohort} survivors add their "
+                f"{' and '.join(short)} to the sum; unmasking it is refused"
+            )
         assert self.own is not None
         shares = {**self.received, self.party: self.own}
         b = tuple(RevealedShare(p, shares[p][1]) for p in sorted(survivors))
@@ -301,9 +359,10 @@ class ClientSecAgg:
             "b_seed": self.b_seed,
             "stage": self.stage,
             "cohort": [
-                [a.party, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.signature]
+                [a.party, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.signature, a.parts]
                 for a in self.cohort.values()
             ],
+            "parts": self.parts,
             "threshold": self.threshold,
             "own": None if self.own is None else list(self.own),
             "received": [[p, s, b] for p, (s, b) in self.received.items()],
@@ -311,6 +370,8 @@ class ClientSecAgg:
 
     @classmethod
     def from_value(cls, v: Mapping[str, Any]) -> ClientSecAgg:
+        if "parts" not in v:
+            raise ValueError("a secure round saved before frame version 10 (adverts without parts)")
         config = SecAggConfig.from_value(v["config"])
         assert config is not None
         vector = v["vector"]
@@ -325,8 +386,14 @@ class ClientSecAgg:
             bytes(v["s_seed"]),
             bytes(v["b_seed"]),
             str(v["stage"]),
-            {int(a[0]): AdvertItem(int(a[0]), *(bytes(x) for x in a[1:])) for a in v["cohort"]},
+            {
+                int(a[0]): AdvertItem(
+                    int(a[0]), bytes(a[1]), bytes(a[2]), bytes(a[3]), bytes(a[4]), bytes(a[5]), int(a[6])
+                )
+                for a in v["cohort"]
+            },
             int(v["threshold"]),
             None if v["own"] is None else (bytes(v["own"][0]), bytes(v["own"][1])),
             {int(p): (bytes(s), bytes(b)) for p, s, b in v["received"]},
+            int(v["parts"]),
         )

@@ -171,7 +171,7 @@ class ServerSecAgg:
     def _on_advert(self, msg: SecAggAdvert) -> None:
         self._expect(msg, "keys")
         item = AdvertItem(
-            msg.sender, msg.c_pk, msg.s_pk, msg.b_commit, msg.model_digest, msg.binding_signature
+            msg.sender, msg.c_pk, msg.s_pk, msg.b_commit, msg.model_digest, msg.binding_signature, msg.parts
         )
         check_advert(self.roster, self.session, self.round, item)
         if msg.model_digest != self.digest:

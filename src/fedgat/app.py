@@ -366,26 +366,38 @@ def build_pretrain_parties(
 
 # ------------------------------------------------------------------------------------ training
 def training_secagg(
-    secagg: SecAggConfig | str | None, num_clients: int, fraction: float
+    secagg: SecAggConfig | str | None, num_clients: int, fraction: float, idle: int = 0
 ) -> SecAggConfig | None:
     """The secure-aggregation setting of a run's FedAvg parties (every builder below resolves it the
     same way, so the server and the clients agree): a :class:`~fedgat.protocols.secagg.SecAggConfig` or
-    None as given, or for ``"auto"`` (the builders' default) the default configuration whenever a
-    round samples at least its ``min_cohort`` (3) clients -- else plaintext updates, with a warning:
-    fewer clients cannot be aggregated securely, as a sum of two tells each client the other's."""
+    None as given, or for ``"auto"`` (the builders' default) the default configuration whenever every
+    round's cohort holds at least its ``min_cohort`` (3) clients that add an update -- else plaintext
+    updates, with a warning: fewer cannot be aggregated securely (a sum of two tells each client the
+    other's), and clients refuse such a cohort. ``idle``: clients that add no update (no training
+    node and no DP-FedAvg noise share); a round may sample all of them."""
     if not isinstance(secagg, str):
         return secagg
     if secagg != "auto":
         raise ValueError(f"secagg must be a SecAggConfig, None or 'auto', not {secagg!r}")
     per_round = max(1, round(fraction * num_clients))
-    if per_round >= DEFAULT_SECAGG.min_cohort:
+    if per_round - idle >= DEFAULT_SECAGG.min_cohort:
         return DEFAULT_SECAGG
+    idle_note = f" ({idle} of them without training nodes)" if idle else ""
     warnings.warn(
-        f"{per_round} client(s) per round is below secure aggregation's minimum cohort of "
-        f"{DEFAULT_SECAGG.min_cohort}: the FedAvg updates travel in plaintext",
+        f"{per_round} client(s) per round{idle_note} is below secure aggregation's minimum cohort of "
+        f"{DEFAULT_SECAGG.min_cohort} clients that add an update: the FedAvg updates travel in plaintext",
         stacklevel=3,
     )
     return None
+
+
+def idle_clients(graph: Graph, partition: Partition, hp: Mapping[str, Any]) -> int:
+    """The clients of ``partition`` that add no update to a secure sum: those without a training
+    node (none under DP-FedAvg, where every client adds a noise share)."""
+    if update_dp_from_hparams(dict(hp)) is not None:
+        return 0
+    train = graph.train_mask.numpy()
+    return int(sum(not train[partition.owner == c].any() for c in range(partition.num_clients)))
 
 
 @dataclass
@@ -549,7 +561,7 @@ def build_training_parties(
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
-    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"])
+    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"], idle_clients(graph, partition, hp))
     in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # d + w with DP (block layout)
     shape = {"num_features": in_dim, "num_classes": graph.num_classes}
     server = build_rounds_server(
@@ -608,7 +620,7 @@ def build_predictor_parties(
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
-    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"])
+    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"], idle_clients(graph, partition, hp))
     model_fn = predictor_model_fn(graph.num_features, graph.num_classes, hp)
     torch.manual_seed(seed)
     model = model_fn()

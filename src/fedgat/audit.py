@@ -279,6 +279,7 @@ SERVER_ALLOWED = {
     "EdgeClaims",
     "GraphAnnounce",
     "SealedCheckKeys",
+    "NeighbourhoodStatement",
     "FeatureUpload",
     "UploadDone",
     "LocalUpdate",
@@ -293,6 +294,7 @@ SERVER_ALLOWED = {
 SERVER_LEARNS = [
     "the graph structure: every client's owned node ids and their neighbour lists (GraphAnnounce)",
     "every client's signed claims of its cross-client edges, hence who needs which rows from whom",
+    "each owner's signed statements of the neighbourhoods of its nodes another client needs (a part of its graph)",
     "degrees and neighbourhood sizes, hence the encoding sizes",
     "the number of nodes per client and the feature dimension d",
     "each client's public keys, its own public CKKS context and key fingerprint",
@@ -439,7 +441,14 @@ def server_checks(transcript, server_id: int, x: np.ndarray, wire: str = "compac
                     except (ValueError, RuntimeError):
                         cannot_decrypt = True
                 zero_run = max(zero_run, longest_zero_run(item.ciphertext))
-        if e.type_name in ("FeatureUpload", "GraphAnnounce", "UploadDone", "EdgeClaims", "SealedCheckKeys"):
+        if e.type_name in (
+            "FeatureUpload",
+            "GraphAnnounce",
+            "UploadDone",
+            "EdgeClaims",
+            "SealedCheckKeys",
+            "NeighbourhoodStatement",
+        ):
             candidates, hits = scanner.scan(e.payload)
             anchor_candidates += candidates
             anchor_hits += hits
@@ -489,9 +498,11 @@ def _min_feature_zero_run(x: np.ndarray) -> int | None:
 SERVER_ATTACKS = (
     "substituted_result",
     "injected_ciphertexts",
+    "chosen_bases",
     "fake_edges",
     "third_party_claims",
     "relabel_forgery",
+    "row_swap",
     "withheld_claims",
     "split_roster",
     "dropped_client",
@@ -528,7 +539,9 @@ def audit_server(
     (:func:`fedgat.server_attacks.forged_results_attacks`,
     :func:`fedgat.server_attacks.fake_edges_attack`,
     :func:`fedgat.server_attacks.third_party_claims_attack`,
+    :func:`fedgat.server_attacks.chosen_bases_attack`,
     :func:`fedgat.server_attacks.relabel_forgery_attack`,
+    :func:`fedgat.server_attacks.row_swap_attack`,
     :func:`fedgat.server_attacks.withheld_claims_attack`,
     :func:`fedgat.server_attacks.split_roster_attack`,
     :func:`fedgat.server_attacks.dropped_client_attack`,
@@ -558,6 +571,7 @@ def audit_server(
     from fedgat.protocols import Transcript
     from fedgat.server_attacks import (
         AttackSetting,
+        chosen_bases_attack,
         colluder_forgery_attack,
         collusion_attack,
         dropped_client_attack,
@@ -566,6 +580,7 @@ def audit_server(
         forged_results_attacks,
         honest_round,
         relabel_forgery_attack,
+        row_swap_attack,
         shared_secret_key,
         split_roster_attack,
         third_party_claims_attack,
@@ -609,8 +624,12 @@ def audit_server(
         results["fake_edges"] = fake_edges_attack(setting, colluder)
     if "third_party_claims" in wanted:
         results["third_party_claims"] = third_party_claims_attack(setting, colluder)
+    if "chosen_bases" in wanted:
+        results["chosen_bases"] = chosen_bases_attack(setting)
     if "relabel_forgery" in wanted:
         results["relabel_forgery"] = relabel_forgery_attack(setting)
+    if "row_swap" in wanted:
+        results["row_swap"] = row_swap_attack(setting)
     if "withheld_claims" in wanted:
         results["withheld_claims"] = withheld_claims_attack(setting)
     if "split_roster" in wanted:

@@ -27,12 +27,17 @@ for (:class:`UpdateBudgetError`).
 Scope, said plainly:
 
 * Covered, against the server and anyone who sees the global models (other clients): the updates,
-  hence the global models, when at least :math:`h` honest clients survive each round -- a server
-  colluding with :math:`c` clients needs the Shamir threshold :math:`t \ge h + c` (the default
-  :math:`h = 2` with :math:`t \ge 3` tolerates one colluder). This is what stops the differencing of
+  hence the global models, when at least :math:`h` honest clients that trained survive each round.
+  A client unmasks a trained sum only with at least ``min_cohort`` trained survivors in it (each
+  advert says, signed, whether its input carries an update: frame version 10; before, a server
+  could leave the target the only trainer of a full cohort, its update under one share of noise,
+  SECURITY.md known break 11), so a server colluding with :math:`c` clients needs
+  ``min_cohort`` :math:`\ge h + c` (the defaults, 3 and :math:`h = 2`, tolerate one colluder). This is what stops the differencing of
   secure sums across rounds (SECURITY.md, known break 2): each difference carries the noise of the
   rounds it subtracts.
-* Not covered: the pooled evaluation counts (inside the same secure sums, without noise), the graph
+* Not covered: the pooled evaluation counts (inside the same secure sums, without noise, and not
+  charged: differencing evaluation-only rounds reads one client's counts at no budget, SECURITY.md
+  known break 12), the graph
   structure, and the rows released in pre-training (:mod:`fedgat.dp`, its own ledger). With the
   ``label_rr`` release the predictor's rounds (:mod:`fedgat.dp_predictor`) run under the same
   settings and count against the same budget (:func:`training_rounds`).

@@ -26,6 +26,10 @@ payoff comes later through training, that reached an honest client's training in
   its claim check;
 * :func:`colluder_forgery_attack` -- the server and a colluding client forge an honest owner's
   partial for a victim with the check keys the victim gave the colluder;
+* :func:`relabel_forgery_attack`, :func:`row_swap_attack`, :func:`withheld_claims_attack`,
+  :func:`dropped_client_attack`, :func:`split_roster_attack` -- a server (with a colluding client
+  for the first) that changes which rows, of which owner, a foreign node's neighbourhood holds in
+  one victim's bases, or the claims and roster that victim checks them against;
 * :func:`collusion_attack` -- the server gives a colluding client every ciphertext it holds
   (uploads and results of an honest round); the client decrypts each with its own secret key,
   ignoring the envelopes' key fingerprints.
@@ -57,6 +61,7 @@ from fedgat.crypto.encodings import PackedShares, pack_maps
 from fedgat.crypto.packing import tenseal_payload
 from fedgat.crypto.tags import tag_columns
 from fedgat.crypto.tasks import NodeResult, encode_node
+from fedgat.encodings import Encodings
 from fedgat.graph import Graph
 from fedgat.partition import Partition
 from fedgat.protocols import (
@@ -68,6 +73,7 @@ from fedgat.protocols import (
     EncodingResults,
     EncodingsDone,
     FeatureUpload,
+    GraphAnnounce,
     InProcessTransport,
     Message,
     PayloadError,
@@ -84,12 +90,20 @@ from fedgat.protocols import (
 from fedgat.protocols import pretrain_server as _pretrain_server
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import RosterReady, keyset_fingerprint, peek_type
-from fedgat.protocols.pretrain_plan import needed_from_neighbourhoods
+from fedgat.protocols.pretrain_plan import (
+    RoundPlan,
+    needed_from_neighbourhoods,
+    recipient_shares,
+    share_order,
+)
+from fedgat.randomness import RandomSource
 
 __all__ = [
     "RECOVERY_COSINE",
     "AttackOutcome",
     "AttackSetting",
+    "TamperedBases",
+    "chosen_bases_attack",
     "colluder_forgery_attack",
     "colluder_forgery_run",
     "collusion_attack",
@@ -100,10 +114,13 @@ __all__ = [
     "forged_results_attacks",
     "honest_round",
     "relabel_forgery_attack",
+    "row_swap_attack",
     "shared_secret_key",
     "split_roster_attack",
+    "statements_unchecked",
     "third_party_claims_attack",
     "third_party_edges",
+    "withheld_claim_target",
     "withheld_claims_attack",
 ]
 
@@ -1116,15 +1133,19 @@ def withheld_claim_target(setting: AttackSetting) -> tuple[int, tuple[int, int]]
     return None
 
 
-def withheld_claims_attack(setting: AttackSetting) -> AttackOutcome:
+def withheld_claims_attack(
+    setting: AttackSetting, target: tuple[int, tuple[int, int]] | None = None
+) -> AttackOutcome:
     """A server withholds from a victim one claim of an owner the victim borders. Since frame
     version 9 each claim names all of its claimer's peers under its signature and the victim refuses
     the roster unless it holds every claim of the clients it borders
     (:func:`fedgat.protocols.pretrain_edges.check_claims_complete`); before, it went on, and a review
     used that to swap another owner's rows in foreign neighbourhoods unseen. ``detected``: the
     victim refused, naming the withheld claim; ``recovered``: 1 if it accepted the roster without
-    the claim (the step the swap needs)."""
-    target = withheld_claim_target(setting)
+    the claim (the step the swap needs). ``target``: ``(victim, (claimer, peer))`` (default
+    :func:`withheld_claim_target`; a sixth review pass withheld the claimer's claim to the victim
+    itself, then not required)."""
+    target = withheld_claim_target(setting) if target is None else target
     if target is None:
         return AttackOutcome(
             "withheld_claims", 0, 0, False, ran=False, detail={"note": "no third-party claim"}
@@ -1160,15 +1181,25 @@ class DroppingServer(ServerPretrain):
     """A server that leaves client ``left_out`` out of the roster although other participants' nodes
     attend over its nodes (an honest server ends such a round: ``unsound_without``): it strikes the
     dropped client's nodes out of its copies of the others' graphs, so its own claim check and plan
-    pass, and ignores clients that abort."""
+    pass, relays the owners' neighbourhood statements checked against their announced graphs (which
+    still hold the dropped client's nodes), and ignores clients that abort."""
 
     def __init__(self, *args: Any, left_out: int, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.left_out = left_out
+        self._announced_graphs: dict[int, GraphAnnounce] = {}
+
+    def _on_statement(self, msg: Message) -> list[Message]:
+        struck, self._graphs = self._graphs, {**self._graphs, **self._announced_graphs}
+        try:
+            return super()._on_statement(msg)  # type: ignore[arg-type]
+        finally:
+            self._graphs = struck
 
     def _maybe_ready(self) -> list[Message]:
         x = self.left_out
         if self.state is ServerState.COLLECTING and x in self.participants and not self._keys_missing():
+            self._announced_graphs = dict(self._graphs)
             self.participants = [c for c in self.participants if c != x]
             gone = self._graphs[x].owned
             for c in self.participants:
@@ -1200,8 +1231,9 @@ def dropped_client_attack(setting: AttackSetting) -> AttackOutcome:
     (:class:`DroppingServer`). A victim that borders ``d`` but not ``x`` used to accept: ``d``'s claims
     to ``x`` were read as outside the round, and the victim completed on foreign neighbourhoods with
     ``x``'s rows dropped (a fourth red-team pass, 2026-11-27: 91 rows in 44 nodes). Now it refuses the
-    roster (:func:`fedgat.protocols.pretrain_edges.check_claims_complete`). ``detected``: the victim
-    refused naming the left-out client; ``recovered``: 1 if it completed."""
+    roster (:func:`fedgat.protocols.pretrain_edges.check_claims_complete`), and since frame version
+    10 it would refuse those bases too (``d``'s signed statements still name ``x``'s nodes).
+    ``detected``: the victim refused naming the left-out client; ``recovered``: 1 if it completed."""
     target = dropped_client_target(setting)
     if target is None:
         return AttackOutcome(
@@ -1225,6 +1257,249 @@ def dropped_client_attack(setting: AttackSetting) -> AttackOutcome:
             "victim": victim,
             "bordering": d,
             "dropped": x,
+            "victim_completed": completed,
+            "victim_error": refusals[0] if refusals else None,
+            "upload_window": setting.upload_window,
+        },
+    )
+
+
+# ------------------------------------------------------------------------ chosen bases
+class TamperedBases(RandomSource):
+    """A server's "randomness" for the bases that returns them off the identity the layer reads the
+    neighbours' rows back with, for every neighbourhood of at least ``min_n`` nodes: ``drop`` (the
+    neighbour at position 1 reads as a zero row), ``merge`` (neighbours 1 and 2 both read as
+    ``h_1 + h_2``), ``scale`` (neighbour 1 reads as ``4 h_1``) or ``keep_one`` (every row but
+    neighbour 1's, the node's own included, scaled by 1e-6). Everything else the server does is
+    honest: the results are the announced maps of these bases, so every tag check passes."""
+
+    MODES = ("drop", "merge", "scale", "keep_one")
+
+    def __init__(self, variant: str, mode: str, min_n: int = 3) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"unknown mode {mode!r}; one of {self.MODES}")
+        super().__init__()
+        self.variant, self.mode, self.min_n = variant, mode, min_n
+
+    def orthogonal(self, batch: int, size: int) -> np.ndarray:
+        q = super().orthogonal(batch, size)
+        n = size if self.variant == "vector" else size // 2
+        if n < self.min_n:
+            return q
+        q = q.copy()
+        for first in (0,) if self.variant == "vector" else (0, n):  # matrix: u_1j and u_2j alike
+            cols = q[:, :, first : first + n]
+            if self.mode == "drop":
+                cols[:, :, 1] = 0.0
+            elif self.mode == "merge":
+                cols[:, :, 1] = cols[:, :, 2]
+            elif self.mode == "scale":
+                cols[:, :, 1] *= 2.0
+            else:
+                keep = cols[:, :, 1].copy()
+                cols *= 1e-3
+                cols[:, :, 1] = keep
+        return q
+
+
+def _read_back_error(enc: Encodings, truth: np.ndarray) -> float:
+    """Largest distance between the neighbours' rows a client's encodings give back (the variant's
+    identity, as the layer reads them) and the true rows."""
+    worst = 0.0
+    for b in enc.buckets:
+        left, c = b.bases.kind.left_inverse(b.bases.p, b.bases.q)
+        back = np.einsum("bmn,bmd->bnd", left, b.K2.double().numpy()) / c
+        worst = max(worst, float(np.abs(back - truth[b.bases.neighbours]).max()))
+    return worst
+
+
+def chosen_bases_attack(setting: AttackSetting, mode: str = "scale") -> AttackOutcome:
+    """The server alone draws bases off the variant's identity (:class:`TamperedBases`), computes
+    every result honestly for them, and every client used to accept: a sixth red-team pass (2026-11-27)
+    dropped, merged, scaled or isolated neighbours' rows in the layer's inputs of every node with at
+    least 3 neighbours, own nodes' too, unseen (732 of 732 on the test graph); isolating one row per
+    node also let trap weights read single rows out of the secure aggregate. Now each client checks
+    the identity on random probes (:func:`fedgat.protocols.pretrain_checks.check_basis_identity`).
+    ``targets``: the clients; ``recovered``: those that completed on the tampered bases;
+    ``detected``: every client refused them with a typed error."""
+    clients = setting.partition.num_clients
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        args = _server_args(parties, setting, 16 << 20)
+        return ServerPretrain(**{**args, "bases_rng": TamperedBases(setting.variant, mode)})
+
+    parties = _build(setting, server=server)
+    driver = _drive(parties)
+    refusals = {c: [str(e) for e in _rejections(driver, c)] for c in range(clients)}
+    completed = [c for c in range(clients) if parties.clients[c].done]
+    errors = [
+        _read_back_error(enc, setting.truth)
+        for c in completed
+        if (enc := parties.clients[c].encodings) is not None and enc.buckets
+    ]
+    refused = [c for c, r in refusals.items() if any("read their neighbours' rows back" in e for e in r)]
+    return AttackOutcome(
+        "chosen_bases",
+        clients,
+        len(completed),
+        len(refused) == clients and not completed,
+        detail={
+            "mode": mode,
+            "clients_completed": completed,
+            "clients_refused": refused,
+            "read_back_error": max(errors) if errors else None,
+            "first_error": next((r[0] for r in refusals.values() if r), None),
+            "upload_window": setting.upload_window,
+        },
+    )
+
+
+# ---------------------------------------------------------------------- swapped own rows
+class RowSwappingServer(ServerPretrain):
+    """A server that, in the bases of ``victim`` only, puts row ``u2`` in place of ``u`` in the
+    neighbourhood of the victim's foreign node ``v``, where ``u``, ``u2`` and ``v`` all belong to one
+    owner ``d`` and ``d`` releases ``u2`` to the victim for another of its nodes; it computes ``d``'s
+    partial of ``v`` over the swapped neighbourhood. The swapped row carries ``d``'s tags for ``u2``,
+    so the victim's tag check passes: only ``d``'s statement of ``v``'s neighbourhood shows the swap
+    (known break 5, closed in frame version 10)."""
+
+    def __init__(self, *args: Any, swap: tuple[int, int, int, int], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.swap = swap
+        self.swapped = 0
+
+    def _draw_plan(self) -> list[Message]:
+        real = _pretrain_server.plan_shares
+
+        def swapped(*args: Any, **kw: Any) -> RoundPlan:
+            plan = real(*args, **kw)
+            victim, v, u, u2 = self.swap
+            views = []
+            for view in plan.views[victim]:
+                at = (view.nodes[:, None] == v) & (view.neighbours == u)
+                if at.any():
+                    view = dataclasses.replace(view, neighbours=np.where(at, u2, view.neighbours))
+                    self.swapped += int(at.sum())
+                views.append(view)
+            plan.views[victim] = views
+            assert plan.shares is not None and kw.get("labels") is not None
+            plan.shares[victim] = recipient_shares(victim, views, kw["labels"], kw["layout"])
+            plan.buckets, plan.recipients = share_order(plan.shares)
+            return plan
+
+        with mock.patch.object(_pretrain_server, "plan_shares", swapped):
+            return super()._draw_plan()
+
+
+class _Agreeing:
+    """An owner's statement that agrees with whatever neighbourhoods the bases give its nodes."""
+
+    def __init__(self, neighbours: np.ndarray) -> None:
+        self.neighbours = neighbours
+
+    def rows(self, nodes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.ones(len(nodes), bool), self.neighbours[: len(nodes)]
+
+
+@contextlib.contextmanager
+def statements_unchecked() -> Iterator[None]:
+    """Recipients check foreign neighbourhoods as before frame version 10: every other check in
+    place, but each owner's statement taken to agree with whatever the bases say (what
+    :func:`row_swap_attack` recovers against; for measuring that the attack has teeth)."""
+    from fedgat.protocols import pretrain_client
+
+    real = pretrain_client.check_foreign_neighbourhoods
+
+    def lenient(
+        me: int,
+        local: Any,
+        claims: Any,
+        nodes: np.ndarray,
+        neighbours: np.ndarray,
+        owners: np.ndarray,
+        *,
+        stated: Any,
+    ) -> None:
+        for d in np.unique(owners[:, 0]).tolist():  # each foreign node's own label: its owner's
+            sel = owners[:, 0] == d
+            agree: dict[int, Any] = {d: _Agreeing(neighbours[sel])}
+            real(me, local, claims, nodes[sel], neighbours[sel], owners[sel], stated=agree)
+
+    with mock.patch.object(pretrain_client, "check_foreign_neighbourhoods", lenient):
+        yield
+
+
+def row_swap_target(partition: Partition) -> tuple[int, int, int, int] | None:
+    """``(victim, v, u, u2)``: ``v`` is a foreign node the victim needs, ``u`` a neighbour of ``v``
+    with ``v``'s owner ``d``, and ``u2`` another of ``d``'s rows released to the victim that is not
+    in ``v``'s neighbourhood (the lowest ids that fit)."""
+    owner, nbh = partition.owner, partition.neighbourhoods
+    for a, cp in enumerate(partition.clients):
+        released = foreign_rows(partition, a)
+        for v in cp.needed[~np.isin(cp.needed, cp.owned)].tolist():
+            d, row = int(owner[v]), nbh.row(int(v))
+            others = released[(owner[released] == d) & ~np.isin(released, row)]
+            own = [int(u) for u in row.tolist() if u != v and owner[u] == d]
+            if own and len(others):
+                return a, int(v), own[0], int(others[0])
+    return None
+
+
+def _node_rows(enc: Encodings, node: int) -> torch.Tensor:
+    """Node ``node``'s encoding rows (:math:`h_i` and :math:`K_2` or :math:`V`), in float64."""
+    for b in enc.buckets:
+        at = np.flatnonzero(b.bases.nodes == node)
+        if len(at):
+            k = int(at[0])
+            return torch.cat([b.h_self[k : k + 1], b.K2[k]]).double()
+    raise KeyError(f"no encoding of node {node}")
+
+
+def row_swap_attack(setting: AttackSetting) -> AttackOutcome:
+    """Known break 5: the server alone swaps, in one victim's bases, a row of a foreign node's owner
+    for another row that owner released to the victim (:class:`RowSwappingServer`). The values pass
+    the owner's tags, so before frame version 10 the victim completed on an encoding of ``v`` over a
+    neighbourhood the owner never had. Now each owner signs the neighbourhoods of its nodes a
+    recipient needs (:class:`~fedgat.protocols.messages.NeighbourhoodStatement`) and the recipient
+    checks its bases against them. ``detected``: the victim refused the bases with a typed error
+    naming the statement; ``recovered``: 1 if it completed."""
+    target = row_swap_target(setting.partition)
+    if target is None:
+        return AttackOutcome("row_swap", 0, 0, False, ran=False, detail={"note": "no target"})
+    victim, v, u, u2 = target
+    made: dict[str, RowSwappingServer] = {}
+
+    def server(parties: PretrainParties) -> ServerPretrain:
+        made["s"] = RowSwappingServer(**_server_args(parties, setting, 16 << 20), swap=target)
+        return made["s"]
+
+    parties = _build(setting, server=server)
+    driver = _drive(parties)
+    refusals = [str(e) for e in _rejections(driver, victim)]
+    completed = parties.clients[victim].done
+    error = None
+    if completed:  # how far the victim's encoding of v is from the honest one (same bases)
+        from fedgat.pipeline import run_plaintext_pretraining
+
+        honest = run_plaintext_pretraining(
+            setting.graph, setting.partition, setting.variant, seed=setting.seed
+        )
+        got = parties.clients[victim].encodings
+        assert got is not None
+        error = float((_node_rows(got, v) - _node_rows(honest[victim], v)).abs().max())
+    return AttackOutcome(
+        "row_swap",
+        1,
+        int(completed),
+        bool(refusals) and not completed,
+        detail={
+            "victim": victim,
+            "node": v,
+            "owner": int(setting.partition.owner[v]),
+            "swapped_out": u,
+            "swapped_in": u2,
+            "positions_swapped": made["s"].swapped,
+            "victim_encoding_error": error,
             "victim_completed": completed,
             "victim_error": refusals[0] if refusals else None,
             "upload_window": setting.upload_window,

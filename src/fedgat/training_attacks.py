@@ -342,7 +342,13 @@ class TrapServer(ServerRounds):
         if self.plan.forge_cohort and isinstance(msg, SecAggAdvert) and msg.sender == self.plan.target:
             self._from_client(msg)
             item = AdvertItem(
-                msg.sender, msg.c_pk, msg.s_pk, msg.b_commit, msg.model_digest, msg.binding_signature
+                msg.sender,
+                msg.c_pk,
+                msg.s_pk,
+                msg.b_commit,
+                msg.model_digest,
+                msg.binding_signature,
+                msg.parts,
             )
             return [self._new(SecAggCohort, msg.sender, round=msg.round, adverts=(item,))]
         return super()._on_secure(msg)

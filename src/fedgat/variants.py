@@ -145,6 +145,13 @@ class Variant(ABC):
         """The feature-free float64 tensors the client derives from the bases."""
         raise NotImplementedError
 
+    @abstractmethod
+    def left_inverse(self, p: np.ndarray, q: np.ndarray | None) -> tuple[np.ndarray, float]:
+        r"""``(L, c)`` with :math:`L_i^\top p_i = c I` for bases this variant draws: the identity the
+        layer relies on to read the neighbours' rows back (:math:`Q_i^\top V_i = H_i`, or
+        :math:`q_k^\top p_j = 2\delta_{jk}`). A client checks received bases against it."""
+        raise NotImplementedError
+
     def m2_map(self, p: np.ndarray, q: np.ndarray | None) -> np.ndarray:
         """``(B, m*m, m)``: the feature-free map taking ``K2`` to :math:`M_2` (matrix variant only)."""
         raise ValueError("m2_map is defined for the matrix variant only")
@@ -197,6 +204,11 @@ class MatrixVariant(Variant):
         assert q is not None  # matrix bases always have q
         return {"P": 0.5 * np.einsum("bxj,byj->bxy", p, q), "K1": 0.5 * q.sum(-1), "K3": p.sum(-1)}
 
+    def left_inverse(self, p: np.ndarray, q: np.ndarray | None) -> tuple[np.ndarray, float]:
+        r"""``(q, 2)``: :math:`q_k^\top p_j = 2\delta_{jk}`."""
+        assert q is not None  # matrix bases always have q
+        return q, 2.0
+
     def m2_map(self, p: np.ndarray, q: np.ndarray | None) -> np.ndarray:
         r"""``(B, m*m, m)``: :math:`L_i` with :math:`M_2 = L_i K_2`.
 
@@ -247,6 +259,10 @@ class VectorVariant(Variant):
     def plain(self, p: np.ndarray, q: np.ndarray | None) -> dict[str, np.ndarray]:
         """``Q (B, m, n)``: the basis itself."""
         return {"Q": p}
+
+    def left_inverse(self, p: np.ndarray, q: np.ndarray | None) -> tuple[np.ndarray, float]:
+        r"""``(Q, 1)``: orthonormal columns, :math:`Q_i^\top Q_i = I`."""
+        return p, 1.0
 
     def sum_weights(self, plain: dict[str, np.ndarray]) -> np.ndarray:
         r""":math:`\mathbf 1^\top Q_i^\top`: :math:`\mathbf 1^\top Q_i^\top V_i = \sum_j h_j`."""

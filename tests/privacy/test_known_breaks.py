@@ -38,6 +38,7 @@ from fedgat.protocols import (
     Driver,
     EncodingResults,
     EvaluateRequest,
+    GlobalModel,
     InProcessTransport,
     ResultItem,
     ResultRejectedError,
@@ -307,17 +308,7 @@ def test_secure_aggregation_is_per_round_a_server_differences_cohorts():
         weights={k: v.clone() for k, v in initial.items()},
         cohorts=cohorts,
     )
-    clients, updates = {}, {}
-    for i, c in enumerate(roster.clients):
-        task = local_task(graph, i)
-        member = Client(i, linear_model(graph, 0.0), task, task, lr=0.05, local_epochs=2, strategy=strategy)
-        clients[c] = ClientRounds(
-            c, roster, 9, dep.identities[c], client=member, seed=100 + c, secagg=SecAggConfig()
-        )
-        updates[c] = record_updates(member, initial)
-    driver = Driver(InProcessTransport(), {sid: server, **clients}, strict=False)
-    driver.start()
-    driver.run()
+    driver, updates = run_recorded(server, dep, graph, initial, strategy)
 
     assert driver.rejected == []
     assert [server.sums[t][1] for t in sorted(server.sums)] == cohorts
@@ -329,6 +320,75 @@ def test_secure_aggregation_is_per_round_a_server_differences_cohorts():
         truth = updates[c][0][:head]
         assert np.abs(total - sums[excluded] - truth).max() <= 1e-9  # client c's own update, exactly
         assert np.abs(truth).max() > 1.0  # (a real update: weights, count, loss)
+
+
+class OneFitterServer(ServerRounds):
+    """Asks only ``target`` to train, every round, and everybody to evaluate, so that the cohort is
+    full (a sixth review pass): the update part of the unmasked sum is then the target's alone."""
+
+    def __init__(self, *args, target, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.target = target
+        self.sums: list[np.ndarray] = []
+
+    def _sample(self):
+        return [self.target]
+
+    def _send_round(self, t, fit, splits):
+        return super()._send_round(t, fit, splits or ("val",))
+
+    def _secure_aggregate(self):
+        sec = self._secure
+        if sec is not None and sec.result is not None and self._fit_round:
+            self.sums.append(np.array(sec.result, dtype=np.float64))
+        return super()._secure_aggregate()
+
+
+def _one_fitter_round(graph, initial, strategy):
+    dep = make_deployment(NUM_CLIENTS)
+    roster, sid = dep.roster, dep.roster.server
+    target = roster.clients[1]
+    server = OneFitterServer(
+        sid,
+        roster,
+        9,
+        dep.identities[sid],
+        initial_state=initial,
+        rounds=1,
+        patience=None,
+        seed=4,
+        strategy=strategy,
+        fraction=1.0,
+        secagg=SecAggConfig(),
+        target=target,
+    )
+    driver, updates = run_recorded(server, dep, graph, initial, strategy)
+    return server, driver, updates[target]
+
+
+def test_a_cohort_padded_with_members_that_only_evaluate_is_refused(monkeypatch):
+    """FIXED (frame version 10; a sixth review pass): a cohort of 4 (at least ``min_cohort``) in
+    which only the target trains, the others asked only to evaluate (their update part is zeros):
+    the unmasked sum's update part was the target's update, exactly, in one round. Each advert now
+    says, signed, what its input carries, and a client refuses a cohort (or an unmask) in which fewer
+    than ``min_cohort`` members add an update like its own. With that check removed the same round
+    gives the target's update back exactly."""
+    graph = training_graph()
+    torch.manual_seed(3)
+    initial = linear_model(graph, 0.0).state_dict()
+    strategy = FedAdam(0.05, 5e-4, client_lr=0.5)
+    server, driver, _ = _one_fitter_round(graph, initial, strategy)
+    refusals = [str(e) for _, e in driver.rejected]
+    assert server.sums == [] and any("add their updates to the sum" in r for r in refusals)
+
+    from fedgat.protocols.secagg_client import ClientSecAgg
+
+    monkeypatch.setattr(ClientSecAgg, "_short_parts", lambda self, members: [])
+    server, driver, truth = _one_fitter_round(graph, initial, strategy)
+    head = secure_length(initial) - 3 * len(SECURE_SPLITS)
+    assert len(server.sums) == 1 and len(truth) == 1
+    assert np.abs(server.sums[0][:head] - truth[0][:head]).max() <= 1e-9  # the target's own update
+    assert np.abs(truth[0][:head]).max() > 1.0
 
 
 def test_with_dp_fedavg_the_same_differencing_gets_the_update_under_calibrated_noise():
@@ -390,6 +450,24 @@ def test_with_dp_fedavg_the_same_differencing_gets_the_update_under_calibrated_n
         estimate = total - sums[k] - flat(initial)
         cosine = estimate @ clipped[c] / (np.linalg.norm(estimate) * np.linalg.norm(clipped[c]))
         assert abs(cosine) < 0.5
+
+
+def run_recorded(server, dep, graph, initial, strategy) -> tuple[Driver, dict[int, list[np.ndarray]]]:
+    """Run ``server``'s rounds with every client of ``dep`` (its :func:`local_task`, a linear model
+    without dropout, secure aggregation), each client's updates recorded (:func:`record_updates`)."""
+    roster = dep.roster
+    clients, updates = {}, {}
+    for i, c in enumerate(roster.clients):
+        task = local_task(graph, i)
+        member = Client(i, linear_model(graph, 0.0), task, task, lr=0.05, local_epochs=2, strategy=strategy)
+        clients[c] = ClientRounds(
+            c, roster, 9, dep.identities[c], client=member, seed=100 + c, secagg=SecAggConfig()
+        )
+        updates[c] = record_updates(member, initial)
+    driver = Driver(InProcessTransport(), {roster.server: server, **clients}, strict=False)
+    driver.start()
+    driver.run()
+    return driver, updates
 
 
 def record_updates(member: Client, initial) -> list[np.ndarray]:
@@ -461,6 +539,78 @@ class OracleServer(ServerRounds):
         if sec is not None and sec.result is not None:
             self.losses[sec.round] = secure_mean(sec.result, self.loop.state)[3]["val"].loss_sum
         return super()._secure_aggregate()
+
+
+class SplitSplitsServer(ServerRounds):
+    """Asks ``target`` to evaluate the validation split only and every other client the test split
+    only (a seventh review pass): one counts part per advert covered both, so the pooled validation
+    counts were the target's alone. Keeps each round's pooled validation counts."""
+
+    def __init__(self, *args, target, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.target, self.val = target, {}
+
+    def _send_round(self, t, fit, splits):
+        return super()._send_round(t, fit, splits or ("val",))
+
+    def _new(self, cls, recipient, **fields):
+        if cls is GlobalModel and fields.get("splits"):
+            fields["splits"] = ("val",) if recipient == self.target else ("test",)
+        return super()._new(cls, recipient, **fields)
+
+    def _secure_aggregate(self):
+        sec = self._secure
+        if sec is not None and sec.result is not None:
+            self.val[sec.round] = secure_mean(sec.result, self.loop.state)[3]["val"]
+        return super()._secure_aggregate()
+
+
+def _split_splits_round(graph, initial):
+    dep = make_deployment(NUM_CLIENTS)
+    roster, sid = dep.roster, dep.roster.server
+    target = roster.clients[1]
+    server = SplitSplitsServer(
+        sid,
+        roster,
+        9,
+        dep.identities[sid],
+        initial_state=initial,
+        rounds=1,
+        patience=None,
+        secagg=SecAggConfig(),
+        target=target,
+    )
+    clients = {}
+    for i, c in enumerate(roster.clients):
+        task = local_task(graph, i)
+        member = Client(i, linear_model(graph, 0.3), task, task, lr=0.05)
+        clients[c] = ClientRounds(c, roster, 9, dep.identities[c], client=member, secagg=SecAggConfig())
+    driver = Driver(InProcessTransport(), {sid: server, **clients}, strict=False)
+    driver.start()
+    driver.run()
+    return server, driver, roster.clients.index(target)
+
+
+def test_members_asked_for_other_splits_are_refused(monkeypatch):
+    """FIXED (a seventh review pass): under secure aggregation a client evaluates all of
+    ``SECURE_SPLITS`` or none. The target asked for the validation split alone and the others for
+    the test split alone all advertised counts, so the pooled validation counts were the target's
+    (break 3's per-client oracle, one round per probe); now each client refuses such a model. With
+    the check removed the pooled validation count is the target's own."""
+    from fedgat.protocols import fedavg_client
+
+    graph = training_graph()
+    torch.manual_seed(3)
+    initial = linear_model(graph, 0.3).state_dict()
+    server, driver, index = _split_splits_round(graph, initial)
+    refusals = [str(e) for _, e in driver.rejected]
+    assert server.val == {} and any("evaluates all of" in r for r in refusals)
+
+    monkeypatch.setattr(fedavg_client, "check_secure_splits", lambda splits: None)
+    server, driver, index = _split_splits_round(graph, initial)
+    own = int(local_task(graph, index).count("val"))
+    assert server.val and all(counts.count == own for counts in server.val.values())
+    assert 0 < own < int(graph.val_mask.sum())
 
 
 def test_evaluation_reports_are_no_per_client_oracle():

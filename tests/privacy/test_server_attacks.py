@@ -11,13 +11,17 @@ from fedgat.pipeline import run_plaintext_pretraining
 from fedgat.server_attacks import (
     FORGERIES,
     AttackSetting,
+    chosen_bases_attack,
     colluder_forgery_attack,
     dropped_client_attack,
     fake_edges_attack,
     forged_results_attacks,
     relabel_forgery_attack,
+    row_swap_attack,
     split_roster_attack,
+    statements_unchecked,
     third_party_claims_attack,
+    withheld_claim_target,
     withheld_claims_attack,
 )
 from fedgat.synthetic import synthetic_graph
@@ -157,6 +161,56 @@ def test_without_the_check_the_victim_trains_on_the_forged_row(setting, monkeypa
     assert out.recovered == 1 and not out.detected and out.as_dict()["forged_results_sent"] >= 1
 
 
+def test_an_owners_rows_swapped_in_a_foreign_neighbourhood_are_refused(setting):
+    """Known break 5, by the server alone: in one victim's bases it puts another row of a foreign
+    node's owner (released to the victim for another node) in place of one of that node's own
+    neighbours, and computes the owner's partial over the swapped neighbourhood. The swapped row
+    carries the owner's tags for itself; the owner's signed statement of the neighbourhood shows the
+    swap, and the victim refuses the bases and never completes."""
+    out = row_swap_attack(setting)
+    d = out.as_dict()
+    assert out.ran and d["positions_swapped"] == 1 and d["swapped_in"] != d["swapped_out"]
+    assert out.detected and out.recovered == 0 and not d["victim_completed"]
+    assert f"another neighbourhood than party {d['owner']}'s signed statement" in d["victim_error"]
+
+
+def test_without_the_statements_the_victim_completes_on_the_swapped_row(setting):
+    """The attack has teeth: with every other check in place but the owners' statements agreeing
+    with whatever the bases say, the victim completes, its encoding of the node off the honest one."""
+    with statements_unchecked():
+        out = row_swap_attack(setting)
+    d = out.as_dict()
+    assert out.recovered == 1 and not out.detected and d["victim_completed"]
+    assert d["victim_encoding_error"] > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["drop", "keep_one"])
+def test_bases_off_the_variants_identity_are_refused(setting, mode):
+    """A sixth review pass: the server drew bases that drop, merge, scale or isolate neighbours' rows
+    and computed every result honestly for them, so every tag check passed and every client
+    completed. Each client now checks the identity on random probes and refuses the bases."""
+    out = chosen_bases_attack(setting, mode)
+    d = out.as_dict()
+    assert out.detected and out.recovered == 0 and d["clients_refused"] == [0, 1, 2]
+    assert "do not read their neighbours' rows back" in d["first_error"]
+
+
+def test_without_the_basis_check_every_client_trains_on_rows_the_server_chose(setting, monkeypatch):
+    from fedgat.protocols import pretrain_checks
+
+    monkeypatch.setattr(pretrain_checks, "check_basis_identity", lambda *a, **k: None)
+    out = chosen_bases_attack(setting, "scale")
+    assert out.recovered == 3 and not out.detected and out.as_dict()["read_back_error"] > 0.5
+
+
+def test_an_honest_rounds_encodings_read_the_true_rows_back(setting):
+    """The read-back the attack measures is a real quantity: exact up to CKKS noise when honest."""
+    from fedgat.server_attacks import _read_back_error, honest_round
+
+    parties = honest_round(setting)
+    assert all(_read_back_error(c.encodings, setting.truth) < 1e-5 for c in parties.clients.values())
+
+
 def test_a_withheld_claim_is_refused_at_the_roster(setting):
     """The server does not relay one claim of an owner the victim borders: the victim refuses the
     roster (every claim names its claimer's peers, signed) and never completes; without that check
@@ -169,6 +223,17 @@ def test_a_withheld_claim_is_refused_at_the_roster(setting):
         f"withheld party {d['withheld'][0]}'s claims of its edges to parties [{d['withheld'][1]}]"
         in d["victim_error"]
     )
+
+
+def test_a_bordering_owners_claim_to_the_victim_itself_cannot_be_withheld(setting):
+    """A sixth review pass withheld D's claim *to the victim* (the check asked only for D's claims to
+    others), so D's cross-client count missed the victim's own rows and the server struck them from
+    D's nodes' neighbourhoods unseen (26 nodes, 32 rows). The roster is now refused, naming it."""
+    victim, (d, _) = withheld_claim_target(setting)
+    out = withheld_claims_attack(setting, target=(victim, (d, victim)))
+    detail = out.as_dict()
+    assert out.detected and out.recovered == 0 and not detail["victim_accepted_roster"]
+    assert f"withheld party {d}'s claims of its edges to parties [{victim}]" in detail["victim_error"]
 
 
 def test_without_the_completeness_check_a_withheld_claim_goes_unseen(setting, monkeypatch):
@@ -226,10 +291,17 @@ def test_a_client_left_out_of_the_roster_is_refused(apart):
 
 
 def test_without_the_roster_check_the_victim_completes_without_the_left_out_rows(apart, monkeypatch):
+    """Without the roster check the owner's statements still show the left-out client's rows missing
+    from the bases (frame version 10); with both checks removed the victim completes without them."""
     from fedgat.protocols import pretrain_client
 
     monkeypatch.setattr(pretrain_client, "check_claims_complete", lambda *a, **k: None)
     out = dropped_client_attack(apart)
+    d = out.as_dict()
+    assert out.recovered == 0 and not d["victim_completed"]
+    assert "another neighbourhood than party" in d["victim_error"]
+    with statements_unchecked():
+        out = dropped_client_attack(apart)
     assert out.recovered == 1 and not out.detected
 
 
@@ -339,3 +411,26 @@ def test_cora_pretraining_attacks_are_refused_or_recover_nothing(cora):
         attack = report["server_attacks"][name]
         assert attack["ran"] and attack["recovered_fraction"] == 0.0, name
         assert attack["detected"] or name == "server_plus_one_client", name
+
+
+def test_the_teeth_benchmark_records_the_attack_with_and_without_its_check(tmp_path):
+    """``benchmarks/attack_teeth.py`` (the Cora record of row_swap): refused with the check, the
+    victim completes without it, and both runs land in the JSON and Markdown it writes."""
+    import json
+
+    from fedgat.benchmarks import attack_teeth
+
+    code = attack_teeth.main(
+        ["--attack", "row_swap", "--dataset", "synthetic", "--clients", "3", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    result = json.loads((tmp_path / "audit_synthetic_vector_row_swap.json").read_text())
+    assert result["with_check"]["detected"] and not result["with_check"]["victim_completed"]
+    assert (
+        result["without_check"]["victim_completed"]
+        and result["without_check"]["victim_encoding_error"] > 1e-3
+    )
+    assert result["cpus"] and result["date"]
+    assert (
+        "| without check | False | 1 of 1 |" in (tmp_path / "audit_synthetic_vector_row_swap.md").read_text()
+    )

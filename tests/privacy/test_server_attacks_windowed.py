@@ -16,6 +16,7 @@ from fedgat.protocols import ClientState, Transcript
 from fedgat.server_attacks import (
     FORGERIES,
     AttackSetting,
+    chosen_bases_attack,
     colluder_forgery_attack,
     colluder_forgery_run,
     collusion_attack,
@@ -23,6 +24,7 @@ from fedgat.server_attacks import (
     forged_results_attacks,
     honest_round,
     relabel_forgery_attack,
+    row_swap_attack,
     shared_secret_key,
     third_party_claims_attack,
     withheld_claims_attack,
@@ -160,6 +162,18 @@ def test_a_relabelled_foreign_neighbour_is_refused(setting):
     out = relabel_forgery_attack(setting)
     assert out.as_dict()["upload_window"] == WINDOW
     assert out.detected and out.recovered == 0 and not out.as_dict()["victim_completed"]
+
+
+def test_an_owners_rows_swapped_in_a_foreign_neighbourhood_are_refused(setting):
+    out = row_swap_attack(setting)
+    assert out.as_dict()["upload_window"] == WINDOW
+    assert out.detected and out.recovered == 0 and not out.as_dict()["victim_completed"]
+
+
+def test_bases_off_the_identity_are_refused(setting):
+    out = chosen_bases_attack(setting, "merge")
+    assert out.as_dict()["upload_window"] == WINDOW
+    assert out.detected and out.recovered == 0
 
 
 def test_a_withheld_claim_is_refused(setting):

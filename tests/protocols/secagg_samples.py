@@ -21,7 +21,7 @@ from fedgat.protocols.secagg import SEALED_SHARE_BYTES
 
 def secagg_samples(header: dict) -> list:
     """One message of each secure-aggregation type with the header fields ``header``."""
-    advert = AdvertItem(2, b"c" * 32, b"s" * 32, b"b" * 32, b"d" * 32, b"g" * 64)
+    advert = AdvertItem(2, b"c" * 32, b"s" * 32, b"b" * 32, b"d" * 32, b"g" * 64, 1)
     sealed = (SealedShare(0, b"x" * SEALED_SHARE_BYTES), SealedShare(2, b"y" * SEALED_SHARE_BYTES))
     masked = np.array([[1, -2, 3], [-(2**63), 0, 2**63 - 1]], dtype=np.int64)
     return [
@@ -32,6 +32,7 @@ def secagg_samples(header: dict) -> list:
             b_commit=b"b" * 32,
             model_digest=b"d" * 32,
             binding_signature=b"g" * 64,
+            parts=3,
             **header,
         ),
         SecAggCohort(round=3, adverts=(AdvertItem(1, *(b"z" * 32,) * 4, b"g" * 64), advert), **header),

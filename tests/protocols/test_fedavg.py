@@ -4,6 +4,7 @@ under secure aggregation; rejected round messages change nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,6 +16,7 @@ from fedgat.federated import Client, FedAdam, FedAvg, LocalTask, Server, client_
 from fedgat.pipeline import make_deployment
 from fedgat.protocols import (
     ClientRounds,
+    Driver,
     GlobalModel,
     InProcessTransport,
     LocalUpdate,
@@ -30,9 +32,12 @@ from fedgat.rounds import RoundLoop
 from fedgat.synthetic import synthetic_graph
 
 
-def _clients(seed: int, strategy=None, streams: int | None = None) -> tuple[list[Client], dict]:
-    """3 clients with a dropout + linear model; client 2 has no training node. ``streams``: each
-    client draws from a stream of its own, seeded from it (:func:`fedgat.federated.client_seed`)."""
+def _clients(
+    seed: int, strategy=None, streams: int | None = None, empty: bool = True
+) -> tuple[list[Client], dict]:
+    """3 clients with a dropout + linear model; with ``empty`` client 2 has no training node.
+    ``streams``: each client draws from a stream of its own, seeded from it
+    (:func:`fedgat.federated.client_seed`)."""
     g = synthetic_graph(num_nodes=90, num_features=12, train_per_class=4, num_val=20, num_test=30, seed=5)
     owner = np.arange(g.num_nodes) % 3
     torch.manual_seed(seed)
@@ -47,7 +52,7 @@ def _clients(seed: int, strategy=None, streams: int | None = None) -> tuple[list
         targets = {}
         for split in ("train", "val", "test"):
             mask = getattr(g, f"{split}_mask").numpy()[nodes]
-            if split == "train" and c == 2:
+            if split == "train" and c == 2 and empty:
                 mask[:] = False
             rows = torch.from_numpy(np.flatnonzero(mask))
             targets[split] = (rows, g.y[nodes][rows])
@@ -57,6 +62,27 @@ def _clients(seed: int, strategy=None, streams: int | None = None) -> tuple[list
             Client(c, model_fn(), task, task, lr=0.05, local_epochs=2, strategy=strategy, seed=own)
         )
     return clients, initial
+
+
+def _federation(clients, initial, secagg, **server) -> tuple[ServerRounds, dict[int, ClientRounds]]:
+    """The FedAvg server (session 9, ``server``'s keyword arguments) and a ClientRounds per client of
+    a fresh 3-client deployment."""
+    dep = make_deployment(3)
+    roster = dep.roster
+    srv = ServerRounds(
+        roster.server,
+        roster,
+        9,
+        dep.identities[roster.server],
+        initial_state=initial,
+        secagg=secagg,
+        **server,
+    )
+    parties = {
+        c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c], secagg=secagg)
+        for c in roster.clients
+    }
+    return srv, parties
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -102,35 +128,28 @@ def _close_history(a: list[dict], b: list[dict]) -> bool:
 def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, secure, strategy, streams):
     """The protocol's rounds train exactly the model of :class:`fedgat.federated.Server`: clients on
     the process-wide stream (seeded alike for both runs), or each on a stream of its own (as every
-    pipeline builds them; the process-wide stream then plays no part: seeded otherwise)."""
-    clients, initial = _clients(seed=3, strategy=_strategy(strategy), streams=streams)
+    pipeline builds them; the process-wide stream then plays no part: seeded otherwise). Without
+    secure aggregation client 2 has no training node (FedAvg weight 0); with it all three train (a
+    secure sum needs ``min_cohort`` members that add an update: see the next test)."""
+    clients, initial = _clients(seed=3, strategy=_strategy(strategy), streams=streams, empty=not secure)
     torch.manual_seed(11)
     server = Server(clients, initial, _strategy(strategy), fraction=fraction, seed=4)
     want = server.fit(rounds, patience)
 
-    clients, initial = _clients(seed=3, strategy=_strategy(strategy), streams=streams)
-    dep = make_deployment(3)
-    roster = dep.roster
+    clients, initial = _clients(seed=3, strategy=_strategy(strategy), streams=streams, empty=not secure)
     secagg = SecAggConfig() if secure else None
     torch.manual_seed(11 if streams is None else 99)
-    srv = ServerRounds(
-        roster.server,
-        roster,
-        9,
-        dep.identities[roster.server],
-        initial_state=initial,
+    srv, parties = _federation(
+        clients,
+        initial,
+        secagg,
         rounds=rounds,
         patience=patience,
         fraction=fraction,
         seed=4,
         strategy=_strategy(strategy),
-        secagg=secagg,
     )
-    parties = {
-        c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c], secagg=secagg)
-        for c in roster.clients
-    }
-    run_parties(InProcessTransport(), {**parties, roster.server: srv})
+    run_parties(InProcessTransport(), {**parties, srv.party_id: srv})
     got = srv.result
     assert got is not None and srv.done
     same, same_history = (_close, _close_history) if secure else (_same, _same_history)
@@ -146,6 +165,25 @@ def test_protocol_rounds_equal_in_process_training(fraction, patience, rounds, s
     assert ("secagg" in srv.timings) == secure
     if patience is not None:
         assert got.rounds <= rounds
+
+
+def test_a_secure_round_needs_min_cohort_members_that_add_an_update():
+    """Client 2 has no training node, so its input adds zeros to the update part, and its advert
+    says so: with 3 clients the secure sum would hold 2 updates, below ``min_cohort`` 3, and every
+    client that trains refuses the cohort (a seventh review pass: the sum was two updates while the
+    clients believed it held three). Client 2, whose input adds nothing, has nothing to protect and
+    accepts; nothing is unmasked."""
+    clients, initial = _clients(seed=3, strategy=FedAvg())
+    srv, parties = _federation(
+        clients, initial, SecAggConfig(), rounds=2, patience=None, fraction=1.0, seed=4, strategy=FedAvg()
+    )
+    roster = srv.roster
+    driver = Driver(InProcessTransport(), {**parties, srv.party_id: srv}, strict=False)
+    driver.start()
+    driver.run()
+    refused = {pid for pid, exc in driver.rejected if "add their updates to the sum" in str(exc)}
+    assert refused == {roster.clients[0], roster.clients[1]}
+    assert not srv.done and srv.history == []
 
 
 def test_a_client_with_its_own_stream_draws_the_same_masks_whatever_else_draws():
@@ -277,25 +315,9 @@ def test_server_rounds_and_in_process_server_drive_the_same_loop(monkeypatch):
             server.fit(12, 2)
             assert isinstance(server.loop, RoundLoop)
             return list(calls)
-        dep = make_deployment(3)
-        roster = dep.roster
-        srv = ServerRounds(
-            roster.server,
-            roster,
-            9,
-            dep.identities[roster.server],
-            initial_state=initial,
-            rounds=12,
-            patience=2,
-            fraction=0.67,
-            seed=4,
-            secagg=None,  # 2 clients a round (the secure path's loop: test_secagg.py)
-        )
-        parties = {
-            c: ClientRounds(c, roster, 9, dep.identities[c], client=clients[c], secagg=None)
-            for c in roster.clients
-        }
-        run_parties(InProcessTransport(), {**parties, roster.server: srv})
+        # 2 clients a round, so no secure aggregation (the secure path's loop: test_secagg.py)
+        srv, parties = _federation(clients, initial, None, rounds=12, patience=2, fraction=0.67, seed=4)
+        run_parties(InProcessTransport(), {**parties, srv.party_id: srv})
         assert isinstance(srv.loop, RoundLoop) and srv.result is srv.loop.result
         return list(calls)
 
@@ -319,3 +341,26 @@ def _summary(value):
     if isinstance(value, (list, tuple)):
         return tuple(_summary(v) for v in value)
     return value
+
+
+def test_auto_secure_aggregation_counts_only_clients_that_add_an_update(tiny_graph, tiny_partition):
+    """``secagg="auto"`` turns secure aggregation on only when every round's cohort can hold
+    ``min_cohort`` clients that add an update (clients refuse others): clients without a training
+    node do not count, unless DP-FedAvg gives every client a noise share to add."""
+    from fedgat.app import idle_clients, training_secagg
+    from fedgat.methods import resolve_hparams
+    from fedgat.protocols.fedavg_client import DEFAULT_SECAGG
+
+    assert training_secagg("auto", 3, 1.0) == DEFAULT_SECAGG
+    assert training_secagg("auto", 10, 1.0, idle=7) == DEFAULT_SECAGG
+    with pytest.warns(UserWarning, match=r"\(1 of them without training nodes\).*travel in plaintext"):
+        assert training_secagg("auto", 3, 1.0, idle=1) is None
+    train = tiny_graph.train_mask.numpy()
+    empty = sum(not train[tiny_partition.owner == c].any() for c in range(tiny_partition.num_clients))
+    hp = resolve_hparams("fedgat", {})
+    assert idle_clients(tiny_graph, tiny_partition, hp) == empty
+    mask = tiny_graph.train_mask & torch.from_numpy(tiny_partition.owner != 0)  # client 0: none
+    graph = dataclasses.replace(tiny_graph, train_mask=mask)
+    assert idle_clients(graph, tiny_partition, hp) == max(empty, 1)
+    dp = resolve_hparams("fedgat", {"update_dp_epsilon": 8.0})
+    assert idle_clients(graph, tiny_partition, dp) == 0

@@ -32,6 +32,7 @@ from fedgat.protocols import (
     KeyAnnounce,
     KeyFingerprintError,
     LocalUpdate,
+    NeighbourhoodStatement,
     PayloadError,
     PrivacyTerms,
     ProtocolError,
@@ -144,6 +145,15 @@ def samples() -> list:
             **HDR,
         ),
         RosterReady(participants=np.array([0, 1, 2]), **HDR),
+        NeighbourhoodStatement(
+            owner=1,
+            recipient_party=2,
+            nodes=np.array([2, 5]),
+            indptr=np.array([0, 3, 4]),
+            indices=np.array([2, 7, 5, 5]),
+            statement_signature=b"n" * 64,
+            **HDR,
+        ),
         *secagg_samples(HDR),
     ]
 
@@ -197,13 +207,14 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 9
+    assert data[4] == VERSION == 10
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
     # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4),
     # a PublicContext without the ciphertext wire (5), a signature over the frame's bytes themselves (6),
-    # results one node per item (7), edge claims without their claimer's peers (8)
-    for version in (1, 2, 3, 4, 5, 6, 7, 8, 10, 255):
+    # results one node per item (7), edge claims without their claimer's peers (8), rounds without
+    # the owners' neighbourhood statements (9)
+    for version in (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):
@@ -284,6 +295,32 @@ def test_bad_values_are_payload_errors():
             )
     with pytest.raises(KeyFingerprintError):
         frame(PublicContext(party=1, preset="n4096", context=b"other", context_fingerprint=FP, **HDR))
+
+
+def test_a_neighbourhood_statement_checks_its_neighbourhoods_on_both_sides():
+    """Frame version 10: the statement's CSR rows obey GraphAnnounce's rules (node first, nothing
+    twice, increasing nodes), it covers a node, and an owner states to another client."""
+    ok = sample(NeighbourhoodStatement)
+    assert decode_message(frame(ok)) == ok
+    found, rows = ok.rows(np.array([5, 2, 9]), 1)
+    assert found.tolist() == [True, False, False] and rows[0].tolist() == [5]  # 2 has 3 neighbours
+    found, rows = ok.rows(np.array([2]), 3)
+    assert found.tolist() == [True] and rows[0].tolist() == [2, 7, 5]
+    for fields, match in [
+        ({"indices": np.array([7, 2, 5, 5])}, "itself"),
+        ({"indices": np.array([2, 7, 7, 5])}, "twice"),
+        ({"nodes": np.array([5, 2]), "indices": np.array([5, 7, 2, 2])}, "increasing"),
+        (
+            {"nodes": np.zeros(0, np.int64), "indptr": np.array([0]), "indices": np.zeros(0, np.int64)},
+            "at least one",
+        ),
+        ({"indptr": np.array([0, 3, 3]), "indices": np.array([2, 7, 5])}, "non-empty"),
+        ({"recipient_party": 1}, "another client"),
+    ]:
+        with pytest.raises(PayloadError, match=match):
+            frame(dataclasses.replace(ok, **fields))
+    with pytest.raises(PayloadError, match="itself"):
+        decode_message(_swap_bytes(frame(ok), _i8(2, 7, 5, 5), _i8(7, 2, 5, 5)))
     terms_fields = {"mechanism": "gaussian", "dim": 8, "seed": 0, "bits": 0, "low": -1.0, "high": 1.0}
     for eps, delta in ((0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0)):
         with pytest.raises(PayloadError, match="DP terms"):

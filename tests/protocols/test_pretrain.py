@@ -40,6 +40,7 @@ from fedgat.protocols import (
     GraphAnnounce,
     KeyAnnounce,
     KeyFingerprintError,
+    NeighbourhoodStatement,
     PayloadError,
     PretrainConfig,
     PrivacyTerms,
@@ -66,6 +67,7 @@ from fedgat.protocols.messages import (
     claim_keys_digest,
     key_binding_bytes,
     keyset_fingerprint,
+    neighbourhood_bytes,
     peek_type,
     sealed_keys_bytes,
 )
@@ -434,9 +436,10 @@ def test_clients_refuse_substituted_keys_contexts_and_claims(harness):
 
 
 def test_a_roster_bound_to_another_key_set_is_refused(tiny_graph, tiny_partition):
-    h = _holding(tiny_graph, tiny_partition, RosterReady, SealedCheckKeys, to=1).start().run()
+    h = _holding(tiny_graph, tiny_partition, RosterReady, SealedCheckKeys, NeighbourhoodStatement, to=1)
+    h.start().run()
     client = h.client(1)
-    (genuine,) = _held(h, RosterReady)  # (the relayed check keys behind it are held too)
+    (genuine,) = _held(h, RosterReady)  # (the relayed check keys and statements behind it are held too)
     assert client.state is ClientState.AWAIT_ROSTER and sorted(client._peer_contexts) == [0, 2]
     session = h.parties.config.session
     fps = {c: h.client(c).holder.fingerprint() for c in h.roster.clients}
@@ -455,8 +458,98 @@ def test_a_roster_bound_to_another_key_set_is_refused(tiny_graph, tiny_partition
     assert all(p.done for p in h.parties.all().values())
 
 
+def test_clients_refuse_neighbourhood_statements_their_owner_did_not_sign(tiny_graph, tiny_partition):
+    """Frame version 10: each owner signs, for each recipient, the neighbourhoods of its nodes the
+    recipient needs; the server relays them. A statement the server changed, one for another
+    recipient, or over other nodes, is refused and changes nothing; bases of an owner's nodes before
+    its statement are refused; with the genuine statements the round completes."""
+    transport = FaultyTransport(Transcript())
+    holding = [False]
+
+    def from_the_first_statement(s, r, data):  # every frame to client 1 from its first statement on
+        holding[0] = holding[0] or (r == 1 and peek_type(data) == NeighbourhoodStatement.TYPE)
+        return "hold" if holding[0] and r == 1 else None
+
+    transport.rules.append(from_the_first_statement)
+    # windowed: the server sends a client's bases as soon as its statements are relayed
+    h = Harness(tiny_graph, tiny_partition, transport=transport, upload_window=1).start().run()
+    client = h.client(1)
+    held = _held(h, NeighbourhoodStatement)
+    assert held and {m.recipient_party for m in held} == {1} and not client._statements
+    msg = held[0]
+    owner = msg.owner
+    assert msg.nodes.tolist() == client.local.attended(owner).tolist()
+    rejected(
+        client, h.relay(msg, 1, statement_signature=bytes(64)), SignatureError, f"party {owner}'s statement"
+    )
+    wide = np.flatnonzero(np.diff(msg.indptr) >= 3)
+    assert len(wide)  # two neighbours of one node swapped by the relay
+    changed = msg.indices.copy()
+    at = int(msg.indptr[wide[0]])
+    changed[[at + 1, at + 2]] = changed[[at + 2, at + 1]]
+    rejected(client, h.relay(msg, 1, indices=changed), SignatureError, f"party {owner}'s statement")
+    rejected(client, h.relay(msg, 1, recipient_party=2), PayloadError, "is for party 2")
+    rejected(client, h.relay(msg, 1, owner=h.roster.server), PayloadError, "not another participant")
+    # the server sent this client's bases after relaying every statement (held here, behind them)
+    foreign = [b for b in _held(h, EncodingBases) if not np.all(np.isin(b.nodes, client.owned))]
+    assert foreign
+    rejected(client, h.relay(foreign[0], 1), PayloadError, "before party")
+    h.transport.rules.clear()
+    h.transport.release()
+    h.run()
+    assert all(p.done for p in h.parties.all().values())
+    assert sorted(client._statements) == sorted({m.owner for m in held})
+
+
+def test_the_server_refuses_statements_that_differ_from_the_graph_and_uploads_before_them(
+    tiny_graph, tiny_partition
+):
+    """The server checks each statement against the owner's announced graph and the recipient's
+    needs before relaying it, and takes no rows an owner uploads for a recipient before it stated
+    the neighbourhoods that recipient checks."""
+    h = _holding(tiny_graph, tiny_partition, NeighbourhoodStatement, FeatureUpload, UploadDone).start().run()
+    server = h.server
+
+    def again(m, **changes) -> bytes:  # m as its sender could send it again, some fields changed
+        return h.craft(m.sender, type(m), m.recipient, **{**m.body(), **changes})
+
+    statements = _held(h, NeighbourhoodStatement)
+    assert statements and all(m.sender == m.owner for m in statements) and not server._statements
+    msg = statements[0]
+    owner, r = msg.owner, msg.recipient_party
+    upload = next(m for m in _held(h, FeatureUpload) if m.sender == owner and m.target == r)
+    rejected(server, again(upload), PayloadError, "before stating the neighbourhoods")
+    keyset = server.verifier.fingerprint
+    signer = h.parties.deployment.identities[owner].signer
+    nodes = msg.nodes[:-1] if len(msg.nodes) > 1 else msg.nodes
+    indptr = msg.indptr[: len(nodes) + 1]
+    indices = msg.indices[: indptr[-1]]
+    sig = signer.sign(neighbourhood_bytes(h.parties.config.session, owner, r, keyset, nodes, indptr, indices))
+    if len(msg.nodes) > 1:  # a node left out, signed by the owner: the server refuses it
+        short = h.craft(
+            owner,
+            NeighbourhoodStatement,
+            server.party_id,
+            owner=owner,
+            recipient_party=r,
+            nodes=nodes,
+            indptr=indptr,
+            indices=indices,
+            statement_signature=sig,
+        )
+        rejected(server, short, PayloadError, "differs from its announced graph")
+    rejected(server, again(msg, statement_signature=bytes(64)), SignatureError)
+    rejected(server, again(msg, recipient_party=server.party_id), PayloadError, "needs no node")
+    third = next(c for c in h.roster.clients if c not in (owner, r))
+    rejected(server, again(msg, owner=third), PayloadError, "sends party")
+    h.transport.rules.clear()  # (the server's relays of the statements are not held)
+    h.transport.release()
+    h.run()
+    assert all(p.done for p in h.parties.all().values())
+
+
 def test_clients_refuse_check_keys_the_recipient_did_not_seal(tiny_graph, tiny_partition):
-    h = _holding(tiny_graph, tiny_partition, SealedCheckKeys, to=1).start().run()
+    h = _holding(tiny_graph, tiny_partition, SealedCheckKeys, NeighbourhoodStatement, to=1).start().run()
     client = h.client(1)
     held = _held(h, SealedCheckKeys)
     assert client.state is ClientState.AWAIT_CHECK_KEYS and client.releases and len(held) == 2

@@ -15,17 +15,28 @@ from fedgat.app import cross_edges, owned_neighbourhoods
 from fedgat.crypto import SigningIdentity
 from fedgat.partition import make_partition
 from fedgat.protocols import EdgeClaims, GraphAnnounce, PayloadError, Roster, SignatureError
-from fedgat.protocols.messages import KeyAnnounce, claim_bytes, claim_keys_digest
+from fedgat.protocols.messages import (
+    KeyAnnounce,
+    NeighbourhoodStatement,
+    claim_bytes,
+    claim_keys_digest,
+    neighbourhood_bytes,
+)
 from fedgat.protocols.pretrain_edges import (
     ClaimSet,
     LocalGraph,
     OwnerMap,
+    attended_by,
     check_claims,
+    check_claims_complete,
     check_foreign_neighbourhoods,
+    check_statement,
     expected_releases,
+    neighbourhoods_of,
     relay_targets,
     releases,
     verify_claim,
+    verify_statement,
 )
 from fedgat.protocols.pretrain_plan import needed_from_neighbourhoods
 
@@ -45,6 +56,31 @@ def _claim(c: int, p: int, edges, uses, signature: bytes = bytes(64), peers=None
         peers=np.asarray([p] if peers is None else peers, dtype=np.int64),
         claim_signature=signature,
     )
+
+
+def _stating(
+    owner: int, recipient: int, nodes, indptr, indices, signature: bytes = bytes(64)
+) -> NeighbourhoodStatement:
+    return NeighbourhoodStatement(
+        sender=owner,
+        recipient=99,
+        session=SESSION,
+        seq=1,
+        owner=owner,
+        recipient_party=recipient,
+        nodes=np.asarray(nodes, dtype=np.int64),
+        indptr=np.asarray(indptr, dtype=np.int64),
+        indices=np.asarray(indices, dtype=np.int64),
+        statement_signature=signature,
+    )
+
+
+def _as_stated(owner: int, recipient: int, nodes, neighbours) -> NeighbourhoodStatement:
+    """A statement whose neighbourhoods are exactly ``neighbours`` (rows of equal size): what an owner
+    colluding with the server would sign to make tampered bases agree with it."""
+    neighbours = np.asarray(neighbours, dtype=np.int64)
+    indptr = np.arange(len(neighbours) + 1) * neighbours.shape[1]
+    return _stating(owner, recipient, nodes, indptr, neighbours.ravel())
 
 
 def _announce(c: int, local: LocalGraph) -> GraphAnnounce:
@@ -100,6 +136,13 @@ class World:
     def check(self) -> None:
         graphs = self.graphs()
         check_claims(graphs, ClaimSet.of(self.claims.values()), OwnerMap(graphs))
+
+    def statement(self, owner: int, recipient: int) -> NeighbourhoodStatement:
+        """What an honest ``owner`` states to ``recipient`` (the neighbourhoods of its nodes the
+        recipient's nodes attend over, from the claims relayed to it)."""
+        lg = self.locals[owner]
+        nodes = attended_by(owner, lg, self.relayed(owner), recipient)
+        return _stating(owner, recipient, nodes, *neighbourhoods_of(lg.owned, lg.indptr, lg.indices, nodes))
 
 
 def _assert_releases_match_the_plan(world: World) -> int:
@@ -340,18 +383,125 @@ def test_a_recipient_checks_its_foreign_nodes_neighbourhoods(nodes, neighbours, 
     signed claims, which the server relays to a (red-team review, 2026-11-27)."""
     world = _three_clients()
     claims = world.relayed(0)
+    honest = {1: world.statement(1, 0)}
+    assert honest[1].nodes.tolist() == [2] and honest[1].indices.tolist() == [2, 0, 4]
     check_foreign_neighbourhoods(
-        0, world.locals[0], claims, np.array([2]), np.array([[2, 0, 4]]), np.array([[1, 0, 2]])
+        0, world.locals[0], claims, np.array([2]), np.array([[2, 0, 4]]), np.array([[1, 0, 2]]), stated=honest
     )
+    # the labels are checked even where c, colluding, signs the tampered neighbourhood
+    agreeing = {1: _as_stated(1, 0, nodes, neighbours)}
     with pytest.raises(PayloadError, match=message):
         check_foreign_neighbourhoods(
-            0, world.locals[0], claims, np.array(nodes), np.array(neighbours), np.array(owners)
+            0,
+            world.locals[0],
+            claims,
+            np.array(nodes),
+            np.array(neighbours),
+            np.array(owners),
+            stated=agreeing,
         )
     withheld = ClaimSet.of(world.claims[k] for k in relay_targets(world.claims, [0, 1, 2])[0] if k != (1, 2))
     with pytest.raises(PayloadError, match="party 1's signed claims do not say"):  # c's claim to b withheld
         check_foreign_neighbourhoods(
-            0, world.locals[0], withheld, np.array([2]), np.array([[2, 0, 4]]), np.array([[1, 0, 2]])
+            0,
+            world.locals[0],
+            withheld,
+            np.array([2]),
+            np.array([[2, 0, 4]]),
+            np.array([[1, 0, 2]]),
+            stated=honest,
         )
+
+
+def _own_rows_world() -> World:
+    """a = 0 owns {0, 1}, c = 1 owns {2, 3, 6}; edges 0-2, 1-6 and c's own 2-3. a needs 2 and 6, so
+    c releases it 2, 3 and 6; N(2) = {2, 0, 3}, N(6) = {6, 1}."""
+
+    def lg(owned, rows, cross, owner):
+        indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+        return LocalGraph(np.array(owned), indptr, np.concatenate(rows), np.array(cross), np.array(owner))
+
+    return World(
+        {
+            0: lg([0, 1], [[0, 2], [1, 6]], [[0, 2], [1, 6]], [1, 1]),
+            1: lg([2, 3, 6], [[2, 0, 3], [3, 2], [6, 1]], [[2, 0], [6, 1]], [0, 0]),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("neighbours", "owners"),
+    [
+        ([[2, 0, 6]], [[1, 0, 1]]),  # c's row 3 swapped for its row 6, released to a for node 6
+        ([[2, 6, 3]], [[1, 1, 1]]),  # a's node 0 dropped for c's 6 (the cross count shows it too)
+        ([[2, 3, 0]], [[1, 1, 0]]),  # the same rows in another order (coefficients follow positions)
+    ],
+)
+def test_a_foreign_nodes_own_rows_are_its_owners_statement(neighbours, owners):
+    """Known break 5, closed in frame version 10: which of c's own rows N(2) holds was checked by
+    nothing (each swapped row carries c's tags for itself); c's signed statement of N(2) fixes it,
+    entry for entry, and bases of c's nodes before c's statement are refused."""
+    world = _own_rows_world()
+    claims = world.relayed(0)
+    stated = {1: world.statement(1, 0)}
+    assert stated[1].nodes.tolist() == [2, 6]
+    assert releases(1, world.locals[1], world.relayed(1), [0])[0].tolist() == [2, 3, 6]
+    honest = (np.array([2]), np.array([[2, 0, 3]]), np.array([[1, 0, 1]]))
+    check_foreign_neighbourhoods(0, world.locals[0], claims, *honest, stated=stated)
+    with pytest.raises(PayloadError, match="another neighbourhood than party 1's signed statement"):
+        check_foreign_neighbourhoods(
+            0, world.locals[0], claims, np.array([2]), np.array(neighbours), np.array(owners), stated=stated
+        )
+    with pytest.raises(PayloadError, match="before party 1's signed statement"):
+        check_foreign_neighbourhoods(0, world.locals[0], claims, *honest, stated={})
+
+
+def test_a_dropped_own_row_is_refused():
+    """N(2) without c's row 3 keeps every cross-client neighbour: only c's statement shows the drop."""
+    world = _own_rows_world()
+    with pytest.raises(PayloadError, match="another neighbourhood than party 1's signed statement"):
+        check_foreign_neighbourhoods(
+            0,
+            world.locals[0],
+            world.relayed(0),
+            np.array([2]),
+            np.array([[2, 0]]),
+            np.array([[1, 0]]),
+            stated={1: world.statement(1, 0)},
+        )
+
+
+def test_a_statement_covers_exactly_the_owners_nodes_the_recipient_attends_over():
+    world = _own_rows_world()
+    honest = world.statement(1, 0)
+    check_statement(0, world.locals[0], honest)
+    lg = world.locals[1]
+    for nodes in ([2], [2, 3, 6]):  # one left out; one more (3, which a does not attend over)
+        other = _stating(1, 0, nodes, *neighbourhoods_of(lg.owned, lg.indptr, lg.indices, np.array(nodes)))
+        with pytest.raises(PayloadError, match="covers other nodes"):
+            check_statement(0, world.locals[0], other)
+    with pytest.raises(PayloadError, match="is for party 2"):
+        check_statement(0, world.locals[0], dataclasses.replace(honest, recipient_party=2))
+
+
+def test_statements_are_signed_by_their_owner_for_the_rounds_key_set():
+    signers = {p: SigningIdentity.generate() for p in range(3)}
+    roster = Roster(server=2, clients=(0, 1), signing_keys={p: s.public_bytes() for p, s in signers.items()})
+    keyset, other = bytes(range(32)), bytes(32)
+    nodes, indptr, indices = np.array([2, 6]), np.array([0, 3, 5]), np.array([2, 0, 3, 6, 1])
+    signed = neighbourhood_bytes(SESSION, 1, 0, keyset, nodes, indptr, indices)
+    good = _stating(1, 0, nodes, indptr, indices, signers[1].sign(signed))
+    verify_statement(good, roster, SESSION, keyset)
+    for bad, kw in [
+        (good, {"keyset": other}),  # another view of the round
+        (good, {"session": SESSION + 1}),
+        (dataclasses.replace(good, indices=np.array([2, 0, 6, 6, 1])), {}),  # a changed neighbourhood
+        (_stating(1, 0, nodes, indptr, indices, signers[0].sign(signed)), {}),  # signed by another client
+    ]:
+        with pytest.raises(SignatureError):
+            verify_statement(bad, roster, kw.get("session", SESSION), kw.get("keyset", keyset))
+    with pytest.raises(PayloadError, match="not both clients"):
+        verify_statement(dataclasses.replace(good, owner=2), roster, SESSION, keyset)
 
 
 def test_a_recipients_node_a_capped_owner_does_not_attend_over_is_refused():
@@ -372,12 +522,24 @@ def test_a_recipients_node_a_capped_owner_does_not_attend_over_is_refused():
         }
     )
     claims = world.relayed(0)
+    stated = {1: world.statement(1, 0)}
     check_foreign_neighbourhoods(
-        0, world.locals[0], claims, np.array([2]), np.array([[2, 4]]), np.array([[1, 2]])
+        0, world.locals[0], claims, np.array([2]), np.array([[2, 4]]), np.array([[1, 2]]), stated=stated
     )
+    with pytest.raises(PayloadError, match="another neighbourhood than party 1's signed statement"):
+        check_foreign_neighbourhoods(
+            0, world.locals[0], claims, np.array([2]), np.array([[2, 0]]), np.array([[1, 0]]), stated=stated
+        )
+    # and where c, colluding, states it: c's own signed claims contradict it
     with pytest.raises(PayloadError, match="party 1's signed claims do not say it attends over"):
         check_foreign_neighbourhoods(
-            0, world.locals[0], claims, np.array([2]), np.array([[2, 0]]), np.array([[1, 0]])
+            0,
+            world.locals[0],
+            claims,
+            np.array([2]),
+            np.array([[2, 0]]),
+            np.array([[1, 0]]),
+            stated={1: _as_stated(1, 0, [2], [[2, 0]])},
         )
 
 
@@ -458,3 +620,23 @@ def test_a_local_graph_refuses_inconsistent_cross_edges():
         1: ([[0, 5]], [1]),
         2: ([[1, 6]], [0]),
     }
+
+
+def test_a_recipient_requires_every_claim_of_an_owner_it_borders_its_own_included():
+    """a borders c: it needs c's claims to b and to a itself (a sixth review pass withheld the latter,
+    then not required, and struck a's rows from c's nodes' neighbourhoods unseen), and c's signed
+    peers must name a."""
+    world = _three_clients()
+    claims = world.relayed(0)
+    check_claims_complete(0, world.locals[0], claims, [0, 1, 2])
+    for withheld in [(1, 2), (1, 0)]:
+        held = ClaimSet.of(
+            world.claims[k] for k in relay_targets(world.claims, [0, 1, 2])[0] if k != withheld
+        )
+        with pytest.raises(
+            PayloadError, match=f"withheld party 1's claims of its edges to parties \\[{withheld[1]}\\]"
+        ):
+            check_claims_complete(0, world.locals[0], held, [0, 1, 2])
+    unnamed = ClaimSet(claims.edges, claims.used, {**claims.peers, 1: np.array([2])})
+    with pytest.raises(PayloadError, match="do not name this client"):
+        check_claims_complete(0, world.locals[0], unnamed, [0, 1, 2])

@@ -330,3 +330,32 @@ def test_stage_message_values_are_checked():
     assert length < SecAggMasked.MAX_PAYLOAD
     with pytest.raises(FrameError):
         decode_message(data[:-1])
+
+
+def test_a_client_unmasks_only_sums_enough_members_add_its_parts_to():
+    """Frame version 10: each advert says, signed, whether its input carries an update and counts.
+    A client that trains refuses to unmask a sum in which fewer than ``min_cohort`` survivors add
+    an update (a server could count the other trainers as dropped and leave the target's update
+    alone among evaluators' zeros); the refusal changes nothing, and a sum with enough is unmasked."""
+    from fedgat.protocols.messages_secagg import AdvertItem
+
+    me = ClientSecAgg.begin(sa.SecAggConfig(), SESSION, ROUND, 0, DIGEST, np.zeros((2, 4), np.uint64))
+    parts = {0: 3, 1: 3, 2: 3, 3: sa.PART_COUNTS, 4: sa.PART_COUNTS}  # 0-2 train, 3-4 only evaluate
+    me.cohort = {
+        p: AdvertItem(p, bytes(32), bytes(32), bytes(32), DIGEST, bytes(64), q) for p, q in parts.items()
+    }
+    me.received = {p: (b"s" * 16, b"b" * 16) for p in (1, 2, 3, 4)}
+    me.own, me.threshold, me.stage, me.vector = (b"s" * 16, b"b" * 16), 4, "masked", None
+    head = {**HDR, "sender": 9, "recipient": 0}
+    with pytest.raises(PayloadError, match="fewer than 3 survivors add their updates"):
+        me.on_unmask(SecAggUnmaskRequest(round=ROUND, survivors=(0, 1, 3, 4), **head))
+    assert me.stage == "masked" and me.own is not None
+    out = me.on_unmask(SecAggUnmaskRequest(round=ROUND, survivors=(0, 1, 2, 3), **head))
+    assert [s.party for s in out["b_shares"]] == [0, 1, 2, 3] and [s.party for s in out["s_shares"]] == [4]
+    # an evaluator alone: the counts of all five are in the sum, enough
+    ev = ClientSecAgg.begin(
+        sa.SecAggConfig(), SESSION, ROUND, 3, DIGEST, np.zeros((2, 4), np.uint64), sa.PART_COUNTS
+    )
+    assert ev._short_parts(me.cohort) == [] and me._short_parts([me.cohort[p] for p in (0, 3, 4)]) == [
+        "updates"
+    ]

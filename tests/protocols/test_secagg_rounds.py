@@ -245,7 +245,8 @@ def test_clients_refuse_a_cohort_trained_on_different_models():
     }
     adverts = [next(m for m in replies[c] if isinstance(m, SecAggAdvert)) for c in range(4)]
     items = tuple(
-        AdvertItem(a.sender, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.binding_signature) for a in adverts
+        AdvertItem(a.sender, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.binding_signature, a.parts)
+        for a in adverts
     )
     assert len({i.model_digest for i in items}) == 2
     cohort = _craft(h.fed, SecAggCohort, h.fed.sid, 0, round=1, adverts=items)
@@ -331,6 +332,7 @@ def test_the_server_checks_every_stage_answer():
             "b_commit": b"b" * 32,
             "model_digest": b"d" * 32,
             "binding_signature": b"x" * 64,
+            "parts": 3,
             **kw,
         },
     )
@@ -353,6 +355,7 @@ def test_the_server_checks_adverts_and_shares():
     first = decode_message(h.transport.held[0][2])
     sender = first.sender
     _refused(srv, _resign(fed, first, model_digest=bytes(32)), SignatureError)  # the digest is signed
+    _refused(srv, _resign(fed, first, parts=first.parts ^ 2), SignatureError)  # so are the parts
     bad_sig = dataclasses.replace(first, signature=None, signed_bytes=None, binding_signature=b"x" * 64)
     _refused(srv, encode_message(bad_sig, fed.dep.identities[sender].signer), SignatureError)
     # an advert signed by another client for this one's keys

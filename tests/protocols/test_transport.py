@@ -36,6 +36,7 @@ def test_transcript_records_every_frame(tiny_graph, tiny_partition, tmp_path, sp
         "PublicContext",
         "EdgeClaims",
         "SealedCheckKeys",
+        "NeighbourhoodStatement",
         "GraphAnnounce",
         "FeatureUpload",
         "UploadDone",
