@@ -1143,3 +1143,29 @@ def test_foreign_owner_counts_are_the_distinct_other_owners_per_node(owners, me)
     arr = np.array(owners, dtype=np.int64)
     want = [len(set(row) - {me}) for row in owners]
     assert foreign_owner_counts(arr, me).tolist() == want
+
+
+@pytest.mark.parametrize("variant", ["vector", "matrix"])
+@pytest.mark.parametrize("embed", [1, 2])
+def test_the_bases_identity_is_checked_on_random_probes(variant, embed):
+    """Bases drawn by the variant pass (any embedding factor, n = 1 too); every way a server could
+    bend them (a column zeroed, two merged, one scaled, all but one shrunk; NaN) is refused
+    (:func:`check_basis_identity`, frame version 10: a sixth review pass)."""
+    from fedgat.protocols.pretrain_checks import check_basis_identity
+    from fedgat.randomness import RandomSource
+    from fedgat.server_attacks import TamperedBases
+
+    config = PretrainConfig(session=1, variant=variant, embed_factor=embed)
+    kind = config.kind
+    for n in (1, 4):
+        p, q = kind.draw(RandomSource.from_seed(n), 3, n, embed)
+        check_basis_identity(config, p, q)
+    for mode in TamperedBases.MODES:
+        rng = TamperedBases(variant, mode)
+        p, q = kind.draw(rng, 3, 4, embed)
+        with pytest.raises(PayloadError, match="do not read their neighbours' rows back"):
+            check_basis_identity(config, p, q)
+    p, q = kind.draw(RandomSource.from_seed(9), 3, 4, embed)
+    p[1, 0, 0] = np.nan
+    with pytest.raises(PayloadError, match="1 nodes do not read"):
+        check_basis_identity(config, p, q)
