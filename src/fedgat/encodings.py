@@ -64,7 +64,7 @@ import torch
 from fedgat.graph import CSR
 from fedgat.padding import PaddedGroup, padded_groups, plan_padded_groups  # noqa: F401 (re-export)
 from fedgat.randomness import RandomSource, as_random_source
-from fedgat.variants import VARIANTS, Variant, VariantLike, as_variant  # noqa: F401 (re-export)
+from fedgat.variants import RATIO_RANGE, VARIANTS, Variant, VariantLike, as_variant  # noqa: F401 (re-export)
 
 
 @dataclass
@@ -159,7 +159,7 @@ def draw_bases(
     nodes: np.ndarray,
     rng: RandomSource | int | None = None,
     embed_factor: int = 1,
-    ratio_range: tuple[float, float] = (0.5, 2.0),
+    ratio_range: tuple[float, float] = RATIO_RANGE,
 ) -> list[BucketBases]:
     """Draw fresh random bases for ``nodes``, bucketed by neighbourhood size.
 

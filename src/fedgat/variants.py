@@ -19,6 +19,7 @@ See :mod:`fedgat.encodings` for the encodings themselves.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MATRIX",
+    "RATIO_RANGE",
     "VARIANTS",
     "VECTOR",
     "MatrixVariant",
@@ -37,6 +39,10 @@ __all__ = [
     "VectorVariant",
     "as_variant",
 ]
+
+#: the matrix variant's :math:`r_j` are log-uniform in this range (what clients accept: at most
+#: :meth:`MatrixVariant.max_pair_norm`)
+RATIO_RANGE = (0.5, 2.0)
 
 #: an int or an array of ints (neighbourhood sizes); the formulas apply elementwise
 Size = TypeVar("Size", int, np.ndarray)
@@ -134,7 +140,7 @@ class Variant(ABC):
         count: int,
         n: int,
         embed_factor: int = 1,
-        ratio_range: tuple[float, float] = (0.5, 2.0),
+        ratio_range: tuple[float, float] = RATIO_RANGE,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Fresh bases ``p, q`` (``(count, m, n)`` each; ``q`` None without :attr:`has_q`) for
         ``count`` nodes with ``n`` neighbours. ``ratio_range``: the matrix variant's :math:`r_j`."""
@@ -144,6 +150,12 @@ class Variant(ABC):
     def plain(self, p: np.ndarray, q: np.ndarray | None) -> dict[str, np.ndarray]:
         """The feature-free float64 tensors the client derives from the bases."""
         raise NotImplementedError
+
+    def max_pair_norm(self) -> float | None:
+        r"""The largest :math:`\lVert p_j \rVert \lVert q_j \rVert` bases this variant draws (None: no
+        such pair; a client refuses bases above it, whose ill-conditioning would only amplify the
+        CKKS noise in the rows it reads back)."""
+        return None
 
     @abstractmethod
     def left_inverse(self, p: np.ndarray, q: np.ndarray | None) -> tuple[np.ndarray, float]:
@@ -187,7 +199,7 @@ class MatrixVariant(Variant):
         count: int,
         n: int,
         embed_factor: int = 1,
-        ratio_range: tuple[float, float] = (0.5, 2.0),
+        ratio_range: tuple[float, float] = RATIO_RANGE,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         r"""An orthonormal :math:`\{u_{1j}, u_{2j}\}_{j \le n}` in :math:`\mathbb{R}^{2n}` and ratios
         :math:`r_j` log-uniform in ``ratio_range``; :math:`p_j = u_{1j} + u_{2j}/r_j`,
@@ -203,6 +215,12 @@ class MatrixVariant(Variant):
         :math:`K_1 = \tfrac12 \sum_j q_j` and :math:`K_3 = \sum_j p_j` ``(B, m)`` (paper eq. 9-14)."""
         assert q is not None  # matrix bases always have q
         return {"P": 0.5 * np.einsum("bxj,byj->bxy", p, q), "K1": 0.5 * q.sum(-1), "K3": p.sum(-1)}
+
+    def max_pair_norm(self) -> float | None:
+        r""":math:`\sqrt{2 + r^2 + r^{-2}}` at the ends of the default ratio range (2.5 for
+        :math:`r \in [1/2, 2]`): :math:`\lVert p_j \rVert^2 = 1 + r_j^{-2}`, :math:`\lVert q_j \rVert^2 = 1 + r_j^2`."""
+        r = max(1.0 / RATIO_RANGE[0], RATIO_RANGE[1])
+        return math.sqrt(2.0 + r * r + 1.0 / (r * r))
 
     def left_inverse(self, p: np.ndarray, q: np.ndarray | None) -> tuple[np.ndarray, float]:
         r"""``(q, 2)``: :math:`q_k^\top p_j = 2\delta_{jk}`."""
@@ -251,7 +269,7 @@ class VectorVariant(Variant):
         count: int,
         n: int,
         embed_factor: int = 1,
-        ratio_range: tuple[float, float] = (0.5, 2.0),
+        ratio_range: tuple[float, float] = RATIO_RANGE,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """:math:`Q_i`: the first ``n`` columns of a Haar-random orthogonal ``m x m`` matrix."""
         return rng.orthogonal(count, self.m(int(n), embed_factor))[:, :, :n], None
