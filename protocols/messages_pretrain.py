@@ -427,6 +427,8 @@ class NeighbourhoodStatement(Message):
         """``(found (B,), neighbours (B, n))``: whether each of ``nodes`` is stated with a
         neighbourhood of size ``n``, and that neighbourhood (garbage where not found)."""
         nodes = np.asarray(nodes, dtype=np.int64)
+        if not len(self.nodes) or not len(self.indices):
+            return np.zeros(len(nodes), bool), np.zeros((len(nodes), n), np.int64)
         pos = np.minimum(np.searchsorted(self.nodes, nodes), len(self.nodes) - 1)
         start, size = self.indptr[pos], np.diff(self.indptr)[pos]
         found = (self.nodes[pos] == nodes) & (size == n)

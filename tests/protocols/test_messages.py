@@ -306,6 +306,10 @@ def test_a_neighbourhood_statement_checks_its_neighbourhoods_on_both_sides():
     assert found.tolist() == [True, False, False] and rows[0].tolist() == [5]  # 2 has 3 neighbours
     found, rows = ok.rows(np.array([2]), 3)
     assert found.tolist() == [True] and rows[0].tolist() == [2, 7, 5]
+    empty = dataclasses.replace(
+        ok, nodes=np.zeros(0, np.int64), indptr=np.array([0]), indices=np.zeros(0, np.int64)
+    )
+    assert empty.rows(np.array([2, 5]), 3)[0].tolist() == [False, False]  # (unchecked: never sent)
     for fields, match in [
         ({"indices": np.array([7, 2, 5, 5])}, "itself"),
         ({"indices": np.array([2, 7, 7, 5])}, "twice"),
