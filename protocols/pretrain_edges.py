@@ -311,7 +311,9 @@ def releases(
 
 def check_claims_complete(me: int, local: LocalGraph, claims: ClaimSet, participants: Iterable[int]) -> None:
     """Recipient ``me`` holds every claim of each participant it borders (``claims``: those of the
-    round's participants, to any peer), and none of them attends over a client the roster leaves out.
+    round's participants, to any peer), its claim to ``me`` included (a sixth review pass withheld
+    that one, then not required, and struck ``me``'s rows from the owner's nodes' neighbourhoods),
+    each names ``me`` among its peers, and none of them attends over a client the roster leaves out.
 
     The server relays a bordering client's claims to all its peers (:func:`relay_targets`), and each
     claim names, signed, all of its claimer's peers, so a withheld one shows. Without this, a server
@@ -322,8 +324,8 @@ def check_claims_complete(me: int, local: LocalGraph, claims: ClaimSet, particip
     An honest server ends such a round itself (:func:`fedgat.protocols.pretrain_plan.unsound_without`).
 
     Raises:
-        PayloadError: a bordering client without any relayed claim, one with a claim withheld, or one
-            attending over a left-out client's nodes.
+        PayloadError: a bordering client without any relayed claim, one with a claim withheld, one
+            whose signed peers leave ``me`` out, or one attending over a left-out client's nodes.
     """
     inside = set(participants)
     for d in local.peers():
