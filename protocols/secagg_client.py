@@ -30,7 +30,7 @@ Every check runs before anything changes: a refused message leaves the round as 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,9 +145,9 @@ class ClientSecAgg:
             parts=parts,
         )
 
-    def _short_parts(self, members: Mapping[int, AdvertItem] | list[AdvertItem]) -> list[str]:
+    def _short_parts(self, members: Iterable[AdvertItem]) -> list[str]:
         """The parts of this client's input that fewer than ``min_cohort`` of ``members`` carry."""
-        items = list(members.values()) if isinstance(members, Mapping) else members
+        items = list(members)
         return [
             name
             for part, name in ((PART_UPDATE, "updates"), (PART_COUNTS, "evaluation counts"))
@@ -227,7 +227,7 @@ class ClientSecAgg:
                     s_key.exchange(X25519PublicKey.from_public_bytes(a.s_pk))
                 except ValueError as exc:
                     raise PayloadError(f"party {a.party} advertised an unusable X25519 key ({exc})") from exc
-        short = self._short_parts(adverts)
+        short = self._short_parts(adverts.values())
         if short:
             raise PayloadError(
                 f"round {self.round}: fewer than {self.config.min_cohort} members of the cohort add their "

@@ -541,6 +541,17 @@ class OracleServer(ServerRounds):
         return super()._secure_aggregate()
 
 
+def evaluating_clients(graph, dep) -> dict[int, ClientRounds]:
+    """Every client of ``dep`` on its :func:`local_task` with a linear model (dropout 0.3), under
+    secure aggregation: the federation the evaluation-oracle read-outs probe."""
+    clients = {}
+    for i, c in enumerate(dep.roster.clients):
+        task = local_task(graph, i)
+        member = Client(i, linear_model(graph, 0.3), task, task, lr=0.05)
+        clients[c] = ClientRounds(c, dep.roster, 9, dep.identities[c], client=member, secagg=SecAggConfig())
+    return clients
+
+
 class SplitSplitsServer(ServerRounds):
     """Asks ``target`` to evaluate the validation split only and every other client the test split
     only (a seventh review pass): one counts part per advert covered both, so the pooled validation
@@ -580,11 +591,7 @@ def _split_splits_round(graph, initial):
         secagg=SecAggConfig(),
         target=target,
     )
-    clients = {}
-    for i, c in enumerate(roster.clients):
-        task = local_task(graph, i)
-        member = Client(i, linear_model(graph, 0.3), task, task, lr=0.05)
-        clients[c] = ClientRounds(c, roster, 9, dep.identities[c], client=member, secagg=SecAggConfig())
+    clients = evaluating_clients(graph, dep)
     driver = Driver(InProcessTransport(), {sid: server, **clients}, strict=False)
     driver.start()
     driver.run()
@@ -637,11 +644,7 @@ def test_evaluation_reports_are_no_per_client_oracle():
         secagg=SecAggConfig(),
         probes=queries,
     )
-    clients = {}
-    for i, c in enumerate(roster.clients):
-        task = local_task(graph, i)
-        member = Client(i, linear_model(graph, 0.3), task, task, lr=0.05)
-        clients[c] = ClientRounds(c, roster, 9, dep.identities[c], client=member, secagg=SecAggConfig())
+    clients = evaluating_clients(graph, dep)
     transport = InProcessTransport(Transcript())
     driver = Driver(transport, {sid: server, **clients}, strict=False)
     driver.start()
