@@ -19,11 +19,12 @@ counts reach the server only as sums. Every client that receives a GlobalModel t
 round's secure sum with the vector of :func:`~fedgat.protocols.fedavg_client.secure_vector`:
 :math:`(n_k w_k, n_k, n_k L_k)` if it was sampled (zeros otherwise), then its ``(correct, count,
 loss_sum)`` on the splits of :data:`~fedgat.protocols.fedavg_client.SECURE_SPLITS` (validation and
-test, so the test counts of a new best are already in the sum). The round runs four stages after
+test, so the test counts of a new best are already in the sum). The round runs five stages after
 the GlobalModel (:mod:`~fedgat.protocols.secagg_server`): **advertise keys** (SecAggAdvert: round
 keys, bound to the digest of the model received), **share keys** (SecAggCohort out, SecAggShares
-back, relayed sealed as SecAggRelay), **masked input** (SecAggMasked) and **unmask**
-(SecAggUnmaskRequest, SecAggUnmaskShares). The server decodes the sums over the survivors, hands the
+back, relayed sealed as SecAggRelay), **masked input** (SecAggMasked), **consistency check**
+(SecAggSurvivors out, SecAggConfirm back) and **unmask** (SecAggUnmaskRequest with the
+confirmations, SecAggUnmaskShares). The server decodes the sums over the survivors, hands the
 pooled counts to :meth:`fedgat.rounds.RoundLoop.on_reports` and the sampled survivors' mean to
 :meth:`~fedgat.rounds.RoundLoop.on_aggregate` (FedAvg, FedProx, FedAdam). After the last round, one
 more secure round carries the counts of the final weights (no client trains). The server learns the
@@ -77,7 +78,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedgat.checkpoint import Checkpoint, CheckpointMismatchError
-from fedgat.dp_fedavg import UpdateDP
+from fedgat.dp_fedavg import DP_NEEDS_SECAGG, UpdateDP
 from fedgat.federated import ClientUpdate, Counts, StateDict
 from fedgat.rounds import RoundLoop
 from fedgat.strategies import ServerStrategy
@@ -113,7 +114,7 @@ from .messages import (
     LocalUpdate,
     Message,
 )
-from .messages_secagg import SecAggAdvert, SecAggMasked, SecAggShares, SecAggUnmaskShares
+from .messages_secagg import SecAggAdvert, SecAggConfirm, SecAggMasked, SecAggShares, SecAggUnmaskShares
 from .party import Handler, Party
 from .roster import Identity, Roster
 from .secagg import SecAggConfig
@@ -130,7 +131,7 @@ __all__ = [
 
 SERVER_KIND = "fedgat.fedavg.server"
 #: the clients' answers to the stages of a secure round
-SECAGG_ANSWERS = (SecAggAdvert, SecAggShares, SecAggMasked, SecAggUnmaskShares)
+SECAGG_ANSWERS = (SecAggAdvert, SecAggShares, SecAggMasked, SecAggConfirm, SecAggUnmaskShares)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,8 @@ class ServerRounds(LoopView, SecureRounds, Party):
         secagg: SecAggConfig | None = DEFAULT_SECAGG,
         update_dp: UpdateDP | None = None,
     ) -> None:
+        if update_dp is not None and secagg is None:
+            raise ValueError(DP_NEEDS_SECAGG)
         super().__init__(party_id, roster, session, identity.signer)
         self.update_dp = update_dp
         if not 0 < min_participation <= 1:

@@ -21,7 +21,7 @@ from fedgat.checkpoint import (
     optimizer_to_checkpoint,
     tensors_to_arrays,
 )
-from fedgat.dp_fedavg import UpdateBudgetError
+from fedgat.dp_fedavg import DP_NEEDS_SECAGG, UpdateBudgetError
 from fedgat.federated import Client, ClientUpdate, NonFiniteUpdateError, StateDict, stream_state
 from fedgat.rounds import Counts, exact_weights
 
@@ -40,9 +40,11 @@ from .messages_secagg import (
     SECAGG_MESSAGES,
     SecAggAdvert,
     SecAggCohort,
+    SecAggConfirm,
     SecAggMasked,
     SecAggRelay,
     SecAggShares,
+    SecAggSurvivors,
     SecAggUnmaskRequest,
     SecAggUnmaskShares,
 )
@@ -118,18 +120,20 @@ def secure_length(reference: StateDict) -> int:
 
 
 def secure_mean(
-    sums: np.ndarray, reference: StateDict
+    sums: np.ndarray, reference: StateDict, exact: bool = True
 ) -> tuple[StateDict | None, float, float, dict[str, Counts]]:
     """``(mean state, total weight, weighted loss sum, pooled counts)`` from the decoded sum of
     :func:`secure_vector` inputs: the weighted mean cast to ``reference``'s dtypes (None when the
-    total weight is 0) and, per split of :data:`SECURE_SPLITS`, the summed counts (integers rounded
-    from the fixed-point sum)."""
+    total weight is 0) and, per split of :data:`SECURE_SPLITS`, the summed counts (``exact``: integers
+    rounded from the fixed-point sum; else, the noised counts of DP-FedAvg, as summed)."""
     size = sum(t.numel() for t in reference.values())
     total, loss_sum = float(sums[size]), float(sums[size + 1])
     pooled = {}
     for i, split in enumerate(SECURE_SPLITS):
-        correct, count, split_loss = sums[size + 2 + 3 * i : size + 5 + 3 * i]
-        pooled[split] = Counts(round(float(correct)), round(float(count)), float(split_loss))
+        correct, count, split_loss = (float(v) for v in sums[size + 2 + 3 * i : size + 5 + 3 * i])
+        if exact:
+            correct, count = round(correct), round(count)
+        pooled[split] = Counts(correct, count, split_loss)
     if total <= 0:
         return None, 0.0, 0.0, pooled
     mean, start = {}, 0
@@ -224,6 +228,8 @@ class ClientRounds(Party):
         seed: int | None = None,
         secagg: SecAggConfig | None = DEFAULT_SECAGG,
     ) -> None:
+        if client.update_dp is not None and secagg is None:
+            raise ValueError(DP_NEEDS_SECAGG)
         super().__init__(party_id, roster, session, identity.signer)
         self.client = client
         self.secagg = secagg
@@ -253,7 +259,7 @@ class ClientRounds(Party):
             "evaluated": tuple(sorted(self._evaluated)),
             "weights": tuple(float(v.double().sum()) for v in self.client.model.state_dict().values()),
             "secure": None if self._secure is None else self._secure.snapshot(),
-            "dp_rounds": self.client.dp_rounds,
+            "dp_releases": self.client.dp_releases,
         }
 
     # --- as a value (fedgat.protocols.training_values) -------------------------------------------------
@@ -279,6 +285,7 @@ class ClientRounds(Party):
             Abort: self._on_abort,
             SecAggCohort: self._on_secure,
             SecAggRelay: self._on_secure,
+            SecAggSurvivors: self._on_secure,
             SecAggUnmaskRequest: self._on_secure,
         }
         return handlers.get(type(msg))
@@ -294,13 +301,17 @@ class ClientRounds(Party):
         return []
 
     def _report(self, t: int, splits: tuple[str, ...]) -> Message:
-        """A plaintext EvaluationReport (rounds without secure aggregation only)."""
+        """A plaintext EvaluationReport (rounds without secure aggregation only, so never under
+        DP-FedAvg: the counts are exact integers)."""
         counts = self._evaluate(splits)
         return self._new(
             EvaluationReport,
             self.roster.server,
             round=t,
-            splits=tuple(SplitCounts(s, *counts[s]) for s in splits),
+            splits=tuple(
+                SplitCounts(s, int(counts[s].correct), int(counts[s].count), counts[s].loss_sum)
+                for s in splits
+            ),
         )
 
     def _on_model(self, msg: GlobalModel) -> list[Message]:
@@ -313,6 +324,7 @@ class ClientRounds(Party):
             check_secure_splits(msg.splits)
         weights = check_arrays(msg.arrays, self._reference, "GlobalModel")
         saved = self._save_for_rollback() if msg.fit else None
+        releases = self.client.dp_releases  # nothing is released when the round fails below
         self.last_round, self._weights, self._evaluated = msg.round, weights, set()
         out: list[Message] = []
         update: ClientUpdate | None = None
@@ -333,8 +345,10 @@ class ClientRounds(Party):
             except (NonFiniteUpdateError, PayloadError) as exc:
                 if saved is not None:
                     self._rollback(saved)
+                self.client.dp_releases = releases
                 raise TrainingRefusedError(msg.round, detail=str(exc)) from None
             except UpdateBudgetError as exc:
+                self.client.dp_releases = releases
                 raise PrivacyBudgetError(
                     f"GlobalModel of round {msg.round}: {exc}; the client leaves the run"
                 ) from None
@@ -353,9 +367,11 @@ class ClientRounds(Party):
         if self.secagg is not None:
             with self.clock("secagg"):
                 # what this input really adds: a member without training (or evaluation) nodes adds
-                # zeros there and must not count as a contributor (a seventh review pass)
+                # zeros there and must not count as a contributor (a seventh review pass); under
+                # DP-FedAvg its noise share is a contribution (the h shares the accountant counts)
+                private = self.client.update_dp is not None
                 adds_update = update is not None and update.num_train > 0
-                adds_counts = bool(counts) and all(c.count > 0 for c in counts.values())
+                adds_counts = bool(counts) and (private or all(c.count > 0 for c in counts.values()))
                 parts = (PART_UPDATE if adds_update else 0) | (PART_COUNTS if adds_counts else 0)
                 secure = ClientSecAgg.begin(
                     self.secagg,
@@ -371,13 +387,16 @@ class ClientRounds(Party):
         return out
 
     def _evaluate(self, splits: tuple[str, ...]) -> dict[str, Counts]:
-        """Counts of the last global weights on ``splits`` (kept local; see :meth:`_report`)."""
+        """Counts of the last global weights on ``splits`` as they leave the client (under
+        DP-FedAvg clipped, noised and charged: :meth:`fedgat.federated.Client.release_counts`)."""
         assert self._weights is not None
-        counts = self.client.evaluate(self._weights, splits)
+        counts = self.client.release_counts(self._weights, splits)
         self._evaluated.update(splits)
         return {s: Counts(counts[s].correct, counts[s].count, counts[s].loss_sum) for s in splits}
 
-    def _on_secure(self, msg: SecAggCohort | SecAggRelay | SecAggUnmaskRequest) -> list[Message]:
+    def _on_secure(
+        self, msg: SecAggCohort | SecAggRelay | SecAggSurvivors | SecAggUnmaskRequest
+    ) -> list[Message]:
         """A stage of the secure round under way (:mod:`~fedgat.protocols.secagg_client`)."""
         self._from_server(msg)
         if self.secagg is None:
@@ -396,7 +415,11 @@ class ClientRounds(Party):
                 ]
             if isinstance(msg, SecAggRelay):
                 return [self._new(SecAggMasked, self.roster.server, **secure.on_relay(msg, self.roster))]
-            return [self._new(SecAggUnmaskShares, self.roster.server, **secure.on_unmask(msg))]
+            if isinstance(msg, SecAggSurvivors):
+                return [
+                    self._new(SecAggConfirm, self.roster.server, **secure.on_survivors(msg, self._signer))
+                ]
+            return [self._new(SecAggUnmaskShares, self.roster.server, **secure.on_unmask(msg, self.roster))]
 
     def _on_request(self, msg: EvaluateRequest) -> list[Message]:
         self._from_server(msg)
@@ -476,7 +499,7 @@ class ClientRounds(Party):
             "optimizer": opt_meta,
             "has_weights": self._weights is not None,
             "shapes": {k: list(v.shape) for k, v in self._reference.items()},
-            "dp_rounds": self.client.dp_rounds,
+            "dp_releases": self.client.dp_releases,
         }
         return Checkpoint(CLIENT_KIND, meta, arrays)
 
@@ -511,4 +534,6 @@ class ClientRounds(Party):
         if self._rng is not None:
             self._rng = torch.from_numpy(np.array(arrays["rng"]))
         self.last_round, self._evaluated = int(meta["last_round"]), set(meta["evaluated"])
-        self.client.dp_rounds = int(meta.get("dp_rounds", 0))
+        self.client.dp_releases = int(
+            meta.get("dp_releases", meta.get("dp_rounds", 0))
+        )  # "dp_rounds": before v11

@@ -140,10 +140,15 @@ class SecureRounds:
 
     @property
     def dp_epsilon(self) -> float | None:
-        """Epsilon (at the settings' delta) that the rounds aggregated so far spent of each client's
-        DP-FedAvg budget, counting every round as one a client trained in (None: DP-FedAvg off)."""
+        """Epsilon (at the settings' delta) that the rounds so far spent of each client's DP-FedAvg
+        budget, counting every round aggregated as one a client trained in and every evaluation
+        asked for as one it released (None: DP-FedAvg off)."""
         srv = cast("ServerRounds", self)
-        return None if srv.update_dp is None else srv.update_dp.epsilon(srv.loop.round)
+        if srv.update_dp is None:
+            return None
+        # every aggregated round is evaluated once (its row ends with the evaluation)
+        evaluations = len(srv.loop.history) + int(srv.loop.evaluating)
+        return srv.update_dp.epsilon(srv.loop.round + evaluations)
 
     def _secure_aggregate(self) -> list[Message] | None:
         """Hand a finished secure round's sums to the loop -- first the pooled counts of the weights

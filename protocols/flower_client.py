@@ -22,7 +22,7 @@ import torch
 
 from fedgat.app import build_pretrain_client, build_rounds_client
 from fedgat.crypto.params import DEFAULT_WIRE
-from fedgat.dp_fedavg import update_dp_from_hparams
+from fedgat.dp_fedavg import DP_NEEDS_SECAGG, update_dp_from_hparams
 from fedgat.encodings import Encodings
 from fedgat.graph import Graph
 from fedgat.partition import Partition
@@ -147,7 +147,9 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
       a run without DP-FedAvg, or whose DP-FedAvg (noise, clipping and rounds as the run config
       sets them) is not ``(max-update-epsilon, max-update-delta)``-DP over the run's rounds: the
       client computes that epsilon itself, at its own delta (a run config's large
-      ``update_dp_delta`` otherwise buys a small stated epsilon with little noise).
+      ``update_dp_delta`` otherwise buys a small stated epsilon with little noise). The rounds'
+      evaluations count too (frame version 11). A run under DP-FedAvg is refused whenever its
+      updates could not be aggregated securely, whatever ``secure-aggregation`` says.
 
     Raises:
         NodePolicyError: the run config asks for less than the node allows, or a malformed value.
@@ -164,7 +166,7 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
         delta = _positive(nc.get("max-update-delta", 1e-5), "max-update-delta", below=1.0)
         eps = hp.get("update_dp_epsilon")
         dp = None if eps is None else update_dp_from_hparams(hp)
-        actual = math.inf if dp is None else dp.epsilon(dp.max_rounds, delta=delta)
+        actual = math.inf if dp is None else dp.epsilon(dp.max_releases, delta=delta)
         if actual > cap * (1 + 1e-6):
             raise NodePolicyError(
                 f"party {pid}: the run config trains with update_dp_epsilon={eps!r} at update_dp_delta="
@@ -174,6 +176,11 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
     per_round = max(1, round(float(hp["fraction"]) * num_clients))
     if per_round >= least:
         return SecAggConfig(min_cohort=least, threshold_ratio=DEFAULT_SECAGG.threshold_ratio)
+    if hp.get("update_dp_epsilon") is not None:
+        raise NodePolicyError(
+            f"party {pid}: the run config samples {per_round} of {num_clients} clients per round, below "
+            f"the cohort minimum of {least}, under DP-FedAvg: {DP_NEEDS_SECAGG}"
+        )
     if mode == "required":
         raise NodePolicyError(
             f"party {pid}: the run config samples {per_round} of {num_clients} clients per round "

@@ -72,8 +72,12 @@ MAGIC = b"FGAT"
 #: and sealed check keys are signed over the round's key set (owners refuse a split roster); old peers
 #: fail the claims' and check keys' signatures as well as the version check; 10: each owner signs the
 #: neighbourhoods of its nodes a recipient needs (NeighbourhoodStatement, type 32), which the recipient
-#: checks its bases against (a server could swap an owner's rows in them unseen)
-VERSION = 10
+#: checks its bases against (a server could swap an owner's rows in them unseen); 11: secure
+#: aggregation binds every share to the cohort its dealer saw and adds a consistency check (each
+#: survivor signs the survivor set, SecAggSurvivors/SecAggConfirm, types 27-28, and a client reveals
+#: only with t such signatures, relayed in SecAggUnmaskRequest): a server showed clients different
+#: cohorts or survivor sets and unmasked one input; DP-FedAvg noises and charges the evaluation counts
+VERSION = 11
 #: what an Ed25519 frame signature signs, before the digest (:func:`signing_input`): 50 bytes in all,
 #: shorter than any frame, so no frame of an earlier version nor any other signed structure is one
 SIGNING_PREFIX = b"FGAT-frame-sha256\x00"

@@ -66,8 +66,8 @@ id  type                 direction                   fields                     
                                                      the recipient needs, statement_signature (64 B)
 ==  ===================  ==========================  ================================================  ========
 
-Secure aggregation of the FedAvg updates adds ids 20-26 (SecAggAdvert, SecAggCohort, SecAggShares,
-SecAggRelay, SecAggMasked, SecAggUnmaskRequest, SecAggUnmaskShares): see
+Secure aggregation of the FedAvg updates adds ids 20-28 (SecAggAdvert, SecAggCohort, SecAggShares,
+SecAggRelay, SecAggMasked, SecAggSurvivors, SecAggConfirm, SecAggUnmaskRequest, SecAggUnmaskShares): see
 :mod:`fedgat.protocols.messages_secagg` for their fields and limits (:data:`SECAGG_MESSAGES`).
 
 Differential privacy (sessions whose :class:`~fedgat.protocols.pretrain.PretrainConfig` has ``dp``;

@@ -1,4 +1,4 @@
-r"""Message types of secure aggregation (ids 20-26), the stages of a secure FedAvg round
+r"""Message types of secure aggregation (ids 20-28), the stages of a secure FedAvg round
 (:mod:`fedgat.protocols.fedavg`). Framed, signed and checked like every message
 (:mod:`fedgat.protocols.frame`); registered in :data:`~fedgat.protocols.frame.MESSAGE_TYPES` on import.
 
@@ -18,14 +18,20 @@ id  type                   direction         fields                             
                                              party
 24  SecAggMasked           client -> server  round, masked (int64 2 x m, the Z_2^128 vector,  256 MiB
                                              m <= 2^24)                                       +1 KiB
-25  SecAggUnmaskRequest    server -> client  round, survivors (<= 4096 party ids, sorted)     32 KiB
+27  SecAggSurvivors        server -> client  round, survivors (<= 4096 party ids, sorted)     32 KiB
+28  SecAggConfirm          client -> server  round, confirmation (64 B signature) over the survivors and   1 KiB
+                                             the cohort it saw
+25  SecAggUnmaskRequest    server -> client  round, survivors, confirmations: <= 4096 x       512 KiB
+                                             (party, signature), by party
 26  SecAggUnmaskShares     client -> server  round, b_shares, s_shares: (party, 16 B share),  128 KiB
                                              by party, no party in both lists
 ==  =====================  ================  ===============================================  ========
 
 The advert's ``binding_signature`` (Ed25519 of :func:`~fedgat.protocols.secagg.advert_bytes`) and the
 sender's signature inside each sealed share make the relayed parts trustworthy end to end: the
-server re-frames them but can neither forge nor alter them.
+server re-frames them but can neither forge nor alter them. The confirmations (27, 28; Bonawitz et
+al.'s consistency check, frame version 11) make the survivor set one for all: a client reveals
+only with :math:`t` survivors' signatures over the set it was told.
 """
 
 from __future__ import annotations
@@ -44,13 +50,16 @@ from .secagg import MAX_COHORT, MAX_SECAGG_ELEMS, PART_COUNTS, PART_UPDATE, SEAL
 __all__ = [
     "SECAGG_MESSAGES",
     "AdvertItem",
+    "Confirmation",
     "RevealedShare",
     "SealedShare",
     "SecAggAdvert",
     "SecAggCohort",
+    "SecAggConfirm",
     "SecAggMasked",
     "SecAggRelay",
     "SecAggShares",
+    "SecAggSurvivors",
     "SecAggUnmaskRequest",
     "SecAggUnmaskShares",
 ]
@@ -86,6 +95,15 @@ class RevealedShare:
     share: bytes
 
 
+@dataclass(frozen=True)
+class Confirmation:
+    """A survivor's signature over the survivor set and its cohort view
+    (:func:`~fedgat.protocols.secagg.confirm_bytes`), relayed to every survivor before it reveals."""
+
+    party: int
+    signature: bytes
+
+
 SIG = FixedBytes(64)
 ADVERT = Record(
     AdvertItem,
@@ -101,6 +119,7 @@ ADVERT = Record(
 )
 SEALED = Record(SealedShare, (("party", U32), ("sealed", FixedBytes(SEALED_SHARE_BYTES))))
 REVEALED = Record(RevealedShare, (("party", U32), ("share", FixedBytes(SEED_BYTES))))
+CONFIRMATION = Record(Confirmation, (("party", U32), ("signature", SIG)))
 
 
 def _check_parts(parts: int) -> None:
@@ -211,11 +230,11 @@ class SecAggMasked(Message):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
-class SecAggUnmaskRequest(Message):
-    """Stage 4 request (unmask): the survivors :math:`U_3` whose masked inputs the server holds; the
-    other members of :math:`U_2` count as dropped."""
+class SecAggSurvivors(Message):
+    """Stage 4 request (consistency check): the survivors :math:`U_3` whose masked inputs the server
+    holds; the other members of :math:`U_2` count as dropped."""
 
-    TYPE: ClassVar[int] = 25
+    TYPE: ClassVar[int] = 27
     MAX_PAYLOAD: ClassVar[int] = 32 * KiB
     SCHEMA: ClassVar = (("round", U32), ("survivors", ListOf(U32, MAX_COHORT)))
 
@@ -223,14 +242,51 @@ class SecAggUnmaskRequest(Message):
     survivors: tuple[int, ...]
 
     def check(self) -> None:
+        _sorted_parties(list(self.survivors), "SecAggSurvivors.survivors")
+        if not self.survivors:
+            raise PayloadError("a survivor set names at least one survivor")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggConfirm(Message):
+    """Stage 4 answer: the client's signature over the survivor set it was told, under the cohort it
+    saw (:func:`~fedgat.protocols.secagg.confirm_bytes`)."""
+
+    TYPE: ClassVar[int] = 28
+    MAX_PAYLOAD: ClassVar[int] = 1 * KiB
+    SCHEMA: ClassVar = (("round", U32), ("confirmation", SIG))
+
+    round: int
+    confirmation: bytes
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SecAggUnmaskRequest(Message):
+    """Stage 5 request (unmask): the survivors :math:`U_3` again, with the confirmations of at least
+    :math:`t` of them (each a signature over this set)."""
+
+    TYPE: ClassVar[int] = 25
+    MAX_PAYLOAD: ClassVar[int] = 512 * KiB
+    SCHEMA: ClassVar = (
+        ("round", U32),
+        ("survivors", ListOf(U32, MAX_COHORT)),
+        ("confirmations", ListOf(CONFIRMATION, MAX_COHORT)),
+    )
+
+    round: int
+    survivors: tuple[int, ...]
+    confirmations: tuple[Confirmation, ...] = ()
+
+    def check(self) -> None:
         _sorted_parties(list(self.survivors), "SecAggUnmaskRequest.survivors")
+        _sorted_parties([c.party for c in self.confirmations], "SecAggUnmaskRequest.confirmations")
         if not self.survivors:
             raise PayloadError("an unmask request names at least one survivor")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class SecAggUnmaskShares(Message):
-    """Stage 4 answer: the shares of the survivors' self-mask seeds and of the dropped clients'
+    """Stage 5 answer: the shares of the survivors' self-mask seeds and of the dropped clients'
     mask-key seeds -- never both for one party."""
 
     TYPE: ClassVar[int] = 26
@@ -259,6 +315,8 @@ SECAGG_MESSAGES: tuple[type[Message], ...] = (
     SecAggShares,
     SecAggRelay,
     SecAggMasked,
+    SecAggSurvivors,
+    SecAggConfirm,
     SecAggUnmaskRequest,
     SecAggUnmaskShares,
 )

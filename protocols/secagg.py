@@ -36,10 +36,14 @@ and, for every other member :math:`v` of the round's set :math:`U_2`, :math:`\pm
 Shares. :math:`s_u`'s and :math:`b_u`'s 16-byte seeds are split with Shamir (pycryptodome,
 GF(:math:`2^{128}`), threshold :math:`t`, share index = position in the sorted cohort + 1) and
 each pair of shares is sealed to its recipient's round key :math:`c_v` with HPKE (RFC 9180: X25519,
-HKDF-SHA256, ChaCha20-Poly1305, ``cryptography``), the info string binding session, round, sender
-and recipient; inside, the sender's Ed25519 signature over the same context and the share index
-proves who dealt them (HPKE's base mode alone does not authenticate the sender, and the shares
-travel through the server).
+HKDF-SHA256, ChaCha20-Poly1305, ``cryptography``), the info string binding session, round, sender,
+recipient and the digest of the cohort as the sender saw it (:func:`cohort_view`); inside, the
+sender's Ed25519 signature over the same context and the share index proves who dealt them (HPKE's
+base mode alone does not authenticate the sender, and the shares travel through the server).
+
+Consistency (:func:`confirm_bytes`). Before revealing anything each survivor signs the survivor set
+it was told; a client reveals only with :math:`t` survivors' signatures over the same set and view
+(Bonawitz et al.'s ConsistencyCheck round).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import hashlib
 import math
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +83,9 @@ __all__ = [
     "SecAggConfig",
     "advert_bytes",
     "b_commitment",
+    "cohort_view",
     "combine_shares",
+    "confirm_bytes",
     "decode",
     "encode",
     "mask_input",
@@ -134,10 +140,11 @@ class SecAggConfig:
             of at least two honest clients' updates.
         threshold_ratio: Shamir threshold :math:`t = \min(n, \max(3, \lceil r n \rceil))` for a cohort
             of :math:`n` (default :math:`r = 2/3`: :math:`t = \max(3, \lceil 2n/3 \rceil)`). A round
-            goes on while at least :math:`t` clients answer each stage; a server that tells
-            different clients different survivor sets needs :math:`2t - n \ge n/3` colluding
-            clients to collect both shares of one client (each honest client answers one unmask
-            request per round).
+            goes on while at least :math:`t` clients answer each stage. Every share is bound to the
+            cohort its dealer saw and every reveal to :math:`t` signed confirmations of one survivor
+            set (frame version 11), so a server that shows clients different cohorts or survivor
+            sets needs :math:`2t - n \ge n/3` colluding clients (one or more for :math:`n \ge 3`
+            at the default ratio) before two honest clients reveal for different sets.
     """
 
     min_cohort: int = 3
@@ -406,8 +413,43 @@ def combine_shares(shares: Sequence[tuple[int, bytes]]) -> bytes:
 _SHARE_BODY = struct.Struct(">H")
 
 
-def _share_context(session: int, round_: int, sender: int, recipient: int) -> bytes:
-    return b"fedgat/secagg/share/v1" + _context(session, round_) + struct.pack(">II", sender, recipient)
+def cohort_view(adverts: Iterable[Any]) -> bytes:
+    """SHA-256 of a cohort as one client saw it: every advert (party, keys, commitment, model digest,
+    parts, signature), by party. The shares a client deals and the survivor set it confirms are
+    bound to it, so clients shown different cohorts cannot use each other's shares or confirmations
+    (an eighth review pass showed the target a cohort of three, with threshold three, and everyone
+    else one of nine, and rebuilt the target's self mask from the three; frame version 11)."""
+    h = hashlib.sha256(b"fedgat/secagg/view/v1")
+    for a in sorted(adverts, key=lambda a: a.party):
+        h.update(struct.pack(">IB", a.party, a.parts))
+        for part in (a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.signature):
+            h.update(struct.pack(">H", len(part)) + bytes(part))
+    return h.digest()
+
+
+def confirm_bytes(session: int, round_: int, party: int, view: bytes, survivors: Sequence[int]) -> bytes:
+    """What a survivor signs before any client reveals a share (Bonawitz et al.'s consistency check):
+    the survivor set :math:`U_3` it was told, under the cohort ``view`` it dealt its shares in. A client
+    reveals only with at least :math:`t` such signatures over its own :math:`U_3`, so while fewer
+    than :math:`2t - n` clients collude no two honest clients reveal for different survivor sets
+    (an eighth review pass, with one colluder, told each client another set and unmasked one
+    client's input; frame version 11)."""
+    return (
+        b"fedgat/secagg/confirm/v1"
+        + _context(session, round_)
+        + struct.pack(">I", party)
+        + bytes(view)
+        + struct.pack(f">I{len(survivors)}I", len(survivors), *survivors)
+    )
+
+
+def _share_context(session: int, round_: int, sender: int, recipient: int, view: bytes) -> bytes:
+    return (
+        b"fedgat/secagg/share/v2"
+        + _context(session, round_)
+        + struct.pack(">II", sender, recipient)
+        + bytes(view)
+    )
 
 
 def seal_share(
@@ -420,10 +462,12 @@ def seal_share(
     index: int,
     s_share: bytes,
     b_share: bytes,
+    view: bytes,
 ) -> bytes:
     """Share ``index`` of the sender's :math:`s` and :math:`b` seeds, signed by the sender and sealed
-    to the recipient's round key ``recipient_key`` (HPKE; info binds session, round, both parties)."""
-    context = _share_context(session, round_, sender, recipient)
+    to the recipient's round key ``recipient_key`` (HPKE; info binds session, round, both parties
+    and the sender's :func:`cohort_view`)."""
+    context = _share_context(session, round_, sender, recipient, view)
     body = _SHARE_BODY.pack(index) + bytes(s_share) + bytes(b_share)
     signature = signer.sign(context + body)
     sealed = _SUITE.encrypt(
@@ -442,20 +486,24 @@ def open_share(
     sender: int,
     recipient: int,
     index: int,
+    view: bytes,
 ) -> tuple[bytes, bytes]:
     """``(s_share, b_share)`` of a :func:`seal_share` box addressed to ``recipient`` by ``sender``.
 
     Raises:
         AuthError: the box does not open under this key and context (tampered, another recipient,
-            round or session).
+            round, session, or a sender that saw another cohort than ``view``).
         SignatureError: the sender's signature inside does not verify (a forged share).
         PayloadError: another share index than the recipient's.
     """
-    context = _share_context(session, round_, sender, recipient)
+    context = _share_context(session, round_, sender, recipient, view)
     try:
         plain = _SUITE.decrypt(bytes(sealed), key, context)
     except (InvalidTag, ValueError, TypeError) as exc:
-        raise AuthError(f"the sealed shares from party {sender} do not open for party {recipient}") from exc
+        raise AuthError(
+            f"the sealed shares from party {sender} do not open for party {recipient} (tampered, or "
+            "dealt for another cohort than the one this client was shown)"
+        ) from exc
     size = _SHARE_BODY.size + 2 * SEED_BYTES
     if len(plain) != size + 64:
         raise PayloadError(f"the sealed shares from party {sender} have {len(plain)} bytes inside")

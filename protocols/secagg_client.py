@@ -15,15 +15,20 @@ Stages (Bonawitz et al. 2017, Fig. 4, over the complete graph of the round's coh
    ``min_cohort`` clients, and at least ``min_cohort`` of them carrying each part its own input
    carries), then Shamir-splits the seeds of :math:`s_u` and :math:`b_u` with
    threshold :math:`t` and seals one pair of shares to each other member.
+   Every share is sealed under the digest of the cohort as this client saw it
+   (:func:`~fedgat.protocols.secagg.cohort_view`): only members shown the same cohort open it.
 3. **masked input** (:meth:`~ClientSecAgg.on_relay`) -- opens the shares dealt to it (each must
    open, carry its sender's signature and its own index); their senders and itself are
    :math:`U_2`, at least :math:`t`; sends :math:`y_u = x_u + \mathrm{PRG}(b_u) + \sum_{v \in U_2}
    \pm \mathrm{PRG}(s_{uv})`.
-4. **unmask** (:meth:`~ClientSecAgg.on_unmask`) -- once per round: for the survivors :math:`U_3`
-   (at least :math:`t`, itself among them, all in :math:`U_2`) it reveals their :math:`b` shares,
-   for :math:`U_2 \setminus U_3` their mask-key shares; never both for one client; and only if at
-   least ``min_cohort`` survivors carry each part its own input carries (else the sum of a part
-   could be one client's). Then the round's secrets are dropped.
+4. **consistency check** (:meth:`~ClientSecAgg.on_survivors`) -- once per round: for the survivors
+   :math:`U_3` (at least :math:`t`, itself among them, all in :math:`U_2`, and at least
+   ``min_cohort`` of them carrying each part its own input carries, else the sum of a part could
+   be one client's) it signs :math:`U_3` under its cohort view.
+5. **unmask** (:meth:`~ClientSecAgg.on_unmask`) -- once per round, for the :math:`U_3` it signed
+   and with at least :math:`t` survivors' valid signatures over it: it reveals the survivors'
+   :math:`b` shares and, for :math:`U_2 \setminus U_3`, their mask-key shares; never both for one
+   client. Then the round's secrets are dropped.
 
 Every check runs before anything changes: a refused message leaves the round as it was.
 """
@@ -47,6 +52,7 @@ from .messages_secagg import (
     SealedShare,
     SecAggCohort,
     SecAggRelay,
+    SecAggSurvivors,
     SecAggUnmaskRequest,
 )
 from .roster import Roster
@@ -56,6 +62,8 @@ from .secagg import (
     SecAggConfig,
     advert_bytes,
     b_commitment,
+    cohort_view,
+    confirm_bytes,
     mask_input,
     mask_key,
     open_share,
@@ -117,6 +125,10 @@ class ClientSecAgg:
     received: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
     #: what this client's input carries (:data:`~fedgat.protocols.secagg.PART_UPDATE` | ``PART_COUNTS``)
     parts: int = PART_UPDATE | PART_COUNTS
+    #: digest of the cohort this client was shown (:func:`~fedgat.protocols.secagg.cohort_view`)
+    view: bytes = b""
+    #: the survivor set it signed (stage 4), the only one it reveals for
+    confirmed: tuple[int, ...] | None = None
 
     @classmethod
     def begin(
@@ -234,6 +246,7 @@ class ClientSecAgg:
                 f"{' and '.join(short)} to the sum; the sum would not hide this client's"
             )
         t = self.config.threshold(n)
+        view = cohort_view(msg.adverts)
         order = sorted(adverts)
         s_shares = split_secret(self.s_seed, t, n)
         b_shares = split_secret(self.b_seed, t, n)
@@ -250,6 +263,7 @@ class ClientSecAgg:
                     i + 1,
                     s_shares[i],
                     b_shares[i],
+                    view,
                 ),
             )
             for i, v in enumerate(order)
@@ -257,6 +271,7 @@ class ClientSecAgg:
         )
         me = order.index(self.party)
         self.cohort, self.threshold, self.own = adverts, t, (s_shares[me], b_shares[me])
+        self.view = view
         self.stage = "shared"
         return {"round": self.round, "shares": sealed}
 
@@ -285,6 +300,7 @@ class ClientSecAgg:
                 s.party,
                 self.party,
                 index,
+                self.view,
             )
             for s in msg.shares
         }
@@ -297,16 +313,20 @@ class ClientSecAgg:
         return {"round": self.round, "masked": y.view(np.int64)}
 
     # --- stage 4 -----------------------------------------------------------------------------------
-    def on_unmask(self, msg: SecAggUnmaskRequest) -> dict[str, Any]:
-        """Reveal one share per member of U2: b for survivors, the mask key for the dropped; the fields
-        of SecAggUnmaskShares. Answered once per round."""
-        if msg.round == self.round and self.stage == "done":
-            raise StateError(
-                f"round {self.round}: this client already answered an unmask request; it never answers twice"
-            )
-        self._expect(msg.round, "masked", "SecAggUnmaskRequest")
+    def on_survivors(self, msg: SecAggSurvivors, signer: SigningIdentity) -> dict[str, Any]:
+        """Check the survivor set and sign it under this client's cohort view; the fields of
+        SecAggConfirm. Answered once per round."""
+        if msg.round == self.round and self.stage in ("confirmed", "done"):
+            raise StateError(f"round {self.round}: this client already signed a survivor set; it signs one")
+        self._expect(msg.round, "masked", "SecAggSurvivors")
+        survivors = tuple(msg.survivors)
+        self._check_survivors(set(survivors))
+        signature = signer.sign(confirm_bytes(self.session, self.round, self.party, self.view, survivors))
+        self.confirmed, self.stage = survivors, "confirmed"
+        return {"round": self.round, "confirmation": signature}
+
+    def _check_survivors(self, survivors: set[int]) -> None:
         u2 = set(self.received) | {self.party}
-        survivors = set(msg.survivors)
         if not survivors <= u2:
             raise PayloadError(
                 f"round {self.round}: survivors {sorted(survivors - u2)} did not deal shares to this client"
@@ -326,14 +346,62 @@ class ClientSecAgg:
                 f"round {self.round}: fewer than {self.config.min_cohort} survivors add their "
                 f"{' and '.join(short)} to the sum; unmasking it is refused"
             )
+
+    # --- stage 5 -----------------------------------------------------------------------------------
+    def on_unmask(self, msg: SecAggUnmaskRequest, roster: Roster) -> dict[str, Any]:
+        """Reveal one share per member of U2 -- b for survivors, the mask key for the dropped -- once
+        at least ``t`` survivors' signatures confirm the survivor set this client signed; the fields
+        of SecAggUnmaskShares. Answered once per round."""
+        if msg.round == self.round and self.stage == "done":
+            raise StateError(
+                f"round {self.round}: this client already answered an unmask request; it never answers twice"
+            )
+        self._expect(msg.round, "confirmed", "SecAggUnmaskRequest")
+        assert self.confirmed is not None
+        survivors = tuple(msg.survivors)
+        if survivors != self.confirmed:
+            raise PayloadError(
+                f"round {self.round}: the unmask request names other survivors than the set this client signed"
+            )
+        self._check_confirmations(msg, roster)
         assert self.own is not None
         shares = {**self.received, self.party: self.own}
+        u2 = set(self.received) | {self.party}
         b = tuple(RevealedShare(p, shares[p][1]) for p in sorted(survivors))
-        s = tuple(RevealedShare(p, shares[p][0]) for p in sorted(u2 - survivors))
+        s = tuple(RevealedShare(p, shares[p][0]) for p in sorted(u2 - set(survivors)))
         self.stage = "done"
         self.s_seed = self.b_seed = self.c_secret = b""
         self.own, self.received = None, {}
         return {"round": self.round, "b_shares": b, "s_shares": s}
+
+    def _check_confirmations(self, msg: SecAggUnmaskRequest, roster: Roster) -> None:
+        """At least ``t`` survivors' valid signatures over the survivor set this client signed, under
+        its cohort view (Bonawitz et al.'s consistency check).
+
+        Raises:
+            PayloadError: too few, or signers that are not survivors.
+            SignatureError: a signature over another set, view, round or session, or by another party.
+        """
+        survivors = tuple(msg.survivors)
+        signers = [c.party for c in msg.confirmations]
+        if not set(signers) <= set(survivors):
+            raise PayloadError(
+                f"round {self.round}: confirmations from {sorted(set(signers) - set(survivors))}, not survivors"
+            )
+        if len(signers) < self.threshold:
+            raise PayloadError(
+                f"round {self.round}: {len(signers)} survivors confirmed the survivor set, below the "
+                f"threshold {self.threshold}; revealing is refused"
+            )
+        for c in msg.confirmations:
+            data = confirm_bytes(self.session, self.round, c.party, self.view, survivors)
+            try:
+                verify(roster.signing_key(c.party), data, c.signature)
+            except CryptoSignatureError as exc:
+                raise SignatureError(
+                    f"round {self.round}: party {c.party} did not confirm this survivor set under the "
+                    "cohort this client saw"
+                ) from exc
 
     # --- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> tuple:
@@ -344,6 +412,8 @@ class ClientSecAgg:
             tuple(sorted(self.cohort)),
             tuple(sorted(self.received)),
             None if self.vector is None else self.vector.tobytes(),
+            self.view,
+            self.confirmed,
         )
 
     def to_value(self) -> dict[str, Any]:
@@ -367,12 +437,14 @@ class ClientSecAgg:
             "threshold": self.threshold,
             "own": None if self.own is None else list(self.own),
             "received": [[p, s, b] for p, (s, b) in self.received.items()],
+            "view": self.view,
+            "confirmed": None if self.confirmed is None else list(self.confirmed),
         }
 
     @classmethod
     def from_value(cls, v: Mapping[str, Any]) -> ClientSecAgg:
-        if "parts" not in v:
-            raise ValueError("a secure round saved before frame version 10 (adverts without parts)")
+        if "view" not in v:
+            raise ValueError("a secure round saved before frame version 11 (shares without a cohort view)")
         config = SecAggConfig.from_value(v["config"])
         assert config is not None
         vector = v["vector"]
@@ -397,4 +469,6 @@ class ClientSecAgg:
             None if v["own"] is None else (bytes(v["own"][0]), bytes(v["own"][1])),
             {int(p): (bytes(s), bytes(b)) for p, s, b in v["received"]},
             int(v["parts"]),
+            bytes(v["view"]),
+            None if v["confirmed"] is None else tuple(int(p) for p in v["confirmed"]),
         )

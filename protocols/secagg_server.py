@@ -12,13 +12,16 @@ the client's side):
    (at least :math:`t`).
 3. **masked input** -- every member of :math:`U_2` gets the shares dealt to it and answers with its
    masked input; the senders form the survivors :math:`U_3` (at least :math:`t`).
-4. **unmask** -- every survivor gets :math:`U_3` and answers with the shares of the survivors'
-   self-mask seeds and of the dropped clients' (:math:`U_2 \setminus U_3`) mask-key seeds; from any
-   :math:`t` answers the server rebuilds those seeds (checked against the adverts' commitment and
+4. **consistency check** -- every survivor gets :math:`U_3` and answers with its signature over it
+   (and the cohort it saw); the signers form :math:`U_4` (at least :math:`t`).
+5. **unmask** -- every member of :math:`U_4` gets :math:`U_3` with :math:`U_4`'s signatures and
+   answers with the shares of the survivors' self-mask seeds and of the dropped clients'
+   (:math:`U_2 \setminus U_3`) mask-key seeds; from any :math:`t` answers the server rebuilds those seeds (checked against the adverts' commitment and
    public key; other subsets of shares are tried when one does not check out), removes the masks
    and decodes :math:`\sum_{v \in U_3} (n_v w_v, n_v, n_v L_v)`.
 
-The server learns that sum and the sets :math:`S_t \supseteq U_1 \supseteq U_2 \supseteq U_3`, never
+The server learns that sum and the sets :math:`S_t \supseteq U_1 \supseteq U_2 \supseteq U_3
+\supseteq U_4`, never
 one client's update, weight or loss (unless the sum has one term, which ``min_cohort`` and
 :math:`t \ge 3` exclude). Every stage waits for all the clients it asked, or for the ``fit``
 deadline (then it goes on with those that answered, if there are enough).
@@ -32,26 +35,42 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PayloadError, QuorumError, ReplayError, StateError
+from fedgat.crypto import SignatureError as CryptoSignatureError
+from fedgat.crypto import verify
+
+from .errors import PayloadError, QuorumError, ReplayError, SignatureError, StateError
 from .frame import Message
 from .messages_secagg import (
     AdvertItem,
+    Confirmation,
     SealedShare,
     SecAggAdvert,
     SecAggCohort,
+    SecAggConfirm,
     SecAggMasked,
     SecAggRelay,
     SecAggShares,
+    SecAggSurvivors,
     SecAggUnmaskRequest,
     SecAggUnmaskShares,
 )
 from .roster import Roster
-from .secagg import SecAggConfig, b_commitment, combine_shares, decode, mask_key, public_bytes, unmask_sum
+from .secagg import (
+    SecAggConfig,
+    b_commitment,
+    cohort_view,
+    combine_shares,
+    confirm_bytes,
+    decode,
+    mask_key,
+    public_bytes,
+    unmask_sum,
+)
 from .secagg_client import check_advert
 
 __all__ = ["MAX_RECONSTRUCTION_TRIES", "STAGES", "ServerSecAgg"]
 
-STAGES = ("keys", "shares", "masked", "unmask", "done")
+STAGES = ("keys", "shares", "masked", "confirm", "unmask", "done")
 #: subsets of t shares tried per secret before the round is given up (a client sent bad shares)
 MAX_RECONSTRUCTION_TRIES = 256
 
@@ -91,6 +110,8 @@ class ServerSecAgg:
         self.u2: list[int] = []
         self.masked: dict[int, np.ndarray] = {}
         self.u3: list[int] = []
+        self.confirms: dict[int, bytes] = {}
+        self.u4: list[int] = []
         self.reveals: dict[int, SecAggUnmaskShares] = {}
         #: the decoded sum (float64, ``length`` values) once the round is done
         self.result: np.ndarray | None = None
@@ -98,9 +119,8 @@ class ServerSecAgg:
     # --- where the round stands ----------------------------------------------------------------------
     def awaited(self) -> list[int]:
         """The clients the current stage asked."""
-        return {"keys": self.sampled, "shares": self.cohort, "masked": self.u2, "unmask": self.u3}.get(
-            self.stage, []
-        )
+        asked = {"keys": self.sampled, "shares": self.cohort, "masked": self.u2, "confirm": self.u3}
+        return {**asked, "unmask": self.u4}.get(self.stage, [])
 
     def answered(self) -> dict[int, Any]:
         """The current stage's answers so far, by client."""
@@ -108,6 +128,7 @@ class ServerSecAgg:
             "keys": self.adverts,
             "shares": self.shares,
             "masked": self.masked,
+            "confirm": self.confirms,
             "unmask": self.reveals,
         }
         return table.get(self.stage, {})
@@ -130,6 +151,8 @@ class ServerSecAgg:
             tuple(self.u2),
             tuple(sorted(self.masked)),
             tuple(self.u3),
+            tuple(sorted(self.confirms)),
+            tuple(self.u4),
             tuple(sorted(self.reveals)),
         )
 
@@ -164,6 +187,7 @@ class ServerSecAgg:
             SecAggAdvert: self._on_advert,
             SecAggShares: self._on_shares,
             SecAggMasked: self._on_masked,
+            SecAggConfirm: self._on_confirm,
             SecAggUnmaskShares: self._on_unmask,
         }
         handlers[type(msg)](msg)
@@ -197,6 +221,18 @@ class ServerSecAgg:
                 f"masked input of shape {msg.masked.shape}; this model needs (2, {self.length})"
             )
         self.masked[msg.sender] = msg.masked.view(np.uint64)
+
+    def _on_confirm(self, msg: SecAggConfirm) -> None:
+        self._expect(msg, "confirm")
+        view = cohort_view(self.adverts[c] for c in self.cohort)
+        data = confirm_bytes(self.session, self.round, msg.sender, view, self.u3)
+        try:
+            verify(self.roster.signing_key(msg.sender), data, msg.confirmation)
+        except CryptoSignatureError as exc:
+            raise SignatureError(
+                f"party {msg.sender} did not sign round {self.round}'s survivor set under its cohort"
+            ) from exc
+        self.confirms[msg.sender] = msg.confirmation
 
     def _on_unmask(self, msg: SecAggUnmaskShares) -> None:
         self._expect(msg, "unmask")
@@ -244,8 +280,13 @@ class ServerSecAgg:
                 for v in got
             ]
         if stage == "masked":
-            self.u3, self.stage = got, "unmask"
-            return [(v, SecAggUnmaskRequest, {"round": self.round, "survivors": tuple(got)}) for v in got]
+            self.u3, self.stage = got, "confirm"
+            return [(v, SecAggSurvivors, {"round": self.round, "survivors": tuple(got)}) for v in got]
+        if stage == "confirm":
+            self.u4, self.stage = got, "unmask"
+            confirmations = tuple(Confirmation(c, self.confirms[c]) for c in got)
+            fields = {"round": self.round, "survivors": tuple(self.u3), "confirmations": confirmations}
+            return [(v, SecAggUnmaskRequest, fields) for v in got]
         failed = self._unmask(got)
         if failed is not None:
             return failed

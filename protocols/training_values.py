@@ -268,7 +268,7 @@ def client_to_value(client: Client) -> dict[str, Any]:
         "train": task_to_value(client.train_task),
         "evaluation": [task_to_value(t) for t in client.eval_tasks],
         "update_dp": None if client.update_dp is None else dataclasses.asdict(client.update_dp),
-        "dp_rounds": client.dp_rounds,
+        "dp_releases": client.dp_releases,
         # written only off the CPU, so a CPU client's value is what it was before devices existed
         **({} if client.device.type == "cpu" else {"device": str(client.device)}),
     }
@@ -290,7 +290,7 @@ def client_from_value(value: Mapping[str, Any]) -> Client:
         update_dp=None if value.get("update_dp") is None else UpdateDP(**value["update_dp"]),
         device=value.get("device"),  # fedgat.device.DeviceUnavailableError on a host without it
     )
-    client.dp_rounds = int(value.get("dp_rounds", 0))
+    client.dp_releases = int(value.get("dp_releases", value.get("dp_rounds", 0)))  # "dp_rounds": before v11
     optimizer_from_checkpoint(client.optimizer, opt["meta"], opt["arrays"], prefix="")
     return client
 
@@ -325,13 +325,13 @@ def rounds_from_spec(cls: type[ClientRounds], spec: PartySpec) -> ClientRounds:
 def report_rounds(party: ClientRounds) -> tuple[dict[str, int], dict[str, Any]]:
     """Counters, and the last global weights the client received (e.g. a published predictor's)."""
     weights = party._weights
-    counters = {"last_round": int(party.last_round), "dp_rounds": int(party.client.dp_rounds)}
+    counters = {"last_round": int(party.last_round), "dp_releases": int(party.client.dp_releases)}
     return counters, {"weights": None if weights is None else tensors_to_arrays(weights, "")}
 
 
 def absorb_rounds(party: ClientRounds, report: PartyReport) -> None:
     party.last_round = int(report.counters["last_round"])
-    party.client.dp_rounds = int(report.counters.get("dp_rounds", 0))
+    party.client.dp_releases = int(report.counters.get("dp_releases", report.counters.get("dp_rounds", 0)))
     weights = report.result.get("weights")
     if weights is not None:
         if list(weights) != list(party._reference):

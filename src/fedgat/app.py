@@ -36,7 +36,7 @@ from fedgat.crypto.spool import CiphertextSpool
 from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device
 from fedgat.dp import FeatureDP, LabelPredictor
-from fedgat.dp_fedavg import update_dp_from_hparams
+from fedgat.dp_fedavg import DP_NEEDS_SECAGG, update_dp_from_hparams
 from fedgat.dp_ledger import DPLedger, MissingLedgerError
 from fedgat.dp_predictor import predictor_model_fn, predictor_tasks
 from fedgat.encodings import Encodings
@@ -366,7 +366,7 @@ def build_pretrain_parties(
 
 # ------------------------------------------------------------------------------------ training
 def training_secagg(
-    secagg: SecAggConfig | str | None, num_clients: int, fraction: float, idle: int = 0
+    secagg: SecAggConfig | str | None, num_clients: int, fraction: float, idle: int = 0, private: bool = False
 ) -> SecAggConfig | None:
     """The secure-aggregation setting of a run's FedAvg parties (every builder below resolves it the
     same way, so the server and the clients agree): a :class:`~fedgat.protocols.secagg.SecAggConfig` or
@@ -374,7 +374,11 @@ def training_secagg(
     round's cohort holds at least its ``min_cohort`` (3) clients that add an update -- else plaintext
     updates, with a warning: fewer cannot be aggregated securely (a sum of two tells each client the
     other's), and clients refuse such a cohort. ``idle``: clients that add no update (no training
-    node and no DP-FedAvg noise share); a round may sample all of them."""
+    node and no DP-FedAvg noise share); a round may sample all of them. ``private``: the run uses
+    DP-FedAvg, whose distributed noise needs the secure sum (each release alone carries one share of
+    it): no plaintext, a ``ValueError`` instead."""
+    if secagg is None and private:
+        raise ValueError(DP_NEEDS_SECAGG)
     if not isinstance(secagg, str):
         return secagg
     if secagg != "auto":
@@ -382,6 +386,11 @@ def training_secagg(
     per_round = max(1, round(fraction * num_clients))
     if per_round - idle >= DEFAULT_SECAGG.min_cohort:
         return DEFAULT_SECAGG
+    if private:
+        raise ValueError(
+            f"{DP_NEEDS_SECAGG}; {per_round} client(s) per round is below its minimum cohort of "
+            f"{DEFAULT_SECAGG.min_cohort}"
+        )
     idle_note = f" ({idle} of them without training nodes)" if idle else ""
     warnings.warn(
         f"{per_round} client(s) per round{idle_note} is below secure aggregation's minimum cohort of "
@@ -446,7 +455,9 @@ def build_rounds_server(
         fraction=hp["fraction"],
         seed=seed,
         fingerprint=fingerprint,
-        secagg=training_secagg(secagg, len(roster.clients), hp["fraction"]),
+        secagg=training_secagg(
+            secagg, len(roster.clients), hp["fraction"], private=update_dp_from_hparams(hp) is not None
+        ),
         update_dp=update_dp_from_hparams(hp),
     )
 
@@ -466,7 +477,7 @@ def build_rounds_client(
     fingerprint: bytes | None = None,
     compact_tol: float = COMPACT_TOLERANCE,
     secagg: SecAggConfig | str | None = "auto",
-    dp_rounds: int = 0,
+    dp_releases: int = 0,
     device: str | torch.device | None = None,
     cuda_graphs: bool = False,
     seed: int | None = None,
@@ -474,7 +485,7 @@ def build_rounds_client(
     """Client ``client``'s party of the FedAvg rounds: a :class:`fedgat.federated.Client` training
     FedGAT (hyper-parameters ``hp``) on the tasks of its (decrypted) ``encodings`` of its ``needed``
     nodes (:func:`fedgat.tasks.tasks_from_encodings`, compacted at ``compact_tol``); ``secagg`` as
-    :func:`build_rounds_server` (both sides must agree); ``dp_rounds``: the rounds DP-FedAvg has
+    :func:`build_rounds_server` (both sides must agree); ``dp_releases``: the rounds DP-FedAvg has
     already counted against the client's budget (the release predictor's, :func:`build_predictor_parties`);
     ``device``: where the client trains (:class:`fedgat.federated.Client`; default the CPU), with
     its local step captured as a CUDA graph when ``cuda_graphs`` (a CUDA ``device`` only);
@@ -500,7 +511,7 @@ def build_rounds_client(
         cuda_graphs=cuda_graphs,
         seed=None if seed is None else client_seed(seed, client),
     )
-    member.dp_rounds = dp_rounds
+    member.dp_releases = dp_releases
     return ClientRounds(
         client,
         roster,
@@ -508,7 +519,9 @@ def build_rounds_client(
         identity,
         client=member,
         fingerprint=fingerprint,
-        secagg=training_secagg(secagg, len(roster.clients), hp["fraction"]),
+        secagg=training_secagg(
+            secagg, len(roster.clients), hp["fraction"], private=update_dp_from_hparams(hp) is not None
+        ),
     )
 
 
@@ -523,7 +536,7 @@ def build_training_parties(
     session: int | None = None,
     compact_tol: float = COMPACT_TOLERANCE,
     secagg: SecAggConfig | str | None = "auto",
-    dp_rounds: Mapping[int, int] | None = None,
+    dp_releases: Mapping[int, int] | None = None,
     device: str | torch.device | None = None,
     cuda_graphs: bool = False,
     **hparams: Any,
@@ -539,7 +552,7 @@ def build_training_parties(
     encodings' feature dimension (the DP projection's, with DP). ``secagg``: secure aggregation of
     the updates for every party (:mod:`fedgat.protocols.secagg`; "auto", the default, as
     :func:`training_secagg`; None: plaintext updates). The in-process simulator
-    :meth:`fedgat.federated.Server.fit` aggregates in the clear. ``dp_rounds``: client -> rounds
+    :meth:`fedgat.federated.Server.fit` aggregates in the clear. ``dp_releases``: client -> rounds
     DP-FedAvg has already counted (the release predictor's). ``device``: where every client trains
     (:func:`fedgat.device.resolve_device`; default the CPU); the server's weights stay on the CPU.
     ``cuda_graphs``: on a CUDA ``device``, every client's local step runs as a captured CUDA graph
@@ -561,7 +574,13 @@ def build_training_parties(
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
-    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"], idle_clients(graph, partition, hp))
+    secagg = training_secagg(
+        secagg,
+        len(roster.clients),
+        hp["fraction"],
+        idle_clients(graph, partition, hp),
+        private=update_dp_from_hparams(hp) is not None,
+    )
     in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # d + w with DP (block layout)
     shape = {"num_features": in_dim, "num_classes": graph.num_classes}
     server = build_rounds_server(
@@ -588,7 +607,7 @@ def build_training_parties(
             fingerprint=fingerprint,
             compact_tol=compact_tol,
             secagg=secagg,
-            dp_rounds=0 if dp_rounds is None else int(dp_rounds.get(c, 0)),
+            dp_releases=0 if dp_releases is None else int(dp_releases.get(c, 0)),
             device=device,
             cuda_graphs=cuda_graphs,
             seed=seed,
@@ -620,7 +639,13 @@ def build_predictor_parties(
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
-    secagg = training_secagg(secagg, len(roster.clients), hp["fraction"], idle_clients(graph, partition, hp))
+    secagg = training_secagg(
+        secagg,
+        len(roster.clients),
+        hp["fraction"],
+        idle_clients(graph, partition, hp),
+        private=update_dp_from_hparams(hp) is not None,
+    )
     model_fn = predictor_model_fn(graph.num_features, graph.num_classes, hp)
     torch.manual_seed(seed)
     model = model_fn()

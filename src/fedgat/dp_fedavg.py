@@ -20,9 +20,25 @@ Accounting: a round is a Gaussian mechanism of multiplier :math:`z`; :math:`R` r
 Gaussian mechanism of multiplier :math:`z / \sqrt R` exactly (Dong, Roth & Su 2019, Gaussian DP), so
 :math:`(\varepsilon, \delta)` follows from the analytic Gaussian mechanism
 (:func:`fedgat.dp.gaussian_delta`; ``dp_accounting``'s PLD accountant agrees, tested). No
-amplification by client sampling is claimed: the server chooses the cohorts. Each client counts the
-rounds it trained in and refuses a round past :attr:`UpdateDP.max_rounds`, the rounds its budget pays
-for (:class:`UpdateBudgetError`).
+amplification by client sampling is claimed: the server chooses the cohorts.
+
+The evaluation counts are a release too. Each time a client adds its counts
+:math:`v_k = (c, n, \ell)_{\text{val}, \text{test}}` to a secure sum it sends
+
+.. math::
+    \tilde v_k = v_k \min\Bigl(1, \frac{C_e}{\lVert v_k \rVert_2}\Bigr)
+        + \mathcal N\Bigl(0, \frac{(z \cdot 2C_e)^2}{h} I\Bigr)
+
+(:meth:`UpdateDP.privatize_counts`; :math:`C_e` = :attr:`UpdateDP.counts_clip`, by default 1, so
+every client's counts are scaled to unit norm and the pooled accuracy is a weighted mean of the
+clients' accuracies): one more Gaussian mechanism of multiplier :math:`z`. A client's ledger counts
+its *releases*, training rounds and evaluations alike, and a run of :math:`R` releases spends the
+budget of multiplier :math:`z / \sqrt R`; the client refuses a release past
+:attr:`UpdateDP.max_releases` (:class:`UpdateBudgetError`), :attr:`~UpdateDP.max_rounds` training
+rounds plus :attr:`~UpdateDP.max_evaluations` evaluations (by default as many as rounds: the round
+loop evaluates every round's model once). Before frame version 11 the counts were neither noised nor
+charged, and differencing evaluation-only rounds read one client's counts at no budget (SECURITY.md,
+known break 12).
 
 Scope, said plainly:
 
@@ -35,12 +51,15 @@ Scope, said plainly:
   ``min_cohort`` :math:`\ge h + c` (the defaults, 3 and :math:`h = 2`, tolerate one colluder). This is what stops the differencing of
   secure sums across rounds (SECURITY.md, known break 2): each difference carries the noise of the
   rounds it subtracts.
-* Not covered: the pooled evaluation counts (inside the same secure sums, without noise, and not
-  charged: differencing evaluation-only rounds reads one client's counts at no budget, SECURITY.md
-  known break 12), the graph
-  structure, and the rows released in pre-training (:mod:`fedgat.dp`, its own ledger). With the
-  ``label_rr`` release the predictor's rounds (:mod:`fedgat.dp_predictor`) run under the same
-  settings and count against the same budget (:func:`training_rounds`).
+* Covered the same way: the pooled evaluation counts (clipped, noised and charged as above; a
+  member's counts count as a contributor's under DP-FedAvg, its noise share being what :math:`h`
+  counts on). Under DP-FedAvg the server asks for the validation and test counts together, once per
+  round (one release), also without secure aggregation.
+* Not covered: the graph structure, and the rows released in pre-training (:mod:`fedgat.dp`, its
+  own ledger). With the ``label_rr`` release the predictor's rounds (:mod:`fedgat.dp_predictor`)
+  run under the same settings and count against the same budget (:func:`training_rounds`).
+* Without secure aggregation (``secagg=None``) the server sees each release with one share of the
+  noise, :math:`z / \sqrt h`: the stated epsilon assumes the secure sum.
 * The noise is a float64 Gaussian from :class:`fedgat.randomness.RandomSource` (ChaCha20 keyed from
   ``os.urandom``), rounded to the secure sum's fixed point (:math:`2^{-48}`); floating-point attacks
   on the Gaussian's low bits (Mironov 2012) are not addressed.
@@ -58,18 +77,37 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedgat.dp import analytic_gaussian_sigma, gaussian_delta
 from fedgat.randomness import RandomSource
+from fedgat.rounds import Counts
 
-__all__ = ["UpdateBudgetError", "UpdateDP", "training_rounds", "update_dp_from_hparams"]
+__all__ = [
+    "COUNTS_CLIP",
+    "DP_NEEDS_SECAGG",
+    "UpdateBudgetError",
+    "UpdateDP",
+    "training_rounds",
+    "update_dp_from_hparams",
+]
 
 StateDict = Mapping[str, torch.Tensor]
 
+#: default L2 bound of a client's evaluation counts: every client's counts scaled to unit norm (the
+#: noise is relative to the clip, so a larger one buys nothing once it binds)
+COUNTS_CLIP = 1.0
+#: why a run under DP-FedAvg refuses plaintext updates
+DP_NEEDS_SECAGG = (
+    "DP-FedAvg needs secure aggregation: its noise is split into shares that only the secure sum "
+    "adds up (alone, each release carries one share)"
+)
+
 
 class UpdateBudgetError(ValueError):
-    """A client was asked to train in more rounds than its DP budget pays for; nothing was sent."""
+    """A client was asked for a release (training or evaluation) past what its DP budget pays for;
+    nothing was sent."""
 
 
 @dataclass(frozen=True)
@@ -79,9 +117,14 @@ class UpdateDP:
     Attributes:
         clip: :math:`C`, the L2 bound of each client's update (all weights together).
         noise_multiplier: :math:`z`, the noise std of the round's sum over its sensitivity :math:`2C`.
-        max_rounds: rounds a client trains in at most (its budget); the accountant's :math:`R`.
+        max_rounds: training rounds the budget pays for.
         delta: the :math:`\delta` at which epsilons are stated.
         honest: :math:`h`, the honest clients whose shares the guarantee counts on per round.
+        max_evaluations: evaluations (counts releases) the budget pays for; None: ``max_rounds``.
+        counts_clip: :math:`C_e`, the L2 bound of a client's evaluation counts (all splits together).
+
+    A client makes at most :attr:`max_releases` releases, updates and counts alike; the accountant's
+    :math:`R` counts them all.
     """
 
     clip: float
@@ -89,6 +132,8 @@ class UpdateDP:
     max_rounds: int
     delta: float = 1e-5
     honest: int = 2
+    max_evaluations: int | None = None
+    counts_clip: float = COUNTS_CLIP
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -101,34 +146,63 @@ class UpdateDP:
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
         if self.honest < 1:
             raise ValueError(f"honest must be >= 1, got {self.honest!r}")
+        if self.max_evaluations is not None and self.max_evaluations < 0:
+            raise ValueError(f"max_evaluations must be >= 0 or None, got {self.max_evaluations!r}")
+        if not (math.isfinite(self.counts_clip) and self.counts_clip > 0):
+            raise ValueError(f"counts_clip must be a finite number > 0, got {self.counts_clip!r}")
+
+    @property
+    def evaluations(self) -> int:
+        """Evaluations the budget pays for (:attr:`max_evaluations`, or :attr:`max_rounds` if None)."""
+        return self.max_rounds if self.max_evaluations is None else self.max_evaluations
+
+    @property
+    def max_releases(self) -> int:
+        """Releases a client makes at most: :attr:`max_rounds` updates plus :attr:`evaluations`."""
+        return self.max_rounds + self.evaluations
 
     @classmethod
     def for_budget(
-        cls, epsilon: float, delta: float, rounds: int, clip: float = 1.0, honest: int = 2
+        cls,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        clip: float = 1.0,
+        honest: int = 2,
+        evaluations: int | None = None,
+        counts_clip: float = COUNTS_CLIP,
     ) -> UpdateDP:
-        """The smallest noise multiplier for which ``rounds`` rounds are ``(epsilon, delta)``-DP."""
+        """The smallest noise multiplier for which ``rounds`` training rounds and ``evaluations``
+        evaluations (None: as many as rounds) are together ``(epsilon, delta)``-DP."""
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
         if not 0 < delta < 1:
             raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds!r}")
-        z = math.sqrt(rounds) * analytic_gaussian_sigma(epsilon, delta, sensitivity=1.0)
-        return cls(float(clip), z, int(rounds), float(delta), int(honest))
+        evaluations = rounds if evaluations is None else evaluations
+        if evaluations < 0:
+            raise ValueError(f"evaluations must be >= 0, got {evaluations!r}")
+        releases = rounds + evaluations
+        z = math.sqrt(releases) * analytic_gaussian_sigma(epsilon, delta, sensitivity=1.0)
+        return cls(
+            float(clip), z, int(rounds), float(delta), int(honest), int(evaluations), float(counts_clip)
+        )
 
     @property
     def share_std(self) -> float:
         """Std of each client's noise share, per weight: :math:`2 z C / \\sqrt h`."""
         return 2.0 * self.noise_multiplier * self.clip / math.sqrt(self.honest)
 
-    def epsilon(self, rounds: int, delta: float | None = None) -> float:
-        """Epsilon at ``delta`` (default :attr:`delta`) after ``rounds`` rounds (0 for none): the
-        smallest epsilon whose exact delta for the composed Gaussian of multiplier
-        :math:`z/\\sqrt R` is at most ``delta`` (bisection to float precision)."""
+    def epsilon(self, releases: int, delta: float | None = None) -> float:
+        """Epsilon at ``delta`` (default :attr:`delta`) after ``releases`` releases -- training
+        rounds and evaluations -- (0 for none): the smallest epsilon whose exact delta for the
+        composed Gaussian of multiplier :math:`z/\\sqrt R` is at most ``delta`` (bisection to float
+        precision)."""
         delta = self.delta if delta is None else delta
-        if rounds <= 0:
+        if releases <= 0:
             return 0.0
-        sigma = self.noise_multiplier / math.sqrt(rounds)
+        sigma = self.noise_multiplier / math.sqrt(releases)
         lo, hi = 0.0, 1.0
         while gaussian_delta(sigma, hi, 1.0) > delta:
             hi *= 2.0
@@ -161,15 +235,38 @@ class UpdateDP:
             start += n
         return out
 
+    def privatize_counts(
+        self, counts: Mapping[str, Counts], rng: RandomSource | None = None
+    ) -> dict[str, Counts]:
+        """Evaluation counts as a release: the splits' ``(correct, count, loss_sum)`` as one vector,
+        scaled to L2 norm :attr:`counts_clip` when longer, plus a noise share of std
+        :attr:`counts_share_std` per entry (float values; the pooled sums are post-processed by
+        :func:`fedgat.rounds.pool_counts`). ``rng`` as in :meth:`privatize`."""
+        names = list(counts)
+        vector = np.array([float(v) for s in names for v in counts[s]], dtype=np.float64)
+        norm = float(np.linalg.norm(vector))
+        if norm > self.counts_clip:
+            vector *= self.counts_clip / norm
+        source = rng if rng is not None else RandomSource()
+        vector = vector + source.normal(vector.size) * self.counts_share_std
+        return {s: Counts(*(float(v) for v in vector[3 * i : 3 * i + 3])) for i, s in enumerate(names)}
+
+    @property
+    def counts_share_std(self) -> float:
+        """Std of each client's noise share, per count: :math:`2 z C_e / \\sqrt h`."""
+        return 2.0 * self.noise_multiplier * self.counts_clip / math.sqrt(self.honest)
+
     def describe(self) -> dict:
-        """Settings and the budget they spend over :attr:`max_rounds`."""
+        """Settings and the budget they spend over :attr:`max_releases`."""
         return {
             "mechanism": "DP-FedAvg, distributed Gaussian noise before secure aggregation",
             "clip": self.clip,
+            "counts_clip": self.counts_clip,
             "noise_multiplier": self.noise_multiplier,
             "honest": self.honest,
             "max_rounds": self.max_rounds,
-            "epsilon": self.epsilon(self.max_rounds),
+            "max_evaluations": self.evaluations,
+            "epsilon": self.epsilon(self.max_releases),
             "delta": self.delta,
         }
 
@@ -185,8 +282,8 @@ def training_rounds(hp: Mapping) -> int:
 
 def update_dp_from_hparams(hp: Mapping) -> UpdateDP | None:
     """The DP-FedAvg settings a method's hyper-parameters ask for: ``update_dp_epsilon`` (None: off)
-    over :func:`training_rounds` rounds (the release predictor's included) at ``update_dp_delta``,
-    clipping at ``update_dp_clip``."""
+    over :func:`training_rounds` rounds (the release predictor's included) and as many evaluations,
+    at ``update_dp_delta``, clipping at ``update_dp_clip``."""
     epsilon = hp.get("update_dp_epsilon")
     if epsilon is None:
         return None

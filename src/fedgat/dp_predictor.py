@@ -136,4 +136,4 @@ def train_predictor(
     server = Server(members, model.state_dict(), strategy.server, fraction=hp["fraction"], seed=seed)
     server.fit(hp["dp_predictor_rounds"], None)
     state = {k: v.detach().clone() for k, v in server.loop.state.items()}
-    return TrainedPredictor(state, hp["dp_predictor_hidden"]), [m.dp_rounds for m in members]
+    return TrainedPredictor(state, hp["dp_predictor_hidden"]), [m.dp_releases for m in members]

@@ -146,9 +146,11 @@ class Client:
         strategy: the client half of the run's strategy (:attr:`StrategyPair.client`): the optimiser
             it builds and the proximal term of its local loss; a server strategy stands for the client
             half it asks for (:meth:`ServerStrategy.client_strategy`); default Adam, no penalty.
-        update_dp: client-level DP of its updates (:class:`fedgat.dp_fedavg.UpdateDP`; None: off):
-            each update is clipped and noised before it leaves :meth:`fit`, sent with weight 1 and
-            no loss, and the client trains in at most ``update_dp.max_rounds`` rounds.
+        update_dp: client-level DP of its updates and evaluation counts
+            (:class:`fedgat.dp_fedavg.UpdateDP`; None: off): each update is clipped and noised
+            before it leaves :meth:`fit`, sent with weight 1 and no loss, each evaluation's counts
+            before they leave :meth:`release_counts`, and the client makes at most
+            ``update_dp.max_releases`` such releases.
         device: where the client trains (:func:`fedgat.device.resolve_device`: "cpu", the default,
             "cuda", "cuda:N", "auto" or a ``torch.device``). On another device than the CPU the
             model (so its optimiser's state), the tasks' inputs (encodings through
@@ -171,7 +173,8 @@ class Client:
 
     Attributes:
         training: the client half in use (:class:`ClientStrategy`).
-        dp_rounds: rounds this client trained in under ``update_dp`` (what its budget has spent).
+        dp_releases: releases (training rounds and evaluations) this client made under
+            ``update_dp`` (what its budget has spent).
         device: the resolved :class:`torch.device`.
         rng_state: the state of its own random stream (``seed``), between rounds; None without one.
     """
@@ -212,7 +215,7 @@ class Client:
             model.parameters(), lr, weight_decay, capturable=cuda_graphs
         )
         self.update_dp = update_dp
-        self.dp_rounds = 0
+        self.dp_releases = 0
         self.rng_state: torch.Tensor | None = None if seed is None else stream_state(seed)
         self._anchor: StateDict | None = None  # the proximal anchor's fixed device buffers (graphs)
         self._graphed = (
@@ -275,17 +278,14 @@ class Client:
         Raises:
             NonFiniteUpdateError: the trained weights hold NaN or infinite values (naming the first
                 such weight); nothing is returned.
-            UpdateBudgetError: under :attr:`update_dp`, the client has trained in its
-                ``max_rounds`` rounds already; nothing is returned.
+            UpdateBudgetError: under :attr:`update_dp`, the client has made its
+                ``max_releases`` releases already; nothing is returned.
         """
         dp = self.update_dp
-        if dp is not None and self.dp_rounds >= dp.max_rounds:
-            raise UpdateBudgetError(
-                f"client {self.client_id}: its DP budget pays for {dp.max_rounds} rounds of training, all spent"
-            )
+        self._check_budget()
         if self.num_train == 0:
             if dp is not None:
-                self.dp_rounds += 1
+                self.dp_releases += 1
                 return ClientUpdate(dp.privatize(global_state, global_state), 1, float("nan"))
             return ClientUpdate(global_state, 0, 0.0)
         if self.rng_state is None:
@@ -329,7 +329,7 @@ class Client:
                 f"(loss {float(loss.detach()):.3g})"
             )
         if dp is not None:
-            self.dp_rounds += 1
+            self.dp_releases += 1
             return ClientUpdate(dp.privatize(state, global_state), 1, float("nan"))
         return ClientUpdate(state, self.num_train, float(loss.detach()))
 
@@ -353,6 +353,31 @@ class Client:
         loss = F.cross_entropy(self.model(*self.train_task.inputs).index_select(0, rows), labels)
         penalty = None if anchor is None else self.training.local_penalty(self.model, anchor)
         return (loss if penalty is None else loss + penalty), loss
+
+    def _check_budget(self) -> None:
+        """Raise :class:`UpdateBudgetError` when :attr:`update_dp`'s releases are all spent."""
+        dp = self.update_dp
+        if dp is not None and self.dp_releases >= dp.max_releases:
+            raise UpdateBudgetError(
+                f"client {self.client_id}: its DP budget pays for {dp.max_releases} releases "
+                f"({dp.max_rounds} rounds of training and {dp.evaluations} evaluations), all spent"
+            )
+
+    def release_counts(self, global_state: StateDict, splits: Sequence[str]) -> dict[str, Counts]:
+        """The counts of :meth:`evaluate` as they leave the client: exact, or under
+        :attr:`update_dp` clipped and noised as one release of its budget
+        (:meth:`fedgat.dp_fedavg.UpdateDP.privatize_counts`).
+
+        Raises:
+            UpdateBudgetError: under :attr:`update_dp`, the client has made its ``max_releases``
+                releases already; nothing is evaluated.
+        """
+        self._check_budget()
+        counts = self.evaluate(global_state, splits)
+        if self.update_dp is None:
+            return counts
+        self.dp_releases += 1
+        return self.update_dp.privatize_counts(counts)
 
     @torch.no_grad()
     def evaluate(self, global_state: StateDict, splits: Sequence[str] = ("val", "test")) -> dict[str, Counts]:
@@ -500,11 +525,13 @@ class Server:
         return self.loop.aggregate(ids, self._fit(ids))
 
     def _reports(self, splits: Sequence[str]) -> list[dict[str, Counts]]:
-        return [client.evaluate(self.loop.state, splits) for client in self.clients]
+        return [client.release_counts(self.loop.state, splits) for client in self.clients]
 
     def evaluate(self, splits: Sequence[str] = ("val", "test")) -> dict[str, float]:
-        """Pooled accuracy and mean loss of the global model: ``{"val_accuracy", "val_loss", ...}``."""
-        return pool_counts(self._reports(splits), splits)
+        """Pooled accuracy and mean loss of the global model: ``{"val_accuracy", "val_loss", ...}``
+        (the simulation's exact counts, outside any DP budget: what :meth:`fit` sees is
+        :meth:`Client.release_counts`)."""
+        return pool_counts([c.evaluate(self.loop.state, splits) for c in self.clients], splits)
 
     def fit(
         self,
@@ -525,10 +552,12 @@ class Server:
             callback: called as ``callback(round, metrics)`` after every round.
             test_every_round: evaluate the test split after every round; by default only after rounds
                 that set a new best (the only test numbers reported), which saves most of the
-                evaluation time. History rows of other rounds then carry no ``test_*`` keys.
+                evaluation time. History rows of other rounds then carry no ``test_*`` keys. Always
+                on under DP-FedAvg: each round's counts are then one release of the budget.
         """
         loop = self.loop
-        loop.begin(rounds, patience, test_every_round)
+        dp = any(c.update_dp is not None for c in self.clients)
+        loop.begin(rounds, patience, test_every_round or dp)
         while not loop.done:
             ids = loop.sample()
             splits = loop.on_updates(ids, self._fit(ids))

@@ -287,7 +287,7 @@ class Federation:
     #: with a DP release: the largest ``(epsilon, delta)`` an owner's ledger has spent on its rows
     dp_spent: tuple[float, float] | None = None
     #: per client, the rounds it trained in before FedGAT's (label_rr's predictor), which DP-FedAvg counts
-    dp_rounds: Sequence[int] | None = None
+    dp_releases: Sequence[int] | None = None
 
 
 def run_method(
@@ -369,8 +369,8 @@ def run_method(
         )
         for i, (train, evaluation) in enumerate(fed.tasks)
     ]
-    for member, before in zip(members, fed.dp_rounds or (), strict=False):
-        member.dp_rounds = before  # the predictor's rounds count against the same DP-FedAvg budget
+    for member, before in zip(members, fed.dp_releases or (), strict=False):
+        member.dp_releases = before  # the predictor's rounds count against the same DP-FedAvg budget
     server = Server(members, initial, strategy.server, fraction=hp["fraction"], seed=seed)
     pretrain_seconds = time.perf_counter() - start
     start = time.perf_counter()
@@ -393,7 +393,7 @@ def run_method(
         dp_spent=fed.dp_spent,
         update_dp_spent=None
         if update_dp is None
-        else (update_dp.epsilon(max(m.dp_rounds for m in members)), update_dp.delta),
+        else (update_dp.epsilon(max(m.dp_releases for m in members)), update_dp.delta),
     )
 
 
@@ -453,14 +453,14 @@ def _build_fedgat(
     part = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
     nbh = part.neighbourhoods
     bases = RandomSource.from_seed(f"fedgat-bases:{seed}")
-    x, shared, dp_spent, dp_rounds = graph.x, None, None, None
+    x, shared, dp_spent, dp_releases = graph.x, None, None, None
     dp = feature_dp_from_hparams(hp, seed)
     if dp is not None:
         ledgers = owner_ledgers(part.num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
         check_budgets(graph, part, dp, ledgers)
         predictor = None
         if dp.needs_predictor:
-            predictor, dp_rounds = train_predictor(
+            predictor, dp_releases = train_predictor(
                 graph, part, seed, hp, update_dp=update_dp_from_hparams(hp)
             )
         release = draw_release(graph, part, dp, ledgers=ledgers, predictor=predictor)
@@ -485,7 +485,7 @@ def _build_fedgat(
 
     tasks = support_tasks(graph, part, inputs)
     model_fn = fedgat_model_fn(x.shape[1], graph.num_classes, hp)
-    return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]), dp_spent, dp_rounds)
+    return Federation(tasks, model_fn, _fedgat_bytes(part, hp["variant"], x.shape[1]), dp_spent, dp_releases)
 
 
 def _build_distgat(

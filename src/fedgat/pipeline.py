@@ -616,7 +616,7 @@ def train_fedgat(
     fingerprint: bytes | None = None,
     progress: bool = True,
     compact_tol: float = COMPACT_TOLERANCE,
-    dp_rounds: Mapping[int, int] | None = None,
+    dp_releases: Mapping[int, int] | None = None,
     device: str | torch.device | None = None,
     cuda_graphs: bool = False,
     **hparams,
@@ -625,7 +625,7 @@ def train_fedgat(
 
     Models, clients, seeds and rounds are those of :func:`fedgat.methods.run_method` for
     ``"fedgat"`` (hyper-parameters: :func:`fedgat.methods.default_hparams`); only the encodings come
-    from the pre-training round instead of being built locally. ``dp_rounds``: client -> rounds
+    from the pre-training round instead of being built locally. ``dp_releases``: client -> rounds
     DP-FedAvg has already counted (the release predictor's, :func:`train_release_predictor`).
     ``device``: where the clients train (:class:`fedgat.federated.Client`; default the CPU);
     ``cuda_graphs``: on a CUDA device, each client's local step as a captured CUDA graph.
@@ -645,7 +645,7 @@ def train_fedgat(
         deployment=deployment,
         fingerprint=fingerprint,
         compact_tol=compact_tol,
-        dp_rounds=dp_rounds,
+        dp_releases=dp_releases,
         device=device,
         cuda_graphs=cuda_graphs,
         **hparams,
@@ -687,7 +687,7 @@ def train_fedgat(
         update_dp_spent=None
         if server.update_dp is None
         else (  # the most rounds a client's budget paid for, the release predictor's included
-            server.update_dp.epsilon(max(c.client.dp_rounds for c in parties.clients.values())),
+            server.update_dp.epsilon(max(c.client.dp_releases for c in parties.clients.values())),
             server.update_dp.delta,
         ),
     )
@@ -708,7 +708,7 @@ def train_release_predictor(
     when on) and hand each client the weights it received last.
 
     Returns:
-        ``(predictors, dp_rounds)``: client id -> its copy of the published predictor, and client id ->
+        ``(predictors, dp_releases)``: client id -> its copy of the published predictor, and client id ->
         the rounds DP-FedAvg has counted against its budget (the FedGAT rounds continue from there).
     """
     parties = build_predictor_parties(graph, partition, seed=seed, deployment=deployment, **hparams)
@@ -740,7 +740,7 @@ def train_release_predictor(
         if weights is None:
             raise RuntimeError(f"client {c} holds no published predictor after the rounds")
         predictors[c] = TrainedPredictor(dict(weights), hp["dp_predictor_hidden"])
-        rounds[c] = client.client.dp_rounds
+        rounds[c] = client.client.dp_releases
     return predictors, rounds
 
 
@@ -829,9 +829,9 @@ def run_encrypted_fedgat(
         check_budgets(graph, partition, dp, dp_ledgers)  # before any round runs
     deployment = make_deployment(num_clients)
     predictors: dict[int, TrainedPredictor] | None = None
-    dp_rounds: dict[int, int] | None = None
+    dp_releases: dict[int, int] | None = None
     if dp is not None and dp.needs_predictor:
-        predictors, dp_rounds = train_release_predictor(
+        predictors, dp_releases = train_release_predictor(
             graph, partition, seed=seed, deployment=deployment, transport=transport, progress=progress, **hp
         )
     pre = None
@@ -878,7 +878,7 @@ def run_encrypted_fedgat(
         transport=transport,
         fingerprint=fingerprint,
         progress=progress,
-        dp_rounds=dp_rounds,
+        dp_releases=dp_releases,
         device=device,
         **hp,
     )

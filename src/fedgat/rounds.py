@@ -53,10 +53,12 @@ __all__ = ["ClientUpdate", "Counts", "FitResult", "RoundLoop", "exact_weights", 
 
 
 class Counts(NamedTuple):
-    """Evaluation counts of one client on one split; sums over clients pool exactly."""
+    """Evaluation counts of one client on one split; sums over clients pool exactly. Integers, except
+    under DP-FedAvg, where a client releases them clipped and noised
+    (:meth:`fedgat.dp_fedavg.UpdateDP.privatize_counts`)."""
 
-    correct: int
-    count: int  # type: ignore[assignment]  # the field shadows tuple.count
+    correct: float
+    count: float  # type: ignore[assignment]  # the field shadows tuple.count
     loss_sum: float
 
 
@@ -82,15 +84,17 @@ class FitResult:
 
 def pool_counts(reports: Sequence[Mapping[str, Counts]], splits: Sequence[str]) -> dict[str, float]:
     """Pooled accuracy and mean loss of each split over the clients' reports (summed in the order
-    given): ``{"val_accuracy", "val_loss", ...}``; NaN for a split without a node."""
+    given): ``{"val_accuracy", "val_loss", ...}``; NaN for a split without a node. Noised counts
+    (DP-FedAvg) are post-processed: NaN when the pooled count is not positive, accuracy clamped to
+    [0, 1]."""
     out = {}
     for s in splits:
         totals: list = [0, 0, 0.0]
         for report in reports:
             totals = [a + b for a, b in zip(totals, report[s])]
         correct, count, loss_sum = totals
-        out[f"{s}_accuracy"] = correct / count if count else float("nan")
-        out[f"{s}_loss"] = loss_sum / count if count else float("nan")
+        out[f"{s}_accuracy"] = min(max(correct / count, 0.0), 1.0) if count > 0 else float("nan")
+        out[f"{s}_loss"] = loss_sum / count if count > 0 else float("nan")
     return out
 
 

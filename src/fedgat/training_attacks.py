@@ -56,7 +56,7 @@ from fedgat.protocols import (
     ServerRounds,
 )
 from fedgat.protocols.fedavg_client import DEFAULT_SECAGG, secure_mean
-from fedgat.protocols.messages_secagg import AdvertItem, SecAggAdvert, SecAggCohort, SecAggUnmaskRequest
+from fedgat.protocols.messages_secagg import AdvertItem, SecAggAdvert, SecAggCohort, SecAggSurvivors
 from fedgat.protocols.secagg import (
     SecAggConfig,
     decode,
@@ -264,7 +264,8 @@ class HostileSecAgg(ServerSecAgg):
     """The server's secure round, deviating: with ``any_digest`` it takes adverts for any model
     (it sent different ones); with ``lie_target`` set it claims, once the masked inputs are in, that
     every member but that client dropped out (asking for the target's self-mask shares and the
-    others' mask-key shares: with both it would unmask the target's input alone)."""
+    others' mask-key shares: with both it would unmask the target's input alone; the clients refuse
+    to confirm such a set)."""
 
     any_digest: bool = False
     lie_target: int | None = None
@@ -281,9 +282,9 @@ class HostileSecAgg(ServerSecAgg):
     def close(self) -> list[Send] | QuorumError:
         target = self.lie_target
         if target is not None and self.stage == "masked" and target in self.masked:
-            self.u3, self.stage = [target], "unmask"
+            self.u3, self.stage = [target], "confirm"
             request = {"round": self.round, "survivors": (target,)}
-            return [(v, SecAggUnmaskRequest, request) for v in self.u2]
+            return [(v, SecAggSurvivors, request) for v in self.u2]
         return super().close()
 
 

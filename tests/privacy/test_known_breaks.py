@@ -620,6 +620,88 @@ def test_members_asked_for_other_splits_are_refused(monkeypatch):
     assert 0 < own < int(graph.val_mask.sum())
 
 
+class NoisyOracleServer(OracleServer):
+    """:class:`OracleServer` under DP-FedAvg: keeps the pooled validation loss as summed (noised)."""
+
+    def _secure_aggregate(self):
+        sec = self._secure
+        if sec is not None and sec.result is not None:
+            self.losses[sec.round] = secure_mean(sec.result, self.loop.state, exact=False)[3]["val"].loss_sum
+        return ServerRounds._secure_aggregate(self)
+
+
+def _dp_oracle_run(graph, initial, queries, dp):
+    """The evaluation oracle's probes through the real secure rounds, every client under ``dp``;
+    returns the server, the driver and the clients."""
+    dep = make_deployment(NUM_CLIENTS)
+    roster, sid = dep.roster, dep.roster.server
+    server = NoisyOracleServer(
+        sid,
+        roster,
+        9,
+        dep.identities[sid],
+        initial_state=initial,
+        rounds=len(queries),
+        patience=None,
+        secagg=SecAggConfig(),
+        update_dp=dp,
+        probes=queries,
+    )
+    clients = evaluating_clients(graph, dep)
+    for c in clients.values():
+        c.client.update_dp = dp
+    driver = Driver(InProcessTransport(), {sid: server, **clients}, strict=False)
+    driver.start()
+    driver.run()
+    return server, driver, clients
+
+
+def test_under_dp_fedavg_the_evaluation_counts_are_noised_and_charged(monkeypatch):
+    """FIXED (known break 12(b)): under DP-FedAvg the pooled evaluation counts were exact and not
+    charged, so a server could probe them round after round (break 3's read-out, here of the
+    clients' total; a per-client one by differencing recipient sets, as break 2 does with updates)
+    at no budget. Now each client's counts leave it clipped to ``counts_clip`` and noised like its
+    updates, every evaluation is one release of its budget, and it refuses a release past it.
+
+    With the fix removed (exact counts, nothing charged) the same probes read the aggregate to
+    1e-3 under the same DP-FedAvg settings."""
+    from fedgat.federated import Client as MemberClient
+
+    graph = training_graph()
+    torch.manual_seed(3)
+    initial = linear_model(graph, 0.3).state_dict()
+    queries = probes(graph, initial)
+    # the budget pays for every probe's update but for 9 evaluations only
+    dp = UpdateDP(clip=1.0, noise_multiplier=2.0, max_rounds=len(queries), max_evaluations=9, counts_clip=4.0)
+    server, driver, clients = _dp_oracle_run(graph, initial, queries, dp)
+    refusals = [str(e) for _, e in driver.rejected]
+    assert any("releases" in r and "all spent" in r for r in refusals)
+    assert all(c.client.dp_releases <= dp.max_releases for c in clients.values())
+    answered = sorted(server.losses)
+    assert len(answered) < len(queries)  # the read-out cannot complete
+    # ... and what came back is noised: each pooled loss against the sum of the clipped exact counts
+    errors = []
+    for t in answered:
+        exact = 0.0
+        for c in clients.values():
+            counts = c.client.evaluate(queries[t - 1], ("val", "test"))  # round t's model is probe t - 1
+            vector = np.array([v for s in ("val", "test") for v in counts[s]])
+            exact += counts["val"].loss_sum * min(1.0, dp.counts_clip / np.linalg.norm(vector))
+        errors.append(server.losses[t] - exact)
+    noise = math.sqrt(NUM_CLIENTS) * dp.counts_share_std  # four shares per sum
+    assert np.sqrt(np.mean(np.square(errors))) == pytest.approx(noise, rel=0.6)
+
+    # the fix removed: exact counts, no charge; the whole read-out goes through, exactly
+    monkeypatch.setattr(
+        MemberClient, "release_counts", lambda self, weights, splits: self.evaluate(weights, splits)
+    )
+    server, driver, clients = _dp_oracle_run(graph, initial, queries, dp)
+    assert driver.rejected == [] and server.done
+    recovered = read_differences(graph, [server.losses[t] for t in range(1, len(queries) + 1)])
+    truths = [class_feature_sums(graph, i) for i in range(NUM_CLIENTS)]
+    assert np.abs(recovered - sum(truths)).max() <= 1e-3
+
+
 def test_evaluation_reports_are_no_per_client_oracle():
     """FIXED: under secure aggregation (the default) a client's evaluation counts travel only inside
     the masked sum; it answers no EvaluateRequest and sends no EvaluationReport. The same

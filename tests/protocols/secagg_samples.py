@@ -6,13 +6,16 @@ import numpy as np
 
 from fedgat.protocols.messages_secagg import (
     AdvertItem,
+    Confirmation,
     RevealedShare,
     SealedShare,
     SecAggAdvert,
     SecAggCohort,
+    SecAggConfirm,
     SecAggMasked,
     SecAggRelay,
     SecAggShares,
+    SecAggSurvivors,
     SecAggUnmaskRequest,
     SecAggUnmaskShares,
 )
@@ -39,7 +42,14 @@ def secagg_samples(header: dict) -> list:
         SecAggShares(round=3, shares=sealed, **header),
         SecAggRelay(round=3, shares=sealed, **header),
         SecAggMasked(round=3, masked=masked, **header),
-        SecAggUnmaskRequest(round=3, survivors=(0, 1, 2), **header),
+        SecAggSurvivors(round=3, survivors=(0, 1, 2), **header),
+        SecAggConfirm(round=3, confirmation=b"k" * 64, **header),
+        SecAggUnmaskRequest(
+            round=3,
+            survivors=(0, 1, 2),
+            confirmations=(Confirmation(0, b"k" * 64), Confirmation(2, b"l" * 64)),
+            **header,
+        ),
         SecAggUnmaskShares(
             round=3,
             b_shares=(RevealedShare(0, b"q" * 16),),

@@ -22,21 +22,30 @@ from fedgat.protocols.fedavg import ServerRounds
 from fedgat.protocols.fedavg_client import ClientRounds
 from fedgat.protocols.secagg import SecAggConfig
 from fedgat.randomness import RandomSource
+from fedgat.rounds import Counts
 from fedgat.synthetic import synthetic_graph
 
 
 # ------------------------------------------------------------------------------------- calibration
-@pytest.mark.parametrize(("epsilon", "rounds"), [(0.5, 1), (1.0, 50), (4.0, 200), (8.0, 500)])
-def test_the_noise_multiplier_spends_exactly_the_budget_and_the_pld_accountant_agrees(epsilon, rounds):
-    dp = UpdateDP.for_budget(epsilon, 1e-5, rounds)
-    assert dp.epsilon(rounds) == pytest.approx(epsilon, rel=1e-6)
-    assert dp.epsilon(rounds // 2) < epsilon if rounds > 1 else True  # fewer rounds spend less
-    # dp_accounting's privacy-loss-distribution accountant composes the same rounds one by one
-    pld = gaussian_epsilon([(dp.noise_multiplier, rounds)], 1e-5)
+@pytest.mark.parametrize(
+    ("epsilon", "rounds", "evaluations"), [(0.5, 1, None), (1.0, 50, 0), (4.0, 200, None), (8.0, 500, 17)]
+)
+def test_the_noise_multiplier_spends_exactly_the_budget_and_the_pld_accountant_agrees(
+    epsilon, rounds, evaluations
+):
+    """The budget pays for ``rounds`` updates and ``evaluations`` counts releases (None: as many as
+    rounds), each a Gaussian mechanism of the same multiplier."""
+    dp = UpdateDP.for_budget(epsilon, 1e-5, rounds, evaluations=evaluations)
+    releases = rounds + (rounds if evaluations is None else evaluations)
+    assert dp.max_releases == releases and dp.evaluations == releases - rounds
+    assert dp.epsilon(releases) == pytest.approx(epsilon, rel=1e-6)
+    assert dp.epsilon(releases // 2) < epsilon if releases > 1 else True  # fewer releases spend less
+    # dp_accounting's privacy-loss-distribution accountant composes the same releases one by one
+    pld = gaussian_epsilon([(dp.noise_multiplier, releases)], 1e-5)
     assert pld == pytest.approx(epsilon, rel=0.02)
     # a slightly smaller multiplier would overspend
-    smaller = UpdateDP(dp.clip, dp.noise_multiplier * 0.99, rounds)
-    assert smaller.epsilon(rounds) > epsilon
+    smaller = UpdateDP(dp.clip, dp.noise_multiplier * 0.99, rounds, max_evaluations=dp.evaluations)
+    assert smaller.epsilon(releases) > epsilon
 
 
 @pytest.mark.parametrize(
@@ -50,6 +59,9 @@ def test_the_noise_multiplier_spends_exactly_the_budget_and_the_pld_accountant_a
         {"epsilon": 1.0, "delta": 1e-5, "rounds": 0},
         {"epsilon": 1.0, "delta": 1e-5, "rounds": 10, "clip": 0.0},
         {"epsilon": 1.0, "delta": 1e-5, "rounds": 10, "honest": 0},
+        {"epsilon": 1.0, "delta": 1e-5, "rounds": 10, "evaluations": -1},
+        {"epsilon": 1.0, "delta": 1e-5, "rounds": 10, "counts_clip": 0.0},
+        {"epsilon": 1.0, "delta": 1e-5, "rounds": 10, "counts_clip": math.nan},
     ],
 )
 def test_bad_settings_are_refused(kwargs):
@@ -60,8 +72,8 @@ def test_bad_settings_are_refused(kwargs):
 def test_hparams_turn_it_on_only_when_asked():
     assert update_dp_from_hparams({"rounds": 10}) is None
     dp = update_dp_from_hparams({"rounds": 10, "update_dp_epsilon": 2.0, "update_dp_clip": 0.5})
-    assert dp is not None and dp.clip == 0.5 and dp.max_rounds == 10
-    assert dp.epsilon(10) == pytest.approx(2.0, rel=1e-6)
+    assert dp is not None and dp.clip == 0.5 and dp.max_rounds == 10 and dp.evaluations == 10
+    assert dp.epsilon(20) == pytest.approx(2.0, rel=1e-6)  # 10 updates and 10 evaluations
 
 
 # ---------------------------------------------------------------------------------- the mechanism
@@ -120,20 +132,58 @@ def tiny_client(update_dp: UpdateDP | None, with_training: bool = True) -> tuple
 
 
 def test_a_client_under_dp_sends_weight_one_no_loss_and_stops_at_its_budget():
-    dp = UpdateDP(clip=0.5, noise_multiplier=1e-6, max_rounds=2)  # tiny noise: the clip is visible
+    # tiny noise: the clip is visible; no evaluation budgeted, so two releases in all
+    dp = UpdateDP(clip=0.5, noise_multiplier=1e-6, max_rounds=2, max_evaluations=0)
     client, initial = tiny_client(dp)
     update = client.fit(initial)
-    assert update.num_train == 1 and math.isnan(update.loss) and client.dp_rounds == 1
+    assert update.num_train == 1 and math.isnan(update.loss) and client.dp_releases == 1
     moved = math.sqrt(sum(float(((update.state[k] - initial[k]) ** 2).sum()) for k in initial))
     assert moved == pytest.approx(0.5, rel=1e-3)  # lr 0.1 moves the weights by more than 0.5: clipped
     client.fit(initial)
-    with pytest.raises(UpdateBudgetError, match="2 rounds"):
+    with pytest.raises(UpdateBudgetError, match="2 releases"):
         client.fit(initial)
-    assert client.dp_rounds == 2
+    with pytest.raises(UpdateBudgetError, match="0 evaluations"):
+        client.release_counts(initial, ("val", "test"))
+    assert client.dp_releases == 2
     # a client without training nodes still adds its noise share (else the sum would lack it)
     idle, initial = tiny_client(UpdateDP(clip=1.0, noise_multiplier=1.0, max_rounds=2), with_training=False)
     update = idle.fit(initial)
     assert update.num_train == 1 and not all(torch.equal(update.state[k], initial[k]) for k in initial)
+
+
+def test_a_client_releases_its_counts_clipped_noised_and_charged():
+    """Under DP-FedAvg the counts that leave a client are one release of its budget: the splits'
+    counts as one vector scaled to ``counts_clip`` (ratios kept), plus a noise share; past the
+    budget nothing is evaluated."""
+    dp = UpdateDP(clip=0.5, noise_multiplier=1e-9, max_rounds=1, max_evaluations=1, counts_clip=2.0)
+    client, initial = tiny_client(dp)
+    exact = client.evaluate(initial, ("val", "test"))
+    released = client.release_counts(initial, ("val", "test"))
+    assert client.dp_releases == 1
+    vector = np.array([v for s in ("val", "test") for v in released[s]])
+    assert np.linalg.norm(vector) == pytest.approx(2.0, rel=1e-6)  # scaled down to the clip
+    for s in ("val", "test"):
+        assert exact[s].count > 2.0  # the clip binds
+        assert released[s].correct / released[s].count == pytest.approx(
+            exact[s].correct / exact[s].count, abs=1e-6
+        )
+        assert released[s].loss_sum / released[s].count == pytest.approx(exact[s].loss_sum / exact[s].count)
+    client.fit(initial)
+    with pytest.raises(UpdateBudgetError, match="2 releases"):
+        client.release_counts(initial, ("val", "test"))
+    assert client.dp_releases == 2
+    # without DP the counts leave exact and nothing is charged
+    plain, _ = tiny_client(None)
+    assert plain.release_counts(initial, ("val",)) == plain.evaluate(initial, ("val",))
+
+
+def test_the_counts_noise_has_the_stated_std():
+    dp = UpdateDP(clip=1.0, noise_multiplier=0.8, max_rounds=1, honest=3, counts_clip=0.5)
+    zero = {"val": Counts(0, 0, 0.0), "test": Counts(0, 0, 0.0)}
+    draws = np.array([[v for c in dp.privatize_counts(zero).values() for v in c] for _ in range(600)])
+    assert dp.counts_share_std == pytest.approx(2 * 0.8 * 0.5 / math.sqrt(3))
+    assert np.std(draws) == pytest.approx(dp.counts_share_std, rel=0.05)
+    assert abs(np.mean(draws)) < 0.1 * dp.counts_share_std
 
 
 # ----------------------------------------------------------------------------- through the protocol
@@ -171,8 +221,9 @@ def test_secure_rounds_under_dp_aggregate_the_privatized_updates():
     server: ServerRounds = parties[fed.sid]
     assert server.done and len(server.history) == 3
     assert all(math.isnan(row["train_loss"]) for row in server.history)
-    assert server.dp_epsilon == pytest.approx(dp.epsilon(3))
-    assert all(parties[c].client.dp_rounds == 3 for c in fed.roster.clients)
+    # three updates and three evaluations (each round's model, once) per client
+    assert server.dp_epsilon == pytest.approx(dp.epsilon(6))
+    assert all(parties[c].client.dp_releases == 6 for c in fed.roster.clients)
     last = [sent[c][-1][1].state for c in fed.roster.clients]
     want = {k: sum(s[k].double() for s in last) / len(last) for k in last[0]}
     for k, v in want.items():
@@ -180,14 +231,17 @@ def test_secure_rounds_under_dp_aggregate_the_privatized_updates():
 
 
 def test_a_client_refuses_a_round_past_its_budget_for_good():
-    """A server that runs more rounds than the clients' budget pays for gets a terminal refusal."""
+    """A server that runs more rounds than the clients' budget pays for gets a terminal refusal:
+    rounds 1 and 2 spend 3 of the 4 releases (two updates, one evaluation); round 3's evaluation
+    would be the fourth, its update the fifth, and the round is refused whole (nothing of it is sent,
+    so nothing of it is charged)."""
     dp = UpdateDP(clip=0.2, noise_multiplier=0.5, max_rounds=2)
     fed = DPFederation(dp, rounds=4, patience=None)
     parties = fed.parties()
-    with pytest.raises(PrivacyBudgetError, match="2 rounds"):
+    with pytest.raises(PrivacyBudgetError, match="4 releases"):
         run_parties(InProcessTransport(), parties, clock=ManualClock())
     clients: list[ClientRounds] = [parties[c] for c in fed.roster.clients]
-    assert all(c.client.dp_rounds == 2 for c in clients)
+    assert all(c.client.dp_releases == 3 for c in clients)
     assert any(c.state_name() == "aborted" for c in clients)
 
 
@@ -197,7 +251,7 @@ def test_run_method_reports_what_the_update_budget_spent():
         "distgat", g, num_clients=3, seed=0, rounds=4, patience=None, hidden=4, heads=2, update_dp_epsilon=2.0
     )
     eps, delta = result.update_dp_spent
-    assert eps == pytest.approx(2.0, rel=1e-6) and delta == 1e-5  # all 4 budgeted rounds trained
+    assert eps == pytest.approx(2.0, rel=1e-6) and delta == 1e-5  # all 4 rounds and 4 evaluations
     assert all(math.isnan(row["train_loss"]) for row in result.history)
     plain = run_method("distgat", g, num_clients=3, seed=0, rounds=4, patience=None, hidden=4, heads=2)
     assert plain.update_dp_spent is None and not math.isnan(plain.history[0]["train_loss"])

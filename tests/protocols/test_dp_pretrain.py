@@ -461,4 +461,7 @@ def test_label_rr_trains_its_predictor_through_the_protocol_and_releases_labels(
     )  # fmt: skip
     dp = update_dp_from_hparams(upd.training.hparams)
     assert dp is not None and dp.max_rounds == 3 + 2
-    assert upd.training.update_dp_spent == pytest.approx((dp.epsilon(3 + 2), 1e-5))
+    # each round's update and each round's evaluation: the whole budget of 8
+    assert dp.max_releases == 2 * (3 + 2)
+    assert upd.training.update_dp_spent == pytest.approx((dp.epsilon(2 * (3 + 2)), 1e-5))
+    assert upd.training.update_dp_spent[0] == pytest.approx(8.0, rel=1e-6)

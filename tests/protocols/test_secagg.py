@@ -24,15 +24,18 @@ from fedgat.protocols import (
     ProtocolError,
     SignatureError,
     SizeLimitError,
+    StateError,
     decode_message,
     encode_message,
 )
 from fedgat.protocols import secagg as sa
 from fedgat.protocols.messages_secagg import (
+    Confirmation,
     RevealedShare,
     SealedShare,
     SecAggCohort,
     SecAggMasked,
+    SecAggSurvivors,
     SecAggUnmaskRequest,
     SecAggUnmaskShares,
 )
@@ -209,7 +212,7 @@ def test_shamir_shares_rebuild_the_secret_from_any_t(t, n):
 # ---------------------------------------------------------------------------------- sealed shares
 def _box(**over):
     sender, recipient = SigningIdentity.generate(), sa.mask_key(sa.random_seed(), 1, 1, 1)
-    args = {"session": SESSION, "round_": ROUND, "sender": 3, "recipient": 4, "index": 2}
+    args = {"session": SESSION, "round_": ROUND, "sender": 3, "recipient": 4, "index": 2, "view": b"v" * 32}
     sealed = sa.seal_share(sender, sa.public_bytes(recipient), s_share=b"s" * 16, b_share=b"b" * 16, **args)
     return sealed, recipient, sender, {**args, **over}
 
@@ -223,7 +226,14 @@ def test_sealed_shares_open_only_for_their_recipient_and_context():
         bad[pos] ^= 1
         with pytest.raises(AuthError, match="do not open"):
             sa.open_share(key, bytes(bad), sender.public_bytes(), **args)
-    for field, value in (("session", SESSION + 1), ("round_", ROUND + 1), ("sender", 9), ("recipient", 9)):
+    # ... also a recipient shown another cohort than the sender (frame version 11)
+    for field, value in (
+        ("session", SESSION + 1),
+        ("round_", ROUND + 1),
+        ("sender", 9),
+        ("recipient", 9),
+        ("view", b"w" * 32),
+    ):
         with pytest.raises(AuthError):
             sa.open_share(key, sealed, sender.public_bytes(), **{**args, field: value})
     other = sa.mask_key(sa.random_seed(), 1, 1, 1)
@@ -310,6 +320,14 @@ def test_stage_message_values_are_checked():
         SecAggCohort(round=1, adverts=tuple(reversed(secagg_samples(HDR)[1].adverts)), **HDR),
         SecAggUnmaskRequest(round=1, survivors=(2, 1), **HDR),
         SecAggUnmaskRequest(round=1, survivors=(), **HDR),
+        SecAggUnmaskRequest(
+            round=1,
+            survivors=(1, 2),
+            confirmations=(Confirmation(2, bytes(64)), Confirmation(1, bytes(64))),
+            **HDR,
+        ),
+        SecAggSurvivors(round=1, survivors=(1, 1), **HDR),
+        SecAggSurvivors(round=1, survivors=(), **HDR),
         SecAggUnmaskShares(round=1, b_shares=(share,), s_shares=(share,), **HDR),  # both shares of party 1
         SecAggMasked(round=1, masked=np.zeros((3, 4), np.int64), **HDR),
     ]
@@ -332,25 +350,60 @@ def test_stage_message_values_are_checked():
         decode_message(data[:-1])
 
 
-def test_a_client_unmasks_only_sums_enough_members_add_its_parts_to():
-    """Frame version 10: each advert says, signed, whether its input carries an update and counts.
-    A client that trains refuses to unmask a sum in which fewer than ``min_cohort`` survivors add
-    an update (a server could count the other trainers as dropped and leave the target's update
-    alone among evaluators' zeros); the refusal changes nothing, and a sum with enough is unmasked."""
+def _masked_client(parts: dict[int, int], me: int = 0) -> ClientSecAgg:
+    """Client ``me`` in stage "masked" of a cohort whose members carry ``parts`` (fake keys; every
+    other member dealt it shares)."""
     from fedgat.protocols.messages_secagg import AdvertItem
 
-    me = ClientSecAgg.begin(sa.SecAggConfig(), SESSION, ROUND, 0, DIGEST, np.zeros((2, 4), np.uint64))
-    parts = {0: 3, 1: 3, 2: 3, 3: sa.PART_COUNTS, 4: sa.PART_COUNTS}  # 0-2 train, 3-4 only evaluate
-    me.cohort = {
-        p: AdvertItem(p, bytes(32), bytes(32), bytes(32), DIGEST, bytes(64), q) for p, q in parts.items()
+    client = ClientSecAgg.begin(
+        sa.SecAggConfig(), SESSION, ROUND, me, DIGEST, np.zeros((2, 4), np.uint64), parts[me]
+    )
+    client.cohort = {
+        p: AdvertItem(p, bytes([p]) * 32, bytes(32), bytes(32), DIGEST, bytes(64), q)
+        for p, q in parts.items()
     }
-    me.received = {p: (b"s" * 16, b"b" * 16) for p in (1, 2, 3, 4)}
-    me.own, me.threshold, me.stage, me.vector = (b"s" * 16, b"b" * 16), 4, "masked", None
+    client.view = sa.cohort_view(client.cohort.values())
+    client.received = {p: (b"s" * 16, b"b" * 16) for p in parts if p != me}
+    client.own, client.threshold, client.stage, client.vector = (b"s" * 16, b"b" * 16), 4, "masked", None
+    return client
+
+
+class _Roster:
+    """The signing keys of ``signers`` (a roster's only use in :meth:`ClientSecAgg.on_unmask`)."""
+
+    def __init__(self, signers: dict[int, SigningIdentity]) -> None:
+        self.signers = signers
+
+    def signing_key(self, party: int) -> bytes:
+        return self.signers[party].public_bytes()
+
+
+def _confirmations(client: ClientSecAgg, signers: dict, survivors, view: bytes | None = None) -> tuple:
+    view = client.view if view is None else view
+    return tuple(
+        Confirmation(p, signers[p].sign(sa.confirm_bytes(SESSION, ROUND, p, view, survivors)))
+        for p in sorted(signers)
+        if p in survivors
+    )
+
+
+def test_a_client_unmasks_only_sums_enough_members_add_its_parts_to():
+    """Frame version 10: each advert says, signed, whether its input carries an update and counts.
+    A client that trains refuses to confirm a survivor set in which fewer than ``min_cohort``
+    survivors add an update (a server could count the other trainers as dropped and leave the
+    target's update alone among evaluators' zeros); the refusal changes nothing, and a set with
+    enough is confirmed and, with enough confirmations, unmasked."""
+    parts = {0: 3, 1: 3, 2: 3, 3: sa.PART_COUNTS, 4: sa.PART_COUNTS}  # 0-2 train, 3-4 only evaluate
+    me = _masked_client(parts)
     head = {**HDR, "sender": 9, "recipient": 0}
+    signers = {p: SigningIdentity.generate() for p in parts}
     with pytest.raises(PayloadError, match="fewer than 3 survivors add their updates"):
-        me.on_unmask(SecAggUnmaskRequest(round=ROUND, survivors=(0, 1, 3, 4), **head))
-    assert me.stage == "masked" and me.own is not None
-    out = me.on_unmask(SecAggUnmaskRequest(round=ROUND, survivors=(0, 1, 2, 3), **head))
+        me.on_survivors(SecAggSurvivors(round=ROUND, survivors=(0, 1, 3, 4), **head), signers[0])
+    assert me.stage == "masked" and me.confirmed is None
+    me.on_survivors(SecAggSurvivors(round=ROUND, survivors=(0, 1, 2, 3), **head), signers[0])
+    confirmations = _confirmations(me, signers, (0, 1, 2, 3))
+    request = SecAggUnmaskRequest(round=ROUND, survivors=(0, 1, 2, 3), confirmations=confirmations, **head)
+    out = me.on_unmask(request, _Roster(signers))
     assert [s.party for s in out["b_shares"]] == [0, 1, 2, 3] and [s.party for s in out["s_shares"]] == [4]
     # an evaluator alone: the counts of all five are in the sum, enough
     ev = ClientSecAgg.begin(
@@ -359,3 +412,46 @@ def test_a_client_unmasks_only_sums_enough_members_add_its_parts_to():
     assert ev._short_parts(me.cohort.values()) == [] and me._short_parts(
         [me.cohort[p] for p in (0, 3, 4)]
     ) == ["updates"]
+
+
+def test_a_client_reveals_only_for_the_survivor_set_it_signed_with_t_confirmations():
+    """Frame version 11 (an eighth review pass told each client another survivor set): a client
+    signs one survivor set and reveals only for it, with at least ``t`` survivors' valid signatures
+    over it under its own cohort view; every refusal changes nothing."""
+    parts = dict.fromkeys(range(6), 3)
+    me = _masked_client(parts)
+    head = {**HDR, "sender": 9, "recipient": 0}
+    signers = {p: SigningIdentity.generate() for p in parts}
+    roster = _Roster(signers)
+    survivors = (0, 1, 2, 3, 4)
+    confirm = me.on_survivors(SecAggSurvivors(round=ROUND, survivors=survivors, **head), signers[0])
+    data = sa.confirm_bytes(SESSION, ROUND, 0, me.view, survivors)
+    verify(signers[0].public_bytes(), data, confirm["confirmation"])
+    with pytest.raises(StateError):  # one survivor set per round
+        me.on_survivors(SecAggSurvivors(round=ROUND, survivors=(0, 1, 2, 3), **head), signers[0])
+
+    def request(surv, confirmations):
+        return SecAggUnmaskRequest(round=ROUND, survivors=surv, confirmations=confirmations, **head)
+
+    good = _confirmations(me, signers, survivors)
+    other = (0, 1, 2, 3)
+    swapped = good[:3] + (Confirmation(4, good[3].signature),)  # party 3's signature as party 4's
+    bad = [
+        (request(other, _confirmations(me, signers, other)), PayloadError, "other survivors"),
+        (request(survivors, good[:3]), PayloadError, "below the threshold 4"),
+        (
+            request(survivors, _confirmations(me, signers, survivors, view=b"x" * 32)),
+            SignatureError,
+            "did not",
+        ),
+        (request(survivors, good[:3] + (Confirmation(5, good[3].signature),)), PayloadError, "not survivors"),
+        (request(survivors, swapped), SignatureError, "party 4"),
+    ]
+    for msg, error, text in bad:
+        with pytest.raises(error, match=text):
+            me.on_unmask(msg, roster)
+        assert me.stage == "confirmed" and me.own is not None
+    out = me.on_unmask(request(survivors, good), roster)
+    assert [s.party for s in out["b_shares"]] == list(survivors) and [s.party for s in out["s_shares"]] == [5]
+    with pytest.raises(StateError, match="never answers twice"):
+        me.on_unmask(request(survivors, good), roster)

@@ -35,17 +35,27 @@ from fedgat.protocols.fedavg import RoundTimeouts
 from fedgat.protocols.messages import peek_type
 from fedgat.protocols.messages_secagg import (
     AdvertItem,
+    Confirmation,
     RevealedShare,
     SealedShare,
     SecAggAdvert,
     SecAggCohort,
+    SecAggConfirm,
     SecAggMasked,
     SecAggRelay,
     SecAggShares,
+    SecAggSurvivors,
     SecAggUnmaskRequest,
     SecAggUnmaskShares,
 )
-from fedgat.protocols.secagg import SecAggConfig, mask_key, public_bytes, random_seed, seal_share
+from fedgat.protocols.secagg import (
+    SecAggConfig,
+    confirm_bytes,
+    mask_key,
+    public_bytes,
+    random_seed,
+    seal_share,
+)
 
 SECURE = SecAggConfig()
 TIMEOUTS = RoundTimeouts(fit=10.0, evaluate=10.0)
@@ -177,6 +187,7 @@ def test_the_server_sees_no_update_only_the_sum():
                 "SecAggAdvert",
                 "SecAggShares",
                 "SecAggMasked",
+                "SecAggConfirm",
                 "SecAggUnmaskShares",
             }  # no EvaluationReport: counts travel inside the masked sums
             srv = parties[fed.sid]
@@ -221,6 +232,8 @@ def test_a_client_that_drops_after_sharing_keys_is_unmasked_from_the_others_shar
         (3, [2], SecAggAdvert, "fit:keys"),
         (4, [1, 2], SecAggMasked, "fit:masked"),
         (4, [0, 1], SecAggShares, "fit:shares"),
+        (4, [2, 3], SecAggConfirm, "fit:confirm"),
+        (5, [0, 1, 4], SecAggUnmaskShares, "fit:unmask"),
     ],
 )
 def test_too_few_answers_stop_the_round(clients, dropped, kind, stage):
@@ -282,7 +295,10 @@ def test_clients_refuse_tampered_or_forged_shares():
     flipped[50] ^= 1
     # the server seals its own shares to client 0's round key and claims they come from client 2
     c_pk = client._secure.cohort[0].c_pk
-    forged_box = seal_share(h.fed.dep.identities[h.fed.sid].signer, c_pk, 9, 1, 2, 0, 1, b"f" * 16, b"f" * 16)
+    view = client._secure.view
+    forged_box = seal_share(
+        h.fed.dep.identities[h.fed.sid].signer, c_pk, 9, 1, 2, 0, 1, b"f" * 16, b"f" * 16, view
+    )
     cases = [
         ((SealedShare(1, bytes(flipped)), items[1], items[2]), AuthError, "do not open"),
         ((items[0], SealedShare(2, forged_box), items[2]), SignatureError, "not signed"),
@@ -296,7 +312,7 @@ def test_clients_refuse_tampered_or_forged_shares():
 
 
 def test_a_client_reveals_one_share_per_client_and_answers_once():
-    h = Held(SecAggUnmaskRequest, 4)
+    h = Held(SecAggSurvivors, 4)
     msg, client = h.held(0), h.parties[0]
     assert msg.survivors == (0, 1, 2, 3)
     cases = [
@@ -306,12 +322,27 @@ def test_a_client_reveals_one_share_per_client_and_answers_once():
     ]
     for survivors, match in cases:
         _refused(client, _resign(h.fed, msg, survivors=survivors), PayloadError, match)
-    # the server claims client 3 dropped: client 0 reveals 3's mask-key share and no b share of 3
-    (answer,) = client.receive(_resign(h.fed, msg, survivors=(0, 1, 2)))
+    # the server claims client 3 dropped: clients 0-2 confirm that set (t = 3 signatures) ...
+    confirms = {c: h.parties[c].receive(_resign(h.fed, h.held(c), survivors=(0, 1, 2)))[0] for c in (0, 1, 2)}
+    assert all(isinstance(m, SecAggConfirm) for m in confirms.values())
+    confirmations = tuple(Confirmation(c, m.confirmation) for c, m in confirms.items())
+    request = _craft(
+        h.fed, SecAggUnmaskRequest, h.fed.sid, 0, round=1, survivors=(0, 1, 2), confirmations=confirmations
+    )
+    # ... client 0 reveals 3's mask-key share and no b share of 3
+    (answer,) = client.receive(request)
     assert [s.party for s in answer.b_shares] == [0, 1, 2] and [s.party for s in answer.s_shares] == [3]
     # ... and never answers again, so it cannot be made to reveal 3's b share as well
     for survivors in ((0, 1, 2, 3), (0, 1, 2)):
-        again = _craft(h.fed, SecAggUnmaskRequest, h.fed.sid, 0, round=1, survivors=survivors)
+        again = _craft(
+            h.fed,
+            SecAggUnmaskRequest,
+            h.fed.sid,
+            0,
+            round=1,
+            survivors=survivors,
+            confirmations=confirmations,
+        )
         _refused(client, again, StateError, "never answers twice")
     assert client._secure.s_seed == b"" and client._secure.received == {}  # the round's secrets are gone
 
@@ -465,3 +496,25 @@ def test_a_wrong_share_cannot_corrupt_the_sum():
     want = fedavg([u.state for u in last], [u.num_train for u in last])
     for k, v in want.items():
         assert torch.allclose(srv.global_state[k], v, rtol=1e-6, atol=1e-7)
+
+
+def test_the_server_takes_only_confirmations_of_its_survivor_set():
+    """Frame version 11: a survivor's SecAggConfirm must sign the set the server sent, under the
+    cohort it relayed; a confirmation of another set (or another party's) is refused unrecorded."""
+    h = Held(SecAggSurvivors, 4)
+    srv, fed = h.server, h.fed
+    replies = {c: h.parties[c].receive(h.frame(c))[0] for c in range(4)}
+    assert all(isinstance(m, SecAggConfirm) for m in replies.values())
+    view = h.parties[0]._secure.view
+    other = fed.dep.identities[0].signer.sign(confirm_bytes(9, 1, 0, view, (0, 1, 2)))
+    _refused(
+        srv,
+        _craft(fed, SecAggConfirm, 0, fed.sid, round=1, confirmation=other),
+        SignatureError,
+        "did not sign",
+    )
+    stolen = _craft(fed, SecAggConfirm, 0, fed.sid, round=1, confirmation=replies[1].confirmation)
+    _refused(srv, stolen, SignatureError, "did not sign")  # 1's confirmation as 0's
+    for c in range(4):
+        srv.receive(encode_message(replies[c], fed.dep.identities[c].signer))
+    assert sorted(srv._secure.confirms) == [0, 1, 2, 3]

@@ -118,8 +118,9 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "update_dp_epsilon": (
         float,
         (
-            "client-level DP of the training updates (DP-FedAvg) with this epsilon over --rounds rounds "
-            "(default: off); each client clips and noises its update before secure aggregation"
+            "client-level DP of the training updates and evaluation counts (DP-FedAvg) with this epsilon "
+            "over --rounds rounds and their evaluations (default: off); each client clips and noises "
+            "both before secure aggregation"
         ),
     ),
     "update_dp_delta": (float, "DP-FedAvg: delta (default 1e-5)"),
