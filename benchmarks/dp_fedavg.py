@@ -3,7 +3,9 @@
 Runs :func:`fedgat.methods.run_method` (the in-process simulator; the protocol applies the same
 :meth:`~fedgat.dp_fedavg.UpdateDP.privatize` on each client, tested equal) on Cora, 10 clients,
 beta 1, at each epsilon and round budget, beside the same runs without DP, and prints the noise the
-mechanism puts on the mean update against its largest signal (the clip ``C``):
+mechanism puts on the mean update against its largest signal (the clip ``C``). The budget pays for
+the rounds' updates and their evaluations (noised counts choose the best round); the accuracy is
+that model's exact test accuracy:
 
     noise / signal = 2 z C sqrt(P n / h) / n / C      (P weights, n clients, h honest shares)
 
@@ -98,6 +100,14 @@ def render(result: dict, out: Path) -> list[Path]:
             f"{result['dataset']}, 10 clients, beta 1, FedAdam (the default strategy), clip C = {result['clip']:g}, "
             f"delta 1e-5, h = 2 honest shares; {result['seeds']} seed(s) each. Machine: {result['machine']}, "
             f"{result['cpus']} CPU(s), {result['date']}. Command: `{result['command']}`."
+        ),
+        "",
+        (
+            "Each epsilon pays for the rounds' updates and as many evaluations (frame version 11: the "
+            "evaluation counts are clipped, noised and charged too), so z is sqrt(2) larger than for "
+            "the updates alone, and the best round is chosen on noised validation counts. Test "
+            "accuracy: the chosen model's exact accuracy (the simulation measures it; a deployment "
+            "sees only the noised counts)."
         ),
         "",
         "| method | rounds | epsilon | test accuracy | noise multiplier z | noise / signal on the mean update | s per run |",

@@ -165,7 +165,8 @@ class ServerRounds(LoopView, SecureRounds, Party):
             None: plaintext LocalUpdates. The clients must run the same setting.
         update_dp: the clients' DP-FedAvg settings (:class:`fedgat.dp_fedavg.UpdateDP`; the clients
             clip and noise, the server only records): the history's ``train_loss`` is NaN (not sent)
-            and :attr:`dp_epsilon` states what the rounds so far spent.
+            and :attr:`dp_epsilon` states what the rounds so far spent. Needs ``secagg``
+            (``ValueError`` for None: the noise shares add up only in the secure sum).
     """
 
     def __init__(

@@ -204,6 +204,7 @@ class ClientRounds(Party):
             :class:`~fedgat.protocols.fedavg.ServerRounds` must be configured too). The client then
             answers a fit GlobalModel with a SecAggAdvert and follows the stages of
             :mod:`~fedgat.protocols.secagg_client`; it refuses a cohort below ``min_cohort``.
+            A client under DP-FedAvg (``client.update_dp``) needs it (``ValueError`` for None).
         seed: give the client its own torch random stream (dropout) seeded so (it replaces the
             stream of ``client``, :attr:`fedgat.federated.Client.rng_state`). None: ``client``'s own
             stream, if it has one, else the process-wide stream. Specs, checkpoints and mid-run
@@ -323,8 +324,9 @@ class ClientRounds(Party):
         if self.secagg is not None:
             check_secure_splits(msg.splits)
         weights = check_arrays(msg.arrays, self._reference, "GlobalModel")
+        # a DP-FedAvg release stays charged when the round is refused below: the refusal is seen
+        # and may depend on the noised values (a ninth review pass read one bit of an uncharged one)
         saved = self._save_for_rollback() if msg.fit else None
-        releases = self.client.dp_releases  # nothing is released when the round fails below
         self.last_round, self._weights, self._evaluated = msg.round, weights, set()
         out: list[Message] = []
         update: ClientUpdate | None = None
@@ -345,10 +347,8 @@ class ClientRounds(Party):
             except (NonFiniteUpdateError, PayloadError) as exc:
                 if saved is not None:
                     self._rollback(saved)
-                self.client.dp_releases = releases
                 raise TrainingRefusedError(msg.round, detail=str(exc)) from None
             except UpdateBudgetError as exc:
-                self.client.dp_releases = releases
                 raise PrivacyBudgetError(
                     f"GlobalModel of round {msg.round}: {exc}; the client leaves the run"
                 ) from None

@@ -8,8 +8,8 @@ Stages (Bonawitz et al. 2017, Fig. 4, over the complete graph of the round's coh
    :math:`s_u` (masks), a fresh self-mask seed :math:`b_u`, and the encoded input
    :math:`x_u = (n_u w_u, n_u, n_u L_u)`; the advert binds the public keys, a commitment to
    :math:`b_u`, the model's digest and the parts its input really carries (an update when it trained
-   on some node or adds a DP-FedAvg noise share, evaluation counts when every split has nodes; any
-   other part is zeros) to the client's roster identity.
+   on some node or adds a DP-FedAvg noise share, evaluation counts when every split has nodes or
+   under DP-FedAvg; any other part is zeros) to the client's roster identity.
 2. **share keys** (:meth:`~ClientSecAgg.on_cohort`) -- checks every advert of the cohort (roster
    member, valid signature, distinct keys, the same model digest as its own, at least
    ``min_cohort`` clients, and at least ``min_cohort`` of them carrying each part its own input

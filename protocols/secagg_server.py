@@ -105,6 +105,7 @@ class ServerSecAgg:
         self.stage = "keys"
         self.adverts: dict[int, AdvertItem] = {}
         self.cohort: list[int] = []
+        self.view = b""  # cohort_view of the adverts sent to the cohort
         self.threshold = 0
         self.shares: dict[int, tuple[SealedShare, ...]] = {}
         self.u2: list[int] = []
@@ -224,8 +225,7 @@ class ServerSecAgg:
 
     def _on_confirm(self, msg: SecAggConfirm) -> None:
         self._expect(msg, "confirm")
-        view = cohort_view(self.adverts[c] for c in self.cohort)
-        data = confirm_bytes(self.session, self.round, msg.sender, view, self.u3)
+        data = confirm_bytes(self.session, self.round, msg.sender, self.view, self.u3)
         try:
             verify(self.roster.signing_key(msg.sender), data, msg.confirmation)
         except CryptoSignatureError as exc:
@@ -264,6 +264,7 @@ class ServerSecAgg:
         if stage == "keys":
             self.cohort, self.threshold, self.stage = got, self.config.threshold(len(got)), "shares"
             adverts = tuple(self.adverts[c] for c in got)
+            self.view = cohort_view(adverts)
             return [(c, SecAggCohort, {"round": self.round, "adverts": adverts}) for c in got]
         if stage == "shares":
             self.u2, self.stage = got, "masked"

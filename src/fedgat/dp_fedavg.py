@@ -47,8 +47,10 @@ Scope, said plainly:
   A client unmasks a trained sum only with at least ``min_cohort`` trained survivors in it (each
   advert says, signed, whether its input carries an update: frame version 10; before, a server
   could leave the target the only trainer of a full cohort, its update under one share of noise,
-  SECURITY.md known break 11), so a server colluding with :math:`c` clients needs
-  ``min_cohort`` :math:`\ge h + c` (the defaults, 3 and :math:`h = 2`, tolerate one colluder). This is what stops the differencing of
+  SECURITY.md known break 11), and a split of the survivors takes
+  :math:`2t - n \ge` ``min_cohort`` :math:`- 1` colluders (known break 18), so a server colluding
+  with :math:`c` clients needs ``min_cohort`` :math:`\ge h + c` (the defaults, 3 and :math:`h = 2`,
+  tolerate one colluder). This is what stops the differencing of
   secure sums across rounds (SECURITY.md, known break 2): each difference carries the noise of the
   rounds it subtracts.
 * Covered the same way: the pooled evaluation counts (clipped, noised and charged as above; a
@@ -66,9 +68,10 @@ Scope, said plainly:
 
 Utility: the noise on the mean update has norm about :math:`2 z C \sqrt{P n / h} / n` for :math:`P`
 weights and :math:`n` clients, against a signal of norm at most :math:`C`: with few clients and
-large models (10 organisations, FedGAT's 92,373 weights on Cora) it swamps the signal: 94x to
-5,070x for :math:`\varepsilon` from 64 down to 1, and test accuracy at chance level (0.12-0.23
-against 0.81 without DP; ``benchmarks/results/dp_fedavg.*``). It is off by default.
+large models (10 organisations, FedGAT's 92,373 weights on Cora) it swamps the signal: 133x to
+7,170x for :math:`\varepsilon` from 64 down to 1 (the budget paying for the evaluations too), and
+test accuracy at chance level (0.08-0.20 against 0.79-0.81 without DP;
+``benchmarks/results/dp_fedavg.*``). It is off by default.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from fedgat.models import GAT, FedGAT
 from fedgat.owners import owner_clients
 from fedgat.partition import Partition, drop_cross_client, make_partition
 from fedgat.randomness import RandomSource
+from fedgat.rounds import pool_counts
 from fedgat.tasks import owned_targets, support_tasks
 
 METHODS: tuple[str, ...] = ("fedgat", "distgat", "fedgcn", "gat", "gcn")
@@ -237,7 +238,10 @@ class RunResult:
 
     Attributes:
         method, dataset, num_clients, beta, seed: what ran (centralised methods: 1 client).
-        test_accuracy: pooled test accuracy at the round of best validation accuracy.
+        test_accuracy: pooled test accuracy at the round of best validation accuracy. Under
+            DP-FedAvg the rounds see only noised counts (the history's accuracies, the best round's
+            choice); this is then the chosen model's exact test accuracy, which the simulation can
+            measure and a deployment cannot.
         best_val_accuracy, best_round: that round's validation accuracy and index (1-based).
         rounds: rounds actually run (early stopping).
         pretrain_bytes: float32 bytes the pre-training round ships to all clients together.
@@ -375,13 +379,17 @@ def run_method(
     pretrain_seconds = time.perf_counter() - start
     start = time.perf_counter()
     fit = server.fit(hp["rounds"], hp["patience"], callback)
+    test_accuracy = fit.test_accuracy
+    if update_dp is not None:  # the rounds' counts were noised releases: measure the chosen model
+        exact = [m.evaluate(server.best_state, ("test",)) for m in members]
+        test_accuracy = pool_counts(exact, ("test",))["test_accuracy"]
     return RunResult(
         method=method,
         dataset=graph.name,
         num_clients=clients,
         beta=float(beta),
         seed=seed,
-        test_accuracy=fit.test_accuracy,
+        test_accuracy=test_accuracy,
         best_val_accuracy=fit.best_val_accuracy,
         best_round=fit.best_round,
         rounds=fit.rounds,

@@ -907,6 +907,12 @@ def test_a_nodes_training_policy(node, hp, want):
             {"fraction": 1.0, "update_dp_epsilon": 1.0},
             r"max-update-delta must be a number in \(0, 1\)",
         ),
+        # DP-FedAvg's noise shares add up only in a secure sum, whatever the node allows
+        (
+            {"secure-aggregation": "allow-plaintext"},
+            {"fraction": 0.5, "update_dp_epsilon": 8.0},
+            "under DP-FedAvg: DP-FedAvg needs secure aggregation",
+        ),
     ],
 )
 def test_a_node_refuses_what_its_policy_does_not_allow(node, hp, message):

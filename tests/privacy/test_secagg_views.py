@@ -11,6 +11,11 @@ against the real client state machines by a server that frames every stage itsel
     revealed the peers' mask keys while enough revealed the target's self mask. Fixed by the
     consistency check: a client reveals only with ``t`` survivors' signatures over its own set.
 
+18. (A ninth pass, after 16 and 17 were fixed.) Splitting the survivors into two groups that each
+    confirm their own set took only ``2t - n`` colluders whatever ``min_cohort`` was: two at
+    ``min_cohort`` 5 in a cohort of six, one at ``threshold_ratio`` 0.6. Fixed by a threshold with
+    ``2t - n >= min_cohort - 1``.
+
 Each test runs the attack as it is refused today, then with the checks removed, where the server
 gets the target's whole secure input (update, weight, loss, evaluation counts) to float64 rounding.
 """
@@ -18,6 +23,7 @@ gets the target's whole secure input (update, weight, loss, evaluation counts) t
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -68,7 +74,7 @@ class HostileServer(Party):
         return False
 
 
-def _federation(num: int):
+def _federation(num: int, config: SecAggConfig):
     graph = synthetic_graph(num_nodes=20 * num, num_features=12, train_per_class=8, num_val=4 * num,
                             num_test=6 * num, seed=5)  # fmt: skip
     torch.manual_seed(3)
@@ -92,9 +98,7 @@ def _federation(num: int):
             return truth[c]
 
         member.fit = recording
-        clients[c] = ClientRounds(
-            c, dep.roster, SESSION, dep.identities[c], client=member, secagg=SecAggConfig()
-        )
+        clients[c] = ClientRounds(c, dep.roster, SESSION, dep.identities[c], client=member, secagg=config)
     return dep, clients, truth, initial
 
 
@@ -105,11 +109,13 @@ def split_views_attack(
     views: Mapping[int, Sequence[int]],
     relays: Mapping[int, Sequence[int]],
     survivors: Mapping[int, Sequence[int]],
+    config: SecAggConfig | None = None,
 ) -> float:
     """Run one secure round in which the server shows client ``c`` the cohort ``views[c]`` (default
     all), relays it the shares of ``relays[c]`` and tells it the survivors ``survivors[c]``, holding
     the ``colluders``' secrets and signing keys; then rebuild the target's self mask and its peers'
-    mask keys from what was revealed and strip the target's masked input.
+    mask keys from what was revealed and strip the target's masked input. ``config``: the clients'
+    secure aggregation (default :class:`SecAggConfig`).
 
     Returns:
         The largest error of the recovered secure input against the one the target encoded.
@@ -117,7 +123,8 @@ def split_views_attack(
     Raises:
         Refused: a client refused a stage (the attack stops there).
     """
-    dep, clients, truth, initial = _federation(num)
+    config = SecAggConfig() if config is None else config
+    dep, clients, truth, initial = _federation(num, config)
     roster = dep.roster
     server = HostileServer(roster.server, roster, SESSION, dep.identities[roster.server].signer)
     everyone = list(roster.clients)
@@ -168,7 +175,7 @@ def split_views_attack(
 
     index = {c: {v: i + 1 for i, v in enumerate(views[c])} for c in everyone}
 
-    def rebuild(kind: str, party: int, ok) -> bytes:
+    def rebuild(kind: str, party: int, ok) -> bytes | None:
         k = 1 if kind == "b_shares" else 0
         shares = [
             (index[party][h], s.share)
@@ -177,29 +184,32 @@ def split_views_attack(
             if s.party == party
         ]
         shares += [(index[party][c], rec[party][k]) for c, (rec, _, _) in held.items() if party in rec]
-        t = SecAggConfig().threshold(len(views[party]))
-        for combo in itertools.combinations(shares, t):
-            seed = S.combine_shares(combo)
-            if ok(seed):
-                return seed
-        raise AssertionError(f"{kind} of party {party} not rebuilt from {len(shares)} shares (t = {t})")
+        t = config.threshold(len(views[party]))
+        return next((x for x in map(S.combine_shares, itertools.combinations(shares, t)) if ok(x)), None)
+
+    def s_ok(p: int):
+        return lambda seed: S.public_bytes(S.mask_key(seed, SESSION, ROUND, p)) == adverts[p].s_pk
 
     b_t = rebuild(
         "b_shares", target, lambda s: S.b_commitment(s, SESSION, ROUND, target) == adverts[target].b_commit
     )
-    keys = {}
-    for p in sorted(relays.get(target, [v for v in views[target] if v != target])):
-        if p in held:
-            keys[p] = S.mask_key(held[p][1], SESSION, ROUND, p)
+    assert b_t is not None, "the target's self mask was not rebuilt"
+    peers = sorted(relays.get(target, [v for v in views[target] if v != target]))
+    own = rebuild("s_shares", target, s_ok(target))  # its own mask key gives every pair mask
+    pairs = {}  # peer -> (a private key, the other side's public key)
+    for p in peers:
+        if own is not None:
+            pairs[p] = (S.mask_key(own, SESSION, ROUND, target), adverts[p].s_pk)
+        elif p in held:
+            pairs[p] = (S.mask_key(held[p][1], SESSION, ROUND, p), adverts[target].s_pk)
         else:
-            ok = lambda s, p=p: S.public_bytes(S.mask_key(s, SESSION, ROUND, p)) == adverts[p].s_pk
-            keys[p] = S.mask_key(rebuild("s_shares", p, ok), SESSION, ROUND, p)
+            seed = rebuild("s_shares", p, s_ok(p))
+            assert seed is not None, f"neither the target's mask key nor party {p}'s was rebuilt"
+            pairs[p] = (S.mask_key(seed, SESSION, ROUND, p), adverts[target].s_pk)
     m = masked[target].shape[1]
     x = S.ring_sub(masked[target], S.self_mask(b_t, SESSION, ROUND, target, m))
-    for v, key in keys.items():
-        mask = S.pair_mask(
-            key, adverts[target].s_pk, SESSION, ROUND, v, target, adverts[target].model_digest, m
-        )
+    for v, (key, public) in pairs.items():
+        mask = S.pair_mask(key, public, SESSION, ROUND, v, target, adverts[target].model_digest, m)
         x = S.ring_sub(x, mask) if target < v else S.ring_add(x, mask)
     member = clients[target].client
     counts = member.evaluate(clients[target].global_weights, ("val", "test"))
@@ -272,3 +282,46 @@ def test_survivor_sets_per_client_are_refused(monkeypatch):
 
     _no_consistency_check(monkeypatch)
     assert survivor_sets_attack() <= 1e-9
+
+
+def _old_threshold(self, n: int) -> int:
+    """The threshold before the ninth pass: no term for ``min_cohort``."""
+    return min(n, max(3, math.ceil(self.threshold_ratio * n - 1e-9)))
+
+
+SPLITS = {
+    # min_cohort 5 (a Flower node's min-cohort 5), six clients, colluders 4 and 5: t was 4, now 5
+    "min_cohort_5": (
+        6,
+        (4, 5),
+        SecAggConfig(min_cohort=5),
+        {0: range(6), 1: range(6), 2: [1, 2, 3, 4, 5], 3: [1, 2, 3, 4, 5]},
+    ),
+    # ratio 0.6, five clients, one colluder: t was 3, now 4
+    "ratio_0.6": (
+        5,
+        (4,),
+        SecAggConfig(threshold_ratio=0.6),
+        {0: range(5), 1: range(5), 2: [1, 2, 3, 4], 3: [1, 2, 3, 4]},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLITS))
+def test_splitting_the_survivors_takes_as_many_colluders_as_min_cohort_does(case, monkeypatch):
+    """FIXED (break 18): the target's group (0, 1) confirms the whole cohort and reveals the target's
+    self mask, the other group (2, 3) confirms the cohort without the target and reveals its mask
+    key; the colluders sign both sets. With ``t >= (n + min_cohort - 1) / 2`` neither group reaches
+    ``t`` confirmations; with the threshold as it was the server reads the target's input."""
+    num, colluders, config, survivors = SPLITS[case]
+
+    def attack() -> float:
+        return split_views_attack(num, 0, colluders, views={}, relays={}, survivors=survivors, config=config)
+
+    assert 2 * config.threshold(num) - num >= config.min_cohort - 1 >= len(colluders)
+    with pytest.raises(Refused) as info:
+        attack()
+    assert info.value.stage == "unmask" and "below the threshold" in str(info.value.error)
+
+    monkeypatch.setattr(SecAggConfig, "threshold", _old_threshold)
+    assert attack() <= 1e-9

@@ -232,17 +232,18 @@ def test_secure_rounds_under_dp_aggregate_the_privatized_updates():
 
 def test_a_client_refuses_a_round_past_its_budget_for_good():
     """A server that runs more rounds than the clients' budget pays for gets a terminal refusal:
-    rounds 1 and 2 spend 3 of the 4 releases (two updates, one evaluation); round 3's evaluation
-    would be the fourth, its update the fifth, and the round is refused whole (nothing of it is sent,
-    so nothing of it is charged)."""
+    rounds 1 and 2 spend 3 of the 4 releases (two updates, one evaluation); round 3's evaluation is
+    the fourth, its update would be the fifth, and the round is refused. The evaluation stays
+    charged: a refusal is seen by the server, so nothing computed from a release goes uncounted."""
     dp = UpdateDP(clip=0.2, noise_multiplier=0.5, max_rounds=2)
     fed = DPFederation(dp, rounds=4, patience=None)
     parties = fed.parties()
     with pytest.raises(PrivacyBudgetError, match="4 releases"):
         run_parties(InProcessTransport(), parties, clock=ManualClock())
     clients: list[ClientRounds] = [parties[c] for c in fed.roster.clients]
-    assert all(c.client.dp_releases == 3 for c in clients)
-    assert any(c.state_name() == "aborted" for c in clients)
+    refused = [c for c in clients if c.state_name() == "aborted"]
+    assert refused and all(c.client.dp_releases == dp.max_releases == 4 for c in refused)
+    assert all(c.client.dp_releases <= dp.max_releases for c in clients)
 
 
 def test_run_method_reports_what_the_update_budget_spent():
@@ -252,6 +253,34 @@ def test_run_method_reports_what_the_update_budget_spent():
     )
     eps, delta = result.update_dp_spent
     assert eps == pytest.approx(2.0, rel=1e-6) and delta == 1e-5  # all 4 rounds and 4 evaluations
+    # the rounds saw noised counts; the result is the chosen model's exact accuracy
+    assert 0.0 <= result.test_accuracy <= 1.0
     assert all(math.isnan(row["train_loss"]) for row in result.history)
     plain = run_method("distgat", g, num_clients=3, seed=0, rounds=4, patience=None, hidden=4, heads=2)
     assert plain.update_dp_spent is None and not math.isnan(plain.history[0]["train_loss"])
+
+
+def test_dp_fedavg_refuses_to_run_without_secure_aggregation():
+    """Each release carries one share of the noise (std 2zC/sqrt(h)); only the secure sum adds the
+    h shares the accountant counts on. So no party and no builder runs DP-FedAvg in plaintext."""
+    from fedgat.app import training_secagg
+    from fedgat.pipeline import make_deployment
+
+    dp = UpdateDP(clip=1.0, noise_multiplier=1.0, max_rounds=2)
+    client, initial = tiny_client(dp)
+    dep = make_deployment(3)
+    roster = dep.roster
+    with pytest.raises(ValueError, match="needs secure aggregation"):
+        ClientRounds(
+            roster.clients[0], roster, 1, dep.identities[roster.clients[0]], client=client, secagg=None
+        )
+    with pytest.raises(ValueError, match="needs secure aggregation"):
+        ServerRounds(
+            roster.server, roster, 1, dep.identities[roster.server], initial_state=initial, rounds=2,
+            secagg=None, update_dp=dp,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="needs secure aggregation"):
+        training_secagg(None, 3, 1.0, private=True)
+    with pytest.raises(ValueError, match="below its minimum cohort of 3"):
+        training_secagg("auto", 3, 0.5, private=True)  # 2 clients per round
+    assert training_secagg("auto", 3, 1.0, private=True) == SecAggConfig()

@@ -211,3 +211,26 @@ def test_message_object_with_changed_fields_is_refused():
     assert party.snapshot() == before
     # the untouched object is accepted, as its frame would be
     assert [type(m) for m in party.receive(genuine)] == [LocalUpdate]
+
+
+def test_a_refused_dp_round_stays_charged():
+    """Under DP-FedAvg the bound is checked on the noised weights, so a refusal tells the server one
+    bit of a release (a ninth review pass: weights just below the bound, and the refusal said whether
+    one client's noise share crossed it). The release stays charged, so that bit is covered by the
+    accountant like the release itself (post-processing)."""
+    from fedgat.dp_fedavg import UpdateDP
+
+    dep, party, _, initial = _setup()
+    party.client.update_dp = UpdateDP(clip=0.2, noise_multiplier=0.5, max_rounds=3)
+    secure = ClientRounds(
+        0, dep.roster, SESSION, dep.identities[0], client=party.client, secagg=SecAggConfig()
+    )
+    arrays = {k: np.full_like(v, np.float32(MAX_WEIGHT_ABS - 0.0625)) for k, v in _arrays(initial).items()}
+    msg = GlobalModel(
+        sender=dep.roster.server, recipient=0, session=SESSION, seq=5, round=1, fit=True,
+        splits=("val", "test"), arrays=arrays,
+    )  # fmt: skip
+    frame = encode_message(msg, dep.identities[dep.roster.server].signer)
+    exc = refused_for_good(secure, frame, TrainingRefusedError)
+    assert "above the limit" in exc.detail  # the noised weights crossed the bound
+    assert party.client.dp_releases == 2  # the counts and the update: both charged

@@ -283,6 +283,22 @@ def test_secrets_come_from_the_os_csprng_never_from_a_seed(monkeypatch):
 def test_config_and_threshold():
     c = sa.SecAggConfig()
     assert [c.threshold(n) for n in (3, 4, 5, 6, 9, 10, 30)] == [3, 3, 4, 4, 6, 7, 20]
+    # 2t - n >= min_cohort - 1 (a ninth review pass): a survivor split takes as many colluders as
+    # a cohort of min_cohort does to leave one client alone in the sum
+    for config in (
+        c,
+        sa.SecAggConfig(min_cohort=5),
+        sa.SecAggConfig(threshold_ratio=0.51),
+        sa.SecAggConfig(8, 0.6),
+    ):
+        for n in range(config.min_cohort, 200):
+            t = config.threshold(n)
+            assert 3 <= t <= n and 2 * t - n >= config.min_cohort - 1
+            assert t >= math.ceil(config.threshold_ratio * n - 1e-9) or t == n
+    assert (
+        sa.SecAggConfig(min_cohort=5).threshold(6) == 5
+        and sa.SecAggConfig(threshold_ratio=0.6).threshold(5) == 4
+    )
     assert sa.SecAggConfig(min_cohort=2).threshold(2) == 2
     assert sa.SecAggConfig.from_value(c.to_value()) == c and sa.SecAggConfig.from_value(None) is None
     for bad in ({"min_cohort": 1}, {"threshold_ratio": 0.5}, {"threshold_ratio": 1.2}):
