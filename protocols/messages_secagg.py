@@ -13,7 +13,7 @@ id  type                   direction         fields                             
                                              b_commit, model_digest, signature, parts), by
                                              party
 22  SecAggShares           client -> server  round, shares: <= 4096 x (recipient, sealed      1 MiB
-                                             146 B), by party
+                                             210 B), by party
 23  SecAggRelay            server -> client  round, shares: <= 4096 x (sender, sealed), by    1 MiB
                                              party
 24  SecAggMasked           client -> server  round, masked (int64 2 x m, the Z_2^128 vector,  256 MiB
@@ -23,8 +23,9 @@ id  type                   direction         fields                             
                                              the cohort it saw
 25  SecAggUnmaskRequest    server -> client  round, survivors, confirmations: <= 4096 x       512 KiB
                                              (party, signature), by party
-26  SecAggUnmaskShares     client -> server  round, b_shares, s_shares: (party, 16 B share),  128 KiB
-                                             by party, no party in both lists
+26  SecAggUnmaskShares     client -> server  round, b_shares, s_shares: (party, 16 B share,   768 KiB
+                                             the dealer's 64 B signature), by party, no party
+                                             in both lists
 ==  =====================  ================  ===============================================  ========
 
 The advert's ``binding_signature`` (Ed25519 of :func:`~fedgat.protocols.secagg.advert_bytes`) and the
@@ -89,10 +90,13 @@ class SealedShare:
 
 @dataclass(frozen=True)
 class RevealedShare:
-    """The share a client holds of ``party``'s :math:`b` seed or mask-key seed."""
+    """The share a client holds of ``party``'s :math:`b` seed or mask-key seed, with ``party``'s
+    signature over it (:func:`~fedgat.protocols.secagg.dealt_bytes`): the server rebuilds seeds from
+    shares their dealers signed."""
 
     party: int
     share: bytes
+    signature: bytes = bytes(64)
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ ADVERT = Record(
     ),
 )
 SEALED = Record(SealedShare, (("party", U32), ("sealed", FixedBytes(SEALED_SHARE_BYTES))))
-REVEALED = Record(RevealedShare, (("party", U32), ("share", FixedBytes(SEED_BYTES))))
+REVEALED = Record(RevealedShare, (("party", U32), ("share", FixedBytes(SEED_BYTES)), ("signature", SIG)))
 CONFIRMATION = Record(Confirmation, (("party", U32), ("signature", SIG)))
 
 
@@ -290,7 +294,7 @@ class SecAggUnmaskShares(Message):
     mask-key seeds -- never both for one party."""
 
     TYPE: ClassVar[int] = 26
-    MAX_PAYLOAD: ClassVar[int] = 128 * KiB
+    MAX_PAYLOAD: ClassVar[int] = 768 * KiB
     SCHEMA: ClassVar = (
         ("round", U32),
         ("b_shares", ListOf(REVEALED, MAX_COHORT)),

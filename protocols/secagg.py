@@ -38,8 +38,10 @@ GF(:math:`2^{128}`), threshold :math:`t`, share index = position in the sorted c
 each pair of shares is sealed to its recipient's round key :math:`c_v` with HPKE (RFC 9180: X25519,
 HKDF-SHA256, ChaCha20-Poly1305, ``cryptography``), the info string binding session, round, sender,
 recipient and the digest of the cohort as the sender saw it (:func:`cohort_view`); inside, the
-sender's Ed25519 signature over the same context and the share index proves who dealt them (HPKE's
-base mode alone does not authenticate the sender, and the shares travel through the server).
+sender's Ed25519 signature over each share, its index, holder and view (:func:`dealt_bytes`) proves
+who dealt it (HPKE's base mode alone does not authenticate the sender, and the shares travel
+through the server); a holder reveals a share with its signature, so the server rebuilds a seed
+from shares its dealer dealt, whatever another client reveals.
 
 Consistency (:func:`confirm_bytes`). Before revealing anything each survivor signs the survivor set
 it was told; a client reveals only with :math:`t` survivors' signatures over the same set and view
@@ -86,6 +88,7 @@ __all__ = [
     "cohort_view",
     "combine_shares",
     "confirm_bytes",
+    "dealt_bytes",
     "decode",
     "encode",
     "mask_input",
@@ -115,8 +118,9 @@ SEED_BYTES = 16
 MAX_COHORT = 4096
 #: most elements of one masked vector (model weights + 2): 2**24, i.e. 256 MiB on the wire
 MAX_SECAGG_ELEMS = 1 << 24
-#: bytes of one sealed pair of shares: HPKE enc (32) + index (2) + 2 shares (32) + signature (64) + tag (16)
-SEALED_SHARE_BYTES = 32 + 2 + 2 * SEED_BYTES + 64 + 16
+#: bytes of one sealed pair of shares: HPKE enc (32) + index (2) + 2 shares (32) + a signature per
+#: share (128) + tag (16)
+SEALED_SHARE_BYTES = 32 + 2 + 2 * SEED_BYTES + 128 + 16
 
 _SALT = b"fedgat/secagg/v1"
 _SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
@@ -461,6 +465,23 @@ def _share_context(session: int, round_: int, sender: int, recipient: int, view:
     )
 
 
+def dealt_bytes(
+    session: int, round_: int, dealer: int, holder: int, index: int, kind: bytes, share: bytes, view: bytes
+) -> bytes:
+    """What a dealer signs for each share it deals (``kind`` b"s": of its mask-key seed, b"b": of its
+    self-mask seed): the holder, its index and the cohort view bound to the share. The holder keeps
+    the signature and reveals it with the share, so the server can tell a share its dealer dealt
+    from one a client made up, and rebuild a seed from the others (frame version 11; before, one
+    wrong share sent the server through subsets of ``t`` shares, and past 256 of them it gave up)."""
+    return (
+        b"fedgat/secagg/dealt/v1"
+        + _context(session, round_)
+        + struct.pack(">IIH1s", dealer, holder, index, kind)
+        + bytes(view)
+        + bytes(share)
+    )
+
+
 def seal_share(
     signer: SigningIdentity,
     recipient_key: bytes,
@@ -473,14 +494,17 @@ def seal_share(
     b_share: bytes,
     view: bytes,
 ) -> bytes:
-    """Share ``index`` of the sender's :math:`s` and :math:`b` seeds, signed by the sender and sealed
-    to the recipient's round key ``recipient_key`` (HPKE; info binds session, round, both parties
-    and the sender's :func:`cohort_view`)."""
+    """Share ``index`` of the sender's :math:`s` and :math:`b` seeds, each signed by the sender
+    (:func:`dealt_bytes`) and sealed together to the recipient's round key ``recipient_key`` (HPKE;
+    info binds session, round, both parties and the sender's :func:`cohort_view`)."""
     context = _share_context(session, round_, sender, recipient, view)
     body = _SHARE_BODY.pack(index) + bytes(s_share) + bytes(b_share)
-    signature = signer.sign(context + body)
+    signatures = b"".join(
+        signer.sign(dealt_bytes(session, round_, sender, recipient, index, kind, share, view))
+        for kind, share in ((b"s", s_share), (b"b", b_share))
+    )
     sealed = _SUITE.encrypt(
-        body + signature, X25519PublicKey.from_public_bytes(bytes(recipient_key)), context
+        body + signatures, X25519PublicKey.from_public_bytes(bytes(recipient_key)), context
     )
     assert len(sealed) == SEALED_SHARE_BYTES
     return sealed
@@ -496,13 +520,14 @@ def open_share(
     recipient: int,
     index: int,
     view: bytes,
-) -> tuple[bytes, bytes]:
-    """``(s_share, b_share)`` of a :func:`seal_share` box addressed to ``recipient`` by ``sender``.
+) -> tuple[bytes, bytes, bytes, bytes]:
+    """``(s_share, b_share, s_signature, b_signature)`` of a :func:`seal_share` box addressed to
+    ``recipient`` by ``sender`` (the signatures to reveal with the shares).
 
     Raises:
         AuthError: the box does not open under this key and context (tampered, another recipient,
             round, session, or a sender that saw another cohort than ``view``).
-        SignatureError: the sender's signature inside does not verify (a forged share).
+        SignatureError: the sender's signatures inside do not verify (a forged share).
         PayloadError: another share index than the recipient's.
     """
     context = _share_context(session, round_, sender, recipient, view)
@@ -514,15 +539,18 @@ def open_share(
             "dealt for another cohort than the one this client was shown)"
         ) from exc
     size = _SHARE_BODY.size + 2 * SEED_BYTES
-    if len(plain) != size + 64:
+    if len(plain) != size + 128:
         raise PayloadError(f"the sealed shares from party {sender} have {len(plain)} bytes inside")
-    body, signature = plain[:size], plain[size:]
-    try:
-        verify(sender_signing_key, context + body, signature)
-    except CryptoSignatureError as exc:
-        raise SignatureError(f"the shares from party {sender} are not signed by it") from exc
-    (got,) = _SHARE_BODY.unpack_from(body)
+    (got,) = _SHARE_BODY.unpack_from(plain)
+    start = _SHARE_BODY.size
+    s_share, b_share = plain[start : start + SEED_BYTES], plain[start + SEED_BYTES : size]
+    s_sig, b_sig = plain[size : size + 64], plain[size + 64 :]
+    for kind, share, signature in ((b"s", s_share, s_sig), (b"b", b_share, b_sig)):
+        data = dealt_bytes(session, round_, sender, recipient, got, kind, share, view)
+        try:
+            verify(sender_signing_key, data, signature)
+        except CryptoSignatureError as exc:
+            raise SignatureError(f"the shares from party {sender} are not signed by it") from exc
     if got != index:
         raise PayloadError(f"party {sender} dealt share {got} to party {recipient}, whose index is {index}")
-    start = _SHARE_BODY.size
-    return body[start : start + SEED_BYTES], body[start + SEED_BYTES :]
+    return s_share, b_share, s_sig, b_sig

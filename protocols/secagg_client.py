@@ -64,6 +64,7 @@ from .secagg import (
     b_commitment,
     cohort_view,
     confirm_bytes,
+    dealt_bytes,
     mask_input,
     mask_key,
     open_share,
@@ -102,6 +103,12 @@ def check_advert(roster: Roster, session: int, round_: int, advert: AdvertItem) 
         raise SignatureError(f"the advert of party {advert.party} is not signed by it") from exc
 
 
+def _four(values: Any) -> tuple[bytes, bytes, bytes, bytes]:
+    """A saved (s share, b share, s signature, b signature)."""
+    s, b, s_sig, b_sig = (bytes(x) for x in values)
+    return s, b, s_sig, b_sig
+
+
 @dataclass(eq=False)
 class ClientSecAgg:
     """One client's secure-aggregation round (see the module docstring)."""
@@ -119,10 +126,10 @@ class ClientSecAgg:
     stage: str = "advertised"
     cohort: dict[int, AdvertItem] = field(default_factory=dict)
     threshold: int = 0
-    #: this client's own share of its s and b seeds
-    own: tuple[bytes, bytes] | None = field(default=None, repr=False)
-    #: sender -> (share of its s seed, share of its b seed)
-    received: dict[int, tuple[bytes, bytes]] = field(default_factory=dict, repr=False)
+    #: this client's own share of its s and b seeds, with its signatures over them
+    own: tuple[bytes, bytes, bytes, bytes] | None = field(default=None, repr=False)
+    #: sender -> (share of its s seed, share of its b seed, the sender's signatures over each)
+    received: dict[int, tuple[bytes, bytes, bytes, bytes]] = field(default_factory=dict, repr=False)
     #: what this client's input carries (:data:`~fedgat.protocols.secagg.PART_UPDATE` | ``PART_COUNTS``)
     parts: int = PART_UPDATE | PART_COUNTS
     #: digest of the cohort this client was shown (:func:`~fedgat.protocols.secagg.cohort_view`)
@@ -270,7 +277,14 @@ class ClientSecAgg:
             if v != self.party
         )
         me = order.index(self.party)
-        self.cohort, self.threshold, self.own = adverts, t, (s_shares[me], b_shares[me])
+        s_sig, b_sig = (
+            signer.sign(
+                dealt_bytes(self.session, self.round, self.party, self.party, me + 1, kind, share, view)
+            )
+            for kind, share in ((b"s", s_shares[me]), (b"b", b_shares[me]))
+        )
+        self.cohort, self.threshold = adverts, t
+        self.own = (s_shares[me], b_shares[me], s_sig, b_sig)
         self.view = view
         self.stage = "shared"
         return {"round": self.round, "shares": sealed}
@@ -367,8 +381,8 @@ class ClientSecAgg:
         assert self.own is not None
         shares = {**self.received, self.party: self.own}
         u2 = set(self.received) | {self.party}
-        b = tuple(RevealedShare(p, shares[p][1]) for p in sorted(survivors))
-        s = tuple(RevealedShare(p, shares[p][0]) for p in sorted(u2 - set(survivors)))
+        b = tuple(RevealedShare(p, shares[p][1], shares[p][3]) for p in sorted(survivors))
+        s = tuple(RevealedShare(p, shares[p][0], shares[p][2]) for p in sorted(u2 - set(survivors)))
         self.stage = "done"
         self.s_seed = self.b_seed = self.c_secret = b""
         self.own, self.received = None, {}
@@ -436,7 +450,7 @@ class ClientSecAgg:
             "parts": self.parts,
             "threshold": self.threshold,
             "own": None if self.own is None else list(self.own),
-            "received": [[p, s, b] for p, (s, b) in self.received.items()],
+            "received": [[p, *shares] for p, shares in self.received.items()],
             "view": self.view,
             "confirmed": None if self.confirmed is None else list(self.confirmed),
         }
@@ -466,8 +480,8 @@ class ClientSecAgg:
                 for a in v["cohort"]
             },
             int(v["threshold"]),
-            None if v["own"] is None else (bytes(v["own"][0]), bytes(v["own"][1])),
-            {int(p): (bytes(s), bytes(b)) for p, s, b in v["received"]},
+            None if v["own"] is None else _four(v["own"]),
+            {int(r[0]): _four(r[1:]) for r in v["received"]},
             int(v["parts"]),
             bytes(v["view"]),
             None if v["confirmed"] is None else tuple(int(p) for p in v["confirmed"]),

@@ -16,8 +16,10 @@ the client's side):
    (and the cohort it saw); the signers form :math:`U_4` (at least :math:`t`).
 5. **unmask** -- every member of :math:`U_4` gets :math:`U_3` with :math:`U_4`'s signatures and
    answers with the shares of the survivors' self-mask seeds and of the dropped clients'
-   (:math:`U_2 \setminus U_3`) mask-key seeds; from any :math:`t` answers the server rebuilds those seeds (checked against the adverts' commitment and
-   public key; other subsets of shares are tried when one does not check out), removes the masks
+   (:math:`U_2 \setminus U_3`) mask-key seeds, each with its dealer's signature; from any :math:`t`
+   answers the server rebuilds those seeds (checked against the adverts' commitment and
+   public key; when the first :math:`t` shares do not check out, those whose dealer's signature
+   does not verify are set aside and the first :math:`t` of the rest used), removes the masks
    and decodes :math:`\sum_{v \in U_3} (n_v w_v, n_v, n_v L_v)`.
 
 The server learns that sum and the sets :math:`S_t \supseteq U_1 \supseteq U_2 \supseteq U_3
@@ -29,9 +31,8 @@ deadline (then it goes on with those that answered, if there are enough).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,6 +62,7 @@ from .secagg import (
     cohort_view,
     combine_shares,
     confirm_bytes,
+    dealt_bytes,
     decode,
     mask_key,
     public_bytes,
@@ -68,11 +70,19 @@ from .secagg import (
 )
 from .secagg_client import check_advert
 
-__all__ = ["MAX_RECONSTRUCTION_TRIES", "STAGES", "ServerSecAgg"]
+__all__ = ["STAGES", "ServerSecAgg"]
 
 STAGES = ("keys", "shares", "masked", "confirm", "unmask", "done")
-#: subsets of t shares tried per secret before the round is given up (a client sent bad shares)
-MAX_RECONSTRUCTION_TRIES = 256
+
+
+class Revealed(NamedTuple):
+    """A share ``holder`` revealed: its Shamir index ``position``, the share and the dealer's signature."""
+
+    holder: int
+    position: int
+    share: bytes
+    signature: bytes
+
 
 Send = tuple[int, type[Message], dict[str, Any]]
 
@@ -298,11 +308,11 @@ class ServerSecAgg:
         index = {c: i + 1 for i, c in enumerate(self.cohort)}
         ctx = (self.session, self.round)
 
-        def shares(kind: str, party: int) -> list[tuple[int, bytes]]:
+        def shares(kind: str, party: int) -> list[Revealed]:
             out = []
             for r in responders:
-                items = getattr(self.reveals[r], kind)
-                out.append((index[r], next(s.share for s in items if s.party == party)))
+                item = next(s for s in getattr(self.reveals[r], kind) if s.party == party)
+                out.append(Revealed(r, index[r], item.share, item.signature))
             return out
 
         def b_ok(party: int) -> Callable[[bytes], bool]:
@@ -313,32 +323,55 @@ class ServerSecAgg:
 
         b_seeds: dict[int, bytes] = {}
         for u in self.u3:
-            seed = self._rebuild(shares("b_shares", u), b_ok(u))
-            if seed is None:
-                return self._bad_shares(u, responders)
+            seed = self._rebuild(u, b"b", shares("b_shares", u), b_ok(u))
+            if isinstance(seed, QuorumError):
+                return seed
             b_seeds[u] = seed
         dropped = {}
         for u in [c for c in self.u2 if c not in self.u3]:
-            seed = self._rebuild(shares("s_shares", u), s_ok(u))
-            if seed is None:
-                return self._bad_shares(u, responders)
+            seed = self._rebuild(u, b"s", shares("s_shares", u), s_ok(u))
+            if isinstance(seed, QuorumError):
+                return seed
             dropped[u] = mask_key(seed, *ctx, u)
         publics = {v: self.adverts[v].s_pk for v in self.u3}
         masked = {v: self.masked[v] for v in self.u3}
         self.result = decode(unmask_sum(masked, b_seeds, dropped, publics, *ctx, self.digest))
         return None
 
-    def _rebuild(self, shares: list[tuple[int, bytes]], ok: Callable[[bytes], bool]) -> bytes | None:
-        """The secret of ``t`` of ``shares`` that passes ``ok`` (first subsets first), or None."""
-        tries = itertools.islice(itertools.combinations(shares, self.threshold), MAX_RECONSTRUCTION_TRIES)
-        return next((s for s in (combine_shares(c) for c in tries) if ok(s)), None)
-
-    def _bad_shares(self, party: int, responders: list[int]) -> QuorumError:
+    def _rebuild(
+        self, dealer: int, kind: bytes, shares: list[Revealed], ok: Callable[[bytes], bool]
+    ) -> bytes | QuorumError:
+        """``dealer``'s seed from ``t`` of ``shares`` that passes ``ok``: the first ``t`` (an honest
+        round), else the first ``t`` whose dealer's signature verifies (a client revealed a share its
+        dealer did not deal), else the :class:`QuorumError` naming who sent wrong shares."""
+        t = self.threshold
+        seed = combine_shares([(s.position, s.share) for s in shares[:t]])
+        if ok(seed):
+            return seed
+        key = self.roster.signing_key(dealer)
+        valid, forged = [], []
+        for s in shares:
+            data = dealt_bytes(
+                self.session, self.round, dealer, s.holder, s.position, kind, s.share, self.view
+            )
+            try:
+                verify(key, data, s.signature)
+            except CryptoSignatureError:
+                forged.append(s.holder)
+                continue
+            valid.append(s)
+        if len(valid) >= t:
+            seed = combine_shares([(s.position, s.share) for s in valid[:t]])
+            if ok(seed):
+                return seed
+            culprit = f"party {dealer} dealt shares that do not fit its commitment"  # signed, yet wrong
+        else:
+            culprit = f"parties {forged} revealed shares party {dealer} did not deal"
         return QuorumError(
-            f"round {self.round}: the shares revealed by {responders} do not rebuild party {party}'s seed "
-            "(a client sent wrong shares); the round cannot be unmasked",
+            f"round {self.round}: party {dealer}'s seed cannot be rebuilt ({culprit}; {len(valid)} valid "
+            f"shares, {t} required); the round cannot be unmasked",
             phase="fit:unmask",
             round=self.round,
-            answered=responders,
-            required=self.threshold,
+            answered=[s.holder for s in valid],
+            required=t,
         )

@@ -220,7 +220,18 @@ def _box(**over):
 def test_sealed_shares_open_only_for_their_recipient_and_context():
     sealed, key, sender, args = _box()
     assert len(sealed) == sa.SEALED_SHARE_BYTES
-    assert sa.open_share(key, sealed, sender.public_bytes(), **args) == (b"s" * 16, b"b" * 16)
+    s_share, b_share, s_sig, b_sig = sa.open_share(key, sealed, sender.public_bytes(), **args)
+    assert (s_share, b_share) == (b"s" * 16, b"b" * 16)
+    # each share carries its dealer's signature, which the holder reveals with it
+    for kind, share, signature in ((b"s", s_share, s_sig), (b"b", b_share, b_sig)):
+        data = sa.dealt_bytes(SESSION, ROUND, 3, 4, 2, kind, share, b"v" * 32)
+        verify(sender.public_bytes(), data, signature)
+        with pytest.raises(CryptoSignatureError):  # another holder, index or share: not what was dealt
+            verify(
+                sender.public_bytes(),
+                sa.dealt_bytes(SESSION, ROUND, 3, 5, 2, kind, share, b"v" * 32),
+                signature,
+            )
     for pos in (0, 40, len(sealed) - 1):  # the encapsulated key, the body, the tag
         bad = bytearray(sealed)
         bad[pos] ^= 1
@@ -379,8 +390,9 @@ def _masked_client(parts: dict[int, int], me: int = 0) -> ClientSecAgg:
         for p, q in parts.items()
     }
     client.view = sa.cohort_view(client.cohort.values())
-    client.received = {p: (b"s" * 16, b"b" * 16) for p in parts if p != me}
-    client.own, client.threshold, client.stage, client.vector = (b"s" * 16, b"b" * 16), 4, "masked", None
+    fake = (b"s" * 16, b"b" * 16, bytes(64), bytes(64))
+    client.received = {p: fake for p in parts if p != me}
+    client.own, client.threshold, client.stage, client.vector = fake, 4, "masked", None
     return client
 
 

@@ -49,6 +49,7 @@ from fedgat.protocols.messages_secagg import (
     SecAggUnmaskShares,
 )
 from fedgat.protocols.secagg import (
+    SEALED_SHARE_BYTES,
     SecAggConfig,
     confirm_bytes,
     mask_key,
@@ -398,7 +399,7 @@ def test_the_server_checks_adverts_and_shares():
     for _, _, data in h.transport.held[1:]:
         srv.receive(data)
     assert srv._secure.stage == "shares"
-    box = SealedShare(0, b"z" * 146)
+    box = SealedShare(0, b"z" * SEALED_SHARE_BYTES)
     short = _craft(fed, SecAggShares, 1, fed.sid, round=1, shares=(box, dataclasses.replace(box, party=2)))
     _refused(srv, short, PayloadError, "one sealed share to each")
 
@@ -471,10 +472,13 @@ def test_default_training_parties_aggregate_securely(tiny_graph, tiny_partition)
     assert two.server.secagg is None
 
 
-def test_a_wrong_share_cannot_corrupt_the_sum():
-    """Client 1 reveals a garbage b share: the server rebuilds every seed from other subsets of t shares
-    (each checked against the advert's commitment) and the aggregate is still the weighted mean."""
-    fed = _fed(rounds=1)
+@pytest.mark.parametrize("num_clients", [4, 13])
+def test_a_wrong_share_cannot_corrupt_the_sum(num_clients):
+    """Client 1 reveals a garbage b share: the server sets aside the shares whose dealer's signature
+    does not verify, rebuilds every seed from the others (each checked against the advert's
+    commitment) and the aggregate is still the weighted mean. Also at 13 clients (t = 9), where trying
+    subsets of t shares instead gave up after 256 of the C(12, 8) = 495 (a ninth review pass)."""
+    fed = _fed(num_clients=num_clients, rounds=1)
     parties = fed.parties()
     updates = _record_updates(parties, fed)
     transport = FaultyTransport()
@@ -491,7 +495,7 @@ def test_a_wrong_share_cannot_corrupt_the_sum():
     transport.rules.append(corrupt)
     run_parties(transport, parties, clock=ManualClock())
     srv = parties[fed.sid]
-    assert srv.done and srv.history[0]["clients"] == [0, 1, 2, 3]
+    assert srv.done and srv.history[0]["clients"] == list(range(num_clients))
     last = [updates[1, c] for c in fed.roster.clients]
     want = fedavg([u.state for u in last], [u.num_train for u in last])
     for k, v in want.items():
