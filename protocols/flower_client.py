@@ -143,8 +143,9 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
       ``"allow-plaintext"`` accepts it (with a warning), as the in-process default does;
     * ``min-cohort``: the smallest cohort the client joins (default and least 3: a server with one
       colluding client then still faces the sum of two honest updates); it also raises the
-      secure round's threshold, so that splitting the survivors takes ``min-cohort - 1``
-      colluders too (:meth:`~fedgat.protocols.secagg.SecAggConfig.threshold`);
+      threshold of every secure round the node joins (its advert carries it, signed, and the
+      cohort runs under its strictest member's settings), so that splitting the survivors takes
+      ``min-cohort - 1`` colluders too (:meth:`~fedgat.protocols.secagg.SecAggConfig.agreed`);
     * ``max-update-epsilon`` (and ``max-update-delta``, default 1e-5): when set, the client refuses
       a run without DP-FedAvg, or whose DP-FedAvg (noise, clipping and rounds as the run config
       sets them) is not ``(max-update-epsilon, max-update-delta)``-DP over the run's rounds: the

@@ -77,8 +77,8 @@ MAGIC = b"FGAT"
 #: survivor signs the survivor set, SecAggSurvivors/SecAggConfirm, types 27-28, and a client reveals
 #: only with t such signatures, relayed in SecAggUnmaskRequest): a server showed clients different
 #: cohorts or survivor sets and unmasked one input; each dealt share carries its dealer's signature,
-#: revealed with it (one wrong share no longer stalls a large round); DP-FedAvg noises and charges
-#: the evaluation counts
+#: revealed with it (one wrong share no longer stalls a large round); adverts carry each member's
+#: settings, and a cohort runs under its strictest; DP-FedAvg noises and charges the evaluation counts
 VERSION = 11
 #: what an Ed25519 frame signature signs, before the digest (:func:`signing_input`): 50 bytes in all,
 #: shorter than any frame, so no frame of an earlier version nor any other signed structure is one

@@ -8,10 +8,11 @@ id  type                   direction         fields                             
 20  SecAggAdvert           client -> server  round, c_pk, s_pk, b_commit, model_digest        1 KiB
                                              (32 B each), binding_signature (64 B), parts
                                              (u8 bits: 1 update, 2 evaluation counts; 0:
-                                             adds nothing)
+                                             adds nothing), min_cohort (u32),
+                                             threshold_ratio (f64)
 21  SecAggCohort           server -> client  round, adverts: <= 4096 x (party, c_pk, s_pk,   1 MiB
-                                             b_commit, model_digest, signature, parts), by
-                                             party
+                                             b_commit, model_digest, signature, parts,
+                                             min_cohort, threshold_ratio), by party
 22  SecAggShares           client -> server  round, shares: <= 4096 x (recipient, sealed      1 MiB
                                              210 B), by party
 23  SecAggRelay            server -> client  round, shares: <= 4096 x (sender, sealed), by    1 MiB
@@ -43,7 +44,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .codec import Array, FixedBytes, ListOf, Record
+from .codec import Array, FixedBytes, Float64, ListOf, Record
 from .errors import PayloadError
 from .frame import FP, U8, U32, KiB, Message, MiB, register
 from .secagg import MAX_COHORT, MAX_SECAGG_ELEMS, PART_COUNTS, PART_UPDATE, SEALED_SHARE_BYTES, SEED_BYTES
@@ -78,6 +79,24 @@ class AdvertItem:
     signature: bytes
     #: what its masked input carries (:data:`~fedgat.protocols.secagg.PART_UPDATE` | ``PART_COUNTS``)
     parts: int = PART_UPDATE | PART_COUNTS
+    #: its secure-aggregation settings (:class:`~fedgat.protocols.secagg.SecAggConfig`)
+    min_cohort: int = 3
+    threshold_ratio: float = 2 / 3
+
+    @classmethod
+    def of(cls, msg: SecAggAdvert) -> AdvertItem:
+        """The relayed form of a client's SecAggAdvert."""
+        return cls(
+            msg.sender,
+            msg.c_pk,
+            msg.s_pk,
+            msg.b_commit,
+            msg.model_digest,
+            msg.binding_signature,
+            msg.parts,
+            msg.min_cohort,
+            msg.threshold_ratio,
+        )
 
 
 @dataclass(frozen=True)
@@ -119,6 +138,8 @@ ADVERT = Record(
         ("model_digest", FP),
         ("signature", SIG),
         ("parts", U8),
+        ("min_cohort", U32),
+        ("threshold_ratio", Float64()),
     ),
 )
 SEALED = Record(SealedShare, (("party", U32), ("sealed", FixedBytes(SEALED_SHARE_BYTES))))
@@ -140,8 +161,9 @@ def _sorted_parties(parties: list[int], what: str) -> None:
 class SecAggAdvert(Message):
     """Stage 1 (advertise keys): the client's round keys -- ``c_pk`` (X25519, receives sealed shares),
     ``s_pk`` (X25519, pairwise masks) -- a commitment to its self-mask seed, the digest of the
-    global model it trains on and the ``parts`` its input carries (its update, its evaluation
-    counts, or both), bound to it by ``binding_signature``."""
+    global model it trains on, the ``parts`` its input carries (its update, its evaluation
+    counts, or both) and its settings (``min_cohort``, ``threshold_ratio``: the cohort runs under the
+    strictest), bound to it by ``binding_signature``."""
 
     TYPE: ClassVar[int] = 20
     MAX_PAYLOAD: ClassVar[int] = 1 * KiB
@@ -153,6 +175,8 @@ class SecAggAdvert(Message):
         ("model_digest", FP),
         ("binding_signature", SIG),
         ("parts", U8),
+        ("min_cohort", U32),
+        ("threshold_ratio", Float64()),
     )
 
     round: int
@@ -162,6 +186,8 @@ class SecAggAdvert(Message):
     model_digest: bytes
     binding_signature: bytes
     parts: int
+    min_cohort: int = 3
+    threshold_ratio: float = 2 / 3
 
     def check(self) -> None:
         _check_parts(self.parts)

@@ -151,6 +151,8 @@ class SecAggConfig:
             shows clients different cohorts or survivor sets needs :math:`2t - n` colluding clients
             (at least :math:`\max(m - 1, \lceil n/3 \rceil)` at the default ratio) before two
             honest clients reveal for different sets: never fewer than a cohort of :math:`m` needs.
+            A cohort whose members use different settings runs under the strictest (each advert
+            carries its member's, signed: :meth:`agreed`).
     """
 
     min_cohort: int = 3
@@ -172,6 +174,23 @@ class SecAggConfig:
         of six at ``min_cohort`` 5 with two colluders, and one of five at ratio 0.6 with one)."""
         split = math.ceil((n + self.min_cohort - 1) / 2)
         return min(n, max(3, math.ceil(self.threshold_ratio * n - 1e-9), split))
+
+    @classmethod
+    def agreed(cls, adverts: Iterable[Any]) -> SecAggConfig:
+        """The settings a cohort runs under: the largest ``min_cohort`` and ``threshold_ratio`` its
+        signed adverts carry (each member and the server compute the same :meth:`threshold`, never
+        below any member's own).
+
+        Raises:
+            PayloadError: an advert's settings are not valid ones.
+        """
+        items = list(adverts)
+        try:
+            for a in items:
+                cls(int(a.min_cohort), float(a.threshold_ratio))
+        except ValueError as exc:
+            raise PayloadError(f"an advert carries invalid secure-aggregation settings ({exc})") from None
+        return cls(max(int(a.min_cohort) for a in items), max(float(a.threshold_ratio) for a in items))
 
     def to_value(self) -> dict[str, Any]:
         return {"min_cohort": self.min_cohort, "threshold_ratio": self.threshold_ratio}
@@ -390,16 +409,21 @@ def advert_bytes(
     b_commit: bytes,
     digest: bytes,
     parts: int,
+    min_cohort: int,
+    threshold_ratio: float,
 ) -> bytes:
-    """What a client signs to bind its round keys, its :math:`b_u` commitment, the model digest and
-    the parts its input carries (:data:`PART_UPDATE`, :data:`PART_COUNTS`) to its roster identity
-    (the advert is relayed by the server, which cannot forge it). Every member thus knows who adds
-    what to the sum: a sixth review pass filled a valid cohort with members that contribute zeros
-    (asked only to evaluate) and unmasked one client's update in one round (frame version 10)."""
+    """What a client signs to bind its round keys, its :math:`b_u` commitment, the model digest, the
+    parts its input carries (:data:`PART_UPDATE`, :data:`PART_COUNTS`) and its secure-aggregation
+    settings (``min_cohort``, ``threshold_ratio``) to its roster identity (the advert is relayed by
+    the server, which cannot forge it). Every member thus knows who adds what to the sum (a sixth
+    review pass filled a valid cohort with members that contribute zeros; frame version 10) and
+    every member computes the same threshold, from the strictest settings of the cohort
+    (:meth:`SecAggConfig.agreed`; a tenth pass split the survivors of a cohort whose members used
+    different thresholds with fewer colluders than the strictest setting allows)."""
     return (
-        b"fedgat/secagg/advert/v2"
+        b"fedgat/secagg/advert/v3"
         + _context(session, round_)
-        + struct.pack(">IB", party, parts)
+        + struct.pack(">IBId", party, parts, min_cohort, threshold_ratio)
         + bytes(c_pk)
         + bytes(s_pk)
         + bytes(b_commit)
@@ -428,13 +452,13 @@ _SHARE_BODY = struct.Struct(">H")
 
 def cohort_view(adverts: Iterable[Any]) -> bytes:
     """SHA-256 of a cohort as one client saw it: every advert (party, keys, commitment, model digest,
-    parts, signature), by party. The shares a client deals and the survivor set it confirms are
+    parts, settings, signature), by party. The shares a client deals and the survivor set it confirms are
     bound to it, so clients shown different cohorts cannot use each other's shares or confirmations
     (an eighth review pass showed the target a cohort of three, with threshold three, and everyone
     else one of nine, and rebuilt the target's self mask from the three; frame version 11)."""
     h = hashlib.sha256(b"fedgat/secagg/view/v1")
     for a in sorted(adverts, key=lambda a: a.party):
-        h.update(struct.pack(">IB", a.party, a.parts))
+        h.update(struct.pack(">IBId", a.party, a.parts, a.min_cohort, a.threshold_ratio))
         for part in (a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.signature):
             h.update(struct.pack(">H", len(part)) + bytes(part))
     return h.digest()

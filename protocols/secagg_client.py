@@ -13,8 +13,10 @@ Stages (Bonawitz et al. 2017, Fig. 4, over the complete graph of the round's coh
 2. **share keys** (:meth:`~ClientSecAgg.on_cohort`) -- checks every advert of the cohort (roster
    member, valid signature, distinct keys, the same model digest as its own, at least
    ``min_cohort`` clients, and at least ``min_cohort`` of them carrying each part its own input
-   carries), then Shamir-splits the seeds of :math:`s_u` and :math:`b_u` with
-   threshold :math:`t` and seals one pair of shares to each other member.
+   carries), then Shamir-splits the seeds of :math:`s_u` and :math:`b_u` with threshold :math:`t`
+   -- computed from the strictest settings the adverts carry
+   (:meth:`~fedgat.protocols.secagg.SecAggConfig.agreed`), so all members agree on it -- and seals
+   one pair of shares to each other member.
    Every share is sealed under the digest of the cohort as this client saw it
    (:func:`~fedgat.protocols.secagg.cohort_view`): only members shown the same cohort open it.
 3. **masked input** (:meth:`~ClientSecAgg.on_relay`) -- opens the shares dealt to it (each must
@@ -96,6 +98,8 @@ def check_advert(roster: Roster, session: int, round_: int, advert: AdvertItem) 
         advert.b_commit,
         advert.model_digest,
         advert.parts,
+        advert.min_cohort,
+        advert.threshold_ratio,
     )
     try:
         verify(roster.signing_key(advert.party), data, advert.signature)
@@ -184,8 +188,18 @@ class ClientSecAgg:
         """The fields of this round's SecAggAdvert."""
         c_pk, s_pk = public_bytes(self._c_key()), public_bytes(self._s_key())
         b_commit = b_commitment(self.b_seed, self.session, self.round, self.party)
+        cfg = self.config
         data = advert_bytes(
-            self.session, self.round, self.party, c_pk, s_pk, b_commit, self.digest, self.parts
+            self.session,
+            self.round,
+            self.party,
+            c_pk,
+            s_pk,
+            b_commit,
+            self.digest,
+            self.parts,
+            cfg.min_cohort,
+            cfg.threshold_ratio,
         )
         return {
             "round": self.round,
@@ -195,6 +209,8 @@ class ClientSecAgg:
             "model_digest": self.digest,
             "binding_signature": signer.sign(data),
             "parts": self.parts,
+            "min_cohort": cfg.min_cohort,
+            "threshold_ratio": cfg.threshold_ratio,
         }
 
     def _expect(self, round_: int, stage: str, what: str) -> None:
@@ -221,12 +237,27 @@ class ClientSecAgg:
                 f"round {self.round}: a cohort of {n} clients is below the minimum {self.config.min_cohort}"
             )
         mine = adverts.get(self.party)
-        if mine is None or (mine.c_pk, mine.s_pk, mine.b_commit, mine.model_digest, mine.parts) != (
+        own = (
             public_bytes(self._c_key()),
             public_bytes(self._s_key()),
             b_commitment(self.b_seed, self.session, self.round, self.party),
             self.digest,
             self.parts,
+            self.config.min_cohort,
+            self.config.threshold_ratio,
+        )
+        if (
+            mine is None
+            or (
+                mine.c_pk,
+                mine.s_pk,
+                mine.b_commit,
+                mine.model_digest,
+                mine.parts,
+                mine.min_cohort,
+                mine.threshold_ratio,
+            )
+            != own
         ):
             raise PayloadError(f"round {self.round}: the cohort does not carry this client's own advert")
         keys = [a.c_pk for a in msg.adverts] + [a.s_pk for a in msg.adverts]
@@ -252,7 +283,7 @@ class ClientSecAgg:
                 f"round {self.round}: fewer than {self.config.min_cohort} members of the cohort add their "
                 f"{' and '.join(short)} to the sum; the sum would not hide this client's"
             )
-        t = self.config.threshold(n)
+        t = self._threshold(msg.adverts)
         view = cohort_view(msg.adverts)
         order = sorted(adverts)
         s_shares = split_secret(self.s_seed, t, n)
@@ -288,6 +319,12 @@ class ClientSecAgg:
         self.view = view
         self.stage = "shared"
         return {"round": self.round, "shares": sealed}
+
+    def _threshold(self, adverts: tuple[AdvertItem, ...]) -> int:
+        """The cohort's threshold: from the strictest settings its adverts carry, the one every member
+        and the server compute (a tenth review pass split the survivors of a cohort whose members
+        each used their own)."""
+        return SecAggConfig.agreed(adverts).threshold(len(adverts))
 
     # --- stage 3 -----------------------------------------------------------------------------------
     def on_relay(self, msg: SecAggRelay, roster: Roster) -> dict[str, Any]:
@@ -444,7 +481,17 @@ class ClientSecAgg:
             "b_seed": self.b_seed,
             "stage": self.stage,
             "cohort": [
-                [a.party, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.signature, a.parts]
+                [
+                    a.party,
+                    a.c_pk,
+                    a.s_pk,
+                    a.b_commit,
+                    a.model_digest,
+                    a.signature,
+                    a.parts,
+                    a.min_cohort,
+                    a.threshold_ratio,
+                ]
                 for a in self.cohort.values()
             ],
             "parts": self.parts,
@@ -475,7 +522,15 @@ class ClientSecAgg:
             str(v["stage"]),
             {
                 int(a[0]): AdvertItem(
-                    int(a[0]), bytes(a[1]), bytes(a[2]), bytes(a[3]), bytes(a[4]), bytes(a[5]), int(a[6])
+                    int(a[0]),
+                    bytes(a[1]),
+                    bytes(a[2]),
+                    bytes(a[3]),
+                    bytes(a[4]),
+                    bytes(a[5]),
+                    int(a[6]),
+                    int(a[7]),
+                    float(a[8]),
                 )
                 for a in v["cohort"]
             },

@@ -205,10 +205,9 @@ class ServerSecAgg:
 
     def _on_advert(self, msg: SecAggAdvert) -> None:
         self._expect(msg, "keys")
-        item = AdvertItem(
-            msg.sender, msg.c_pk, msg.s_pk, msg.b_commit, msg.model_digest, msg.binding_signature, msg.parts
-        )
+        item = AdvertItem.of(msg)
         check_advert(self.roster, self.session, self.round, item)
+        SecAggConfig.agreed([item])  # valid settings (PayloadError)
         if msg.model_digest != self.digest:
             raise PayloadError(
                 f"party {msg.sender} advertised keys for another model than round {self.round}'s"
@@ -272,8 +271,10 @@ class ServerSecAgg:
                 required=need,
             )
         if stage == "keys":
-            self.cohort, self.threshold, self.stage = got, self.config.threshold(len(got)), "shares"
             adverts = tuple(self.adverts[c] for c in got)
+            # the threshold every member computes: the strictest settings among the adverts
+            self.threshold = SecAggConfig.agreed(adverts).threshold(len(got))
+            self.cohort, self.stage = got, "shares"
             self.view = cohort_view(adverts)
             return [(c, SecAggCohort, {"round": self.round, "adverts": adverts}) for c in got]
         if stage == "shares":

@@ -342,15 +342,7 @@ class TrapServer(ServerRounds):
     def _on_secure(self, msg: Message) -> list[Message]:
         if self.plan.forge_cohort and isinstance(msg, SecAggAdvert) and msg.sender == self.plan.target:
             self._from_client(msg)
-            item = AdvertItem(
-                msg.sender,
-                msg.c_pk,
-                msg.s_pk,
-                msg.b_commit,
-                msg.model_digest,
-                msg.binding_signature,
-                msg.parts,
-            )
+            item = AdvertItem.of(msg)
             return [self._new(SecAggCohort, msg.sender, round=msg.round, adverts=(item,))]
         return super()._on_secure(msg)
 

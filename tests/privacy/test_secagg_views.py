@@ -16,6 +16,11 @@ against the real client state machines by a server that frames every stage itsel
     ``min_cohort`` 5 in a cohort of six, one at ``threshold_ratio`` 0.6. Fixed by a threshold with
     ``2t - n >= min_cohort - 1``.
 
+20. (A tenth pass.) Each client computed the threshold from its own settings: a target at
+    ``min_cohort`` 5 among clients at 3 was split with three colluders instead of four. Fixed: the
+    adverts carry each member's settings, signed, and every member and the server use the
+    strictest.
+
 Each test runs the attack as it is refused today, then with the checks removed, where the server
 gets the target's whole secure input (update, weight, loss, evaluation counts) to float64 rounding.
 """
@@ -74,7 +79,7 @@ class HostileServer(Party):
         return False
 
 
-def _federation(num: int, config: SecAggConfig):
+def _federation(num: int, configs: Mapping[int, SecAggConfig]):
     graph = synthetic_graph(num_nodes=20 * num, num_features=12, train_per_class=8, num_val=4 * num,
                             num_test=6 * num, seed=5)  # fmt: skip
     torch.manual_seed(3)
@@ -98,7 +103,7 @@ def _federation(num: int, config: SecAggConfig):
             return truth[c]
 
         member.fit = recording
-        clients[c] = ClientRounds(c, dep.roster, SESSION, dep.identities[c], client=member, secagg=config)
+        clients[c] = ClientRounds(c, dep.roster, SESSION, dep.identities[c], client=member, secagg=configs[c])
     return dep, clients, truth, initial
 
 
@@ -109,13 +114,13 @@ def split_views_attack(
     views: Mapping[int, Sequence[int]],
     relays: Mapping[int, Sequence[int]],
     survivors: Mapping[int, Sequence[int]],
-    config: SecAggConfig | None = None,
+    config: SecAggConfig | Mapping[int, SecAggConfig] | None = None,
 ) -> float:
     """Run one secure round in which the server shows client ``c`` the cohort ``views[c]`` (default
     all), relays it the shares of ``relays[c]`` and tells it the survivors ``survivors[c]``, holding
     the ``colluders``' secrets and signing keys; then rebuild the target's self mask and its peers'
     mask keys from what was revealed and strip the target's masked input. ``config``: the clients'
-    secure aggregation (default :class:`SecAggConfig`).
+    secure aggregation (default :class:`SecAggConfig`), or each client's.
 
     Returns:
         The largest error of the recovered secure input against the one the target encoded.
@@ -124,7 +129,8 @@ def split_views_attack(
         Refused: a client refused a stage (the attack stops there).
     """
     config = SecAggConfig() if config is None else config
-    dep, clients, truth, initial = _federation(num, config)
+    configs = dict(config) if isinstance(config, Mapping) else dict.fromkeys(range(num), config)
+    dep, clients, truth, initial = _federation(num, configs)
     roster = dep.roster
     server = HostileServer(roster.server, roster, SESSION, dep.identities[roster.server].signer)
     everyone = list(roster.clients)
@@ -141,7 +147,7 @@ def split_views_attack(
     adverts = {}
     for c in everyone:
         a = send(GlobalModel, c, "model", round=ROUND, fit=True, splits=("val", "test"), arrays=arrays)
-        adverts[c] = AdvertItem(c, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.binding_signature, a.parts)
+        adverts[c] = AdvertItem.of(a)
     dealt = {}
     for c in everyone:
         shares = send(SecAggCohort, c, "cohort", round=ROUND, adverts=tuple(adverts[v] for v in views[c]))
@@ -174,6 +180,7 @@ def split_views_attack(
         )
 
     index = {c: {v: i + 1 for i, v in enumerate(views[c])} for c in everyone}
+    dealt_with = {c: clients[c]._secure.threshold for c in everyone}
 
     def rebuild(kind: str, party: int, ok) -> bytes | None:
         k = 1 if kind == "b_shares" else 0
@@ -184,7 +191,7 @@ def split_views_attack(
             if s.party == party
         ]
         shares += [(index[party][c], rec[party][k]) for c, (rec, _, _) in held.items() if party in rec]
-        t = config.threshold(len(views[party]))
+        t = dealt_with[party]  # what the dealer's settings give (public: its advert carries them)
         return next((x for x in map(S.combine_shares, itertools.combinations(shares, t)) if ok(x)), None)
 
     def s_ok(p: int):
@@ -324,4 +331,25 @@ def test_splitting_the_survivors_takes_as_many_colluders_as_min_cohort_does(case
     assert info.value.stage == "unmask" and "below the threshold" in str(info.value.error)
 
     monkeypatch.setattr(SecAggConfig, "threshold", _old_threshold)
+    assert attack() <= 1e-9
+
+
+def test_a_cohort_runs_under_its_strictest_members_settings(monkeypatch):
+    """FIXED (break 20): six clients in one cohort, the target 0 at ``min_cohort`` 5 (t = 5), the
+    others at 3 (t = 4), colluders 3, 4, 5: 0 and 1 confirm {0, 1, 3, 4, 5} and reveal the target's
+    self mask and 2's mask key, 2 confirms {2, 3, 4, 5} (four confirmations, its own t) and reveals
+    1's mask key. Now every member computes t = 5 from the adverts' settings and 2 refuses; with each
+    client on its own settings the server and three colluders read the target's input."""
+    configs = {0: SecAggConfig(min_cohort=5), **{c: SecAggConfig() for c in range(1, 6)}}
+    survivors = {0: [0, 1, 3, 4, 5], 1: [0, 1, 3, 4, 5], 2: [2, 3, 4, 5]}
+
+    def attack() -> float:
+        return split_views_attack(6, 0, (3, 4, 5), views={}, relays={}, survivors=survivors, config=configs)
+
+    with pytest.raises(Refused) as info:
+        attack()
+    assert (info.value.stage, info.value.party) == ("survivors", 2)
+    assert "below the threshold 5" in str(info.value.error)
+
+    monkeypatch.setattr(ClientSecAgg, "_threshold", lambda self, adverts: self.config.threshold(len(adverts)))
     assert attack() <= 1e-9

@@ -258,10 +258,7 @@ def test_clients_refuse_a_cohort_trained_on_different_models():
         for c in range(4)
     }
     adverts = [next(m for m in replies[c] if isinstance(m, SecAggAdvert)) for c in range(4)]
-    items = tuple(
-        AdvertItem(a.sender, a.c_pk, a.s_pk, a.b_commit, a.model_digest, a.binding_signature, a.parts)
-        for a in adverts
-    )
+    items = tuple(AdvertItem.of(a) for a in adverts)
     assert len({i.model_digest for i in items}) == 2
     cohort = _craft(h.fed, SecAggCohort, h.fed.sid, 0, round=1, adverts=items)
     _refused(h.parties[0], cohort, PayloadError, "another global model")
