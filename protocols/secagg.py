@@ -56,6 +56,7 @@ import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -173,7 +174,8 @@ class SecAggConfig:
         of :math:`m` needs to leave one client alone in the sum (a ninth review pass split a cohort
         of six at ``min_cohort`` 5 with two colluders, and one of five at ratio 0.6 with one)."""
         split = math.ceil((n + self.min_cohort - 1) / 2)
-        return min(n, max(3, math.ceil(self.threshold_ratio * n - 1e-9), split))
+        share = math.ceil(Fraction(self.threshold_ratio) * n)  # exact: never below the float's r n
+        return min(n, max(3, share, split))
 
     @classmethod
     def agreed(cls, adverts: Iterable[Any]) -> SecAggConfig:

@@ -324,7 +324,11 @@ class ClientSecAgg:
         """The cohort's threshold: from the strictest settings its adverts carry, the one every member
         and the server compute (a tenth review pass split the survivors of a cohort whose members
         each used their own)."""
-        return SecAggConfig.agreed(adverts).threshold(len(adverts))
+        n = len(adverts)
+        # a member whose own min_cohort exceeds the cohort refuses it and adds nothing (the honest
+        # server leaves it out: secagg_server.fitting); the others' settings, this client's own
+        # among them, decide
+        return SecAggConfig.agreed(a for a in adverts if a.min_cohort <= n).threshold(n)
 
     # --- stage 3 -----------------------------------------------------------------------------------
     def on_relay(self, msg: SecAggRelay, roster: Roster) -> dict[str, Any]:

@@ -5,8 +5,11 @@ Stages and what the server learns (Bonawitz et al. 2017; :mod:`~fedgat.protocols
 the client's side):
 
 1. **advertise keys** -- the sampled clients' signed adverts (round public keys, a commitment to
-   each self-mask seed, the digest of the model they received). The *cohort* is the set of
-   advertisers; fewer than ``max(min_cohort, quorum)`` and the round stops (:class:`QuorumError`).
+   each self-mask seed, the digest of the model they received, the client's settings). The *cohort*
+   is the set of advertisers, less those whose own ``min_cohort`` exceeds it (:func:`fitting`);
+   fewer than ``max(min_cohort, quorum)`` and the round stops (:class:`QuorumError`). The cohort's
+   threshold comes from its members' settings (the strictest), not from the server's: it protects
+   the clients, whose settings it is.
 2. **share keys** -- the cohort's adverts go to every member; each answers with its shares sealed
    to every other member. The server relays them unopened; the senders form :math:`U_2`
    (at least :math:`t`).
@@ -70,7 +73,7 @@ from .secagg import (
 )
 from .secagg_client import check_advert
 
-__all__ = ["STAGES", "ServerSecAgg"]
+__all__ = ["STAGES", "ServerSecAgg", "fitting"]
 
 STAGES = ("keys", "shares", "masked", "confirm", "unmask", "done")
 
@@ -85,6 +88,17 @@ class Revealed(NamedTuple):
 
 
 Send = tuple[int, type[Message], dict[str, Any]]
+
+
+def fitting(parties: list[int], adverts: dict[int, AdvertItem]) -> list[int]:
+    """``parties`` without the advertisers whose own ``min_cohort`` exceeds the cohort left (they
+    would refuse it, and under the strictest settings their ``min_cohort`` would make every member
+    deal for a threshold no round reaches: an eleventh review pass stopped honest runs of mixed
+    ``min-cohort`` that way)."""
+    left = list(parties)
+    while any(adverts[c].min_cohort > len(left) for c in left):
+        left = [c for c in left if adverts[c].min_cohort <= len(left)]
+    return left
 
 
 class ServerSecAgg:
@@ -256,16 +270,20 @@ class ServerSecAgg:
     def close(self) -> list[Send] | QuorumError:
         """End the current stage with the answers that arrived: what to send next, or the
         :class:`QuorumError` the round stops with (too few answers, or seeds that cannot be rebuilt)."""
-        got = sorted(self.answered())
+        answered = sorted(self.answered())
         stage = self.stage
+        got = fitting(answered, self.adverts) if stage == "keys" else answered
         need = max(self.config.min_cohort, self.quorum) if stage == "keys" else self.threshold
         if len(got) < need:
             asked = self.awaited()
+            missing = [c for c in asked if c not in answered]
+            left_out = [c for c in answered if c not in got]
+            note = f"; left out {left_out}, whose min_cohort exceeds the cohort" if left_out else ""
             return QuorumError(
                 f"round {self.round}: {len(got)} of {len(asked)} clients answered the secure-aggregation "
-                f"stage {stage!r}, {need} required; missing clients {[c for c in asked if c not in got]}",
+                f"stage {stage!r}, {need} required; missing clients {missing}{note}",
                 phase=f"fit:{stage}",
-                missing=[c for c in asked if c not in got],
+                missing=missing,
                 round=self.round,
                 answered=got,
                 required=need,

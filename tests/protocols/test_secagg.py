@@ -310,6 +310,10 @@ def test_config_and_threshold():
         sa.SecAggConfig(min_cohort=5).threshold(6) == 5
         and sa.SecAggConfig(threshold_ratio=0.6).threshold(5) == 4
     )
+    # exactly ceil(r n) of the float r: a ratio a hair above 7/10 gives 8 of 10, never 7 (an eleventh
+    # review pass split a cohort of ten at 0.7 + 5e-11 with four colluders under a rounding fudge)
+    assert sa.SecAggConfig(threshold_ratio=0.7 + 5e-11).threshold(10) == 8
+    assert sa.SecAggConfig(threshold_ratio=0.7).threshold(10) == 7  # the float 0.7 is below 7/10
     assert sa.SecAggConfig(min_cohort=2).threshold(2) == 2
     assert sa.SecAggConfig.from_value(c.to_value()) == c and sa.SecAggConfig.from_value(None) is None
     for bad in ({"min_cohort": 1}, {"threshold_ratio": 0.5}, {"threshold_ratio": 1.2}):

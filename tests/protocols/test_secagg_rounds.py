@@ -519,3 +519,37 @@ def test_the_server_takes_only_confirmations_of_its_survivor_set():
     for c in range(4):
         srv.receive(encode_message(replies[c], fed.dep.identities[c].signer))
     assert sorted(srv._secure.confirms) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("clients", "min_cohort"), [(4, 5), (6, 4096)])
+def test_a_member_whose_min_cohort_exceeds_the_cohort_is_left_out_not_fatal(clients, min_cohort):
+    """A node asking for more members than the round has refuses the cohort; the server leaves it out
+    (``secagg_server.fitting``) and the others run under their own settings. Before (an eleventh
+    review pass), its advertised ``min_cohort`` raised everyone's threshold to the cohort size and
+    every round it was sampled into failed."""
+    fed = _fed(num_clients=clients, rounds=2, timeouts=TIMEOUTS)
+    parties = fed.parties()
+    parties[0].secagg = SecAggConfig(min_cohort=min_cohort)
+    run_parties(FaultyTransport(), parties, clock=ManualClock(), strict=False)
+    srv = parties[fed.sid]
+    assert srv.done and srv.failure is None
+    assert all(row["clients"] == list(range(1, clients)) for row in srv.history)
+
+
+def test_a_cohort_of_mixed_settings_unmasks_under_the_strictest():
+    """Client 0 asks for ``threshold_ratio`` 1 (t = n): every member and the server use it, so the
+    honest round completes, and a drop-out after the masked inputs now stops it (t = 6 of 6)."""
+    fed = _fed(num_clients=6, rounds=1, timeouts=TIMEOUTS)
+    parties = fed.parties()
+    parties[0].secagg = SecAggConfig(threshold_ratio=1.0)
+    run_parties(FaultyTransport(), parties, clock=ManualClock())
+    assert parties[fed.sid].done and parties[fed.sid].history[0]["clients"] == list(range(6))
+
+    fed = _fed(num_clients=6, rounds=1, timeouts=TIMEOUTS)
+    parties = fed.parties()
+    parties[0].secagg = SecAggConfig(threshold_ratio=1.0)
+    transport = FaultyTransport()
+    transport.rules.append(lambda s, t, d: "drop" if s == 5 and peek_type(d) == SecAggMasked.TYPE else None)
+    with pytest.raises(QuorumError) as info:
+        run_parties(transport, parties, clock=ManualClock())
+    assert info.value.phase == "fit:masked" and info.value.required == 6
