@@ -160,7 +160,8 @@ class SecureRounds:
             return None
         t, survivors, missing = sec.round, set(sec.u3), sec.missing()
         srv._secure = None
-        mean, total, loss_sum, pooled = secure_mean(sec.result, loop.state)
+        # under DP-FedAvg the counts are noised releases: pooled as summed, not rounded to integers
+        mean, total, loss_sum, pooled = secure_mean(sec.result, loop.state, exact=srv.update_dp is None)
         if loop.evaluating:
             splits, dropped = srv._eval_splits, srv._indices(missing)
             while splits:

@@ -217,8 +217,15 @@ def test_secure_rounds_under_dp_aggregate_the_privatized_updates():
             return update
 
         member.fit = recording
-    run_parties(InProcessTransport(), parties, clock=ManualClock())
     server: ServerRounds = parties[fed.sid]
+    pooled: list = []
+    on_reports = server.loop.on_reports
+    server.loop.on_reports = lambda splits, reports, missing=(): (  # type: ignore[method-assign]
+        pooled.extend(reports) or on_reports(splits, reports, missing)
+    )
+    run_parties(InProcessTransport(), parties, clock=ManualClock())
+    # the noised counts reach the loop as summed (scaled to the clip, plus noise), not rounded
+    assert pooled and all(not float(r["val"].count).is_integer() for r in pooled)
     assert server.done and len(server.history) == 3
     assert all(math.isnan(row["train_loss"]) for row in server.history)
     # three updates and three evaluations (each round's model, once) per client
