@@ -77,7 +77,7 @@ from .secagg import (
     split_secret,
 )
 
-__all__ = ["ClientSecAgg", "check_advert"]
+__all__ = ["ClientSecAgg", "check_advert", "check_confirmation"]
 
 
 def check_advert(roster: Roster, session: int, round_: int, advert: AdvertItem) -> None:
@@ -105,6 +105,29 @@ def check_advert(roster: Roster, session: int, round_: int, advert: AdvertItem) 
         verify(roster.signing_key(advert.party), data, advert.signature)
     except CryptoSignatureError as exc:
         raise SignatureError(f"the advert of party {advert.party} is not signed by it") from exc
+
+
+def check_confirmation(
+    roster: Roster,
+    session: int,
+    round_: int,
+    party: int,
+    view: bytes,
+    survivors: tuple[int, ...],
+    signature: bytes,
+) -> None:
+    """``party``'s signature over the survivor set ``survivors`` under the cohort ``view``
+    (:func:`~fedgat.protocols.secagg.confirm_bytes`).
+
+    Raises:
+        SignatureError: another set, view, round or session, or another party's signature.
+    """
+    try:
+        verify(roster.signing_key(party), confirm_bytes(session, round_, party, view, survivors), signature)
+    except CryptoSignatureError as exc:
+        raise SignatureError(
+            f"party {party} did not sign round {round_}'s survivor set under the cohort this party saw"
+        ) from exc
 
 
 def _four(values: Any) -> tuple[bytes, bytes, bytes, bytes]:
@@ -449,14 +472,7 @@ class ClientSecAgg:
                 f"threshold {self.threshold}; revealing is refused"
             )
         for c in msg.confirmations:
-            data = confirm_bytes(self.session, self.round, c.party, self.view, survivors)
-            try:
-                verify(roster.signing_key(c.party), data, c.signature)
-            except CryptoSignatureError as exc:
-                raise SignatureError(
-                    f"round {self.round}: party {c.party} did not confirm this survivor set under the "
-                    "cohort this client saw"
-                ) from exc
+            check_confirmation(roster, self.session, self.round, c.party, self.view, survivors, c.signature)
 
     # --- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> tuple:

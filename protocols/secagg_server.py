@@ -42,7 +42,7 @@ import numpy as np
 from fedgat.crypto import SignatureError as CryptoSignatureError
 from fedgat.crypto import verify
 
-from .errors import PayloadError, QuorumError, ReplayError, SignatureError, StateError
+from .errors import PayloadError, QuorumError, ReplayError, StateError
 from .frame import Message
 from .messages_secagg import (
     AdvertItem,
@@ -64,14 +64,13 @@ from .secagg import (
     b_commitment,
     cohort_view,
     combine_shares,
-    confirm_bytes,
     dealt_bytes,
     decode,
     mask_key,
     public_bytes,
     unmask_sum,
 )
-from .secagg_client import check_advert
+from .secagg_client import check_advert, check_confirmation
 
 __all__ = ["STAGES", "ServerSecAgg", "fitting"]
 
@@ -248,13 +247,10 @@ class ServerSecAgg:
 
     def _on_confirm(self, msg: SecAggConfirm) -> None:
         self._expect(msg, "confirm")
-        data = confirm_bytes(self.session, self.round, msg.sender, self.view, self.u3)
-        try:
-            verify(self.roster.signing_key(msg.sender), data, msg.confirmation)
-        except CryptoSignatureError as exc:
-            raise SignatureError(
-                f"party {msg.sender} did not sign round {self.round}'s survivor set under its cohort"
-            ) from exc
+        survivors = tuple(self.u3)
+        check_confirmation(
+            self.roster, self.session, self.round, msg.sender, self.view, survivors, msg.confirmation
+        )
         self.confirms[msg.sender] = msg.confirmation
 
     def _on_unmask(self, msg: SecAggUnmaskShares) -> None:

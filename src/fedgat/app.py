@@ -409,6 +409,24 @@ def idle_clients(graph: Graph, partition: Partition, hp: Mapping[str, Any]) -> i
     return int(sum(not train[partition.owner == c].any() for c in range(partition.num_clients)))
 
 
+def graph_secagg(
+    secagg: SecAggConfig | str | None,
+    num_clients: int,
+    graph: Graph,
+    partition: Partition,
+    hp: Mapping[str, Any],
+) -> SecAggConfig | None:
+    """:func:`training_secagg` for ``num_clients`` clients holding ``partition`` of ``graph``: with
+    its idle clients (:func:`idle_clients`) and whether ``hp`` asks for DP-FedAvg."""
+    return training_secagg(
+        secagg,
+        num_clients,
+        hp["fraction"],
+        idle_clients(graph, partition, hp),
+        private=update_dp_from_hparams(dict(hp)) is not None,
+    )
+
+
 @dataclass
 class TrainingParties:
     """The state machines of the FedAvg rounds, with the resolved hyper-parameters."""
@@ -574,13 +592,7 @@ def build_training_parties(
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
-    secagg = training_secagg(
-        secagg,
-        len(roster.clients),
-        hp["fraction"],
-        idle_clients(graph, partition, hp),
-        private=update_dp_from_hparams(hp) is not None,
-    )
+    secagg = graph_secagg(secagg, len(roster.clients), graph, partition, hp)
     in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # d + w with DP (block layout)
     shape = {"num_features": in_dim, "num_classes": graph.num_classes}
     server = build_rounds_server(
@@ -639,13 +651,7 @@ def build_predictor_parties(
     deployment = deployment or make_deployment(partition.num_clients)
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
-    secagg = training_secagg(
-        secagg,
-        len(roster.clients),
-        hp["fraction"],
-        idle_clients(graph, partition, hp),
-        private=update_dp_from_hparams(hp) is not None,
-    )
+    secagg = graph_secagg(secagg, len(roster.clients), graph, partition, hp)
     model_fn = predictor_model_fn(graph.num_features, graph.num_classes, hp)
     torch.manual_seed(seed)
     model = model_fn()
