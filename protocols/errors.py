@@ -48,6 +48,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from fedgat.crypto import SignatureError as _CryptoSignatureError
+from fedgat.crypto import verify as _verify
+
 __all__ = [
     "AuthError",
     "ConfigMismatchError",
@@ -68,6 +71,7 @@ __all__ = [
     "UnknownTypeError",
     "VersionError",
     "WrongRecipientError",
+    "check_signature",
 ]
 
 
@@ -106,6 +110,19 @@ class AuthError(ProtocolError):
 
 class SignatureError(AuthError):
     """Missing or invalid Ed25519 signature."""
+
+
+def check_signature(public_key: bytes, data: bytes, signature: bytes, refusal: str) -> None:
+    """Verify ``signature`` over ``data`` under the Ed25519 key ``public_key``.
+
+    Raises:
+        SignatureError: with the message ``refusal`` (what the receiver refuses, in its words),
+            chained to the cryptographic failure: a bad signature, or a malformed key or signature.
+    """
+    try:
+        _verify(public_key, data, signature)
+    except _CryptoSignatureError as exc:
+        raise SignatureError(refusal) from exc
 
 
 class ReplayError(ProtocolError):

@@ -38,10 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedgat.crypto import SignatureError as CryptoSignatureError
-from fedgat.crypto import verify as verify_signature
-
-from .errors import PayloadError, SignatureError
+from .errors import PayloadError, check_signature
 from .messages import (
     EdgeClaims,
     GraphAnnounce,
@@ -192,17 +189,12 @@ def verify_claim(msg: EdgeClaims, roster: Roster, session: int, keys: KeyAnnounc
     if keys.party != msg.claimer:
         raise PayloadError(f"party {msg.claimer}'s claim checked against party {keys.party}'s keys")
     digest = claim_keys_digest(keys.hpke, keys.context_fingerprint)
-    try:
-        verify_signature(
-            roster.signing_key(msg.claimer),
-            claim_bytes(session, msg.claimer, msg.peer, msg.edges, msg.uses, digest, msg.peers),
-            msg.claim_signature,
-        )
-    except CryptoSignatureError as exc:
-        raise SignatureError(
-            f"party {msg.claimer}'s claim of its edges to {msg.peer} is not signed by it under this "
-            "session's keys"
-        ) from exc
+    check_signature(
+        roster.signing_key(msg.claimer),
+        claim_bytes(session, msg.claimer, msg.peer, msg.edges, msg.uses, digest, msg.peers),
+        msg.claim_signature,
+        f"party {msg.claimer}'s claim of its edges to {msg.peer} is not signed by it under this session's keys",
+    )
 
 
 def _swap(keys: np.ndarray) -> np.ndarray:
@@ -245,13 +237,13 @@ def verify_statement(msg: NeighbourhoodStatement, roster: Roster, session: int, 
     signed = neighbourhood_bytes(
         session, msg.owner, msg.recipient_party, keyset, msg.nodes, msg.indptr, msg.indices
     )
-    try:
-        verify_signature(roster.signing_key(msg.owner), signed, msg.statement_signature)
-    except CryptoSignatureError as exc:
-        raise SignatureError(
-            f"party {msg.owner}'s statement of its neighbourhoods for party {msg.recipient_party} is not signed "
-            "by it for this round's key set"
-        ) from exc
+    check_signature(
+        roster.signing_key(msg.owner),
+        signed,
+        msg.statement_signature,
+        f"party {msg.owner}'s statement of its neighbourhoods for party {msg.recipient_party} is not signed by it "
+        "for this round's key set",
+    )
 
 
 def check_statement(me: int, local: LocalGraph, msg: NeighbourhoodStatement) -> None:

@@ -23,13 +23,11 @@ from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
 
 from fedgat.crypto import ContextFormatError, ServerContext
-from fedgat.crypto import SignatureError as CryptoSignatureError
-from fedgat.crypto import verify as verify_signature
 from fedgat.crypto.keys import SigningIdentity
 from fedgat.crypto.params import DEFAULT_WIRE
 from fedgat.crypto.tags import CheckKeys
 
-from .errors import AuthError, ConfigMismatchError, KeyFingerprintError, PayloadError, SignatureError
+from .errors import AuthError, ConfigMismatchError, KeyFingerprintError, PayloadError, check_signature
 from .messages import KeyAnnounce, PublicContext, SealedCheckKeys, key_binding_bytes, sealed_keys_bytes
 from .messages_pretrain import HPKE_PUBLIC
 from .roster import Roster
@@ -103,14 +101,12 @@ def check_announce(msg: KeyAnnounce, roster: Roster, session: int) -> None:
         raise AuthError(f"party {msg.party} is not a client and announces no keys")
     if msg.ed25519 != roster.signing_key(msg.party):
         raise AuthError(f"announced Ed25519 key of party {msg.party} is not the roster's")
-    try:
-        verify_signature(
-            msg.ed25519,
-            key_binding_bytes(session, msg.party, msg.hpke, msg.ed25519, msg.context_fingerprint),
-            msg.binding_signature,
-        )
-    except CryptoSignatureError as exc:
-        raise SignatureError(f"party {msg.party}'s key binding signature is invalid") from exc
+    check_signature(
+        msg.ed25519,
+        key_binding_bytes(session, msg.party, msg.hpke, msg.ed25519, msg.context_fingerprint),
+        msg.binding_signature,
+        f"party {msg.party}'s key binding signature is invalid",
+    )
     _public_key(msg.hpke)
 
 
@@ -188,16 +184,12 @@ def open_check_keys(
     r = msg.recipient_party
     if not roster.is_client(r) or r == me:
         raise PayloadError(f"check keys of party {r}, which is no other client")
-    try:
-        verify_signature(
-            roster.signing_key(r),
-            sealed_keys_bytes(session, r, msg.sealed, msg.owners, keyset),
-            msg.keys_signature,
-        )
-    except CryptoSignatureError as exc:
-        raise SignatureError(
-            f"check keys of party {r} are not signed by it over this round's participants"
-        ) from exc
+    check_signature(
+        roster.signing_key(r),
+        sealed_keys_bytes(session, r, msg.sealed, msg.owners, keyset),
+        msg.keys_signature,
+        f"check keys of party {r} are not signed by it over this round's participants",
+    )
     at = np.flatnonzero(msg.owners == me)
     if not len(at):
         raise PayloadError(f"party {r}'s check keys hold no entry for party {me}")

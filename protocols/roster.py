@@ -19,10 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedgat.crypto import SignatureError as CryptoSignatureError
-from fedgat.crypto import SigningIdentity, verify
+from fedgat.crypto import SigningIdentity
 
-from .errors import AuthError, KeyFingerprintError, ReplayError, SignatureError, WrongRecipientError
+from .errors import (
+    AuthError,
+    KeyFingerprintError,
+    ReplayError,
+    SignatureError,
+    WrongRecipientError,
+    check_signature,
+)
 from .frame import signed_message, signing_input
 from .messages import ZERO_FINGERPRINT, Message
 
@@ -130,10 +136,12 @@ class Verifier:
             raise SignatureError(f"{msg.type_name} from {msg.sender} carries no signature")
         if not from_frame:
             signed_message(msg)
-        try:
-            verify(key, signing_input(msg.signed_bytes), msg.signature)
-        except CryptoSignatureError as exc:
-            raise SignatureError(f"bad signature on {msg.type_name} from party {msg.sender}") from exc
+        check_signature(
+            key,
+            signing_input(msg.signed_bytes),
+            msg.signature,
+            f"bad signature on {msg.type_name} from party {msg.sender}",
+        )
         if msg.recipient != self.me:
             raise WrongRecipientError(f"{msg.type_name} is addressed to party {msg.recipient}, not {self.me}")
         if msg.session != self.session:

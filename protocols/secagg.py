@@ -68,10 +68,9 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-from fedgat.crypto import SignatureError as CryptoSignatureError
-from fedgat.crypto import SigningIdentity, verify
+from fedgat.crypto import SigningIdentity
 
-from .errors import AuthError, PayloadError, SignatureError
+from .errors import AuthError, PayloadError, check_signature
 
 __all__ = [
     "FRAC_BITS",
@@ -573,10 +572,9 @@ def open_share(
     s_sig, b_sig = plain[size : size + 64], plain[size + 64 :]
     for kind, share, signature in ((b"s", s_share, s_sig), (b"b", b_share, b_sig)):
         data = dealt_bytes(session, round_, sender, recipient, got, kind, share, view)
-        try:
-            verify(sender_signing_key, data, signature)
-        except CryptoSignatureError as exc:
-            raise SignatureError(f"the shares from party {sender} are not signed by it") from exc
+        check_signature(
+            sender_signing_key, data, signature, f"the shares from party {sender} are not signed by it"
+        )
     if got != index:
         raise PayloadError(f"party {sender} dealt share {got} to party {recipient}, whose index is {index}")
     return s_share, b_share, s_sig, b_sig

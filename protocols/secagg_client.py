@@ -44,10 +44,9 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from fedgat.crypto import SignatureError as CryptoSignatureError
-from fedgat.crypto import SigningIdentity, verify
+from fedgat.crypto import SigningIdentity
 
-from .errors import AuthError, PayloadError, ReplayError, SignatureError, StateError
+from .errors import AuthError, PayloadError, ReplayError, StateError, check_signature
 from .messages_secagg import (
     AdvertItem,
     RevealedShare,
@@ -101,10 +100,12 @@ def check_advert(roster: Roster, session: int, round_: int, advert: AdvertItem) 
         advert.min_cohort,
         advert.threshold_ratio,
     )
-    try:
-        verify(roster.signing_key(advert.party), data, advert.signature)
-    except CryptoSignatureError as exc:
-        raise SignatureError(f"the advert of party {advert.party} is not signed by it") from exc
+    check_signature(
+        roster.signing_key(advert.party),
+        data,
+        advert.signature,
+        f"the advert of party {advert.party} is not signed by it",
+    )
 
 
 def check_confirmation(
@@ -122,12 +123,12 @@ def check_confirmation(
     Raises:
         SignatureError: another set, view, round or session, or another party's signature.
     """
-    try:
-        verify(roster.signing_key(party), confirm_bytes(session, round_, party, view, survivors), signature)
-    except CryptoSignatureError as exc:
-        raise SignatureError(
-            f"party {party} did not sign round {round_}'s survivor set under the cohort this party saw"
-        ) from exc
+    check_signature(
+        roster.signing_key(party),
+        confirm_bytes(session, round_, party, view, survivors),
+        signature,
+        f"party {party} did not sign round {round_}'s survivor set under the cohort this party saw",
+    )
 
 
 def _four(values: Any) -> tuple[bytes, bytes, bytes, bytes]:

@@ -630,12 +630,13 @@ class NoisyOracleServer(OracleServer):
         return ServerRounds._secure_aggregate(self)
 
 
-def _dp_oracle_run(graph, initial, queries, dp):
-    """The evaluation oracle's probes through the real secure rounds, every client under ``dp``;
-    returns the server, the driver and the clients."""
+def _oracle_run(graph, initial, queries, dp=None, transport=None):
+    """The evaluation oracle's probes through the real secure rounds (:class:`OracleServer`; with
+    ``dp``, :class:`NoisyOracleServer` and every client under ``dp``); returns the deployment, the
+    server, the driver and the clients."""
     dep = make_deployment(NUM_CLIENTS)
     roster, sid = dep.roster, dep.roster.server
-    server = NoisyOracleServer(
+    server = (OracleServer if dp is None else NoisyOracleServer)(
         sid,
         roster,
         9,
@@ -650,10 +651,10 @@ def _dp_oracle_run(graph, initial, queries, dp):
     clients = evaluating_clients(graph, dep)
     for c in clients.values():
         c.client.update_dp = dp
-    driver = Driver(InProcessTransport(), {sid: server, **clients}, strict=False)
+    driver = Driver(transport or InProcessTransport(), {sid: server, **clients}, strict=False)
     driver.start()
     driver.run()
-    return server, driver, clients
+    return dep, server, driver, clients
 
 
 def test_under_dp_fedavg_the_evaluation_counts_are_noised_and_charged(monkeypatch):
@@ -673,7 +674,7 @@ def test_under_dp_fedavg_the_evaluation_counts_are_noised_and_charged(monkeypatc
     queries = probes(graph, initial)
     # the budget pays for every probe's update but for 9 evaluations only
     dp = UpdateDP(clip=1.0, noise_multiplier=2.0, max_rounds=len(queries), max_evaluations=9, counts_clip=4.0)
-    server, driver, clients = _dp_oracle_run(graph, initial, queries, dp)
+    _, server, driver, clients = _oracle_run(graph, initial, queries, dp)
     refusals = [str(e) for _, e in driver.rejected]
     assert any("releases" in r and "all spent" in r for r in refusals)
     assert all(c.client.dp_releases <= dp.max_releases for c in clients.values())
@@ -695,7 +696,7 @@ def test_under_dp_fedavg_the_evaluation_counts_are_noised_and_charged(monkeypatc
     monkeypatch.setattr(
         MemberClient, "release_counts", lambda self, weights, splits: self.evaluate(weights, splits)
     )
-    server, driver, clients = _dp_oracle_run(graph, initial, queries, dp)
+    _, server, driver, clients = _oracle_run(graph, initial, queries, dp)
     assert driver.rejected == [] and server.done
     recovered = read_differences(graph, [server.losses[t] for t in range(1, len(queries) + 1)])
     truths = [class_feature_sums(graph, i) for i in range(NUM_CLIENTS)]
@@ -713,24 +714,9 @@ def test_evaluation_reports_are_no_per_client_oracle():
     torch.manual_seed(3)
     initial = linear_model(graph, 0.3).state_dict()
     queries = probes(graph, initial)
-    dep = make_deployment(NUM_CLIENTS)
-    roster, sid = dep.roster, dep.roster.server
-    server = OracleServer(
-        sid,
-        roster,
-        9,
-        dep.identities[sid],
-        initial_state=initial,
-        rounds=len(queries),
-        patience=None,
-        secagg=SecAggConfig(),
-        probes=queries,
-    )
-    clients = evaluating_clients(graph, dep)
     transport = InProcessTransport(Transcript())
-    driver = Driver(transport, {sid: server, **clients}, strict=False)
-    driver.start()
-    driver.run()
+    dep, server, driver, clients = _oracle_run(graph, initial, queries, transport=transport)
+    roster, sid = dep.roster, dep.roster.server
     assert driver.rejected == [] and server.done
     assert {e.type_name for e in transport.transcript if e.recipient == sid}.isdisjoint(
         {"EvaluationReport", "LocalUpdate"}
