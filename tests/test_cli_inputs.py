@@ -182,6 +182,34 @@ def test_owners_checked_against_clients(inputs, capsys):
     assert main([*base, "--clients", "3", "--json", str(out)]) == 0
 
 
+def test_owners_keyed_by_the_folders_node_ids(inputs):
+    """A graph folder's owners file may name each node by its ``id`` in ``nodes.csv``, in any order."""
+    import argparse
+
+    from fedgat.cli_engine import resolve_owners
+    from fedgat.data import load_dataset
+
+    owners = owners_array()
+    order = np.random.default_rng(2).permutation(N)
+    path = inputs["out"].parent / "by_id.csv"
+    path.write_text("client,node\n" + "".join(f"{owners[k]},node-{k:03d}\n" for k in order))
+    args = argparse.Namespace(owners=path, clients=None)
+    assert resolve_owners(args, load_dataset(str(inputs["folder"]))).tolist() == owners.tolist()
+    assert args.clients == 3
+    out = inputs["out"] / "r.json"
+    argv = [
+        "demo",
+        "--dataset",
+        str(inputs["folder"]),
+        "--owners",
+        str(path),
+        *TINY["demo"],
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0 and json.loads(out.read_text())["clients"] == 3
+
+
 def test_train_with_owners(inputs, capsys):
     out = inputs["out"] / "t.json"
     argv = ["train", "--dataset", str(inputs["pt"]), "--owners", str(inputs["npy"]), *TINY["train"]]

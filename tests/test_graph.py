@@ -42,6 +42,15 @@ def same_graph(a: Graph, b: Graph) -> None:
             assert u == v, f
 
 
+def test_node_names_are_one_str_per_node(base):
+    names = np.array([f"n{k}" for k in range(60)])
+    assert Graph(**fields(base), node_names=names).node_names.tolist() == names.tolist()
+    with pytest.raises(GraphError, match=r"node_names has shape \(59,\)"):
+        Graph(**fields(base), node_names=names[:-1])
+    with pytest.raises(GraphError, match=r"node_names .* dtype int64; pass \(60,\) str names"):
+        Graph(**fields(base), node_names=np.arange(60))
+
+
 def test_graph_error_is_a_value_error():
     assert issubclass(GraphError, ValueError)
 

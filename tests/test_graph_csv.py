@@ -81,6 +81,7 @@ def test_a_folder_reads_as_the_graph_of_its_arrays(tmp_path, sep):
     graph = load_csv_folder(write_folder(tmp_path / "g", a, sep=sep), **SPLIT)
     same(graph, direct(a, "g"))
     assert graph.report.source == str(tmp_path / "g")
+    assert graph.node_names.tolist() == [str(i) for i in a["ids"]]  # kept for owners files keyed by id
     assert any("line 1 (source, target) read as a header" in note for note in graph.report.notes)
 
 
@@ -91,6 +92,7 @@ def test_quotes_comments_and_a_headerless_edge_list_read_the_same(tmp_path):
     graph = load_csv_folder(folder, **SPLIT)
     same(graph, direct(a, "q"))
     assert not any("header" in note for note in graph.report.notes)
+    assert graph.node_names.tolist() == [i.strip('"') for i in a["ids"]]
 
 
 def test_class_names_are_numbered_in_sorted_order(tmp_path):

@@ -49,6 +49,47 @@ def test_node_column_may_come_in_any_order(tmp_path):
     assert load_owners(write(tmp_path / "shuffled.csv", text), N).tolist() == OWNERS.tolist()
 
 
+NAMES = np.array(["acct-9", "acct-10", "x", "7", "007", "b", "a", "acct-1", "z,q", "0", "12", "11"])
+
+
+def test_node_column_names_nodes_by_their_ids_when_the_graph_has_them(tmp_path):
+    """A graph folder's ids (``Graph.node_names``) key the node column, matched as text in any order:
+    ``7`` and ``007`` are two nodes, and a numeric id is an id, not a row number."""
+    order = np.random.default_rng(1).permutation(N)
+    text = "node,client\n" + "\n".join(f'"{NAMES[i]}",{OWNERS[i]}' for i in order)
+    path = write(tmp_path / "ids.csv", text)
+    assert load_owners(path, N, node_names=NAMES).tolist() == OWNERS.tolist()
+    # without the names the same column is read as node numbers, which these ids are not
+    with pytest.raises(OwnersError, match=r"not a node id"):
+        load_owners(path, N)
+    # a single column stays one client id per node, in node order
+    assert (
+        load_owners(write(tmp_path / "one.csv", _lines(OWNERS)), N, node_names=NAMES).tolist()
+        == OWNERS.tolist()
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        (
+            {"acct-1000": 0},
+            r"line 13: node 'acct-1000' is no id of the graph's nodes",
+        ),  # longer than every id
+        ({"acct": 0}, r"line 13: node 'acct' is no id"),
+        ({"07": 0}, r"line 13: node '07' is no id"),
+        ({"x": 1}, r"node x listed twice \(lines 4 and 13\)"),
+        ({}, r"lists 11 of the graph's 12 nodes \(node 11 is missing\)"),
+    ],
+)
+def test_bad_node_ids_are_refused_naming_the_line(tmp_path, rows, match):
+    """Every node but the last (``11``), then ``rows``."""
+    listed = zip([*NAMES[:-1], *rows], [*OWNERS[:-1], *rows.values()], strict=True)
+    text = "node,client\n" + "".join(f'"{name}",{client}\n' for name, client in listed)
+    with pytest.raises(OwnersError, match=match):
+        load_owners(write(tmp_path / "ids.csv", text), N, node_names=NAMES)
+
+
 @pytest.mark.parametrize("array", [OWNERS, OWNERS.astype(np.int16), OWNERS[:, None], OWNERS.astype(float)])
 def test_npy_owner_files(tmp_path, array):
     np.save(tmp_path / "owners.npy", array)

@@ -601,7 +601,7 @@ def resolve_owners(args: argparse.Namespace, graph) -> Any:
         return None
     from fedgat.owners import load_owners
 
-    owners = load_owners(args.owners, graph.num_nodes, args.clients)
+    owners = load_owners(args.owners, graph.num_nodes, args.clients, node_names=graph.node_names)
     args.clients = int(owners.max()) + 1 if args.clients is None else args.clients
     return owners
 

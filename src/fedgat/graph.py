@@ -91,6 +91,10 @@ class Graph:
         report: for graphs built by :meth:`from_pyg` and the loaders built on it, a
             :class:`~fedgat.graph_pyg.GraphReport` of what the conversion changed (removed self-loops,
             merged duplicates, added reverse edges, the split drawn); None otherwise. Not compared.
+        node_names: ``(N,)`` str array, each node's name in its source (the ``id`` column of a graph
+            folder, :func:`fedgat.graph_csv.load_csv_folder`), for files that name nodes by id (an
+            owners file's ``node`` column, :func:`fedgat.owners.load_owners`); None when the source
+            numbers nodes ``0..N-1``. Not compared.
 
     Raises:
         GraphError: a field of the wrong shape, dtype, length or range, non-finite features, or
@@ -106,6 +110,7 @@ class Graph:
     num_classes: int
     name: str = "graph"
     report: GraphReport | None = field(default=None, repr=False, compare=False)
+    node_names: np.ndarray | None = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -394,6 +399,13 @@ def _validated(g: Graph) -> dict[str, object]:
                 f"remove them, fedgat adds self-loops itself"
             )
     out["edge_index"] = ei
+    if g.node_names is not None:
+        names = np.asarray(g.node_names)
+        if names.shape != (n,) or names.dtype.kind != "U":
+            raise GraphError(
+                f"node_names has shape {names.shape} and dtype {names.dtype}; pass ({n},) str names, one per node"
+            )
+        out["node_names"] = names
     return out
 
 

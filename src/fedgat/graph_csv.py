@@ -10,7 +10,9 @@ The layout most graphs start in, readable without Python::
 
 * ``id`` (or ``node``, ``node_id``): each node's name, any text without the delimiter (a paper id,
   an account number, ``0..N-1``); unique. The rows' order is the nodes' order: row ``k`` is node
-  ``k`` for everything that counts nodes by position (an ``--owners`` file, the graph's tensors).
+  ``k`` for everything that counts nodes by position (the graph's tensors, an ``--owners`` file of
+  one column); the ids are kept as :attr:`Graph.node_names <fedgat.graph.Graph.node_names>`, and an
+  owners file with a ``node`` column names nodes by these ids (:func:`fedgat.owners.load_owners`).
 * ``label`` (or ``class``, ``y``): the node's class. Whole numbers ``>= 0`` are used as they are
   (so ``0..K-1`` keep their meaning); any other text is a class name, and the names are numbered
   ``0..K-1`` in sorted order (the mapping is in ``graph.report.notes``). Every node needs one: give
@@ -184,10 +186,13 @@ def load_csv_folder(folder: str | Path, *, name: str | None = None, **split) -> 
     nodes_path, edges_path = table_files(folder)
     folder = nodes_path.parent
     fields, notes = _read_nodes(nodes_path)
-    fields["edge_index"], note = _read_edges(edges_path, fields.pop("ids"), nodes_path.name)
+    ids = fields.pop("ids").copy()  # its own array, not a view holding the label and split columns
+    fields["edge_index"], note = _read_edges(edges_path, ids, nodes_path.name)
     if note:
         notes.append(note)
-    return from_pyg(fields, name=name or folder.name, source=str(folder), reader_notes=notes, **split)
+    return from_pyg(
+        fields, name=name or folder.name, source=str(folder), reader_notes=notes, node_names=ids, **split
+    )
 
 
 # ------------------------------------------------------------------------------------- node table

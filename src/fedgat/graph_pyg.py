@@ -147,9 +147,11 @@ def from_pyg(
     num_test: int = NUM_TEST,
     source: str | None = None,
     reader_notes: Sequence[str] = (),
+    node_names: np.ndarray | None = None,
 ) -> Graph:
     """The implementation of :meth:`Graph.from_pyg` (see there and the module docstring);
-    ``reader_notes`` (a file reader's) go first in the report's notes."""
+    ``reader_notes`` (a file reader's) go first in the report's notes, and ``node_names`` (a file
+    reader's node ids, in node order) become :attr:`Graph.node_names`."""
     data, own_notes = _as_data(data)
     notes = [*reader_notes, *own_notes]
     keys = set(data.keys())
@@ -263,6 +265,7 @@ def from_pyg(
         num_classes=num_classes,
         name=name,
         report=report,
+        node_names=node_names,
     )
     logger.info("%s", report)
     return graph

@@ -7,8 +7,11 @@ An owners file gives one client id per node, in node order:
 * ``.csv`` or ``.txt``: one id per line (a single column), optionally under a header line. With more
   than one column a header is required: the ids are taken from the column named ``client``
   (or ``client_id``, ``owner``, ``party``), and a column named ``node`` (or ``node_id``) may give
-  each row's node, in any order (it must then list every node ``0..N-1`` exactly once). Lines
-  starting with ``#`` and trailing blank lines are skipped; a blank line inside the data is an error.
+  each row's node, in any order (it must then list every node exactly once). The node column holds
+  the graph's node ids where it has them (``node_names``: a graph folder's ``id`` column, kept as
+  :attr:`Graph.node_names <fedgat.graph.Graph.node_names>`; matched as text, so ``007`` is not
+  ``7``), else node numbers ``0..N-1``. Lines starting with ``#`` and trailing blank lines are
+  skipped; a blank line inside the data is an error.
 
 :func:`load_owners` reads and checks a file, :func:`check_owners` an array: the length equals the
 number of nodes, the ids are whole numbers in ``0..K-1`` (``K`` given, or ``max + 1``), finite, and
@@ -35,13 +38,17 @@ class OwnersError(ValueError):
     """An owners file or array is unreadable or invalid; the message names the problem."""
 
 
-def load_owners(path: str | Path, num_nodes: int, num_clients: int | None = None) -> np.ndarray:
+def load_owners(
+    path: str | Path, num_nodes: int, num_clients: int | None = None, *, node_names: np.ndarray | None = None
+) -> np.ndarray:
     """Read and check an owners file (format in the module docstring).
 
     Args:
         path: a ``.csv``, ``.txt`` or ``.npy`` file.
         num_nodes: the graph's node count ``N``.
         num_clients: ``K``; default ``max(id) + 1``.
+        node_names: ``(N,)`` the nodes' ids (:attr:`Graph.node_names <fedgat.graph.Graph.node_names>`),
+            which a ``node`` column then holds; None: it holds node numbers ``0..N-1``.
 
     Returns:
         ``(N,)`` int64 client ids in ``0..K-1``, every client owning at least one node.
@@ -58,7 +65,9 @@ def load_owners(path: str | Path, num_nodes: int, num_clients: int | None = None
         )
     if not path.is_file():
         raise OwnersError(f"owners file {path} not found" + (" (a directory)" if path.is_dir() else ""))
-    owners = _read_npy(path) if suffix == ".npy" else _read_text(path, num_nodes)
+    if node_names is not None and len(node_names) != num_nodes:
+        raise ValueError(f"node_names holds {len(node_names)} names for {num_nodes} nodes")
+    owners = _read_npy(path) if suffix == ".npy" else _read_text(path, num_nodes, node_names)
     return check_owners(owners, num_nodes, num_clients, source=f"owners file {path}")
 
 
@@ -149,7 +158,7 @@ def _read_npy(path: Path) -> np.ndarray:
     return a
 
 
-def _read_text(path: Path, num_nodes: int) -> np.ndarray:
+def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.ndarray:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -189,22 +198,48 @@ def _read_text(path: Path, num_nodes: int) -> np.ndarray:
     ids = np.array([_id(path, lineno, cols[client_col], "client id") for lineno, cols in body])
     if node_col is None:
         return ids
-    order = np.array([_id(path, lineno, cols[node_col], "node id") for lineno, cols in body])
-    if len(order) != num_nodes:
-        return ids  # check_owners reports the length
-    seen = np.full(num_nodes, -1, dtype=np.int64)
-    for row, value in enumerate(order):
-        node = int(value)
-        if not 0 <= node < num_nodes:
+    lines = np.array([lineno for lineno, _ in body])
+    cells = [cols[node_col] for _, cols in body]
+    if node_names is None:
+        node = np.array(
+            [_id(path, lineno, cell, "node id") for lineno, cell in zip(lines, cells, strict=True)]
+        )
+        outside = np.flatnonzero((node < 0) | (node >= num_nodes))
+        if len(outside):
+            row = int(outside[0])
             raise OwnersError(
-                f"owners file {path}, line {body[row][0]}: node {node} outside 0..{num_nodes - 1}"
+                f"owners file {path}, line {lines[row]}: node {node[row]:g} outside 0..{num_nodes - 1}"
             )
-        if seen[node] >= 0:
+        node = node.astype(np.int64)
+    else:
+        names = np.asarray(node_names)
+        order = np.argsort(names, kind="stable")
+        wanted = np.array(cells, dtype=str)  # not names.dtype: that would cut longer cells to fit
+        at = np.minimum(np.searchsorted(names[order], wanted), num_nodes - 1)
+        unknown = np.flatnonzero(names[order][at] != wanted)
+        if len(unknown):
+            row = int(unknown[0])
             raise OwnersError(
-                f"owners file {path}: node {node} listed twice (lines {body[seen[node]][0]} and {body[row][0]})"
+                f"owners file {path}, line {lines[row]}: node {cells[row]!r} is no id of the graph's nodes"
             )
-        seen[node] = row
-    return ids[seen]
+        node = order[at]
+    by_node = np.argsort(node, kind="stable")
+    repeated = np.flatnonzero(node[by_node][1:] == node[by_node][:-1])
+    if len(repeated):
+        first, second = by_node[repeated[0]], by_node[repeated[0] + 1]
+        raise OwnersError(
+            f"owners file {path}: node {cells[first]} listed twice (lines {lines[first]} and {lines[second]})"
+        )
+    if len(node) != num_nodes:
+        missing = np.setdiff1d(np.arange(num_nodes), node)
+        named = node_names[missing[0]] if node_names is not None else missing[0]
+        raise OwnersError(
+            f"owners file {path} lists {len(node)} of the graph's {num_nodes} nodes (node {named} is missing); "
+            "give every node one client id"
+        )
+    owners = np.empty(num_nodes, dtype=ids.dtype)
+    owners[node] = ids
+    return owners
 
 
 def _split(rows: list[tuple[int, str]]) -> list[tuple[int, list[str]]]:
