@@ -199,11 +199,9 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
     if node_col is None:
         return ids
     lines = np.array([lineno for lineno, _ in body])
-    cells = [cols[node_col] for _, cols in body]
+    node_cells = [cols[node_col] for _, cols in body]
     if node_names is None:
-        node = np.array(
-            [_id(path, lineno, cell, "node id") for lineno, cell in zip(lines, cells, strict=True)]
-        )
+        node = np.array([_id(path, lineno, cols[node_col], "node id") for lineno, cols in body])
         outside = np.flatnonzero((node < 0) | (node >= num_nodes))
         if len(outside):
             row = int(outside[0])
@@ -214,13 +212,13 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
     else:
         names = np.asarray(node_names)
         order = np.argsort(names, kind="stable")
-        wanted = np.array(cells, dtype=str)  # not names.dtype: that would cut longer cells to fit
+        wanted = np.array(node_cells, dtype=str)  # not names.dtype: that would cut longer node_cells to fit
         at = np.minimum(np.searchsorted(names[order], wanted), num_nodes - 1)
         unknown = np.flatnonzero(names[order][at] != wanted)
         if len(unknown):
             row = int(unknown[0])
             raise OwnersError(
-                f"owners file {path}, line {lines[row]}: node {cells[row]!r} is no id of the graph's nodes"
+                f"owners file {path}, line {lines[row]}: node {node_cells[row]!r} is no id of the graph's nodes"
             )
         node = order[at]
     by_node = np.argsort(node, kind="stable")
@@ -228,7 +226,7 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
     if len(repeated):
         first, second = by_node[repeated[0]], by_node[repeated[0] + 1]
         raise OwnersError(
-            f"owners file {path}: node {cells[first]} listed twice (lines {lines[first]} and {lines[second]})"
+            f"owners file {path}: node {node_cells[first]} listed twice (lines {lines[first]} and {lines[second]})"
         )
     if len(node) != num_nodes:
         missing = np.setdiff1d(np.arange(num_nodes), node)
