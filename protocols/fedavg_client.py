@@ -35,7 +35,7 @@ from .errors import (
     TrainingRefusedError,
 )
 from .messages import Abort, EvaluateRequest, EvaluationReport, GlobalModel, LocalUpdate, Message, SplitCounts
-from .messages_rounds import check_weights
+from .messages_rounds import MAX_WEIGHT_ABS, check_weights
 from .messages_secagg import (
     SECAGG_MESSAGES,
     SecAggAdvert,
@@ -89,6 +89,27 @@ def model_frame_limit(state: StateDict, clients: int = 0, secure: bool = False) 
         return plain
     masked = 16 * secure_length(state) + 256 * clients + FRAME_OVERHEAD
     return max(plain, masked)
+
+
+def check_headroom(arrays: Mapping[str, np.ndarray], headroom: float) -> None:
+    """Under DP-FedAvg: every global weight at least ``headroom``
+    (:attr:`fedgat.dp_fedavg.UpdateDP.headroom`) below :data:`MAX_WEIGHT_ABS`, so that the noised
+    weights a client releases stay within the limit but with negligible probability. Checked on the
+    server's model alone, before training: refusing it says nothing about the client's data, while
+    refusing a release at the limit would tell the server one bit of an individual noise share.
+
+    Raises:
+        PayloadError: naming the first array with a weight too close to the limit.
+    """
+    bound = MAX_WEIGHT_ABS - headroom
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        if a.size and a.dtype.kind == "f" and float(np.max(np.abs(a))) > bound:
+            raise PayloadError(
+                f"GlobalModel.arrays[{name!r}] holds |w| = {float(np.max(np.abs(a))):.6g}, within "
+                f"{headroom:.3g} of the limit {MAX_WEIGHT_ABS:.0e}: under DP-FedAvg this client's noised "
+                f"weights could reach the limit (it accepts |w| <= {max(bound, 0.0):.6g})"
+            )
 
 
 def secure_vector(
@@ -324,8 +345,12 @@ class ClientRounds(Party):
         if self.secagg is not None:
             check_secure_splits(msg.splits)
         weights = check_arrays(msg.arrays, self._reference, "GlobalModel")
-        # a DP-FedAvg release stays charged when the round is refused below: the refusal is seen
-        # and may depend on the noised values (a ninth review pass read one bit of an uncharged one)
+        if self.client.update_dp is not None:
+            check_headroom(msg.arrays, self.client.update_dp.headroom)
+        # a DP-FedAvg release stays charged when the round is refused below (a ninth review pass
+        # read one bit of an uncharged one); under DP nothing below refuses on the client's data
+        # before its noise (a twelfth: a diverged update is released as zero, and the headroom
+        # check above keeps the noised weights off the limit)
         saved = self._save_for_rollback() if msg.fit else None
         self.last_round, self._weights, self._evaluated = msg.round, weights, set()
         out: list[Message] = []

@@ -63,8 +63,17 @@ Scope, said plainly:
 * Without secure aggregation (``secagg=None``) the server sees each release with one share of the
   noise, :math:`z / \sqrt h`: the stated epsilon assumes the secure sum.
 * The noise is a float64 Gaussian from :class:`fedgat.randomness.RandomSource` (ChaCha20 keyed from
-  ``os.urandom``), rounded to the secure sum's fixed point (:math:`2^{-48}`); floating-point attacks
-  on the Gaussian's low bits (Mironov 2012) are not addressed.
+  ``os.urandom``). Each client's noised weights are cast to the model's dtype (float32: a spacing of
+  up to 1/16 at the server-chosen ``|w| <= 10^6``) before the secure sum's fixed point
+  (:math:`2^{-48}`); a twelfth review pass computed the rounded sums' exact distributions and found
+  them no less private than the unrounded Gaussian the accountant assumes. Floating-point attacks on
+  the Gaussian's low bits (Mironov 2012) are not addressed.
+* Nothing a client does observably depends on its data before the noise: a release is charged
+  before the client trains or evaluates, a diverged update is released as the zero update and a
+  non-finite count as 0 (:meth:`UpdateDP.privatize`), and a global model with a weight within
+  :attr:`UpdateDP.headroom` of the protocol's limit is refused before training, so that the noised
+  weights never reach the limit (a twelfth review pass read one exact bit of a client's data off
+  the refusal of a diverged update).
 
 Utility: the noise on the mean update has norm about :math:`2 z C \sqrt{P n / h} / n` for :math:`P`
 weights and :math:`n` clients, against a signal of norm at most :math:`C`: with few clients and
@@ -106,6 +115,11 @@ DP_NEEDS_SECAGG = (
     "DP-FedAvg needs secure aggregation: its noise is split into shares that only the secure sum "
     "adds up (alone, each release carries one share)"
 )
+
+
+#: how many of its noise share's standard deviations a released weight may move before the weight
+#: limit is in reach (:attr:`UpdateDP.headroom`): a draw that far out has probability below 1e-88
+NOISE_TAIL_SIGMAS = 20.0
 
 
 class UpdateBudgetError(ValueError):
@@ -221,10 +235,15 @@ class UpdateDP:
         self, state: StateDict, reference: StateDict, rng: RandomSource | None = None
     ) -> dict[str, torch.Tensor]:
         """``reference + clip(state - reference) + noise share`` over all floating-point weights
-        (float64 arithmetic, cast back to each weight's dtype). ``rng``: a test's stream; by default
-        a fresh :class:`~fedgat.randomness.RandomSource` (OS CSPRNG)."""
+        (float64 arithmetic, cast back to each weight's dtype). An update holding NaN or infinite
+        values is replaced by the zero update before the clip: still a release of sensitivity
+        ``clip``, and nothing about it is decided on un-noised values (a client that refused a
+        diverged update told the server one exact bit of its data). ``rng``: a test's stream; by
+        default a fresh :class:`~fedgat.randomness.RandomSource` (OS CSPRNG)."""
         names = [k for k, v in reference.items() if v.is_floating_point()]
         delta = torch.cat([(state[k].double() - reference[k].double()).reshape(-1) for k in names])
+        if not bool(torch.isfinite(delta).all()):
+            delta = torch.zeros_like(delta)
         norm = float(torch.linalg.vector_norm(delta))
         if norm > self.clip:
             delta = delta * (self.clip / norm)
@@ -244,15 +263,27 @@ class UpdateDP:
         """Evaluation counts as a release: the splits' ``(correct, count, loss_sum)`` as one vector,
         scaled to L2 norm :attr:`counts_clip` when longer, plus a noise share of std
         :attr:`counts_share_std` per entry (float values; the pooled sums are post-processed by
-        :func:`fedgat.rounds.pool_counts`). ``rng`` as in :meth:`privatize`."""
+        :func:`fedgat.rounds.pool_counts`). A NaN or infinite entry (a loss that overflowed) counts
+        as 0 before the clip, as :meth:`privatize` zeroes a non-finite update. ``rng`` as in
+        :meth:`privatize`."""
         names = list(counts)
         vector = np.array([float(v) for s in names for v in counts[s]], dtype=np.float64)
+        vector[~np.isfinite(vector)] = 0.0
         norm = float(np.linalg.norm(vector))
         if norm > self.counts_clip:
             vector *= self.counts_clip / norm
         source = rng if rng is not None else RandomSource()
         vector = vector + source.normal(vector.size) * self.counts_share_std
         return {s: Counts(*(float(v) for v in vector[3 * i : 3 * i + 3])) for i, s in enumerate(names)}
+
+    @property
+    def headroom(self) -> float:
+        """How far a released weight may move from the global one it was trained from: the clip
+        plus :data:`NOISE_TAIL_SIGMAS` noise shares. A client checks that the global model leaves
+        this much room below the protocol's weight limit before it trains: a release that reached
+        the limit would be refused, and whether it does would depend on its data (a twelfth
+        review pass)."""
+        return self.clip + NOISE_TAIL_SIGMAS * self.share_std
 
     @property
     def counts_share_std(self) -> float:

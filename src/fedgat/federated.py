@@ -27,6 +27,7 @@ re-exported here: :class:`FedAvg` (clients keep their own Adam; the default and 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,10 +79,14 @@ __all__ = [
     "stream_state",
 ]
 
+logger = logging.getLogger(__name__)
+
 
 class NonFiniteUpdateError(FloatingPointError):
     """Local training produced NaN or infinite weights (e.g. from huge global weights, or a
-    diverging learning rate); the client refuses to return them."""
+    diverging learning rate); the client refuses to return them. Not raised under DP-FedAvg
+    (:attr:`Client.update_dp`): whether training diverges depends on the client's data, so there the
+    update is released as the zero update instead (:meth:`fedgat.dp_fedavg.UpdateDP.privatize`)."""
 
 
 def as_client_strategy(strategy: ClientStrategy | ServerStrategy | None) -> ClientStrategy:
@@ -273,19 +278,23 @@ class Client:
         A client without training nodes returns ``global_state`` unchanged with weight 0. Under
         :attr:`update_dp` every client returns ``global_state`` plus its clipped, noised update
         (:meth:`fedgat.dp_fedavg.UpdateDP.privatize`; zero update without training nodes) with weight
-        1 and loss NaN (not sent).
+        1 and loss NaN (not sent). The release is charged before anything reads the client's data, and
+        nothing observable depends on the data before the noise: a non-finite update is released as
+        the zero update (plus its noise), not refused (a twelfth review pass: the refusal was an
+        exact, uncharged bit of the data, e.g. whether one training node has a feature).
 
         Raises:
-            NonFiniteUpdateError: the trained weights hold NaN or infinite values (naming the first
-                such weight); nothing is returned.
+            NonFiniteUpdateError: without :attr:`update_dp`, the trained weights hold NaN or infinite
+                values (naming the first such weight); nothing is returned.
             UpdateBudgetError: under :attr:`update_dp`, the client has made its
                 ``max_releases`` releases already; nothing is returned.
         """
         dp = self.update_dp
         self._check_budget()
+        if dp is not None:
+            self.dp_releases += 1  # charged whatever happens next (reviews 11 and 12)
         if self.num_train == 0:
             if dp is not None:
-                self.dp_releases += 1
                 return ClientUpdate(dp.privatize(global_state, global_state), 1, float("nan"))
             return ClientUpdate(global_state, 0, 0.0)
         if self.rng_state is None:
@@ -323,14 +332,20 @@ class Client:
             )
         else:
             state, bad = _state_to_host(self.model.state_dict())
+        if dp is not None:  # no branch on the un-noised weights: privatize releases a bad update as zero
+            if bad is not None:
+                logger.warning(
+                    "client %d: local training produced NaN or infinite values in %r; under DP-FedAvg "
+                    "it releases the zero update (plus its noise) instead",
+                    self.client_id,
+                    bad,
+                )
+            return ClientUpdate(dp.privatize(state, global_state), 1, float("nan"))
         if bad is not None:
             raise NonFiniteUpdateError(
                 f"client {self.client_id}: local training produced NaN or infinite values in {bad!r} "
                 f"(loss {float(loss.detach()):.3g})"
             )
-        if dp is not None:
-            self.dp_releases += 1
-            return ClientUpdate(dp.privatize(state, global_state), 1, float("nan"))
         return ClientUpdate(state, self.num_train, float(loss.detach()))
 
     def _set_anchor(self, global_state: StateDict) -> None:
@@ -366,18 +381,17 @@ class Client:
     def release_counts(self, global_state: StateDict, splits: Sequence[str]) -> dict[str, Counts]:
         """The counts of :meth:`evaluate` as they leave the client: exact, or under
         :attr:`update_dp` clipped and noised as one release of its budget
-        (:meth:`fedgat.dp_fedavg.UpdateDP.privatize_counts`).
+        (:meth:`fedgat.dp_fedavg.UpdateDP.privatize_counts`), charged before the evaluation runs.
 
         Raises:
             UpdateBudgetError: under :attr:`update_dp`, the client has made its ``max_releases``
                 releases already; nothing is evaluated.
         """
         self._check_budget()
-        counts = self.evaluate(global_state, splits)
         if self.update_dp is None:
-            return counts
+            return self.evaluate(global_state, splits)
         self.dp_releases += 1
-        return self.update_dp.privatize_counts(counts)
+        return self.update_dp.privatize_counts(self.evaluate(global_state, splits))
 
     @torch.no_grad()
     def evaluate(self, global_state: StateDict, splits: Sequence[str] = ("val", "test")) -> dict[str, Counts]:

@@ -732,3 +732,99 @@ def test_evaluation_reports_are_no_per_client_oracle():
     request = EvaluateRequest(sender=sid, recipient=c, session=9, seq=10**6, round=1, splits=("val",))
     with pytest.raises(ConfigMismatchError):
         clients[c].receive(encode_message(request, dep.identities[sid].signer))
+
+
+# ------------------------------------------------------------------ a refusal as a bit (pass 12)
+TRAP_WORD = 5
+
+
+def _trap_world(with_word: bool):
+    """A 48-node synthetic graph in which nobody has word 5, except (``with_word``) one training
+    node of client 0: two neighbouring datasets of client 0."""
+    import dataclasses
+
+    g = synthetic_graph(num_nodes=48, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
+    part = make_partition(g, 3, beta=1.0, seed=0, num_layers=2, min_cross=2)
+    x = g.x.clone()
+    x[:, TRAP_WORD] = 0.0
+    node = int(next(v for v in part.clients[0].owned if bool(g.train_mask[v])))
+    if with_word:
+        x[node, TRAP_WORD] = 0.6
+    return dataclasses.replace(g, x=x / x.norm(dim=1, keepdim=True)), part
+
+
+def _trap_parties(with_word: bool, **hp):
+    """The real FedGAT parties (secure aggregation, 3 local steps, no dropout) on :func:`_trap_world`."""
+    from fedgat.app import build_training_parties
+
+    g, part = _trap_world(with_word)
+    plain = run_plaintext_pretraining(g, part, seed=1)
+    return build_training_parties(
+        g, part, plain, seed=1, rounds=3, local_epochs=3, dropout=0.0, feature_dropout=0.0, **hp
+    )
+
+
+def _answer(parties, state) -> tuple[str, int]:
+    """What client 0 does with ``state`` as round 1's model, and the DP releases it has charged:
+    ``(the messages it sends, or the error the server sees; releases)``."""
+    from fedgat.protocols.errors import ProtocolError
+    from fedgat.protocols.fedavg_client import state_to_arrays
+
+    server, client = parties.server, parties.clients[0]
+    msg = server._new(GlobalModel, 0, round=1, fit=True, splits=(), arrays=state_to_arrays(state))
+    try:
+        seen = ",".join(m.type_name for m in client.receive(server.encode(msg)))
+    except ProtocolError as exc:
+        seen = type(exc).__name__
+    return seen, client.client.dp_releases
+
+
+def _trap_answer(with_word: bool, **hp) -> tuple[str, int]:
+    """:func:`_answer` to the trap model -- finite weights within every limit, whose local training
+    overflows iff client 0's data has word 5 (the helper's trap of the twelfth pass)."""
+    parties = _trap_parties(with_word, **hp)
+    trap = {k: torch.zeros_like(t) for k, t in parties.server.global_state.items()}
+    trap["conv1.lin.weight"][:, TRAP_WORD] = 999_000.0  # layer 1 reads word 5 only
+    trap["conv2.lin.weight"][0, :] = 999_000.0  # class 0 up, class 1 down
+    trap["conv2.lin.weight"][1, :] = -999_000.0
+    return _answer(parties, trap)
+
+
+def test_under_dp_fedavg_a_diverged_update_is_no_bit_of_the_data(monkeypatch):
+    """FIXED (a twelfth review pass): a client under DP-FedAvg refused an update whose local training
+    diverged, before clipping and noise and without charging the release. A server picked finite
+    weights whose training overflows iff one training node of the target has a word, and read that
+    bit off the refusal, exactly (epsilon infinite for it). Now both datasets give the same answer
+    and are charged one release each; with the refusal put back the trap reads the bit again."""
+    private = {w: _trap_answer(w, update_dp_epsilon=4.0) for w in (True, False)}
+    assert private[True] == private[False] == ("SecAggAdvert", 1)
+
+    from fedgat.federated import NonFiniteUpdateError
+
+    privatize = UpdateDP.privatize
+
+    def refusing(self, state, reference, rng=None):  # the decision on un-noised weights, as before
+        if not all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point()):
+            raise NonFiniteUpdateError("local training produced NaN or infinite values")
+        return privatize(self, state, reference, rng)
+
+    monkeypatch.setattr(UpdateDP, "privatize", refusing)
+    seen = {w: _trap_answer(w, update_dp_epsilon=4.0)[0] for w in (True, False)}
+    assert seen == {True: "TrainingRefusedError", False: "SecAggAdvert"}
+
+
+def test_under_dp_fedavg_a_model_near_the_weight_limit_is_refused_before_training():
+    """The twelfth pass's second half: a released weight at the protocol's limit was refused after
+    its noise share, a bit of one client's share alone. A client under DP now refuses, before it
+    trains or charges anything, a model with a weight within ``UpdateDP.headroom`` of the limit."""
+    from fedgat.protocols.messages_rounds import MAX_WEIGHT_ABS
+
+    parties = _trap_parties(False, update_dp_epsilon=4.0)
+    client = parties.clients[0]
+    headroom = client.client.update_dp.headroom
+    near = {k: v.clone() for k, v in parties.server.global_state.items()}
+    near["conv2.lin.weight"][0, 0] = MAX_WEIGHT_ABS - headroom / 2
+    before = client.snapshot()
+    assert _answer(parties, near) == ("PayloadError", 0) and client.snapshot() == before
+    near["conv2.lin.weight"][0, 0] = MAX_WEIGHT_ABS - headroom - 1  # (float32 spacing there: 1/16)
+    assert _answer(parties, near) == ("SecAggAdvert", 1)

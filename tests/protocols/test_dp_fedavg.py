@@ -104,6 +104,40 @@ def test_privatize_clips_the_whole_update_to_c_and_adds_shares_of_the_stated_std
     assert np.std(_flat(out) - reference - kept) == pytest.approx(dp.share_std, rel=0.02)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_update_or_count_is_released_as_zero_plus_its_noise(bad):
+    """Whether local training diverges depends on the client's data, so under DP nothing refuses on
+    it: a non-finite update is released exactly as the zero update would be (same noise stream),
+    and a non-finite count entry as 0 (a twelfth review pass)."""
+    dp = UpdateDP(clip=1.0, noise_multiplier=0.7, max_rounds=5, honest=3)
+    reference = np.random.default_rng(1).standard_normal(3_003)
+    broken = reference.copy()
+    broken[7] = bad
+    out = dp.privatize(_state(broken), _state(reference), rng=RandomSource.from_seed(b"nan"))
+    zero = dp.privatize(_state(reference), _state(reference), rng=RandomSource.from_seed(b"nan"))
+    assert np.isfinite(_flat(out)).all() and np.array_equal(_flat(out), _flat(zero))
+    counts = {"val": Counts(3, 5, bad), "test": Counts(4, 6, 2.0)}
+    zeroed = {"val": Counts(3, 5, 0.0), "test": Counts(4, 6, 2.0)}
+    got = dp.privatize_counts(counts, rng=RandomSource.from_seed(b"c"))
+    assert got == dp.privatize_counts(zeroed, rng=RandomSource.from_seed(b"c"))
+    assert all(math.isfinite(v) for c in got.values() for v in c)
+
+
+def test_the_headroom_keeps_released_weights_off_the_limit():
+    """A client under DP refuses a global model within ``clip + 20`` noise shares of the weight
+    limit, before it trains (a data-independent refusal); at the bound it accepts."""
+    from fedgat.protocols.errors import PayloadError
+    from fedgat.protocols.fedavg_client import check_headroom
+    from fedgat.protocols.messages_rounds import MAX_WEIGHT_ABS
+
+    dp = UpdateDP(clip=1.0, noise_multiplier=3.0, max_rounds=5, honest=2)
+    assert dp.headroom == pytest.approx(1.0 + 20 * 2 * 3.0 / math.sqrt(2))
+    at_bound = {"w": np.array([0.5, -(MAX_WEIGHT_ABS - dp.headroom)]), "steps": np.array([10**7])}
+    check_headroom(at_bound, dp.headroom)  # integer buffers are not released with noise
+    with pytest.raises(PayloadError, match=r"arrays\['w'\] .* within 85\.9 of the limit"):
+        check_headroom({"w": at_bound["w"] * (1 + 1e-9)}, dp.headroom)
+
+
 def test_the_noise_comes_from_the_os_and_differs_every_time():
     """No seed reaches the noise: the same update privatised twice gives two different outputs, whose
     difference has the std of two independent shares."""
