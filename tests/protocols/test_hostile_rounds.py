@@ -213,12 +213,15 @@ def test_message_object_with_changed_fields_is_refused():
     assert [type(m) for m in party.receive(genuine)] == [LocalUpdate]
 
 
-def test_a_refused_dp_round_stays_charged():
-    """Under DP-FedAvg the bound is checked on the noised weights, so a refusal tells the server one
-    bit of a release (a ninth review pass: weights just below the bound, and the refusal said whether
-    one client's noise share crossed it). The release stays charged, so that bit is covered by the
-    accountant like the release itself (post-processing)."""
+def test_a_refused_dp_round_stays_charged(monkeypatch):
+    """Under DP-FedAvg a refusal of the noised weights at the bound told the server one bit of a
+    release (a ninth review pass: weights just below the bound, and the refusal said whether one
+    client's noise share crossed it). A client now refuses such a model before it trains, charging
+    nothing (a twelfth pass: ``UpdateDP.headroom``); with that check removed, the refusal after the
+    noise leaves the release charged, so the bit is covered by the accountant like the release
+    itself (post-processing)."""
     from fedgat.dp_fedavg import UpdateDP
+    from fedgat.protocols import fedavg_client
 
     dep, party, _, initial = _setup()
     party.client.update_dp = UpdateDP(clip=0.2, noise_multiplier=0.5, max_rounds=3)
@@ -231,6 +234,12 @@ def test_a_refused_dp_round_stays_charged():
         splits=("val", "test"), arrays=arrays,
     )  # fmt: skip
     frame = encode_message(msg, dep.identities[dep.roster.server].signer)
+    before = secure.snapshot()
+    with pytest.raises(PayloadError, match=r"within 3\.03 of the limit"):
+        secure.receive(frame)
+    assert secure.snapshot() == before and party.client.dp_releases == 0
+
+    monkeypatch.setattr(fedavg_client, "check_headroom", lambda arrays, headroom: None)
     exc = refused_for_good(secure, frame, TrainingRefusedError)
     assert "above the limit" in exc.detail  # the noised weights crossed the bound
     assert party.client.dp_releases == 2  # the counts and the update: both charged
