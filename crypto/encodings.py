@@ -21,12 +21,15 @@ on Cora (10 clients, vector: 4.68 GB vs 3.21 GB; 90 % of its nodes are needed by
 does not own them) for 8 % fewer multiply-adds. The owner ignores its decrypted row 0 and uses its
 own plaintext.
 
-Differential privacy (:mod:`fedgat.dp`): every client uploads two copies of each owned node, the
-clean projection and its noisy release. The spool keeps the clean copy of node ``j`` under key
-``j`` and the release under :func:`release_key` ``(j)`` (ids are u32, so both share the int64 key
-space), and :func:`plan_views` turns the drawn bases into *compute buckets* whose ``neighbours``
-are those spool keys: the encodings of node ``i`` for client ``c`` read the clean copy of each
-source ``c`` owns and the release of every other source. Every encoder of :mod:`fedgat.crypto.encoders` runs them unchanged.
+Differential privacy (:mod:`fedgat.dp`). In the protocol (per-recipient keys,
+:class:`~fedgat.protocols.ClientPretrain`) an owner uploads for each recipient only the *release* of
+each row that recipient needs, never the clean row, and computes the share of its own rows locally.
+The plaintext round (:func:`fedgat.protocols.pretrain_plan.plan_round` for
+:mod:`fedgat.plain_encoder`) holds both: the clean copy of node ``j`` under key ``j`` and the release
+under :func:`release_key` ``(j)`` (ids are u32, so both share the int64 key space), and
+:func:`plan_views` turns the drawn bases into *compute buckets* whose ``neighbours`` are those keys:
+the encodings of node ``i`` for client ``c`` read the clean copy of each source ``c`` owns and the
+release of every other source. Every encoder of :mod:`fedgat.crypto.encoders` runs them unchanged.
 
 Memory: uploads are validated and spooled to disk (:class:`CiphertextSpool`), results are produced
 node by node (:mod:`fedgat.crypto.encoders`), so the server never holds a dataset's ciphertexts at once.

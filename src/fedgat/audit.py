@@ -504,6 +504,7 @@ SERVER_ATTACKS = (
     "relabel_forgery",
     "row_swap",
     "withheld_claims",
+    "verdict_oracle",
     "split_roster",
     "dropped_client",
     "server_plus_one_client",
@@ -543,6 +544,7 @@ def audit_server(
     :func:`fedgat.server_attacks.relabel_forgery_attack`,
     :func:`fedgat.server_attacks.row_swap_attack`,
     :func:`fedgat.server_attacks.withheld_claims_attack`,
+    :func:`fedgat.server_attacks.verdict_oracle_attack`,
     :func:`fedgat.server_attacks.split_roster_attack`,
     :func:`fedgat.server_attacks.dropped_client_attack`,
     :func:`fedgat.server_attacks.colluder_forgery_attack`) and, on the clients' decrypted encodings of
@@ -584,6 +586,7 @@ def audit_server(
         shared_secret_key,
         split_roster_attack,
         third_party_claims_attack,
+        verdict_oracle_attack,
         withheld_claims_attack,
     )
     from fedgat.training_attacks import ATTACK_STRATEGIES, TrainingSetting, training_attacks
@@ -632,6 +635,8 @@ def audit_server(
         results["row_swap"] = row_swap_attack(setting)
     if "withheld_claims" in wanted:
         results["withheld_claims"] = withheld_claims_attack(setting)
+    if "verdict_oracle" in wanted:
+        results["verdict_oracle"] = verdict_oracle_attack(setting)
     if "split_roster" in wanted:
         results["split_roster"] = split_roster_attack(setting)
     if "dropped_client" in wanted:

@@ -30,6 +30,9 @@ payoff comes later through training, that reached an honest client's training in
   :func:`dropped_client_attack`, :func:`split_roster_attack` -- a server (with a colluding client
   for the first) that changes which rows, of which owner, a foreign node's neighbourhood holds in
   one victim's bases, or the claims and roster that victim checks them against;
+* :func:`verdict_oracle_attack` -- the server alone adds to an honest result of the victim a scaled
+  copy of one column of a foreign owner's upload, in a slot the victim checks: the victim's verdict
+  (accept, or the terminal refusal) says whether that feature is zero (known break 22, open);
 * :func:`collusion_attack` -- the server gives a colluding client every ciphertext it holds
   (uploads and results of an honest round); the client decrypts each with its own secret key,
   ignoring the envelopes' key fingerprints.
@@ -58,7 +61,7 @@ from fedgat.app import PretrainParties, bases_rng, build_pretrain_parties, cross
 from fedgat.crypto import KeyHolderContext, SlotLayout, deserialize, encrypt_rows, serialize
 from fedgat.crypto.encoders import local_encoder
 from fedgat.crypto.encodings import PackedShares, pack_maps
-from fedgat.crypto.packing import tenseal_payload
+from fedgat.crypto.packing import linear_combination, tenseal_payload
 from fedgat.crypto.tags import tag_columns
 from fedgat.crypto.tasks import NodeResult, encode_node
 from fedgat.encodings import Encodings
@@ -120,6 +123,7 @@ __all__ = [
     "statements_unchecked",
     "third_party_claims_attack",
     "third_party_edges",
+    "verdict_oracle_attack",
     "withheld_claim_target",
     "withheld_claims_attack",
 ]
@@ -1502,6 +1506,112 @@ def row_swap_attack(setting: AttackSetting) -> AttackOutcome:
             "victim_encoding_error": error,
             "victim_completed": completed,
             "victim_error": refusals[0] if refusals else None,
+            "upload_window": setting.upload_window,
+        },
+    )
+
+
+# ---------------------------------------------------------------------- the verdict as an oracle
+class ProbingServer(TamperingServer):
+    """A server that adds ``lam`` times column ``column`` of the upload of node ``target`` (under the
+    victim's key, as the victim's owner sent it) into the same column of the first result it sends
+    the victim: one plaintext multiply-add on ciphertexts it holds, nonzero in one slot, in block 0
+    (the result's first row, which the victim reads and checks). Every other slot is left as it
+    was, so the victim's tag check misses by ``lam * h[column]`` times its check vector: it refuses
+    iff the foreign feature is not zero (known break 22, a thirteenth review pass)."""
+
+    def __init__(self, *args: Any, victim: int, target: int, column: int, lam: float, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.victim, self.target, self.column, self.lam = victim, target, column, lam
+        self.probed: int | None = None
+
+    def _tampered(
+        self, results: Iterator[tuple[int, int, NodeResult]]
+    ) -> Iterator[tuple[int, int, NodeResult]]:
+        assert self.plan is not None and self.layout is not None
+        for g, s, result in results:
+            if self.probed is None and self.plan.recipients[self.plan_position(g, s)][0] == self.victim:
+                ctx = self.contexts[self.victim]
+                upload = self._spool(self.victim).get(self.target)
+                chunk, slot = divmod(self.column, self.layout.width)
+                mask = np.zeros((1, ctx.slots))
+                mask[0, slot] = self.lam
+                blobs = list(result.row_blobs)
+                probe = linear_combination(ctx, [upload[chunk]], mask)
+                blobs[chunk] = serialize(ctx, deserialize(ctx, blobs[chunk], level="result") + probe)
+                result, self.probed = NodeResult(result.node, blobs), int(result.node)
+            yield g, s, result
+
+
+def verdict_oracle_target(partition: Partition, truth: np.ndarray) -> tuple[int, int] | None:
+    """``(victim, j)``: the first recipient and the first foreign row released to it with both zero
+    and non-zero features (else the first foreign row)."""
+    victim = first_recipient(partition)
+    if victim is None:
+        return None
+    rows = foreign_rows(partition, victim)
+    if not len(rows):
+        return None
+    mixed = [int(j) for j in rows.tolist() if 0 < np.count_nonzero(truth[j]) < truth.shape[1]]
+    return victim, (mixed[0] if mixed else int(rows[0]))
+
+
+def verdict_oracle_attack(setting: AttackSetting, probes: int = 8, lam: float = 100.0) -> AttackOutcome:
+    """Known break 22 (open; a thirteenth review pass): the server alone reads whether features of a
+    foreign row are zero, one feature per session, off the victim's verdict
+    (:class:`ProbingServer`). The columns probed: half among the row's non-zero features and half
+    among its zeros (the first of each; all of one kind when the row has no other), so the read-out
+    is scored on both answers. ``targets``: the probes (one session each); ``recovered``: those the
+    verdict answered correctly (refused iff non-zero); ``detected``: some probe was refused (the
+    victim caught the server, which learnt the bit all the same). On a bag-of-words graph (Cora:
+    98.7 % zeros) the zeros are which words a foreign paper does not contain, read without a
+    refusal."""
+    truth = setting.truth
+    target = verdict_oracle_target(setting.partition, truth)
+    if target is None:
+        return AttackOutcome("verdict_oracle", 0, 0, False, ran=False, detail={"note": "no foreign row"})
+    victim, j = target
+    nonzero, zero = np.flatnonzero(truth[j] != 0), np.flatnonzero(truth[j] == 0)
+    half = min(probes // 2, len(zero)) if len(nonzero) else 0
+    columns = [*nonzero[: probes - half].tolist(), *zero[:half].tolist()][:probes]
+    reads, refusals, completed = [], 0, 0
+    for column in columns:
+
+        def server(parties: PretrainParties, column: int = column) -> ServerPretrain:
+            return ProbingServer(
+                **_server_args(parties, setting, 1), victim=victim, target=j, column=column, lam=lam
+            )
+
+        parties = _build(setting, server=server, result_batch_bytes=1)
+        driver = _drive(parties)
+        refused = bool(_rejections(driver, victim))
+        refusals += refused
+        completed += bool(parties.clients[victim].done)
+        reads.append(refused)
+    answers = truth[j, columns] != 0
+    correct = int(np.sum(np.array(reads, dtype=bool) == answers))
+    return AttackOutcome(
+        "verdict_oracle",
+        len(columns),
+        correct,
+        refusals > 0,
+        detail={
+            "note": (
+                "OPEN (known break 22): the server alone adds lam times one column of a foreign "
+                "upload into a checked slot of the victim's result; the victim refuses iff that "
+                "feature is non-zero, so its verdict reads the bit (one session per probe). recovered: "
+                "probes answered correctly; detected: some probe was refused (the victim caught the "
+                "server, which learnt the bit anyway); sessions with a zero feature complete unnoticed"
+            ),
+            "victim": victim,
+            "node": j,
+            "owner": int(setting.partition.owner[j]),
+            "columns": [int(c) for c in columns],
+            "nonzero": [bool(a) for a in answers],
+            "refused": reads,
+            "sessions": len(columns),
+            "victim_completed_sessions": completed,
+            "lam": lam,
             "upload_window": setting.upload_window,
         },
     )

@@ -15,6 +15,8 @@ fix). A fix flips the test, and the failure is the reminder to change the doc wi
 4. FIXED: evaluation reports were per client and in plaintext: finite differences of ``loss_sum``
    around a model the server chose read out a client's per-class feature sums. Now the counts travel
    inside the secure sum, and the same read-out gives only the clients' total.
+5. OPEN (known break 22, a thirteenth review pass): a recipient's verdict on its results (accept, or
+   the terminal refusal) is a predicate of a decrypted foreign feature that the server chooses.
 """
 
 import math
@@ -828,3 +830,31 @@ def test_under_dp_fedavg_a_model_near_the_weight_limit_is_refused_before_trainin
     assert _answer(parties, near) == ("PayloadError", 0) and client.snapshot() == before
     near["conv2.lin.weight"][0, 0] = MAX_WEIGHT_ABS - headroom - 1  # (float32 spacing there: 1/16)
     assert _answer(parties, near) == ("SecAggAdvert", 1)
+
+
+# ---------------------------------------------------- the verdict as an oracle (pass 13, open)
+def test_the_verdict_on_a_result_tells_the_server_whether_a_foreign_feature_is_zero():
+    """OPEN (known break 22): the server alone adds ``100 x`` one column of a foreign owner's upload
+    (under the victim's key) into a slot of the victim's result that the victim checks; the tag
+    check misses iff that feature is non-zero, and the victim's refusal says so. On sparse,
+    bag-of-words-like rows the verdicts of eight sessions read eight features' support exactly, and
+    the sessions with a zero feature complete as if nothing happened. When this is fixed (the
+    verdict independent of the data), flip the assertions and the doc."""
+    import dataclasses
+
+    from fedgat.server_attacks import verdict_oracle_attack
+
+    g = synthetic_graph(
+        num_nodes=120, num_features=16, avg_degree=4.0, train_per_class=5, num_val=20, num_test=40, seed=3
+    )
+    rng = np.random.default_rng(7)
+    x = g.x.clone().abs()
+    x[torch.from_numpy(rng.random(x.shape) < 0.6)] = 0.0
+    x[:, 0] += 0.05  # no empty row
+    g = dataclasses.replace(g, x=x / x.norm(dim=1, keepdim=True))
+    part = make_partition(g, 3, beta=1.0, seed=0)
+    out = verdict_oracle_attack(AttackSetting(g, part, "vector", seed=1), probes=8)
+    d = out.as_dict()
+    assert out.ran and out.targets == 8 and sum(d["nonzero"]) == 4  # both answers probed
+    assert out.recovered == 8  # every verdict read its bit
+    assert d["refused"] == d["nonzero"] and d["victim_completed_sessions"] == 4
