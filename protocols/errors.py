@@ -159,8 +159,10 @@ class ResultRejectedError(PayloadError):
     reason), and a norm or a tag miss in it would make every forged result a decryption query.
     ``detail`` says what failed, with its values, for local logs only: never send it.
 
-    Terminal: the recipient aborts its session at the first refused result (see
-    :class:`ProtocolError`), so a forger gets one try, not one query per probe.
+    Terminal (see :class:`ProtocolError`), and raised once the results are complete
+    (``EncodingsDone``), not at the result that failed: the recipient answers that result as any
+    other and keeps its first failure only, so a forger learns per session whether some result
+    failed, not which (known break 22), and gets one try, not one query per probe.
     """
 
     terminal = True

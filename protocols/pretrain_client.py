@@ -295,6 +295,10 @@ class ClientPretrain(Party):
         self._assemblies: list[_Assembly] = []
         self._assigned: set[int] = set()
         self.encodings: Encodings | None = None
+        #: the first result this client refused, kept until the server says the results are done
+        #: (:meth:`_on_done`): a refusal seen at the result that failed would tell the server which
+        #: of its probes did (known break 22)
+        self._refusal: ResultRejectedError | None = None
         self.ciphertexts_decrypted = 0
         self.nodes_decrypted = 0
         #: nodes of the buckets received so far with a foreign partial to wait for: what
@@ -899,10 +903,15 @@ class ClientPretrain(Party):
                 decrypted.extend(layout.unpack_items(dec, count, R))
             slots = np.array([slot for slot, _ in parts], dtype=np.int64)
             owners = np.array([owner for _, owner in parts], dtype=np.int64)
-            shares = self._check(asm, slots, owners, np.stack(decrypted))
+            try:
+                shares: np.ndarray | None = self._check(asm, slots, owners, np.stack(decrypted))
+            except ResultRejectedError as exc:
+                self._refuse_at_done(exc)
+                shares = None
         lo = self._offset
         for k, (slot, owner) in enumerate(parts):  # all checked: now store
-            asm.rows[slot, :, lo:] += torch.from_numpy(shares[k]).to(self.dtype)
+            if shares is not None and self._refusal is None:
+                asm.rows[slot, :, lo:] += torch.from_numpy(shares[k]).to(self.dtype)
             asm.received.add((slot, owner))
             asm.remaining[slot] -= 1
         self._arm("download", self.timeouts.download)
@@ -961,6 +970,19 @@ class ClientPretrain(Party):
         except ResultCheckError as exc:
             raise ResultRejectedError(exc.node, exc.owners, detail=str(exc)) from exc
 
+    def _refuse_at_done(self, exc: ResultRejectedError) -> None:
+        """Keep the first refused result's error for :meth:`_on_done` and drop what was decrypted.
+
+        Until then the client goes on exactly as if it had accepted: it checks the frames that
+        follow as before (their structure, then decryption and the check, whose outcome no longer
+        matters), answers nothing different, keeps uploading in a windowed round, and stores no
+        value. So the server learns, per session, one bit: whether some result it sent failed its
+        check, not which (on Flower each message's reply would otherwise say so; known break 22)."""
+        if self._refusal is None:
+            self._refusal = exc
+            for a in self._assemblies:
+                a.rows.zero_()
+
     def _on_done(self, msg: EncodingsDone) -> list[Message]:
         self._from_server(msg)
         missing = len(self.needed) - sum(int(a.filled.sum()) for a in self._assemblies)
@@ -969,6 +991,8 @@ class ClientPretrain(Party):
                 f"encodings incomplete: {missing} of {len(self.needed)} nodes missing, "
                 f"{len(self._assemblies)} buckets received of {msg.buckets}"
             )
+        if self._refusal is not None:
+            raise self._refusal  # terminal: the session ends, nothing decrypted is kept
         buckets = [EncodingBucket.from_rows(a.bases, a.rows) for a in self._assemblies]
         self.encodings = Encodings(self.config.variant, self.needed, buckets)
         self._assemblies = []

@@ -34,7 +34,8 @@ Mid-run state (:mod:`fedgat.protocols.party_state`, any point between messages):
 * the round: the participants, the releases (recipient -> node ids), the slot layout, the upload
   batches left and the ciphertexts uploaded, the buckets received so far (bases, owners, decrypted
   rows and which are filled), the nodes assigned, the encoding budget used, whether the DP terms were
-  confirmed, the decrypted encodings and the counters.
+  confirmed, the decrypted encodings, a refused result still to be raised at the end of the results
+  (its node, owners and local detail) and the counters.
 
 Every mapping is saved as a list of pairs in its insertion order, so a restored client iterates as
 the original did. A client restored after any message goes on exactly as the original
@@ -54,7 +55,7 @@ from fedgat.crypto import DEFAULT_WIRE, KeyHolderContext, ServerContext, SlotLay
 from fedgat.crypto.tags import CheckKeys
 from fedgat.dp import FeatureDP
 
-from .errors import StateError
+from .errors import ResultRejectedError, StateError
 from .frame import Message, decode_message
 from .messages import EdgeClaims, KeyAnnounce, NeighbourhoodStatement
 from .party_values import PartyReport, PartySpec, encodings_from_value, encodings_to_value
@@ -284,6 +285,13 @@ def state_progress(client: ClientPretrain) -> dict[str, Any]:
         ],
         "assigned": np.array(sorted(client._assigned), dtype=np.int64),
         "encodings": None if client.encodings is None else encodings_to_value(client.encodings),
+        "refusal": None
+        if client._refusal is None
+        else {
+            "node": int(client._refusal.node),
+            "owners": [int(o) for o in client._refusal.owners],
+            "detail": str(client._refusal.detail),
+        },
         "ciphertexts_decrypted": int(client.ciphertexts_decrypted),
         "nodes_decrypted": int(client.nodes_decrypted),
     }
@@ -378,6 +386,14 @@ def restore_progress(client: ClientPretrain, progress: Mapping[str, Any]) -> Non
     client._assigned = {int(n) for n in progress["assigned"]}
     enc = progress["encodings"]
     client.encodings = None if enc is None else encodings_from_value(enc)
+    refusal = progress.get("refusal")  # absent from states saved before refusals waited for the end
+    client._refusal = (
+        None
+        if refusal is None
+        else ResultRejectedError(
+            int(refusal["node"]), tuple(int(o) for o in refusal["owners"]), detail=str(refusal["detail"])
+        )
+    )
     client.ciphertexts_decrypted = int(progress["ciphertexts_decrypted"])
     client.nodes_decrypted = int(progress["nodes_decrypted"])
     # the received buckets' nodes still waiting, plus those already complete

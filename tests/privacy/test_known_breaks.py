@@ -39,14 +39,17 @@ from fedgat.protocols import (
     ConfigMismatchError,
     Driver,
     EncodingResults,
+    EncodingsDone,
     EvaluateRequest,
     GlobalModel,
     InProcessTransport,
+    PayloadError,
     ResultItem,
     ResultRejectedError,
     ServerPretrain,
     StateError,
     Transcript,
+    decode_message,
     encode_message,
 )
 from fedgat.protocols.fedavg import ServerRounds
@@ -170,16 +173,23 @@ class NormProbe:
 
 def withheld_victim(setting: AttackSetting, monkeypatch):
     """Run a round whose server withholds the victim's results (their frames never arrive): the
-    victim waits for encodings, every other party completes. Returns (parties, victim id)."""
+    victim waits for encodings, every other party completes. Returns (parties, victim id, the
+    withheld frames: the victim's results and its EncodingsDone, in order)."""
     parties = _build(
-        setting, server=lambda p: WithholdingServer(**_server_args(p, setting, RESULT_BATCH_BYTES))
+        setting,
+        server=lambda p: WithholdingServer(**_server_args(p, setting, 1)),  # a result a message
     )
     victim_id = first_recipient(setting.partition)
     victim = parties.clients[victim_id]
     receive = victim.receive
+    withheld: list[bytes] = []
 
     def dropping(data):
-        if isinstance(data, bytes | bytearray) and peek_type(data) == EncodingResults.TYPE:
+        if isinstance(data, bytes | bytearray) and peek_type(data) in (
+            EncodingResults.TYPE,
+            EncodingsDone.TYPE,
+        ):
+            withheld.append(bytes(data))
             return []
         return receive(data)
 
@@ -190,48 +200,62 @@ def withheld_victim(setting: AttackSetting, monkeypatch):
         driver.run()
     assert parties.server.victim == victim_id
     assert victim.state is ClientState.AWAIT_ENCODINGS
-    return parties, victim_id
+    return parties, victim_id, withheld
 
 
 def test_a_rejected_result_reads_no_decrypted_value_and_ends_the_session(monkeypatch):
     """FIXED: the norm the range check saw was in the error's text, which Flower returns to the
     server as the reply's reason: a per-coordinate decryption oracle (64 probes for a 16-dim row).
     The text is now the same for every failure of a node and owners (the value is only in
-    ``exc.detail``, for local logs), and a refusal is terminal: the victim aborts at the first
-    probe and refuses the second unread, so even its local log holds one value."""
+    ``exc.detail``, for local logs), and a refusal is terminal. Since known break 22 the verdict
+    waits for the end of the results: the victim answers each probe as it would an honest result,
+    keeps the first failure only (so its local log holds one value), and refuses at EncodingsDone;
+    an EncodingsDone before the results are complete is refused as incomplete, whatever failed."""
     setting = pretraining_setting()
-    parties, victim_id = withheld_victim(setting, monkeypatch)
+    parties, victim_id, withheld = withheld_victim(setting, monkeypatch)
     server, victim = parties.server, parties.clients[victim_id]
     try:
         ctx = server.contexts[victim_id]
-        bucket = next(i for i, a in enumerate(victim._assemblies) if not a.filled.all())
-        asm = victim._assemblies[bucket]
-        slot = int(np.flatnonzero(~asm.filled)[0])
-        owners = (min(int(o) for o in asm.owners[slot] if o != victim_id),)
+        *results, done = withheld
+        assert peek_type(done) == EncodingsDone.TYPE
+        decoded = [decode_message(f) for f in results]
+        at = next(  # the probe takes the place of a result of one node and one foreign owner
+            k for k, m in enumerate(decoded) if len(m.items) == 1 and len(m.items[0].nodes) == 1
+        )
+        target = decoded[at]
+        item = target.items[0]
         u = min(server.kept)  # a row another client released to the victim
         probe = NormProbe(
             server,
             victim,
             parties.deployment.identities[server.party_id].signer,
-            bucket,
-            int(asm.bases.nodes[slot]),
-            owners,
+            target.bucket,
+            int(item.node),
+            (int(item.owner),),
             [deserialize(ctx, blob, level="fresh") for blob in server.kept[u]],
+            seq=target.seq - 1,  # its place in the server's sequence
         )
         h_u = setting.truth[u]
-        first, second = probe.message(0, t=-3.0, lam=30.0), probe.message(1, t=-3.0, lam=45.0)
+        first = probe.message(0, t=-3.0, lam=30.0)
+        probe.seq = 10**9  # the next probe comes after everything (a state error, not a replay)
+        second = probe.message(1, t=-3.0, lam=45.0)
+        with pytest.raises(PayloadError, match="encodings incomplete"):  # not complete: not the verdict
+            victim.receive(done)
+        for k, frame in enumerate(results):
+            answer = victim.receive(first if k == at else frame)
+            assert answer == [] and victim.state is ClientState.AWAIT_ENCODINGS  # the probe's too
         with pytest.raises(ResultRejectedError) as info:
-            victim.receive(first)
+            victim.receive(done)
         exc = info.value
-        assert (exc.node, exc.owners) == (probe.node, owners)
-        assert str(exc) == str(ResultRejectedError(probe.node, owners))  # what the server may see
+        assert (exc.node, exc.owners) == (probe.node, probe.owners)
+        assert str(exc) == str(ResultRejectedError(probe.node, probe.owners))  # what the server may see
         assert "norm" not in str(exc)
         # what a local log sees: the decrypted norm, lam * |h_u[j] - t|
         match = re.search(r"has norm ([0-9.e+-]+)", exc.detail)
         assert match is not None, exc.detail
         assert float(match.group(1)) == pytest.approx(30.0 * (h_u[0] + 3.0), rel=1e-2)
         # terminal: aborted, nothing decrypted kept, the next probe is refused before any decryption
-        assert victim.state is ClientState.ABORTED and victim._assemblies == []
+        assert victim.state is ClientState.ABORTED and victim._assemblies == [] and victim.encodings is None
         with pytest.raises(StateError):
             victim.receive(second)
     finally:

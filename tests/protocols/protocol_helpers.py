@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -136,6 +138,29 @@ def refused_for_good(party, data, error: type[Exception], match: str | None = No
     assert getattr(party, "_assemblies", []) == [] and getattr(party, "encodings", None) is None
     with pytest.raises(ProtocolError):
         party.receive(data)
+    return exc
+
+
+def refused_at_done(
+    h: Harness, party_id: int, data, error: type[Exception], match: str | None = None, rest=()
+):
+    """``data`` (a result that fails its check) is answered as an honest result would be, and the
+    terminal ``error`` comes once the server says the results are done (known break 22: the verdict
+    waits for the end, so the server learns whether some result failed, not which). ``rest``: the
+    server's other messages to deliver; the round is then run to its end. Returns the error."""
+    party = h.client(party_id)
+    assert party.receive(data) == [] and not party.aborted
+    h.driver.strict = False
+    h.driver.emit(h.server.party_id, list(rest))
+    h.run()
+    errors = [e for pid, e in h.driver.rejected if pid == party_id and isinstance(e, error)]
+    assert len(errors) == 1, h.driver.rejected
+    exc = errors[0]
+    if match is not None:
+        assert re.search(match, str(exc)), str(exc)
+    assert type(exc).terminal
+    assert party.state_name() == "aborted" and party.aborted and str(exc) in party.abort_reason
+    assert getattr(party, "_assemblies", []) == [] and getattr(party, "encodings", None) is None
     return exc
 
 

@@ -52,7 +52,7 @@ from fedgat.protocols import (
 )
 
 from graph_helpers import rows_by_node
-from protocol_helpers import Harness, computing, refused_for_good, rejected
+from protocol_helpers import Harness, computing, refused_at_done, rejected
 
 DP = FeatureDP(epsilon=4.0, delta=1e-5, mechanism="gaussian", dim=8, seed=5)
 W = 9  # the release's width: a marker column and the 8 projected values
@@ -249,7 +249,8 @@ def test_a_result_over_other_coefficients_is_rejected_under_dp_too(tiny_graph, t
             break
         h.driver.emit(h.server.party_id, out)
         h.run()
-    err = refused_for_good(h.client(victim), h.server.encode(hit), ResultRejectedError)
+    rest = [m for m in out if m is not hit]
+    err = refused_at_done(h, victim, h.server.encode(hit), ResultRejectedError, rest=rest)
     assert err.node == node
 
 
