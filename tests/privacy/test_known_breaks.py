@@ -864,9 +864,18 @@ def test_the_verdict_on_a_result_tells_the_server_whether_a_foreign_feature_is_z
     bag-of-words-like rows the verdicts of eight sessions read eight features' support exactly, and
     the sessions with a zero feature complete as if nothing happened. When this is fixed (the
     verdict independent of the data), flip the assertions and the doc."""
-    import dataclasses
-
     from fedgat.server_attacks import verdict_oracle_attack
+
+    out = verdict_oracle_attack(_sparse_setting(), probes=8)
+    d = out.as_dict()
+    assert out.ran and out.targets == 8 and sum(d["nonzero"]) == 4  # both answers probed
+    assert out.recovered == 8  # every verdict read its bit
+    assert d["refused"] == d["nonzero"] and d["victim_completed_sessions"] == 4
+
+
+def _sparse_setting(upload_window=None):
+    """A 120-node synthetic graph with bag-of-words-like rows (60 % zeros), three clients."""
+    import dataclasses
 
     g = synthetic_graph(
         num_nodes=120, num_features=16, avg_degree=4.0, train_per_class=5, num_val=20, num_test=40, seed=3
@@ -876,9 +885,58 @@ def test_the_verdict_on_a_result_tells_the_server_whether_a_foreign_feature_is_z
     x[torch.from_numpy(rng.random(x.shape) < 0.6)] = 0.0
     x[:, 0] += 0.05  # no empty row
     g = dataclasses.replace(g, x=x / x.norm(dim=1, keepdim=True))
-    part = make_partition(g, 3, beta=1.0, seed=0)
-    out = verdict_oracle_attack(AttackSetting(g, part, "vector", seed=1), probes=8)
-    d = out.as_dict()
-    assert out.ran and out.targets == 8 and sum(d["nonzero"]) == 4  # both answers probed
-    assert out.recovered == 8  # every verdict read its bit
-    assert d["refused"] == d["nonzero"] and d["victim_completed_sessions"] == 4
+    return AttackSetting(
+        g, make_partition(g, 3, beta=1.0, seed=0), "vector", seed=1, upload_window=upload_window
+    )
+
+
+def _victim_frames(setting, victim, j, column):
+    """``(frames the victim sent: (type, size), (done, its refusals))`` in one session probed at
+    feature ``column`` of foreign row ``j``."""
+    from fedgat.protocols import Driver, InProcessTransport, Transcript
+    from fedgat.server_attacks import ProbingServer, _build
+
+    parties = _build(
+        setting,
+        server=lambda p: ProbingServer(
+            **_server_args(p, setting, 1), victim=victim, target=j, column=column, lam=100.0
+        ),
+        result_batch_bytes=1,
+    )
+    transport = InProcessTransport(Transcript())
+    driver = Driver(transport, parties.all(), strict=False)
+    driver.start()
+    driver.run()
+    sent = [  # (a fresh context's compressed size varies from session to session)
+        (e.type_name, e.size if e.type_name != "PublicContext" else None)
+        for e in transport.transcript
+        if e.sender == victim
+    ]
+    return sent, (parties.clients[victim].done, [type(e).__name__ for p, e in driver.rejected if p == victim])
+
+
+def test_a_windowed_victim_sends_the_same_whether_its_probe_failed_or_not(monkeypatch):
+    """Known break 22's mitigation: until the results are complete a victim does the same whether
+    the server's probe failed its check or not. In a windowed round (the victim still uploading for
+    other recipients while its results arrive) the frames it sends -- types and sizes, in order --
+    are the same for a probe of a zero feature (passes) and of a non-zero one (fails); only the end
+    differs (the refusal at EncodingsDone). Before, the failing victim fell silent at the probe."""
+    from fedgat.protocols import ClientPretrain
+    from fedgat.server_attacks import verdict_oracle_target
+
+    setting = _sparse_setting(upload_window=1)
+    victim, j = verdict_oracle_target(setting.partition, setting.truth)
+    zero, nonzero = int(np.flatnonzero(setting.truth[j] == 0)[0]), int(np.flatnonzero(setting.truth[j])[0])
+    sent, ends = {}, {}
+    for column in (zero, nonzero):
+        sent[column], ends[column] = _victim_frames(setting, victim, j, column)
+    assert ends[zero] == (True, []) and ends[nonzero] == (False, ["ResultRejectedError"])
+    assert "FeatureUpload" in {t for t, _ in sent[zero]} and sent[zero] == sent[nonzero]
+
+    # the refusal at the failing result, as before: the victim falls silent mid-round
+    def at_once(self, exc):
+        raise exc
+
+    monkeypatch.setattr(ClientPretrain, "_refuse_at_done", at_once)
+    before, _ = _victim_frames(setting, victim, j, nonzero)
+    assert len(before) < len(sent[zero])
