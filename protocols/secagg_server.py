@@ -358,7 +358,9 @@ class ServerSecAgg:
     ) -> bytes | QuorumError:
         """``dealer``'s seed from ``t`` of ``shares`` that passes ``ok``: the first ``t`` (an honest
         round), else the first ``t`` whose dealer's signature verifies (a client revealed a share its
-        dealer did not deal), else the :class:`QuorumError` naming who sent wrong shares."""
+        dealer did not deal), else those ``t + 1`` leaving one out at a time (a dealer that signed
+        one wrong share: its seed is still rebuilt, as a dropout's would be; a twelfth review pass),
+        else the :class:`QuorumError` naming who sent wrong shares."""
         t = self.threshold
         seed = combine_shares([(s.position, s.share) for s in shares[:t]])
         if ok(seed):
@@ -376,9 +378,12 @@ class ServerSecAgg:
                 continue
             valid.append(s)
         if len(valid) >= t:
-            seed = combine_shares([(s.position, s.share) for s in valid[:t]])
-            if ok(seed):
-                return seed
+            pool = valid[: t + 1]
+            for left_out in [None, *range(len(pool))] if len(pool) > t else [None]:
+                subset = [s for k, s in enumerate(pool) if k != left_out][:t]
+                seed = combine_shares([(s.position, s.share) for s in subset])
+                if ok(seed):
+                    return seed
             culprit = f"party {dealer} dealt shares that do not fit its commitment"  # signed, yet wrong
         else:
             culprit = f"parties {forged} revealed shares party {dealer} did not deal"

@@ -499,6 +499,36 @@ def test_a_wrong_share_cannot_corrupt_the_sum(num_clients):
         assert torch.allclose(srv.global_state[k], v, rtol=1e-6, atol=1e-7)
 
 
+def test_a_dealer_that_signs_one_wrong_share_does_not_stop_the_round(monkeypatch):
+    """A (malicious) dealer deals one holder a wrong b share and signs it like the others: its
+    signature verifies, so the first ``t`` shares rebuild a seed that fails the dealer's commitment.
+    The server then leaves one share out at a time among ``t + 1`` and finds the committed seed, so
+    the round completes with the right mean. Before (a twelfth review pass) it gave up the round
+    (QuorumError naming the dealer), which the dealer's dropping out would not have done."""
+    from fedgat.protocols import secagg_client
+
+    real, calls = secagg_client.split_secret, []
+
+    def one_wrong(secret, t, n):
+        shares = real(secret, t, n)
+        calls.append(len(calls))
+        if len(calls) == 2:  # the first dealer's b seed: its share for the holder at position 1
+            shares[0] = bytes(b ^ 0x5A for b in shares[0])
+        return shares
+
+    monkeypatch.setattr(secagg_client, "split_secret", one_wrong)
+    fed = _fed(num_clients=4, rounds=1)
+    parties = fed.parties()
+    updates = _record_updates(parties, fed)
+    run_parties(FaultyTransport(), parties, clock=ManualClock())
+    srv = parties[fed.sid]
+    assert len(calls) >= 2 and srv.done and srv.history[0]["clients"] == list(range(4))
+    last = [updates[1, c] for c in fed.roster.clients]
+    want = fedavg([u.state for u in last], [u.num_train for u in last])
+    for k, v in want.items():
+        assert torch.allclose(srv.global_state[k], v, rtol=1e-6, atol=1e-7)
+
+
 def test_the_server_takes_only_confirmations_of_its_survivor_set():
     """Frame version 11: a survivor's SecAggConfirm must sign the set the server sent, under the
     cohort it relayed; a confirmation of another set (or another party's) is refused unrecorded."""
