@@ -154,10 +154,12 @@ class ResultRejectedError(PayloadError):
     or out of range (:mod:`fedgat.crypto.tags`): it is never trained on. ``node`` is the result's
     node, ``owners`` the parties whose rows it should have combined (the server computed it).
 
-    The message is the same whichever check failed and names no decrypted value: an engine may send
-    an error's text back to the server (Flower returns a ClientApp's exception as the reply's
-    reason), and a norm or a tag miss in it would make every forged result a decryption query.
-    ``detail`` says what failed, with its values, for local logs only: never send it.
+    The message is the same whatever failed -- which check, which node, which owner -- and names no
+    decrypted value: an engine may send an error's text back to the server (Flower returns a
+    ClientApp's exception as the reply's reason), and a norm or a tag miss in it would make every
+    forged result a decryption query; a node or owner in it would say which of several probes failed
+    first (a fourteenth review pass). ``node``, ``owners`` and ``detail`` (what failed, with its
+    values) are for local logs only: never send them.
 
     Terminal (see :class:`ProtocolError`), and raised once the results are complete
     (``EncodingsDone``), not at the result that failed: the recipient answers that result as any
@@ -167,11 +169,14 @@ class ResultRejectedError(PayloadError):
 
     terminal = True
 
+    #: the text of every such refusal (see above)
+    TEXT: ClassVar[str] = (
+        "a result of the server's fails its check against the tags and range of its owner's rows; "
+        "refused (which result and owner: in the recipient's local log)"
+    )
+
     def __init__(self, node: int, owners: tuple[int, ...], *, detail: str = "") -> None:
-        super().__init__(
-            f"node {node}: the server's result fails its check against the tags and range of the "
-            f"rows of parties {list(owners)}; refused"
-        )
+        super().__init__(self.TEXT)
         self.node = node
         self.owners = owners
         self.detail = detail

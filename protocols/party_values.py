@@ -279,20 +279,28 @@ _REPORT_FIELDS = tuple(PartyReport.__dataclass_fields__)
 
 # ---------------------------------------------------------------------------------------- errors
 def error_to_value(exc: BaseException) -> dict[str, Any]:
-    """An exception as plain values: type, module, arguments, a fault's fields, notes, traceback."""
+    """An exception as plain values: type, module, arguments, a fault's fields, notes, traceback.
+
+    A refused message (a :class:`~fedgat.protocols.errors.ProtocolError`) travels without its
+    traceback, whose chained causes may hold what the error's own text leaves out (a refused
+    result's decrypted values: a fourteenth review pass), and without its local ``detail``; a
+    training refusal keeps its round."""
     args = list(exc.args) if all(isinstance(a, (str, int, float)) for a in exc.args) else [str(exc)]
     fields: dict[str, Any] = {}
     if isinstance(exc, FaultError):
         fields = {"phase": exc.phase, "missing": list(exc.missing)}
         if isinstance(exc, QuorumError):
             fields.update(round=exc.round, answered=list(exc.answered), required=exc.required)
+    elif isinstance(exc, protocol_errors.TrainingRefusedError):
+        fields = {"round": exc.round}
+    refused = isinstance(exc, protocol_errors.ProtocolError)
     return {
         "type": type(exc).__name__,
         "module": type(exc).__module__,
         "args": args,
         "fields": fields,
         "notes": [str(n) for n in getattr(exc, "__notes__", ())],
-        "traceback": "".join(traceback.format_exception(exc)) if exc.__traceback__ is not None else "",
+        "traceback": "" if refused or exc.__traceback__ is None else "".join(traceback.format_exception(exc)),
     }
 
 
@@ -312,6 +320,10 @@ def error_from_value(value: Mapping[str, Any], fallback: type[Exception] = Runti
     elif issubclass(cls, FaultError):
         fields = dict(value["fields"])
         exc = cls(*args[:1], **fields)
+    elif cls is protocol_errors.ResultRejectedError:  # its text is constant; node and owners stay local
+        exc = cls(-1, ())
+    elif cls is protocol_errors.TrainingRefusedError:
+        exc = cls(int(value["fields"].get("round", -1)))
     else:
         exc = cls(*args)
     for note in value.get("notes", ()):

@@ -968,7 +968,9 @@ class ClientPretrain(Party):
                 max_row_norm=1.0,  # released rows are unit-norm (DP releases are renormalised)
             )
         except ResultCheckError as exc:
-            raise ResultRejectedError(exc.node, exc.owners, detail=str(exc)) from exc
+            # from None: a host's traceback of the error (sent to the coordinator) would show the
+            # cause's text, the decrypted values (a fourteenth review pass)
+            raise ResultRejectedError(exc.node, exc.owners, detail=str(exc)) from None
 
     def _refuse_at_done(self, exc: ResultRejectedError) -> None:
         """Keep the first refused result's error for :meth:`_on_done` and drop what was decrypted.

@@ -585,7 +585,7 @@ def forged_results_attacks(setting: AttackSetting) -> dict[str, AttackOutcome]:
     Each forged result travels in its own message, so that every rejection names its node.
     ``recovered``: forged results a victim accepted into the encodings it trains on (what the server
     could then read back through training); ``detected``: every forged result was refused with
-    :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and the owner whose rows it
+    :class:`~fedgat.protocols.errors.ResultRejectedError` naming (locally) the node and the owner whose rows it
     should have combined, the victim aborted (it never completes), and the client's injected upload
     was refused with a typed error.
     """
@@ -678,7 +678,7 @@ def forged_results_attacks(setting: AttackSetting) -> dict[str, AttackOutcome]:
             "note": (
                 "one forgery per victim (a refusal is terminal); recovered counts forged results a victim "
                 "accepted into the encodings it trains on; detected: each was refused with "
-                "ResultRejectedError naming the node and the owner, and its victim aborted"
+                "ResultRejectedError naming (locally) the node and the owner, and its victim aborted"
             ),
         }
         detected = bool(mine) and len(refused) == len(mine)
@@ -1824,7 +1824,7 @@ def colluder_forgery_attack(setting: AttackSetting, colluder: int | None = None)
     rows for a victim, with the check keys the victim gave the colluder (which predicted every tag
     when one set of check vectors served all owners, protocol version 2). ``recovered``: 1 when the
     victim accepted the forgery into the encodings it trains on; ``detected``: it refused it with
-    :class:`~fedgat.protocols.errors.ResultRejectedError` naming the node and the owner, and aborted."""
+    :class:`~fedgat.protocols.errors.ResultRejectedError` naming (locally) the node and the owner, and aborted."""
     parties, driver, server = colluder_forgery_run(setting, own=False, colluder=colluder)
     if server.victim is None or server.target is None:
         return AttackOutcome(

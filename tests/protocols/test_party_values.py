@@ -33,6 +33,7 @@ from fedgat.protocols import (
     QuorumError,
     SignatureError,
     StateError,
+    errors,
     party_values,
     ray_engine,
     ray_host,
@@ -231,6 +232,43 @@ def test_errors_travel_as_values():
     got = through(Strange("odd"))
     assert type(got) is RayEngineError and "Strange: odd" in str(got)
     assert "Strange" in error_to_value(Strange("odd"))["type"]
+
+
+def _sample_error(cls: type) -> Exception:
+    """One instance of a protocol error class, built as the protocol builds it."""
+    pe = errors
+    if issubclass(cls, pe.QuorumError):
+        return cls("few", phase="fit", missing=[2], round=4, answered=[0, 1], required=3)
+    if issubclass(cls, pe.FaultError):
+        return cls("gone", phase="keys", missing=[3])
+    if cls is pe.ResultRejectedError:
+        return cls(17, (2,), detail="tag off by 0.6821 in column 9")
+    if cls is pe.TrainingRefusedError:
+        return cls(5, detail="|w| = 1.4e+06")
+    return cls("refused")
+
+
+@pytest.mark.parametrize("name", [n for n in errors.__all__ if isinstance(getattr(errors, n), type)])
+def test_every_protocol_error_travels_as_a_value_without_its_local_detail(name):
+    """A fourteenth review pass: a refused result came back to the coordinator as a TypeError (its
+    class could not be rebuilt from its text), and its traceback carried the chained cause's
+    decrypted values. Every protocol error now round-trips as itself, with no traceback, and what
+    travels holds no ``detail``, node or owner (a refused result's text is one constant)."""
+    cls = getattr(errors, name)
+    try:
+        try:
+            raise ValueError("decrypted value 0.6821")  # a cause holding a secret
+        except ValueError as cause:
+            raise _sample_error(cls) from cause
+    except errors.ProtocolError as raised:
+        value = error_to_value(raised)
+    got = error_from_value(value, fallback=RayEngineError)
+    assert type(got) is cls and str(got) == str(_sample_error(cls))
+    assert value["traceback"] == "" and "0.6821" not in repr(value) and "1.4e+06" not in repr(value)
+    if cls is errors.ResultRejectedError:
+        assert str(got) == errors.ResultRejectedError.TEXT and "17" not in repr(value)
+    if cls is errors.TrainingRefusedError:
+        assert got.round == 5
 
 
 # --------------------------------------------------------------------------- hosted, without Ray
