@@ -189,8 +189,10 @@ class TrainingRefusedError(PayloadError):
     The text is the same whatever failed and names no value: the values come from training on the
     client's private data, and an engine may send the text back to the server (see
     :class:`ResultRejectedError`). ``detail`` keeps them for local logs only. Terminal: the client
-    leaves the run at the first refusal, so a server choosing weights learns one bit per client and
-    session, not one per probe.
+    leaves the run at the first refusal. Raised only without secure aggregation (where the update
+    itself is seen): under it a client sends the global weights unchanged instead (under DP-FedAvg,
+    the zero update's release), since every round it answers, and the first it refuses, told a
+    server choosing weights one bit of its data per round (a fourteenth review pass).
     """
 
     terminal = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import logging
 import math
 from collections.abc import Mapping
 
@@ -80,6 +81,9 @@ SECURE_SPLITS = ("val", "test")
 PHASES.update(dict.fromkeys(SECAGG_MESSAGES, "secagg"))
 
 
+logger = logging.getLogger(__name__)
+
+
 def model_frame_limit(state: StateDict, clients: int = 0, secure: bool = False) -> int:
     """Largest frame a party accepts: the float32 weights of ``state`` plus :data:`FRAME_OVERHEAD`;
     with secure aggregation, also a masked input (16 bytes per weight) and the cohort-sized stage
@@ -127,12 +131,23 @@ def secure_vector(
         n = update.num_train
         flat = np.concatenate([a.astype(np.float64).ravel() for a in state_to_arrays(update.state).values()])
         loss = n * update.loss if math.isfinite(update.loss) else 0.0  # NaN: not sent (DP-FedAvg)
-        head = np.concatenate([flat * n, [n, loss]])
+        head = np.concatenate([flat * n, [n, _bounded(loss)]])
     tail = np.zeros(3 * len(SECURE_SPLITS))
     for i, split in enumerate(SECURE_SPLITS):
         if counts is not None and split in counts:
-            tail[3 * i : 3 * i + 3] = tuple(counts[split])
+            tail[3 * i : 3 * i + 3] = [_bounded(v) for v in counts[split]]
     return np.concatenate([head, tail])
+
+
+#: the largest loss (sum) a client puts in the secure sum: far above any honest one, far below the
+#: fixed-point bound (a trap model's overflowing loss would otherwise be refused, a bit of the data)
+LOSS_BOUND = 1e15
+
+
+def _bounded(value: float) -> float:
+    """``value`` within ``+-LOSS_BOUND``, a NaN or infinite one as 0 (a fourteenth review pass)."""
+    v = float(value)
+    return min(max(v, -LOSS_BOUND), LOSS_BOUND) if math.isfinite(v) else 0.0
 
 
 def secure_length(reference: StateDict) -> int:
@@ -364,9 +379,14 @@ class ClientRounds(Party):
                     counts = self._evaluate(msg.splits)
                 arrays: dict[str, np.ndarray] = {}
                 if msg.fit:
-                    update = self._fit(weights)
-                    arrays = state_to_arrays(update.state) if update.num_train else {}
-                    check_weights(arrays, "LocalUpdate")
+                    try:
+                        update = self._fit(weights)
+                        arrays = state_to_arrays(update.state) if update.num_train else {}
+                        check_weights(arrays, "LocalUpdate")
+                    except (NonFiniteUpdateError, PayloadError) as exc:
+                        if self.secagg is None or saved is None:
+                            raise
+                        update = self._unchanged(msg.round, weights, saved, exc)
                 if self.secagg is not None:  # FixedPointOverflowError is a PayloadError
                     vector = encode(secure_vector(update, self._reference, counts), len(self.roster.clients))
             except (NonFiniteUpdateError, PayloadError) as exc:
@@ -463,6 +483,32 @@ class ClientRounds(Party):
             )
         with self.clock("training"):
             return [self._report(msg.round, msg.splits)]
+
+    def _unchanged(self, t: int, weights: StateDict, saved: tuple, exc: Exception) -> ClientUpdate:
+        """Under secure aggregation, what a client sends when its local training diverged or left the
+        weight bound: the global weights unchanged, with its usual weight and a zero loss (under
+        DP-FedAvg: the zero update's release), the model, optimiser and random stream as before the
+        round. Refusing instead told the server, round
+        after round, whether a trap model's training diverged on this client's data (a fourteenth
+        review pass: five words of a client read in one session); now the only trace is in the
+        securely summed update, the aggregate channel. Without secure aggregation the client still
+        refuses (its update would be seen anyway)."""
+        model, opt, rng, global_rng = saved[4:]
+        self.client.model.load_state_dict(model)
+        self.client.optimizer.load_state_dict(opt)
+        self._rng = rng
+        if global_rng is not None:
+            torch.set_rng_state(global_rng)
+        logger.warning(
+            "round %d: local training gave values this client cannot send (%s); it sends the global "
+            "weights unchanged instead",
+            t,
+            exc,
+        )
+        dp = self.client.update_dp
+        if dp is not None:  # the release (charged already) of the zero update, as privatize makes it
+            return ClientUpdate(dp.privatize(weights, weights), 1, float("nan"))
+        return ClientUpdate(weights, self.client.num_train, 0.0)
 
     def _save_for_rollback(self) -> tuple:
         """What handling a GlobalModel changes (restored by :meth:`_rollback` when training fails)."""

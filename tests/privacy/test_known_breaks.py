@@ -834,7 +834,13 @@ def test_under_dp_fedavg_a_diverged_update_is_no_bit_of_the_data(monkeypatch):
             raise NonFiniteUpdateError("local training produced NaN or infinite values")
         return privatize(self, state, reference, rng)
 
+    def raising(self, t, weights, saved, exc):  # nor the stand-in of a fourteenth pass
+        raise exc
+
+    from fedgat.protocols.fedavg_client import ClientRounds
+
     monkeypatch.setattr(UpdateDP, "privatize", refusing)
+    monkeypatch.setattr(ClientRounds, "_unchanged", raising)
     seen = {w: _trap_answer(w, update_dp_epsilon=4.0)[0] for w in (True, False)}
     assert seen == {True: "TrainingRefusedError", False: "SecAggAdvert"}
 
@@ -940,3 +946,39 @@ def test_a_windowed_victim_sends_the_same_whether_its_probe_failed_or_not(monkey
     monkeypatch.setattr(ClientPretrain, "_refuse_at_done", at_once)
     before, _ = _victim_frames(setting, victim, j, nonzero)
     assert len(before) < len(sent[zero])
+
+
+def _word_trap(parties, word: int = TRAP_WORD) -> dict:
+    """The fourteenth pass's trap without DP: layer 1 reads ``word`` only, at the weight limit, and
+    layer 2 is +-100 by halves. No training node with the word: that column gets no gradient and
+    training stays within the bound; one with it: training leaves the bound."""
+    t = {k: torch.zeros_like(v) for k, v in parties.server.global_state.items()}
+    t["conv1.lin.weight"][:, word] = 999_999.0
+    h = t["conv2.lin.weight"].shape[1]
+    t["conv2.lin.weight"][0, : h // 2], t["conv2.lin.weight"][1, : h // 2] = 100.0, -100.0
+    t["conv2.lin.weight"][0, h // 2 :], t["conv2.lin.weight"][1, h // 2 :] = -100.0, 100.0
+    return t
+
+
+def test_without_dp_a_diverged_update_is_sent_as_the_unchanged_model(monkeypatch):
+    """FIXED (a fourteenth review pass): without DP-FedAvg a client refused (terminally) a model
+    whose local training diverged or left the weight bound, and answered every other: a trap model
+    per round read one word of a client's data per round until the first refusal (five in one
+    session). Under secure aggregation the client now sends the global weights unchanged instead
+    (its usual weight, loss 0) and stays in the run, so both datasets give the same answer; only the
+    securely summed update differs (the aggregate channel). With the refusal put back the trap
+    reads the word again."""
+    from fedgat.protocols.fedavg_client import ClientRounds
+
+    def answer(with_word: bool) -> tuple[str, str]:
+        parties = _trap_parties(with_word)
+        seen, _ = _answer(parties, _word_trap(parties))
+        return seen, parties.clients[0].state_name()
+
+    assert answer(True) == answer(False) == ("SecAggAdvert", "running")
+
+    def refusing(self, t, weights, saved, exc):  # as before: the refusal
+        raise exc
+
+    monkeypatch.setattr(ClientRounds, "_unchanged", refusing)
+    assert answer(True)[0] == "TrainingRefusedError" and answer(False)[0] == "SecAggAdvert"

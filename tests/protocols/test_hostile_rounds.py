@@ -141,10 +141,11 @@ def test_training_that_produces_huge_finite_weights_is_not_sent():
     assert all(torch.equal(before[k], v) for k, v in _weights(party).items())
 
 
-def test_an_evaluation_with_a_non_finite_loss_is_refused_without_a_value():
-    """Under secure aggregation, counts travel in the masked fixed-point sum: an evaluation whose loss
-    is not finite (here corrupted local data) cannot be encoded, and the refusal is as constant and
-    terminal as a diverged training (else it would be a repeatable one-bit probe of the data)."""
+def test_an_evaluation_with_a_non_finite_loss_is_answered_like_any_other():
+    """Under secure aggregation, counts travel in the masked fixed-point sum. An evaluation whose loss
+    is not finite (here corrupted local data) used to be refused, terminally, which is itself a bit of
+    the data; since a fourteenth review pass the loss enters the sum as 0 and the client answers as
+    it answers any model."""
     dep, party, _, initial = _setup(feature_scale=float("inf"))
     secure = ClientRounds(
         0, dep.roster, SESSION, dep.identities[0], client=party.client, secagg=SecAggConfig()
@@ -160,9 +161,8 @@ def test_an_evaluation_with_a_non_finite_loss_is_refused_without_a_value():
         splits=("val", "test"),
         arrays=arrays,
     )
-    frame = encode_message(msg, dep.identities[dep.roster.server].signer)
-    exc = refused_for_good(secure, frame, TrainingRefusedError)
-    assert "NaN or infinite" in exc.detail
+    out = secure.receive(encode_message(msg, dep.identities[dep.roster.server].signer))
+    assert [m.type_name for m in out] == ["SecAggAdvert"] and not secure.aborted
 
 
 def test_server_refuses_a_huge_local_update(monkeypatch):
@@ -217,9 +217,9 @@ def test_a_refused_dp_round_stays_charged(monkeypatch):
     """Under DP-FedAvg a refusal of the noised weights at the bound told the server one bit of a
     release (a ninth review pass: weights just below the bound, and the refusal said whether one
     client's noise share crossed it). A client now refuses such a model before it trains, charging
-    nothing (a twelfth pass: ``UpdateDP.headroom``); with that check removed, the refusal after the
-    noise leaves the release charged, so the bit is covered by the accountant like the release
-    itself (post-processing)."""
+    nothing (a twelfth pass: ``UpdateDP.headroom``); with that check removed, the noised weights at
+    the limit are released as the zero update's release instead (a fourteenth pass), and the
+    releases stay charged."""
     from fedgat.dp_fedavg import UpdateDP
     from fedgat.protocols import fedavg_client
 
@@ -240,6 +240,25 @@ def test_a_refused_dp_round_stays_charged(monkeypatch):
     assert secure.snapshot() == before and party.client.dp_releases == 0
 
     monkeypatch.setattr(fedavg_client, "check_headroom", lambda arrays, headroom: None)
-    exc = refused_for_good(secure, frame, TrainingRefusedError)
-    assert "above the limit" in exc.detail  # the noised weights crossed the bound
+    out = secure.receive(frame)
+    assert [m.type_name for m in out] == ["SecAggAdvert"] and not secure.aborted
     assert party.client.dp_releases == 2  # the counts and the update: both charged
+
+
+def test_the_secure_input_bounds_losses_and_counts_it_cannot_encode():
+    """A trap model can make a loss overflow; what enters the secure sum is bounded (a NaN or
+    infinite value as 0, a huge one at ``LOSS_BOUND``), so encoding never refuses on the data."""
+    from fedgat.federated import ClientUpdate
+    from fedgat.protocols.fedavg_client import LOSS_BOUND, SECURE_SPLITS, secure_vector
+    from fedgat.protocols.secagg import encode
+    from fedgat.rounds import Counts
+
+    reference = {"w": torch.zeros(3)}
+    update = ClientUpdate({"w": torch.ones(3)}, 4, float("inf"))
+    counts = {"val": Counts(1, 5, float("nan")), "test": Counts(2, 6, 1e40)}
+    vector = secure_vector(update, reference, counts)
+    assert vector[:5].tolist() == [4.0, 4.0, 4.0, 4.0, 0.0]  # n w, n, the infinite loss as 0
+    at = {s: 5 + 3 * i for i, s in enumerate(SECURE_SPLITS)}
+    assert vector[at["val"] : at["val"] + 3].tolist() == [1.0, 5.0, 0.0]
+    assert vector[at["test"] : at["test"] + 3].tolist() == [2.0, 6.0, LOSS_BOUND]
+    encode(vector, 10)  # within the fixed-point bound
