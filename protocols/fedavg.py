@@ -38,9 +38,12 @@ client answers ``EvaluationReport``; when round ``t - 1``'s pooled validation ac
 the server asks for the test split on the same weights (``EvaluateRequest``), as
 :meth:`~fedgat.federated.Server.fit` evaluates the test split only then.
 
-Refusals: local training or evaluation that gives values a client cannot send raises
-:class:`~fedgat.protocols.errors.TrainingRefusedError` -- a constant text (the values come from
-private data), and terminal: the client leaves the run.
+Refusals: without secure aggregation, local training or evaluation that gives values a client cannot
+send raises :class:`~fedgat.protocols.errors.TrainingRefusedError` -- a constant text (the values
+come from private data), and terminal: the client leaves the run. Under secure aggregation a client
+refuses nothing on its data: a diverged training sends the global weights unchanged, and a loss or
+count it cannot encode enters the sum as 0 or bounded (:meth:`ClientRounds._unchanged
+<fedgat.protocols.fedavg_client.ClientRounds._unchanged>`, known break 23).
 
 Faults (:class:`RoundTimeouts`, time given by :meth:`~fedgat.protocols.party.Party.tick`): when the
 ``fit`` deadline of a round passes, the server aggregates the updates that arrived -- FedAvg over

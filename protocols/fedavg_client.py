@@ -487,15 +487,20 @@ class ClientRounds(Party):
     def _unchanged(self, t: int, weights: StateDict, saved: tuple, exc: Exception) -> ClientUpdate:
         """Under secure aggregation, what a client sends when its local training diverged or left the
         weight bound: the global weights unchanged, with its usual weight and a zero loss (under
-        DP-FedAvg: the zero update's release), the model, optimiser and random stream as before the
-        round. Refusing instead told the server, round
-        after round, whether a trap model's training diverged on this client's data (a fourteenth
-        review pass: five words of a client read in one session); now the only trace is in the
-        securely summed update, the aggregate channel. Without secure aggregation the client still
-        refuses (its update would be seen anyway)."""
+        DP-FedAvg: the zero update's release), the model, optimiser and (CPU) random stream as before
+        the round; a captured CUDA graph is dropped (it would step the optimiser tensors the rollback
+        replaced; a fifteenth review pass), later steps run eagerly. Refusing instead told the
+        server, round after round, whether a trap model's training diverged on this client's data (a
+        fourteenth review pass: five words of a client read in one session). Now the trace is in the
+        securely summed update only -- exactly, without DP-FedAvg, where the aggregate is an exact
+        function of the data anyway (trap weights, and per client with known break 2's differencing;
+        a fifteenth pass read a word per cohort member per round from the loss slot): only DP-FedAvg
+        bounds it. Without secure aggregation the client still refuses (its update would be seen
+        anyway)."""
         model, opt, rng, global_rng = saved[4:]
         self.client.model.load_state_dict(model)
-        self.client.optimizer.load_state_dict(opt)
+        self.client.optimizer.load_state_dict(opt)  # new state tensors: a captured CUDA graph's
+        self.client._graphed = None  # ... would keep stepping the old ones, so steps run eagerly now
         self._rng = rng
         if global_rng is not None:
             torch.set_rng_state(global_rng)

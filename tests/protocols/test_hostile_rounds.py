@@ -262,3 +262,25 @@ def test_the_secure_input_bounds_losses_and_counts_it_cannot_encode():
     assert vector[at["val"] : at["val"] + 3].tolist() == [1.0, 5.0, 0.0]
     assert vector[at["test"] : at["test"] + 3].tolist() == [2.0, 6.0, LOSS_BOUND]
     encode(vector, 10)  # within the fixed-point bound
+
+
+def test_a_substituted_round_drops_a_captured_cuda_graph():
+    """A fifteenth review pass: the rollback of a diverged round installs new optimiser tensors,
+    which a captured CUDA graph would not step (it keeps the ones it was captured with); the
+    client therefore drops the graph and trains eagerly from then on. (The GPU path itself needs a
+    GPU; here a stand-in graph shows the client lets it go, and the state is rolled back.)"""
+    dep, party, _, initial = _setup()
+    secure = ClientRounds(
+        0, dep.roster, SESSION, dep.identities[0], client=party.client, secagg=SecAggConfig()
+    )
+    saved = secure._save_for_rollback()
+    before = _weights(secure)
+    party.client._graphed = object()  # a captured step
+    with torch.no_grad():
+        for p in party.client.model.parameters():
+            p.add_(1.0)  # a round of training that diverged
+    update = secure._unchanged(1, initial, saved, FloatingPointError("diverged"))
+    assert party.client._graphed is None
+    assert all(torch.equal(before[k], v) for k, v in _weights(secure).items())
+    assert update.num_train == party.client.num_train and update.loss == 0.0
+    assert all(torch.equal(update.state[k], v) for k, v in initial.items())
