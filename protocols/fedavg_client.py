@@ -497,13 +497,7 @@ class ClientRounds(Party):
         a fifteenth pass read a word per cohort member per round from the loss slot): only DP-FedAvg
         bounds it. Without secure aggregation the client still refuses (its update would be seen
         anyway)."""
-        model, opt, rng, global_rng = saved[4:]
-        self.client.model.load_state_dict(model)
-        self.client.optimizer.load_state_dict(opt)  # new state tensors: a captured CUDA graph's
-        self.client._graphed = None  # ... would keep stepping the old ones, so steps run eagerly now
-        self._rng = rng
-        if global_rng is not None:
-            torch.set_rng_state(global_rng)
+        self._restore_training(saved)
         logger.warning(
             "round %d: local training gave values this client cannot send (%s); it sends the global "
             "weights unchanged instead",
@@ -529,9 +523,15 @@ class ClientRounds(Party):
         )
 
     def _rollback(self, saved: tuple) -> None:
-        self._seq, self.last_round, self._weights, self._evaluated, model, opt, rng, global_rng = saved
+        self._seq, self.last_round, self._weights, self._evaluated = saved[:4]
+        self._restore_training(saved)
+
+    def _restore_training(self, saved: tuple) -> None:
+        """The model, optimiser and random stream of :meth:`_save_for_rollback`'s ``saved``."""
+        model, opt, rng, global_rng = saved[4:]
         self.client.model.load_state_dict(model)
-        self.client.optimizer.load_state_dict(opt)
+        self.client.optimizer.load_state_dict(opt)  # new state tensors: a captured CUDA graph's
+        self.client._graphed = None  # ... would keep stepping the old ones, so steps run eagerly now
         self._rng = rng
         if global_rng is not None:
             torch.set_rng_state(global_rng)

@@ -379,8 +379,11 @@ class ServerSecAgg:
             valid.append(s)
         if len(valid) >= t:
             pool = valid[: t + 1]
-            for left_out in [None, *range(len(pool))] if len(pool) > t else [None]:
-                subset = [s for k, s in enumerate(pool) if k != left_out][:t]
+            # pool[:t] first (leaving out the last); with a (t + 1)-th share, each other one left out
+            subsets = (
+                [pool[:k] + pool[k + 1 :] for k in reversed(range(len(pool)))] if len(pool) > t else [pool]
+            )
+            for subset in subsets:
                 seed = combine_shares([(s.position, s.share) for s in subset])
                 if ok(seed):
                     return seed

@@ -212,7 +212,7 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
     else:
         names = np.asarray(node_names)
         order = np.argsort(names, kind="stable")
-        wanted = np.array(node_cells, dtype=str)  # not names.dtype: that would cut longer node_cells to fit
+        wanted = np.array(node_cells, dtype=str)  # not names.dtype: that would cut longer cells to fit
         at = np.minimum(np.searchsorted(names[order], wanted), num_nodes - 1)
         unknown = np.flatnonzero(names[order][at] != wanted)
         if len(unknown):
