@@ -62,7 +62,11 @@ matrix   **n4096**    9.4e-8   20.8 MB  n8192-small  2.0e-7
 matrix   n8192        2.0e-8   51.5 MB  n16384       5.4e-8
 =======  ===========  =======  =======  ===========  =======
 
-Every preset meets 1e-5 for both variants with >= 50x margin there, and ``n4096`` moves the fewest
+(Measured before the upload pads of frame version 12. With them, :meth:`CkksPreset.pad_bound`:
+5.6e-8 / 6.7e-8 at ``n4096``, 3.1e-7 / 2.8e-7 at ``n8192`` and 2.6e-7 / 3.0e-7 at ``n16384``,
+whose larger pads cost precision; 8.6e-8 / 1.0e-7 at ``n8192-small``.)
+
+Every preset meets 1e-5 for both variants with >= 30x margin there, and ``n4096`` moves the fewest
 bytes (n8192-small 41 MB, n16384 102 MB), so it is the smallest for both. (Encoding values on that
 graph stay below 1.1; on Cora they reach the hundreds, where the measured ``|value| = 170``
 column above still gives 4e-7.) Smaller parameters are not among the accepted presets: N = 2048
@@ -143,6 +147,23 @@ def check_wire(wire: str) -> str:
         raise ValueError(f"unknown ciphertext wire {wire!r}: expected one of {', '.join(WIRES)}")
     return wire
 
+
+#: Upload pads (:func:`fedgat.crypto.tags.release_rows`, known break 22 in SECURITY.md): the pads'
+#: part of a result slot, ``sum_u C_ku rho_u`` with ``rho`` uniform on ``(-A, A)``, stays within
+#: ``PAD_TAIL A ||C_k||`` but with probability ``2 exp(-PAD_TAIL^2 / 2)`` (Hoeffding; ~5e-18), in
+#: feature and tag slots alike (the check vectors have norm < 1)
+PAD_TAIL = 9.0
+#: the share of a result slot's range (:attr:`CkksPreset.max_abs_value`) the pads may take; the
+#: rest holds the data and the tags' PRF part (below ``PAD_TAIL ||C_k||``). With unit-norm rows a
+#: data slot is at most ``||C_k|| sqrt(n)`` (all ``n`` neighbours one-hot in that column), which fits
+#: the other half for any ``n`` up to ``PretrainLimits.max_neighbours`` (vector) or 2,800 (matrix);
+#: in practice it is below 2 (Cora: 1.0 vector, 1.3 matrix; the pads' part at most 45 / 21 of its
+#: 128 at ``n4096``)
+PAD_RANGE_SHARE = 0.5
+#: the largest error the pads may bring a result to (:meth:`CkksPreset.error_bound` of
+#: :data:`PAD_REFERENCE_TERMS` terms of values up to ``A``; the encodings' target is 1e-5)
+PAD_ERROR = 4e-6
+PAD_REFERENCE_TERMS = 256
 
 _MAX_PRIME_BITS = 60  # SEAL limit per prime
 _MIN_PRIME_BITS = 20
@@ -285,6 +306,29 @@ class CkksPreset:
         var = terms * (max_coeff**2 * v_fresh + max_value**2 / 12.0 + v_rs)
         z = 2.0 * math.log(n)
         return z * math.sqrt(n / 2.0 * var) / delta
+
+    def pad_bound(self, row_norm: float = 1.0) -> float:
+        """``A``, the bound of the upload pads (uniform on ``(-A, A)``) for coefficient rows of norm
+        up to ``row_norm``: the largest that keeps the pads' part of a result within
+        :data:`PAD_RANGE_SHARE` of the slot range (at :data:`PAD_TAIL` deviations) and the error of
+        :data:`PAD_REFERENCE_TERMS` padded terms within :data:`PAD_ERROR` (or at most ``sqrt(2)``
+        times the unpadded one, where that is larger). Public: every party derives it from the
+        session's preset and variant.
+
+        Known break 22's verdict oracle reads ``h + rho`` instead of ``h``: a session's verdict leans
+        on one feature ``h`` by at most ``|h| / (2 A)`` (total variation of a shifted uniform), on a
+        sum over ``N`` rows by about ``0.69 N |x| / (A sqrt(N))``."""
+        if row_norm <= 0:
+            raise ValueError("row_norm must be positive")
+        by_range = PAD_RANGE_SHARE * self.max_abs_value / (PAD_TAIL * row_norm)
+        n, terms = self.poly_modulus_degree, PAD_REFERENCE_TERMS
+        delta = 2.0**self.scale_bits
+        # error_bound(terms, 1, A, symmetric=False) = PAD_ERROR, solved for A
+        v_rs = (1.0 + 2.0 * n / 3.0) / 12.0
+        rest = 2 * v_rs + 1.0 / 12.0  # a term's variance without the pads' rounding part
+        room = (PAD_ERROR * delta / (2.0 * math.log(n))) ** 2 / (n / 2.0 * terms) - rest
+        by_error = math.sqrt(12.0 * max(room, rest))  # and the pads may at least double the variance
+        return float(min(by_range, by_error))
 
     def fresh_error_bound(self, *, symmetric: bool = True, scale: float | None = None) -> float:
         """Bound on the max-abs error of a fresh encryption (no multiply, no rescale)."""

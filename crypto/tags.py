@@ -29,6 +29,20 @@ What it catches:
   across owners (one :math:`r_a` for all, as before protocol version 3) let the pair add any
   :math:`\Delta` to another owner's result with the tag :math:`\langle r_a, \Delta\rangle`.
 
+Pads (frame version 12; known break 22 in ``SECURITY.md``). Checking decrypted values makes the
+verdict a function of them, and the server chooses the combination: adding ``lam`` times one
+column of a foreign upload to a checked slot, it had the recipient refuse iff that feature was
+non-zero (when it is zero the tampered result *equals* the honest one). So every row is released
+padded, :math:`u = h + \rho` with :math:`\rho` uniform on ``(-A, A)`` from a PRF under
+:math:`k_{ab}` (:func:`prf_pads`, :func:`release_rows`), and its tags are those of :math:`u`. The
+tag check reads padded values only; the recipient then subtracts the pads' part
+:math:`C_b \rho` (:func:`pad_offsets`) and checks the range of what it keeps. Any term the server
+adds is :math:`\lambda (h + \rho)`, non-zero whatever ``h``, and a verdict leans on ``h`` by at most
+the total variation ``|h| / (2 A)`` of a shifted uniform (one feature; a sum over ``N`` rows is read
+about ``sqrt(N)`` times better: the break stays open, bounded). ``A`` is public, from the session's
+preset and variant (:meth:`fedgat.crypto.params.CkksPreset.pad_bound`): the pads must fit a result
+slot's range and keep the CKKS error within its target.
+
 A failing result raises :class:`ResultCheckError` naming the node and the owner whose rows it
 should have combined. Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
 (:func:`check_share` refuses more, and anything not finite). A recipient checks every partial of a
@@ -43,6 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from scipy import sparse
 
 __all__ = [
     "TAG_COLUMNS",
@@ -51,7 +66,10 @@ __all__ = [
     "ResultCheckError",
     "check_share",
     "check_shares",
+    "pad_offsets",
+    "prf_pads",
     "prf_tags",
+    "release_rows",
     "tag_columns",
 ]
 
@@ -61,8 +79,10 @@ TAG_COLUMNS = 2
 TAG_TOLERANCE = 1e-4
 #: uint64 words per 64-byte ChaCha20 block
 _WORDS_PER_BLOCK = 8
-#: keystream blocks between two needed ones that :func:`prf_tags` draws rather than start a new run
+#: keystream blocks between two needed ones that :func:`_stream_rows` draws rather than start a new run
 _MAX_GAP = 64
+#: ChaCha20 blocks per page: its 32-bit counter; the page number goes into the nonce
+_PAGE_BLOCKS = 1 << 32
 
 
 class ResultCheckError(ValueError):
@@ -108,40 +128,97 @@ class CheckKeys:
 
 
 def _uniform(key: bytes, count: int, block: int = 0) -> np.ndarray:
-    """``count`` uniform draws on (-1, 1) from the ChaCha20 keystream of ``key`` from ``block`` on."""
-    nonce = int(block).to_bytes(4, "little") + bytes(12)
+    """``count`` uniform draws on (-1, 1) from the ChaCha20 keystream of ``key`` from ``block`` on.
+
+    ``block`` is a 64-bit block index: its low 32 bits are ChaCha20's counter, its high bits go into
+    the nonce (a *page* of ``2**32`` blocks), so a draw never runs past its page (callers split)."""
+    page, counter = divmod(int(block), _PAGE_BLOCKS)
+    if counter + -(-count // _WORDS_PER_BLOCK) > _PAGE_BLOCKS:
+        raise ValueError("a keystream draw may not cross a page")
+    nonce = counter.to_bytes(4, "little") + page.to_bytes(8, "little") + bytes(4)
     enc = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
     raw = np.frombuffer(enc.update(bytes(8 * count)), dtype=np.uint64)
     return ((raw >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-52 - 1.0
 
 
+def _stream_rows(key: bytes, nodes: np.ndarray, width: int) -> np.ndarray:
+    """``(len(nodes), width)`` uniform on (-1, 1): node ``u``'s values are the keystream words
+    ``u * width .. u * width + width - 1`` of ``key``, so any two parties compute the same values
+    for any node subset, without a per-node loop: the blocks the nodes need are drawn in runs
+    (blocks at most :data:`_MAX_GAP` apart, split at page ends), so memory and time follow
+    ``len(nodes) * width``, not the id range (ids come from the bases a server sends)."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    out = np.empty((len(nodes), width))
+    if not len(nodes):
+        return out
+    # ids are u32 on the wire; beyond, u * width could wrap int64 and two nodes share values
+    if not (0 <= int(nodes.min()) and int(nodes.max()) < 1 << 32 and 0 < width < 1 << 31):
+        raise ValueError(
+            f"node ids must be u32 and the width below 2**31 (ids {nodes.min()}..{nodes.max()}, width {width})"
+        )
+    order = np.argsort(nodes, kind="stable")
+    first = nodes[order] * width  # sorted first words
+    lo_block, hi_block = first // _WORDS_PER_BLOCK, (first + width - 1) // _WORDS_PER_BLOCK
+    reach = np.maximum.accumulate(hi_block)
+    # a new run where a node's first block is far past every block drawn so far, or on a new page
+    cut = (lo_block[1:] > reach[:-1] + _MAX_GAP) | (
+        lo_block[1:] // _PAGE_BLOCKS != reach[:-1] // _PAGE_BLOCKS
+    )
+    starts = np.concatenate([[0], np.flatnonzero(cut) + 1, [len(nodes)]])
+    cols = np.arange(width)
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        run_lo, run_hi = int(lo_block[a]), int(reach[b - 1]) + 1
+        words = np.concatenate(
+            [  # a run that reaches into the next page draws each page's part on its own
+                _uniform(key, (min(end, run_hi) - at) * _WORDS_PER_BLOCK, block=at)
+                for at, end in _page_parts(run_lo, run_hi)
+            ]
+        )
+        out[order[a:b]] = words[first[a:b, None] - run_lo * _WORDS_PER_BLOCK + cols]
+    return out
+
+
+def _page_parts(lo: int, hi: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` blocks as (start, end) pieces within one page each."""
+    parts = []
+    while lo < hi:
+        end = min(hi, (lo // _PAGE_BLOCKS + 1) * _PAGE_BLOCKS)
+        parts.append((lo, end))
+        lo = end
+    return parts
+
+
 def prf_tags(prf: bytes, session: int, nodes: np.ndarray) -> np.ndarray:
     """``(len(nodes), T)``: the PRF part of the tags of ``nodes`` under a pair's key, uniform on
     (-1, 1). A node's values sit at a fixed place of a ChaCha20 keystream keyed by the pair's key
-    and the session, so both parties compute them for any node subset without a per-node loop."""
-    nodes = np.asarray(nodes, dtype=np.int64)
-    if not len(nodes):
-        return np.zeros((0, TAG_COLUMNS))
+    and the session (:func:`_stream_rows`)."""
     key = hashlib.sha256(b"fedgat/tag-prf/v1" + prf + int(session).to_bytes(8, "big")).digest()
-    first = nodes * TAG_COLUMNS  # node u's values: keystream words u*T .. u*T+T-1
-    # the keystream blocks holding them, drawn in runs (blocks at most _MAX_GAP apart): memory and
-    # time follow len(nodes), not the id range (ids come from the bases a server sends)
-    blocks = np.unique(np.concatenate([first, first + TAG_COLUMNS - 1]) // _WORDS_PER_BLOCK)
-    runs = np.split(blocks, np.flatnonzero(np.diff(blocks) > _MAX_GAP) + 1)
-    order = np.argsort(first, kind="stable")
-    ranked = first[order]
-    out = np.empty((len(nodes), TAG_COLUMNS))
-    for run in runs:
-        lo, hi = int(run[0]) * _WORDS_PER_BLOCK, (int(run[-1]) + 1) * _WORDS_PER_BLOCK
-        at = order[np.searchsorted(ranked, lo) : np.searchsorted(ranked, hi)]
-        words = _uniform(key, hi - lo, block=int(run[0]))
-        out[at] = words[first[at, None] - lo + np.arange(TAG_COLUMNS)]
-    return out
+    return _stream_rows(key, nodes, TAG_COLUMNS)
+
+
+def prf_pads(prf: bytes, session: int, nodes: np.ndarray, dim: int, bound: float) -> np.ndarray:
+    """``(len(nodes), dim)``: the upload pads of ``nodes`` under a pair's key, uniform on
+    ``(-bound, bound)`` (zeros when ``bound`` is 0). Their own keystream (domain
+    ``fedgat/upload-pad/v1``), independent of the tags' and fresh per session and pair."""
+    if bound == 0:
+        return np.zeros((len(nodes), dim))
+    key = hashlib.sha256(b"fedgat/upload-pad/v1" + prf + int(session).to_bytes(8, "big")).digest()
+    return bound * _stream_rows(key, nodes, dim)
 
 
 def tag_columns(keys: CheckKeys, session: int, nodes: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``(k, T)``: the tag columns an owner appends to the rows ``rows`` (k, d) of ``nodes``."""
     return prf_tags(keys.prf, session, nodes) + rows @ keys.vectors(rows.shape[1]).T
+
+
+def release_rows(
+    keys: CheckKeys, session: int, nodes: np.ndarray, rows: np.ndarray, pad: float
+) -> np.ndarray:
+    """``(k, d + T)``: what an owner encrypts for a recipient, the rows ``rows`` (k, d) of ``nodes``
+    plus their pads (:func:`prf_pads` under the pair's key, uniform on ``(-pad, pad)``), then the
+    tag columns *of the padded rows*, so that the recipient's tag check reads padded values only."""
+    padded = rows + prf_pads(keys.prf, session, nodes, rows.shape[1], pad)
+    return np.hstack([padded, tag_columns(keys, session, nodes, padded)])
 
 
 def check_share(
@@ -153,8 +230,9 @@ def check_share(
     node: int,
     owners: tuple[int, ...],
     max_row_norm: float | None = 1.0,
+    offsets: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Check one decrypted foreign share and return its feature columns.
+    """Check one decrypted foreign share and return its feature columns, its pads removed.
 
     Args:
         decrypted: ``(R + 1, d + T)`` decrypted rows (features, then tag columns).
@@ -164,26 +242,22 @@ def check_share(
         node, owners: named in the error.
         max_row_norm: the largest norm of a released row (1 for unit-norm rows; None: no range check,
             e.g. DP releases, whose noise is unbounded).
+        offsets: ``(R + 1, d)`` the pads' part of the share (``C rho``, :func:`pad_offsets`; None: the
+            rows were not padded). The tags are checked first, on the padded values; then the range,
+            on the share without its pads, which is what is returned.
 
     Raises:
         ResultCheckError: not finite, out of range, or the tags miss their prediction.
     """
     d = vectors.shape[1]
-    features, tags = decrypted[:, :d], decrypted[:, d:]
+    padded, tags = decrypted[:, :d], decrypted[:, d:]
+    features = padded if offsets is None else padded - offsets
     if not np.all(np.isfinite(decrypted)):
         raise ResultCheckError(
             f"node {node}: the decrypted encodings are not finite", node=node, owners=owners
         )
     scale = 1.0 + np.abs(coefficients).sum(axis=1)
-    if max_row_norm is not None:
-        norms = np.linalg.norm(features, axis=1)
-        if np.any(norms > max_row_norm * scale * (1 + TAG_TOLERANCE)):
-            raise ResultCheckError(
-                f"node {node}: an encoding row has norm {norms.max():.3g}, above what unit-norm rows allow",
-                node=node,
-                owners=owners,
-            )
-    expected = coefficients @ source_prf + features @ vectors.T
+    expected = coefficients @ source_prf + padded @ vectors.T
     miss = np.abs(tags - expected) / scale[:, None]
     if np.any(miss > TAG_TOLERANCE):
         raise ResultCheckError(
@@ -192,6 +266,14 @@ def check_share(
             node=node,
             owners=owners,
         )
+    if max_row_norm is not None:
+        norms = np.linalg.norm(features, axis=1)
+        if np.any(norms > max_row_norm * scale * (1 + TAG_TOLERANCE)):
+            raise ResultCheckError(
+                f"node {node}: an encoding row has norm {norms.max():.3g}, above what unit-norm rows allow",
+                node=node,
+                owners=owners,
+            )
     return features
 
 
@@ -204,6 +286,7 @@ def check_shares(
     nodes: np.ndarray,
     owners: np.ndarray,
     max_row_norm: float | None = 1.0,
+    offsets: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`check_share` of ``P`` partials at once; their feature columns ``(P, R + 1, d)``.
 
@@ -220,18 +303,20 @@ def check_shares(
         vectors: ``(P, T, d)`` the check vectors of each partial's owner.
         nodes, owners: ``(P,)`` named in the error of a failing partial.
         max_row_norm: as :func:`check_share`.
+        offsets: ``(P, R + 1, d)`` the pads' part of each partial (:func:`pad_offsets`), or None.
 
     Raises:
         ResultCheckError: of the first failing partial, exactly as :func:`check_share` raises it.
     """
     d = vectors.shape[2]
-    features, tags = decrypted[:, :, :d], decrypted[:, :, d:]
+    padded, tags = decrypted[:, :, :d], decrypted[:, :, d:]
+    features = padded if offsets is None else padded - offsets
     scale = 1.0 + np.abs(coefficients).sum(axis=2)  # (P, R + 1)
     ok = np.isfinite(decrypted).all(axis=(1, 2))
     if max_row_norm is not None:
         norms = np.linalg.norm(features, axis=2)
         ok &= (norms <= max_row_norm * scale * (1 + TAG_TOLERANCE)).all(axis=1)
-    expected = coefficients @ source_prf + features @ vectors.transpose(0, 2, 1)
+    expected = coefficients @ source_prf + padded @ vectors.transpose(0, 2, 1)
     ok &= (np.abs(tags - expected) / scale[:, :, None] <= TAG_TOLERANCE).all(axis=(1, 2))
     # the single check raises, with its message; a partial it passes (a rounding difference at the
     # bound) is accepted, as check_share alone would accept it
@@ -244,5 +329,39 @@ def check_shares(
             node=int(nodes[k]),
             owners=(int(owners[k]),),
             max_row_norm=max_row_norm,
+            offsets=None if offsets is None else offsets[k],
         )
     return features
+
+
+def pad_offsets(
+    coefficients: np.ndarray,
+    sources: np.ndarray,
+    theirs: np.ndarray,
+    prf: bytes,
+    session: int,
+    dim: int,
+    pad: float,
+) -> np.ndarray:
+    """``(P, R + 1, dim)``: the pads' part ``C rho`` of ``P`` partials of one owner, whose rows were
+    padded under the pair key ``prf`` (:func:`release_rows`).
+
+    Args:
+        coefficients: ``(P, R + 1, n)`` the partials' coefficients.
+        sources: ``(P, n)`` node ids of the coefficients' columns.
+        theirs: ``(P, n)`` the columns this owner's rows fill (the others add nothing).
+
+    Each source's pad is drawn once however many partials read it, and the sum is one sparse
+    product (``P (R + 1) x U`` by ``U x dim``, ``U`` the distinct sources), not a dense ``(P, n, dim)``.
+    """
+    P, R1, _ = coefficients.shape
+    out = np.zeros((P, R1, dim))
+    if pad == 0 or not theirs.any():
+        return out
+    at, col = np.nonzero(theirs)
+    unique, which = np.unique(sources[at, col], return_inverse=True)
+    pads = prf_pads(prf, session, unique, dim, pad)
+    weights = coefficients[at, :, col]  # (nnz, R + 1)
+    rows = (at[:, None] * R1 + np.arange(R1)).ravel()
+    mix = sparse.csr_matrix((weights.ravel(), (rows, np.repeat(which, R1))), shape=(P * R1, len(unique)))
+    return np.asarray(mix @ pads).reshape(P, R1, dim)

@@ -36,8 +36,9 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
             states, to each client whose nodes attend over its own, those nodes' neighbourhoods
             (NeighbourhoodStatement, signed) -> server (checks it against the graph) -> recipient
     client  once it holds the check keys of every client it releases to: => FeatureUpload (its
-            released rows with their tag columns, :mod:`fedgat.crypto.tags`, encrypted under the
-            recipient's public context), UploadDone
+            released rows, padded under the recipient's check key, with their tag columns,
+            :func:`fedgat.crypto.tags.release_rows`, encrypted under the recipient's public
+            context), UploadDone
     server  checks every upload against the rows the plan needs from that owner for that recipient
             (and takes none before the owner's statement to that recipient); once all are done: draws the bases of every needed node ONCE
             (:func:`fedgat.encodings.draw_bases`), sends each client its buckets' EncodingBases
@@ -51,7 +52,8 @@ Message flow (``->`` one message, ``=>`` a stream of them)::
     client  checks its bases against what it knows, the claims and the statements
             (:func:`~fedgat.protocols.pretrain_edges.check_foreign_neighbourhoods`); adds the share
             of its own rows in plaintext; decrypts and unpacks each partial, checks its tag
-            columns and range (:func:`fedgat.crypto.tags.check_share`, every partial of a message in
+            columns on the padded values, removes the pads and checks the range
+            (:func:`fedgat.crypto.tags.check_share`, every partial of a message in
             one pass by :func:`~fedgat.crypto.tags.check_shares`:
             :class:`~fedgat.protocols.errors.ResultRejectedError` names the node and the owners),
             and assembles its :class:`~fedgat.encodings.Encodings`
@@ -71,8 +73,9 @@ does not fire while it has a complete recipient to compute, and names the owners
 recipients' missing rows; a client's ``download`` deadline restarts
 after each of its upload steps and does not end its session while it has granted rows to send. The
 rows released, the bases, the results and what each party learns are those of the round without a
-window; a client that refuses a result for good (terminal, see ``SECURITY.md``) while it still owes
-rows stops uploading, so the round then stops at the server's ``upload`` deadline naming it.
+window; a client refuses a result for good (terminal, see ``SECURITY.md``) only at EncodingsDone,
+which follows every upload, and until then keeps uploading, so a forged result does not stop the
+round for the others.
 
 Differential privacy (``PretrainConfig.dp``, :mod:`fedgat.dp`): every client sends PrivacyTerms
 before its graph; the rows it releases to others are its DP release (noise drawn by the client);

@@ -198,9 +198,12 @@ def check_basis_identity(config: PretrainConfig, p: np.ndarray, q: np.ndarray | 
     The matrix variant's pairs are also bounded (:meth:`fedgat.variants.Variant.max_pair_norm`):
     biorthogonal but ill-conditioned bases pass the identity and only amplify the CKKS noise of the
     rows read back (a seventh review pass: 6.4e-6 instead of 3.7e-8, the layer's output unchanged).
+    And every coefficient row is bounded
+    (:meth:`~fedgat.variants.Variant.max_coefficient_row_norm`), which the upload pads are sized for.
 
     Raises:
-        PayloadError: off by more than :data:`BASIS_TOLERANCE` for some node, or ill-conditioned.
+        PayloadError: off by more than :data:`BASIS_TOLERANCE` for some node, ill-conditioned, or
+            with a coefficient row longer than the variant draws.
     """
     left, c = config.kind.left_inverse(p, q)
     x = RandomSource().normal((p.shape[2], BASIS_PROBES))
@@ -220,6 +223,17 @@ def check_basis_identity(config: PretrainConfig, p: np.ndarray, q: np.ndarray | 
             raise PayloadError(
                 f"the bases of {int(worse.any(axis=1).sum())} nodes are ill-conditioned (|p_j| |q_j| up to "
                 f"{float(np.nanmax(pair)):.3g}; the variant draws at most {bound:.3g})"
+            )
+    # the upload pads are sized for coefficient rows up to this norm (PretrainConfig.upload_pad):
+    # longer rows would let a server wrap honest padded results around (a sixteenth review pass)
+    row_bound = config.kind.max_coefficient_row_norm()
+    if len(p):
+        rows = np.linalg.norm(p, axis=2)  # (B, m): the coefficient rows over the neighbours
+        long = ~(rows <= row_bound * (1.0 + 1e-9))
+        if np.any(long):
+            raise PayloadError(
+                f"the bases of {int(long.any(axis=1).sum())} nodes have coefficient rows of norm up to "
+                f"{float(np.nanmax(rows)):.3g}; the variant draws at most {row_bound:.3g}"
             )
 
 

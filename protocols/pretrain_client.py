@@ -26,7 +26,15 @@ from fedgat.crypto import (
     encrypt_rows,
 )
 from fedgat.crypto.encrypt_pool import EncryptionPool, EncryptionWorkerStartError, encrypt_pool_size
-from fedgat.crypto.tags import TAG_COLUMNS, CheckKeys, ResultCheckError, check_shares, prf_tags, tag_columns
+from fedgat.crypto.tags import (
+    TAG_COLUMNS,
+    CheckKeys,
+    ResultCheckError,
+    check_shares,
+    pad_offsets,
+    prf_tags,
+    release_rows,
+)
 from fedgat.dp import LabelPredictor
 from fedgat.dp_ledger import DPLedger
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
@@ -698,11 +706,12 @@ class ClientPretrain(Party):
         return out
 
     def _rows(self, r: int, start: int) -> np.ndarray:
-        """The rows of upload batch ``(r, start)`` with their tag columns for recipient ``r``."""
+        """The rows of upload batch ``(r, start)`` for recipient ``r``: padded, with their tag columns
+        (:func:`~fedgat.crypto.tags.release_rows`)."""
         nodes = self.releases[r][start : start + self.upload_batch]
         pos = np.searchsorted(self.owned, nodes)
         rows = (self._features if self._release is None else self._release)[pos]
-        return np.hstack([rows, tag_columns(self._owner_keys[r], self.session, nodes, rows)])
+        return release_rows(self._owner_keys[r], self.session, nodes, rows, self.config.upload_pad)
 
     def _encrypt(self, r: int, start: int) -> list[bytes]:
         """Envelopes of batch ``(r, start)``: in this process, or from the encryption pool, which
@@ -943,6 +952,7 @@ class ClientPretrain(Party):
         coefficients = asm.bases.coefficients(slots) * theirs[:, None, :]
         source_prf = np.zeros((*theirs.shape, TAG_COLUMNS))
         vectors = np.empty((len(slots), TAG_COLUMNS, self.dim))
+        offsets = np.empty((*coefficients.shape[:2], self.dim))
         for owner in np.unique(owners).tolist():
             keys = self._my_keys.get(owner)
             at = np.flatnonzero(owners == owner)
@@ -954,9 +964,13 @@ class ClientPretrain(Party):
                 self._vectors[owner] = keys.vectors(self.dim)
             mine = theirs[at]
             block = np.zeros((*mine.shape, TAG_COLUMNS))
-            block[mine] = prf_tags(keys.prf, self.session, asm.bases.neighbours[slots[at]][mine])
+            sources = asm.bases.neighbours[slots[at]]
+            block[mine] = prf_tags(keys.prf, self.session, sources[mine])
             source_prf[at] = block
             vectors[at] = self._vectors[owner]
+            offsets[at] = pad_offsets(
+                coefficients[at], sources, mine, keys.prf, self.session, self.dim, self.config.upload_pad
+            )
         try:
             return check_shares(
                 dec,
@@ -966,6 +980,7 @@ class ClientPretrain(Party):
                 nodes=nodes,
                 owners=owners,
                 max_row_norm=1.0,  # released rows are unit-norm (DP releases are renormalised)
+                offsets=offsets,
             )
         except ResultCheckError as exc:
             # from None: a host's traceback of the error (sent to the coordinator) would show the

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedgat.crypto import DEFAULT_PRESET, DEFAULT_WIRE, SlotLayout, check_wire
+from fedgat.crypto import DEFAULT_PRESET, DEFAULT_WIRE, SlotLayout, check_wire, get_preset
 from fedgat.crypto.tags import TAG_COLUMNS
 from fedgat.dp import FeatureDP
 from fedgat.variants import Variant, VariantLike, as_variant
@@ -139,6 +139,17 @@ class PretrainConfig:
     def kind(self) -> Variant:
         """The :class:`~fedgat.variants.Variant` of the session's encodings."""
         return as_variant(self.variant)
+
+    @property
+    def upload_pad(self) -> float:
+        """``A``: every row an owner releases is padded with values uniform on ``(-A, A)`` from a PRF
+        under the recipient's check key (:func:`fedgat.crypto.tags.release_rows`), so that the server
+        cannot make a recipient's verdict a test of a foreign feature (known break 22 in
+        SECURITY.md): the verdict leans on one feature ``h`` by at most ``|h| / (2 A)`` (on a sum over
+        ``N`` rows about ``sqrt(N)`` times more). Derived from
+        the preset and the variant (:meth:`fedgat.crypto.params.CkksPreset.pad_bound`): 14.2 at
+        ``n4096`` (vector; 6.4 matrix), 819 at ``n8192``."""
+        return get_preset(self.preset).pad_bound(self.kind.max_coefficient_row_norm())
 
     @staticmethod
     def row_width(dim: int) -> int:

@@ -32,7 +32,8 @@ payoff comes later through training, that reached an honest client's training in
   one victim's bases, or the claims and roster that victim checks them against;
 * :func:`verdict_oracle_attack` -- the server alone adds to an honest result of the victim a scaled
   copy of one column of a foreign owner's upload, in a slot the victim checks: the victim's verdict
-  (accept, or the terminal refusal) says whether that feature is zero (known break 22, open);
+  (accept, or the terminal refusal) said whether that feature is zero (known break 22); padded
+  uploads (frame version 12) make it refuse whatever the feature;
 * :func:`collusion_attack` -- the server gives a colluding client every ciphertext it holds
   (uploads and results of an honest round); the client decrypts each with its own secret key,
   ignoring the envelopes' key fingerprints.
@@ -62,7 +63,7 @@ from fedgat.crypto import KeyHolderContext, SlotLayout, deserialize, encrypt_row
 from fedgat.crypto.encoders import local_encoder
 from fedgat.crypto.encodings import PackedShares, pack_maps
 from fedgat.crypto.packing import linear_combination, tenseal_payload
-from fedgat.crypto.tags import tag_columns
+from fedgat.crypto.tags import prf_pads, release_rows
 from fedgat.crypto.tasks import NodeResult, encode_node
 from fedgat.encodings import Encodings
 from fedgat.graph import Graph
@@ -755,18 +756,31 @@ def _decrypt_released(
     colluder: ClientPretrain, kept: Iterable[FeatureUpload], truth: np.ndarray
 ) -> dict[int, list[float]]:
     """node -> the cosine to its true row of every copy of it among ``kept`` (uploads the server
-    received for ``colluder``), decrypted with the colluder's secret key; a copy that does not
-    decrypt counts as -1."""
+    received for ``colluder``), decrypted with the colluder's secret key and its pad removed (the
+    colluder chose the pair key it is padded under); a copy that does not decrypt counts as -1."""
     holder, layout = colluder.holder, colluder.layout
     seen: dict[int, list[float]] = {}
-    for _sender, _to, node, blobs in _upload_groups(kept):
+    for sender, _to, node, blobs in _upload_groups(kept):
         vectors = [] if holder is None else [raw_decrypt(holder, b) for b in blobs]
         if layout is None or not vectors or any(v is None for v in vectors):
             seen.setdefault(node, []).append(-1.0)
             continue
-        row = layout.unpack([v for v in vectors if v is not None], 1)[:, : truth.shape[1]]
+        row = _unpadded(colluder, sender, node, layout.unpack([v for v in vectors if v is not None], 1))
+        row = row[:, : truth.shape[1]]
         seen.setdefault(node, []).append(float(cosines(row, truth[[node]])[0, 0]))
     return seen
+
+
+def _unpadded(colluder: ClientPretrain, sender: int, node: int, row: np.ndarray) -> np.ndarray:
+    """The released feature columns of an upload ``row`` (1, width) that ``sender`` made for
+    ``colluder``, its pad removed: the colluder chose the pair key it is padded under."""
+    row = row[:, : colluder.dim]
+    keys = colluder._my_keys.get(sender)
+    if keys is None:
+        return row
+    return row - prf_pads(
+        keys.prf, colluder.session, np.array([node]), row.shape[1], colluder.config.upload_pad
+    )
 
 
 def _upload_collector(server: int, recipient: int, kept: list[FeatureUpload]) -> Observer:
@@ -1011,9 +1025,8 @@ class RelabelingServer(TamperingServer):
         assert self.layout is not None
         keys = self.colluder._owner_keys[victim]  # sealed by the victim to the colluder, opened by it
         row = np.zeros(self.layout.d)
-        row[: len(self.x)] = self.x
-        tags = tag_columns(keys, self.session, np.array([u]), self.x[None])[0]
-        row[len(self.x) : len(self.x) + len(tags)] = tags
+        released = release_rows(keys, self.session, np.array([u]), self.x[None], self.config.upload_pad)[0]
+        row[: len(released)] = released
         ctx, spool, share = self.contexts[victim], self._spool(victim), bucket.share
         fresh = [deserialize(ctx, blob, level="fresh") for blob in encrypt_rows(ctx, row[None], self.layout)]
         parts = []
@@ -1557,14 +1570,18 @@ def verdict_oracle_target(partition: Partition, truth: np.ndarray) -> tuple[int,
 
 
 def verdict_oracle_attack(setting: AttackSetting, probes: int = 8, lam: float = 100.0) -> AttackOutcome:
-    """Known break 22 (open; a thirteenth review pass): the server alone reads whether features of a
-    foreign row are zero, one feature per session, off the victim's verdict
-    (:class:`ProbingServer`). The columns probed: half among the row's non-zero features and half
+    """Known break 22 (a thirteenth review pass; bounded since frame version 12): the
+    server alone tries to read whether features of a foreign row are zero, one feature per
+    session, off the victim's verdict (:class:`ProbingServer`). Unpadded rows gave the bit exactly;
+    padded ones (:attr:`~fedgat.protocols.PretrainConfig.upload_pad`) make the term ``lam (h + rho)``
+    non-zero whatever ``h``, so every probe is refused and the verdicts read nothing. The columns probed: half among the row's non-zero features and half
     among its zeros (the first of each; all of one kind when the row has no other), so the read-out
     is scored on both answers. ``targets``: the probes (one session each); ``recovered``: those the
-    verdict answered correctly (refused iff non-zero); ``detected``: some probe was refused (the
-    victim caught the server, which learnt the bit all the same). On a bag-of-words graph (Cora:
-    98.7 % zeros) the zeros are which words a foreign paper does not contain, read without a
+    verdict answered correctly (refused iff non-zero), counted only when the verdicts varied and
+    both kinds of feature were probed (a constant verdict, or a probe set whose answer the server
+    knew, reads nothing); ``detected``: some probe was refused (the victim caught the server).
+    Unpadded, on a bag-of-words graph (Cora: 98.7 % zeros) the zeros were which words a foreign
+    paper does not contain, read without a
     refusal."""
     truth = setting.truth
     target = verdict_oracle_target(setting.partition, truth)
@@ -1574,7 +1591,7 @@ def verdict_oracle_attack(setting: AttackSetting, probes: int = 8, lam: float = 
     nonzero, zero = np.flatnonzero(truth[j] != 0), np.flatnonzero(truth[j] == 0)
     half = min(probes // 2, len(zero)) if len(nonzero) else 0
     columns = [*nonzero[: probes - half].tolist(), *zero[:half].tolist()]
-    reads, completed = [], 0
+    reads, completed, pad = [], 0, 0.0
     for column in columns:
 
         def server(parties: PretrainParties, column: int = column) -> ServerPretrain:
@@ -1586,8 +1603,12 @@ def verdict_oracle_attack(setting: AttackSetting, probes: int = 8, lam: float = 
         driver = _drive(parties)
         reads.append(bool(_rejections(driver, victim)))
         completed += bool(parties.clients[victim].done)
+        pad = parties.config.upload_pad
     answers = truth[j, columns] != 0
-    correct = int(np.sum(np.array(reads, dtype=bool) == answers))
+    # a verdict that never varies reads nothing (nor does a probe set of one kind of feature: the
+    # server knew the answer), so only a varying read-out scores
+    varied = len(set(reads)) > 1 and len(set(answers.tolist())) > 1
+    correct = int(np.sum(np.array(reads, dtype=bool) == answers)) if varied else 0
     return AttackOutcome(
         "verdict_oracle",
         len(columns),
@@ -1595,12 +1616,15 @@ def verdict_oracle_attack(setting: AttackSetting, probes: int = 8, lam: float = 
         any(reads),
         detail={
             "note": (
-                "OPEN (known break 22): the server alone adds lam times one column of a foreign "
-                "upload into a checked slot of the victim's result; the victim refuses iff that "
-                "feature is non-zero, so its verdict reads the bit (one session per probe). recovered: "
-                "probes answered correctly; detected: some probe was refused (the victim caught the "
-                "server, which learnt the bit anyway); sessions with a zero feature complete unnoticed"
+                "known break 22: the server alone adds lam times one column of a foreign upload into "
+                "a checked slot of the victim's result, one session per probe, and reads 'non-zero' "
+                "off a refusal. Unpadded (upload_pad 0) the victim refused iff the feature was "
+                "non-zero; with padded rows the term is lam (h + rho), refused whatever h. recovered: "
+                "probes answered correctly, when the verdicts varied and both kinds of feature were "
+                "probed (a constant verdict reads nothing); detected: some probe was refused (the "
+                "victim caught the server)"
             ),
+            "upload_pad": pad,
             "victim": victim,
             "node": j,
             "owner": int(setting.partition.owner[j]),
@@ -1899,12 +1923,13 @@ def collusion_attack(
     released: dict[int, float] = {}  # rows made for the colluder: best cosine
     others: dict[int, float] = {}  # rows of others made for other clients: best cosine
     uploads = 0
-    for _sender, recipient, node, blobs in _upload_groups(_server_uploads(transcript, server)):
+    for sender, recipient, node, blobs in _upload_groups(_server_uploads(transcript, server)):
         uploads += 1
         vectors = [raw_decrypt(holder, b) for b in blobs]
         if any(v is None for v in vectors):
             continue
-        row = layout.unpack([v for v in vectors if v is not None], 1)[:, :dim]
+        row = layout.unpack([v for v in vectors if v is not None], 1)
+        row = (_unpadded(client, sender, node, row) if recipient == colluder else row)[:, :dim]
         cos = float(cosines(row, truth[[node]])[0, 0])
         book = released if recipient == colluder else others
         book[node] = max(book.get(node, -1.0), cos)

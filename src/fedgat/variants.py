@@ -151,6 +151,12 @@ class Variant(ABC):
         """The feature-free float64 tensors the client derives from the bases."""
         raise NotImplementedError
 
+    def max_coefficient_row_norm(self) -> float:
+        r"""The largest norm of a row of the coefficients :math:`A_i` the server evaluates (over the
+        neighbours): 1 for orthonormal columns (and the self row :math:`e_0`). It bounds the upload
+        pads' part of a result (:meth:`fedgat.crypto.params.CkksPreset.pad_bound`)."""
+        return 1.0
+
     def max_pair_norm(self) -> float | None:
         r"""The largest :math:`\lVert p_j \rVert \lVert q_j \rVert` bases this variant draws (None: no
         such pair; a client refuses bases above it, whose ill-conditioning would only amplify the
@@ -215,6 +221,12 @@ class MatrixVariant(Variant):
         :math:`K_1 = \tfrac12 \sum_j q_j` and :math:`K_3 = \sum_j p_j` ``(B, m)`` (paper eq. 9-14)."""
         assert q is not None  # matrix bases always have q
         return {"P": 0.5 * np.einsum("bxj,byj->bxy", p, q), "K1": 0.5 * q.sum(-1), "K3": p.sum(-1)}
+
+    def max_coefficient_row_norm(self) -> float:
+        r""":math:`\sqrt{1 + r_{min}^{-2}}` (:math:`\sqrt 5` for :math:`r \ge 1/2`): row ``k`` of
+        :math:`p = u_1 + u_2 / r` has norm at most :math:`a + b / r_{min}` with :math:`a^2 + b^2 = 1`
+        (a row of an orthogonal matrix), whose largest value is this."""
+        return math.sqrt(1.0 + 1.0 / RATIO_RANGE[0] ** 2)
 
     def max_pair_norm(self) -> float | None:
         r""":math:`\sqrt{2 + r^2 + r^{-2}}` at the ends of the default ratio range (2.5 for

@@ -140,3 +140,29 @@ def test_multiply_add_cost_alone_and_with_every_process_busy() -> None:
     assert multiply_add_seconds_busy("n4096", 1, terms=4, repeats=2)[0] > 0
     with pytest.raises(ValueError, match="processes"):
         multiply_add_seconds_busy("n4096", 0)
+
+
+def test_padded_rows_combine_and_unpad_within_the_target(holder, server, unit_rows, record_property) -> None:
+    """Known break 22's pads under CKKS: unit-norm rows padded with the preset's bound ``A``
+    (:meth:`~fedgat.crypto.CkksPreset.pad_bound`), combined by an orthonormal-row map over 170
+    sources (a degree-170 node), decrypt within the 1e-5 target once the pads' part is subtracted."""
+    from fedgat.crypto.tags import CheckKeys, prf_pads
+
+    rng = np.random.default_rng(5)
+    n_src, m, d = 170, 10, 64
+    pad = holder.preset.pad_bound(1.0)
+    keys, ids = CheckKeys.generate(), np.arange(n_src)
+    h = unit_rows(rng, n_src, d, nnz=18)
+    rho = prf_pads(keys.prf, 1, ids, d, pad)
+    q = np.linalg.qr(rng.standard_normal((n_src, m)))[0].T  # (m, n_src), orthonormal rows
+    lay = SlotLayout.for_dimension(d, holder.slots)
+    sources = [
+        [deserialize(server, b, level="fresh") for b in encrypt_rows(holder, (h + rho)[j : j + 1], lay)]
+        for j in range(n_src)
+    ]
+    blobs = [serialize(server, ct) for ct in linear_map_rows(server, lay, sources, q)]
+    got = decrypt_rows(holder, blobs, m, lay, kind="result") - q @ rho
+    err = float(np.max(np.abs(got - q @ h)))
+    record_property("max_error_padded_170", err)
+    assert np.abs(q @ (h + rho)).max() > 5 * np.abs(q @ h).max()  # the pads dominate what is computed
+    assert err <= TARGET

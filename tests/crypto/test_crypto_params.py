@@ -69,3 +69,29 @@ def test_error_bound_meets_target_for_every_preset() -> None:
         assert p.error_bound(170) < 1e-5
         assert p.error_bound(170, symmetric=False) < 1e-5
         assert p.error_bound(10) < p.error_bound(170)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("row_norm", [1.0, 5**0.5])
+def test_the_upload_pads_fit_the_result_range_and_the_error_target(name: str, row_norm: float) -> None:
+    """Known break 22's pads: their part of a result slot, PAD_TAIL * A * ||C_k|| at most, takes no
+    more than PAD_RANGE_SHARE of the slot range, and 256 padded terms stay within PAD_ERROR (or
+    sqrt(2) times the unpadded bound where that is larger)."""
+    from fedgat.crypto.params import PAD_ERROR, PAD_RANGE_SHARE, PAD_REFERENCE_TERMS, PAD_TAIL
+
+    p = PRESETS[name]
+    pad = p.pad_bound(row_norm)
+    assert pad > 1.0
+    assert PAD_TAIL * pad * row_norm <= PAD_RANGE_SHARE * p.max_abs_value * (1 + 1e-12)
+    unpadded = p.error_bound(PAD_REFERENCE_TERMS, 1.0, 1.0, symmetric=False)
+    assert p.error_bound(PAD_REFERENCE_TERMS, 1.0, pad, symmetric=False) <= max(
+        PAD_ERROR, 2**0.5 * unpadded
+    ) * (1 + 1e-9)
+    assert p.pad_bound(2 * row_norm) <= pad  # wider coefficient rows, smaller pads
+
+
+def test_pad_bounds_of_the_presets() -> None:
+    assert get_preset("n4096").pad_bound() == pytest.approx(14.22, abs=0.01)  # range-bound
+    assert get_preset("n8192").pad_bound() == pytest.approx(818.9, abs=0.1)  # error-bound
+    with pytest.raises(ValueError, match="row_norm"):
+        get_preset("n4096").pad_bound(0.0)

@@ -421,3 +421,140 @@ def test_check_keys_round_trip_and_refuse_other_lengths():
         v, CheckKeys(b"q" * 32, b"s" * 32).vectors(D)
     )  # the seed's, not the PRF key's
     assert not np.array_equal(v, CheckKeys(b"p" * 32, b"t" * 32).vectors(D))
+
+
+# ------------------------------------------------------------------------- upload pads (break 22)
+def _reference_pads(prf: bytes, session: int, nodes: np.ndarray, dim: int, bound: float, page_blocks: int):
+    """The documented layout, word by word: node u's values are keystream words u*dim .. of
+    ChaCha20 keyed by SHA-256("fedgat/upload-pad/v1" || key || session); block b is drawn with
+    counter b mod page_blocks and page b // page_blocks in the nonce."""
+    import hashlib
+
+    key = hashlib.sha256(b"fedgat/upload-pad/v1" + prf + int(session).to_bytes(8, "big")).digest()
+    out = np.empty((len(nodes), dim))
+    for k, u in enumerate(nodes.tolist()):
+        for c in range(dim):
+            word = u * dim + c
+            block, at = divmod(word, 8)
+            page, counter = divmod(block, page_blocks)
+            nonce = counter.to_bytes(4, "little") + page.to_bytes(8, "little") + bytes(4)
+            raw = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(64))
+            w = np.frombuffer(raw, dtype=np.uint64)[at]
+            out[k, c] = ((w >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-52 - 1.0
+    return bound * out
+
+
+def test_pads_are_uniform_within_their_bound_and_follow_the_documented_layout():
+    nodes = np.array([0, 1, 5, 2**32 - 1, 77], dtype=np.int64)
+    got = tags.prf_pads(KEY, 9, nodes, 13, 14.0)
+    assert got.shape == (5, 13) and np.abs(got).max() < 14.0
+    np.testing.assert_array_equal(got, _reference_pads(KEY, 9, nodes, 13, 14.0, 1 << 32))
+    many = tags.prf_pads(KEY, 9, np.arange(2000), 50, 1.0).ravel()
+    assert abs(many.mean()) < 0.01 and abs(many.var() - 1 / 3) < 0.01  # uniform on (-1, 1)
+    assert np.array_equal(tags.prf_pads(KEY, 9, nodes, 13, 0.0), np.zeros((5, 13)))
+    # their own keystream: not the tags' values, other per session and per key
+    assert not np.allclose(tags.prf_pads(KEY, 9, nodes, TAG_COLUMNS, 1.0), prf_tags(KEY, 9, nodes))
+    assert not np.allclose(tags.prf_pads(KEY, 10, nodes, 13, 1.0), got / 14.0)
+    assert not np.allclose(tags.prf_pads(bytes(32), 9, nodes, 13, 1.0), got / 14.0)
+    # ids beyond u32 could wrap the keystream position onto another node's (a sixteenth pass)
+    for bad in ([2**32], [-1], [3, 3 + 2**60]):
+        with pytest.raises(ValueError, match="u32"):
+            tags.prf_pads(KEY, 9, np.array(bad, dtype=np.int64), 16, 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 400), min_size=1, max_size=12, unique=True),
+    st.integers(1, 40),
+    st.sampled_from([2, 3, 5, 1 << 32]),
+    st.data(),
+)
+def test_pads_of_any_subset_agree_across_pages(ids, dim, page_blocks, data):
+    """What the owner draws for its batch and the recipient for a partial's sources agree, however
+    the ids fall on keystream blocks and pages (pages made tiny here to cross them often)."""
+    nodes = np.array(ids, dtype=np.int64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tags, "_PAGE_BLOCKS", page_blocks)
+        got = tags.prf_pads(KEY, 4, nodes, dim, 2.0)
+        subset = np.array(data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=1, max_size=6)))
+        np.testing.assert_array_equal(tags.prf_pads(KEY, 4, nodes[subset], dim, 2.0), got[subset])
+    np.testing.assert_array_equal(got, _reference_pads(KEY, 4, nodes, dim, 2.0, page_blocks))
+
+
+def test_a_released_row_is_padded_and_tagged_as_padded():
+    s = Share(5)
+    keys = s.keys[7]
+    out = tags.release_rows(keys, SESSION, s.ids, s.h, 14.0)
+    padded = s.h + tags.prf_pads(keys.prf, SESSION, s.ids, D, 14.0)
+    np.testing.assert_allclose(out[:, :D], padded)
+    np.testing.assert_allclose(out[:, D:], tag_columns(keys, SESSION, s.ids, padded))
+    np.testing.assert_array_equal(
+        tags.release_rows(keys, SESSION, s.ids, s.h, 0.0),
+        np.hstack([s.h, tag_columns(keys, SESSION, s.ids, s.h)]),
+    )
+
+
+def _padded_partial(seed: int, pad: float, feature: float | None = None):
+    """One owner's padded partial: (decrypted, coefficients, prf, vectors, offsets, honest features,
+    released rows); ``feature``: the value of row 2's column 0 (the row renormalised around it)."""
+    rng = np.random.default_rng(seed)
+    keys = CheckKeys(rng.bytes(32), rng.bytes(32))
+    ids = rng.choice(10_000, size=6, replace=False)
+    h = _unit(rng, 6)
+    if feature is not None:
+        h[2, 1:] *= np.sqrt(1 - feature**2) / np.linalg.norm(h[2, 1:])
+        h[2, 0] = feature
+    c = rng.uniform(-1.0, 1.0, (4, 6)) / 3
+    u = tags.release_rows(keys, SESSION, ids, h, pad)
+    offsets = tags.pad_offsets(c[None], ids[None], np.ones((1, 6), bool), keys.prf, SESSION, D, pad)[0]
+    return c @ u, c, prf_tags(keys.prf, SESSION, ids), keys.vectors(D), offsets, c @ h, u
+
+
+def test_a_padded_partial_passes_and_comes_back_without_its_pads():
+    dec, c, prf, vectors, offsets, want, _ = _padded_partial(1, 14.2)
+    noisy = dec + np.random.default_rng(0).standard_normal(dec.shape) * NOISE
+    got = check_share(noisy, c, prf, vectors, node=3, owners=(7,), offsets=offsets)
+    np.testing.assert_allclose(got, want, atol=10 * NOISE)
+    assert np.abs(dec[:, :D]).max() > 1.0  # what crossed the wire was padded
+    both = check_shares(
+        noisy[None],
+        c[None],
+        prf[None],
+        vectors[None],
+        nodes=np.array([3]),
+        owners=np.array([7]),
+        offsets=offsets[None],
+    )
+    np.testing.assert_allclose(both[0], got)
+    # the tags hold on the padded values; the pads left in, the rows are out of range
+    with pytest.raises(ResultCheckError, match="norm"):
+        check_share(noisy, c, prf, vectors, node=3, owners=(7,))
+
+
+@pytest.mark.parametrize("pad", [0.0, 14.2])
+def test_the_zero_test_reads_a_feature_only_off_unpadded_rows(pad):
+    """Known break 22: the server adds lam times one column of a released row (here row 2's column 0,
+    whose feature is 0 or 0.4) to a checked slot. Unpadded, the check fails iff the feature is
+    non-zero; padded, it fails either way."""
+    verdicts = []
+    for feature in (0.0, 0.4):
+        dec, c, prf, vectors, offsets, _, u = _padded_partial(2, pad, feature)
+        probe = dec.copy()
+        probe[1, 0] += 100.0 * u[2, 0]  # what the server can compute from the ciphertext of row 2
+        try:
+            check_share(probe, c, prf, vectors, node=3, owners=(7,), offsets=offsets)
+            verdicts.append("accepted")
+        except ResultCheckError:
+            verdicts.append("refused")
+    assert verdicts == (["accepted", "refused"] if pad == 0 else ["refused", "refused"])
+
+
+def test_pad_offsets_are_the_coefficients_times_each_sources_pad():
+    rng = np.random.default_rng(4)
+    c = rng.uniform(-1, 1, (3, 4, 5))
+    sources = rng.choice(50, size=(3, 5))
+    theirs = rng.random((3, 5)) < 0.6
+    got = tags.pad_offsets(c, sources, theirs, KEY, 8, 7, 3.0)
+    dense = tags.prf_pads(KEY, 8, sources.ravel(), 7, 3.0).reshape(3, 5, 7) * theirs[:, :, None]
+    np.testing.assert_allclose(got, c @ dense, atol=1e-12)
+    assert not tags.pad_offsets(c, sources, theirs, KEY, 8, 7, 0.0).any()

@@ -41,8 +41,9 @@ def test_audit_command_writes_report_json_and_plot(tmp_path):
         assert {"recovered_fraction", "detected", "ran", "targets", "recovered"} <= set(attack), name
         if name not in ("chosen_weights_aggregate", "cohort_differencing", "verdict_oracle"):
             assert attack["recovered_fraction"] == 0.0, name  # (the three: measured, whatever it is)
-    oracle = report["server_attacks"]["verdict_oracle"]  # known break 22, open: every probe read
-    assert oracle["ran"] and oracle["recovered"] == oracle["targets"] == oracle["sessions"] > 0
+    oracle = report["server_attacks"]["verdict_oracle"]  # known break 22: padded, every probe refused
+    assert oracle["ran"] and oracle["targets"] == oracle["sessions"] > 0 and all(oracle["refused"])
+    assert oracle["recovered"] == 0 and oracle["upload_pad"] > 1
     for name in ("substituted_result", "injected_ciphertexts", "fake_edges", "chosen_weights_one_client"):
         assert report["server_attacks"][name]["detected"] is True, name
     assert report["client_attacks"]["basis"]["recovered_fraction"] == 1.0

@@ -24,7 +24,7 @@ import torch
 from fedgat.app import bases_rng, build_pretrain_parties
 from fedgat.crypto.encodings import RELEASE_OFFSET, plan_views
 from fedgat.crypto.packing import decrypt_rows
-from fedgat.crypto.tags import TAG_COLUMNS
+from fedgat.crypto.tags import TAG_COLUMNS, prf_pads
 from fedgat.dp import FeatureDP, block_rows
 from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger
@@ -195,13 +195,20 @@ def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
     owner = tiny_partition.owner
     release = drawn.numpy()
     clean = DP.clean_rows(tiny_graph.x)  # the owner's row through the mechanism without noise
-    layout = h.server.layout
+    layout, config = h.server.layout, h.parties.config
+
+    def pads(recipient: int, owner: int, nodes) -> np.ndarray:
+        """The pads ``owner`` added to its release of ``nodes`` for ``recipient``."""
+        keys = h.client(recipient)._my_keys[owner]
+        return prf_pads(keys.prf, config.session, np.asarray(nodes), W, config.upload_pad)
+
     uploads = 0
     for b in h.roster.clients:
         for msg in h.sent(b, FeatureUpload):
             holder = h.client(msg.target).holder
             for item in msg.items:
                 got = decrypt_rows(holder, [item.ciphertext], 1, layout, kind="fresh")[0, :W]
+                got -= pads(msg.target, b, [item.node])[0]
                 assert owner[item.node] == b != msg.target
                 assert np.abs(got - release[item.node]).max() <= TOL
                 assert np.abs(got - clean[item.node]).max() > 100 * TOL
@@ -224,7 +231,8 @@ def test_no_ciphertext_a_client_receives_holds_another_clients_clean_row(
                     bb, k = bases[node]
                     part = owner[bb.neighbours[k]] == item.owner  # a partial: one foreign owner's rows
                     assert item.owner != c and part.any()
-                    want = bb.coefficients(k)[:, part] @ release[bb.neighbours[k][part]]
+                    sources = bb.neighbours[k][part]
+                    want = bb.coefficients(k)[:, part] @ (release[sources] + pads(c, item.owner, sources))
                     assert np.abs(got - want).max() <= TOL
                     seen += 1
         nbh = tiny_partition.neighbourhoods

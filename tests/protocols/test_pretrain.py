@@ -24,7 +24,7 @@ from fedgat.crypto import (
     encrypt_rows,
 )
 from fedgat.crypto.packing import load_validated
-from fedgat.crypto.tags import TAG_COLUMNS, CheckKeys, tag_columns
+from fedgat.crypto.tags import TAG_COLUMNS, CheckKeys, release_rows
 from fedgat.pipeline import max_abs_error, run_plaintext_pretraining
 from fedgat.protocols import (
     Abort,
@@ -234,11 +234,11 @@ def test_a_colluding_server_and_client_open_only_that_clients_ciphertexts(harnes
     x = h.graph.x.numpy().astype(np.float64)
 
     def plaintext(owner: int, target: int, node: int) -> np.ndarray:
-        """What ``owner`` encrypted for ``target``: the row and its tag columns."""
-        row = x[node : node + 1]
-        return np.hstack(
-            [row, tag_columns(h.client(owner)._owner_keys[target], session, np.array([node]), row)]
-        )[0]
+        """What ``owner`` encrypted for ``target``: the row padded, and its tag columns."""
+        keys = h.client(owner)._owner_keys[target]
+        return release_rows(keys, session, np.array([node]), x[node : node + 1], h.parties.config.upload_pad)[
+            0
+        ]
 
     # every row any owner released, packed: what an attacker would hope to recover
     candidates = [
@@ -361,7 +361,7 @@ def test_a_result_with_other_coefficients_or_rows_is_rejected_by_its_recipient(
     # the text is the same whichever check failed and carries no decrypted value (an engine may send
     # it to the server: a norm or a tag miss in it would make each forgery a decryption query)
     assert str(err) == str(ResultRejectedError(node, owners))
-    assert ("norm" if attack == "amplified" else "tag off by") in err.detail
+    assert "tag off by" in err.detail  # the tags are checked first (on padded values), then the range
     # terminal: the victim ends its session without encodings, the others end with theirs
     assert client.encodings is None and client.state is ClientState.ABORTED and client._assemblies == []
     assert str(err) in client.abort_reason
@@ -661,7 +661,7 @@ def _upload(h: Harness, sender: int, target: int, node: int, *, ctx=None, rows=N
     ctx = h.server.contexts[target] if ctx is None else ctx
     row = _features(h, sender)[np.searchsorted(client.owned, node)][None] if rows is None else rows
     keys = client._owner_keys.get(target, CheckKeys(bytes(32), bytes(32)))
-    full = np.hstack([row, tag_columns(keys, h.parties.config.session, np.array([node]), row)])
+    full = release_rows(keys, h.parties.config.session, np.array([node]), row, h.parties.config.upload_pad)
     items = tuple(UploadItem(node, ch, b) for ch, b in enumerate(encrypt_rows(ctx, full, client.layout)))
     return h.craft(sender, FeatureUpload, h.roster.server, target=target, items=items, **kw)
 
@@ -1183,3 +1183,10 @@ def test_the_bases_identity_is_checked_on_random_probes(variant, embed):
         p, q = u[:, :, :4] + u[:, :, 4:] / r, u[:, :, :4] + u[:, :, 4:] * r
         with pytest.raises(PayloadError, match="2 nodes are ill-conditioned"):
             check_basis_identity(config, p, q)
+        # a sixteenth review pass: p = 16 u1, q = u1 / 8 passes the identity and the pair bound,
+        # with coefficient rows ~6x longer than the upload pads are sized for (honest results wrap)
+        u1 = RandomSource.from_seed(4).orthogonal(2, 8)[:, :, :4]
+        with pytest.raises(PayloadError, match="2 nodes have coefficient rows of norm up to"):
+            check_basis_identity(config, 16.0 * u1, u1 / 8.0)
+    drawn = kind.draw(RandomSource.from_seed(5), 200, 6, embed)[0]  # what the variant draws passes
+    assert np.linalg.norm(drawn, axis=2).max() <= kind.max_coefficient_row_norm() * (1 + 1e-9)
