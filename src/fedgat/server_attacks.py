@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -1530,12 +1530,19 @@ class ProbingServer(TamperingServer):
     victim's key, as the victim's owner sent it) into the same column of the first result it sends
     the victim: one plaintext multiply-add on ciphertexts it holds, nonzero in one slot, in block 0
     (the result's first row, which the victim reads and checks). Every other slot is left as it
-    was, so the victim's tag check misses by ``lam * h[column]`` times its check vector: it refuses
-    iff the foreign feature is not zero (known break 22, a thirteenth review pass)."""
+    was, so the victim's tag check misses by ``lam * u[column]`` times its check vector: unpadded it
+    refused iff the foreign feature is not zero (known break 22, a thirteenth review pass).
 
-    def __init__(self, *args: Any, victim: int, target: int, column: int, lam: float, **kw: Any) -> None:
+    ``target`` may name several nodes: the probe is then the *sum* of that column over their uploads
+    (a statistic of an owner's rows, whose pads add up to a spread of only ``A sqrt(N / 3)``: a
+    sixteenth review pass)."""
+
+    def __init__(
+        self, *args: Any, victim: int, target: int | Sequence[int], column: int, lam: float, **kw: Any
+    ) -> None:
         super().__init__(*args, **kw)
-        self.victim, self.target, self.column, self.lam = victim, target, column, lam
+        self.victim, self.column, self.lam = victim, column, lam
+        self.targets = [int(target)] if isinstance(target, int | np.integer) else [int(t) for t in target]
         self.probed: int | None = None
 
     def _tampered(
@@ -1544,13 +1551,12 @@ class ProbingServer(TamperingServer):
         assert self.plan is not None and self.layout is not None
         for g, s, result in results:
             if self.probed is None and self.plan.recipients[self.plan_position(g, s)][0] == self.victim:
-                ctx = self.contexts[self.victim]
-                upload = self._spool(self.victim).get(self.target)
+                ctx, spool = self.contexts[self.victim], self._spool(self.victim)
                 chunk, slot = divmod(self.column, self.layout.width)
-                mask = np.zeros((1, ctx.slots))
-                mask[0, slot] = self.lam
+                mask = np.zeros((len(self.targets), ctx.slots))
+                mask[:, slot] = self.lam
                 blobs = list(result.row_blobs)
-                probe = linear_combination(ctx, [upload[chunk]], mask)
+                probe = linear_combination(ctx, [spool.get(t)[chunk] for t in self.targets], mask)
                 blobs[chunk] = serialize(ctx, deserialize(ctx, blobs[chunk], level="result") + probe)
                 result, self.probed = NodeResult(result.node, blobs), int(result.node)
             yield g, s, result

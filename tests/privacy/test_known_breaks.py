@@ -917,7 +917,7 @@ def test_a_verdict_on_a_column_sum_over_many_rows_reads_more_than_one_feature():
     ``A sqrt(45 / 3)`` while the data part is ``45 x``, so the verdict reads a statistic of the
     owner's rows (here: the column is 1 in every row, or 0) far better than the one-feature bound
     ``x / (2A)``: 0.13 against 0.035 at ``n4096`` with a window test, more with a one-sided one
-    (the red-team pass: 0.60 against 0.23 accepted over 30 + 30 real sessions). At ``n8192``
+    (against the real state machines: ``benchmarks/verdict_aggregate.py``). At ``n8192``
     (``A`` = 819) the same test reads nothing measurable. (Seeded simulation keys: the two
     hypotheses see the same pads, and the rates are reproducible.)"""
     from fedgat.benchmarks.verdict_pads import aggregate_acceptance
