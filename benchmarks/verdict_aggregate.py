@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -108,14 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="n4096")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
+    from fedgat.benchmarks.verdict_pads import stamp
+
     start = time.perf_counter()
-    out = measure(args.sessions, args.preset)
-    out.update(
-        machine=platform.node(),
-        cores=os.cpu_count(),
-        date=datetime.now(UTC).isoformat(timespec="seconds"),
-        seconds=round(time.perf_counter() - start, 1),
-    )
+    out = stamp(measure(args.sessions, args.preset), start)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "verdict_aggregate.json").write_text(json.dumps(out, indent=2) + "\n")
     text = "\n".join(

@@ -35,16 +35,43 @@ import numpy as np
 DIM, NODE, COLUMN = 8, 5, 3
 
 
+def accepted(
+    result: np.ndarray, coefficients: np.ndarray, keys, session: int, nodes: np.ndarray, rows, u
+) -> bool:
+    """The victim's verdict on a (probed) partial ``result`` of the rows ``rows`` of ``nodes``,
+    released as ``u`` under the pair ``keys`` (:func:`fedgat.crypto.tags.check_share`, the pads'
+    part removed as the recipient removes it)."""
+    from fedgat.crypto.tags import ResultCheckError, check_share, prf_tags
+
+    try:
+        check_share(
+            result,
+            coefficients,
+            prf_tags(keys.prf, session, nodes),
+            keys.vectors(DIM),
+            node=0,
+            owners=(1,),
+            offsets=coefficients @ (u[:, :DIM] - rows),
+        )
+    except ResultCheckError:
+        return False
+    return True
+
+
+def stamp(out: dict, start: float) -> dict:
+    """``out`` with the machine, its cores, the date and the seconds since ``start``."""
+    out.update(
+        machine=platform.node(),
+        cores=os.cpu_count(),
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=round(time.perf_counter() - start, 1),
+    )
+    return out
+
+
 def acceptance(h: float, pad: float, trials: int, *, zero_test: bool = False) -> float:
     """Share of ``trials`` sessions whose probed result passes the victim's check."""
-    from fedgat.crypto.tags import (
-        TAG_TOLERANCE,
-        CheckKeys,
-        ResultCheckError,
-        check_share,
-        prf_tags,
-        release_rows,
-    )
+    from fedgat.crypto.tags import TAG_TOLERANCE, CheckKeys, release_rows
 
     tol = TAG_TOLERANCE * 2.0  # (1 + sum |C|) for one coefficient
     passed = 0
@@ -58,19 +85,7 @@ def acceptance(h: float, pad: float, trials: int, *, zero_test: bool = False) ->
         r_c = np.abs(keys.vectors(DIM)[:, COLUMN]).max()  # the tag that misses most
         lam = 100.0 if zero_test else tol / (r_c * pad) * (1 - 1e-9)  # the window ends at the edge
         result[0, COLUMN] += lam * u[0, COLUMN]
-        try:
-            check_share(
-                result,
-                coefficients,
-                prf_tags(keys.prf, t, np.array([NODE])),
-                keys.vectors(DIM),
-                node=0,
-                owners=(1,),
-                offsets=coefficients @ (u[:, :DIM] - row),
-            )
-            passed += 1
-        except ResultCheckError:
-            pass
+        passed += accepted(result, coefficients, keys, t, np.array([NODE]), row, u)
     return passed / trials
 
 
@@ -80,14 +95,7 @@ def aggregate_acceptance(x: float, rows: int, pad: float, trials: int, window: f
     ``window`` standard deviations of the pads' sum wide (check vectors known, as above). The pads
     add up to a spread of ``A sqrt(rows / 3)`` while the data part grows as ``rows * x``: a statistic
     of an owner's rows is read far better than one feature (a sixteenth review pass)."""
-    from fedgat.crypto.tags import (
-        TAG_TOLERANCE,
-        CheckKeys,
-        ResultCheckError,
-        check_share,
-        prf_tags,
-        release_rows,
-    )
+    from fedgat.crypto.tags import TAG_TOLERANCE, CheckKeys, release_rows
 
     rng = np.random.default_rng(seed)
     nodes = np.arange(100, 100 + rows)
@@ -106,19 +114,7 @@ def aggregate_acceptance(x: float, rows: int, pad: float, trials: int, window: f
         r_c = np.abs(keys.vectors(DIM)[:, COLUMN]).max()
         lam = TAG_TOLERANCE * (1 + np.abs(coefficients).sum(axis=1)).min() / (r_c * window * spread)
         result[0, COLUMN] += lam * u[:, COLUMN].sum()
-        try:
-            check_share(
-                result,
-                coefficients,
-                prf_tags(keys.prf, t, nodes),
-                keys.vectors(DIM),
-                node=0,
-                owners=(1,),
-                offsets=coefficients @ (u[:, :DIM] - h),
-            )
-            passed += 1
-        except ResultCheckError:
-            pass
+        passed += accepted(result, coefficients, keys, t, nodes, h, u)
     return passed / trials
 
 
@@ -196,13 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    out = measure(args.trials)
-    out.update(
-        machine=platform.node(),
-        cores=os.cpu_count(),
-        date=datetime.now(UTC).isoformat(timespec="seconds"),
-        seconds=round(time.perf_counter() - start, 1),
-    )
+    out = stamp(measure(args.trials), start)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "verdict_pads.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [

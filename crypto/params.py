@@ -321,13 +321,11 @@ class CkksPreset:
         if row_norm <= 0:
             raise ValueError("row_norm must be positive")
         by_range = PAD_RANGE_SHARE * self.max_abs_value / (PAD_TAIL * row_norm)
-        n, terms = self.poly_modulus_degree, PAD_REFERENCE_TERMS
-        delta = 2.0**self.scale_bits
-        # error_bound(terms, 1, A, symmetric=False) = PAD_ERROR, solved for A
-        v_rs = (1.0 + 2.0 * n / 3.0) / 12.0
-        rest = 2 * v_rs + 1.0 / 12.0  # a term's variance without the pads' rounding part
-        room = (PAD_ERROR * delta / (2.0 * math.log(n))) ** 2 / (n / 2.0 * terms) - rest
-        by_error = math.sqrt(12.0 * max(room, rest))  # and the pads may at least double the variance
+        # error_bound(terms, 1, A, symmetric=False)^2 = e0^2 + A^2 * per_unit (the pads enter as the
+        # plaintext-encoding rounding term): solved for A at PAD_ERROR, or at twice the variance e0^2
+        e0 = self.error_bound(PAD_REFERENCE_TERMS, 1.0, 0.0, symmetric=False)
+        per_unit = self.error_bound(PAD_REFERENCE_TERMS, 1.0, 1.0, symmetric=False) ** 2 - e0**2
+        by_error = math.sqrt(max(PAD_ERROR**2 - e0**2, e0**2) / per_unit)
         return float(min(by_range, by_error))
 
     def fresh_error_bound(self, *, symmetric: bool = True, scale: float | None = None) -> float:

@@ -130,8 +130,7 @@ def secure_vector(
     if update is not None and update.num_train > 0:
         n = update.num_train
         flat = np.concatenate([a.astype(np.float64).ravel() for a in state_to_arrays(update.state).values()])
-        loss = n * update.loss if math.isfinite(update.loss) else 0.0  # NaN: not sent (DP-FedAvg)
-        head = np.concatenate([flat * n, [n, _bounded(loss)]])
+        head = np.concatenate([flat * n, [n, _bounded(n * update.loss)]])  # NaN (DP-FedAvg): not sent, 0
     tail = np.zeros(3 * len(SECURE_SPLITS))
     for i, split in enumerate(SECURE_SPLITS):
         if counts is not None and split in counts:

@@ -1580,7 +1580,8 @@ def verdict_oracle_attack(setting: AttackSetting, probes: int = 8, lam: float = 
     server alone tries to read whether features of a foreign row are zero, one feature per
     session, off the victim's verdict (:class:`ProbingServer`). Unpadded rows gave the bit exactly;
     padded ones (:attr:`~fedgat.protocols.PretrainConfig.upload_pad`) make the term ``lam (h + rho)``
-    non-zero whatever ``h``, so every probe is refused and the verdicts read nothing. The columns probed: half among the row's non-zero features and half
+    non-zero whatever ``h``, so every probe is refused and the verdicts read nothing. The columns
+    probed: half among the row's non-zero features and half
     among its zeros (the first of each; all of one kind when the row has no other), so the read-out
     is scored on both answers. ``targets``: the probes (one session each); ``recovered``: those the
     verdict answered correctly (refused iff non-zero), counted only when the verdicts varied and
