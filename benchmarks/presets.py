@@ -16,8 +16,11 @@ whose error is at most ``--target`` (1e-5). Beside it each preset's wire sizes a
 from __future__ import annotations
 
 import json
+import os
+import platform
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 TARGET = 1e-5
@@ -153,6 +156,14 @@ def main(argv: list[str] | None = None, *, prog: str | None = None, out: Path | 
         presets=args.presets,
         seed=args.seed,
         target=args.target,
+    )
+    from fedgat.protocols.frame import VERSION
+
+    result.update(
+        machine=platform.node(),
+        cores=os.cpu_count(),
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        frame_version=VERSION,
     )
     print(format_table(result))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -62,9 +62,12 @@ matrix   **n4096**    9.4e-8   20.8 MB  n8192-small  2.0e-7
 matrix   n8192        2.0e-8   51.5 MB  n16384       5.4e-8
 =======  ===========  =======  =======  ===========  =======
 
-(Measured before the upload pads of frame version 12. With them, :meth:`CkksPreset.pad_bound`:
-5.6e-8 / 6.7e-8 at ``n4096``, 3.1e-7 / 2.8e-7 at ``n8192`` and 2.6e-7 / 3.0e-7 at ``n16384``,
-whose larger pads cost precision; 8.6e-8 / 1.0e-7 at ``n8192-small``.)
+(Measured before the upload pads of frame version 12. With version 12's uniform pads,
+:meth:`CkksPreset.pad_bound`: 5.6e-8 / 6.7e-8 at ``n4096``, 3.1e-7 / 2.8e-7 at ``n8192`` and
+2.6e-7 / 3.0e-7 at ``n16384``, whose larger pads cost precision; 8.6e-8 / 1.0e-7 at
+``n8192-small``. With version 13's Gaussian pads (3x their variance): 7.0e-8 / 5.6e-8 at
+``n4096``, 4.8e-7 / 4.7e-7 at ``n8192``, 1.2e-7 / 1.0e-7 at ``n8192-small``, 4.6e-7 / 4.9e-7 at
+``n16384``, ``benchmarks/results/presets_frame_v13.json``.)
 
 Every preset meets 1e-5 for both variants with >= 30x margin there, and ``n4096`` moves the fewest
 bytes (n8192-small 41 MB, n16384 102 MB), so it is the smallest for both. (Encoding values on that
@@ -149,9 +152,10 @@ def check_wire(wire: str) -> str:
 
 
 #: Upload pads (:func:`fedgat.crypto.tags.release_rows`, known break 22 in SECURITY.md): the pads'
-#: part of a result slot, ``sum_u C_ku rho_u`` with ``rho`` uniform on ``(-A, A)``, stays within
-#: ``PAD_TAIL A ||C_k||`` but with probability ``2 exp(-PAD_TAIL^2 / 2)`` (Hoeffding; ~5e-18), in
-#: feature and tag slots alike (the check vectors have norm < 1)
+#: part of a result slot, ``sum_u C_ku rho_u`` with ``rho`` Gaussian of sd ``sigma`` (frame version
+#: 13; uniform on ``(-A, A)`` in version 12), is Gaussian of sd ``sigma ||C_k||`` and stays within
+#: ``PAD_TAIL sigma ||C_k||`` but with probability ``2 Phi(-PAD_TAIL)`` (~2e-19), in feature and tag
+#: slots alike (the check vectors have norm < 1)
 PAD_TAIL = 9.0
 #: the share of a result slot's range (:attr:`CkksPreset.max_abs_value`) the pads may take; the
 #: rest holds the data and the tags' PRF part (below ``PAD_TAIL ||C_k||``). With unit-norm rows a
@@ -308,16 +312,18 @@ class CkksPreset:
         return z * math.sqrt(n / 2.0 * var) / delta
 
     def pad_bound(self, row_norm: float = 1.0) -> float:
-        """``A``, the bound of the upload pads (uniform on ``(-A, A)``) for coefficient rows of norm
-        up to ``row_norm``: the largest that keeps the pads' part of a result within
+        """``sigma``, the standard deviation of the upload pads (Gaussian), for coefficient rows of
+        norm up to ``row_norm``: the largest that keeps the pads' part of a result within
         :data:`PAD_RANGE_SHARE` of the slot range (at :data:`PAD_TAIL` deviations) and the error of
-        :data:`PAD_REFERENCE_TERMS` padded terms within :data:`PAD_ERROR` (or at most ``sqrt(2)``
-        times the unpadded one, where that is larger). Public: every party derives it from the
-        session's preset and variant.
+        :data:`PAD_REFERENCE_TERMS` padded terms of mean square ``sigma^2`` within :data:`PAD_ERROR`
+        (or at most ``sqrt(2)`` times the unpadded one, where that is larger). Public: every party
+        derives it from the session's preset and variant.
 
-        Known break 22's verdict oracle reads ``h + rho`` instead of ``h``: a session's verdict leans
-        on one feature ``h`` by at most ``|h| / (2 A)`` (total variation of a shifted uniform), on a
-        sum over ``N`` rows by about ``0.69 N |x| / (A sqrt(N))``."""
+        Known break 22's verdict oracle reads ``h + rho`` instead of ``h``: a session's verdicts are
+        the Gaussian mechanism's post-processing, ``(epsilon, delta)``-DP for each released row
+        (:mod:`fedgat.verdict_dp`); one feature ``h`` moves a verdict by at most the total
+        variation ``2 Phi(|h| / (2 sigma)) - 1`` ~ ``0.4 |h| / sigma``, a sum over ``N`` rows of
+        value ``x`` by ``~0.4 sqrt(N) |x| / sigma``."""
         if row_norm <= 0:
             raise ValueError("row_norm must be positive")
         by_range = PAD_RANGE_SHARE * self.max_abs_value / (PAD_TAIL * row_norm)

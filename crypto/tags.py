@@ -29,23 +29,28 @@ What it catches:
   across owners (one :math:`r_a` for all, as before protocol version 3) let the pair add any
   :math:`\Delta` to another owner's result with the tag :math:`\langle r_a, \Delta\rangle`.
 
-Pads (frame version 12; known break 22 in ``SECURITY.md``). Checking decrypted values makes the
-verdict a function of them, and the server chooses the combination: adding ``lam`` times one
-column of a foreign upload to a checked slot, it had the recipient refuse iff that feature was
-non-zero (when it is zero the tampered result *equals* the honest one). So every row is released
-padded, :math:`u = h + \rho` with :math:`\rho` uniform on ``(-A, A)`` from a PRF under
+Pads (frame version 12, Gaussian since 13; known break 22 in ``SECURITY.md``). Checking decrypted
+values makes the verdict a function of them, and the server chooses the combination: adding ``lam``
+times one column of a foreign upload to a checked slot, it had the recipient refuse iff that feature
+was non-zero (when it is zero the tampered result *equals* the honest one). So every row is released
+padded, :math:`u = h + \rho` with :math:`\rho \sim N(0, \sigma^2 I)` from a PRF under
 :math:`k_{ab}` (:func:`prf_pads`, :func:`release_rows`), and its tags are those of :math:`u`. The
-tag check reads padded values only; the recipient then subtracts the pads' part
-:math:`C_b \rho` (:func:`pad_offsets`) and checks the range of what it keeps. Any term the server
-adds is :math:`\lambda (h + \rho)`, non-zero whatever ``h``, and a verdict leans on ``h`` by at most
-the total variation ``|h| / (2 A)`` of a shifted uniform (one feature; a sum over ``N`` rows is read
-about ``sqrt(N)`` times better: the break stays open, bounded). ``A`` is public, from the session's
-preset and variant (:meth:`fedgat.crypto.params.CkksPreset.pad_bound`): the pads must fit a result
-slot's range and keep the CKKS error within its target.
+tag check reads padded values only, and it alone decides; the recipient then subtracts the pads'
+part :math:`C_b \rho` (:func:`pad_offsets`) and clips what it keeps to the range (a refusal there
+would read the unpadded share). The tag check's inputs, the decrypted padded values, the tags' PRF
+and the check vectors, are independent of the pads given :math:`u` (the pads' keystream has its own
+domain), so every verdict is post-processing of the Gaussian mechanism :math:`h \mapsto h + \rho`:
+whatever the server adds, a session's verdicts are :math:`(\varepsilon, \delta)`-DP for each
+released row (sensitivity 2 between unit rows, composed over the row's recipients;
+:mod:`fedgat.verdict_dp`). A statistic summed over many of an
+owner's rows is not protected beyond DP's group privacy (a sixteenth review pass). ``sigma`` is
+public, from the session's preset and variant (:meth:`fedgat.crypto.params.CkksPreset.pad_bound`):
+the pads must fit a result slot's range and keep the CKKS error within its target.
 
 A failing result raises :class:`ResultCheckError` naming the node and the owner whose rows it
 should have combined. Range: with unit-norm rows :math:`\|F_k\|_2 \le \sum_u |C_{ku}|`
-(:func:`check_share` refuses more, and anything not finite). A recipient checks every partial of a
+(:func:`check_share` refuses more in an unpadded share and clips it in a padded one, and refuses
+anything not finite). A recipient checks every partial of a
 results message at once (:func:`check_shares`: the same rule without a per-partial loop).
 """
 
@@ -57,7 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-from scipy import sparse
+from scipy import sparse, special
 
 __all__ = [
     "TAG_COLUMNS",
@@ -196,14 +201,21 @@ def prf_tags(prf: bytes, session: int, nodes: np.ndarray) -> np.ndarray:
     return _stream_rows(key, nodes, TAG_COLUMNS)
 
 
-def prf_pads(prf: bytes, session: int, nodes: np.ndarray, dim: int, bound: float) -> np.ndarray:
-    """``(len(nodes), dim)``: the upload pads of ``nodes`` under a pair's key, uniform on
-    ``(-bound, bound)`` (zeros when ``bound`` is 0). Their own keystream (domain
-    ``fedgat/upload-pad/v1``), independent of the tags' and fresh per session and pair."""
-    if bound == 0:
+def prf_pads(prf: bytes, session: int, nodes: np.ndarray, dim: int, sigma: float) -> np.ndarray:
+    """``(len(nodes), dim)``: the upload pads of ``nodes`` under a pair's key, Gaussian
+    ``N(0, sigma^2)`` (zeros when ``sigma`` is 0): the inverse normal CDF of the pair's keystream
+    (:func:`_stream_rows`, its own domain ``fedgat/upload-pad/v2``, fresh per session and pair).
+
+    The keystream's uniforms lie on a grid of step ``2**-52``, so the pads are cut off at about
+    8.3 ``sigma``: the verdicts' DP (:mod:`fedgat.verdict_dp`) holds up to the mass
+    beyond, ``2 Phi(-8.3)`` ~ 1e-16 per value, far below any ``delta`` used."""
+    if sigma == 0:
         return np.zeros((len(nodes), dim))
-    key = hashlib.sha256(b"fedgat/upload-pad/v1" + prf + int(session).to_bytes(8, "big")).digest()
-    return bound * _stream_rows(key, nodes, dim)
+    key = hashlib.sha256(b"fedgat/upload-pad/v2" + prf + int(session).to_bytes(8, "big")).digest()
+    x = _stream_rows(key, nodes, dim)
+    # from the nearer tail, where ndtri is exact; the keystream's largest word rounds to 1.0 itself
+    tail = 0.5 * (1.0 - np.minimum(np.abs(x), 1.0 - 2.0**-53))
+    return sigma * np.copysign(-special.ndtri(tail), x)
 
 
 def tag_columns(keys: CheckKeys, session: int, nodes: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -215,7 +227,7 @@ def release_rows(
     keys: CheckKeys, session: int, nodes: np.ndarray, rows: np.ndarray, pad: float
 ) -> np.ndarray:
     """``(k, d + T)``: what an owner encrypts for a recipient, the rows ``rows`` (k, d) of ``nodes``
-    plus their pads (:func:`prf_pads` under the pair's key, uniform on ``(-pad, pad)``), then the
+    plus their pads (:func:`prf_pads` under the pair's key, Gaussian of sd ``pad``), then the
     tag columns *of the padded rows*, so that the recipient's tag check reads padded values only."""
     padded = rows + prf_pads(keys.prf, session, nodes, rows.shape[1], pad)
     return np.hstack([padded, tag_columns(keys, session, nodes, padded)])
@@ -243,11 +255,12 @@ def check_share(
         max_row_norm: the largest norm of a released row (1 for unit-norm rows; None: no range check,
             e.g. DP releases, whose noise is unbounded).
         offsets: ``(R + 1, d)`` the pads' part of the share (``C rho``, :func:`pad_offsets`; None: the
-            rows were not padded). The tags are checked first, on the padded values; then the range,
-            on the share without its pads, which is what is returned.
+            rows were not padded). The tags are checked on the padded values, and they alone decide:
+            the share without its pads, which is returned, is clipped to the range, never refused
+            for it (a verdict on it would read unpadded foreign features, known break 22).
 
     Raises:
-        ResultCheckError: not finite, out of range, or the tags miss their prediction.
+        ResultCheckError: not finite, the tags miss their prediction, or (unpadded) out of range.
     """
     d = vectors.shape[1]
     padded, tags = decrypted[:, :d], decrypted[:, d:]
@@ -267,14 +280,31 @@ def check_share(
             owners=owners,
         )
     if max_row_norm is not None:
+        limit = max_row_norm * scale * (1 + TAG_TOLERANCE)
         norms = np.linalg.norm(features, axis=1)
-        if np.any(norms > max_row_norm * scale * (1 + TAG_TOLERANCE)):
+        if offsets is not None:
+            return _clipped(features, norms, limit)
+        if np.any(norms > limit):
             raise ResultCheckError(
                 f"node {node}: an encoding row has norm {norms.max():.3g}, above what unit-norm rows allow",
                 node=node,
                 owners=owners,
             )
     return features
+
+
+def _clipped(features: np.ndarray, norms: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """``features`` with every row longer than its ``limit`` scaled down to it.
+
+    The range of a padded share is enforced this way, never by a refusal: the share without its
+    pads is the data's, and a verdict on it would be a predicate of unpadded foreign features
+    (known break 22). An honest share is within range (a margin of at least 1), so only a forgery
+    that passed the tags by chance is clipped, and the tags alone decide the verdict."""
+    over = norms > limit
+    if not np.any(over):
+        return features
+    factor = np.where(over, limit / np.where(over, norms, 1.0), 1.0)
+    return features * factor[..., None]
 
 
 def check_shares(
@@ -314,8 +344,12 @@ def check_shares(
     scale = 1.0 + np.abs(coefficients).sum(axis=2)  # (P, R + 1)
     ok = np.isfinite(decrypted).all(axis=(1, 2))
     if max_row_norm is not None:
-        norms = np.linalg.norm(features, axis=2)
-        ok &= (norms <= max_row_norm * scale * (1 + TAG_TOLERANCE)).all(axis=1)
+        limit = max_row_norm * scale * (1 + TAG_TOLERANCE)
+        norms = np.linalg.norm(np.where(np.isfinite(features), features, 0.0), axis=2)
+        if offsets is None:
+            ok &= (norms <= limit).all(axis=1)
+        else:
+            features = _clipped(features, norms, limit)  # padded: a range is never a verdict
     expected = coefficients @ source_prf + padded @ vectors.transpose(0, 2, 1)
     ok &= (np.abs(tags - expected) / scale[:, :, None] <= TAG_TOLERANCE).all(axis=(1, 2))
     # the single check raises, with its message; a partial it passes (a rounding difference at the

@@ -40,8 +40,11 @@ update is the client's to decide, in its node config (:func:`~fedgat.protocols.f
 than the cohort minimum, whose updates would travel in the clear; ``allow-plaintext`` accepts it),
 ``min-cohort`` (default and least 3) and ``max-update-epsilon`` with ``max-update-delta`` (default
 1e-5; when set, a run without DP-FedAvg, or whose DP-FedAvg the node computes to be less private at
-its own delta, is refused). A refusal is a :class:`NodePolicyError` before
-the client trains (a red-team review found a run config of ``{"fraction": 0.5}`` turning secure
+its own delta, is refused); and what protects its rows from the pre-training's verdicts
+(:func:`~fedgat.protocols.flower_client._verdict_policy`: ``max-verdict-epsilon``, a bound on
+what one session's verdicts may cost a row, whatever preset the server's set-up chooses, and
+``verdict-ledger`` with ``verdict-budget``, a persistent budget all sessions are charged to). A
+refusal is a :class:`NodePolicyError` before the client uploads or trains (a red-team review found a run config of ``{"fraction": 0.5}`` turning secure
 aggregation off at every client, 2026-11-27). One protocol end to end: signed updates bound to the session and the
 pre-training's key set (:func:`~fedgat.protocols.messages.keyset_fingerprint`), the aggregation,
 evaluation and early stopping of :meth:`fedgat.federated.Server.fit` (what

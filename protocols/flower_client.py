@@ -23,9 +23,11 @@ import torch
 from fedgat.app import build_pretrain_client, build_rounds_client
 from fedgat.crypto.params import DEFAULT_WIRE
 from fedgat.dp_fedavg import DP_NEEDS_SECAGG, update_dp_from_hparams
+from fedgat.dp_ledger import Budget, DPError, DPLedger
 from fedgat.encodings import Encodings
 from fedgat.graph import Graph
 from fedgat.partition import Partition
+from fedgat.verdict_dp import DEFAULT_DELTA, verdict_epsilon
 
 from .flower_config import (
     FLOWER_HINT,
@@ -111,8 +113,10 @@ def _new_pretrain_party(
     roster: Roster,
     config: PretrainConfig,
     encrypt_workers: int = 0,
+    ledger: DPLedger | None = None,
 ) -> ClientPretrain:
-    """A client's pre-training party (:func:`fedgat.app.build_pretrain_client`)."""
+    """A client's pre-training party (:func:`fedgat.app.build_pretrain_client`); ``ledger``: the
+    node's verdict ledger (:func:`_verdict_policy`), charged here before anything is sent."""
     graph, partition = _client_data(cfg)
     try:
         return build_pretrain_client(
@@ -125,9 +129,59 @@ def _new_pretrain_party(
             dtype=torch.float64,
             upload_batch=cfg.upload_batch,
             encrypt_workers=encrypt_workers,
+            ledger=ledger,
         )
+    except DPError as exc:  # the session would pass the node's verdict budget
+        raise NodePolicyError(f"party {pid}: {exc}") from None
     except ValueError as exc:  # the client owns no node
         raise RemotePartyError(str(exc)) from exc
+
+
+def _verdict_policy(pid: int, context: Context, config: PretrainConfig, roster: Roster) -> DPLedger | None:
+    """What this node's pre-training verdicts may cost its rows (known break 22, :mod:`fedgat.verdict_dp`),
+    decided by its own node config, never by the server's set-up (which chooses the preset and the
+    variant, hence the pads' ``sigma``):
+
+    * ``max-verdict-epsilon`` (and ``max-verdict-delta``, default 1e-5): when set, the node refuses
+      a session whose verdicts could cost any of its rows more than that epsilon, counted as the
+      ledger counts it (every row to every other client of the roster); e.g. 0.03 admits ``n8192``
+      and ``n16384`` only, whatever the server asks;
+    * ``verdict-ledger`` (a JSON file) with ``verdict-budget`` (epsilon; ``verdict-budget-delta``,
+      default 1e-5; only for a new ledger): every session's verdicts are charged to that
+      :class:`~fedgat.dp_ledger.DPLedger` before anything is sent, and a session past its budget is
+      refused, so sessions the server starts add up to at most the budget.
+
+    Raises:
+        NodePolicyError: the session asks for more than the node allows, or a malformed value.
+    """
+    nc = context.node_config
+    others = max(len(roster.clients) - 1, 1)
+    if nc.get("max-verdict-epsilon") is not None:
+        cap = _positive(nc["max-verdict-epsilon"], "max-verdict-epsilon")
+        delta = _positive(nc.get("max-verdict-delta", DEFAULT_DELTA), "max-verdict-delta", below=1.0)
+        actual = verdict_epsilon(config.upload_pad, others, delta=delta)
+        if actual > cap * (1 + 1e-6):
+            raise NodePolicyError(
+                f"party {pid}: the server's pre-training ({config.preset}, {config.variant}) pads rows with "
+                f"sigma {config.upload_pad:.3g}, so a session's verdicts cost up to epsilon {actual:.4g} at "
+                f"delta {delta:g} ({others} recipients per row); this node allows {cap:g} (node config "
+                "max-verdict-epsilon)"
+            )
+    path = nc.get("verdict-ledger")
+    if path is None:
+        if nc.get("verdict-budget") is not None:
+            raise NodePolicyError("node config verdict-budget needs verdict-ledger (the file to charge)")
+        return None
+    budget = None
+    if nc.get("verdict-budget") is not None:
+        budget = Budget(
+            _positive(nc["verdict-budget"], "verdict-budget"),
+            _positive(nc.get("verdict-budget-delta", DEFAULT_DELTA), "verdict-budget-delta", below=1.0),
+        )
+    try:
+        return DPLedger(budget, str(path))
+    except DPError as exc:
+        raise NodePolicyError(f"party {pid}: node config verdict-ledger: {exc}") from None
 
 
 #: node config keys of the training policy (:func:`_training_policy`) and the secure-aggregation modes
@@ -335,7 +389,10 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
             wire=pinned,
             upload_window=_upload_window(c.get("upload_window")),  # absent: a server without windows
         )
-        store.party = _new_pretrain_party(pid, cfg, identity, roster, config, _encrypt_workers(context))
+        ledger = _verdict_policy(pid, context, config, roster)
+        store.party = _new_pretrain_party(
+            pid, cfg, identity, roster, config, _encrypt_workers(context), ledger
+        )
     elif setup["phase"] == "rounds":
         pre = store.party
         if not isinstance(pre, ClientPretrain) or pre.encodings is None:

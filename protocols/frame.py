@@ -80,8 +80,9 @@ MAGIC = b"FGAT"
 #: revealed with it (one wrong share no longer stalls a large round); adverts carry each member's
 #: settings, and a cohort runs under its strictest; DP-FedAvg noises and charges the evaluation counts;
 #: 12: every row an owner releases is padded under the recipient's check key (same bytes, other
-#: values: an unpadded peer's results would fail the recipient's check), known break 22
-VERSION = 12
+#: values: an unpadded peer's results would fail the recipient's check), known break 22; 13: the pads
+#: are Gaussian (a session's verdicts are DP per row, :mod:`fedgat.verdict_dp`), other values again
+VERSION = 13
 #: what an Ed25519 frame signature signs, before the digest (:func:`signing_input`): 50 bytes in all,
 #: shorter than any frame, so no frame of an earlier version nor any other signed structure is one
 SIGNING_PREFIX = b"FGAT-frame-sha256\x00"

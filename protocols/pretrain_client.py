@@ -38,6 +38,7 @@ from fedgat.crypto.tags import (
 from fedgat.dp import LabelPredictor
 from fedgat.dp_ledger import DPLedger
 from fedgat.encodings import BucketBases, EncodingBucket, Encodings
+from fedgat.verdict_dp import row_recipients, verdict_epsilon, verdict_record
 
 from .errors import (
     AuthError,
@@ -168,7 +169,9 @@ class ClientPretrain(Party):
         ledger: with ``config.dp``, this owner's :class:`~fedgat.dp_ledger.DPLedger`: the release
             (:meth:`fedgat.dp.FeatureDP.release_rows`, randomness from a fresh CSPRNG, recipients the
             roster's other clients) is charged to it here, before anything is sent; required unless
-            ``release`` is given.
+            ``release`` is given. Without ``config.dp``, optional: the session's verdicts towards the
+            server (:mod:`fedgat.verdict_dp`, Gaussian of sd ``config.upload_pad``) are charged to
+            it here, conservatively as if every row went to every other client of the roster.
         release: with ``config.dp``, the ``(len(owned), w)`` rows of a release drawn (and charged)
             before (a :class:`PartySpec`'s, or :func:`fedgat.dp_release.draw_release`'s).
         predictor: with ``config.dp`` of mechanism ``label_rr`` and no ``release``, the published
@@ -183,8 +186,8 @@ class ClientPretrain(Party):
     Raises:
         PayloadError: invalid features, neighbourhoods or cross edges (nothing is sent).
         MissingLedgerError: ``config.dp`` without ``ledger`` or ``release`` (nothing is drawn or sent).
-        BudgetExceededError: the release would exceed the ledger's budget (nothing is drawn or sent,
-            the ledger is unchanged).
+        BudgetExceededError: the release (or without ``config.dp``, the session's verdicts) would
+            exceed the ledger's budget (nothing is drawn or sent, the ledger is unchanged).
     """
 
     PARTY_KIND = "pretrain.client"
@@ -235,6 +238,13 @@ class ClientPretrain(Party):
             )
             assert ledger is not None  # release_rows refused otherwise
             self.dp_spent = ledger.spent(self._features)
+        elif ledger is not None:
+            if config.upload_pad <= 0:
+                raise ValueError("a verdict ledger needs padded uploads (config.upload_pad > 0)")
+            others = tuple(c for c in roster.clients if c != party_id)
+            self.dp_spent = ledger.charge(
+                self._features, verdict_record(config.upload_pad, max(len(others), 1)), [roster.server]
+            )
         self._graph = GraphAnnounce(
             sender=party_id,
             recipient=roster.server,
@@ -327,6 +337,14 @@ class ClientPretrain(Party):
     def dim(self) -> int:
         """Values per row this client releases (its features', or with DP its release's width)."""
         return int((self._features if self._release is None else self._release).shape[1])
+
+    @property
+    def verdict_epsilon(self) -> float:
+        """Epsilon (at :data:`fedgat.verdict_dp.DEFAULT_DELTA`) of this session's verdicts towards
+        the server on this owner's most-released row (:mod:`fedgat.verdict_dp`; 0 while nothing is
+        released). With ``config.dp`` the rows are a DP release and this bounds the verdicts on it."""
+        most = int(row_recipients(self.releases, self.owned).max(initial=0))
+        return verdict_epsilon(self.config.upload_pad, most)
 
     @property
     def encoding_dim(self) -> int:

@@ -142,13 +142,13 @@ class PretrainConfig:
 
     @property
     def upload_pad(self) -> float:
-        """``A``: every row an owner releases is padded with values uniform on ``(-A, A)`` from a PRF
-        under the recipient's check key (:func:`fedgat.crypto.tags.release_rows`), so that the server
-        cannot make a recipient's verdict a test of a foreign feature (known break 22 in
-        SECURITY.md): the verdict leans on one feature ``h`` by at most ``|h| / (2 A)`` (on a sum over
-        ``N`` rows about ``sqrt(N)`` times more). Derived from
-        the preset and the variant (:meth:`fedgat.crypto.params.CkksPreset.pad_bound`): 14.2 at
-        ``n4096`` (vector; 6.4 matrix), 819 at ``n8192``."""
+        """``sigma``: every row an owner releases is padded with Gaussian values of sd ``sigma`` from a
+        PRF under the recipient's check key (:func:`fedgat.crypto.tags.release_rows`), so that a
+        recipient's verdicts are post-processing of the Gaussian mechanism and the server cannot make
+        them a test of a foreign feature (known break 22 in SECURITY.md): ``(epsilon, delta)``-DP
+        per row and session, :mod:`fedgat.verdict_dp`. Derived from the preset and the variant
+        (:meth:`fedgat.crypto.params.CkksPreset.pad_bound`): 14.2 at ``n4096`` (vector; 6.4
+        matrix), 819 at ``n8192``."""
         return get_preset(self.preset).pad_bound(self.kind.max_coefficient_row_norm())
 
     @staticmethod

@@ -205,6 +205,24 @@ class ServerPretrain(Party):
         return sum(len(s) for s in self._received.values())
 
     @property
+    def most_recipients(self) -> dict[int, int]:
+        """Owner -> to how many recipients its most-released row goes this session (from the
+        confirmed releases; what each owner's verdict privacy composes over: :mod:`fedgat.verdict_dp`)."""
+        if not self._expected:
+            return {}
+        pairs = np.concatenate(
+            [
+                np.stack([np.full(len(u), owner), np.unique(np.asarray(u, dtype=np.int64))], axis=1)
+                for (owner, _), u in self._expected.items()
+            ]
+        )  # (owner, node), once per recipient
+        rows, counts = np.unique(pairs, axis=0, return_counts=True)
+        owners, at = np.unique(rows[:, 0], return_inverse=True)
+        most = np.zeros(len(owners), dtype=np.int64)
+        np.maximum.at(most, at, counts)
+        return dict(zip(owners.tolist(), most.tolist(), strict=True))
+
+    @property
     def has_secret_key(self) -> bool:
         """Read from the server's own TenSEAL contexts (False by construction)."""
         return any(ctx.tenseal.has_secret_key() for ctx in self.contexts.values())

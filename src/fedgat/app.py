@@ -724,6 +724,9 @@ def run_summary(pretrain: PretrainResult | None = None, training: TrainingResult
                 "server_has_secret_key": pre.server_has_secret_key,
                 "shared_secret_key": pre.shared_secret_key,
                 "rows_released": pre.rows_released,
+                # client -> epsilon (delta 1e-5) of the session's verdicts on its most-released row
+                "verdict_epsilon": {str(c): round(e, 4) for c, e in sorted(pre.verdict_epsilon.items())},
+                "upload_pad_sigma": round(pre.upload_pad, 4),
             }
         )
         if pre.dp_spent is not None:  # client -> [epsilon, delta] its ledger has spent

@@ -33,7 +33,9 @@ make the refusal meaningless, so a release needs a ledger object the caller hold
 
 Scope (see :mod:`fedgat.dp`): the accounted quantity is what *recipients* (other clients) learn from
 the released rows. Releases to different recipient sets are composed together (conservatively, as if
-one party received everything): recipients may collude.
+one party received everything): recipients may collude. Without a DP release, an owner may keep a
+ledger for what the *server* learns from the recipients' verdicts on its padded rows
+(:mod:`fedgat.verdict_dp`; Gaussian records charged per session), composed the same way.
 """
 
 from __future__ import annotations

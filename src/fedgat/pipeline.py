@@ -65,11 +65,12 @@ from fedgat.methods import DEFAULT_CLIENTS, fedgat_partition, resolve_hparams
 from fedgat.owners import owner_clients
 from fedgat.partition import Partition, check_partition
 from fedgat.plain_encoder import PlaintextRound
-from fedgat.protocols import Clock, Delivery, InProcessTransport, Party, Transport, run_parties
+from fedgat.protocols import ClientState, Clock, Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, peek_type
 from fedgat.protocols.pretrain import ServerState
 from fedgat.tasks import COMPACT_TOLERANCE, select_nodes
+from fedgat.verdict_dp import verdict_epsilon
 
 __all__ = [
     "COMPACT_TOLERANCE",
@@ -172,8 +173,14 @@ class PretrainResult:
     session: int
     deployment: Deployment = field(repr=False)
     #: with DP: client id -> ``(epsilon, delta)`` its ledger has spent on its features after this
-    #: round's release (None without DP, or with a release drawn before: see ``dp_release``)
+    #: round's release (None without DP, or with a release drawn before: see ``dp_release``; without
+    #: DP but with ledgers, after this session's verdicts were charged)
     dp_spent: dict[int, tuple[float, float]] | None = None
+    #: client id -> epsilon (at delta 1e-5) of this session's verdicts towards the server on its
+    #: most-released row (:mod:`fedgat.verdict_dp`: its rows' Gaussian upload pads; known break 22)
+    verdict_epsilon: dict[int, float] = field(default_factory=dict)
+    #: the sd of the upload pads (:attr:`fedgat.protocols.PretrainConfig.upload_pad`)
+    upload_pad: float = 0.0
     #: CPU seconds per phase of this process (the server's worker processes are not included)
     cpu_phases: dict[str, float] = field(default_factory=dict)
     #: the server's worker processes (0: it computed in this process)
@@ -346,7 +353,9 @@ def run_encrypted_pretraining(
             features, every other node's release); the release's randomness comes from each
             client's CSPRNG, never from ``seed``.
         dp_ledgers: with ``dp``, client id -> its :class:`~fedgat.dp_ledger.DPLedger` (required),
-            charged before anything is sent; the spent ``(epsilon, delta)`` is ``dp_spent``.
+            charged before anything is sent; the spent ``(epsilon, delta)`` is ``dp_spent``. Without
+            ``dp``, optional: each client's session verdicts (:mod:`fedgat.verdict_dp`) are charged
+            to its ledger instead, and a session past a budget is refused before anything is sent.
         dp_release: with ``dp``, a release drawn before (:func:`fedgat.dp_release.draw_release`,
             ``(N, w)``) to upload instead.
         predictors: with ``dp`` of mechanism ``label_rr``, client id -> the published predictor it
@@ -467,12 +476,29 @@ def run_encrypted_pretraining(
         server_compute_alone=replay.wall if replay is not None else float("nan"),
         server_compute_alone_cpu=(replay.cpu, replay.worker_cpu) if replay is not None else (0.0, 0.0),
         party_timings={pid: dict(p.timings) for pid, p in parties.all().items()},
+        upload_pad=parties.config.upload_pad,
+        verdict_epsilon=_verdict_epsilons(parties, server.most_recipients),
         dp_spent=(
             {c: client.dp_spent for c, client in parties.clients.items() if client.dp_spent is not None}
-            if dp is not None and dp_release is None
+            if (dp is not None and dp_release is None) or (dp is None and dp_ledgers is not None)
             else None
         ),
     )
+
+
+def _verdict_epsilons(parties: PretrainParties, planned: Mapping[int, int]) -> dict[int, float]:
+    """Client id -> epsilon of the session's verdicts on its most-released row: from the client's own
+    releases where it ran in this process, else from the server's plan (a hosting engine's clients
+    ran elsewhere; the simulated server is honest)."""
+    out = {}
+    for c, client in parties.clients.items():
+        ran_here = client.state is not ClientState.NEW
+        out[c] = (
+            client.verdict_epsilon
+            if ran_here
+            else verdict_epsilon(parties.config.upload_pad, planned.get(c, 0))
+        )
+    return out
 
 
 def plaintext_round(

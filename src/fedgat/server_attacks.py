@@ -101,6 +101,7 @@ from fedgat.protocols.pretrain_plan import (
     share_order,
 )
 from fedgat.randomness import RandomSource
+from fedgat.verdict_dp import verdict_epsilon
 
 __all__ = [
     "RECOVERY_COSINE",
@@ -1534,7 +1535,7 @@ class ProbingServer(TamperingServer):
     refused iff the foreign feature is not zero (known break 22, a thirteenth review pass).
 
     ``target`` may name several nodes: the probe is then the *sum* of that column over their uploads
-    (a statistic of an owner's rows, whose pads add up to a spread of only ``A sqrt(N / 3)``: a
+    (a statistic of an owner's rows, whose pads add up to a spread of only ``sigma sqrt(N)``: a
     sixteenth review pass)."""
 
     def __init__(
@@ -1626,12 +1627,15 @@ def verdict_oracle_attack(setting: AttackSetting, probes: int = 8, lam: float = 
                 "known break 22: the server alone adds lam times one column of a foreign upload into "
                 "a checked slot of the victim's result, one session per probe, and reads 'non-zero' "
                 "off a refusal. Unpadded (upload_pad 0) the victim refused iff the feature was "
-                "non-zero; with padded rows the term is lam (h + rho), refused whatever h. recovered: "
+                "non-zero; with padded rows the term is lam (h + rho), refused whatever h, and since "
+                "frame version 13 (Gaussian pads) any test is bounded by the session's per-row epsilon "
+                "(verdict_epsilon_per_session, one recipient, delta 1e-5). recovered: "
                 "probes answered correctly, when the verdicts varied and both kinds of feature were "
                 "probed (a constant verdict reads nothing); detected: some probe was refused (the "
                 "victim caught the server)"
             ),
             "upload_pad": pad,
+            "verdict_epsilon_per_session": verdict_epsilon(pad, 1),
             "victim": victim,
             "node": j,
             "owner": int(setting.partition.owner[j]),

@@ -424,13 +424,15 @@ def test_check_keys_round_trip_and_refuse_other_lengths():
 
 
 # ------------------------------------------------------------------------- upload pads (break 22)
-def _reference_pads(prf: bytes, session: int, nodes: np.ndarray, dim: int, bound: float, page_blocks: int):
+def _reference_pads(prf: bytes, session: int, nodes: np.ndarray, dim: int, sigma: float, page_blocks: int):
     """The documented layout, word by word: node u's values are keystream words u*dim .. of
-    ChaCha20 keyed by SHA-256("fedgat/upload-pad/v1" || key || session); block b is drawn with
-    counter b mod page_blocks and page b // page_blocks in the nonce."""
+    ChaCha20 keyed by SHA-256("fedgat/upload-pad/v2" || key || session); block b is drawn with
+    counter b mod page_blocks and page b // page_blocks in the nonce; each uniform word x on (-1, 1)
+    becomes the normal quantile of (x + 1) / 2 (Python's own statistics.NormalDist)."""
     import hashlib
+    from statistics import NormalDist
 
-    key = hashlib.sha256(b"fedgat/upload-pad/v1" + prf + int(session).to_bytes(8, "big")).digest()
+    key = hashlib.sha256(b"fedgat/upload-pad/v2" + prf + int(session).to_bytes(8, "big")).digest()
     out = np.empty((len(nodes), dim))
     for k, u in enumerate(nodes.tolist()):
         for c in range(dim):
@@ -440,17 +442,27 @@ def _reference_pads(prf: bytes, session: int, nodes: np.ndarray, dim: int, bound
             nonce = counter.to_bytes(4, "little") + page.to_bytes(8, "little") + bytes(4)
             raw = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(64))
             w = np.frombuffer(raw, dtype=np.uint64)[at]
-            out[k, c] = ((w >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-52 - 1.0
-    return bound * out
+            x = ((w >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-52 - 1.0
+            out[k, c] = NormalDist().inv_cdf(min(max((x + 1) / 2, 2.0**-60), 1 - 2.0**-53))
+    return sigma * out
 
 
-def test_pads_are_uniform_within_their_bound_and_follow_the_documented_layout():
+def test_pads_are_gaussian_and_follow_the_documented_layout():
+    from scipy import stats
+
     nodes = np.array([0, 1, 5, 2**32 - 1, 77], dtype=np.int64)
     got = tags.prf_pads(KEY, 9, nodes, 13, 14.0)
-    assert got.shape == (5, 13) and np.abs(got).max() < 14.0
-    np.testing.assert_array_equal(got, _reference_pads(KEY, 9, nodes, 13, 14.0, 1 << 32))
+    assert got.shape == (5, 13)
+    np.testing.assert_allclose(got, _reference_pads(KEY, 9, nodes, 13, 14.0, 1 << 32), rtol=1e-12, atol=1e-12)
     many = tags.prf_pads(KEY, 9, np.arange(2000), 50, 1.0).ravel()
-    assert abs(many.mean()) < 0.01 and abs(many.var() - 1 / 3) < 0.01  # uniform on (-1, 1)
+    assert abs(many.mean()) < 0.01 and abs(many.var() - 1.0) < 0.02
+    assert stats.kstest(many, "norm").pvalue > 1e-3  # N(0, 1), tails included
+    assert np.all(np.isfinite(many)) and np.abs(many).max() < 8.3
+    # the keystream's extreme words (its largest rounds to 1.0) stay finite and symmetric
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tags, "_stream_rows", lambda key, nodes, width: np.array([[-1.0, 1.0, 0.0]]))
+        edge = tags.prf_pads(KEY, 9, np.array([0]), 3, 1.0)
+    assert np.all(np.isfinite(edge)) and edge[0, 0] == -edge[0, 1] and edge[0, 0] < -8 and edge[0, 2] == 0
     assert np.array_equal(tags.prf_pads(KEY, 9, nodes, 13, 0.0), np.zeros((5, 13)))
     # their own keystream: not the tags' values, other per session and per key
     assert not np.allclose(tags.prf_pads(KEY, 9, nodes, TAG_COLUMNS, 1.0), prf_tags(KEY, 9, nodes))
@@ -478,7 +490,9 @@ def test_pads_of_any_subset_agree_across_pages(ids, dim, page_blocks, data):
         got = tags.prf_pads(KEY, 4, nodes, dim, 2.0)
         subset = np.array(data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=1, max_size=6)))
         np.testing.assert_array_equal(tags.prf_pads(KEY, 4, nodes[subset], dim, 2.0), got[subset])
-    np.testing.assert_array_equal(got, _reference_pads(KEY, 4, nodes, dim, 2.0, page_blocks))
+    np.testing.assert_allclose(
+        got, _reference_pads(KEY, 4, nodes, dim, 2.0, page_blocks), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_a_released_row_is_padded_and_tagged_as_padded():
@@ -547,6 +561,47 @@ def test_the_zero_test_reads_a_feature_only_off_unpadded_rows(pad):
         except ResultCheckError:
             verdicts.append("refused")
     assert verdicts == (["accepted", "refused"] if pad == 0 else ["refused", "refused"])
+
+
+def test_with_pads_the_verdict_never_reads_the_unpadded_share():
+    """The tags alone decide a padded share's verdict. A forgery that passes the tags (built here
+    with the check vectors known, as a chance pass would) and pushes a row beyond the range is
+    refused unpadded, but padded it is clipped: a refusal there would be a predicate of the share
+    without its pads, i.e. of unpadded foreign features (the verdict's DP, :mod:`fedgat.verdict_dp`,
+    needs every verdict to be a function of the padded rows). So for the same decrypted values the
+    verdict is the same whatever the pads (``offsets``) are, and the share returned stays in range."""
+
+    def forge(dec, vectors):
+        delta = np.zeros(D)
+        delta[0] = 10.0  # far beyond the range bound 1 + sum |C| of row 1
+        out = dec.copy()
+        out[1, :D] += delta
+        out[1, D:] += vectors @ delta  # tags that match: the forgery passes the tag check
+        return out
+
+    dec, c, prf, vectors, _, _, _ = _padded_partial(3, 0.0)
+    with pytest.raises(ResultCheckError, match="norm"):
+        check_share(forge(dec, vectors), c, prf, vectors, node=3, owners=(7,))
+    dec, c, prf, vectors, offsets, want, _ = _padded_partial(3, 14.2)
+    forged = forge(dec, vectors)
+    limit = (1 + np.abs(c[1]).sum()) * (1 + TAG_TOLERANCE)
+    for trial in range(5):  # other pads, same decrypted values: the same verdict
+        other = offsets if trial == 0 else np.random.default_rng(trial).standard_normal(offsets.shape) * 14.2
+        got = check_share(forged, c, prf, vectors, node=3, owners=(7,), offsets=other)
+        assert np.linalg.norm(got[1]) <= limit * (1 + 1e-12)
+        both = check_shares(
+            forged[None],
+            c[None],
+            prf[None],
+            vectors[None],
+            nodes=np.array([3]),
+            owners=np.array([7]),
+            offsets=other[None],
+        )
+        np.testing.assert_allclose(both[0], got)
+    got = check_share(forged, c, prf, vectors, node=3, owners=(7,), offsets=offsets)
+    np.testing.assert_allclose(got[[0, 2, 3]], want[[0, 2, 3]], atol=1e-9)  # honest rows untouched
+    assert np.linalg.norm(got[1]) == pytest.approx(limit)
 
 
 def test_pad_offsets_are_the_coefficients_times_each_sources_pad():

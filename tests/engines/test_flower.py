@@ -967,6 +967,68 @@ def test_the_run_config_cannot_turn_secure_aggregation_off():
     assert grid.types.get("LocalUpdate", 0) == 2  # one round, 2 of 3 clients: the reference case
 
 
+@pytest.mark.parametrize(
+    ("node", "preset", "message"),
+    [
+        ({}, "n4096", None),
+        ({"max-verdict-epsilon": 0.03}, "n8192", None),
+        ({"max-verdict-epsilon": "2"}, "n4096", None),
+        ({"max-verdict-epsilon": 0.03}, "n4096", r"cost up to epsilon 0\.72\d* .*this node allows 0\.03"),
+        ({"max-verdict-epsilon": 0.03}, "n8192-small", "this node allows 0.03"),
+        ({"max-verdict-epsilon": "few"}, "n8192", r"max-verdict-epsilon must be a number in \(0, inf\)"),
+        ({"verdict-budget": 1.0}, "n4096", "verdict-budget needs verdict-ledger"),
+    ],
+)
+def test_a_nodes_verdict_policy(node, preset, message, tmp_path):
+    """Known break 22: the server's set-up chooses the preset, hence the pads' sigma; a node's own
+    config bounds what a session's verdicts may cost its rows (``max-verdict-epsilon``, counted as
+    every row to each of the 2 other clients), whatever the server asks (a seventeenth review pass:
+    a node that wanted n8192 was given n4096 and 216x the epsilon)."""
+    from types import SimpleNamespace
+
+    from fedgat.protocols import PretrainConfig
+    from fedgat.protocols.flower_app import NodePolicyError
+    from fedgat.protocols.flower_client import _verdict_policy
+
+    config = PretrainConfig(session=1, preset=preset)
+    roster = SimpleNamespace(clients=[0, 1, 2])
+    context = SimpleNamespace(node_config=node)
+    if message is None:
+        assert _verdict_policy(0, context, config, roster) is None  # type: ignore[arg-type]
+    else:
+        with pytest.raises(NodePolicyError, match=message):
+            _verdict_policy(0, context, config, roster)  # type: ignore[arg-type]
+    ledger = _verdict_policy(  # type: ignore[arg-type]
+        0,
+        SimpleNamespace(node_config={"verdict-ledger": str(tmp_path / "l.json"), "verdict-budget": "3"}),
+        config,
+        roster,
+    )
+    assert ledger is not None and ledger.budget.epsilon == 3.0 and ledger.budget.delta == 1e-5
+
+
+@pytest.mark.parametrize("policy", ["max-verdict-epsilon", "verdict-ledger"])
+def test_a_node_refuses_a_pretraining_its_verdict_policy_does_not_allow(policy, tmp_path):
+    """End to end on the in-process grid: nodes that allow less than the session's verdicts cost
+    (the run's n4096 pads; or a ledger whose budget one session passes) refuse the set-up before
+    they upload anything, and the refused charge leaves the ledger file unwritten."""
+    from fedgat.protocols.flower_app import FlowerRunConfig, NodePolicyError, run_server
+
+    ledger = tmp_path / "verdicts.json"
+    extra = (
+        {"max-verdict-epsilon": 0.03}
+        if policy == "max-verdict-epsilon"
+        else {"verdict-ledger": str(ledger), "verdict-budget": 0.1}
+    )
+    nodes = [{"partition-id": c, "num-partitions": CLIENTS, **extra} for c in range(CLIENTS)]
+    grid = _UpdateCounter(RUN_CONFIG, nodes)
+    with pytest.raises(
+        NodePolicyError, match="max-verdict-epsilon" if policy == "max-verdict-epsilon" else "budget"
+    ):
+        run_server(grid, FlowerRunConfig.from_run_config(RUN_CONFIG))  # type: ignore[arg-type]
+    assert grid.types.get("FeatureUpload", 0) == 0 and not ledger.exists()
+
+
 def test_the_app_config_lists_every_run_config_key_with_its_default():
     """pyproject's ``[tool.flwr.app.config]`` (what ``flwr run`` starts from) names every field of
     :class:`FlowerRunConfig`, each with the field's default."""

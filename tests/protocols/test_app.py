@@ -22,6 +22,7 @@ from fedgat.pipeline import (
 )
 from fedgat.protocols import InProcessTransport, PretrainConfig
 from fedgat.tasks import tasks_from_encodings
+from fedgat.verdict_dp import verdict_epsilon
 
 SEED = 4
 TOL = 1e-5  # CKKS noise is ~1e-7 per value at n4096
@@ -159,6 +160,11 @@ def test_pipeline_results_summarise_with_run_summary(tiny_graph, tiny_partition)
     assert pre.summary() == app.run_summary(pre)
     assert pre.summary()["server_has_secret_key"] is False
     assert pre.summary()["slot_layout"]["d"] == tiny_graph.num_features + TAG_COLUMNS  # tag columns too
+    # known break 22: each owner's verdict epsilon, from its rows' recipients (at most the 2 others)
+    assert round(pre.upload_pad, 4) == pre.summary()["upload_pad_sigma"] > 10
+    allowed = {round(verdict_epsilon(pre.upload_pad, r), 4) for r in (0, 1, 2)}
+    assert set(pre.summary()["verdict_epsilon"]) == {"0", "1", "2"}
+    assert set(pre.summary()["verdict_epsilon"].values()) <= allowed and max(pre.verdict_epsilon.values()) > 0
     training = train_fedgat(tiny_graph, tiny_partition, pre.encodings, seed=SEED, progress=False, **HPARAMS)
     both = app.run_summary(pre, training)
     assert both == {**pre.summary(), **training.summary()}

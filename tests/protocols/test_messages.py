@@ -207,15 +207,15 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 12
+    assert data[4] == VERSION == 13
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
     # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4),
     # a PublicContext without the ciphertext wire (5), a signature over the frame's bytes themselves (6),
     # results one node per item (7), edge claims without their claimer's peers (8), rounds without
     # the owners' neighbourhood statements (9), secure rounds without cohort views or consistency
-    # check (10), rows released unpadded (11)
-    for version in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 255):
+    # check (10), rows released unpadded (11), uniform pads (12)
+    for version in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):

@@ -405,6 +405,13 @@ def format_pretraining(r: dict) -> str:
         f"the server holds a secret key: {r['server_has_secret_key']}; "
         f"{r['rows_released']} rows released, each encrypted for the one client that needs it"
     )
+    verdicts = r.get("verdict_epsilon")
+    if verdicts:
+        lines.append(
+            f"verdicts towards the server: each row padded with Gaussian noise (sd {r['upload_pad_sigma']:.3g}), "
+            f"so a session's accept/refuse verdicts are at most epsilon {max(verdicts.values()):.3g} "
+            "(delta 1e-5) per row; sessions add up (SECURITY.md, known break 22)"
+        )
     return "\n".join(lines)
 
 
