@@ -238,13 +238,6 @@ class ClientPretrain(Party):
             )
             assert ledger is not None  # release_rows refused otherwise
             self.dp_spent = ledger.spent(self._features)
-        elif ledger is not None:
-            if config.upload_pad <= 0:
-                raise ValueError("a verdict ledger needs padded uploads (config.upload_pad > 0)")
-            others = tuple(c for c in roster.clients if c != party_id)
-            self.dp_spent = ledger.charge(
-                self._features, verdict_record(config.upload_pad, max(len(others), 1)), [roster.server]
-            )
         self._graph = GraphAnnounce(
             sender=party_id,
             recipient=roster.server,
@@ -322,6 +315,13 @@ class ClientPretrain(Party):
         #: nodes of the buckets received so far with a foreign partial to wait for: what
         #: ``nodes_decrypted`` reaches when every result is in (a progress bar's total)
         self.nodes_to_decrypt = 0
+        if ledger is not None and config.dp is None:  # last: inputs refused above spend nothing
+            if config.upload_pad <= 0:
+                raise ValueError("a verdict ledger needs padded uploads (config.upload_pad > 0)")
+            others = tuple(c for c in roster.clients if c != party_id)
+            self.dp_spent = ledger.charge(
+                self._features, verdict_record(config.upload_pad, max(len(others), 1)), [roster.server]
+            )
 
     @property
     def done(self) -> bool:
