@@ -65,7 +65,7 @@ from fedgat.methods import DEFAULT_CLIENTS, fedgat_partition, resolve_hparams
 from fedgat.owners import owner_clients
 from fedgat.partition import Partition, check_partition
 from fedgat.plain_encoder import PlaintextRound
-from fedgat.protocols import ClientState, Clock, Delivery, InProcessTransport, Party, Transport, run_parties
+from fedgat.protocols import Clock, Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, peek_type
 from fedgat.protocols.pretrain import ServerState
@@ -489,16 +489,13 @@ def run_encrypted_pretraining(
 def _verdict_epsilons(parties: PretrainParties, planned: Mapping[int, int]) -> dict[int, float]:
     """Client id -> epsilon of the session's verdicts on its most-released row: from the client's own
     releases where it ran in this process, else from the server's plan (a hosting engine's clients
-    ran elsewhere; the simulated server is honest)."""
-    out = {}
-    for c, client in parties.clients.items():
-        ran_here = client.state is not ClientState.NEW
-        out[c] = (
-            client.verdict_epsilon
-            if ran_here
-            else verdict_epsilon(parties.config.upload_pad, planned.get(c, 0))
-        )
-    return out
+    ran elsewhere, and their copies here hold no releases; the simulated server is honest)."""
+    return {
+        c: client.verdict_epsilon
+        if client.releases
+        else verdict_epsilon(parties.config.upload_pad, planned.get(c, 0))
+        for c, client in parties.clients.items()
+    }
 
 
 def plaintext_round(
