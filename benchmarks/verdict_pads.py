@@ -72,9 +72,9 @@ def stamp(out: dict, start: float) -> dict:
     return out
 
 
-def _window(t: float, cut: float, width: float, keys, tol: float) -> tuple[float, float]:
-    """``(lam, b)`` that make the check pass iff ``cut - width <= t <= cut`` (``t`` the value the
-    server scales into the checked slot; check vectors known)."""
+def _window(cut: float, width: float, keys, tol: float) -> tuple[float, float]:
+    """``(lam, b)`` that make the check pass iff ``cut - width <= t <= cut``, ``t`` the value the
+    server scales into the checked slot (check vectors known)."""
     r_c = np.abs(keys.vectors(DIM)[:, COLUMN]).max()  # the tag that misses most
     lam = 2 * tol / (r_c * width) * (1 - 1e-9)
     return lam, -lam * (cut - width / 2)
@@ -97,7 +97,7 @@ def acceptance(
         u = release_rows(keys, t, np.array([NODE]), row, pad)
         coefficients = np.array([[1.0]])
         result = coefficients @ u
-        lam, b = (100.0, 0.0) if zero_test else _window(u[0, COLUMN], cut, 8 * pad, keys, tol)
+        lam, b = (100.0, 0.0) if zero_test else _window(cut, 8 * pad, keys, tol)
         result[0, COLUMN] += lam * u[0, COLUMN] + b
         passed += accepted(result, coefficients, keys, t, np.array([NODE]), row, u)
     return passed / trials
@@ -125,7 +125,7 @@ def aggregate_acceptance(x: float, rows: int, pad: float, trials: int, cut: floa
         coefficients[1] = rng.standard_normal(rows) / np.sqrt(rows)
         result = coefficients @ u
         tol = TAG_TOLERANCE * (1 + np.abs(coefficients).sum(axis=1)).min()
-        lam, b = _window(u[:, COLUMN].sum(), cut, 8 * pad * np.sqrt(rows), keys, tol)
+        lam, b = _window(cut, 8 * pad * np.sqrt(rows), keys, tol)
         result[0, COLUMN] += lam * u[:, COLUMN].sum() + b
         passed += accepted(result, coefficients, keys, t, nodes, h, u)
     return passed / trials

@@ -345,7 +345,7 @@ def check_shares(
     ok = np.isfinite(decrypted).all(axis=(1, 2))
     if max_row_norm is not None:
         limit = max_row_norm * scale * (1 + TAG_TOLERANCE)
-        norms = np.linalg.norm(np.where(np.isfinite(features), features, 0.0), axis=2)
+        norms = np.linalg.norm(features, axis=2)
         if offsets is None:
             ok &= (norms <= limit).all(axis=1)
         else:

@@ -26,6 +26,7 @@ from fedgat.crypto.spool import CiphertextSpool
 from fedgat.crypto.tasks import NodeResult
 from fedgat.encodings import BucketBases
 from fedgat.randomness import RandomSource
+from fedgat.verdict_dp import row_recipients
 
 from .errors import AuthError, ConfigMismatchError, MissingPartyError, PayloadError, StateError
 from .messages import (
@@ -208,19 +209,13 @@ class ServerPretrain(Party):
     def most_recipients(self) -> dict[int, int]:
         """Owner -> to how many recipients its most-released row goes this session (from the
         confirmed releases; what each owner's verdict privacy composes over: :mod:`fedgat.verdict_dp`)."""
-        if not self._expected:
-            return {}
-        pairs = np.concatenate(
-            [
-                np.stack([np.full(len(u), owner), np.unique(np.asarray(u, dtype=np.int64))], axis=1)
-                for (owner, _), u in self._expected.items()
-            ]
-        )  # (owner, node), once per recipient
-        rows, counts = np.unique(pairs, axis=0, return_counts=True)
-        owners, at = np.unique(rows[:, 0], return_inverse=True)
-        most = np.zeros(len(owners), dtype=np.int64)
-        np.maximum.at(most, at, counts)
-        return dict(zip(owners.tolist(), most.tolist(), strict=True))
+        by_owner: dict[int, dict[int, np.ndarray]] = {}
+        for (owner, recipient), nodes in self._expected.items():
+            by_owner.setdefault(owner, {})[recipient] = nodes
+        return {
+            owner: int(row_recipients(releases, np.unique(np.concatenate(list(releases.values())))).max())
+            for owner, releases in by_owner.items()
+        }
 
     @property
     def has_secret_key(self) -> bool:

@@ -524,22 +524,26 @@ def _padded_partial(seed: int, pad: float, feature: float | None = None):
     return c @ u, c, prf_tags(keys.prf, SESSION, ids), keys.vectors(D), offsets, c @ h, u
 
 
-def test_a_padded_partial_passes_and_comes_back_without_its_pads():
-    dec, c, prf, vectors, offsets, want, _ = _padded_partial(1, 14.2)
-    noisy = dec + np.random.default_rng(0).standard_normal(dec.shape) * NOISE
-    got = check_share(noisy, c, prf, vectors, node=3, owners=(7,), offsets=offsets)
-    np.testing.assert_allclose(got, want, atol=10 * NOISE)
-    assert np.abs(dec[:, :D]).max() > 1.0  # what crossed the wire was padded
-    both = check_shares(
-        noisy[None],
+def _batch_of_one(dec, c, prf, vectors, offsets):
+    """:func:`check_shares` of one partial (node 3, owner 7): what :func:`check_share` returns."""
+    return check_shares(
+        dec[None],
         c[None],
         prf[None],
         vectors[None],
         nodes=np.array([3]),
         owners=np.array([7]),
         offsets=offsets[None],
-    )
-    np.testing.assert_allclose(both[0], got)
+    )[0]
+
+
+def test_a_padded_partial_passes_and_comes_back_without_its_pads():
+    dec, c, prf, vectors, offsets, want, _ = _padded_partial(1, 14.2)
+    noisy = dec + np.random.default_rng(0).standard_normal(dec.shape) * NOISE
+    got = check_share(noisy, c, prf, vectors, node=3, owners=(7,), offsets=offsets)
+    np.testing.assert_allclose(got, want, atol=10 * NOISE)
+    assert np.abs(dec[:, :D]).max() > 1.0  # what crossed the wire was padded
+    np.testing.assert_allclose(_batch_of_one(noisy, c, prf, vectors, offsets), got)
     # the tags hold on the padded values; the pads left in, the rows are out of range
     with pytest.raises(ResultCheckError, match="norm"):
         check_share(noisy, c, prf, vectors, node=3, owners=(7,))
@@ -589,16 +593,7 @@ def test_with_pads_the_verdict_never_reads_the_unpadded_share():
         other = offsets if trial == 0 else np.random.default_rng(trial).standard_normal(offsets.shape) * 14.2
         got = check_share(forged, c, prf, vectors, node=3, owners=(7,), offsets=other)
         assert np.linalg.norm(got[1]) <= limit * (1 + 1e-12)
-        both = check_shares(
-            forged[None],
-            c[None],
-            prf[None],
-            vectors[None],
-            nodes=np.array([3]),
-            owners=np.array([7]),
-            offsets=other[None],
-        )
-        np.testing.assert_allclose(both[0], got)
+        np.testing.assert_allclose(_batch_of_one(forged, c, prf, vectors, other), got)
     got = check_share(forged, c, prf, vectors, node=3, owners=(7,), offsets=offsets)
     np.testing.assert_allclose(got[[0, 2, 3]], want[[0, 2, 3]], atol=1e-9)  # honest rows untouched
     assert np.linalg.norm(got[1]) == pytest.approx(limit)
