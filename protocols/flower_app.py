@@ -40,7 +40,9 @@ update is the client's to decide, in its node config (:func:`~fedgat.protocols.f
 than the cohort minimum, whose updates would travel in the clear; ``allow-plaintext`` accepts it),
 ``min-cohort`` (default and least 3) and ``max-update-epsilon`` with ``max-update-delta`` (default
 1e-5; when set, a run without DP-FedAvg, or whose DP-FedAvg the node computes to be less private at
-its own delta, is refused); and what protects its rows from the pre-training's verdicts
+its own delta, is refused), bounds on one run, and ``update-ledger`` with ``update-budget``
+(:func:`~fedgat.protocols.flower_client._update_policy`: every run's DP-FedAvg releases charged to
+a persistent ledger, so the runs a server starts add up to at most the budget); and what protects its rows from the pre-training's verdicts
 (:func:`~fedgat.protocols.flower_client._verdict_policy`: ``max-verdict-epsilon``, a bound on
 what one session's verdicts may cost a row, whatever preset the server's set-up chooses, and
 ``verdict-ledger`` with ``verdict-budget``, a persistent budget all sessions are charged to). A

@@ -22,7 +22,7 @@ import torch
 
 from fedgat.app import build_pretrain_client, build_rounds_client
 from fedgat.crypto.params import DEFAULT_WIRE
-from fedgat.dp_fedavg import DP_NEEDS_SECAGG, update_dp_from_hparams
+from fedgat.dp_fedavg import DP_NEEDS_SECAGG, charge_training, update_dp_from_hparams
 from fedgat.dp_ledger import Budget, DPError, DPLedger
 from fedgat.encodings import Encodings
 from fedgat.graph import Graph
@@ -167,21 +167,73 @@ def _verdict_policy(pid: int, context: Context, config: PretrainConfig, roster: 
                 f"delta {delta:g} ({others} recipients per row); this node allows {cap:g} (node config "
                 "max-verdict-epsilon)"
             )
-    path = nc.get("verdict-ledger")
+    return _node_ledger(pid, context, "verdict")
+
+
+def _node_ledger(pid: int, context: Context, kind: str) -> DPLedger | None:
+    """The node config's persistent ledger of one ``kind`` ("verdict", "update"): the JSON file
+    ``<kind>-ledger`` with ``<kind>-budget`` (epsilon; ``<kind>-budget-delta``, default 1e-5), the
+    budget needed only for a new ledger; None without ``<kind>-ledger``.
+
+    Raises:
+        NodePolicyError: a budget without a ledger, a malformed value, or an unreadable ledger file
+            or one holding another budget.
+    """
+    nc = context.node_config
+    path = nc.get(f"{kind}-ledger")
     if path is None:
-        if nc.get("verdict-budget") is not None:
-            raise NodePolicyError("node config verdict-budget needs verdict-ledger (the file to charge)")
+        if nc.get(f"{kind}-budget") is not None:
+            raise NodePolicyError(f"node config {kind}-budget needs {kind}-ledger (the file to charge)")
         return None
     budget = None
-    if nc.get("verdict-budget") is not None:
+    if nc.get(f"{kind}-budget") is not None:
         budget = Budget(
-            _positive(nc["verdict-budget"], "verdict-budget"),
-            _positive(nc.get("verdict-budget-delta", DEFAULT_DELTA), "verdict-budget-delta", below=1.0),
+            _positive(nc[f"{kind}-budget"], f"{kind}-budget"),
+            _positive(nc.get(f"{kind}-budget-delta", DEFAULT_DELTA), f"{kind}-budget-delta", below=1.0),
         )
     try:
         return DPLedger(budget, str(path))
     except DPError as exc:
-        raise NodePolicyError(f"party {pid}: node config verdict-ledger: {exc}") from None
+        raise NodePolicyError(f"party {pid}: node config {kind}-ledger: {exc}") from None
+
+
+def _update_policy(pid: int, context: Context, hp: dict) -> None:
+    """Charge the run's DP-FedAvg releases to the node's persistent ``update-ledger`` (with
+    ``update-budget``, ``update-budget-delta``: :func:`_node_ledger`) before the client trains.
+
+    ``max-update-epsilon`` (:func:`_training_policy`) bounds one run; a server may start as many runs
+    as it likes, each with a fresh :class:`~fedgat.dp_fedavg.UpdateDP` budget (an eighth review pass
+    left that open). The ledger composes every run's releases against the client's whole local
+    dataset (:func:`fedgat.dp_fedavg.charge_training`: all of a run's releases, charged at its
+    set-up), so the runs add up to at most the node's budget. A node with a ledger refuses a run
+    without DP-FedAvg (its updates carry no noise to account).
+
+    Raises:
+        NodePolicyError: the run trains without DP-FedAvg, or would pass the budget (the ledger
+            file is then unchanged), or a malformed node config.
+    """
+    ledger = _node_ledger(pid, context, "update")
+    if ledger is None:
+        return
+    dp = update_dp_from_hparams(hp)
+    if dp is None:
+        raise NodePolicyError(
+            f"party {pid}: the run config trains without DP-FedAvg (update_dp_epsilon is not set); this "
+            "node charges every run to its update-ledger and trains only under DP-FedAvg"
+        )
+    try:
+        epsilon, delta = charge_training(ledger, dp)
+    except DPError as exc:
+        raise NodePolicyError(f"party {pid}: node config update-ledger: {exc}") from None
+    log.info(
+        "fedgat party %d: this run's %d DP-FedAvg releases charged; the ledger has spent epsilon %.4g "
+        "of %g at delta %g",
+        pid,
+        dp.max_releases,
+        epsilon,
+        ledger.budget.epsilon,
+        delta,
+    )
 
 
 #: node config keys of the training policy (:func:`_training_policy`) and the secure-aggregation modes
@@ -207,6 +259,8 @@ def _training_policy(pid: int, context: Context, hp: dict, num_clients: int) -> 
       ``update_dp_delta`` otherwise buys a small stated epsilon with little noise). The rounds'
       evaluations count too (frame version 11). A run under DP-FedAvg is refused whenever its
       updates could not be aggregated securely, whatever ``secure-aggregation`` says.
+
+    These bound one run; ``update-ledger`` bounds the runs together (:func:`_update_policy`).
 
     Raises:
         NodePolicyError: the run config asks for less than the node allows, or a malformed value.
@@ -278,12 +332,13 @@ def _new_rounds_party(
     context: Context,
 ) -> ClientRounds:
     """A client's FedAvg party (:func:`fedgat.app.build_rounds_client`) from its decrypted encodings,
-    under the node's training policy (:func:`_training_policy`)."""
+    under the node's training policy (:func:`_training_policy`), its run charged to the node's
+    update ledger if it keeps one (:func:`_update_policy`)."""
     graph, partition = _client_data(cfg)
     hp = cfg.hyper()
     secagg = _training_policy(pid, context, hp, cfg.num_clients)
     try:
-        return build_rounds_client(
+        party = build_rounds_client(
             pid,
             graph,
             partition,
@@ -300,6 +355,8 @@ def _new_rounds_party(
         )
     except ValueError as exc:  # the encodings do not cover the client's needed nodes
         raise RemotePartyError(str(exc)) from exc
+    _update_policy(pid, context, hp)  # last: a party that could not be built released nothing
+    return party
 
 
 def _pinned_roster(pid: int, cfg: FlowerRunConfig, context: Context) -> str:

@@ -93,14 +93,17 @@ import numpy as np
 import torch
 
 from fedgat.dp import analytic_gaussian_sigma, gaussian_delta
+from fedgat.dp_ledger import DPLedger, ReleaseRecord
 from fedgat.randomness import RandomSource
 from fedgat.rounds import Counts
 
 __all__ = [
     "COUNTS_CLIP",
     "DP_NEEDS_SECAGG",
+    "UPDATE_UNIT",
     "UpdateBudgetError",
     "UpdateDP",
+    "charge_training",
     "training_rounds",
     "update_dp_from_hparams",
 ]
@@ -116,6 +119,10 @@ DP_NEEDS_SECAGG = (
     "adds up (alone, each release carries one share)"
 )
 
+
+#: the ledger unit a run's DP-FedAvg releases are charged to (:func:`charge_training`): the client's
+#: whole local dataset, DP-FedAvg's unit of privacy, the same unit in every run
+UPDATE_UNIT = "dp-fedavg:local-dataset"
 
 #: how many of its noise share's standard deviations a released weight may move before the weight
 #: limit is in reach (:attr:`UpdateDP.headroom`): a draw that far out has probability below 1e-88
@@ -290,6 +297,11 @@ class UpdateDP:
         """Std of each client's noise share, per count: :math:`2 z C_e / \\sqrt h`."""
         return 2.0 * self.noise_multiplier * self.counts_clip / math.sqrt(self.honest)
 
+    def record(self) -> ReleaseRecord:
+        """One release (a training round or an evaluation) as a :class:`~fedgat.dp_ledger.DPLedger`
+        composes it: the Gaussian mechanism of multiplier :math:`z` (std :math:`z` at sensitivity 1)."""
+        return ReleaseRecord.gaussian(self.noise_multiplier, sensitivity=1.0)
+
     def describe(self) -> dict:
         """Settings and the budget they spend over :attr:`max_releases`."""
         return {
@@ -303,6 +315,23 @@ class UpdateDP:
             "epsilon": self.epsilon(self.max_releases),
             "delta": self.delta,
         }
+
+
+def charge_training(ledger: DPLedger, dp: UpdateDP) -> tuple[float, float]:
+    """Charge a run's DP-FedAvg releases (all :attr:`UpdateDP.max_releases` of them, before the first:
+    a run the server ends early has still spent them) to a client's persistent ``ledger``, under
+    :data:`UPDATE_UNIT`, and return the ``(epsilon, delta)`` it has spent on them after this run.
+
+    ``UpdateDP`` bounds one run; the ledger bounds the runs a server may start with the same data
+    (on Flower, a node's ``update-ledger``: :func:`fedgat.protocols.flower_client._update_policy`).
+    The composition is ``dp_accounting``'s (:meth:`~fedgat.dp_ledger.DPLedger.charge`), which agrees
+    with :meth:`UpdateDP.epsilon` to its grid.
+
+    Raises:
+        fedgat.dp_ledger.BudgetExceededError: the run would pass the ledger's budget (the ledger is
+            unchanged, nothing was released).
+    """
+    return ledger.charge(UPDATE_UNIT, dp.record(), count=dp.max_releases)
 
 
 def training_rounds(hp: Mapping) -> int:

@@ -1029,6 +1029,93 @@ def test_a_node_refuses_a_pretraining_its_verdict_policy_does_not_allow(policy, 
     assert grid.types.get("FeatureUpload", 0) == 0 and not ledger.exists()
 
 
+@pytest.mark.parametrize(
+    ("node", "hp", "message"),
+    [
+        ({"update-budget": 8}, {"update_dp_epsilon": 4.0}, "update-budget needs update-ledger"),
+        ({"update-ledger": "{path}"}, {"update_dp_epsilon": 4.0}, "needs the owner's budget"),
+        ({"update-ledger": "{path}", "update-budget": 8}, {}, "trains without DP-FedAvg"),
+        (
+            {"update-ledger": "{path}", "update-budget": "a lot"},
+            {"update_dp_epsilon": 4.0},
+            "update-budget must",
+        ),
+        (
+            {"update-ledger": "{path}", "update-budget": 8, "update-budget-delta": 2},
+            {"update_dp_epsilon": 4.0},
+            r"update-budget-delta must be a number in \(0, 1\)",
+        ),
+    ],
+)
+def test_a_nodes_update_ledger_refuses_what_it_cannot_account(node, hp, message, tmp_path):
+    """A node's ``update-ledger`` needs a budget to start, and refuses a run whose updates carry no
+    DP-FedAvg noise; nothing is written."""
+    from types import SimpleNamespace
+
+    from fedgat.methods import resolve_hparams
+    from fedgat.protocols.flower_app import NodePolicyError
+    from fedgat.protocols.flower_client import _update_policy
+
+    path = tmp_path / "updates.json"
+    node = {k: (str(path) if v == "{path}" else v) for k, v in node.items()}
+    hp = resolve_hparams("fedgat", {"rounds": 10, "fraction": 1.0, **hp})
+    with pytest.raises(NodePolicyError, match=message):
+        _update_policy(0, SimpleNamespace(node_config=node), hp)  # type: ignore[arg-type]
+    assert not path.exists()
+
+
+def test_a_nodes_update_ledger_adds_up_the_runs_a_server_starts(tmp_path):
+    """An eighth review pass: ``max-update-epsilon`` bounds one run, and a server could start any
+    number of runs, each with a fresh DP-FedAvg budget. With ``update-ledger`` every run's releases
+    are charged to the node's whole dataset before it trains: a budget of 6 admits one run at
+    epsilon 4, then refuses the next (two compose to 5.99), whatever ``max-update-epsilon`` allows,
+    and leaves the file as it was."""
+    from types import SimpleNamespace
+
+    from fedgat.dp_fedavg import UPDATE_UNIT
+    from fedgat.dp_ledger import DPLedger
+    from fedgat.methods import resolve_hparams
+    from fedgat.protocols.flower_app import NodePolicyError
+    from fedgat.protocols.flower_client import _training_policy, _update_policy
+
+    path = tmp_path / "updates.json"
+    node = {"update-ledger": str(path), "update-budget": "5.9", "max-update-epsilon": 4}
+    context = SimpleNamespace(node_config=node)
+    hp = resolve_hparams("fedgat", {"rounds": 10, "fraction": 1.0, "update_dp_epsilon": 4.0})
+    assert _training_policy(0, context, hp, CLIENTS) is not None  # type: ignore[arg-type]
+    _update_policy(0, context, hp)  # type: ignore[arg-type]
+    spent = DPLedger(None, path).spent(UPDATE_UNIT)[0]
+    assert spent == pytest.approx(4.0, rel=1e-3)
+    written = path.read_bytes()
+    assert _training_policy(0, context, hp, CLIENTS) is not None  # type: ignore[arg-type]
+    with pytest.raises(NodePolicyError, match=r"would bring it to 5\.99\d* at delta 1e-05, over the budget"):
+        _update_policy(0, context, hp)  # type: ignore[arg-type]
+    assert path.read_bytes() == written
+
+
+def test_a_node_refuses_the_training_its_update_ledger_cannot_pay_for(tmp_path):
+    """End to end on the in-process grid: nodes whose update ledger a run of DP-FedAvg would pass
+    refuse at the rounds' set-up, after the pre-training, before any training frame leaves them;
+    the refused charge writes nothing."""
+    from fedgat.protocols.flower_app import FlowerRunConfig, NodePolicyError, run_server
+
+    hp = {**HPARAMS, "rounds": 1, "fraction": 1.0, "update_dp_epsilon": 4.0}
+    run_config = {**RUN_CONFIG, "hparams": json.dumps(hp)}
+    ledgers = [tmp_path / f"updates-{c}.json" for c in range(CLIENTS)]
+    nodes = [
+        {"partition-id": c, "num-partitions": CLIENTS, "update-ledger": str(ledgers[c]), "update-budget": 3}
+        for c in range(CLIENTS)
+    ]
+    grid = _UpdateCounter(run_config, nodes)
+    with pytest.raises(NodePolicyError, match="update-ledger: DP release refused"):
+        run_server(grid, FlowerRunConfig.from_run_config(run_config))  # type: ignore[arg-type]
+    from fedgat.protocols import messages_rounds, messages_secagg
+
+    assert grid.types.get("FeatureUpload", 0) > 0  # the pre-training ran
+    training = {n for m in (messages_rounds, messages_secagg) for n in dir(m) if n[0].isupper()}
+    assert not training & set(grid.types) and not any(p.exists() for p in ledgers)
+
+
 def test_the_app_config_lists_every_run_config_key_with_its_default():
     """pyproject's ``[tool.flwr.app.config]`` (what ``flwr run`` starts from) names every field of
     :class:`FlowerRunConfig`, each with the field's default."""

@@ -11,8 +11,8 @@ import pytest
 import torch
 from fault_helpers import Federation
 
-from fedgat.dp_fedavg import UpdateBudgetError, UpdateDP, update_dp_from_hparams
-from fedgat.dp_ledger import gaussian_epsilon
+from fedgat.dp_fedavg import UPDATE_UNIT, UpdateBudgetError, UpdateDP, charge_training, update_dp_from_hparams
+from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger, gaussian_epsilon
 from fedgat.federated import Client
 from fedgat.methods import run_method
 from fedgat.protocols import InProcessTransport, run_parties
@@ -74,6 +74,26 @@ def test_hparams_turn_it_on_only_when_asked():
     dp = update_dp_from_hparams({"rounds": 10, "update_dp_epsilon": 2.0, "update_dp_clip": 0.5})
     assert dp is not None and dp.clip == 0.5 and dp.max_rounds == 10 and dp.evaluations == 10
     assert dp.epsilon(20) == pytest.approx(2.0, rel=1e-6)  # 10 updates and 10 evaluations
+
+
+def test_a_ledger_composes_runs_as_one_longer_run_and_refuses_the_one_past_its_budget(tmp_path):
+    """``UpdateDP`` bounds one run; :func:`charge_training` charges every run's releases to the
+    client's whole dataset in a persistent ledger: k runs of R releases cost what one run of k R
+    releases of the same multiplier costs (Gaussian composition), and the run that would pass the
+    budget is refused with the file unchanged, also by a ledger reopened from disk."""
+    dp = UpdateDP.for_budget(4.0, 1e-5, 10)
+    path = tmp_path / "updates.json"
+    ledger = DPLedger(Budget(7.0, 1e-5), path)
+    spent = [charge_training(ledger, dp)[0] for _ in range(2)]
+    two_runs = UpdateDP(dp.clip, dp.noise_multiplier, 2 * dp.max_rounds).epsilon(2 * dp.max_releases)
+    assert spent[0] == pytest.approx(4.0, rel=1e-3) and spent[1] == pytest.approx(two_runs, rel=1e-3)
+    assert 5.5 < spent[1] < 7.0  # sqrt composition: less than twice 4
+    before = path.read_bytes()
+    reopened = DPLedger(None, path)
+    with pytest.raises(BudgetExceededError, match="over the budget epsilon 7"):
+        charge_training(reopened, dp)
+    assert path.read_bytes() == before
+    assert reopened.spent(UPDATE_UNIT)[0] == pytest.approx(spent[1], rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------- the mechanism
