@@ -376,14 +376,22 @@ def training_secagg(
     other's), and clients refuse such a cohort. ``idle``: clients that add no update (no training
     node and no DP-FedAvg noise share); a round may sample all of them. ``private``: the run uses
     DP-FedAvg, whose distributed noise needs the secure sum (each release alone carries one share of
-    it): no plaintext, a ``ValueError`` instead."""
+    it): no plaintext, a ``ValueError`` instead. A given configuration whose ``min_cohort`` exceeds
+    the clients a round samples is a ``ValueError`` too (every round would stop at its first stage)."""
     if secagg is None and private:
         raise ValueError(DP_NEEDS_SECAGG)
+    per_round = max(1, round(fraction * num_clients))
+    if isinstance(secagg, SecAggConfig) and per_round < secagg.min_cohort:
+        # every round would stop at its first stage (QuorumError): say so before anything runs
+        raise ValueError(
+            f"{per_round} client(s) per round (fraction {fraction} of {num_clients}) is below the secure "
+            f"aggregation's min_cohort of {secagg.min_cohort}: no round could aggregate; raise the "
+            "fraction or lower min_cohort"
+        )
     if not isinstance(secagg, str):
         return secagg
     if secagg != "auto":
         raise ValueError(f"secagg must be a SecAggConfig, None or 'auto', not {secagg!r}")
-    per_round = max(1, round(fraction * num_clients))
     if per_round - idle >= DEFAULT_SECAGG.min_cohort:
         return DEFAULT_SECAGG
     if private:

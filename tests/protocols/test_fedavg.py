@@ -343,6 +343,21 @@ def _summary(value):
     return value
 
 
+def test_a_given_secure_aggregation_that_no_round_can_meet_is_refused_before_the_run():
+    """An explicit ``SecAggConfig`` whose ``min_cohort`` exceeds the clients a round samples used to
+    build, and every round then stopped at its first stage (``QuorumError``); the builders now say
+    so before anything runs, and accept what a round can meet."""
+    from fedgat.app import training_secagg
+    from fedgat.protocols.secagg import SecAggConfig
+
+    with pytest.raises(ValueError, match=r"2 client\(s\) per round \(fraction 0.5 of 4\) is below .* 3"):
+        training_secagg(SecAggConfig(), 4, 0.5)
+    with pytest.raises(ValueError, match="below the secure aggregation's min_cohort of 5"):
+        training_secagg(SecAggConfig(min_cohort=5), 4, 1.0)
+    assert training_secagg(SecAggConfig(min_cohort=4), 4, 1.0) == SecAggConfig(min_cohort=4)
+    assert training_secagg(SecAggConfig(min_cohort=2), 4, 0.5) == SecAggConfig(min_cohort=2)
+
+
 def test_auto_secure_aggregation_counts_only_clients_that_add_an_update(tiny_graph, tiny_partition):
     """``secagg="auto"`` turns secure aggregation on only when every round's cohort can hold
     ``min_cohort`` clients that add an update (clients refuse others): clients without a training
