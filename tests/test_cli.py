@@ -1,6 +1,7 @@
 """The ``fedgat`` command line."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -175,9 +176,50 @@ def test_demo_reports_pre_training_before_training_and_names_strategy_and_rule(c
     assert "training: fedadam, minimum-cross rule off" in before  # the header names the defaults
     assert "pre-training (encrypted), seconds per phase" in before and "packing: a ciphertext holds" in before
     assert "test accuracy" not in before
+    assert "owners' DP ledgers (--dp-budget): none kept, sessions are not counted" in before
     after = capsys.readouterr().out
     assert "FedGAT test accuracy (encrypted pre-training)" in after
-    assert "differential privacy: off, (epsilon, delta) spent: none" in after  # the demo spends no budget
+    assert "differential privacy of the shared rows: off" in after  # the demo releases no DP rows
+
+
+def test_demo_charges_each_sessions_verdicts_to_the_owners_ledgers(tmp_path, capsys):
+    """``--dp-budget`` (and ``--dp-ledger-dir``) charge every client's session verdicts to its
+    owner's ledger, the one ``fedgat train --dp-epsilon`` charges its releases to: a session at the
+    n4096 pads costs a row epsilon 0.72 (counted towards both other clients), two compose to 1.05,
+    so a budget of 0.9 admits the first demo and refuses the second before anything is sent, with
+    the ledgers unchanged and exit status 1."""
+    from fedgat.dp_ledger import owner_ledgers
+
+    ledgers = tmp_path / "ledgers"
+    out = tmp_path / "demo.json"
+    argv = ["demo", "--dataset", "synthetic", "--clients", "3", "--rounds", "1", "--quiet"]
+    argv += ["--dp-budget", "0.9", "1e-5", "--dp-ledger-dir", str(ledgers)]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(
+        r"owners' DP ledgers, after this session: up to epsilon 0\.72\d? spent \(delta 1e-05\)", printed
+    )
+    spent = json.loads(out.read_text())["dp_spent"]
+    assert sorted(spent) == ["0", "1", "2"]
+    assert all(e == pytest.approx(0.7223, abs=2e-3) and d == 1e-5 for e, d in spent.values())
+    files = {p.name: p.read_bytes() for p in ledgers.iterdir()}
+    assert sorted(files) == ["client-0.json", "client-1.json", "client-2.json"]
+    assert cli.main([*argv, "--json", str(tmp_path / "again.json")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(
+        r"DP release refused: .* would bring it to 1\.05\d* .* over the budget epsilon 0\.9", err
+    )
+    assert {p.name: p.read_bytes() for p in ledgers.iterdir()} == files
+    assert not (tmp_path / "again.json").exists()
+    # the ledgers keep their budget: given alone, the folder charges them with it
+    ledger = owner_ledgers(3, None, ledgers)[0]
+    assert ledger.budget.epsilon == 0.9
+
+
+def test_demo_refuses_a_bad_dp_budget(capsys):
+    argv = ["demo", "--dataset", "synthetic", "--clients", "3", "--quiet", "--dp-budget", "0", "1e-5"]
+    assert cli.main(argv) == 2
+    assert "--dp-budget needs EPSILON > 0 and 0 < DELTA < 1" in capsys.readouterr().err
 
 
 def test_a_finished_progress_bar_stops_its_clock():

@@ -47,6 +47,7 @@ from fedgat.cli_engine import (
     check_counts,
     check_dataset,
     check_device,
+    check_dp_budget,
     check_engine_arguments,
     check_nodes,
     check_output_file,
@@ -132,6 +133,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also train on the plaintext twin's encodings (same seed and bases) to compare "
         "accuracies; doubles the training time",
     )
+    parser.add_argument(
+        "--dp-budget",
+        type=float,
+        nargs=2,
+        metavar=("EPSILON", "DELTA"),
+        default=None,
+        help="charge each client's session verdicts (what the server may learn from them: SECURITY.md, "
+        "known break 22) to its owner's DP ledger, as fedgat train charges its DP releases to the same "
+        "ledgers; a session past this budget is refused before anything is sent (needed for ledgers "
+        "that do not exist yet; default: no ledger)",
+    )
+    parser.add_argument(
+        "--dp-ledger-dir",
+        default=None,
+        help="folder of the owners' DP ledgers (default $FEDGAT_DP_LEDGER_DIR or ~/.fedgat/dp_ledger); "
+        "given alone, charges the ledgers there with their stored budgets",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     add_device_argument(
         parser,
@@ -173,6 +191,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_engine_arguments(args)
     check_output_file("--json", args.json)
     check_device(args.device, args.cuda_graphs)
+    check_dp_budget(args.dp_budget)
     _cap(args)
 
 
@@ -274,6 +293,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.force:
         args.upload_window = fit_spool(est, args.upload_window)
 
+    ledgers = None
+    if args.dp_budget is not None or args.dp_ledger_dir is not None:
+        from fedgat.dp_ledger import owner_ledgers
+
+        ledgers = owner_ledgers(args.clients, args.dp_budget, args.dp_ledger_dir)
     engine = open_engine(args, "demo")
     try:
         transport = None if engine is None else engine.transport()
@@ -289,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
             wire=args.wire,
             upload_window=args.upload_window,
             encrypt_workers=args.encrypt_workers,
+            dp_ledgers=ledgers,
         )
         plain = run_plaintext_pretraining(graph, partition, args.variant, args.seed)
         error = max_abs_error(pre.encodings, plain)
@@ -339,9 +364,9 @@ def run(args: argparse.Namespace) -> int:
         "owners": None if args.owners is None else str(args.owners),
         "seed": args.seed,
         "neighbour_cap": cap,
+        "dp_spent": None,  # client -> its ledger's (epsilon, delta) with --dp-budget/--dp-ledger-dir
         **run_summary(pre, encrypted),  # variant, preset, pre-training costs, training outcome
         "max_abs_error_vs_plaintext": error,
-        "dp_spent": None,  # the demo releases no DP rows and spends no budget
         "plaintext_test_accuracy": None if plaintext is None else plaintext.fit.test_accuracy,
         "plaintext_best_round": None if plaintext is None else plaintext.fit.best_round,
         "total_seconds": round(time.perf_counter() - start, 3),
@@ -412,6 +437,13 @@ def format_pretraining(r: dict) -> str:
             f"so a session's accept/refuse verdicts are at most epsilon {max(verdicts.values()):.3g} "
             "(delta 1e-5) per row; sessions add up (SECURITY.md, known break 22)"
         )
+        spent = r.get("dp_spent")
+        lines.append(
+            "  owners' DP ledgers (--dp-budget): none kept, sessions are not counted"
+            if not spent
+            else f"  owners' DP ledgers, after this session: up to epsilon "
+            f"{max(e for e, _ in spent.values()):.3g} spent (delta {next(iter(spent.values()))[1]:g})"
+        )
     return "\n".join(lines)
 
 
@@ -430,11 +462,10 @@ def format_training(r: dict) -> str:
             else "in the clear (fewer than 3 clients per round: secure aggregation needs 3)"
         )
     )
-    if r.get("dp_spent") is None:
-        lines.append(
-            "differential privacy: off, (epsilon, delta) spent: none; each shared row reaches the one "
-            "client that needs it exactly (SECURITY.md); fedgat train --dp-epsilon E releases it under DP"
-        )
+    lines.append(
+        "differential privacy of the shared rows: off; each shared row reaches the one client that "
+        "needs it exactly (SECURITY.md); fedgat train --dp-epsilon E releases it under DP"
+    )
     if r["plaintext_test_accuracy"] is not None:
         lines.append(f"FedGAT test accuracy (plaintext twin, same seed): {r['plaintext_test_accuracy']:.3f}")
     lines.append(f"total {r['total_seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")

@@ -42,6 +42,7 @@ from fedgat.cli_engine import (
     check_counts,
     check_dataset,
     check_device,
+    check_dp_budget,
     check_engine_arguments,
     check_nodes,
     check_output_file,
@@ -252,9 +253,7 @@ def _check_dp(overrides: dict) -> None:
     mechanism = overrides.get("dp_mechanism")
     if mechanism is not None and mechanism not in DP_MECHANISMS:
         raise UsageError(f"--dp-mechanism must be one of {', '.join(DP_MECHANISMS)}, got {mechanism!r}")
-    budget = overrides.get("dp_budget")
-    if budget is not None and not (math.isfinite(budget[0]) and budget[0] > 0 and 0 < budget[1] < 1):
-        raise UsageError(f"--dp-budget needs EPSILON > 0 and 0 < DELTA < 1, got {budget[0]} {budget[1]}")
+    check_dp_budget(overrides.get("dp_budget"))
 
 
 def _check_update_dp(overrides: dict, method: str) -> None:
