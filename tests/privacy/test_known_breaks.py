@@ -33,6 +33,7 @@ from torch import nn
 
 from fedgat.crypto import deserialize, serialize
 from fedgat.crypto.packing import linear_combination
+from fedgat.crypto.tags import TAG_TOLERANCE
 from fedgat.dp_fedavg import UpdateDP
 from fedgat.federated import Client, FedAdam
 from fedgat.partition import make_partition
@@ -256,7 +257,7 @@ def test_a_rejected_result_reads_no_decrypted_value_and_ends_the_session(monkeyp
         # values: their miss), which the text the server may see does not carry
         match = re.search(r"tag off by ([0-9.e+-]+)", exc.detail)
         assert match is not None, exc.detail
-        assert float(match.group(1)) > 1.0 and match.group(1) not in str(exc)
+        assert float(match.group(1)) > TAG_TOLERANCE and match.group(1) not in str(exc)
         # terminal: aborted, nothing decrypted kept, the next probe is refused before any decryption
         assert victim.state is ClientState.ABORTED and victim._assemblies == [] and victim.encodings is None
         with pytest.raises(StateError):
