@@ -206,12 +206,21 @@ def _update_policy(pid: int, context: Context, hp: dict) -> None:
     left that open). The ledger composes every run's releases against the client's whole local
     dataset (:func:`fedgat.dp_fedavg.charge_training`: all of a run's releases, charged at its
     set-up), so the runs add up to at most the node's budget. A node with a ledger refuses a run
-    without DP-FedAvg (its updates carry no noise to account).
+    without DP-FedAvg (its updates carry no noise to account). The update ledger counts the whole
+    dataset, the verdict ledger each row: they compose nothing of each other, so they must be two
+    files (a row's total is at most the sum of their epsilons).
 
     Raises:
         NodePolicyError: the run trains without DP-FedAvg, or would pass the budget (the ledger
             file is then unchanged), or a malformed node config.
     """
+    nc = context.node_config
+    both = [nc.get(f"{kind}-ledger") for kind in ("update", "verdict")]
+    if all(both) and Path(str(both[0])).resolve() == Path(str(both[1])).resolve():
+        raise NodePolicyError(
+            f"party {pid}: node config update-ledger and verdict-ledger name one file ({both[0]}); they "
+            "count different units (the whole dataset, each row) and must be two files"
+        )
     ledger = _node_ledger(pid, context, "update")
     if ledger is None:
         return
@@ -422,12 +431,34 @@ def _upload_window(raw: object) -> int | None:
     raise RemotePartyError(f"the server's set-up has upload_window {raw!r}: not a positive count")
 
 
+#: the phases a run sets up, each once
+PHASES = ("pretrain", "rounds")
+
+
 def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore, setup: dict) -> None:
-    """Check the roster a phase's set-up carries (or keep the run's one) and build the phase's party."""
+    """Check the roster a phase's set-up carries (or keep the run's one) and build the phase's party.
+
+    A run sets up each phase once: the node config's per-run bounds (``max-update-epsilon``,
+    ``max-verdict-epsilon``) would otherwise hold per phase, and a server could repeat pre-training
+    and training within one run (an eighteenth review pass: two training phases, epsilon 5.99
+    against a cap of 4).
+
+    Raises:
+        NodePolicyError: a phase this run has already set up.
+        RemotePartyError: an unknown phase, or a training phase without complete encodings.
+    """
+    phase = setup.get("phase")
+    if phase not in PHASES:
+        raise RemotePartyError(f"unknown phase {phase!r}")
+    if phase in store.phases:
+        raise NodePolicyError(
+            f"party {pid}: this run has already set up its {phase} phase; a node runs each phase once "
+            "per run (its node config's privacy bounds are per run)"
+        )
     identity = store.identity
     roster = _session_roster(pid, cfg, context, store, setup)
     store.roster = roster
-    if setup["phase"] == "pretrain":
+    if phase == "pretrain":
         c = setup["config"]
         # fail closed: the server's set-up never chooses which parser reads the server's bytes; a
         # node runs the default (compact) wire unless its own node config says otherwise
@@ -450,13 +481,12 @@ def _set_up(pid: int, cfg: FlowerRunConfig, context: Context, store: ClientStore
         store.party = _new_pretrain_party(
             pid, cfg, identity, roster, config, _encrypt_workers(context), ledger
         )
-    elif setup["phase"] == "rounds":
+    else:  # "rounds"
         pre = store.party
         if not isinstance(pre, ClientPretrain) or pre.encodings is None:
             raise RemotePartyError(f"party {pid} has no encodings: the pre-training did not complete")
         store.party = _new_rounds_party(pid, cfg, identity, roster, setup, pre.encodings, context)
-    else:
-        raise RemotePartyError(f"unknown phase {setup['phase']!r}")
+    store.phases = (*store.phases, phase)
 
 
 def handle_message(message: Message, context: Context) -> Message:

@@ -102,6 +102,8 @@ class ClientStore:
         party: the phase's party, mid-run (None before a phase is set up).
         messages: protocol messages handled (seeds torch per message).
         exported: the decrypted encodings were written to the output directory.
+        phases: the phases set up in this run, in order ("pretrain", "rounds"): each at most once
+            (:func:`fedgat.protocols.flower_client._set_up`).
     """
 
     party_id: int
@@ -110,6 +112,7 @@ class ClientStore:
     party: Party | None = None
     messages: int = 0
     exported: bool = False
+    phases: tuple[str, ...] = ()
 
     def __repr__(self) -> str:  # never the keys
         state = None if self.party is None else self.party.state_name()
@@ -198,6 +201,7 @@ def load_client(context: Context, party_id: int) -> ClientStore:
         roster=None if value["roster"] is None else Roster.from_value(value["roster"]),
         messages=int(value["messages"]),
         exported=bool(value["exported"]),
+        phases=tuple(str(p) for p in value.get("phases", ())),
     )
     if value["party_state"] is not None:
         state = PartyState.from_value(value["party_state"])
@@ -239,6 +243,7 @@ def save_client(context: Context, store: ClientStore) -> None:
         "roster": None if store.roster is None else store.roster.to_value(),
         "messages": int(store.messages),
         "exported": bool(store.exported),
+        "phases": list(store.phases),
         "party_state": None if party is None else party.state_value().to_value(),
     }
     blob = seal(CLIENT_STATE_KIND, value, state_key(store.identity, _label(store.party_id)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -172,6 +172,9 @@ class ClientPretrain(Party):
             ``release`` is given. Without ``config.dp``, optional: the session's verdicts towards the
             server (:mod:`fedgat.verdict_dp`, Gaussian of sd ``config.upload_pad``) are charged to
             it here, conservatively as if every row went to every other client of the roster.
+        ledger_others: other ledgers whose releases of the same rows count too (a simulation's
+            other owners': a row that moved to another owner's index keeps its history); only
+            ``ledger`` is charged.
         release: with ``config.dp``, the ``(len(owned), w)`` rows of a release drawn (and charged)
             before (a :class:`PartySpec`'s, or :func:`fedgat.dp_release.draw_release`'s).
         predictor: with ``config.dp`` of mechanism ``label_rr`` and no ``release``, the published
@@ -212,6 +215,7 @@ class ClientPretrain(Party):
         timeouts: PretrainTimeouts | None = None,
         limits: PretrainLimits | None = None,
         ledger: DPLedger | None = None,
+        ledger_others: Sequence[DPLedger] = (),
         release: np.ndarray | None = None,
         predictor: LabelPredictor | None = None,
     ) -> None:
@@ -234,10 +238,10 @@ class ClientPretrain(Party):
         elif config.dp is not None:
             others = tuple(c for c in roster.clients if c != party_id)
             self._release = config.dp.release_rows(
-                self._features, ledger=ledger, recipients=others, predictor=predictor
+                self._features, ledger=ledger, recipients=others, predictor=predictor, others=ledger_others
             )
             assert ledger is not None  # release_rows refused otherwise
-            self.dp_spent = ledger.spent(self._features)
+            self.dp_spent = ledger.spent(self._features, others=ledger_others)
         self._graph = GraphAnnounce(
             sender=party_id,
             recipient=roster.server,
@@ -320,7 +324,10 @@ class ClientPretrain(Party):
                 raise ValueError("a verdict ledger needs padded uploads (config.upload_pad > 0)")
             others = tuple(c for c in roster.clients if c != party_id)
             self.dp_spent = ledger.charge(
-                self._features, verdict_record(config.upload_pad, max(len(others), 1)), [roster.server]
+                self._features,
+                verdict_record(config.upload_pad, max(len(others), 1)),
+                [roster.server],
+                others=ledger_others,
             )
 
     @property

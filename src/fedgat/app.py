@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import secrets
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -208,6 +208,7 @@ def build_pretrain_client(
     upload_batch: int = 32,
     encrypt_workers: int = 0,
     ledger: DPLedger | None = None,
+    ledger_others: Sequence[DPLedger] = (),
     release: torch.Tensor | None = None,
     predictor: LabelPredictor | None = None,
 ) -> ClientPretrain:
@@ -215,7 +216,8 @@ def build_pretrain_client(
     neighbourhoods, cross-client edges (:func:`cross_edges`) and ``needed`` nodes from ``partition``.
     With ``config.dp`` the client draws its release (randomness from a fresh CSPRNG, never from
     ``seed``; ``label_rr`` from the published ``predictor``) and charges it to ``ledger`` (required)
-    at construction, or uploads its rows of ``release`` -- ``(N, w)`` rows of every node,
+    at construction (with the releases of the same rows in ``ledger_others`` composed too), or
+    uploads its rows of ``release`` -- ``(N, w)`` rows of every node,
     :func:`fedgat.dp_release.draw_release`, drawn and charged before. ``encrypt_workers``: processes
     the client may encrypt on (:class:`~fedgat.protocols.ClientPretrain`; 0: in its own process).
 
@@ -244,6 +246,7 @@ def build_pretrain_client(
         upload_batch=upload_batch,
         encrypt_workers=encrypt_workers,
         ledger=ledger,
+        ledger_others=ledger_others,
         release=None if release is None else release.numpy()[cp.owned],
         predictor=predictor,
     )
@@ -356,6 +359,8 @@ def build_pretrain_parties(
             upload_batch=upload_batch,
             encrypt_workers=encrypt_workers,
             ledger=None if dp_ledgers is None else dp_ledgers.get(c),
+            # a row that moved to another owner's index keeps its history (known break 8)
+            ledger_others=[] if dp_ledgers is None else [v for o, v in dp_ledgers.items() if o != c],
             release=dp_release,
             predictor=None if predictors is None else predictors.get(c),
         )

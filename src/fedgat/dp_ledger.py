@@ -26,6 +26,13 @@ each other's releases (conservative, never less). A row whose values change coun
 Ledgers of version 1 (whole-matrix keys) are read conservatively: each of their releases counts
 against every row.
 
+Why a lock (an eighteenth review pass): a Flower SuperNode starts a process per message, so a server
+could send two runs' set-ups at once; each process loaded the ledger, each passed the check, and the
+later write replaced the earlier one (two runs admitted, one charged). :meth:`DPLedger.charge` now
+holds an exclusive ``flock`` on ``<ledger>.lock`` beside the file while it reads the file again,
+checks and writes, and every check reads the file again first: whatever another process charged
+counts.
+
 Why persistent and never a default in-memory ledger: a budget counts every release of the same data,
 across runs. A ledger created afresh for each run would let every run spend the whole budget again and
 make the refusal meaningless, so a release needs a ledger object the caller holds (an in-memory one,
@@ -41,14 +48,16 @@ ledger for what the *server* learns from the recipients' verdicts on its padded 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,6 +310,33 @@ class DPLedger:
                 raise
             raise LedgerFileError(f"cannot read DP ledger {self.path}: {e}") from e
 
+    def _refresh(self) -> None:
+        """Read the file again (another process may have charged it since this object loaded it)."""
+        if self.path is None or not self.path.exists():
+            return
+        stored = self._load()
+        if stored != self.budget:
+            raise LedgerFileError(f"ledger {self.path} now holds budget {stored}, not {self.budget}")
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the ledger's lock (``flock`` on ``<ledger>.lock``, created 0600, never through a
+        symlink) for a read-check-write: charges of other processes wait for it."""
+        if self.path is None:
+            yield
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = self.path.with_name(self.path.name + ".lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise LedgerFileError(f"cannot open the ledger's lock {lock}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def _save(self) -> None:
         if self.path is None:
             return
@@ -343,7 +379,10 @@ class DPLedger:
         """``(epsilon, delta)`` spent so far (epsilon at the budget's delta) on the most-charged unit of
         ``data`` (a feature matrix: its rows, :func:`row_ids`; row fingerprints; or a string key), by
         the releases of this ledger and of ``others`` (e.g. the other simulated owners' ledgers: a row
-        that moved to another owner's index keeps its history)."""
+        that moved to another owner's index keeps its history), as their files hold them now."""
+        self._refresh()
+        for other in others:
+            other._refresh()
         units = _units(data)
         eps = max(composed_epsilon(h, self.budget.delta) for h in self._histories(units, others))
         return eps, self.budget.delta
@@ -367,6 +406,8 @@ class DPLedger:
         one = dataclasses.replace(release, count=1)
         units = _units(data)
         others = [o for o in others if o is not self]
+        for ledger in (self, *others):
+            ledger._refresh()  # what other processes have charged since counts too
         histories = self._histories(units, others)
         after = max(composed_epsilon(h + [(one, times)], self.budget.delta) for h in histories)
         if after > self.budget.epsilon * (1.0 + _TOLERANCE):
@@ -398,23 +439,24 @@ class DPLedger:
             DPError: an invalid record (e.g. ``sigma`` not finite and > 0), or ``count`` < 1.
             BudgetExceededError: the composition would exceed the budget (the ledger is unchanged).
         """
-        one, times, after = self.check(data, release, count=count, others=others)
-        units = np.unique(_units(data))
-        self.releases.append(
-            {
-                "rows": base64.b64encode(units.tobytes()).decode("ascii"),
-                "num_rows": len(units),
-                "recipients": sorted(int(r) for r in recipients),
-                **one.as_json(),
-                "count": times,
-                "timestamp": time.time(),
-            }
-        )
-        try:
-            self._save()
-        except BaseException:
-            self.releases.pop()
-            raise
+        with self._exclusive():  # another process's charge waits: it reads this one's first
+            one, times, after = self.check(data, release, count=count, others=others)
+            units = np.unique(_units(data))
+            self.releases.append(
+                {
+                    "rows": base64.b64encode(units.tobytes()).decode("ascii"),
+                    "num_rows": len(units),
+                    "recipients": sorted(int(r) for r in recipients),
+                    **one.as_json(),
+                    "count": times,
+                    "timestamp": time.time(),
+                }
+            )
+            try:
+                self._save()
+            except BaseException:
+                self.releases.pop()
+                raise
         return after, self.budget.delta
 
 

@@ -1045,6 +1045,12 @@ def test_a_node_refuses_a_pretraining_its_verdict_policy_does_not_allow(policy, 
             {"update_dp_epsilon": 4.0},
             r"update-budget-delta must be a number in \(0, 1\)",
         ),
+        # an eighteenth review pass: one file for both would let neither charge see the other
+        (
+            {"update-ledger": "{path}", "update-budget": 8, "verdict-ledger": "{path}"},
+            {"update_dp_epsilon": 4.0},
+            "update-ledger and verdict-ledger name one file",
+        ),
     ],
 )
 def test_a_nodes_update_ledger_refuses_what_it_cannot_account(node, hp, message, tmp_path):
@@ -1114,6 +1120,27 @@ def test_a_node_refuses_the_training_its_update_ledger_cannot_pay_for(tmp_path):
     assert grid.types.get("FeatureUpload", 0) > 0  # the pre-training ran
     training = {n for m in (messages_rounds, messages_secagg) for n in dir(m) if n[0].isupper()}
     assert not training & set(grid.types) and not any(p.exists() for p in ledgers)
+
+
+def test_a_run_sets_up_each_phase_once(tmp_path):
+    """An eighteenth review pass: within one Flower run a server repeated the pre-training and the
+    training, and each training phase built a fresh DP-FedAvg budget (4 releases per node where
+    ``max-update-epsilon`` 4 pays for 2: epsilon 5.99). A node now sets up each phase once per run:
+    the server's second pre-training is refused before anything is uploaded, and no training frame
+    follows it."""
+    from fedgat.protocols.flower_app import FlowerRunConfig, NodePolicyError, generate_identity, run_server
+
+    generate_identity(tmp_path / "server.json")
+    hp = {**HPARAMS, "rounds": 1, "fraction": 1.0, "update_dp_epsilon": 4.0}
+    run_config = {**RUN_CONFIG, "hparams": json.dumps(hp), "server-identity": str(tmp_path / "server.json")}
+    nodes = [{"partition-id": c, "num-partitions": CLIENTS, "max-update-epsilon": 4} for c in range(CLIENTS)]
+    grid = _UpdateCounter(run_config, nodes)
+    cfg = FlowerRunConfig.from_run_config(run_config)
+    run_server(grid, cfg)  # type: ignore[arg-type]
+    first = dict(grid.types)
+    with pytest.raises(NodePolicyError, match="already set up its pretrain phase"):
+        run_server(grid, cfg)  # type: ignore[arg-type]
+    assert grid.types == first  # nothing uploaded, nothing trained
 
 
 def test_the_app_config_lists_every_run_config_key_with_its_default():

@@ -75,7 +75,9 @@ def test_the_ledger_persists_atomically_and_privately(tmp_path):
     data = rows()
     spent = ledger.charge(data, DP.sigma)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert [p.name for p in path.parent.iterdir()] == ["client.json"]  # no temporary file left
+    # no temporary file left; the lock file of charges (0600) beside it
+    assert sorted(p.name for p in path.parent.iterdir()) == ["client.json", "client.json.lock"]
+    assert stat.S_IMODE(os.stat(path.with_name("client.json.lock")).st_mode) == 0o600
     again = DPLedger(None, path)  # the stored budget
     assert again.budget == Budget(10.0, 1e-5) and again.spent(data) == spent
     with pytest.raises(LedgerFileError, match="holds budget"):
@@ -198,6 +200,51 @@ def test_a_version_1_ledger_counts_its_releases_against_every_row(tmp_path):
         DPLedger(None, path)
 
 
+def test_a_ledger_loaded_before_another_process_charged_it_counts_that_charge(tmp_path):
+    """An eighteenth review pass: two ClientApp processes loaded one node's ledger, both passed the
+    check and the later write replaced the earlier (two runs admitted, one charged). Every check
+    now reads the file again, under the ledger's lock when it charges."""
+    path = tmp_path / "node.json"
+    x = rows()
+    budget = Budget(2.5, 1e-5)
+    first, second = DPLedger(budget, path), DPLedger(budget, path)  # both loaded before either charges
+    first.charge(x, DP.sigma)  # epsilon 2 of 2.5
+    written = path.read_bytes()
+    with pytest.raises(BudgetExceededError, match="has spent epsilon 2"):
+        second.charge(x, DP.sigma)
+    assert path.read_bytes() == written and len(DPLedger(None, path).releases) == 1
+    assert second.spent(x)[0] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_concurrent_charges_admit_what_the_budget_pays_for(tmp_path):
+    """Eight charges at once (threads, each with its own ledger object and so its own open lock
+    file, as processes have), each of epsilon 2 against a budget of 2.5: exactly one is admitted
+    and the file holds exactly it."""
+    import threading
+
+    path = tmp_path / "node.json"
+    x = rows()
+    ledgers = [DPLedger(Budget(2.5, 1e-5), path) for _ in range(8)]
+    start = threading.Barrier(len(ledgers))
+    outcomes: list[str] = []
+
+    def charge(ledger: DPLedger) -> None:
+        start.wait()
+        try:
+            ledger.charge(x, DP.sigma)
+            outcomes.append("admitted")
+        except BudgetExceededError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=charge, args=(ledger,)) for ledger in ledgers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["admitted"] + ["refused"] * 7
+    assert len(DPLedger(None, path).releases) == 1
+
+
 def test_renumbered_owners_do_not_reset_the_simulations_budget(tmp_path):
     """A red-team review: per-row histories lived in per-index files, so the same split with the
     clients renumbered released every row again at the full epsilon. A simulation's checks and
@@ -244,7 +291,7 @@ def test_the_plaintext_method_needs_a_budget_and_charges_the_owners_ledgers(tmp_
         run_method("fedgat", graph, num_clients=3, seed=0, **hp)
     assert list(tmp_path.iterdir()) == []  # nothing released, nothing recorded
     run_method("fedgat", graph, num_clients=3, seed=0, dp_budget=(2.5, 1e-5), **hp)
-    files = sorted(p.name for p in tmp_path.iterdir())
+    files = sorted(p.name for p in tmp_path.glob("*.json"))
     assert files == ["client-0.json", "client-1.json", "client-2.json"]
     stored = json.loads((tmp_path / "client-0.json").read_text())
     assert stored["budget"] == {"epsilon": 2.5, "delta": 1e-5} and len(stored["releases"]) == 1

@@ -105,7 +105,7 @@ def test_a_spent_budget_uploads_nothing_and_leaves_the_ledgers_unchanged(
     x = tiny_graph.x.numpy()
     for c, cp in enumerate(tiny_partition.clients):  # each owner already released these rows once
         DP.release_rows(x[cp.owned], ledger=held[c])
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.json")}
     transport = InProcessTransport(Transcript())
     with pytest.raises(BudgetExceededError, match="over the budget epsilon 4"):
         run_encrypted_pretraining(
@@ -114,5 +114,5 @@ def test_a_spent_budget_uploads_nothing_and_leaves_the_ledgers_unchanged(
         )  # fmt: skip
     assert transport.messages_sent() == 0 and transport.bytes_sent() == 0
     assert transport.transcript.entries == []
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.json")} == before
     assert all(len(held[c].releases) == 1 for c in held)

@@ -430,7 +430,11 @@ def test_run_encrypted_fedgat_trains_on_the_dp_encodings(tiny_graph, tmp_path):
     assert plain.dp_spent is not None
     for eps, _ in plain.dp_spent.values():
         assert 4.5 < eps < 8.0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["client-0.json", "client-1.json", "client-2.json"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "client-0.json",
+        "client-1.json",
+        "client-2.json",
+    ]
 
 
 def test_label_rr_trains_its_predictor_through_the_protocol_and_releases_labels(tiny_graph, tmp_path):

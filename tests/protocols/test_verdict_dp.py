@@ -80,6 +80,31 @@ def test_a_sessions_verdict_epsilon_follows_the_rows_actually_uploaded(tiny_grap
     assert max(h.server.most_recipients.values()) >= 1
 
 
+def test_renumbered_owners_do_not_reset_the_verdicts_budget(tiny_graph, tiny_partition, tmp_path):
+    """An eighteenth review pass: ``fedgat demo --dp-budget`` keeps one ledger per client index, and
+    the verdict charge composed only the charging owner's, so the same rows under renumbered owners
+    (``--owners`` with the ids permuted) started fresh (three sessions admitted at 0.72 each, 1.32
+    composed, against a budget of 1). A simulation's verdict charges now count a row's history in
+    every owner's ledger, as its DP releases do (known break 8)."""
+    from fedgat.app import build_pretrain_parties
+    from fedgat.dp_ledger import owner_ledgers
+    from fedgat.partition import make_partition
+
+    pad = PretrainConfig(session=1).upload_pad
+    others = tiny_partition.num_clients - 1
+    one, two = (verdict_epsilon(pad, others, sessions=k) for k in (1, 2))
+    budget = (0.5 * (one + two), DEFAULT_DELTA)  # one session fits, two do not
+    ledgers = owner_ledgers(3, budget, tmp_path)
+    build_pretrain_parties(tiny_graph, tiny_partition, variant="vector", seed=1, dp_ledgers=ledgers)
+    owner = (tiny_partition.owner + 1) % 3
+    rotated = make_partition(tiny_graph, 3, beta=1.0, seed=0, num_layers=2, min_cross=2, owner=owner)
+    again = owner_ledgers(3, None, tmp_path)  # a new run reads the same files
+    written = {p.name: p.read_bytes() for p in tmp_path.glob("*.json")}
+    with pytest.raises(BudgetExceededError, match=r"has spent epsilon 0\.72"):
+        build_pretrain_parties(tiny_graph, rotated, variant="vector", seed=1, dp_ledgers=again)
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.json")} == written
+
+
 def test_an_owners_ledger_is_charged_for_its_verdicts_and_refuses_past_its_budget(tiny_graph, tiny_partition):
     """Without the DP release, an owner that keeps a ledger has each session's verdicts charged to it
     (as if each row went to every other client), before anything is sent; a session that would pass
