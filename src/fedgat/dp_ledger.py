@@ -380,9 +380,9 @@ class DPLedger:
         ``data`` (a feature matrix: its rows, :func:`row_ids`; row fingerprints; or a string key), by
         the releases of this ledger and of ``others`` (e.g. the other simulated owners' ledgers: a row
         that moved to another owner's index keeps its history), as their files hold them now."""
-        self._refresh()
-        for other in others:
-            other._refresh()
+        others = list(others)
+        for ledger in (self, *others):
+            ledger._refresh()
         units = _units(data)
         eps = max(composed_epsilon(h, self.budget.delta) for h in self._histories(units, others))
         return eps, self.budget.delta
