@@ -3,10 +3,13 @@
 
 import json
 
+import pytest
+
 from fedgat.audit import SERVER_ATTACKS
 from fedgat.cli import main
 
 
+@pytest.mark.slow  # every server attack end to end (~2 min here); each has its own test in the default suite
 def test_audit_command_writes_report_json_and_plot(tmp_path):
     out, md, png = tmp_path / "a.json", tmp_path / "a.md", tmp_path / "a.png"
     assert (
