@@ -87,3 +87,38 @@ def test_profile_refuses_an_empty_pool(capsys):
     with pytest.raises(SystemExit) as exc:
         _load().main(["--workers", "0"])
     assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_a_profile_that_does_not_see_sealapi_calls_is_reported_as_no_split(tmp_path, monkeypatch):
+    """Python 3.12's cProfile loses TenSEAL's pybind11 calls: the split must say n/a, not print a
+    negative wire (what the 2026-11-28 16-core run did) or a bound + save built on it."""
+    import cProfile
+
+    bench = _load()
+    prof = cProfile.Profile()
+    prof.enable()
+    sum(i * i for i in range(1000))  # no SEAL operation, no result envelope
+    prof.disable()
+    assert bench._component_seconds(prof)["attributed"] is False
+
+    real = bench._component_seconds
+
+    def lost(profile):
+        parts = real(profile)
+        assert parts["attributed"], "this Python's cProfile sees the bindings' calls"
+        return {**parts, "attributed": False, "ops": 0.0, "wire": -parts["seal_save"]}
+
+    monkeypatch.setattr(bench, "_component_seconds", lost)
+    argv = ["--dataset", "synthetic", "--nodes", "80", "--clients", "2", "--tasks", "6", "--quiet"]
+    assert bench.main([*argv, "--wires", "compact", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "server_profile.json").read_text())["wires"]["compact"]
+    assert row["split_attributed"] is False
+    assert set(row["ms_per_result"].values()) == {None} and row["floor_with_save_ms_per_result"] is None
+    assert row["ratios"]["cpu_vs_op_bound"] > 0 and row["ratios"]["cpu_vs_floor_with_save"] is None
+    md = (tmp_path / "server_profile.md").read_text()
+    assert (
+        "| wire | n/a | n/a |" in md
+        and "did not report the calls" in md
+        and "-" not in md.split("| wire |")[1][:12]
+    )
+    assert (tmp_path / "server_profile.png").stat().st_size > 0
