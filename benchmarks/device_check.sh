@@ -9,7 +9,8 @@
 #                                                         CUDA graphs, the vector profile and the layer: ~2 min)
 #                bash benchmarks/device_check.sh cpu16   (the layer's per-operator profile at 1/2/16 threads,
 #                                                         graph scale at ogbn-arxiv's size: <= 8 min)
-#                bash benchmarks/device_check.sh server16 (the server's compute on a 16-worker round pool,
+#                bash benchmarks/device_check.sh server16 (the round pool's start, files vs arguments, then the
+#                                                         server's compute on a 16-worker round pool,
 #                                                         1,500 of Cora's tasks, against its op bound: ~3 min)
 #                bash benchmarks/device_check.sh round16 (the Cora encrypted round on 16 cores: <= 9 min)
 #                bash benchmarks/device_check.sh encrypt16 (a client's 7,500 encryptions, Cora's largest
@@ -120,6 +121,9 @@ profile16)
     ;;
 server16)
     # the server's compute on a round pool of every core, against its op bound / 16 (no clients)
+    # the round pool's start: recipients' setup as files (now) vs as initializer arguments (before)
+    step pool_start 60 python3 benchmarks/pool_start.py --workers 16 --recipients 10 --repeats 2 \
+        --name pool_start_16core --out "$stage/server16"
     step server_pool 240 python3 benchmarks/server_profile.py --tasks "${SERVER_TASKS:-1500}" --wires compact --workers 16 \
         --quiet --name server_pool_16core --out "$stage/server16"
     ;;

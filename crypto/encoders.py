@@ -57,7 +57,7 @@ from .tasks import (
     pieces,
     run_windowed,
     worker_batch_for,
-    worker_init_round,
+    worker_init_from_setups,
     write_recipient_setup,
 )
 
@@ -171,13 +171,24 @@ class RoundPool:
         self._joined = False  # whether any did (tasks then carry the live keys)
         self._left: set[int] = set()  # recipients removed (never added again)
         self._dir: tempfile.TemporaryDirectory[str] | None = None
-        setup = {key: (ctx, *spool.snapshot()) for key, (ctx, spool) in recipients.items()}
+        # the starting recipients reach the workers as setup files, not as pickled initializer
+        # arguments, which would make them start one after another (worker_init_from_setups); the
+        # files stay until close: the executor may start a worker at any submission
+        start: dict[int, str] = {}
+        for key, (ctx, spool) in recipients.items():
+            start[key] = path = os.path.join(self._private_dir(), f"start-{key}.npz")
+            write_recipient_setup(path, ctx, spool)
         self.executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=worker_init_round,
-            initargs=(setup, layout, wire),
+            initializer=worker_init_from_setups,
+            initargs=(start, layout, wire),
         )
+
+    def _private_dir(self) -> str:
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="fedgat-pool-")
+        return self._dir.name
 
     def map(
         self,
@@ -241,9 +252,7 @@ class RoundPool:
         if key in self.keys or key in self._left:
             # workers know a recipient by its key: one that left may still be open in an idle worker
             raise ValueError(f"recipient {key} is or was one of the round pool's already")
-        if self._dir is None:
-            self._dir = tempfile.TemporaryDirectory(prefix="fedgat-pool-")
-        path = os.path.join(self._dir.name, f"recipient-{key}.npz")
+        path = os.path.join(self._private_dir(), f"recipient-{key}.npz")
         write_recipient_setup(path, public_context, spool)
         self._setups[key], self.keys, self._joined = path, self.keys | {key}, True
 

@@ -223,6 +223,20 @@ def worker_init_round(
     _WORKER.update(layout=layout, recipients=opened, wire=wire)
 
 
+def worker_init_from_setups(setups: dict[int, str], layout: SlotLayout, wire: str = DEFAULT_WIRE) -> None:
+    """Process-pool initializer of a :class:`~fedgat.crypto.encoders.RoundPool`:
+    :func:`worker_init_round` with each recipient's public context and spool index read from its
+    setup file (:func:`write_recipient_setup`), ``key -> path``.
+
+    Why files: "spawn" pickles the initializer's arguments into each new worker's start-up pipe,
+    and the parent writes that pipe whole while the child reads it only after importing the parent's
+    ``__main__``; arguments larger than the pipe's buffer (64 KiB on Linux; one n4096 public context
+    is ~140 KB) hold the parent until then, so the workers start one after another (measured on the
+    H200 host: 16 workers 6.5 s). A few paths fit, and the workers start side by side
+    (``benchmarks/pool_start.py``)."""
+    worker_init_round({key: _read_recipient_setup(path) for key, path in setups.items()}, layout, wire)
+
+
 def write_recipient_setup(
     path: str | os.PathLike[str], public_context: bytes, spool: CiphertextSpool
 ) -> None:

@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,6 +138,51 @@ def test_round_pool_serves_every_recipient_under_its_own_key(keys):
         factory.close()
     assert factory.pool is None and pool.executor is None
     factory.close()  # idempotent
+    for spool in spools:
+        spool.close()
+
+
+def test_a_round_pool_hands_its_workers_setup_files_not_contexts(keys, monkeypatch):
+    """ "spawn" writes a worker's initializer arguments into its start-up pipe in one piece, and the
+    worker reads them only after importing ``__main__``: more than the pipe's 64 KiB holds the parent
+    until then, so the workers start one after another. The recipients' public contexts (each over
+    that) go to the workers as setup files, the arguments stay small, and a worker initialised from
+    them holds each recipient's context and spool index as the spools have them."""
+    import pickle
+
+    from fedgat.crypto import encoders, tasks
+
+    _, servers, _, layout, spools, _ = _two_recipients(keys, seed=67)
+    started: list[dict] = []
+    real = encoders.ProcessPoolExecutor
+
+    def spying(*args, **kwargs):
+        started.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(encoders, "ProcessPoolExecutor", spying)
+    contexts = {7: servers[0].public_context_bytes(), 9: servers[1].public_context_bytes()}
+    assert all(len(c) > 64 * 1024 for c in contexts.values())  # what the pipe could not hold
+    pool = encoders.RoundPool(
+        {k: (c, s) for (k, c), s in zip(contexts.items(), spools, strict=True)}, layout, "compact", 2
+    )
+    saved = dict(tasks._WORKER)
+    try:
+        (kwargs,) = started
+        assert len(pickle.dumps(kwargs["initargs"])) < 4096
+        kwargs["initializer"](*kwargs["initargs"])  # what each worker runs first, here in-process
+        opened = tasks._WORKER["recipients"]
+        assert set(opened) == {7, 9} and tasks._WORKER["wire"] == "compact"
+        for (key, context), spool in zip(contexts.items(), spools, strict=True):
+            ctx, reader = opened[key]
+            assert ctx.public_context_bytes() == context
+            assert reader._index == spool.snapshot()[1] and str(reader.path) == spool.snapshot()[0]
+            reader.close()
+    finally:
+        tasks._WORKER.clear()
+        tasks._WORKER.update(saved)
+        pool.close()
+    assert not any(Path(p).exists() for p in kwargs["initargs"][0].values())  # removed with the pool
     for spool in spools:
         spool.close()
 

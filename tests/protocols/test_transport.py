@@ -89,7 +89,7 @@ def test_one_pool_serves_every_recipient_of_a_round(tiny_graph, tiny_partition, 
     server = parties.server
     recipients = [c for c, shares in server.plan.shares.items() if shares]
     assert len(recipients) >= 2 and all(p.done for p in parties.all().values())
-    assert [f.__name__ for f in started] == ["worker_init_round"]
+    assert [f.__name__ for f in started] == ["worker_init_from_setups"]
     assert server.workers == 2 and server.encoder_factory.pool is None  # closed with the round
 
 
