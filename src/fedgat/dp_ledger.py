@@ -412,10 +412,15 @@ class DPLedger:
         after = max(composed_epsilon(h + [(one, times)], self.budget.delta) for h in histories)
         if after > self.budget.epsilon * (1.0 + _TOLERANCE):
             before = max(composed_epsilon(h, self.budget.delta) for h in histories)
+            what = (
+                f"{data!r} has"  # one named unit, e.g. a client's whole dataset (DP-FedAvg's)
+                if isinstance(data, str)
+                else f"{len(units)} row(s), of which the most charged has"
+            )
+            releases = f"{times} releases ({release.kind})" if times > 1 else f"this release ({release.kind})"
             raise BudgetExceededError(
-                f"DP release refused: {len(units)} row(s), of which the most charged has spent epsilon "
-                f"{before:.4g}; this release ({release.kind}) would bring it to {after:.4g} at delta "
-                f"{self.budget.delta:g}, over the budget epsilon {self.budget.epsilon:g}"
+                f"DP release refused: {what} spent epsilon {before:.4g}; {releases} would bring it to "
+                f"{after:.4g} at delta {self.budget.delta:g}, over the budget epsilon {self.budget.epsilon:g}"
             )
         return one, times, after
 

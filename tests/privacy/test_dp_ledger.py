@@ -331,3 +331,17 @@ def test_a_spent_budget_is_refused_before_the_release_predictor_trains(tmp_path,
     monkeypatch.setattr(fedgat.methods, "train_predictor", trained)
     with pytest.raises(BudgetExceededError, match="over the budget epsilon 3"):
         run_method("fedgat", graph, num_clients=3, seed=0, **hp)
+
+
+def test_a_refusal_names_a_named_unit_and_the_releases_it_was_asked_for(tmp_path):
+    """A charge on a named unit (DP-FedAvg's whole local dataset) is refused naming that unit and
+    the number of releases, not "1 row(s)"; the ledger is unchanged."""
+    from fedgat.dp_fedavg import UPDATE_UNIT
+    from fedgat.dp_ledger import ReleaseRecord
+
+    ledger = DPLedger(Budget(1.0, 1e-5), tmp_path / "u.json")
+    with pytest.raises(BudgetExceededError) as err:
+        ledger.charge(UPDATE_UNIT, ReleaseRecord.gaussian(0.8, sensitivity=1.0), count=50)
+    msg = str(err.value)
+    assert f"{UPDATE_UNIT!r} has spent epsilon 0" in msg and "50 releases (gaussian)" in msg, msg
+    assert "row(s)" not in msg and ledger.releases == []
