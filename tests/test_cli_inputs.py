@@ -641,3 +641,49 @@ def test_a_graph_folder_is_the_graph_of_the_same_npz(inputs):
     from fedgat.data import load_dataset
 
     assert load_dataset(inputs["folder"]) == load_dataset(inputs["npz"])
+
+
+def test_train_charges_the_clients_update_ledgers_and_refuses_a_run_past_them(tmp_path, capsys):
+    """``fedgat train --update-dp-budget E D --update-dp-ledger-dir DIR``: every seed's DP-FedAvg
+    releases are charged to each client's ledger before it trains, composed over seeds and runs; a
+    run past the budget exits 1 with the ledgers unchanged; the budget flags need --update-dp-epsilon."""
+    ledgers = tmp_path / "upd"
+    argv = [
+        "train",
+        "--dataset",
+        "synthetic",
+        "--clients",
+        "3",
+        "--rounds",
+        "2",
+        "--patience",
+        "5",
+        "--quiet",
+    ]
+    upd = [
+        "--update-dp-epsilon",
+        "2",
+        "--update-dp-budget",
+        "3.5",
+        "1e-5",
+        "--update-dp-ledger-dir",
+        str(ledgers),
+    ]
+    out = tmp_path / "r.json"
+    assert main([*argv, *upd, "--seeds", "2", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    # two seeds of epsilon 2, composed: more than one run's 2, less than their sum
+    assert 2.0 < got["update_ledger_epsilon_spent"] < 3.5 and got["update_ledger_delta"] == 1e-5
+    assert got["update_epsilon_spent"] == pytest.approx(2.0, rel=1e-6)  # what each run itself spent
+    assert "the clients' update ledgers have spent up to (epsilon" in capsys.readouterr().out
+    files = sorted(ledgers.glob("*.json"))
+    assert [f.name for f in files] == [f"client-{c}-updates.json" for c in range(3)]
+    before = [f.read_bytes() for f in files]
+    assert main([*argv, *upd]) == 1
+    err = capsys.readouterr().err
+    assert "DP release refused: 'dp-fedavg:local-dataset' has spent epsilon" in err, err
+    assert [f.read_bytes() for f in files] == before
+    assert main([*argv, "--update-dp-budget", "3", "1e-5"]) == 2
+    assert "--update-dp-budget: only with DP-FedAvg; add --update-dp-epsilon" in capsys.readouterr().err
+    assert main([*argv, "--update-dp-epsilon", "2", "--update-dp-budget", "0", "1e-5"]) == 2
+    assert "--update-dp-budget needs EPSILON > 0" in capsys.readouterr().err

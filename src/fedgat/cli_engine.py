@@ -242,10 +242,10 @@ def check_beta(beta: float) -> None:
         raise UsageError(f"--beta must be finite and > 0 (1: non-iid, 10000: ~iid), got {beta:g}")
 
 
-def check_dp_budget(budget: list[float] | tuple[float, float] | None) -> None:
-    """``--dp-budget EPSILON DELTA``: a finite epsilon > 0 and 0 < delta < 1 (None: not given)."""
+def check_dp_budget(budget: list[float] | tuple[float, float] | None, flag: str = "--dp-budget") -> None:
+    """``flag EPSILON DELTA``: a finite epsilon > 0 and 0 < delta < 1 (None: not given)."""
     if budget is not None and not (math.isfinite(budget[0]) and budget[0] > 0 and 0 < budget[1] < 1):
-        raise UsageError(f"--dp-budget needs EPSILON > 0 and 0 < DELTA < 1, got {budget[0]} {budget[1]}")
+        raise UsageError(f"{flag} needs EPSILON > 0 and 0 < DELTA < 1, got {budget[0]} {budget[1]}")
 
 
 def parse_cap(value: str) -> int | None:

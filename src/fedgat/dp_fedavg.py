@@ -103,6 +103,7 @@ __all__ = [
     "UPDATE_UNIT",
     "UpdateBudgetError",
     "UpdateDP",
+    "charge_owners",
     "charge_training",
     "training_rounds",
     "update_dp_from_hparams",
@@ -332,6 +333,20 @@ def charge_training(ledger: DPLedger, dp: UpdateDP) -> tuple[float, float]:
             unchanged, nothing was released).
     """
     return ledger.charge(UPDATE_UNIT, dp.record(), count=dp.max_releases)
+
+
+def charge_owners(ledgers: Mapping[int, DPLedger], dp: UpdateDP) -> dict[int, tuple[float, float]]:
+    """:func:`charge_training` for every client of a simulated run (client id -> its ledger, e.g.
+    :func:`fedgat.dp_ledger.owner_ledgers` with ``updates=True``), every ledger checked before any is
+    charged; returns client id -> ``(epsilon, delta)`` spent after this run.
+
+    Raises:
+        fedgat.dp_ledger.BudgetExceededError: some client's run would pass its budget; no ledger was
+            charged (unless another process charged one between the checks and the charges).
+    """
+    for ledger in ledgers.values():
+        ledger.check(UPDATE_UNIT, dp.record(), count=dp.max_releases)
+    return {c: charge_training(ledger, dp) for c, ledger in ledgers.items()}
 
 
 def training_rounds(hp: Mapping) -> int:

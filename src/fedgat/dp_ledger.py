@@ -476,14 +476,23 @@ def owner_ledgers(
     num_clients: int,
     budget: Budget | tuple[float, float] | list[float] | None = None,
     directory: str | os.PathLike | None = None,
+    *,
+    updates: bool = False,
 ) -> dict[int, DPLedger]:
     """The persistent ledgers of simulated owners ``0 .. num_clients - 1``: ``<directory>/client-<c>.json``
     (default directory: that of :func:`default_ledger_path`). ``budget`` is needed for ledgers that do
     not exist yet and must match those that do (the ``dp_budget`` and ``dp_ledger_dir``
-    hyper-parameters of :mod:`fedgat.methods`)."""
+    hyper-parameters of :mod:`fedgat.methods`).
+
+    ``updates``: the owners' DP-FedAvg ledgers instead, ``<directory>/client-<c>-updates.json``
+    (``update_dp_budget``, ``update_dp_ledger_dir``; :func:`fedgat.dp_fedavg.charge_owners`). They are
+    files of their own: a training run charges one unit, the client's whole dataset, which composes
+    with no row unit of the feature releases in one file (the Flower node's ``update-ledger`` is kept
+    apart from its verdict ledger for the same reason)."""
     if budget is not None and not isinstance(budget, Budget):
         if len(budget) != 2:
             raise DPError(f"a budget is (epsilon, delta), got {budget!r}")
         budget = Budget(float(budget[0]), float(budget[1]))
     root = Path(directory) if directory is not None else default_ledger_path("x").parent
-    return {c: DPLedger(budget, root / f"client-{c}.json") for c in range(num_clients)}
+    suffix = "-updates" if updates else ""
+    return {c: DPLedger(budget, root / f"client-{c}{suffix}.json") for c in range(num_clients)}

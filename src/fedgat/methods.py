@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -40,7 +40,7 @@ from fedgat.approx import PSI_NAMES, fit_score
 from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device
 from fedgat.dp import MECHANISMS, block_rows
-from fedgat.dp_fedavg import update_dp_from_hparams
+from fedgat.dp_fedavg import UpdateDP, charge_owners, update_dp_from_hparams
 from fedgat.dp_ledger import owner_ledgers
 from fedgat.dp_predictor import train_predictor
 from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
@@ -74,6 +74,8 @@ _TRAINING = {
     "update_dp_epsilon": None,
     "update_dp_delta": 1e-5,
     "update_dp_clip": 1.0,
+    "update_dp_budget": None,
+    "update_dp_ledger_dir": None,
 }
 _GAT = {"hidden": 8, "heads": 8, "dropout": 0.6}
 _GCN = {"hidden": 16, "dropout": 0.5, "lr": 0.01}
@@ -132,7 +134,11 @@ def default_hparams(method: str) -> dict:
     release is drawn.
     Every federated method: ``update_dp_epsilon`` (None: off), ``update_dp_delta``,
     ``update_dp_clip``: client-level DP of the training updates over ``rounds`` rounds (plus the
-    predictor's rounds with label_rr) (DP-FedAvg, :class:`fedgat.dp_fedavg.UpdateDP`).
+    predictor's rounds with label_rr) (DP-FedAvg, :class:`fedgat.dp_fedavg.UpdateDP`);
+    ``update_dp_budget`` (``(epsilon, delta)``) and/or ``update_dp_ledger_dir`` (None: off; given,
+    each client's persistent DP-FedAvg ledger, ``client-<c>-updates.json`` in that folder or the
+    default one, is charged the run's releases before anything is trained, and a run past it is
+    refused: :func:`fedgat.dp_fedavg.charge_owners`).
     """
     _check_method(method)
     return dict(_DEFAULTS[method])
@@ -194,11 +200,12 @@ def check_ranges(hp: dict) -> None:
             continue
         if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= least):
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    budget = hp.get("dp_budget")
-    if budget is not None:
-        pair = isinstance(budget, (tuple, list)) and len(budget) == 2
-        if not pair or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in budget):
-            raise ValueError(f"dp_budget must be a pair (epsilon, delta) of numbers, got {budget!r}")
+    for name in ("dp_budget", "update_dp_budget"):
+        budget = hp.get(name)
+        if budget is not None:
+            pair = isinstance(budget, (tuple, list)) and len(budget) == 2
+            if not pair or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in budget):
+                raise ValueError(f"{name} must be a pair (epsilon, delta) of numbers, got {budget!r}")
     if "psi" in hp and hp["psi"] not in PSI_NAMES:
         raise ValueError(f"unknown psi {hp['psi']!r}; choose one of {', '.join(PSI_NAMES)}")
 
@@ -272,6 +279,9 @@ class RunResult:
     #: with DP-FedAvg (``update_dp_epsilon``): the ``(epsilon, delta)`` the rounds spent of each
     #: client's update budget (the most rounds any client trained in)
     update_dp_spent: tuple[float, float] | None = None
+    #: with DP-FedAvg ledgers (``update_dp_budget`` / ``update_dp_ledger_dir``): the largest
+    #: ``(epsilon, delta)`` any client's ledger has spent after this run's charge (earlier runs composed)
+    update_ledger_spent: tuple[float, float] | None = None
 
     def to_dict(self, history: bool = False) -> dict:
         out = asdict(self)
@@ -351,13 +361,14 @@ def run_method(
         owner, clients = owner_clients(owner, num_clients, graph.num_nodes)
     else:
         clients = DEFAULT_CLIENTS if num_clients is None else num_clients
+    update_dp = None if method in CENTRALISED else update_dp_from_hparams(hp)
+    update_ledgers = charge_update_ledgers(clients, update_dp, hp)  # before any release
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)
     torch.manual_seed(seed)
     model = fed.model_fn()
     initial = model.state_dict()
     strategy = strategy_from_hparams(hp, model)
-    update_dp = None if method in CENTRALISED else update_dp_from_hparams(hp)
     members = [
         Client.from_hparams(
             i,
@@ -402,7 +413,32 @@ def run_method(
         update_dp_spent=None
         if update_dp is None
         else (update_dp.epsilon(max(m.dp_releases for m in members)), update_dp.delta),
+        update_ledger_spent=max(update_ledgers.values()) if update_ledgers else None,
     )
+
+
+def charge_update_ledgers(
+    num_clients: int, update_dp: UpdateDP | None, hp: Mapping
+) -> dict[int, tuple[float, float]] | None:
+    """With ``update_dp_budget`` or ``update_dp_ledger_dir``: charge each client's persistent DP-FedAvg
+    ledger a run's releases (:func:`fedgat.dp_fedavg.charge_owners`; client id -> ``(epsilon, delta)``
+    spent after it); None without either.
+
+    Raises:
+        ValueError: a ledger asked for without DP-FedAvg (``update_dp_epsilon``; centralised methods
+            have no updates).
+        fedgat.dp_ledger.BudgetExceededError: the run would pass a client's budget (nothing charged).
+        fedgat.dp_ledger.MissingLedgerError: a client without a ledger yet and no budget to start one.
+    """
+    if hp.get("update_dp_budget") is None and hp.get("update_dp_ledger_dir") is None:
+        return None
+    if update_dp is None:
+        raise ValueError(
+            "update_dp_budget / update_dp_ledger_dir: a DP-FedAvg ledger needs update_dp_epsilon in a "
+            "federated method"
+        )
+    ledgers = owner_ledgers(num_clients, hp["update_dp_budget"], hp["update_dp_ledger_dir"], updates=True)
+    return charge_owners(ledgers, update_dp)
 
 
 def build_federation(

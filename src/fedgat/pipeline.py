@@ -54,6 +54,7 @@ from fedgat.app import (
 from fedgat.crypto import SlotLayout
 from fedgat.crypto.encoders import check_workers
 from fedgat.dp import FeatureDP, LabelPredictor, block_rows
+from fedgat.dp_fedavg import update_dp_from_hparams
 from fedgat.dp_ledger import DPLedger, owner_ledgers
 from fedgat.dp_predictor import TrainedPredictor
 from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
@@ -61,7 +62,7 @@ from fedgat.encodings import Encodings
 from fedgat.estimate import estimate_pretraining
 from fedgat.federated import FitResult
 from fedgat.graph import Graph, check_trainable
-from fedgat.methods import DEFAULT_CLIENTS, fedgat_partition, resolve_hparams
+from fedgat.methods import DEFAULT_CLIENTS, charge_update_ledgers, fedgat_partition, resolve_hparams
 from fedgat.owners import owner_clients
 from fedgat.partition import Partition, check_partition
 from fedgat.plain_encoder import PlaintextRound
@@ -778,6 +779,9 @@ class FedGATRun:
     dp_spent: dict[int, tuple[float, float]] | None = None
     #: the run's seed (split, bases, initial model, dropout streams; never DP noise)
     seed: int | None = None
+    #: with DP-FedAvg ledgers (``update_dp_budget`` / ``update_dp_ledger_dir``): client id ->
+    #: ``(epsilon, delta)`` its ledger has spent on its updates after this run
+    update_ledger_spent: dict[int, tuple[float, float]] | None = None
 
     @property
     def test_accuracy(self) -> float:
@@ -793,6 +797,8 @@ class FedGATRun:
         out["seed"] = self.seed
         if self.dp_spent is not None:
             out["dp_spent"] = {str(c): list(v) for c, v in self.dp_spent.items()}
+        if self.update_ledger_spent is not None:
+            out["update_ledger_spent"] = {str(c): list(v) for c, v in self.update_ledger_spent.items()}
         return out
 
 
@@ -850,6 +856,8 @@ def run_encrypted_fedgat(
         dp_ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
     if dp is not None:
         check_budgets(graph, partition, dp, dp_ledgers)  # before any round runs
+    # DP-FedAvg's ledgers, charged before the first update (the label_rr predictor's rounds count too)
+    update_ledger_spent = charge_update_ledgers(num_clients, update_dp_from_hparams(hp), hp)
     deployment = make_deployment(num_clients)
     predictors: dict[int, TrainedPredictor] | None = None
     dp_releases: dict[int, int] | None = None
@@ -908,4 +916,4 @@ def run_encrypted_fedgat(
     dp_spent = None
     if dp is not None and dp_ledgers is not None:
         dp_spent = spent_by_owner(graph, partition, dp_ledgers)
-    return FedGATRun(pre, training, partition, dp_spent, seed)
+    return FedGATRun(pre, training, partition, dp_spent, seed, update_ledger_spent)

@@ -321,6 +321,42 @@ def test_run_method_reports_what_the_update_budget_spent():
     assert plain.update_dp_spent is None and not math.isnan(plain.history[0]["train_loss"])
 
 
+def test_run_method_charges_every_clients_update_ledger_before_it_trains(tmp_path, monkeypatch):
+    """``update_dp_budget`` / ``update_dp_ledger_dir``: each client's persistent DP-FedAvg ledger
+    (``client-<c>-updates.json``) is charged the run's releases before anything is trained, composed
+    with the runs before it; the run past the budget is refused with no ledger charged and no round
+    run, and a ledger is refused without DP-FedAvg."""
+    from fedgat import methods
+
+    g = synthetic_graph(num_nodes=120, num_features=12, train_per_class=5, num_val=20, num_test=30, seed=1)
+    kw = {"num_clients": 3, "seed": 0, "rounds": 2, "patience": None, "hidden": 4, "heads": 2}
+    ledgers = tmp_path / "ledgers"
+    upd = {"update_dp_epsilon": 2.0, "update_dp_budget": (2.5, 1e-5), "update_dp_ledger_dir": str(ledgers)}
+    first = run_method("distgat", g, **kw, **upd)
+    dp = update_dp_from_hparams(first.hparams)
+    assert dp is not None
+    files = sorted(ledgers.glob("*.json"))
+    assert [f.name for f in files] == [f"client-{c}-updates.json" for c in range(3)]
+    for f in files:
+        (release,) = DPLedger(None, f).releases
+        assert release["count"] == dp.max_releases == 4  # 2 rounds' updates and evaluations
+    assert first.update_ledger_spent == pytest.approx((2.0, 1e-5), rel=1e-3)
+    # a second run of epsilon 2 composes past 2.5: refused before the federation is built
+    before = [f.read_bytes() for f in files]
+    built: list = []
+    real = methods._BUILDERS["distgat"]
+    monkeypatch.setitem(methods._BUILDERS, "distgat", lambda *a: built.append(a) or real(*a))
+    with pytest.raises(BudgetExceededError, match="over the budget epsilon 2.5"):
+        run_method("distgat", g, **kw, **upd)
+    assert [f.read_bytes() for f in files] == before and built == []
+    # a smaller run still fits; given alone, the folder charges the ledgers with their stored budget
+    again = run_method("distgat", g, **kw, update_dp_epsilon=0.5, update_dp_ledger_dir=str(ledgers))
+    assert 2.0 < again.update_ledger_spent[0] < 2.5 and len(built) == 1
+    with pytest.raises(ValueError, match="needs update_dp_epsilon"):
+        run_method("distgat", g, **kw, update_dp_budget=(2.5, 1e-5), update_dp_ledger_dir=str(ledgers))
+    assert run_method("distgat", g, **kw, update_dp_epsilon=2.0).update_ledger_spent is None  # no ledger
+
+
 def test_dp_fedavg_refuses_to_run_without_secure_aggregation():
     """Each release carries one share of the noise (std 2zC/sqrt(h)); only the secure sum adds the
     h shares the accountant counts on. So no party and no builder runs DP-FedAvg in plaintext."""

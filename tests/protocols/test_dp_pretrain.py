@@ -478,3 +478,30 @@ def test_label_rr_trains_its_predictor_through_the_protocol_and_releases_labels(
     assert dp.max_releases == 2 * (3 + 2)
     assert upd.training.update_dp_spent == pytest.approx((dp.epsilon(2 * (3 + 2)), 1e-5))
     assert upd.training.update_dp_spent[0] == pytest.approx(8.0, rel=1e-6)
+
+
+def test_the_protocol_run_charges_the_update_ledgers_before_anything_is_sent(tiny_graph, tmp_path):
+    """run_encrypted_fedgat with ``update_dp_budget``: each client's DP-FedAvg ledger is charged the
+    run's releases before the rounds (the summary states what each has spent); the run past the budget
+    is refused before anything is sent, the ledgers unchanged."""
+    ledgers = tmp_path / "upd"
+    kw = {
+        "encrypted": False,
+        "workers": 0,
+        "progress": False,
+        "rounds": 2,
+        "patience": 5,
+        "update_dp_epsilon": 4.0,
+        "update_dp_budget": (5.0, 1e-5),
+        "update_dp_ledger_dir": str(ledgers),
+    }
+    run = run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, **kw)
+    assert sorted(run.update_ledger_spent) == [0, 1, 2]
+    assert all(e == pytest.approx(4.0, rel=1e-3) and d == 1e-5 for e, d in run.update_ledger_spent.values())
+    assert run.summary()["update_ledger_spent"]["0"] == list(run.update_ledger_spent[0])
+    files = sorted(ledgers.glob("*.json"))
+    before = [f.read_bytes() for f in files]
+    transport = InProcessTransport()
+    with pytest.raises(BudgetExceededError, match="over the budget epsilon 5"):
+        run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, transport=transport, **kw)
+    assert [f.read_bytes() for f in files] == before and transport.traffic == {}

@@ -126,6 +126,14 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     ),
     "update_dp_delta": (float, "DP-FedAvg: delta (default 1e-5)"),
     "update_dp_clip": (float, "DP-FedAvg: L2 bound of each client's update (default 1)"),
+    "update_dp_ledger_dir": (
+        str,
+        (
+            "DP-FedAvg: folder of the clients' persistent update ledgers (client-<c>-updates.json; default "
+            "$FEDGAT_DP_LEDGER_DIR or ~/.fedgat/dp_ledger); given alone, charges the ledgers there with "
+            "their stored budgets"
+        ),
+    ),
 }
 
 
@@ -160,6 +168,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="FedGAT with --dp-epsilon: the total (epsilon, delta) an owner's ledger allows, needed "
         "the first time an owner releases (every seed's release is charged and composed)",
+    )
+    group.add_argument(
+        "--update-dp-budget",
+        dest="update_dp_budget",
+        type=float,
+        nargs=2,
+        metavar=("EPSILON", "DELTA"),
+        default=None,
+        help="DP-FedAvg: the total (epsilon, delta) a client's update ledger allows; every seed's run "
+        "is charged its releases before it trains and composed with the runs before it, and a run past "
+        "the budget is refused (needed for ledgers that do not exist yet; default: no ledger)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--history", action="store_true", help="include per-round metrics in the JSON")
@@ -217,9 +236,14 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
             f"--engine {args.engine} runs FedGAT's protocol; {args.method} trains in process only "
             "(leave --engine out)"
         )
-    overrides = {k: getattr(args, k) for k in (*_HPARAM_FLAGS, "dp_budget") if getattr(args, k) is not None}
-    if "dp_budget" in overrides:
-        overrides["dp_budget"] = tuple(overrides["dp_budget"])
+    overrides = {
+        k: getattr(args, k)
+        for k in (*_HPARAM_FLAGS, "dp_budget", "update_dp_budget")
+        if getattr(args, k) is not None
+    }
+    for pair in ("dp_budget", "update_dp_budget"):
+        if pair in overrides:
+            overrides[pair] = tuple(overrides[pair])
     dp_flags = [
         f
         for f in ("dp_delta", "dp_mechanism", "dp_dim", "dp_predictor_rounds", "dp_budget", "dp_ledger_dir")
@@ -258,7 +282,11 @@ def _check_dp(overrides: dict) -> None:
 
 def _check_update_dp(overrides: dict, method: str) -> None:
     """The DP-FedAvg flags: ranges, and the epsilon they belong to."""
-    given = [f for f in ("update_dp_delta", "update_dp_clip") if f in overrides]
+    given = [
+        f
+        for f in ("update_dp_delta", "update_dp_clip", "update_dp_budget", "update_dp_ledger_dir")
+        if f in overrides
+    ]
     eps = overrides.get("update_dp_epsilon")
     if given and eps is None:
         named = ", ".join("--" + f.replace("_", "-") for f in given)
@@ -275,6 +303,7 @@ def _check_update_dp(overrides: dict, method: str) -> None:
     clip = overrides.get("update_dp_clip")
     if clip is not None and not (math.isfinite(clip) and clip > 0):
         raise UsageError(f"--update-dp-clip must be a number > 0, got {clip}")
+    check_dp_budget(overrides.get("update_dp_budget"), "--update-dp-budget")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -370,6 +399,7 @@ def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides
         history=t.fit.history,
         dp_spent=None if not run.dp_spent else max(run.dp_spent.values()),
         update_dp_spent=t.update_dp_spent,
+        update_ledger_spent=None if not run.update_ledger_spent else max(run.update_ledger_spent.values()),
     )
 
 
@@ -393,6 +423,10 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
     if upd:
         dp["update_epsilon_spent"] = max(e for e, _ in upd)
         dp["update_delta"] = upd[0][1]
+    ledgers = [r.update_ledger_spent for r in results if r.update_ledger_spent is not None]
+    if ledgers:  # after the last seed's charge: every run so far composed
+        dp["update_ledger_epsilon_spent"] = max(e for e, _ in ledgers)
+        dp["update_ledger_delta"] = ledgers[0][1]
     return {
         "method": args.method,
         "dataset": dataset,
@@ -457,6 +491,12 @@ def format_table(summary: dict) -> str:
         lines.append(
             f"DP: the owners' ledgers have spent up to (epsilon {summary['epsilon_spent']:.3g}, "
             f"delta {summary['delta']:g}) on their rows, all releases so far composed"
+        )
+    if "update_ledger_epsilon_spent" in summary:
+        lines.append(
+            f"DP-FedAvg: the clients' update ledgers have spent up to (epsilon "
+            f"{summary['update_ledger_epsilon_spent']:.3g}, delta {summary['update_ledger_delta']:g}), all runs "
+            "so far composed"
         )
     if not math.isnan(std):
         lines.append(
