@@ -12,7 +12,7 @@ import torch
 from fault_helpers import Federation
 
 from fedgat.dp_fedavg import UPDATE_UNIT, UpdateBudgetError, UpdateDP, charge_training, update_dp_from_hparams
-from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger, gaussian_epsilon
+from fedgat.dp_ledger import Budget, BudgetExceededError, DPLedger, LedgerFileError, gaussian_epsilon
 from fedgat.federated import Client
 from fedgat.methods import run_method
 from fedgat.protocols import InProcessTransport, run_parties
@@ -352,6 +352,8 @@ def test_run_method_charges_every_clients_update_ledger_before_it_trains(tmp_pat
     # a smaller run still fits; given alone, the folder charges the ledgers with their stored budget
     again = run_method("distgat", g, **kw, update_dp_epsilon=0.5, update_dp_ledger_dir=str(ledgers))
     assert 2.0 < again.update_ledger_spent[0] < 2.5 and len(built) == 1
+    with pytest.raises(LedgerFileError, match="holds budget"):  # another budget for the same ledgers
+        run_method("distgat", g, **kw, **{**upd, "update_dp_budget": (9.0, 1e-5)})
     with pytest.raises(ValueError, match="needs update_dp_epsilon"):
         run_method("distgat", g, **kw, update_dp_budget=(2.5, 1e-5), update_dp_ledger_dir=str(ledgers))
     assert run_method("distgat", g, **kw, update_dp_epsilon=2.0).update_ledger_spent is None  # no ledger
