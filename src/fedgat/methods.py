@@ -362,6 +362,12 @@ def run_method(
     else:
         clients = DEFAULT_CLIENTS if num_clients is None else num_clients
     update_dp = None if method in CENTRALISED else update_dp_from_hparams(hp)
+    if update_dp is not None and method == "fedgat":
+        # the release's budgets first (the builder charges them): a run they refuse charges no update
+        dp = feature_dp_from_hparams(hp, seed)
+        if dp is not None:
+            part = fedgat_partition(graph, clients, beta, seed, hp, owner)
+            check_budgets(graph, part, dp, owner_ledgers(clients, hp["dp_budget"], hp["dp_ledger_dir"]))
     update_ledgers = charge_update_ledgers(clients, update_dp, hp)  # before any release
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)

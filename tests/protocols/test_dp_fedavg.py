@@ -359,6 +359,27 @@ def test_run_method_charges_every_clients_update_ledger_before_it_trains(tmp_pat
     assert run_method("distgat", g, **kw, update_dp_epsilon=2.0).update_ledger_spent is None  # no ledger
 
 
+def test_a_fedgat_run_its_release_budget_refuses_charges_no_update(tmp_path):
+    """FedGAT with a DP release and DP-FedAvg ledgers: the release's ledgers are checked before the
+    updates' are charged, so a run the release budget refuses leaves the update ledgers as they were."""
+    g = synthetic_graph(num_nodes=120, num_features=12, train_per_class=5, num_val=20, num_test=30, seed=1)
+    kw = {"num_clients": 3, "seed": 0, "rounds": 2, "patience": None, "hidden": 4, "heads": 2}
+    release = {"dp_epsilon": 2.0, "dp_mechanism": "gaussian", "dp_dim": 4, "dp_budget": (2.5, 1e-5)}
+    release["dp_ledger_dir"] = str(tmp_path / "rows")
+    upd = {
+        "update_dp_epsilon": 2.0,
+        "update_dp_budget": (9.0, 1e-5),
+        "update_dp_ledger_dir": str(tmp_path / "u"),
+    }
+    first = run_method("fedgat", g, **kw, **release, **upd)
+    assert first.dp_spent is not None and first.update_ledger_spent is not None
+    files = sorted((tmp_path / "u").glob("*.json"))
+    before = [f.read_bytes() for f in files]
+    with pytest.raises(BudgetExceededError, match="row"):  # the rows' budget of 2.5: a second release
+        run_method("fedgat", g, **kw, **release, **upd)
+    assert [f.read_bytes() for f in files] == before
+
+
 def test_dp_fedavg_refuses_to_run_without_secure_aggregation():
     """Each release carries one share of the noise (std 2zC/sqrt(h)); only the secure sum adds the
     h shares the accountant counts on. So no party and no builder runs DP-FedAvg in plaintext."""
