@@ -456,7 +456,9 @@ def plot(result: dict, path: Path) -> None:
         left = 0.0
         row = result["wires"][w]
         if not row["split_attributed"]:  # the total alone (see markdown)
-            ax.barh([y], [row["ms_per_result_total"]], color="0.6", label="total (no split)")
+            label = None if "total (no split)" in labelled else "total (no split)"
+            labelled.add("total (no split)")
+            ax.barh([y], [row["ms_per_result_total"]], color="0.6", label=label)
             continue
         for i, k in enumerate(COMPONENTS):
             v = row["ms_per_result"][k]

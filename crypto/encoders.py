@@ -175,15 +175,20 @@ class RoundPool:
         # arguments, which would make them start one after another (worker_init_from_setups); the
         # files stay until close: the executor may start a worker at any submission
         start: dict[int, str] = {}
-        for key, (ctx, spool) in recipients.items():
-            start[key] = path = os.path.join(self._private_dir(), f"start-{key}.npz")
-            write_recipient_setup(path, ctx, spool)
-        self.executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=worker_init_from_setups,
-            initargs=(start, layout, wire),
-        )
+        self.executor: ProcessPoolExecutor | None = None
+        try:
+            for key, (ctx, spool) in recipients.items():
+                start[key] = path = os.path.join(self._private_dir(), f"start-{key}.npz")
+                write_recipient_setup(path, ctx, spool)
+            self.executor = ProcessPoolExecutor(
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=worker_init_from_setups,
+                initargs=(start, layout, wire),
+            )
+        except BaseException:
+            self.close()  # the private directory with it
+            raise
 
     def _private_dir(self) -> str:
         if self._dir is None:

@@ -233,8 +233,14 @@ def worker_init_from_setups(setups: dict[int, str], layout: SlotLayout, wire: st
     ``__main__``; arguments larger than the pipe's buffer (64 KiB on Linux; one n4096 public context
     is ~140 KB) hold the parent until then, so the workers start one after another (measured on the
     H200 host: 16 workers 6.5 s). A few paths fit, and the workers start side by side
-    (``benchmarks/pool_start.py``)."""
-    worker_init_round({key: _read_recipient_setup(path) for key, path in setups.items()}, layout, wire)
+    (``benchmarks/pool_start.py``).
+
+    A worker the executor starts later (it starts them as tasks arrive) skips a starting recipient whose
+    spool is gone: it has left the pool (:meth:`~fedgat.crypto.encoders.RoundPool.remove`) and no task
+    names it any more."""
+    recipients = {key: _read_recipient_setup(path) for key, path in setups.items()}
+    live = {key: setup for key, setup in recipients.items() if os.path.exists(setup[1])}
+    worker_init_round(live, layout, wire)
 
 
 def write_recipient_setup(

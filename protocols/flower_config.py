@@ -147,7 +147,20 @@ class FlowerRunConfig:
             raise ValueError(f"run config hparams is not a JSON object: {exc}") from exc
         if not isinstance(overrides, dict):
             raise TypeError("run config hparams must be a JSON object")
+        ledgers = sorted(set(overrides) & set(SIMULATION_LEDGERS))
+        if ledgers:
+            # a server operator's run config cannot spend or bound a node's budget: the node's own
+            # config does (verdict-ledger, update-ledger); silently ignoring these would mislead
+            raise ValueError(
+                f"run config hparams {', '.join(ledgers)}: the simulations' DP ledgers; on Flower each node "
+                "keeps its own (node config verdict-ledger / update-ledger with their budgets)"
+            )
         return resolve_hparams("fedgat", {"variant": self.variant, **overrides})
+
+
+#: hyper-parameters of the simulations' persistent DP ledgers (:func:`fedgat.dp_ledger.owner_ledgers`),
+#: which a Flower run refuses: its nodes' ledgers are their own node config
+SIMULATION_LEDGERS = ("dp_budget", "dp_ledger_dir", "update_dp_budget", "update_dp_ledger_dir")
 
 
 def load_graph(cfg: FlowerRunConfig) -> Graph:

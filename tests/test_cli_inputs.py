@@ -683,6 +683,13 @@ def test_train_charges_the_clients_update_ledgers_and_refuses_a_run_past_them(tm
     err = capsys.readouterr().err
     assert "DP release refused: 'dp-fedavg:local-dataset' has spent epsilon" in err, err
     assert [f.read_bytes() for f in files] == before
+    # a sweep the ledgers cannot pay for is refused before its first seed (fresh ledgers: 3 runs of 2 > 3.5)
+    fresh = ["--update-dp-epsilon", "2", "--update-dp-budget", "3.5", "1e-5"]
+    assert main([*argv, *fresh, "--update-dp-ledger-dir", str(tmp_path / "sweep"), "--seeds", "3"]) == 1
+    assert "DP release refused" in capsys.readouterr().err and not (tmp_path / "sweep").exists()
+    # a new ledger folder without a budget: the error names the flag that gives one
+    assert main([*argv, "--update-dp-epsilon", "2", "--update-dp-ledger-dir", str(tmp_path / "new")]) == 1
+    assert "--update-dp-budget EPSILON DELTA" in capsys.readouterr().err
     assert main([*argv, "--update-dp-budget", "3", "1e-5"]) == 2
     assert "--update-dp-budget: only with DP-FedAvg; add --update-dp-epsilon" in capsys.readouterr().err
     assert main([*argv, "--update-dp-epsilon", "2", "--update-dp-budget", "0", "1e-5"]) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,11 @@ def test_profile_counts_the_sampled_tasks_and_splits_their_cpu(tmp_path, monkeyp
     assert set(result["wires"]) == {"compact", "tenseal"}
     for w, row in result["wires"].items():
         ms = row["ms_per_result"]
+        if sys.version_info >= (3, 12) and not row["split_attributed"]:
+            # this Python's cProfile does not see TenSEAL's calls: reported n/a (the test below)
+            assert set(ms.values()) == {None}, w
+            continue
+        assert row["split_attributed"], w
         assert set(ms) == set(bench.COMPONENTS) and all(v >= 0 for v in ms.values()), w
         assert ms["ops"] > 0 and ms["seal_save"] > 0 and ms["wire"] > 0, w
         assert np.isclose(sum(ms.values()), row["ms_per_result_total"], rtol=1e-6), w
@@ -103,9 +109,8 @@ def test_a_profile_that_does_not_see_sealapi_calls_is_reported_as_no_split(tmp_p
 
     real = bench._component_seconds
 
-    def lost(profile):
+    def lost(profile):  # what Python 3.12's profiler reads, on any Python
         parts = real(profile)
-        assert parts["attributed"], "this Python's cProfile sees the bindings' calls"
         return {**parts, "attributed": False, "ops": 0.0, "wire": -parts["seal_save"]}
 
     monkeypatch.setattr(bench, "_component_seconds", lost)

@@ -494,5 +494,13 @@ def owner_ledgers(
             raise DPError(f"a budget is (epsilon, delta), got {budget!r}")
         budget = Budget(float(budget[0]), float(budget[1]))
     root = Path(directory) if directory is not None else default_ledger_path("x").parent
-    suffix = "-updates" if updates else ""
-    return {c: DPLedger(budget, root / f"client-{c}{suffix}.json") for c in range(num_clients)}
+    if not updates:
+        return {c: DPLedger(budget, root / f"client-{c}.json") for c in range(num_clients)}
+    if budget is None:
+        missing = [c for c in range(num_clients) if not (root / f"client-{c}-updates.json").exists()]
+        if missing:
+            raise MissingLedgerError(
+                f"client(s) {missing} have no DP-FedAvg ledger in {root} yet: give their budget "
+                "(--update-dp-budget EPSILON DELTA on the command line; the update_dp_budget hyper-parameter)"
+            )
+    return {c: DPLedger(budget, root / f"client-{c}-updates.json") for c in range(num_clients)}

@@ -40,7 +40,7 @@ from fedgat.approx import PSI_NAMES, fit_score
 from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device
 from fedgat.dp import MECHANISMS, block_rows
-from fedgat.dp_fedavg import UpdateDP, charge_owners, update_dp_from_hparams
+from fedgat.dp_fedavg import UPDATE_UNIT, UpdateDP, charge_owners, update_dp_from_hparams
 from fedgat.dp_ledger import owner_ledgers
 from fedgat.dp_predictor import train_predictor
 from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
@@ -362,13 +362,14 @@ def run_method(
     else:
         clients = DEFAULT_CLIENTS if num_clients is None else num_clients
     update_dp = None if method in CENTRALISED else update_dp_from_hparams(hp)
-    if update_dp is not None and method == "fedgat":
-        # the release's budgets first (the builder charges them): a run they refuse charges no update
-        dp = feature_dp_from_hparams(hp, seed)
-        if dp is not None:
-            part = fedgat_partition(graph, clients, beta, seed, hp, owner)
-            check_budgets(graph, part, dp, owner_ledgers(clients, hp["dp_budget"], hp["dp_ledger_dir"]))
-    update_ledgers = charge_update_ledgers(clients, update_dp, hp)  # before any release
+    update_ledgers = None
+    release = feature_dp_from_hparams(hp, seed) if method == "fedgat" else None
+    if wants_update_ledgers(hp, update_dp) and release is not None and release.needs_predictor:
+        # the builder trains label_rr's predictor under DP-FedAvg: charge before it, after the rows'
+        # budgets (which the builder charges) are checked, so that a run they refuse charges no update
+        part = fedgat_partition(graph, clients, beta, seed, hp, owner)
+        check_budgets(graph, part, release, owner_ledgers(clients, hp["dp_budget"], hp["dp_ledger_dir"]))
+        update_ledgers = charge_update_ledgers(clients, update_dp, hp)
     start = time.perf_counter()
     fed = _BUILDERS[method](graph, clients, beta, seed, hp, owner)
     torch.manual_seed(seed)
@@ -393,6 +394,8 @@ def run_method(
     for member, before in zip(members, fed.dp_releases or (), strict=False):
         member.dp_releases = before  # the predictor's rounds count against the same DP-FedAvg budget
     server = Server(members, initial, strategy.server, fraction=hp["fraction"], seed=seed)
+    if update_ledgers is None:  # every setting checked above: charged just before the first update
+        update_ledgers = charge_update_ledgers(clients, update_dp, hp)
     pretrain_seconds = time.perf_counter() - start
     start = time.perf_counter()
     fit = server.fit(hp["rounds"], hp["patience"], callback)
@@ -423,6 +426,41 @@ def run_method(
     )
 
 
+def wants_update_ledgers(hp: Mapping, update_dp: UpdateDP | None = None) -> bool:
+    """Whether ``hp`` asks for the clients' DP-FedAvg ledgers (``update_dp_budget`` or
+    ``update_dp_ledger_dir``).
+
+    Raises:
+        ValueError: it does, and the run has no DP-FedAvg (``update_dp``, e.g.
+            :func:`~fedgat.dp_fedavg.update_dp_from_hparams`; centralised methods have no updates).
+    """
+    if hp.get("update_dp_budget") is None and hp.get("update_dp_ledger_dir") is None:
+        return False
+    if update_dp is None:
+        raise ValueError(
+            "update_dp_budget / update_dp_ledger_dir: a DP-FedAvg ledger needs update_dp_epsilon in a "
+            "federated method"
+        )
+    return True
+
+
+def check_update_sweep(num_clients: int, hp: Mapping, runs: int) -> None:
+    """Before a sweep of ``runs`` runs (seeds) with the same DP-FedAvg settings: whether every
+    client's ledger can pay for all of them (each run is still charged on its own, when it starts), so
+    that a sweep is refused before its first run instead of after the runs it paid for.
+
+    Raises:
+        fedgat.dp_ledger.BudgetExceededError: some client's ledger cannot pay for the ``runs`` runs.
+    """
+    update_dp = update_dp_from_hparams(dict(hp))
+    if not wants_update_ledgers(hp, update_dp):
+        return
+    assert update_dp is not None
+    ledgers = owner_ledgers(num_clients, hp["update_dp_budget"], hp["update_dp_ledger_dir"], updates=True)
+    for ledger in ledgers.values():
+        ledger.check(UPDATE_UNIT, update_dp.record(), count=runs * update_dp.max_releases)
+
+
 def charge_update_ledgers(
     num_clients: int, update_dp: UpdateDP | None, hp: Mapping
 ) -> dict[int, tuple[float, float]] | None:
@@ -436,13 +474,9 @@ def charge_update_ledgers(
         fedgat.dp_ledger.BudgetExceededError: the run would pass a client's budget (nothing charged).
         fedgat.dp_ledger.MissingLedgerError: a client without a ledger yet and no budget to start one.
     """
-    if hp.get("update_dp_budget") is None and hp.get("update_dp_ledger_dir") is None:
+    if not wants_update_ledgers(hp, update_dp):
         return None
-    if update_dp is None:
-        raise ValueError(
-            "update_dp_budget / update_dp_ledger_dir: a DP-FedAvg ledger needs update_dp_epsilon in a "
-            "federated method"
-        )
+    assert update_dp is not None  # wants_update_ledgers refused it
     ledgers = owner_ledgers(num_clients, hp["update_dp_budget"], hp["update_dp_ledger_dir"], updates=True)
     return charge_owners(ledgers, update_dp)
 

@@ -48,6 +48,7 @@ from fedgat.app import (
     build_predictor_parties,
     build_pretrain_parties,
     build_training_parties,
+    graph_secagg,
     make_deployment,
     run_summary,
 )
@@ -62,7 +63,13 @@ from fedgat.encodings import Encodings
 from fedgat.estimate import estimate_pretraining
 from fedgat.federated import FitResult
 from fedgat.graph import Graph, check_trainable
-from fedgat.methods import DEFAULT_CLIENTS, charge_update_ledgers, fedgat_partition, resolve_hparams
+from fedgat.methods import (
+    DEFAULT_CLIENTS,
+    charge_update_ledgers,
+    fedgat_partition,
+    resolve_hparams,
+    wants_update_ledgers,
+)
 from fedgat.owners import owner_clients
 from fedgat.partition import Partition, check_partition
 from fedgat.plain_encoder import PlaintextRound
@@ -856,12 +863,17 @@ def run_encrypted_fedgat(
         dp_ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
     if dp is not None:
         check_budgets(graph, partition, dp, dp_ledgers)  # before any round runs
-    # DP-FedAvg's ledgers, charged before the first update (the label_rr predictor's rounds count too)
-    update_ledger_spent = charge_update_ledgers(num_clients, update_dp_from_hparams(hp), hp)
+    update_ledger_spent = None
+    if wants_update_ledgers(hp, update_dp_from_hparams(hp)):
+        # what the training builders would refuse (DP-FedAvg without a secure sum), refused before the
+        # ledgers are charged: a run that cannot train must not spend their budget
+        graph_secagg("auto", num_clients, graph, partition, hp)
     deployment = make_deployment(num_clients)
     predictors: dict[int, TrainedPredictor] | None = None
     dp_releases: dict[int, int] | None = None
     if dp is not None and dp.needs_predictor:
+        # DP-FedAvg's ledgers pay for the predictor's rounds too: charged before them
+        update_ledger_spent = charge_update_ledgers(num_clients, update_dp_from_hparams(hp), hp)
         predictors, dp_releases = train_release_predictor(
             graph, partition, seed=seed, deployment=deployment, transport=transport, progress=progress, **hp
         )
@@ -900,6 +912,8 @@ def run_encrypted_fedgat(
             out_dtype=torch.float32,
         )
         encodings, fingerprint = plain, None
+    if update_ledger_spent is None:  # before the first update
+        update_ledger_spent = charge_update_ledgers(num_clients, update_dp_from_hparams(hp), hp)
     training = train_fedgat(
         graph,
         partition,

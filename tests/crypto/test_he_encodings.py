@@ -187,6 +187,46 @@ def test_a_round_pool_hands_its_workers_setup_files_not_contexts(keys, monkeypat
         spool.close()
 
 
+def test_a_round_pool_that_fails_to_start_leaves_no_setup_files_and_late_workers_skip_gone_spools(
+    keys, monkeypatch, tmp_path
+):
+    """A setup file that cannot be written ends the pool's construction with its private directory
+    removed; a worker started after a starting recipient's spool was deleted opens the others only."""
+    from fedgat.crypto import encoders, tasks
+
+    _, servers, _, layout, spools, _ = _two_recipients(keys, seed=73)
+    contexts = [server.public_context_bytes() for server in servers]
+    written: list[str] = []
+    real_write = encoders.write_recipient_setup
+
+    def failing(path, context, spool):
+        written.append(path)
+        if len(written) == 2:
+            raise OSError("disk full")
+        real_write(path, context, spool)
+
+    monkeypatch.setattr(encoders, "write_recipient_setup", failing)
+    with pytest.raises(OSError, match="disk full"):
+        encoders.RoundPool({7: (contexts[0], spools[0]), 9: (contexts[1], spools[1])}, layout, "compact", 2)
+    assert len(written) == 2 and not Path(written[0]).parent.exists()
+    monkeypatch.undo()
+
+    setups = {}
+    for key, context, spool in zip((7, 9), contexts, spools, strict=True):
+        setups[key] = str(tmp_path / f"start-{key}.npz")
+        tasks.write_recipient_setup(setups[key], context, spool)
+    spools[0].close()  # recipient 7 left: its spool is deleted
+    saved = dict(tasks._WORKER)
+    try:
+        tasks.worker_init_from_setups(setups, layout, "compact")
+        assert set(tasks._WORKER["recipients"]) == {9}
+        tasks._WORKER["recipients"][9][1].close()
+    finally:
+        tasks._WORKER.clear()
+        tasks._WORKER.update(saved)
+    spools[1].close()
+
+
 def test_recipients_join_a_running_round_pool_one_after_another(keys):
     """An upload window computes recipients one by one: they join one :class:`RoundPool` (started
     by the first, :meth:`LocalEncoderFactory.add_recipient`) and leave it when done. Each decrypts

@@ -341,17 +341,19 @@ def test_run_method_charges_every_clients_update_ledger_before_it_trains(tmp_pat
         (release,) = DPLedger(None, f).releases
         assert release["count"] == dp.max_releases == 4  # 2 rounds' updates and evaluations
     assert first.update_ledger_spent == pytest.approx((2.0, 1e-5), rel=1e-3)
-    # a second run of epsilon 2 composes past 2.5: refused before the federation is built
+    # a second run of epsilon 2 composes past 2.5: refused before its first round
     before = [f.read_bytes() for f in files]
-    built: list = []
-    real = methods._BUILDERS["distgat"]
-    monkeypatch.setitem(methods._BUILDERS, "distgat", lambda *a: built.append(a) or real(*a))
+    fitted: list = []
+    real_fit = methods.Server.fit
+    monkeypatch.setattr(
+        methods.Server, "fit", lambda self, *a, **k: fitted.append(a) or real_fit(self, *a, **k)
+    )
     with pytest.raises(BudgetExceededError, match="over the budget epsilon 2.5"):
         run_method("distgat", g, **kw, **upd)
-    assert [f.read_bytes() for f in files] == before and built == []
+    assert [f.read_bytes() for f in files] == before and fitted == []
     # a smaller run still fits; given alone, the folder charges the ledgers with their stored budget
     again = run_method("distgat", g, **kw, update_dp_epsilon=0.5, update_dp_ledger_dir=str(ledgers))
-    assert 2.0 < again.update_ledger_spent[0] < 2.5 and len(built) == 1
+    assert 2.0 < again.update_ledger_spent[0] < 2.5 and len(fitted) == 1
     with pytest.raises(LedgerFileError, match="holds budget"):  # another budget for the same ledgers
         run_method("distgat", g, **kw, **{**upd, "update_dp_budget": (9.0, 1e-5)})
     with pytest.raises(ValueError, match="needs update_dp_epsilon"):
@@ -359,13 +361,16 @@ def test_run_method_charges_every_clients_update_ledger_before_it_trains(tmp_pat
     assert run_method("distgat", g, **kw, update_dp_epsilon=2.0).update_ledger_spent is None  # no ledger
 
 
-def test_a_fedgat_run_its_release_budget_refuses_charges_no_update(tmp_path):
+@pytest.mark.parametrize("mechanism", ["gaussian", "label_rr"])
+def test_a_fedgat_run_its_release_budget_refuses_charges_no_update(tmp_path, mechanism):
     """FedGAT with a DP release and DP-FedAvg ledgers: the release's ledgers are checked before the
-    updates' are charged, so a run the release budget refuses leaves the update ledgers as they were."""
+    updates' are charged (with label_rr, whose predictor trains under DP-FedAvg before the release,
+    that is before the predictor's rounds), so a run the release budget refuses leaves the update
+    ledgers as they were; the predictor's rounds are in what a run is charged."""
     g = synthetic_graph(num_nodes=120, num_features=12, train_per_class=5, num_val=20, num_test=30, seed=1)
     kw = {"num_clients": 3, "seed": 0, "rounds": 2, "patience": None, "hidden": 4, "heads": 2}
-    release = {"dp_epsilon": 2.0, "dp_mechanism": "gaussian", "dp_dim": 4, "dp_budget": (2.5, 1e-5)}
-    release["dp_ledger_dir"] = str(tmp_path / "rows")
+    release = {"dp_epsilon": 2.0, "dp_mechanism": mechanism, "dp_dim": 4, "dp_budget": (2.5, 1e-5)}
+    release.update(dp_predictor_rounds=2, dp_ledger_dir=str(tmp_path / "rows"))
     upd = {
         "update_dp_epsilon": 2.0,
         "update_dp_budget": (9.0, 1e-5),
@@ -374,6 +379,9 @@ def test_a_fedgat_run_its_release_budget_refuses_charges_no_update(tmp_path):
     first = run_method("fedgat", g, **kw, **release, **upd)
     assert first.dp_spent is not None and first.update_ledger_spent is not None
     files = sorted((tmp_path / "u").glob("*.json"))
+    dp = update_dp_from_hparams(first.hparams)
+    assert dp is not None and dp.max_rounds == 2 + (2 if mechanism == "label_rr" else 0)
+    assert all(DPLedger(None, f).releases[0]["count"] == dp.max_releases for f in files)
     before = [f.read_bytes() for f in files]
     with pytest.raises(BudgetExceededError, match="row"):  # the rows' budget of 2.5: a second release
         run_method("fedgat", g, **kw, **release, **upd)

@@ -505,3 +505,10 @@ def test_the_protocol_run_charges_the_update_ledgers_before_anything_is_sent(tin
     with pytest.raises(BudgetExceededError, match="over the budget epsilon 5"):
         run_encrypted_fedgat(tiny_graph, 3, 1.0, 0, transport=transport, **kw)
     assert [f.read_bytes() for f in files] == before and transport.traffic == {}
+    # a run that could not train (2 clients: no secure sum for DP-FedAvg) is refused before the
+    # ledgers are charged, however often it is retried
+    fresh = {**kw, "update_dp_ledger_dir": str(tmp_path / "two")}
+    for _ in range(2):
+        with pytest.raises(ValueError, match="secure aggregation"):
+            run_encrypted_fedgat(tiny_graph, 2, 1.0, 0, **fresh)
+    assert not (tmp_path / "two").exists()
