@@ -694,3 +694,23 @@ def test_train_charges_the_clients_update_ledgers_and_refuses_a_run_past_them(tm
     assert "--update-dp-budget: only with DP-FedAvg; add --update-dp-epsilon" in capsys.readouterr().err
     assert main([*argv, "--update-dp-epsilon", "2", "--update-dp-budget", "0", "1e-5"]) == 2
     assert "--update-dp-budget needs EPSILON > 0" in capsys.readouterr().err
+
+
+def test_a_ledger_folder_flag_refuses_an_empty_string_and_a_file(tmp_path, capsys):
+    """``--dp-ledger-dir ""`` would put the ledgers in the working directory, a file cannot hold them:
+    both are usage errors (exit 2) before anything runs."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    train = ["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "1", "--quiet"]
+    upd = ["--update-dp-epsilon", "2", "--update-dp-ledger-dir"]
+    for argv, flag in (
+        ([*train, *upd, ""], "--update-dp-ledger-dir needs a folder, got an empty string"),
+        ([*train, *upd, str(afile)], f"--update-dp-ledger-dir {afile} is a file"),
+        ([*train, "--dp-epsilon", "1", "--dp-ledger-dir", " "], "--dp-ledger-dir needs a folder"),
+        (
+            ["demo", "--dataset", "synthetic", "--clients", "3", "--dp-ledger-dir", ""],
+            "--dp-ledger-dir needs a folder",
+        ),
+    ):
+        assert main(argv) == 2, argv
+        assert flag in capsys.readouterr().err, argv

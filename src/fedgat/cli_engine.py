@@ -285,6 +285,20 @@ def check_output_file(flag: str, path: Path | None) -> None:
     _check_creatable(flag, path.parent, path)
 
 
+def check_ledger_dir(flag: str, value: str | None) -> None:
+    """A DP ledger folder flag: not an empty string (which would put the ledgers in the working
+    directory) and a folder that can be written (:func:`check_output_dir`); None: not given.
+
+    Raises:
+        UsageError: naming ``flag`` and the problem.
+    """
+    if value is None:
+        return
+    if not value.strip():
+        raise UsageError(f"{flag} needs a folder, got an empty string")
+    check_output_dir(flag, Path(value))
+
+
 def check_output_dir(flag: str, path: Path | None) -> None:
     """Refuse an output folder that cannot be written: an existing file, or under an unwritable folder.
 

@@ -49,6 +49,7 @@ from fedgat.cli_engine import (
     check_device,
     check_dp_budget,
     check_engine_arguments,
+    check_ledger_dir,
     check_nodes,
     check_output_file,
     check_owners_path,
@@ -192,6 +193,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_output_file("--json", args.json)
     check_device(args.device, args.cuda_graphs)
     check_dp_budget(args.dp_budget)
+    check_ledger_dir("--dp-ledger-dir", args.dp_ledger_dir)
     _cap(args)
 
 

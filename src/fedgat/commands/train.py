@@ -44,6 +44,7 @@ from fedgat.cli_engine import (
     check_device,
     check_dp_budget,
     check_engine_arguments,
+    check_ledger_dir,
     check_nodes,
     check_output_file,
     check_owners_path,
@@ -254,6 +255,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
         raise UsageError(f"{named}: only for a DP release; add --dp-epsilon")
     _check_dp(overrides)
     _check_update_dp(overrides, args.method)
+    for flag in ("dp_ledger_dir", "update_dp_ledger_dir"):
+        check_ledger_dir("--" + flag.replace("_", "-"), overrides.get(flag))
     if "neighbour_cap" in overrides:
         overrides["neighbour_cap"] = parse_cap(overrides["neighbour_cap"])
     try:
