@@ -242,6 +242,13 @@ def check_beta(beta: float) -> None:
         raise UsageError(f"--beta must be finite and > 0 (1: non-iid, 10000: ~iid), got {beta:g}")
 
 
+def add_budget_argument(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, help: str
+) -> None:
+    """A DP budget flag ``flag EPSILON DELTA`` (two floats, default None; :func:`check_dp_budget`)."""
+    parser.add_argument(flag, type=float, nargs=2, metavar=("EPSILON", "DELTA"), default=None, help=help)
+
+
 def check_dp_budget(budget: list[float] | tuple[float, float] | None, flag: str = "--dp-budget") -> None:
     """``flag EPSILON DELTA``: a finite epsilon > 0 and 0 < delta < 1 (None: not given)."""
     if budget is not None and not (math.isfinite(budget[0]) and budget[0] > 0 and 0 < budget[1] < 1):

@@ -105,6 +105,7 @@ __all__ = [
     "UpdateDP",
     "charge_owners",
     "charge_training",
+    "check_owners",
     "training_rounds",
     "update_dp_from_hparams",
 ]
@@ -344,9 +345,18 @@ def charge_owners(ledgers: Mapping[int, DPLedger], dp: UpdateDP) -> dict[int, tu
         fedgat.dp_ledger.BudgetExceededError: some client's run would pass its budget; no ledger was
             charged (unless another process charged one between the checks and the charges).
     """
-    for ledger in ledgers.values():
-        ledger.check(UPDATE_UNIT, dp.record(), count=dp.max_releases)
+    check_owners(ledgers, dp)
     return {c: charge_training(ledger, dp) for c, ledger in ledgers.items()}
+
+
+def check_owners(ledgers: Mapping[int, DPLedger], dp: UpdateDP, runs: int = 1) -> None:
+    """Whether every client's ledger can pay for ``runs`` runs of ``dp`` (nothing is charged).
+
+    Raises:
+        fedgat.dp_ledger.BudgetExceededError: some client's ledger cannot.
+    """
+    for ledger in ledgers.values():
+        ledger.check(UPDATE_UNIT, dp.record(), count=runs * dp.max_releases)
 
 
 def training_rounds(hp: Mapping) -> int:

@@ -40,8 +40,8 @@ from fedgat.approx import PSI_NAMES, fit_score
 from fedgat.cuda_graphs import check_device as cuda_graphs_device
 from fedgat.device import resolve_device
 from fedgat.dp import MECHANISMS, block_rows
-from fedgat.dp_fedavg import UPDATE_UNIT, UpdateDP, charge_owners, update_dp_from_hparams
-from fedgat.dp_ledger import owner_ledgers
+from fedgat.dp_fedavg import UpdateDP, charge_owners, check_owners, update_dp_from_hparams
+from fedgat.dp_ledger import DPLedger, owner_ledgers
 from fedgat.dp_predictor import train_predictor
 from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
 from fedgat.encodings import as_variant, encode, encoding_size
@@ -453,12 +453,9 @@ def check_update_sweep(num_clients: int, hp: Mapping, runs: int) -> None:
         fedgat.dp_ledger.BudgetExceededError: some client's ledger cannot pay for the ``runs`` runs.
     """
     update_dp = update_dp_from_hparams(dict(hp))
-    if not wants_update_ledgers(hp, update_dp):
-        return
-    assert update_dp is not None
-    ledgers = owner_ledgers(num_clients, hp["update_dp_budget"], hp["update_dp_ledger_dir"], updates=True)
-    for ledger in ledgers.values():
-        ledger.check(UPDATE_UNIT, update_dp.record(), count=runs * update_dp.max_releases)
+    if wants_update_ledgers(hp, update_dp):
+        assert update_dp is not None  # wants_update_ledgers refused it
+        check_owners(_update_ledgers(num_clients, hp), update_dp, runs)
 
 
 def charge_update_ledgers(
@@ -477,8 +474,11 @@ def charge_update_ledgers(
     if not wants_update_ledgers(hp, update_dp):
         return None
     assert update_dp is not None  # wants_update_ledgers refused it
-    ledgers = owner_ledgers(num_clients, hp["update_dp_budget"], hp["update_dp_ledger_dir"], updates=True)
-    return charge_owners(ledgers, update_dp)
+    return charge_owners(_update_ledgers(num_clients, hp), update_dp)
+
+
+def _update_ledgers(num_clients: int, hp: Mapping) -> dict[int, DPLedger]:
+    return owner_ledgers(num_clients, hp["update_dp_budget"], hp["update_dp_ledger_dir"], updates=True)
 
 
 def build_federation(

@@ -863,8 +863,8 @@ def run_encrypted_fedgat(
         dp_ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
     if dp is not None:
         check_budgets(graph, partition, dp, dp_ledgers)  # before any round runs
-    update_ledger_spent = None
-    if wants_update_ledgers(hp, update_dp_from_hparams(hp)):
+    update_dp, update_ledger_spent = update_dp_from_hparams(hp), None
+    if wants_update_ledgers(hp, update_dp):
         # what the training builders would refuse (DP-FedAvg without a secure sum), refused before the
         # ledgers are charged: a run that cannot train must not spend their budget
         graph_secagg("auto", num_clients, graph, partition, hp)
@@ -873,7 +873,7 @@ def run_encrypted_fedgat(
     dp_releases: dict[int, int] | None = None
     if dp is not None and dp.needs_predictor:
         # DP-FedAvg's ledgers pay for the predictor's rounds too: charged before them
-        update_ledger_spent = charge_update_ledgers(num_clients, update_dp_from_hparams(hp), hp)
+        update_ledger_spent = charge_update_ledgers(num_clients, update_dp, hp)
         predictors, dp_releases = train_release_predictor(
             graph, partition, seed=seed, deployment=deployment, transport=transport, progress=progress, **hp
         )
@@ -913,7 +913,7 @@ def run_encrypted_fedgat(
         )
         encodings, fingerprint = plain, None
     if update_ledger_spent is None:  # before the first update
-        update_ledger_spent = charge_update_ledgers(num_clients, update_dp_from_hparams(hp), hp)
+        update_ledger_spent = charge_update_ledgers(num_clients, update_dp, hp)
     training = train_fedgat(
         graph,
         partition,

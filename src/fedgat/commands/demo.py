@@ -36,6 +36,7 @@ from pathlib import Path
 
 from fedgat.cli_engine import (
     UsageError,
+    add_budget_argument,
     add_dataset_argument,
     add_device_argument,
     add_encrypt_workers_argument,
@@ -134,13 +135,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also train on the plaintext twin's encodings (same seed and bases) to compare "
         "accuracies; doubles the training time",
     )
-    parser.add_argument(
+    add_budget_argument(
+        parser,
         "--dp-budget",
-        type=float,
-        nargs=2,
-        metavar=("EPSILON", "DELTA"),
-        default=None,
-        help="charge each client's session verdicts (what the server may learn from them: SECURITY.md, "
+        "charge each client's session verdicts (what the server may learn from them: SECURITY.md, "
         "known break 22) to its owner's DP ledger, as fedgat train charges its DP releases to the same "
         "ledgers; a session past this budget is refused before anything is sent (needed for ledgers "
         "that do not exist yet; default: no ledger)",

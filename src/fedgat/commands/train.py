@@ -34,6 +34,7 @@ from typing import Any
 from fedgat.cli_engine import (
     DP_MECHANISMS,
     UsageError,
+    add_budget_argument,
     add_dataset_argument,
     add_device_argument,
     add_engine_arguments,
@@ -160,24 +161,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hyper-parameters (default: the method's own)")
     for dest, (kind, text) in _HPARAM_FLAGS.items():
         group.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, default=None, help=text)
-    group.add_argument(
+    add_budget_argument(
+        group,
         "--dp-budget",
-        dest="dp_budget",
-        type=float,
-        nargs=2,
-        metavar=("EPSILON", "DELTA"),
-        default=None,
-        help="FedGAT with --dp-epsilon: the total (epsilon, delta) an owner's ledger allows, needed "
+        "FedGAT with --dp-epsilon: the total (epsilon, delta) an owner's ledger allows, needed "
         "the first time an owner releases (every seed's release is charged and composed)",
     )
-    group.add_argument(
+    add_budget_argument(
+        group,
         "--update-dp-budget",
-        dest="update_dp_budget",
-        type=float,
-        nargs=2,
-        metavar=("EPSILON", "DELTA"),
-        default=None,
-        help="DP-FedAvg: the total (epsilon, delta) a client's update ledger allows; every seed's run "
+        "DP-FedAvg: the total (epsilon, delta) a client's update ledger allows; every seed's run "
         "is charged its releases before it trains and composed with the runs before it, and a run past "
         "the budget is refused (needed for ledgers that do not exist yet; default: no ledger)",
     )
