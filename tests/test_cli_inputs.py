@@ -493,7 +493,8 @@ def test_a_dp_budget_refusal_is_a_one_line_runtime_error(monkeypatch, capsys):
 def test_train_runs_one_dp_point_and_charges_the_owners_ledgers(tmp_path, capsys):
     """``fedgat train --method fedgat --dp-epsilon E``: one point of the DP sweep, JSON with the mean
     accuracy and the spent (epsilon, delta) read back from the owners' ledgers; the same release
-    again on the same split (same seed) composes, and over a budget it is refused in one line."""
+    again on the same split (same seed) composes, and over a budget it is refused in one line, a seed
+    sweep before its first seed."""
     ledgers, out = tmp_path / "ledgers", tmp_path / "dp.json"
     argv = ["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "2", "--quiet"]
     dp = ["--dp-epsilon", "2", "--dp-ledger-dir", str(ledgers)]
@@ -511,6 +512,12 @@ def test_train_runs_one_dp_point_and_charges_the_owners_ledgers(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedgat train: error:")
     assert [f.read_bytes() for f in files] == before  # nothing charged
+    # a seed sweep the fresh ledgers cannot pay for (two releases of 2 > 2.5) is refused before its
+    # first seed, where it used to train and charge seed 0 and lose it to seed 1's refusal
+    sweep = tmp_path / "sweep"
+    budget = ["--dp-budget", "2.5", "1e-5", "--seeds", "2"]
+    assert main([*argv, "--dp-epsilon", "2", "--dp-ledger-dir", str(sweep), *budget]) == 1
+    assert "DP release refused" in capsys.readouterr().err and not sweep.exists()
 
 
 def test_train_with_dp_fedavg_reports_the_update_budget_spent(tmp_path, capsys):

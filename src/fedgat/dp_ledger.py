@@ -51,6 +51,7 @@ import base64
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -230,12 +231,18 @@ def composed_epsilon(records: list[tuple[ReleaseRecord, int]], delta: float) -> 
     Its default grid (1e-4) puts one randomised response at epsilon 0.5 at 0.50005, over a budget of
     exactly 0.5. A randomised response's loss distribution has three points and stays sparse, so
     ledgers holding only those use a 1e-8 grid at no cost; Gaussian ones keep the default (a finer
-    grid costs minutes per query)."""
+    grid costs minutes per query).
+
+    A query costs ~0.2 s and a run asks the same ones again (its check before anything is drawn,
+    then each owner's charge), so answers are remembered per process."""
+    live = tuple((r, int(times)) for r, times in records if times > 0)
+    return _composed_epsilon(live, float(delta)) if live else 0.0
+
+
+@functools.lru_cache(maxsize=4096)
+def _composed_epsilon(live: tuple[tuple[ReleaseRecord, int], ...], delta: float) -> float:
     import dp_accounting
 
-    live = [(r, times) for r, times in records if times > 0]
-    if not live:
-        return 0.0
     pure = all(r.kind == "randomized_response" for r, _ in live)
     accountant = dp_accounting.pld.PLDAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,

@@ -7,6 +7,7 @@ the plaintext pre-training of :mod:`fedgat.pipeline`, the audit) share with the 
   published predictor), as ``(N, w)`` rows;
 * :func:`check_budgets` -- whether every owner's budget still pays for one release, before anything
   runs (the predictor's rounds included);
+* :func:`check_sweep` -- the same for a sweep of runs (seeds), each with its own split, before the first;
 * :func:`spent_by_owner` -- what each owner's ledger has spent on its rows.
 
 One process holds every simulated owner's ledger, so each check counts a row's releases in all of
@@ -15,17 +16,17 @@ them, not only in its current owner's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from fedgat.dp import FeatureDP, LabelPredictor
-from fedgat.dp_ledger import DPLedger, MissingLedgerError
+from fedgat.dp_ledger import DPLedger, MissingLedgerError, row_ids
 from fedgat.graph import Graph
 from fedgat.partition import Partition
 
-__all__ = ["check_budgets", "draw_release", "feature_dp_from_hparams", "spent_by_owner"]
+__all__ = ["check_budgets", "check_sweep", "draw_release", "feature_dp_from_hparams", "spent_by_owner"]
 
 
 def feature_dp_from_hparams(hp: Mapping, seed: int) -> FeatureDP | None:
@@ -64,6 +65,41 @@ def check_budgets(
         if ledger is None:
             raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
         ledger.check(np.asarray(x[cp.owned], dtype=np.float64), record, others=_others(ledgers, ledger))
+
+
+def check_sweep(
+    graph: Graph, partitions: Sequence[Partition], dp: FeatureDP, ledgers: Mapping[int, DPLedger] | None
+) -> None:
+    """Refuse a sweep before its first run: whether the owners' budgets pay for one release per run,
+    the runs' splits given in order (a seed sweep's owners move between seeds), with nothing charged.
+
+    Each run charges each owner's rows to that owner's ledger, a row's earlier releases counted in
+    every ledger (:func:`draw_release`); so at run ``s`` a row has its history plus every release
+    before it in the sweep, rows with the same features (one ledger unit) once per owner holding
+    them, and the binding check of each ledger is at the last run in which it charges the row.
+
+    Raises:
+        MissingLedgerError: no ledger for some owner; BudgetExceededError: some owner's budget cannot
+            pay for its rows' releases in the sweep.
+    """
+    x = graph.x.numpy()
+    record = dp.record(x.shape[1], graph.num_classes)
+    units, unit_of_node = np.unique(row_ids(x), return_inverse=True)
+    released = np.zeros(len(units), dtype=np.int64)  # releases of each unit so far in the sweep
+    needed: dict[int, np.ndarray] = {}  # ledger -> unit -> releases at its last charge of it
+    for partition in partitions:
+        for c, cp in enumerate(partition.clients):
+            if len(cp.owned) == 0:
+                continue
+            charged = np.unique(unit_of_node[cp.owned])
+            released[charged] += 1
+            needed.setdefault(c, np.zeros(len(units), dtype=np.int64))[charged] = released[charged]
+    for c, counts in needed.items():
+        ledger = None if ledgers is None else ledgers.get(c)
+        if ledger is None:
+            raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
+        for count in np.unique(counts[counts > 0]).tolist():
+            ledger.check(units[counts == count], record, count=count, others=_others(ledgers, ledger))
 
 
 def draw_release(

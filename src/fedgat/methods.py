@@ -44,6 +44,7 @@ from fedgat.dp_fedavg import UpdateDP, charge_owners, check_owners, update_dp_fr
 from fedgat.dp_ledger import DPLedger, owner_ledgers
 from fedgat.dp_predictor import train_predictor
 from fedgat.dp_release import check_budgets, draw_release, feature_dp_from_hparams, spent_by_owner
+from fedgat.dp_release import check_sweep as check_release_sweep
 from fedgat.encodings import as_variant, encode, encoding_size
 from fedgat.federated import Client, LocalTask, Server, client_seed, strategy_from_hparams
 from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
@@ -456,6 +457,35 @@ def check_update_sweep(num_clients: int, hp: Mapping, runs: int) -> None:
     if wants_update_ledgers(hp, update_dp):
         assert update_dp is not None  # wants_update_ledgers refused it
         check_owners(_update_ledgers(num_clients, hp), update_dp, runs)
+
+
+def check_sweep(
+    method: str,
+    graph: Graph,
+    num_clients: int,
+    beta: float,
+    seeds: Sequence[int],
+    hp: Mapping,
+    owner: np.ndarray | None = None,
+) -> None:
+    """Before a sweep of ``method`` over ``seeds`` with resolved hyper-parameters ``hp``: whether every
+    ledger the runs charge can pay for all of them -- the clients' DP-FedAvg ledgers
+    (:func:`check_update_sweep`) and, for FedGAT's DP release, the owners' row ledgers over each
+    seed's split (:func:`fedgat.dp_release.check_sweep`) -- so that a sweep is refused before its first
+    run instead of after the runs it paid for. Nothing is charged; each run still charges its own.
+
+    Raises:
+        fedgat.dp_ledger.BudgetExceededError, fedgat.dp_ledger.MissingLedgerError: some ledger cannot
+            pay, or does not exist and no budget starts it.
+    """
+    if method in CENTRALISED:
+        return
+    check_update_sweep(num_clients, hp, len(seeds))
+    dp = feature_dp_from_hparams(hp, seeds[0]) if method == "fedgat" and len(seeds) else None
+    if dp is not None:
+        partitions = [fedgat_partition(graph, num_clients, beta, s, dict(hp), owner) for s in seeds]
+        ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
+        check_release_sweep(graph, partitions, dp, ledgers)
 
 
 def charge_update_ledgers(

@@ -21,7 +21,7 @@ from fedgat.dp_ledger import (
     owner_ledgers,
     row_ids,
 )
-from fedgat.dp_release import check_budgets, draw_release, spent_by_owner
+from fedgat.dp_release import check_budgets, check_sweep, draw_release, spent_by_owner
 from fedgat.methods import run_method
 from fedgat.partition import make_partition
 from fedgat.synthetic import synthetic_graph
@@ -345,3 +345,41 @@ def test_a_refusal_names_a_named_unit_and_the_releases_it_was_asked_for(tmp_path
     msg = str(err.value)
     assert f"{UPDATE_UNIT!r} has spent epsilon 0" in msg and "50 releases (gaussian)" in msg, msg
     assert "row(s)" not in msg and ledger.releases == []
+
+
+def test_a_sweeps_check_agrees_with_drawing_its_releases_one_run_after_another(tmp_path):
+    """:func:`fedgat.dp_release.check_sweep` before a seed sweep (owners move between seeds; two nodes
+    share a feature row, one ledger unit; owners' budgets differ) passes exactly when every run's
+    release, drawn one after another, is admitted: no sweep it passes is refused half-way, and none
+    it refuses would have been paid for. Nothing is charged by the check."""
+    graph = synthetic_graph(num_nodes=60, num_features=16, train_per_class=3, num_val=8, num_test=12, seed=3)
+    graph.x[7] = graph.x[3]  # one unit, two nodes: charged once per owner holding it
+    dp = FeatureDP(1.0, 1e-5, "gaussian", 8, seed=0)
+    sweep = [make_partition(graph, 3, beta=1.0, seed=s) for s in (0, 1, 2)]
+    assert any(p.owner[7] != p.owner[3] for p in sweep)  # the shared unit is charged twice somewhere
+    rng = np.random.default_rng(0)
+    outcomes = []
+    for trial in range(8):  # one release spends 1.0; three compose to 1.83, four 2.15, five 2.44
+        budgets = rng.choice([1.9, 2.2, 2.5, 3.0], size=3)
+        fresh = [tmp_path / f"{trial}-{k}" for k in ("check", "draw")]
+        checked, drawn = (
+            {c: DPLedger(Budget(float(b), 1e-5), root / f"client-{c}.json") for c, b in enumerate(budgets)}
+            for root in fresh
+        )
+        try:
+            check_sweep(graph, sweep, dp, checked)
+            passed = True
+        except BudgetExceededError:
+            passed = False
+        assert not fresh[0].exists()  # the check charged nothing
+        try:
+            for partition in sweep:
+                draw_release(graph, partition, dp, ledgers=drawn)
+            paid = True
+        except BudgetExceededError:
+            paid = False
+        assert passed == paid, budgets
+        outcomes.append(passed)
+    assert True in outcomes and False in outcomes  # both verdicts exercised
+    with pytest.raises(MissingLedgerError, match="none for client 2"):
+        check_sweep(graph, sweep, dp, {0: DPLedger(Budget(9.0, 1e-5)), 1: DPLedger(Budget(9.0, 1e-5))})

@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from fedgat.methods import CENTRALISED, check_update_sweep, run_method
+    from fedgat.methods import check_sweep, run_method
 
     overrides, hparams = check_arguments(args)
     device = check_device(args.device)
@@ -316,8 +316,8 @@ def run(args: argparse.Namespace) -> int:
     owners = resolve_owners(args, graph)
 
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    if args.method not in CENTRALISED:  # a sweep the update ledgers cannot pay for: refused before seed 1
-        check_update_sweep(args.clients, hparams, len(seeds))
+    # a sweep the ledgers (DP-FedAvg's, the rows') cannot pay for: refused before seed 1
+    check_sweep(args.method, graph, args.clients, args.beta, seeds, hparams, owners)
     engine = open_engine(args, "train")
     if engine is not None:
         try:
