@@ -189,11 +189,11 @@ NODES = "id,label,f0,f1\na,0,1,0\nb,1,0,1\nc,0,1,1\n"
             EDGES,
             r"nodes.csv: line 5, column 4 \(f1\): could not convert string 'oops'",
         ),
-        (
-            NODES + "\n# gap\nd,1,1\n",
-            EDGES,
-            r"nodes.csv: line 7 has 3 column\(s\), fewer than the columns read",
-        ),
+        (NODES + "\n# gap\nd,1,1\n", EDGES, r"nodes.csv: line 7 has 3 cells; its header names 4 columns"),
+        (NODES + "d,1,1,1,9.9\n", EDGES, r"nodes.csv: line 5 has 5 cells; its header names 4 columns"),
+        ("id,label,f0\na,0,1,0\nb,1,0,1\n", EDGES, r"line 2 has 4 cells; its header names 3 columns"),
+        (NODES + "d,-1,1,1\n", EDGES, r"line 5: label '-1' is not a whole number >= 0"),
+        ("id,label,f0\na,0.5,1\nb,1,0\n", EDGES, r"line 2: label '0.5' is not a whole number >= 0"),
         (NODES + "d,1,1,inf\n", EDGES, r"line 5, column 4 \(f1\): inf is not a finite number"),
         (NODES + "d,1,nan,1\n", EDGES, r"line 5, column 3 \(f0\): nan is not a finite number"),
         (NODES + "b,1,1,1\n", EDGES, r"nodes.csv: line 5 repeats node id 'b' \(line 3\); ids must be unique"),
@@ -241,3 +241,44 @@ def test_an_empty_edge_list_is_a_graph_of_isolated_nodes(tmp_path):
     (folder / "edges.csv").write_text("# nothing\n")
     graph = load_csv_folder(folder)
     assert graph.edge_index.shape == (2, 0) and graph.report.isolated_nodes == 8
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    """Spreadsheets' "CSV UTF-8" starts the file with a byte-order mark: the header's first column is
+    still ``id``, and the graph reads as without it."""
+    a = arrays(4)
+    plain = write_folder(tmp_path / "plain" / "g", a)
+    marked = write_folder(tmp_path / "marked" / "g", a)
+    for table in ("nodes.csv", "edges.csv"):
+        (marked / table).write_bytes(b"\xef\xbb\xbf" + (marked / table).read_bytes())
+    same(load_csv_folder(marked, **SPLIT), load_csv_folder(plain, **SPLIT))
+
+
+def test_float_labels_are_numbers_and_a_mix_of_numbers_and_names_is_noted(tmp_path):
+    """``2.0`` is class 2 (as text, 11 classes would sort ``10.0`` before ``2.0``); a column mixing
+    numbers and names reads all as names and says so in the report."""
+    a = {**arrays(5), "y": np.arange(N) % 11}
+    graph = load_csv_folder(write_folder(tmp_path / "f", a, labels=[f"{c}.0" for c in a["y"]]), **SPLIT)
+    assert torch.equal(graph.y, torch.as_tensor(a["y"]))
+    names = ["ml", "systems", "3"]
+    graph = load_csv_folder(write_folder(tmp_path / "m", a, labels=[names[c % 3] for c in a["y"]]), **SPLIT)
+    assert any("mixes numbers and names, e.g. '3': all are read as names" in n for n in graph.report.notes)
+
+
+def test_the_command_line_prints_what_the_report_notes(tmp_path, capsys):
+    """``fedgat train/demo/bench`` print the graph's summary line and, under it, each note of its
+    report: here the class names' numbering, and a first edge line read as a header."""
+    from fedgat.cli_engine import load_graph
+
+    a = arrays(6)
+    names = ["zebra", "ant", "moth"]
+    folder = write_folder(tmp_path / "noted", a, labels=[names[c] for c in a["y"]], edge_header=False)
+    edges = folder / "edges.csv"
+    edges.write_text("papr-1,papr-2\n" + edges.read_text())  # a mistyped first edge: read as a header
+    load_graph(str(folder))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("graph: noted, 90 nodes")
+    assert "  note: 3 class names numbered in sorted order: ant=0, moth=1, zebra=2" in err
+    assert "  note: edges.csv: line 1 (papr-1, papr-2) read as a header" in err
+    load_graph(str(folder), quiet=True)
+    assert capsys.readouterr().err == ""

@@ -34,7 +34,8 @@ def write(path, text: str):
         ("comments.txt", "# bank consortium\n" + "\n".join(map(str, OWNERS))),
         ("floats.csv", "\n".join(f"{o}.0" for o in OWNERS)),
         ("cols.csv", "node,owner,region\n" + "\n".join(f"{i},{o},eu" for i, o in enumerate(OWNERS))),
-        ("semicolons.csv", "client_id;x\n" + "\n".join(f"{o};7" for o in OWNERS)),
+        ("semicolons.csv", "client_id;node\n" + "\n".join(f"{o};{i}" for i, o in enumerate(OWNERS))),
+        ("id.csv", "id,client\n" + "\n".join(f"{i},{o}" for i, o in reversed(list(enumerate(OWNERS))))),
         ("bom.csv", "\ufeffparty\n" + "\n".join(map(str, OWNERS))),
     ],
 )
@@ -132,6 +133,11 @@ BAD_TEXT = [
         r"has columns \['node', 'group'\]",
     ),
     ("node,client\n0,1\n1\n", {}, r"line 3 has 1 columns; expected 2"),
+    (  # a node column under another name: not read in file order unnoticed
+        "name,client\n" + "\n".join(f"{i},{o}" for i, o in reversed(list(enumerate(OWNERS)))),
+        {},
+        r"has columns \['name', 'client'\] and none names the nodes: .*rename 'name'",
+    ),
     ("node,client\n" + "\n".join(f"{i % 11},{o}" for i, o in enumerate(OWNERS)), {}, r"node 0 listed twice"),
     (
         "node,client\n" + "\n".join(f"{i + 1},{o}" for i, o in enumerate(OWNERS)),

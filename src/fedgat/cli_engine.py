@@ -532,8 +532,8 @@ def load_graph(dataset: str, *, quiet: bool = False, **synthetic: Any):
     graph = (
         load_dataset("synthetic", **synthetic) if dataset.lower() == "synthetic" else load_dataset(dataset)
     )
-    if not quiet and graph.report is not None:
-        print(report_line(graph), file=sys.stderr)
+    if not quiet:
+        print_report(graph)
     labels = graph.y.unique()
     if len(labels) < 2:
         raise GraphError(
@@ -542,6 +542,16 @@ def load_graph(dataset: str, *, quiet: bool = False, **synthetic: Any):
         )
     check_trainable(graph)
     return graph
+
+
+def print_report(graph) -> None:
+    """:func:`report_line` on stderr, then each of the report's notes (class names numbered, a first
+    edge line read as a header, classes with no node, ...) on a line of its own."""
+    if graph.report is None:
+        return
+    print(report_line(graph), file=sys.stderr)
+    for note in graph.report.notes:
+        print(f"  note: {note}", file=sys.stderr)
 
 
 def report_line(graph) -> str:

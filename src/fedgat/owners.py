@@ -6,8 +6,10 @@ An owners file gives one client id per node, in node order:
   accepted when every value is a whole number). Opened with ``allow_pickle=False``.
 * ``.csv`` or ``.txt``: one id per line (a single column), optionally under a header line. With more
   than one column a header is required: the ids are taken from the column named ``client``
-  (or ``client_id``, ``owner``, ``party``), and a column named ``node`` (or ``node_id``) may give
-  each row's node, in any order (it must then list every node exactly once). The node column holds
+  (or ``client_id``, ``owner``, ``party``), and a column named ``node`` (or ``node_id``, ``id``) may
+  give each row's node, in any order (it must then list every node exactly once; further columns are
+  ignored). Several columns and none of them a node column is an error: a node column under another
+  name, e.g. ``name``, would otherwise leave the rows in file order, unnoticed. The node column holds
   the graph's node ids where it has them (``node_names``: a graph folder's ``id`` column, kept as
   :attr:`Graph.node_names <fedgat.graph.Graph.node_names>`; matched as text, so ``007`` is not
   ``7``), else node numbers ``0..N-1``. Lines starting with ``#`` and trailing blank lines are
@@ -30,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 CLIENT_COLUMNS = ("client", "client_id", "owner", "party")
-NODE_COLUMNS = ("node", "node_id")
+NODE_COLUMNS = ("node", "node_id", "id")  # a graph folder's id column may keep its name
 SUFFIXES = (".csv", ".txt", ".npy")
 
 
@@ -194,6 +196,13 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
         client_col = header.index(found[0])
         nodes = [c for c in NODE_COLUMNS if c in header]
         node_col = header.index(nodes[0]) if nodes else None
+        if node_col is None:  # e.g. a "name" column: reading the rows in file order would go unnoticed
+            other = next(c for i, c in enumerate(header) if i != client_col)
+            raise OwnersError(
+                f"owners file {path} has columns {header} and none names the nodes: call the node column "
+                f"one of {list(NODE_COLUMNS)} (rename {other!r} if it holds them), or give the client ids "
+                "alone, one per line in node order"
+            )
 
     ids = np.array([_id(path, lineno, cols[client_col], "client id") for lineno, cols in body])
     if node_col is None:

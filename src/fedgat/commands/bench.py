@@ -47,7 +47,7 @@ from fedgat.cli_engine import (
     check_output_file,
     check_owners_path,
     fit_spool,
-    report_line,
+    print_report,
     resolve_owners,
 )
 
@@ -275,8 +275,7 @@ def _run_overhead(args: argparse.Namespace) -> int:
         check_dataset(args.dataset)
         check_nodes(args.dataset, args.nodes)
         graph = load_benchmark("overhead").load_graph(args.dataset, args.nodes, args.seed)
-        if graph.report is not None:
-            print(report_line(graph), file=sys.stderr)
+        print_report(graph)
         args.owner_array = resolve_owners(args, graph)
         if args.matrix_estimate and args.owners is not None:
             raise UsageError("--matrix-estimate uses the Dirichlet split; leave --owners out")
