@@ -593,7 +593,7 @@ def add_owners_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="which client owns which node: one client id (0..K-1) per node, in node order, as CSV "
-        "(one column, or a header with a 'client' column and optionally 'node') or .npy; replaces the "
+        "(one column, or a header with a 'client' column and optionally 'node' or 'id') or .npy; replaces the "
         "Dirichlet label split (--beta is then unused); see fedgat.owners",
     )
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedgat.cli import main
-from fedgat.commands.audit import render_markdown
+from fedgat.commands.audit import render_markdown, server_attacks_markdown
 from fedgat.partition import make_partition
 from fedgat.protocols import ClientState, Transcript
 from fedgat.server_attacks import (
@@ -220,6 +220,30 @@ def test_audit_markdown_names_the_upload_window():
             {**base, "upload_window": window}
         )
     assert "none (every upload before compute)" in render_markdown(base)  # a report from before the flag
+
+
+def test_audit_markdown_tables_only_the_training_attacks_that_ran():
+    """An attack with nothing to target (here 3 clients: no cohort to difference) is listed under "Not
+    run", not tabled with zeros as well (a newcomer's review)."""
+    row = {"targets": 0, "recovered": 0, "recovered_fraction": 0.0, "detected": False, "note": "n/a"}
+    runs = {
+        "plain": {
+            "differenced": 0,
+            "recovered_foreign": 0,
+            "recovered_fraction": 0.0,
+            "layer1_inputs_recovered": 0,
+            "best_foreign_cosine": 0.0,
+        }
+    }
+    diff = {**row, "target": 0, "clients": 3, "runs": runs}
+    for ran in (False, True):
+        report = {
+            "server_attacks": {"cohort_differencing": {**diff, "ran": ran}},
+            "server_attacks_not_run": [] if ran else ["cohort_differencing"],
+        }
+        text = "\n".join(server_attacks_markdown(report))
+        assert ("Cohort differencing (target" in text) is ran
+        assert ("Not run (nothing to target in this setting): cohort_differencing" in text) is not ran
 
 
 @pytest.mark.slow  # ~20 s: the command end to end (the default suite's budget is ~15 min on 2 cores)

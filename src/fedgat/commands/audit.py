@@ -524,6 +524,12 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ran(report: dict, name: str) -> dict | None:
+    """The server attack ``name``'s result when it ran (a report from before ``ran`` counts as run)."""
+    a = report["server_attacks"].get(name)
+    return a if a and a.get("ran", True) else None
+
+
 def server_attacks_markdown(report: dict) -> list[str]:
     """The server-side attacks as a table, with each attack's own explanation below it."""
     lines = [
@@ -552,7 +558,8 @@ def server_attacks_markdown(report: dict) -> list[str]:
             keep = ("recovered_fraction", "detected", "ran", "targets", "recovered", "note")
             extra = {k: v for k, v in a.items() if k not in keep}
             lines.append(f"  `{json.dumps(extra, default=str)[:1500]}`")
-    one = report["server_attacks"].get("chosen_weights_one_client")
+    # an attack with nothing to target in this setting is listed under "Not run" only, not tabled
+    one = _ran(report, "chosen_weights_one_client")
     if one:
         lines += [
             "",
@@ -566,7 +573,7 @@ def server_attacks_markdown(report: dict) -> list[str]:
                 f"| {run} | {r['secure_aggregation']} | {r['rounds_received']} | {r['recovered_foreign']} | "
                 f"{r['layer1_inputs_recovered']} | {r['refused_by_clients']} |"
             )
-    diff = report["server_attacks"].get("cohort_differencing")
+    diff = _ran(report, "cohort_differencing")
     if diff and diff.get("runs"):
         lines += [
             "",
@@ -580,7 +587,7 @@ def server_attacks_markdown(report: dict) -> list[str]:
                 f"| {run} | {r['differenced']} | {r['recovered_foreign']} | {r['recovered_fraction']:.4f} | "
                 f"{r['layer1_inputs_recovered']} | {r['best_foreign_cosine']:.3f} |"
             )
-    agg = report["server_attacks"].get("chosen_weights_aggregate")
+    agg = _ran(report, "chosen_weights_aggregate")
     if agg:
         lines += [
             "",
