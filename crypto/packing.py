@@ -99,7 +99,10 @@ vector still LOAD and decrypt to garbage (1e15..1e306), and so does any coeffici
 compact body that stays below its prime. The digest catches accidental corruption, not forgery;
 the fingerprint catches honest key mix-ups (a ciphertext under another key with the same
 parameters loads and decrypts to garbage *silently*). Authenticity is the job of the message
-layer: sign (Ed25519) the envelope together with the fingerprint. :func:`load_tenseal_vector`
+layer: sign (Ed25519) the envelope together with the fingerprint. fedgat's frames sign each
+envelope through this digest (frame version 14, :class:`fedgat.protocols.codec.Digested`): decoding a
+frame checks it, and the protocol's receivers then pass ``digest_checked=True`` to
+:func:`deserialize` and :func:`check_envelope` instead of hashing the bytes again. :func:`load_tenseal_vector`
 (raw TenSEAL bytes, used on the rebuilt bytes) also checks the protobuf itself (exactly one
 ciphertext, ``sizes == [slots]``, scale == the context's exact scale, no unknown fields) and
 afterwards the SEAL ciphertext (2 polynomials, NTT form, not transparent, expected level).
@@ -605,7 +608,9 @@ def tenseal_payload(ctx: CkksContext, data: bytes) -> bytes:
     return payload
 
 
-def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> ts.CKKSVector:
+def deserialize(
+    ctx: CkksContext, data: bytes, *, level: str | None = None, digest_checked: bool = False
+) -> ts.CKKSVector:
     """Inverse of :func:`serialize`, linked to ``ctx``.
 
     Raises :class:`CiphertextFormatError` for malformed, truncated or corrupted bytes (digest),
@@ -614,8 +619,13 @@ def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> t
     a compact body of the wrong size for its level or a coefficient not below its prime, TenSEAL
     bytes SEAL refuses, and :class:`KeyMismatchError` when the envelope names another key's
     fingerprint.
+
+    ``digest_checked=True``: the caller has checked the digest already -- a ciphertext field of a
+    message decoded from its frame, whose decoding checks every such digest
+    (:class:`fedgat.protocols.codec.Digested`) -- so it is not computed again. The digest catches
+    corruption, not forgery (module docstring): every other check still runs.
     """
-    lvl, fingerprint = _open(ctx, data, check_digest=True)
+    lvl, fingerprint = _open(ctx, data, check_digest=not digest_checked)
     if fingerprint != ctx.fingerprint():
         raise KeyMismatchError("ciphertext is bound to another CKKS key (fingerprint mismatch)")
     _check_level(ctx, lvl, level)
@@ -629,7 +639,9 @@ def deserialize(ctx: CkksContext, data: bytes, *, level: str | None = None) -> t
     return vec
 
 
-def check_envelope(ctx: CkksContext, data: bytes, *, level: str | None = None) -> None:
+def check_envelope(
+    ctx: CkksContext, data: bytes, *, level: str | None = None, digest_checked: bool = False
+) -> None:
     """What :func:`deserialize` checks, without keeping the vector: raises exactly the errors it
     raises (:class:`CiphertextFormatError`, :class:`KeyMismatchError`) on exactly the inputs it
     refuses, and returns None where it would return a vector.
@@ -641,11 +653,12 @@ def check_envelope(ctx: CkksContext, data: bytes, *, level: str | None = None) -
     only two things depend on the sender: every coefficient below its prime (SEAL's
     ``is_data_valid_for``, checked while unpacking) and a non-zero second polynomial (SEAL's
     ``is_transparent``, checked here on the unpacked coefficients). The ``"tenseal"`` wire is
-    loaded as :func:`deserialize` does (SEAL parses the sender's protobuf and stream)."""
+    loaded as :func:`deserialize` does (SEAL parses the sender's protobuf and stream).
+    ``digest_checked`` as there."""
     if ctx.wire != "compact":
-        deserialize(ctx, data, level=level)
+        deserialize(ctx, data, level=level, digest_checked=digest_checked)
         return
-    lvl, fingerprint = _open(ctx, data, check_digest=True)
+    lvl, fingerprint = _open(ctx, data, check_digest=not digest_checked)
     if fingerprint != ctx.fingerprint():
         raise KeyMismatchError("ciphertext is bound to another CKKS key (fingerprint mismatch)")
     _check_level(ctx, lvl, level)
@@ -690,14 +703,23 @@ def encrypt_rows(
 
 
 def decrypt_rows(
-    ctx: KeyHolderContext, blobs: Iterable[bytes], n: int, layout: SlotLayout, *, kind: str = "result"
+    ctx: KeyHolderContext,
+    blobs: Iterable[bytes],
+    n: int,
+    layout: SlotLayout,
+    *,
+    kind: str = "result",
+    digest_checked: bool = False,
 ) -> np.ndarray:
     """Decrypt ``n`` rows. ``kind="result"``: server results in the blocked layout
     (:meth:`SlotLayout.unpack_blocks`); ``kind="fresh"``: uploads in the replicated layout
-    (:meth:`SlotLayout.unpack`, replicas averaged)."""
+    (:meth:`SlotLayout.unpack`, replicas averaged). ``digest_checked`` as in :func:`deserialize`."""
     if kind not in _LEVELS:
         raise ValueError(f"kind must be one of {_LEVELS}")
-    vectors = [ctx.decrypt_vector(deserialize(ctx, blob, level=kind)) for blob in blobs]
+    vectors = [
+        ctx.decrypt_vector(deserialize(ctx, blob, level=kind, digest_checked=digest_checked))
+        for blob in blobs
+    ]
     if kind == "fresh":
         return layout.unpack(vectors, n)
     return layout.unpack_blocks(vectors, n)

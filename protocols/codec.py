@@ -10,6 +10,7 @@ Bool             1 byte, 0 or 1
 Float64          8 bytes IEEE-754 double
 FixedBytes(n)    exactly ``n`` bytes
 Bytes(max)       u32 length, then the bytes (length <= max)
+Digested(max)    as Bytes, the last 32 bytes being the SHA-256 of the rest (a ciphertext envelope)
 Text(max)        u16 length, then UTF-8 (length <= max)
 Array(dtype)     u8 dtype code (1 float32, 2 float64, 3 int64), u8 ndim, ndim x u32 dims, then the
                  elements little-endian, C order (element count <= max)
@@ -24,10 +25,18 @@ Decoding checks every declared size against its limit *before* reading or alloca
 :class:`~fedgat.protocols.errors.FrameError` and bad values (NaN, infinity, invalid UTF-8, duplicate
 names) as :class:`~fedgat.protocols.errors.PayloadError`. Encoding enforces the same limits, so a
 party never emits a frame its peer would refuse for its structure.
+
+:class:`Digested` fields carry their own SHA-256 (every ciphertext envelope does,
+:func:`fedgat.crypto.packing.envelope_body`), so the frame's signature covers such a field by its
+length and digest instead of hashing its bytes again (:attr:`fedgat.protocols.frame.Message.signed_digest`):
+decoding checks each digest and leaves the bytes it covers out of the frame's digest as it reads
+(:meth:`Reader.cover`); encoding appends those bytes as a ``memoryview`` -- the only codec that
+appends one -- so that the sender leaves exactly them out of the digest it signs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 from collections.abc import Mapping, Sequence
@@ -35,18 +44,21 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FrameError, PayloadError, SizeLimitError
+from .errors import FrameError, PayloadError, SignatureError, SizeLimitError
 
 __all__ = [
+    "DIGEST_SIZE",
     "Array",
     "Bool",
     "Bytes",
     "Codec",
+    "Digested",
     "FixedBytes",
     "Float64",
     "ListOf",
     "NamedArrays",
     "Optional",
+    "Pieces",
     "Reader",
     "Record",
     "Text",
@@ -54,14 +66,46 @@ __all__ = [
 ]
 
 
+#: what a codec's ``encode`` appends to: ``bytes``, and ``memoryview`` only for the bytes of a
+#: :class:`Digested` field that its digest covers
+Pieces = list[bytes | memoryview]
+
+#: bytes of the SHA-256 digest that ends a :class:`Digested` value
+DIGEST_SIZE = 32
+
+
 class Reader:
-    """Bounds-checked cursor over a payload."""
+    """Bounds-checked cursor over a payload. With ``digest`` (a ``hashlib`` object, e.g. already fed
+    the frame's header) it also hashes the payload as it is read, leaving out the bytes that
+    :class:`Digested` fields' own digests cover (:meth:`cover`): :meth:`signed_digest`."""
 
-    __slots__ = ("_buf", "_pos")
+    __slots__ = ("_buf", "_digest", "_mark", "_pos")
 
-    def __init__(self, buf: memoryview) -> None:
+    def __init__(self, buf: memoryview, digest: Any = None) -> None:
         self._buf = buf
         self._pos = 0
+        self._digest = digest
+        self._mark = 0  # the payload is hashed up to here
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def cover(self, start: int, end: int) -> None:
+        """Payload bytes ``[start, end)`` are covered by a digest of their own: hash what lies before
+        them (from the last covered range on), then skip them."""
+        if self._digest is not None:
+            self._digest.update(self._buf[self._mark : start])
+        self._mark = end
+
+    def signed_digest(self) -> bytes:
+        """The digest of everything fed before the payload and of the payload without its covered
+        ranges (once the payload is read: :meth:`finish`)."""
+        if self._digest is None:
+            raise ValueError("this reader hashes nothing")
+        self._digest.update(self._buf[self._mark :])
+        self._mark = len(self._buf)
+        return bytes(self._digest.digest())
 
     @property
     def remaining(self) -> int:
@@ -85,13 +129,13 @@ class Reader:
 class Codec:
     """One field's wire form: ``encode(value, out)`` appends bytes, ``decode(reader)`` reads them."""
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         raise NotImplementedError
 
     def decode(self, reader: Reader, what: str) -> Any:
         raise NotImplementedError
 
-    def encode_many(self, values: Sequence[Any], out: list[bytes], what: str) -> None:
+    def encode_many(self, values: Sequence[Any], out: Pieces, what: str) -> None:
         """``encode`` of each of ``values`` in turn, labelled ``what[i]``, with the same bytes and the
         same errors. Fast path: the items are first encoded unlabelled (no per-item label strings,
         which cost as much as the item itself for a small record); only if that raises is the output
@@ -107,7 +151,7 @@ class Codec:
                 self.encode(value, out, f"{what}[{i}]")
             raise  # not reached unless encoding is not deterministic: the first error then stands
 
-    def _encode_unlabelled(self, value: Any, out: list[bytes], what: str) -> None:
+    def _encode_unlabelled(self, value: Any, out: Pieces, what: str) -> None:
         """:meth:`encode` with no label built below ``what`` (:meth:`encode_many`'s fast path; the same
         bytes, and any error is raised again, labelled, by :meth:`encode`)."""
         self.encode(value, out, what)
@@ -121,7 +165,7 @@ class UInt(Codec):
         self._st = struct.Struct(">" + fmt)
         self._max = 2 ** (8 * self._st.size) - 1
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{what} must be an int, got {type(value).__name__}")
         if not 0 <= int(value) <= self._max:
@@ -136,7 +180,7 @@ class UInt(Codec):
 
 
 class Bool(Codec):
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{what} must be a bool")
         out.append(b"\x01" if value else b"\x00")
@@ -157,7 +201,7 @@ class Float64(Codec):
     def __init__(self, finite: bool = True) -> None:
         self.finite = finite
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         value = float(value)
         if self.finite and not math.isfinite(value):
             raise PayloadError(f"{what} must be finite, got {value}")
@@ -177,7 +221,7 @@ class FixedBytes(Codec):
     def __init__(self, size: int) -> None:
         self.size = size
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)) or len(value) != self.size:
             raise PayloadError(f"{what} must be exactly {self.size} bytes")
         out.append(bytes(value))
@@ -195,15 +239,16 @@ class Bytes(Codec):
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"{what} must be bytes")
+        value = bytes(value)  # a memoryview's len() counts its items, not its bytes
         if len(value) > self.max_len:
             raise SizeLimitError(f"{what}: {len(value)} bytes exceed the limit {self.max_len}")
         out.append(self._LEN.pack(len(value)))
-        out.append(bytes(value))
+        out.append(value)
 
-    def encode_many(self, values: Sequence[Any], out: list[bytes], what: str) -> None:
+    def encode_many(self, values: Sequence[Any], out: Pieces, what: str) -> None:
         # a list of ciphertexts: no call per item; anything out of the ordinary takes the labelled loop
         pack, limit, start = self._LEN.pack, self.max_len, len(out)
         for value in values:
@@ -224,13 +269,73 @@ class Bytes(Codec):
         return f"bytes <= {_size(self.max_len)}"
 
 
+class Digested(Bytes):
+    """:class:`Bytes` whose last :data:`DIGEST_SIZE` bytes are the SHA-256 of the rest (a ciphertext
+    envelope) and at least ``min_len`` bytes. Decoding refuses a value whose digest does not match
+    (:class:`SignatureError`: bytes the signature covers through that digest were changed, by the
+    network or by the sender -- the two cannot be told apart) and leaves the range it covers out of the
+    reader's digest; the frame signs the digest in place of
+    those bytes (module docstring). Encoding does not hash: a sender's wrong digest is refused by
+    its receivers."""
+
+    def __init__(self, max_len: int, min_len: int = DIGEST_SIZE) -> None:
+        super().__init__(max_len)
+        if not DIGEST_SIZE <= min_len <= max_len:
+            raise ValueError(f"min_len must be in [{DIGEST_SIZE}, {max_len}]")
+        self.min_len = min_len
+
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"{what} must be bytes")
+        value = bytes(value)
+        if not self.min_len <= len(value) <= self.max_len:
+            raise SizeLimitError(
+                f"{what}: {len(value)} bytes, not in [{_size(self.min_len)}, {_size(self.max_len)}]"
+            )
+        self._append(value, out)
+
+    def _append(self, value: bytes, out: Pieces) -> None:
+        out.append(self._LEN.pack(len(value)))
+        out.append(memoryview(value)[:-DIGEST_SIZE])
+        out.append(value[-DIGEST_SIZE:])
+
+    def encode_many(self, values: Sequence[Any], out: Pieces, what: str) -> None:
+        # a list of ciphertexts: no call per item; anything out of the ordinary takes the labelled loop
+        low, limit, start = self.min_len, self.max_len, len(out)
+        for value in values:
+            if type(value) is not bytes or not low <= len(value) <= limit:
+                del out[start:]
+                Codec.encode_many(self, values, out, what)
+                return
+            self._append(value, out)
+
+    def decode(self, reader: Reader, what: str) -> bytes:
+        (n,) = reader.unpack(self._LEN, what)
+        if not self.min_len <= n <= self.max_len:
+            raise SizeLimitError(
+                f"{what}: declared {n} bytes, not in [{_size(self.min_len)}, {_size(self.max_len)}]"
+            )
+        start = reader.position
+        view = reader.take(n, what)
+        if hashlib.sha256(view[:-DIGEST_SIZE]).digest() != view[-DIGEST_SIZE:]:
+            raise SignatureError(
+                f"{what}: its bytes do not match their SHA-256 digest, which the frame's signature covers "
+                "(corrupted or changed)"
+            )
+        reader.cover(start, start + n - DIGEST_SIZE)
+        return bytes(view)
+
+    def describe(self) -> str:
+        return f"bytes in [{_size(self.min_len)}, {_size(self.max_len)}], SHA-256 last"
+
+
 class Text(Codec):
     _LEN = struct.Struct(">H")
 
     def __init__(self, max_len: int = 1024) -> None:
         self.max_len = max_len
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if not isinstance(value, str):
             raise TypeError(f"{what} must be a str")
         raw = value.encode("utf-8")
@@ -269,7 +374,7 @@ class Array(Codec):
         self.ndim = ndim
         self.finite = finite and self.dtype.kind == "f"
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         arr = np.asarray(value)
         if arr.dtype != self.dtype:
             if not np.can_cast(arr.dtype, self.dtype, "safe"):
@@ -323,7 +428,7 @@ class NamedArrays(Codec):
         self._name = Text(256)
         self._array = Array("<f4", max_elems)
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if not isinstance(value, Mapping):
             raise TypeError(f"{what} must be a mapping of names to arrays")
         if len(value) > self.max_count:
@@ -356,7 +461,7 @@ class ListOf(Codec):
         self.item = item
         self.max_count = max_count
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
             raise TypeError(f"{what} must be a sequence")
         if len(value) > self.max_count:
@@ -378,7 +483,7 @@ class Optional(Codec):
     def __init__(self, item: Codec) -> None:
         self.item = item
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         if value is None:
             out.append(b"\x00")
         else:
@@ -404,11 +509,11 @@ class Record(Codec):
         self.cls = cls
         self.fields = tuple(fields)
 
-    def encode(self, value: Any, out: list[bytes], what: str) -> None:
+    def encode(self, value: Any, out: Pieces, what: str) -> None:
         for name, codec in self.fields:
             codec.encode(getattr(value, name), out, f"{what}.{name}")
 
-    def _encode_unlabelled(self, value: Any, out: list[bytes], what: str) -> None:
+    def _encode_unlabelled(self, value: Any, out: Pieces, what: str) -> None:
         for name, codec in self.fields:  # no f"{what}.{name}" per field (see Codec.encode_many)
             codec.encode(getattr(value, name), out, what)
 

@@ -18,7 +18,9 @@ SizeLimitError         a declared size (frame, field, list, array) above its lim
                        before anything of that size is allocated or parsed
 AuthError              unknown sender, a sender not allowed to send this message type, a
                        wrapped key that does not open
-SignatureError         missing or invalid Ed25519 signature (a tampered message)
+SignatureError         missing or invalid Ed25519 signature (a tampered message), or a ciphertext
+                       whose bytes differ from the SHA-256 ending it, which the signature covers
+                       (tampered, or sent so: since frame version 14 the two look alike)
 ReplayError            wrong session/round id, a sequence number not above the last one seen
 WrongRecipientError    the message is addressed to another party
 KeyFingerprintError    bound to another CKKS key (header fingerprint or ciphertext envelope)

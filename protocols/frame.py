@@ -19,7 +19,7 @@ import numpy as np
 
 from fedgat.crypto import SigningIdentity
 
-from .codec import Bytes, Codec, FixedBytes, Reader, Text, UInt
+from .codec import Codec, Digested, FixedBytes, Pieces, Reader, Text, UInt
 from .errors import (
     FrameError,
     PayloadError,
@@ -42,6 +42,7 @@ __all__ = [
     "MAX_NODES",
     "MESSAGE_TYPES",
     "MIB",
+    "MIN_CIPHERTEXT",
     "SIGNATURE_SIZE",
     "U8",
     "U16",
@@ -81,11 +82,14 @@ MAGIC = b"FGAT"
 #: settings, and a cohort runs under its strictest; DP-FedAvg noises and charges the evaluation counts;
 #: 12: every row an owner releases is padded under the recipient's check key (same bytes, other
 #: values: an unpadded peer's results would fail the recipient's check), known break 22; 13: the pads
-#: are Gaussian (a session's verdicts are DP per row, :mod:`fedgat.verdict_dp`), other values again
-VERSION = 13
-#: what an Ed25519 frame signature signs, before the digest (:func:`signing_input`): 50 bytes in all,
-#: shorter than any frame, so no frame of an earlier version nor any other signed structure is one
-SIGNING_PREFIX = b"FGAT-frame-sha256\x00"
+#: are Gaussian (a session's verdicts are DP per row, :mod:`fedgat.verdict_dp`), other values again;
+#: 14: the signature covers each ciphertext by the SHA-256 that ends its envelope instead of hashing
+#: its bytes a second time (:attr:`Message.signed_digest`; :class:`~fedgat.protocols.codec.Digested`)
+VERSION = 14
+#: what an Ed25519 frame signature signs, before the digest (:func:`signing_input`): 55 bytes in all,
+#: shorter than any frame, so no frame of an earlier version nor any other signed structure is one;
+#: version 7 to 13 signed ``b"FGAT-frame-sha256\x00"`` and the digest of every byte
+SIGNING_PREFIX = b"FGAT-frame-sha256-tree\x00"
 HEADER = struct.Struct(">4sBHIIQQ32sI")
 SIGNATURE_SIZE = 64
 ZERO_FINGERPRINT = bytes(32)
@@ -93,6 +97,9 @@ ZERO_FINGERPRINT = bytes(32)
 KIB = KiB = 1 << 10
 MIB = MiB = 1 << 20
 MAX_CIPHERTEXT = 4 * MiB
+#: below any envelope of the presets (n4096's results: ~47 KB): bounds the ciphertexts a frame can
+#: make its receiver hash one by one before the signature is checked
+MIN_CIPHERTEXT = 1 * KiB
 MAX_NODES = 1 << 22
 MAX_NEIGHBOUR_ENTRIES = 1 << 25
 MAX_MODEL_ELEMS = 1 << 26
@@ -123,10 +130,13 @@ def fields_equal(a: Any, b: Any) -> bool:
 class Message:
     """Header fields shared by every message; subclasses add the payload fields of their ``SCHEMA``.
 
-    ``signature`` and ``signed_bytes`` are filled by :func:`decode_message` (the received signature and
-    the exact bytes it covers); a message built locally has neither and fails verification. The
-    signature covers ``signed_bytes``, not the object's fields: a receiver given an object checks
-    that they agree (:func:`signed_message`), so fields changed after decoding are refused.
+    ``signature``, ``signed_bytes`` and ``signed_digest`` are filled by :func:`decode_message` (the
+    received signature, the exact bytes it covers, and what it signs of them: the SHA-256 of the
+    header and payload, each ciphertext taken by its length and the SHA-256 that ends it, which
+    decoding checks against its bytes -- a one-level hash tree that binds every byte as before, each
+    ciphertext hashed once per party); a message built locally has none and fails verification. The
+    signature covers ``signed_bytes``, not the object's fields: a receiver given an object checks that
+    they agree (:func:`signed_message`), so fields changed after decoding are refused.
     """
 
     TYPE: ClassVar[int] = 0
@@ -140,6 +150,7 @@ class Message:
     fingerprint: bytes = ZERO_FINGERPRINT
     signature: bytes | None = field(default=None, repr=False)
     signed_bytes: bytes | None = field(default=None, repr=False)
+    signed_digest: bytes | None = field(default=None, repr=False)
 
     @property
     def type_name(self) -> str:
@@ -166,7 +177,8 @@ class Message:
 
 U8, U16, U32, U64 = UInt("B"), UInt("H"), UInt("I"), UInt("Q")
 FP = FixedBytes(32)
-CT = Bytes(MAX_CIPHERTEXT)
+#: a ciphertext envelope (:mod:`fedgat.crypto.packing`): its last 32 bytes are its SHA-256
+CT = Digested(MAX_CIPHERTEXT, MIN_CIPHERTEXT)
 
 
 class AbortCode(IntEnum):
@@ -210,13 +222,16 @@ def encode_message(msg: Message, signer: SigningIdentity) -> bytes:
     """Frame and sign ``msg`` with ``signer`` (the sender's Ed25519 identity).
 
     Raises the same typed errors a receiver would (:class:`SizeLimitError`, :class:`PayloadError`)
-    when the message breaks a limit or a value check, so no party emits a frame its peer refuses.
+    when the message breaks a limit or a value check, so no party emits a frame its peer refuses --
+    but for one thing it does not hash: a ciphertext whose last 32 bytes are not its SHA-256 is sent,
+    and refused by its receivers (:class:`SignatureError`). fedgat's ciphertexts are built with their
+    digest (:func:`fedgat.crypto.packing.envelope_body`).
     """
     cls = type(msg)
     if MESSAGE_TYPES.get(cls.TYPE) is not cls:
         raise TypeError(f"{cls.__name__} is not a registered message type")
     msg.check()
-    pieces: list[bytes] = []
+    pieces: Pieces = []
     for name, codec in cls.SCHEMA:
         codec.encode(getattr(msg, name), pieces, f"{cls.__name__}.{name}")
     length = sum(map(len, pieces))
@@ -237,17 +252,16 @@ def encode_message(msg: Message, signer: SigningIdentity) -> bytes:
     )
     digest = hashlib.sha256(head)
     for piece in pieces:
-        digest.update(piece)
-    return b"".join([head, *pieces, signer.sign(SIGNING_PREFIX + digest.digest())])
+        if type(piece) is not memoryview:  # a memoryview: bytes its Digested field's digest covers
+            digest.update(piece)
+    return b"".join([head, *pieces, signer.sign(signing_input(digest.digest()))])
 
 
-def signing_input(signed_bytes: bytes | bytearray | memoryview) -> bytes:
-    """What the sender's Ed25519 key signs for a frame whose header and payload are ``signed_bytes``:
-    :data:`SIGNING_PREFIX` then their SHA-256 digest. Hashing the frame once (SHA-256) rather than in
-    Ed25519 itself (SHA-512, twice to sign) is what makes large frames cheap to sign; the signature
-    still covers every byte of the header and payload (a forgery needs a SHA-256 collision or an
-    Ed25519 forgery)."""
-    return SIGNING_PREFIX + hashlib.sha256(signed_bytes).digest()
+def signing_input(digest: bytes) -> bytes:
+    """What the sender's Ed25519 key signs for a frame of digest ``digest`` (:attr:`Message.signed_digest`):
+    :data:`SIGNING_PREFIX`, then the digest. Hashing the frame (SHA-256) rather than in Ed25519 itself
+    (SHA-512, twice to sign) is what makes large frames cheap to sign."""
+    return SIGNING_PREFIX + digest
 
 
 def peek_type(data: bytes | memoryview) -> int | None:
@@ -260,7 +274,8 @@ def peek_type(data: bytes | memoryview) -> int | None:
 def decode_message(data: bytes | bytearray | memoryview) -> Message:
     """Parse and structurally validate one frame; raise a :class:`ProtocolError` subclass otherwise.
 
-    The signature is returned in the message (``signature``, ``signed_bytes``), not verified.
+    The signature is returned in the message (``signature``, ``signed_bytes``, ``signed_digest``), not
+    verified; every ciphertext's own digest is (:class:`~fedgat.protocols.codec.Digested`).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise FrameError(f"a frame must be bytes, got {type(data).__name__}")
@@ -284,10 +299,11 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
             f"frame is {len(view)} bytes; its header announces "
             f"{HEADER.size + length + SIGNATURE_SIZE} (truncated or trailing bytes)"
         )
-    reader = Reader(view[HEADER.size : HEADER.size + length])
+    reader = Reader(view[HEADER.size : HEADER.size + length], hashlib.sha256(view[: HEADER.size]))
     try:
         values = {name: codec.decode(reader, f"{cls.__name__}.{name}") for name, codec in cls.SCHEMA}
         reader.finish()
+        signed = bytes(view[:-SIGNATURE_SIZE])
         msg = cls(
             **values,
             sender=sender,
@@ -296,7 +312,8 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
             seq=seq,
             fingerprint=fingerprint,
             signature=bytes(view[-SIGNATURE_SIZE:]),
-            signed_bytes=bytes(view[:-SIGNATURE_SIZE]),
+            signed_bytes=signed,
+            signed_digest=reader.signed_digest(),
         )
         msg.check()
     except ProtocolError:

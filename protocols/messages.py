@@ -4,7 +4,7 @@ Frame (all integers big-endian)::
 
     offset  size  field
     0       4     magic b"FGAT"
-    4       1     version (10)
+    4       1     version (14)
     5       2     message type id (table below)
     7       4     sender party id
     11      4     recipient party id
@@ -13,13 +13,21 @@ Frame (all integers big-endian)::
     31      32    CKKS key fingerprint the message is bound to (32 zero bytes before a key exists)
     63      4     payload length L
     67      L     payload (the message's fields, :mod:`fedgat.protocols.codec`)
-    67+L    64    Ed25519 signature of the sender over b"FGAT-frame-sha256\0" + SHA-256(bytes [0, 67+L))
+    67+L    64    Ed25519 signature of the sender over b"FGAT-frame-sha256-tree\0" + SHA-256 of
+                  bytes [0, 67+L) without each ciphertext's bytes before the SHA-256 ending it
+
+Every ``ct`` (below) is an envelope that ends with its own SHA-256
+(:func:`fedgat.crypto.packing.envelope_body`): the signature covers it through that digest and its
+length, so a ciphertext is hashed once at its maker and once at its receiver, not a second time for
+the frame (:attr:`fedgat.protocols.frame.Message.signed_digest`; version 7 to 13 hashed every byte).
+A ``ct`` is 1 KiB to 4 MiB.
 
 :func:`decode_message` checks, in this order and before allocating anything of the declared size:
 length of the header, magic (:class:`FrameError`), version (:class:`VersionError`), type
 (:class:`UnknownTypeError`), ``L`` against the type's payload limit (:class:`SizeLimitError`), that the
 frame is exactly ``67 + L + 64`` bytes (:class:`FrameError`), then parses the payload field by field
-(every field with its own limit) and runs the type's value checks (:class:`PayloadError`,
+(every field with its own limit; each ``ct`` against the SHA-256 that ends it,
+:class:`SignatureError` otherwise) and runs the type's value checks (:class:`PayloadError`,
 :class:`KeyFingerprintError`). It does **not** check the signature, the recipient, the session or the
 sequence number: that needs the roster and the receiver's state, see
 :class:`fedgat.protocols.roster.Verifier`.

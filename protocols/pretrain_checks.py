@@ -139,7 +139,8 @@ def check_upload_items(
         keys.add(key)
     for item in items:  # every ciphertext is checked before any is stored
         try:
-            check_envelope(context, item.ciphertext, level="fresh")
+            # the frame's decoding checked the digest (fedgat.protocols.codec.Digested)
+            check_envelope(context, item.ciphertext, level="fresh", digest_checked=True)
         except (CiphertextFormatError, KeyMismatchError) as exc:
             raise crypto_error(
                 exc, f"upload of node {item.node} chunk {item.chunk} for party {target}"

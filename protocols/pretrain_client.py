@@ -931,7 +931,9 @@ class ClientPretrain(Party):
             for item in msg.items:
                 count = len(item.nodes)
                 try:
-                    dec = decrypt_rows(self.holder, item.row_blobs, count * R, layout, kind="result")
+                    dec = decrypt_rows(
+                        self.holder, item.row_blobs, count * R, layout, kind="result", digest_checked=True
+                    )  # the frame's decoding checked every digest
                 except (CiphertextFormatError, KeyMismatchError) as exc:
                     raise crypto_error(exc, f"results of node {item.node}") from exc
                 decrypted.extend(layout.unpack_items(dec, count, R))

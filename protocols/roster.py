@@ -126,7 +126,7 @@ class Verifier:
         :class:`ReplayError`; never changes the verifier.
 
         The signature is verified over ``msg.signed_bytes`` (through their digest,
-        :func:`~fedgat.protocols.frame.signing_input`), and the object's fields must be exactly
+        :attr:`~fedgat.protocols.frame.Message.signed_digest`), and the object's fields must be exactly
         those bytes decoded (:func:`~fedgat.protocols.frame.signed_message`; :class:`SignatureError`
         otherwise). ``from_frame=True``: the caller has just built ``msg`` with
         :func:`~fedgat.protocols.messages.decode_message` from the frame itself (or with
@@ -134,11 +134,12 @@ class Verifier:
         key = self.roster.signing_key(msg.sender)
         if msg.signature is None or msg.signed_bytes is None:
             raise SignatureError(f"{msg.type_name} from {msg.sender} carries no signature")
-        if not from_frame:
-            signed_message(msg)
+        signed = msg if from_frame else signed_message(msg)  # the digest of its bytes, not its field's
+        if signed.signed_digest is None:
+            raise SignatureError(f"{msg.type_name} from {msg.sender} was not decoded from a frame")
         check_signature(
             key,
-            signing_input(msg.signed_bytes),
+            signing_input(signed.signed_digest),
             msg.signature,
             f"bad signature on {msg.type_name} from party {msg.sender}",
         )

@@ -76,6 +76,23 @@ ROSTER = Roster(
 )
 
 
+def env(body: bytes) -> bytes:
+    """A stand-in for a ciphertext envelope: ``body`` repeated to 1 KiB at least (the least a ciphertext
+    field holds), then its SHA-256 (what it must end with, :class:`fedgat.protocols.codec.Digested`)."""
+    body = body * -(-1024 // max(1, len(body))) if body else bytes(1024)
+    return body + hashlib.sha256(body).digest()
+
+
+def ciphertexts(msg) -> list[bytes]:
+    """The ciphertext fields of ``msg``, in payload order."""
+    items = getattr(msg, "items", ())
+    return [
+        c
+        for i in items
+        for c in ([i.ciphertext] if isinstance(i, UploadItem) else getattr(i, "row_blobs", ()))
+    ]
+
+
 def samples() -> list:
     rng = np.random.default_rng(0)
     p = rng.standard_normal((2, 3, 3))
@@ -101,7 +118,7 @@ def samples() -> list:
         GraphAnnounce(
             dim=4, owned=np.array([2, 5]), indptr=np.array([0, 2, 3]), indices=np.array([2, 5, 5]), **HDR
         ),
-        FeatureUpload(target=2, items=(UploadItem(2, 0, b"ct0"), UploadItem(5, 1, b"ct1")), **HDR),
+        FeatureUpload(target=2, items=(UploadItem(2, 0, env(b"ct0")), UploadItem(5, 1, env(b"ct1"))), **HDR),
         UploadDone(nodes=2, ciphertexts=4, **HDR),
         UploadGrant(recipients=np.array([1, 3]), **HDR),
         EncodingBases(bucket=0, variant="vector", n=3, owners=owners, p=p, **bases, **HDR),
@@ -115,7 +132,11 @@ def samples() -> list:
             **bases,
             **HDR,
         ),
-        EncodingResults(bucket=2, items=(ResultItem(4, 0, (b"a", b"b")), ResultItem(7, 2, (b"c",))), **HDR),
+        EncodingResults(
+            bucket=2,
+            items=(ResultItem(4, 0, (env(b"a"), env(b"b" * 1100))), ResultItem(7, 2, (env(b""),))),
+            **HDR,
+        ),
         EncodingsDone(buckets=3, nodes=9, **HDR),
         GlobalModel(
             round=4,
@@ -207,15 +228,16 @@ def _patch(data: bytes, offset: int, fmt: str, value) -> bytes:
 
 def test_header_fields_map_to_their_errors():
     data = frame(sample(UploadDone))
-    assert data[4] == VERSION == 13
+    assert data[4] == VERSION == 14
     with pytest.raises(FrameError, match="magic"):
         decode_message(b"XGAT" + data[4:])
     # the dealer (1), shared check keys (2), per-client reports (3), DP terms without a mechanism (4),
     # a PublicContext without the ciphertext wire (5), a signature over the frame's bytes themselves (6),
     # results one node per item (7), edge claims without their claimer's peers (8), rounds without
     # the owners' neighbourhood statements (9), secure rounds without cohort views or consistency
-    # check (10), rows released unpadded (11), uniform pads (12)
-    for version in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 255):
+    # check (10), rows released unpadded (11), uniform pads (12), ciphertexts hashed for the signature
+    # too (13)
+    for version in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 255):
         with pytest.raises(VersionError):
             decode_message(_patch(data, 4, ">B", version))
     with pytest.raises(UnknownTypeError):
@@ -507,9 +529,10 @@ def test_verifier_checks_sender_signature_recipient_session_and_sequence():
 
 @pytest.mark.parametrize("msg", samples(), ids=lambda m: m.type_name)
 def test_the_signature_covers_the_digest_of_header_and_payload(msg):
-    """Version 7 signs ``SIGNING_PREFIX + SHA-256(header + payload)``: the frame's bytes are those of
-    version 6 (header, payload) and only the signature's input changed. A version-6 style signature
-    (Ed25519 over the bytes themselves) is refused."""
+    """Version 14 signs ``SIGNING_PREFIX + SHA-256(header + payload)``, where each ciphertext's bytes
+    before the SHA-256 that ends them are left out of the hash (that digest covers them); the frame's
+    bytes are those of version 13. A version-13 style signature (over the hash of every byte) is
+    refused, as is a version-6 one (Ed25519 over the bytes)."""
     data = frame(msg)
     head = HEADER.pack(
         b"FGAT",
@@ -522,19 +545,60 @@ def test_the_signature_covers_the_digest_of_header_and_payload(msg):
         msg.fingerprint,
         len(data) - HEADER.size - SIGNATURE_SIZE,
     )
-    pieces: list[bytes] = []
+    pieces: list = []
     for name, codec in type(msg).SCHEMA:
         codec.encode(getattr(msg, name), pieces, name)
     body = b"".join([head, *pieces])
     assert data[:-SIGNATURE_SIZE] == body
-    assert signing_input(body) == SIGNING_PREFIX + hashlib.sha256(body).digest()
-    assert len(signing_input(body)) < HEADER.size  # never a frame of an earlier version
-    assert data[-SIGNATURE_SIZE:] == SIGNER.sign(signing_input(body))  # Ed25519 is deterministic
-    verify(SIGNER.public_bytes(), signing_input(memoryview(data)[:-SIGNATURE_SIZE]), data[-SIGNATURE_SIZE:])
+    kept, at = [], 0  # the hashed bytes, found here without the codec's ranges
+    for ct in ciphertexts(msg):
+        start = body.index(ct, at)
+        kept.append(body[at:start])
+        at = start + len(ct) - 32
+    digest = hashlib.sha256(b"".join([*kept, body[at:]])).digest()
+    assert decode_message(data).signed_digest == digest
+    assert signing_input(digest) == SIGNING_PREFIX + digest
+    assert len(signing_input(digest)) < HEADER.size  # never a frame of an earlier version
+    assert data[-SIGNATURE_SIZE:] == SIGNER.sign(signing_input(digest))  # Ed25519 is deterministic
+    verify(SIGNER.public_bytes(), signing_input(digest), data[-SIGNATURE_SIZE:])
     v = Verifier(ROSTER, me=3, session=SESSION)
     v.check(decode_message(data))
     with pytest.raises(SignatureError):  # signed the version-6 way
         v.check(decode_message(body + SIGNER.sign(body)))
+    v13 = decode_message(body + SIGNER.sign(b"FGAT-frame-sha256\x00" + hashlib.sha256(body).digest()))
+    with pytest.raises(SignatureError):  # another prefix (and, with ciphertexts, another digest)
+        v.check(v13)
+
+
+def test_a_ciphertext_is_bound_by_its_digest_and_the_signature_by_those_digests():
+    """Flip a byte of a ciphertext: decoding refuses it (its own SHA-256 no longer matches, before any
+    signature check). Replace a ciphertext and its digest together (the digest recomputed): the
+    frame decodes, and the signature, which covers the old digest, refuses it."""
+    msg = sample(EncodingResults)
+    data = bytearray(frame(msg))
+    ct = msg.items[0].row_blobs[1]
+    at = bytes(data).index(ct)
+    flipped = bytearray(data)
+    flipped[at + 5] ^= 1
+    with pytest.raises(SignatureError, match="do not match their SHA-256 digest"):
+        decode_message(bytes(flipped))
+    other = env(b"c" * 1100)  # the same length, a consistent digest
+    resealed = bytes(data[:at]) + other + bytes(data[at + len(ct) :])
+    forged = decode_message(resealed)
+    assert forged.items[0].row_blobs[1] == other
+    with pytest.raises(SignatureError):
+        Verifier(ROSTER, me=3, session=SESSION).check(forged)
+    Verifier(ROSTER, me=3, session=SESSION).check(decode_message(bytes(data)))
+    # a ciphertext under 1 KiB (below any preset's) is refused before it is hashed, sent or received
+    tiny = EncodingResults(bucket=2, items=(ResultItem(4, 0, (b"t" * 990 + bytes(32),)),), **HDR)
+    with pytest.raises(SizeLimitError, match=r"1022 bytes, not in \[1 KiB, 4 MiB\]"):
+        frame(tiny)
+    good = frame(dataclasses.replace(tiny, items=(ResultItem(4, 0, (env(b"t"),)),)))
+    at = good.index(env(b"t")) - 4
+    small = good[:at] + struct.pack(">I", 1022) + good[at + 4 : at + 4 + 1022] + good[at + 4 + 1056 :]
+    small = small[:63] + struct.pack(">I", len(small) - HEADER.size - SIGNATURE_SIZE) + small[67:]
+    with pytest.raises(SizeLimitError, match=r"declared 1022 bytes"):
+        decode_message(small)
 
 
 @pytest.mark.parametrize("msg", samples(), ids=lambda m: m.type_name)

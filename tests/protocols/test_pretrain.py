@@ -696,8 +696,11 @@ def test_server_refuses_uploads_the_plan_does_not_need(harness):
     # duplicates inside one message, a malformed ciphertext
     one = decode_message(_upload(h, 1, a, node))
     rejected(server, h.craft(1, FeatureUpload, sid, target=a, items=one.items * 2), PayloadError, "duplicate")
-    cut = (UploadItem(node, 0, one.items[0].ciphertext[:-5]),)
-    rejected(server, h.craft(1, FeatureUpload, sid, target=a, items=cut), PayloadError)
+    cut = (UploadItem(node, 0, one.items[0].ciphertext[:-5]),)  # its digest no longer its bytes'
+    rejected(server, h.craft(1, FeatureUpload, sid, target=a, items=cut), SignatureError, "SHA-256 digest")
+    short = one.items[0].ciphertext[:-37]  # resealed: a frame that decodes, an envelope 5 bytes short
+    resealed = (UploadItem(node, 0, short + hashlib.sha256(short).digest()),)
+    rejected(server, h.craft(1, FeatureUpload, sid, target=a, items=resealed), PayloadError)
 
     first = _upload(h, 1, a, node)
     server.receive(first)

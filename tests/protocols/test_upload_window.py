@@ -4,6 +4,7 @@ window of recipients' uploads instead of the round's."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 
@@ -148,7 +149,9 @@ def test_the_server_refuses_uploads_for_a_recipient_it_has_not_granted(tiny_grap
         (c, r) for c in h.roster.clients for r in h.client(c).releases if r not in granted
     )
     node = int(h.client(owner).releases[recipient][0])
-    upload = h.craft(owner, FeatureUpload, sid, target=recipient, items=(UploadItem(node, 0, b"ct"),))
+    body = b"ct" * 600
+    blob = body + hashlib.sha256(body).digest()  # a frame that decodes; its grant is what is missing
+    upload = h.craft(owner, FeatureUpload, sid, target=recipient, items=(UploadItem(node, 0, blob),))
     rejected(h.server, upload, PayloadError, "before the server granted them")
     assert h.server.state is ServerState.UPLOADING
     h.run()
