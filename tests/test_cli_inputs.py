@@ -723,3 +723,27 @@ def test_a_ledger_folder_flag_refuses_an_empty_string_and_a_file(tmp_path, capsy
     ):
         assert main(argv) == 2, argv
         assert flag in capsys.readouterr().err, argv
+
+
+def test_a_centralised_method_says_it_leaves_the_owners_file_unused(tmp_path, capsys):
+    """``fedgat train --method gat --owners FILE`` trains one client on the whole graph: it says the
+    file is unused instead of reporting "1 client(s), owners from FILE" (a newcomer's review)."""
+    owners = tmp_path / "owners.npy"
+    np.save(owners, np.arange(500) % 3)
+    out = tmp_path / "gat.json"
+    argv = [
+        "train",
+        "--dataset",
+        "synthetic",
+        "--method",
+        "gat",
+        "--rounds",
+        "1",
+        "--quiet",
+        "--json",
+        str(out),
+    ]
+    assert main([*argv, "--owners", str(owners)]) == 0
+    captured = capsys.readouterr()
+    assert f"--method gat trains one client on the whole graph; --owners {owners} is unused" in captured.err
+    assert "owners from" not in captured.out and json.loads(out.read_text())["owners"] is None

@@ -317,6 +317,17 @@ def test_bad_data_is_refused(changes, match):
         Graph.from_pyg(_changed(random_data(masks=True), **changes))
 
 
+def test_a_files_malformed_graph_is_refused_naming_the_file(tmp_path):
+    """A newcomer's review: "edge_index holds node 150" said nothing of which file; a saved ``Data``
+    whose fields are malformed is refused naming it once (the error's type kept)."""
+    bad = _changed(random_data(masks=True), edge_index=torch.tensor([[0], [120]]))
+    path = tmp_path / "mine.pt"
+    torch.save(bad, path)
+    with pytest.raises(GraphError, match=r"mine\.pt: edge_index holds node 120") as err:
+        load_dataset(str(path))
+    assert type(err.value) is GraphError and str(err.value).count("mine.pt") == 1
+
+
 def test_non_graph_inputs_are_refused():
     from torch_geometric.data import HeteroData
     from torch_geometric.datasets import FakeDataset

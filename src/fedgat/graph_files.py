@@ -29,6 +29,7 @@ passes ``trust_pickle=True``, which unpickles without restriction: only for file
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -90,7 +91,7 @@ def load_npz(path: str | Path, *, name: str | None = None, binarise: bool = Fals
     """
     data = read_npz_data(path, binarise=binarise)
     path = Path(path)
-    return Graph.from_pyg(data, name=name or path.stem, source=str(path), **split)
+    return _named(path, lambda: Graph.from_pyg(data, name=name or path.stem, source=str(path), **split))
 
 
 def load_pt(path: str | Path, *, name: str | None = None, trust_pickle: bool = False, **split) -> Graph:
@@ -139,10 +140,21 @@ def load_pt(path: str | Path, *, name: str | None = None, trust_pickle: bool = F
         )
     if name is None and not isinstance(obj.get("name"), str):
         name = path.stem
-    return Graph.from_pyg(obj, name=name, source=str(path), **split)
+    return _named(path, lambda: Graph.from_pyg(obj, name=name, source=str(path), **split))
 
 
 # ----------------------------------------------------------------------------------------- helpers
+def _named(path: Path, build: Callable[[], Graph]) -> Graph:
+    """``build()``, its :class:`~fedgat.graph.GraphError` naming the file (e.g. "edge_index holds node
+    150" says nothing of where, on a command line given several files)."""
+    try:
+        return build()
+    except GraphError as exc:
+        if not str(exc).startswith(str(path)):
+            exc.args = (f"{path}: {exc}", *exc.args[1:])
+        raise
+
+
 def _existing(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not path.exists():

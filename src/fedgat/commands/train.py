@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -306,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from fedgat.methods import check_sweep, run_method
+    from fedgat.methods import CENTRALISED, check_sweep, run_method
 
     overrides, hparams = check_arguments(args)
     device = check_device(args.device)
@@ -314,6 +315,13 @@ def run(args: argparse.Namespace) -> int:
     sized = {} if args.nodes is None else synthetic_sizes(args.nodes)
     graph = load_graph(args.dataset, **sized)
     owners = resolve_owners(args, graph)
+    if args.method in CENTRALISED and owners is not None:
+        print(
+            f"fedgat train: note: --method {args.method} trains one client on the whole graph; "
+            f"--owners {args.owners} is unused",
+            file=sys.stderr,
+        )
+        owners = None
 
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     # a sweep the ledgers (DP-FedAvg's, the rows') cannot pay for: refused before seed 1
@@ -413,6 +421,9 @@ def _report(args: argparse.Namespace, dataset: str, hparams: dict, results: list
 
 def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: list) -> dict:
     """The JSON summary (without ``per_seed``). Standard deviations are sample ones (ddof 1)."""
+    from fedgat.methods import CENTRALISED
+
+    centralised = args.method in CENTRALISED  # trained one client: no owners
     acc = [r.test_accuracy for r in results]
     val = [r.best_val_accuracy for r in results]
     spent = [r.dp_spent for r in results if r.dp_spent is not None]
@@ -430,7 +441,7 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
         "dataset": dataset,
         "clients": results[0].num_clients,
         "beta": args.beta,
-        "owners": None if args.owners is None else str(args.owners),
+        "owners": None if args.owners is None or centralised else str(args.owners),
         "seeds": [r.seed for r in results],
         "test_accuracy_mean": statistics.fmean(acc),
         "test_accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
