@@ -54,10 +54,17 @@ HELP = "privacy audit: server-side checks and client-side attacks, with mitigati
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_dataset_argument(parser)
-    parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
+    parser.add_argument(
+        "--variant",
+        default="vector",
+        choices=("vector", "matrix"),
+        help="FedGAT encodings to attack (default vector)",
+    )
     add_owners_arguments(parser)
-    parser.add_argument("--beta", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--beta", type=float, default=1.0, help="Dirichlet label split (default 1: non-iid)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the split, the bases and the training (default 0)"
+    )
     parser.add_argument(
         "--min-cross",
         type=int,
@@ -71,7 +78,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="neighbour sampling cap (default none; 16 for the matrix variant)",
     )
     parser.add_argument("--dp-epsilon", type=float, default=None, help="DP release of shared rows")
-    parser.add_argument("--dp-delta", type=float, default=1e-5)
+    parser.add_argument("--dp-delta", type=float, default=1e-5, help="the DP release's delta (default 1e-5)")
     parser.add_argument(
         "--dp-mechanism",
         default="label_rr",
@@ -89,7 +96,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="EPS",
         help="also sweep these epsilons (attacks + accuracy) against DistGAT",
     )
-    parser.add_argument("--rounds", type=int, default=300, help="FedAvg rounds for the accuracy runs")
+    parser.add_argument(
+        "--rounds", type=int, default=300, help="federated rounds of the accuracy runs (default 300)"
+    )
     parser.add_argument(
         "--attack-clients",
         type=int,
@@ -122,7 +131,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_upload_window_argument(parser)  # the server side's encrypted rounds, honest and hostile
     parser.add_argument("--no-training", action="store_true", help="skip the accuracy runs")
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--report", type=Path, default=None, help="Markdown report path")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the epsilon sweep")
     parser.add_argument(

@@ -95,13 +95,22 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     add_dataset_argument(parser)
     parser.add_argument("--nodes", type=int, default=None, help="synthetic only: nodes (default 200)")
     add_owners_arguments(parser)
-    parser.add_argument("--variant", default="vector", choices=("vector", "matrix"))
-    parser.add_argument("--neighbour-cap", type=int, default=None)
-    parser.add_argument("--preset", default="n4096", choices=("n4096", "n8192", "n8192-small", "n16384"))
+    parser.add_argument(
+        "--variant", default="vector", choices=("vector", "matrix"), help="FedGAT encodings (default vector)"
+    )
+    parser.add_argument(
+        "--neighbour-cap", type=int, default=None, help="neighbour sampling cap (default none)"
+    )
+    parser.add_argument(
+        "--preset",
+        default="n4096",
+        choices=("n4096", "n8192", "n8192-small", "n16384"),
+        help="CKKS preset (default n4096)",
+    )
     add_wire_argument(parser)
     add_encrypt_workers_argument(parser)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--beta", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the split and the bases (default 0)")
+    parser.add_argument("--beta", type=float, default=1.0, help="Dirichlet label split (default 1: non-iid)")
     parser.add_argument("--workers", type=int, default=None, help="server processes (default: every core)")
     parser.add_argument(
         "--engine",
@@ -114,7 +123,9 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         "--actors", type=int, default=None, help="process engine: worker processes (default: usable cores)"
     )
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the accuracy comparison")
-    parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds of the accuracy comparison")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="federated rounds of the accuracy comparison"
+    )
     parser.add_argument(
         "--link-gbps",
         type=float,
@@ -129,8 +140,19 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sweep", action="store_true", help="sweep --datasets x --client-counts (no training)"
     )
-    parser.add_argument("--datasets", nargs="+", default=["cora", "citeseer"])
-    parser.add_argument("--client-counts", nargs="+", type=int, default=[2, 5, 10])
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        default=["cora", "citeseer"],
+        help="--sweep: datasets (default cora citeseer)",
+    )
+    parser.add_argument(
+        "--client-counts",
+        nargs="+",
+        type=int,
+        default=[2, 5, 10],
+        help="--sweep: client counts (default 2 5 10)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     _add_out(parser, "overhead.{json,md,png}")
     parser.add_argument(

@@ -263,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
     args.engine = resolve_engine(args.engine, est["client_seconds"])
     print(
         f"fedgat demo: {graph.name} ({graph.num_nodes} nodes, d={graph.num_features}), {args.clients} clients, "
-        f"{describe_split(args)}, {args.variant} encodings, preset {args.preset}, neighbour cap {cap}; "
+        f"{describe_split(args)}, {args.variant} encodings, preset {args.preset}, "
+        f"neighbour cap {'none' if cap is None else cap}; "
         f"training: {settings['strategy']}, minimum-cross rule {rule}; engine {args.engine}"
     )
     memory = 2 * est["decrypted_bytes_float64"]  # decrypted encodings + the plaintext twin, float64
@@ -420,7 +421,7 @@ def format_pretraining(r: dict) -> str:
     lines.append(
         f"packing: a ciphertext holds {layout['slots']} numbers: "
         + ("a whole row" if layout["chunks"] == 1 else f"1/{layout['chunks']} of a row")
-        + f" (d = {layout['d']} numbers) for {layout['blocks']} rows at once; "
+        + f" (d = {layout['d']} numbers per row sent, check tags included) for {layout['blocks']} rows at once; "
         f"{r['slot_utilisation']:.0%} of the numbers sent carry data "
         f"({r['result_slot_utilisation']:.0%} in the results), the rest is padding"
     )
