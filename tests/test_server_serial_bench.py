@@ -3,25 +3,14 @@ PYTHONPATH, and the ratios written are the means' of this version over the other
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "server_serial.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("server_serial", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from fedgat.benchmarks import server_serial as bench
 
 
 def test_compare_alternates_the_versions_and_writes_their_ratios(tmp_path, monkeypatch):
-    bench = _load()
     calls: list = []
     clocks = {  # (version's PYTHONPATH, run) -> upload, download, main process per GB, per result
         ("/other/src", 0): (5.0, 2.0, 10.0, 3.0),
