@@ -10,7 +10,8 @@ Bool             1 byte, 0 or 1
 Float64          8 bytes IEEE-754 double
 FixedBytes(n)    exactly ``n`` bytes
 Bytes(max)       u32 length, then the bytes (length <= max)
-Digested(max)    as Bytes, the last 32 bytes being the SHA-256 of the rest (a ciphertext envelope)
+Digested(max)    as Bytes, at least ``min_len`` bytes, the last 32 being the SHA-256 of the rest
+                 (a ciphertext envelope)
 Text(max)        u16 length, then UTF-8 (length <= max)
 Array(dtype)     u8 dtype code (1 float32, 2 float64, 3 int64), u8 ndim, ndim x u32 dims, then the
                  elements little-endian, C order (element count <= max)
@@ -274,9 +275,8 @@ class Digested(Bytes):
     envelope) and at least ``min_len`` bytes. Decoding refuses a value whose digest does not match
     (:class:`SignatureError`: bytes the signature covers through that digest were changed, by the
     network or by the sender -- the two cannot be told apart) and leaves the range it covers out of the
-    reader's digest; the frame signs the digest in place of
-    those bytes (module docstring). Encoding does not hash: a sender's wrong digest is refused by
-    its receivers."""
+    reader's digest: the frame signs the digest in place of those bytes (module docstring). Encoding
+    does not hash: a sender's wrong digest is refused by its receivers."""
 
     def __init__(self, max_len: int, min_len: int = DIGEST_SIZE) -> None:
         super().__init__(max_len)
