@@ -294,6 +294,10 @@ def _changed(d: Data, **changes) -> Data:
         ({"edge_index": None}, r"data has no edge_index"),
         ({"x": torch.full((120, 6), float("nan"))}, r"x holds NaN or infinite values \(e.g. row 0\)"),
         ({"y": torch.full((120,), -1)}, r"y holds label -1; labels must lie in \[0, num_classes\)"),
+        (  # an id column read as labels: a class per id up to it
+            {"y": torch.arange(120) * 10**7},
+            r"y holds label 1190000000; with 120 nodes class ids must lie below 1024 \(are these ids\?",
+        ),
         ({"y": torch.zeros(120)}, r"y has dtype torch.float32"),
         ({"y": torch.zeros(119, dtype=torch.long)}, r"y has shape \(119,\).*y has 119 labels, x 120 rows"),
         (

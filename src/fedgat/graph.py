@@ -424,6 +424,10 @@ def _checked_features(value: object) -> torch.Tensor:
     return x
 
 
+#: class ids below this are always accepted (above it, only below twice the node count)
+MAX_CLASS_FLOOR = 1024
+
+
 def _checked_labels(value: object, n: int) -> torch.Tensor:
     """``value`` as ``(n,)`` int64 labels, all ``>= 0``."""
     y = _tensor(value, "y")
@@ -438,6 +442,12 @@ def _checked_labels(value: object, n: int) -> torch.Tensor:
     lo = int(y.min())
     if lo < 0:
         raise GraphError(f"y holds label {lo}; labels must lie in [0, num_classes)")
+    hi, limit = int(y.max()), max(MAX_CLASS_FLOOR, 2 * n)
+    if hi >= limit:  # e.g. an id column read as labels: a class per id up to it, a model that wide
+        raise GraphError(
+            f"y holds label {hi}; with {n} nodes class ids must lie below {limit} (are these ids? number "
+            "the classes 0..K-1, or give them as names in a graph folder's label column)"
+        )
     return y
 
 

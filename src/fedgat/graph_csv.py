@@ -17,8 +17,8 @@ The layout most graphs start in, readable without Python::
   (so ``0..K-1`` keep their meaning; ``2.0`` is ``2``); a negative or fractional number is an
   error; any other text is a class name, and the names are numbered ``0..K-1`` in sorted order (the
   mapping is in ``graph.report.notes``, as is a column that mixes numbers and names: all are then
-  names). Every node needs one: give
-  an unlabelled node any class and leave its ``split`` cell empty.
+  names). Every node needs one: give an unlabelled node any class and leave its ``split`` cell
+  empty.
 * ``split`` (optional): ``train``, ``val`` (or ``valid``, ``validation``), ``test``, or empty (or
   ``-``, ``none``: the node is in no split). Without the column a seeded per-class split is drawn
   (:func:`fedgat.splits.per_class_split`), as for every graph without masks.
@@ -34,8 +34,9 @@ An empty edge list is a graph of isolated nodes.
 In both files, cells may be quoted (``"a, b"``), spaces around a cell are ignored, blank lines are
 skipped, and a ``#`` starts a comment to the end of its line (so ``#`` cannot appear in an id).
 Files are UTF-8 (a leading byte-order mark, as spreadsheets write, is skipped). Every row of
-``nodes.csv`` has as many cells as its header names. Every problem raises :class:`~fedgat.graph_files.DatasetFormatError` naming the
-file, the line and the column; a missing table :class:`~fedgat.graph_files.DatasetNotFoundError`.
+``nodes.csv`` has as many cells as its header names. Every problem raises
+:class:`~fedgat.graph_files.DatasetFormatError` naming the file, the line and the column; a missing
+table :class:`~fedgat.graph_files.DatasetNotFoundError`.
 The tables are read by numpy's C parser (:func:`numpy.loadtxt`) and ids matched by sorting: a
 graph the size of ogbn-arxiv (169k nodes, 1.17M edges, 128 features; 214 MB of CSV) reads in 7.6 s
 with a peak of 0.94 GB on the 2-core development VM; checking every row's width (Python's ``csv``
@@ -323,7 +324,9 @@ def _labels(table: _Table, labels: np.ndarray, column: str) -> tuple[np.ndarray,
     except ValueError:
         numbers = None
     if numbers is not None:
-        bad = np.flatnonzero(~np.isfinite(numbers) | (numbers < 0) | (numbers != np.round(numbers)))
+        bad = np.flatnonzero(
+            ~np.isfinite(numbers) | (numbers < 0) | (numbers != np.round(numbers)) | (numbers > 2**53)
+        )
         if bad.size:
             row = int(bad[0])
             raise DatasetFormatError(
