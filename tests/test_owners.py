@@ -70,6 +70,20 @@ def test_node_column_names_nodes_by_their_ids_when_the_graph_has_them(tmp_path):
     )
 
 
+def test_errors_name_a_node_by_its_id_where_the_graph_has_ids(tmp_path):
+    """A newcomer's review: "client id -1 (node 5)" left the user counting rows; with the graph's ids
+    the node's id is named too."""
+    owners = OWNERS.copy()
+    owners[5] = -1
+    text = "node,client\n" + "\n".join(f'"{NAMES[i]}",{owners[i]}' for i in range(N))
+    with pytest.raises(OwnersError, match=r"holds client id -1 \(node 5, 'b'\); ids must be >= 0"):
+        load_owners(write(tmp_path / "bad.csv", text), N, node_names=NAMES)
+    owners[5] = 7
+    text = "node,client\n" + "\n".join(f'"{NAMES[i]}",{owners[i]}' for i in range(N))
+    with pytest.raises(OwnersError, match=r"client id 7 \(node 5, 'b'\) but there are 3 clients"):
+        load_owners(write(tmp_path / "bad.csv", text), N, num_clients=3, node_names=NAMES)
+
+
 @pytest.mark.parametrize(
     ("rows", "match"),
     [

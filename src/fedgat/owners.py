@@ -70,7 +70,7 @@ def load_owners(
     if node_names is not None and len(node_names) != num_nodes:
         raise ValueError(f"node_names holds {len(node_names)} names for {num_nodes} nodes")
     owners = _read_npy(path) if suffix == ".npy" else _read_text(path, num_nodes, node_names)
-    return check_owners(owners, num_nodes, num_clients, source=f"owners file {path}")
+    return check_owners(owners, num_nodes, num_clients, source=f"owners file {path}", node_names=node_names)
 
 
 def owner_clients(owner: object, num_clients: int | None, num_nodes: int) -> tuple[np.ndarray, int]:
@@ -90,7 +90,12 @@ def owner_clients(owner: object, num_clients: int | None, num_nodes: int) -> tup
 
 
 def check_owners(
-    owners: object, num_nodes: int, num_clients: int | None = None, *, source: str = "owners"
+    owners: object,
+    num_nodes: int,
+    num_clients: int | None = None,
+    *,
+    source: str = "owners",
+    node_names: np.ndarray | None = None,
 ) -> np.ndarray:
     """Check an owner array: ``(N,)`` whole numbers in ``0..K-1``, each client owning a node.
 
@@ -99,6 +104,7 @@ def check_owners(
         num_nodes: ``N``.
         num_clients: ``K``; default ``max + 1``.
         source: how messages name the owners (e.g. the file).
+        node_names: ``(N,)`` the nodes' ids, which messages then give beside each node's number.
 
     Returns:
         the owners as ``(N,)`` int64.
@@ -107,6 +113,10 @@ def check_owners(
         OwnersError: naming the first problem found.
     """
     a = np.asarray(owners)
+
+    def node(i: int) -> str:
+        return f"node {i}" if node_names is None else f"node {i}, {str(node_names[i])!r}"
+
     if a.ndim == 2 and a.shape[1] == 1:
         a = a[:, 0]
     if a.ndim != 1:
@@ -123,20 +133,22 @@ def check_owners(
     if np.issubdtype(a.dtype, np.floating):
         bad = np.flatnonzero(~np.isfinite(a))
         if len(bad):
-            raise OwnersError(f"{source} holds {a[bad[0]]} (node {bad[0]}); client ids must be finite")
+            raise OwnersError(f"{source} holds {a[bad[0]]} ({node(bad[0])}); client ids must be finite")
         bad = np.flatnonzero(a != np.round(a))
         if len(bad):
-            raise OwnersError(f"{source} holds {a[bad[0]]} (node {bad[0]}); client ids must be whole numbers")
+            raise OwnersError(
+                f"{source} holds {a[bad[0]]} ({node(bad[0])}); client ids must be whole numbers"
+            )
     if a.min() < 0:
-        node = int(np.flatnonzero(a < 0)[0])
-        raise OwnersError(f"{source} holds client id {a[node]:g} (node {node}); ids must be >= 0")
+        i = int(np.flatnonzero(a < 0)[0])
+        raise OwnersError(f"{source} holds client id {a[i]:g} ({node(i)}); ids must be >= 0")
     k = int(a.max()) + 1 if num_clients is None else num_clients
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise OwnersError(f"num_clients must be an integer >= 1, got {num_clients!r}")
     if a.max() >= k:
-        node = int(np.flatnonzero(a >= k)[0])
+        i = int(np.flatnonzero(a >= k)[0])
         raise OwnersError(
-            f"{source} holds client id {a[node]:g} (node {node}) but there are {k} clients; ids must lie "
+            f"{source} holds client id {a[i]:g} ({node(i)}) but there are {k} clients; ids must lie "
             f"in 0..{k - 1}"
         )
     owners64 = a.astype(np.int64)
