@@ -236,6 +236,7 @@ class FixedBytes(Codec):
 
 class Bytes(Codec):
     _LEN = struct.Struct(">I")
+    min_len = 0
 
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
@@ -246,19 +247,21 @@ class Bytes(Codec):
         value = bytes(value)  # a memoryview's len() counts its items, not its bytes
         if len(value) > self.max_len:
             raise SizeLimitError(f"{what}: {len(value)} bytes exceed the limit {self.max_len}")
+        self._append(value, out)
+
+    def _append(self, value: bytes, out: Pieces) -> None:
         out.append(self._LEN.pack(len(value)))
         out.append(value)
 
     def encode_many(self, values: Sequence[Any], out: Pieces, what: str) -> None:
-        # a list of ciphertexts: no call per item; anything out of the ordinary takes the labelled loop
-        pack, limit, start = self._LEN.pack, self.max_len, len(out)
+        # a list of ciphertexts: no label per item; anything out of the ordinary takes the labelled loop
+        low, limit, start, append = self.min_len, self.max_len, len(out), self._append
         for value in values:
-            if type(value) is not bytes or len(value) > limit:
+            if type(value) is not bytes or not low <= len(value) <= limit:
                 del out[start:]
                 super().encode_many(values, out, what)
                 return
-            out.append(pack(len(value)))
-            out.append(value)
+            append(value, out)
 
     def decode(self, reader: Reader, what: str) -> bytes:
         (n,) = reader.unpack(self._LEN, what)
@@ -298,16 +301,6 @@ class Digested(Bytes):
         out.append(self._LEN.pack(len(value)))
         out.append(memoryview(value)[:-DIGEST_SIZE])
         out.append(value[-DIGEST_SIZE:])
-
-    def encode_many(self, values: Sequence[Any], out: Pieces, what: str) -> None:
-        # a list of ciphertexts: no call per item; anything out of the ordinary takes the labelled loop
-        low, limit, start = self.min_len, self.max_len, len(out)
-        for value in values:
-            if type(value) is not bytes or not low <= len(value) <= limit:
-                del out[start:]
-                Codec.encode_many(self, values, out, what)
-                return
-            self._append(value, out)
 
     def decode(self, reader: Reader, what: str) -> bytes:
         (n,) = reader.unpack(self._LEN, what)
