@@ -53,18 +53,13 @@ def check_budgets(
     (:meth:`fedgat.dp_ledger.DPLedger.check`), before any round runs or anything is drawn. (The
     release itself charges again, atomically per owner.)
 
+    A sweep of one run (:func:`check_sweep`): a row two owners hold (the same features) counts
+    twice, as the release charges it.
+
     Raises:
         MissingLedgerError: no ledger for some owner; BudgetExceededError: an owner's budget is spent.
     """
-    x = graph.x.numpy()
-    record = dp.record(x.shape[1], graph.num_classes)
-    for c, cp in enumerate(partition.clients):
-        if len(cp.owned) == 0:
-            continue
-        ledger = None if ledgers is None else ledgers.get(c)
-        if ledger is None:
-            raise MissingLedgerError(f"a DP release needs every owner's ledger; none for client {c}")
-        ledger.check(np.asarray(x[cp.owned], dtype=np.float64), record, others=_others(ledgers, ledger))
+    check_sweep(graph, [partition], dp, ledgers)
 
 
 def check_sweep(
@@ -93,7 +88,9 @@ def check_sweep(
                 continue
             charged = np.unique(unit_of_node[cp.owned])
             released[charged] += 1
-            needed.setdefault(c, np.zeros(len(units), dtype=np.int64))[charged] = released[charged]
+            if c not in needed:
+                needed[c] = np.zeros(len(units), dtype=np.int64)
+            needed[c][charged] = released[charged]
     for c, counts in needed.items():
         ledger = None if ledgers is None else ledgers.get(c)
         if ledger is None:
