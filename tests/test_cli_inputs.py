@@ -349,6 +349,8 @@ BAD = [
     (["train", "--dataset", "synthetic", "--first-seed", "-1"], 2, "--first-seed must be >= 0"),
     (["train", "--dataset", "cora", "--nodes", "80"], 2, "--nodes applies to --dataset synthetic only"),
     (["train", "--dataset", "synthetic", "--nodes", "10"], 2, "--nodes must be >= 40"),
+    (["audit", "--dataset", "cora", "--nodes", "80"], 2, "--nodes applies to --dataset synthetic only"),
+    (["audit", "--dataset", "synthetic", "--nodes", "10"], 2, "--nodes must be >= 40"),
     (["demo", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
     (["audit", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
     (["audit", "--dataset", "synthetic", "--server-attacks", "bogus"], 2, "--server-attacks: unknown bogus"),

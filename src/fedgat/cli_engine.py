@@ -335,10 +335,12 @@ def _check_creatable(flag: str, parent: Path, path: Path) -> None:
 
 
 def write_text(path: Path, text: str, what: str) -> None:
-    """Write ``text`` to ``path`` (making its folder) and say where it went (stderr)."""
+    """Write ``text`` to ``path`` (making its folder) and say where it went (stderr), and that the
+    folder is new when it was made (a mistyped folder name shows up here, not later)."""
+    made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    print(f"wrote {what} to {path}", file=sys.stderr)
+    print(f"wrote {what} to {path}" + (f" (made the folder {path.parent})" if made else ""), file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------- the server's disk
@@ -504,9 +506,31 @@ def check_nodes(dataset: str, nodes: int | None, minimum: int = 40) -> None:
         raise UsageError(f"--nodes must be >= {minimum}, got {nodes}")
 
 
-def synthetic_sizes(nodes: int, classes: int = 4) -> dict[str, Any]:
-    """The synthetic graph of ``--nodes`` nodes the commands build: ``classes`` classes, 64 features,
-    a fifth of the nodes validate and a fifth test, up to 20 training nodes per class."""
+#: ``--nodes`` of ``--dataset synthetic`` when left out (demo, train and audit build the same graph)
+SYNTHETIC_NODES = 500
+
+
+def add_nodes_argument(parser: argparse.ArgumentParser) -> None:
+    """``--nodes``: the size of ``--dataset synthetic`` (:func:`synthetic_sizes`)."""
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="synthetic dataset only: number of nodes, a fifth of them validating and a fifth testing "
+        f"(default {SYNTHETIC_NODES})",
+    )
+
+
+def add_quiet_argument(parser: argparse.ArgumentParser, help: str = "no progress bars") -> None:
+    """``--quiet``, also spelt ``--no-progress`` (as ``fedgat bench`` spells it)."""
+    parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help=help)
+
+
+def synthetic_sizes(nodes: int | None = None, classes: int = 4) -> dict[str, Any]:
+    """The synthetic graph of ``--nodes`` nodes the commands build (:data:`SYNTHETIC_NODES` when None):
+    ``classes`` classes, 64 features, a fifth of the nodes validate and a fifth test, up to 20 training
+    nodes per class."""
+    nodes = SYNTHETIC_NODES if nodes is None else nodes
     return {
         "num_nodes": nodes,
         "num_classes": classes,

@@ -222,7 +222,13 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
     lines = np.array([lineno for lineno, _ in body])
     node_cells = [cols[node_col] for _, cols in body]
     if node_names is None:
-        node = np.array([_id(path, lineno, cols[node_col], "node id") for lineno, cols in body])
+        try:
+            node = np.array([_id(path, lineno, cols[node_col], "node id") for lineno, cols in body])
+        except OwnersError as exc:
+            raise OwnersError(
+                f"{exc}; node numbers 0..{num_nodes - 1} are expected here: for a graph whose nodes have "
+                "their own ids (a nodes.csv id column), pass node_names=graph.node_names"
+            ) from None
         outside = np.flatnonzero((node < 0) | (node >= num_nodes))
         if len(outside):
             row = int(outside[0])

@@ -30,15 +30,13 @@ here, so the phases add up to the wall time of the round (minus the driver's que
 from __future__ import annotations
 
 import numbers
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from fedgat.app import (
     Deployment,
@@ -73,12 +71,16 @@ from fedgat.methods import (
 from fedgat.owners import owner_clients
 from fedgat.partition import Partition, check_partition
 from fedgat.plain_encoder import PlaintextRound
+from fedgat.progress import progress_bar
 from fedgat.protocols import Clock, Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, peek_type
 from fedgat.protocols.pretrain import ServerState
 from fedgat.tasks import COMPACT_TOLERANCE, select_nodes
 from fedgat.verdict_dp import verdict_epsilon
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = [
     "COMPACT_TOLERANCE",
@@ -232,7 +234,8 @@ def _advance(bar: tqdm, n: int) -> None:
 
 
 class _Progress:
-    """tqdm bars per phase, fed by the driver's observer.
+    """tqdm bars per phase, fed by the driver's observer; each appears when its phase starts and its
+    total is known (no empty bars waiting through the phases before it).
 
     Uploads are counted where the server accepts them (rows released, each to one recipient: the
     total is known once the server has every graph), so the bar moves whichever engine hosts the
@@ -242,13 +245,11 @@ class _Progress:
     def __init__(self, parties: PretrainParties, enabled: bool) -> None:
         self.parties = parties
         self.enabled = enabled
-        kw = {"disable": not enabled, "file": sys.stderr, "leave": True, "dynamic_ncols": True}
-        self.upload = tqdm(total=None, desc="encrypt + upload", unit="row", **kw)
+        self.upload: tqdm | None = None
         self.compute: tqdm | None = None
         # total: the nodes with a foreign partial, known bucket by bucket as the bases arrive (the
         # bar is closed at the end, never when it catches up with a total still growing)
-        self.decrypt = tqdm(total=None, desc="download + decrypt", unit="node", **kw)
-        self._kw = kw
+        self.decrypt: tqdm | None = None
         self._computed = 0
         self.bytes = {"up": 0, "down": 0}
         self.messages = {"up": 0, "down": 0}
@@ -259,27 +260,23 @@ class _Progress:
             side = "up" if delivery.recipient == server.party_id else "down"
             self.bytes[side] += len(delivery.data)
             self.messages[side] += 1
-            if (
-                side == "down"
-                and peek_type(delivery.data) == EncodingResults.TYPE
-                and not self.decrypt.disable
-            ):
+            if side == "down" and self.enabled and peek_type(delivery.data) == EncodingResults.TYPE:
                 clients = self.parties.clients.values()
                 expected = sum(c.nodes_to_decrypt for c in clients)
-                if expected != self.decrypt.total:
+                if self.decrypt is None:
+                    self.decrypt = progress_bar("download + decrypt", total=expected, unit="node")
+                elif expected != self.decrypt.total:
                     self.decrypt.total = expected
                 self.decrypt.update(sum(c.nodes_decrypted for c in clients) - self.decrypt.n)
-        if party_id == server.party_id and not self.upload.disable and server.layout is not None:
-            if self.upload.total is None and server.rows_released:
-                self.upload.total = server.rows_released
-                self.upload.refresh()
-            if self.upload.total is not None:
-                _advance(self.upload, server.ciphertexts_received // server.layout.chunks - self.upload.n)
-        if event == "step" and party_id == server.party_id and self.enabled:
+        if not self.enabled or party_id != server.party_id:
+            return
+        if self.upload is None and server.layout is not None and server.rows_released:
+            self.upload = progress_bar("encrypt + upload", total=server.rows_released, unit="row")
+        if self.upload is not None and server.layout is not None:
+            _advance(self.upload, server.ciphertexts_received // server.layout.chunks - self.upload.n)
+        if event == "step":
             if self.compute is None:
-                self.compute = tqdm(
-                    total=server.nodes_total, desc="server compute (HE)", unit="result", **self._kw
-                )
+                self.compute = progress_bar("server compute (HE)", total=server.nodes_total, unit="result")
             _advance(self.compute, server.nodes_computed - self._computed)
             self._computed = server.nodes_computed
 
@@ -685,9 +682,7 @@ def train_fedgat(
     server, roster, hp = parties.server, parties.deployment.roster, parties.hparams
     transport = transport if transport is not None else InProcessTransport()
     traffic = {"up": 0, "down": 0, "messages": 0}
-    bar = tqdm(
-        total=hp["rounds"], desc="training rounds", unit="round", disable=not progress, file=sys.stderr
-    )
+    bar = progress_bar("training rounds", total=hp["rounds"], unit="round", enabled=progress)
 
     def observe(event: str, party_id: int, delivery: Delivery | None, out: list) -> None:
         if delivery is not None:
@@ -695,10 +690,12 @@ def train_fedgat(
             traffic["messages"] += 1
         if len(server.history) > bar.n:
             last = server.history[-1]
-            bar.update(len(server.history) - bar.n)
-            bar.set_postfix(
-                val=f"{last['val_accuracy']:.3f}", test_at_best_val=f"{server.best_test_accuracy:.3f}"
+            bar.set_postfix(  # drawn with the update, at the bar's own pace
+                val=f"{last['val_accuracy']:.3f}",
+                test_at_best_val=f"{server.best_test_accuracy:.3f}",
+                refresh=False,
             )
+            bar.update(len(server.history) - bar.n)
 
     start = time.perf_counter()
     try:
@@ -745,12 +742,8 @@ def train_release_predictor(
     parties = build_predictor_parties(graph, partition, seed=seed, deployment=deployment, **hparams)
     server, hp = parties.server, parties.hparams
     transport = transport if transport is not None else InProcessTransport()
-    bar = tqdm(
-        total=hp["dp_predictor_rounds"],
-        desc="release predictor rounds",
-        unit="round",
-        disable=not progress,
-        file=sys.stderr,
+    bar = progress_bar(
+        "release predictor rounds", total=hp["dp_predictor_rounds"], unit="round", enabled=progress
     )
 
     def observe(event: str, party_id: int, delivery: Delivery | None, out: list) -> None:

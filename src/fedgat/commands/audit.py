@@ -35,16 +35,20 @@ from fedgat.cli_engine import (
     DP_MECHANISMS,
     UsageError,
     add_dataset_argument,
+    add_nodes_argument,
     add_owners_arguments,
+    add_quiet_argument,
     add_upload_window_argument,
     check_beta,
     check_counts,
     check_dataset,
+    check_nodes,
     check_output_file,
     check_owners_path,
     fit_spool,
     load_graph,
     resolve_owners,
+    synthetic_sizes,
     write_text,
 )
 
@@ -54,6 +58,7 @@ HELP = "privacy audit: server-side checks and client-side attacks, with mitigati
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_dataset_argument(parser)
+    add_nodes_argument(parser)
     parser.add_argument(
         "--variant",
         default="vector",
@@ -134,9 +139,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--report", type=Path, default=None, help="Markdown report path")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of the epsilon sweep")
-    parser.add_argument(
-        "--quiet", action="store_true", help="no progress lines on stderr (the report is still printed)"
-    )
+    add_quiet_argument(parser, "no progress lines on stderr (the report is still printed)")
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -166,6 +169,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if not 0 < args.dp_delta < 1:
         raise UsageError(f"--dp-delta must lie in (0, 1), got {args.dp_delta:g}")
     check_dataset(args.dataset)
+    check_nodes(args.dataset, args.nodes)
     check_owners_path(args.owners)
     for flag, path in (("--json", args.json), ("--report", args.report), ("--plot", args.plot)):
         check_output_file(flag, path)
@@ -212,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     from fedgat.variants import as_variant
 
     check_arguments(args)
-    graph = load_graph(args.dataset, quiet=args.quiet)
+    graph = load_graph(args.dataset, quiet=args.quiet, **synthetic_sizes(args.nodes))
     owners = resolve_owners(args, graph)
     if args.colluder is not None and args.colluder >= args.clients:
         raise UsageError(

@@ -93,7 +93,12 @@ def _add_out(parser: argparse.ArgumentParser, files: str) -> None:
 def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     # mirrors fedgat.benchmarks.overhead.add_arguments without importing it (``fedgat --help`` stays quick)
     add_dataset_argument(parser)
-    parser.add_argument("--nodes", type=int, default=None, help="synthetic only: nodes (default 200)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="synthetic only: nodes (default 200, with 32 features: a smaller graph than the demo's)",
+    )
     add_owners_arguments(parser)
     parser.add_argument(
         "--variant", default="vector", choices=("vector", "matrix"), help="FedGAT encodings (default vector)"
@@ -160,6 +165,9 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="progress bars (default on; --no-progress turns them off)",
+    )
+    parser.add_argument(
+        "--quiet", dest="progress", action="store_false", help="no progress bars (as --no-progress)"
     )
     parser.add_argument(
         "--baseline",

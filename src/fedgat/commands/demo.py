@@ -41,7 +41,9 @@ from fedgat.cli_engine import (
     add_device_argument,
     add_encrypt_workers_argument,
     add_engine_arguments,
+    add_nodes_argument,
     add_owners_arguments,
+    add_quiet_argument,
     add_upload_window_argument,
     add_wire_argument,
     check_beta,
@@ -84,9 +86,7 @@ DEMO_ROUNDS = 300
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_dataset_argument(parser)
-    parser.add_argument(
-        "--nodes", type=int, default=None, help="synthetic dataset only: number of nodes (default 500)"
-    )
+    add_nodes_argument(parser)
     parser.add_argument(
         "--variant",
         default="vector",
@@ -103,7 +103,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "the model and dropout (default 0)",
     )
     parser.add_argument(
-        "--rounds", type=int, default=DEMO_ROUNDS, help=f"maximum FedAvg rounds (default {DEMO_ROUNDS})"
+        "--rounds",
+        type=int,
+        default=DEMO_ROUNDS,
+        help=f"maximum federated training rounds (default {DEMO_ROUNDS})",
     )
     parser.add_argument(
         "--patience",
@@ -152,13 +155,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     add_device_argument(
         parser,
-        "where the FedAvg rounds train (the encrypted pre-training always runs on the CPU; off the "
+        "where the training rounds run (the encrypted pre-training always runs on the CPU; off the "
         "CPU the rounds run in this process whatever --engine)",
         cuda_graphs=True,
     )
     add_engine_arguments(parser, default="auto")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_quiet_argument(parser)
     parser.add_argument(
         "--force",
         action="store_true",
@@ -196,9 +199,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def _load(args: argparse.Namespace):
-    return load_graph(
-        args.dataset, **synthetic_sizes(500 if args.nodes is None else args.nodes), seed=args.seed
-    )
+    return load_graph(args.dataset, **synthetic_sizes(args.nodes), seed=args.seed)
 
 
 def _cap(args: argparse.Namespace) -> int | None:

@@ -39,7 +39,9 @@ from fedgat.cli_engine import (
     add_dataset_argument,
     add_device_argument,
     add_engine_arguments,
+    add_nodes_argument,
     add_owners_arguments,
+    add_quiet_argument,
     check_beta,
     check_counts,
     check_dataset,
@@ -142,13 +144,7 @@ _HPARAM_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_dataset_argument(parser)
-    parser.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="synthetic dataset only: number of nodes, a fifth of them validating and a fifth testing, "
-        "as fedgat demo --nodes (default: the generator's 500 nodes, 100 validating, 200 testing)",
-    )
+    add_nodes_argument(parser)
     parser.add_argument("--method", default="fedgat", choices=METHOD_CHOICES)
     add_owners_arguments(parser)
     parser.add_argument(
@@ -186,7 +182,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_device_argument(parser, "where the clients train (in process only)", cuda_graphs=True)
     add_engine_arguments(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet_argument(parser, "no progress bar")
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
@@ -305,15 +301,14 @@ def _check_update_dp(overrides: dict, method: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from tqdm import tqdm
 
     from fedgat.methods import CENTRALISED, check_sweep, run_method
+    from fedgat.progress import progress_bar
 
     overrides, hparams = check_arguments(args)
     device = check_device(args.device)
     torch.set_num_threads(args.threads)
-    sized = {} if args.nodes is None else synthetic_sizes(args.nodes)
-    graph = load_graph(args.dataset, **sized)
+    graph = load_graph(args.dataset, **synthetic_sizes(args.nodes))
     owners = resolve_owners(args, graph)
     if args.method in CENTRALISED and owners is not None:
         print(
@@ -335,18 +330,14 @@ def run(args: argparse.Namespace) -> int:
         return _report(args, graph.name, hparams, results)
     rounds = hparams["rounds"]
     results = []
-    with tqdm(
-        total=len(seeds) * rounds,
-        desc=f"{args.method}/{graph.name}",
-        unit="round",
-        disable=args.quiet,
-        dynamic_ncols=True,
+    with progress_bar(
+        f"{args.method}/{graph.name}", total=len(seeds) * rounds, unit="round", enabled=not args.quiet
     ) as bar:
         for seed in seeds:
 
             def progress(r: int, metrics: dict, seed: int = seed) -> None:
+                bar.set_postfix(seed=seed, val=f"{metrics['val_accuracy']:.3f}", refresh=False)
                 bar.update(1)
-                bar.set_postfix(seed=seed, val=f"{metrics['val_accuracy']:.3f}")
 
             result = run_method(
                 args.method,
