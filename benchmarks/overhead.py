@@ -79,6 +79,7 @@ import json
 import os
 import platform
 import resource
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -99,6 +100,9 @@ FEDGRAPH_FEDGCN_HE = {
     "source": "FedGraph (Yao et al., 2024), FedGCN pre-training with HE; different algorithm",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
+#: ``--sweep``'s datasets and client counts when not given
+SWEEP_DATASETS = ("cora", "citeseer")
+SWEEP_CLIENTS = (2, 5, 10)
 #: the protocol's phases in the order a deployment runs them, for the critical path (the keys, the
 #: graphs, the clients' encryption, the uploads, the server's compute, the results, the decryption)
 PATH_PHASES = ("keygen", "setup", "encrypt", "upload", "server_compute", "download", "decrypt")
@@ -306,10 +310,11 @@ def party_phase_table(
 def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dict:
     """The critical path of a deployment with every party on its own machine, from
     :func:`party_phase_table`: for each phase (in :data:`PATH_PHASES` order, then any other, by name),
-    the party whose clock charged the most to it, that compute time, and the bytes that party sent and
-    received in the phase at ``link_gbps`` Gbit/s. ``seconds`` sums the phases; ``busiest_link`` names
-    the party with the most bytes in the phase (None: no frames), for reading only: the path takes the
-    slowest party's bytes."""
+    the party that takes longest over it -- its own clock's compute plus the bytes it sent and received
+    in the phase at ``link_gbps`` Gbit/s over its own link -- with that compute, those bytes and their
+    transfer time. The server's link carries every upload and every result, so in those phases it is
+    often the server's bytes, not the slowest client's, that hold the path. ``seconds`` sums the phases;
+    ``busiest_link`` names the party with the most bytes in the phase (None: no frames)."""
     if not link_gbps > 0:
         raise ValueError(f"link speed must be positive, got {link_gbps} Gbit/s")
     bits_per_second = link_gbps * 1e9
@@ -322,9 +327,12 @@ def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dic
         p = parties[pid]
         return p["bytes_sent"].get(phase, 0) + p["bytes_received"].get(phase, 0)
 
+    def took(pid: str, phase: str) -> float:
+        return parties[pid]["compute_s"].get(phase, 0.0) + moved(pid, phase) * 8 / bits_per_second
+
     rows = []
     for phase in order:
-        slowest = max(parties, key=lambda pid: parties[pid]["compute_s"].get(phase, 0.0))
+        slowest = max(parties, key=lambda pid: took(pid, phase))
         busiest = max(parties, key=lambda pid: moved(pid, phase))
         p = parties[slowest]
         compute, sent, received = (
@@ -657,7 +665,21 @@ def run_overhead(
     def ratio(a: float, b: float) -> float | None:
         return a / b if b else None
 
+    # the plaintext round deployed the same way: the clients' float32 rows up and the encodings down
+    # over the server's link (every byte crosses it), the server's compute between; the clients'
+    # own work (reading rows, unpacking encodings) is not timed and taken as free
+    plain_transfer = (pbytes["bytes_up"] + pbytes["bytes_down"]) * 8 / (link_gbps * 1e9)
+    plaintext["critical_path_s"] = plain_wall + plain_transfer
+    plaintext["critical_path"] = {
+        "link_gbps": link_gbps,
+        "compute_s": plain_wall,
+        "transfer_s": plain_transfer,
+        "seconds": plain_wall + plain_transfer,
+    }
     ratios = {
+        # deployment against deployment: the two critical paths at the same link speed
+        "critical_path": ratio(path["seconds"], plaintext["critical_path_s"]),
+        # the simulation's wall time (every party in this process) against the plaintext compute
         "time": ratio(phases["round"]["wall"], plain_wall),
         "cpu": ratio(phases["round"]["cpu"], plain_cpu),
         "server_compute_time": ratio(
@@ -666,7 +688,10 @@ def run_overhead(
         "bytes": ratio(pre.bytes_up + pre.bytes_down, pbytes["bytes_up"] + pbytes["bytes_down"]),
         "bytes_up": ratio(pre.bytes_up, pbytes["bytes_up"]),
         "bytes_down": ratio(pre.bytes_down, pbytes["bytes_down"]),
+        # every process of the encrypted round (main + server and client workers, at most) over the
+        # plaintext round's one process; ``memory_main``: main process over main process
         "memory": ratio(encrypted["peak_rss_all_processes_at_most"], plain_mem.peak),
+        "memory_main": ratio(encrypted["main_process_peak_rss"], plain_mem.peak),
         # the server's compute span (start of compute to last result; overlaps the clients'
         # download and decryption on the same cores) over the op-count bound
         "server_vs_op_bound": ratio(span, bound["server_seconds"]),
@@ -769,11 +794,13 @@ def estimate_matrix(
     seed: int = 0,
     beta: float = 1.0,
     seconds_per_multiply_add: float | None = None,
+    nodes: int | None = None,
 ) -> dict:
-    """Cost of the matrix variant without running it (:func:`fedgat.estimate.estimate_pretraining`)."""
+    """Cost of the matrix variant without running it (:func:`fedgat.estimate.estimate_pretraining`), on
+    the graph the run used (``nodes``, ``seed``: the synthetic one's size and seed)."""
     from fedgat.estimate import estimate_pretraining
 
-    graph = load_graph(dataset)
+    graph = load_graph(dataset, nodes, seed)
     partition, _ = partition_for(graph, clients, "matrix", cap, beta, seed)
     est = estimate_pretraining(
         partition,
@@ -835,7 +862,7 @@ def format_table(r: dict) -> str:
             f"{r.get('engine', 'inprocess')}"
             + (f" ({e['client_workers']['workers']} client workers)" if e.get("client_workers") else "")
         ),
-        f"{'phase':<16}{'plain wall':>11}{'plain cpu':>10}{'enc wall':>10}{'enc cpu':>10}",
+        f"{'phase':<16}{'plain wall':>11}{'plain cpu':>10}{'enc s':>10}{'enc cpu':>10}   (enc s: summed over parties)",
     ]
     for name in (*PHASES, "round"):
         pp, ee = p["phases"][name], e["phases"][name]
@@ -855,7 +882,7 @@ def format_table(r: dict) -> str:
         ),
         (
             f"memory        plaintext peak {_mb(p['main_process_peak_rss'])}  encrypted main {_mb(e['main_process_peak_rss'])}"
-            f"  largest server worker {_mb(e['server_worker_peak_rss'])}"
+            + (f"  largest server worker {_mb(e['server_worker_peak_rss'])}" if e["server_workers"] else "")
         ),
         f"slots         nominal {r['slot_utilisation']['nominal']:.1%}, results {r['slot_utilisation']['results']:.1%}",
         (
@@ -871,7 +898,8 @@ def format_table(r: dict) -> str:
             f"decrypt {b['decrypt_seconds']:.1f} s (one core)"
         ),
         (
-            f"ratios        time {_r(ratios['time'])}  bytes {_r(ratios['bytes'])}  memory {_r(ratios['memory'])}  "
+            f"ratios        deployed {_r(ratios.get('critical_path'))}  simulated {_r(ratios['time'])}  "
+            f"bytes {_r(ratios['bytes'])}  memory {_r(ratios['memory'])}  "
             f"server span/op-bound {_r(ratios['server_vs_op_bound'])}  "
             f"server alone/op-bound {_r(ratios.get('server_alone_vs_op_bound'))}  "
             f"round/op-bound {_r(ratios['round_vs_op_bound'])}"
@@ -897,6 +925,11 @@ def format_table(r: dict) -> str:
             f"deployment    critical path {r['critical_path_s']:.2f} s at {cp['link_gbps']:g} Gbit/s "
             f"(compute {cp['compute_s']:.2f} s + transfer {cp['transfer_s']:.2f} s); simulation wall "
             f"{r['wall_s']:.2f} s"
+            + (
+                f"; plaintext deployed {p['critical_path_s']:.2f} s"
+                if p.get("critical_path_s") is not None
+                else ""
+            )
         )
     if p.get("test_accuracy") is not None:
         lines.append(f"test accuracy plaintext {p['test_accuracy']:.3f}  encrypted {e['test_accuracy']:.3f}")
@@ -913,13 +946,16 @@ def render_critical_path(r: dict) -> list[str]:
         f"## Critical path of a deployment: every party on its own machine, {cp['link_gbps']:g} Gbit/s links",
         "",
         (
-            "Per phase in protocol order: the slowest party (the most time on its own clock in that phase), "
-            "that compute time, and the bytes it sends and receives in the phase at the link speed. Phases "
-            "are taken as barriers (the round overlaps some of them), latency is left out. "
+            "Per phase in protocol order: the party that takes longest over it -- the time its own clock "
+            "charged to the phase plus the bytes it sends and receives in the phase over its own link (the "
+            "server's link carries every upload and every result) -- with that compute, those bytes and "
+            "their transfer time. Each party's clock is wall time in this simulation, where the parties "
+            f"share this machine's {r['cores']} cores: a party on a machine of its own would be at most as "
+            "slow. Phases are taken as barriers (the round overlaps some of them), latency is left out. "
             f"Server compute: {cp.get('server_compute', {}).get('used', 'clock')}."
         ),
         "",
-        "| phase | slowest party | compute s | bytes sent + received | transfer s | phase s |",
+        "| phase | party holding it | compute s | bytes sent + received | transfer s | phase s |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for row in cp["phases"]:
@@ -935,6 +971,17 @@ def render_critical_path(r: dict) -> list[str]:
         "",
         f"Simulation wall time of the encrypted round (every party in one process): {r['wall_s']:.2f} s.",
     ]
+    plain = r.get("plaintext", {}).get("critical_path")
+    if plain:
+        out += [
+            "",
+            (
+                f"The plaintext round deployed the same way: {plain['compute_s']:.2f} s of server compute + "
+                f"{plain['transfer_s']:.2f} s for its float32 rows and encodings over the server's link = "
+                f"**{plain['seconds']:.2f} s** (the clients' own plaintext work not counted); encrypted / "
+                f"plaintext deployed: **{_r(r['ratios'].get('critical_path'))}**."
+            ),
+        ]
     return out
 
 
@@ -950,6 +997,7 @@ _BEFORE_AFTER = (
     ("encrypt wall s", ("encrypted", "phases", "encrypt", "wall")),
     ("encryption workers per client", ("encrypted", "encrypt_workers")),
     ("critical path s", ("critical_path_s",)),
+    ("deployed / plaintext deployed", ("ratios", "critical_path")),
     ("server alone / op bound", ("ratios", "server_alone_vs_op_bound")),
     ("max abs error", ("encrypted", "max_abs_error")),
     ("test accuracy (encrypted)", ("encrypted", "test_accuracy")),
@@ -981,7 +1029,8 @@ def render_before_after(r: dict) -> list[str]:
         "",
         f"## Before / after: {base.get('label', 'baseline')}",
         "",
-        f"Baseline: {base.get('source', 'an earlier run')} ({base.get('date', '?')}); after: this run.",
+        f"Baseline: {base.get('source', 'an earlier run')} ({base.get('date', '?')}); after: this run."
+        + (f" The baseline's setting differs in: {base['differs_in']}." if base.get("differs_in") else ""),
         "",
         "| quantity | before | after | after / before |",
         "|---|---:|---:|---:|",
@@ -1009,12 +1058,22 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
             f"seed {r['seed']}, {r['date']}. Generated by `benchmarks/overhead.py` (`fedgat bench overhead`)."
         ),
         "",
-        "| phase | plaintext wall s | plaintext CPU s | encrypted wall s | encrypted CPU s |",
+        "| phase | plaintext wall s | plaintext CPU s | encrypted s (summed over parties) | encrypted CPU s |",
         "|---|---:|---:|---:|---:|",
     ]
     for name in (*PHASES, "round"):
         pp, ee = p["phases"][name], e["phases"][name]
-        out.append(f"| {name} | {pp['wall']:.2f} | {pp['cpu']:.2f} | {ee['wall']:.2f} | {ee['cpu']:.2f} |")
+        label = "round (wall time)" if name == "round" else name
+        out.append(f"| {label} | {pp['wall']:.2f} | {pp['cpu']:.2f} | {ee['wall']:.2f} | {ee['cpu']:.2f} |")
+    out += [
+        "",
+        (
+            "Encrypted phases: the seconds each party's own clock charged to the phase, summed over the "
+            "parties; they work at the same time, so the phases add up to more than the round's wall time. "
+            "`server_compute` is only the time the round waited for the server (its workers compute while "
+            "the clients work); the server's compute itself is below (span, and replayed alone)."
+        ),
+    ]
     acc = (
         f"{p['test_accuracy']:.3f} | {e['test_accuracy']:.3f}"
         if p.get("test_accuracy") is not None
@@ -1033,9 +1092,16 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
         ),
         (
             f"| peak RSS, main process (clients + server state machine) | {_mb(p['main_process_peak_rss'])} | "
-            f"{_mb(e['main_process_peak_rss'])} | {_r(ratios['memory'])} |"
+            f"{_mb(e['main_process_peak_rss'])} | {_r(ratios.get('memory_main'))} |"
         ),
-        f"| peak RSS, largest server worker | - | {_mb(e['server_worker_peak_rss'])} | |",
+        (
+            f"| peak RSS, largest server worker | - | "
+            f"{_mb(e['server_worker_peak_rss']) if e['server_workers'] else 'none (server in process)'} | |"
+        ),
+        (
+            f"| peak RSS, every process at most (main + workers) | {_mb(p['main_process_peak_rss'])} | "
+            f"{_mb(e['peak_rss_all_processes_at_most'])} | {_r(ratios['memory'])} |"
+        ),
         (
             f"| slot utilisation (nominal / results) | - | {e['slot_utilisation']:.1%} / "
             f"{e['result_slot_utilisation']:.1%} | |"
@@ -1043,18 +1109,33 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
         f"| max abs error vs plaintext | 0 | {e['max_abs_error']:.2e} | |",
         f"| test accuracy | {acc} | |",
         (
-            f"| round wall time | {p['phases']['round']['wall']:.2f} s | {e['phases']['round']['wall']:.2f} s | "
-            f"{_r(ratios['time'])} |"
+            f"| round, simulation wall time (every party in this process; plaintext: compute only) | "
+            f"{p['phases']['round']['wall']:.2f} s | {e['phases']['round']['wall']:.2f} s | {_r(ratios['time'])} |"
+        ),
+        *(
+            [
+                (
+                    f"| round, deployment (critical path, {r['critical_path']['link_gbps']:g} Gbit/s links) | "
+                    f"{p['critical_path_s']:.2f} s | {r['critical_path_s']:.2f} s | {_r(ratios['critical_path'])} |"
+                )
+            ]
+            if p.get("critical_path_s") is not None and ratios.get("critical_path") is not None
+            else []
         ),
         "",
         (
             "Op-count lower bound (same run): "
             f"{b['multiply_adds']} plaintext x ciphertext multiply-adds x {b['seconds_per_multiply_add'] * 1e3:.3f} ms "
-            f"(timed with all {b['server_cores_used']} cores busy; "
-            f"{b.get('seconds_per_multiply_add_one_core_alone', float('nan')) * 1e3:.3f} ms on one core alone, "
-            f"which gives {b.get('server_seconds_alone_cost', float('nan')):.1f} s and "
-            f"{_r(ratios.get('server_alone_vs_op_bound_alone_cost'))} below) "
-            f"/ {b['server_cores_used']} cores = **{b['server_seconds']:.1f} s** of server compute "
+            + (
+                f"(timed with all {b['server_cores_used']} cores busy; "
+                if b["server_cores_used"] > 1
+                else "(timed on the one core the server used; "
+            )
+            + f"{b.get('seconds_per_multiply_add_one_core_alone', float('nan')) * 1e3:.3f} ms on one core alone, "
+            f"which gives {b.get('server_seconds_alone_cost', float('nan')):.1f} s, and the replay below takes "
+            f"{_r(ratios.get('server_alone_vs_op_bound_alone_cost'))} that) "
+            f"/ {b['server_cores_used']} core{'s' if b['server_cores_used'] != 1 else ''} = "
+            f"**{b['server_seconds']:.1f} s** of server compute "
             f"(measured span {e['server_compute_span']:.1f} s, {_r(ratios['server_vs_op_bound'])}, sharing the cores "
             "with the clients' downloads and decryptions; "
             f"the same compute replayed with the clients idle, as on a server of its own: "
@@ -1083,7 +1164,11 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
             f"| FedGraph, FedGCN + HE vs FedGCN (published) | {FEDGRAPH_FEDGCN_HE['time']} | "
             f"{FEDGRAPH_FEDGCN_HE['bytes']} |"
         ),
-        f"| this run, FedGAT + CKKS vs FedGAT (plaintext) | {_r(ratios['time'], 0)} | {_r(ratios['bytes'], 1)} |",
+        (
+            f"| this run, FedGAT + CKKS vs FedGAT (plaintext), deployed | {_r(ratios.get('critical_path'), 0)} | "
+            f"{_r(ratios['bytes'], 1)} |"
+        ),
+        f"| this run, the same, simulated in one process | {_r(ratios['time'], 0)} | |",
     ]
     w = e.get("windows")
     if w:
@@ -1283,8 +1368,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sweep", action="store_true", help="sweep --datasets x --client-counts (no training)"
     )
-    parser.add_argument("--datasets", nargs="+", default=["cora", "citeseer"])
-    parser.add_argument("--client-counts", nargs="+", type=int, default=[2, 5, 10])
+    parser.add_argument(
+        "--datasets", nargs="+", default=None, help="--sweep: datasets (default cora citeseer)"
+    )
+    parser.add_argument(
+        "--client-counts", nargs="+", type=int, default=None, help="--sweep: client counts (default 2 5 10)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--progress", action="store_true")
@@ -1294,7 +1383,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="an earlier overhead JSON to show before/after (e.g. one taken before a protocol change)",
     )
-    parser.add_argument("--baseline-label", default="baseline", help="what the baseline was")
+    parser.add_argument("--baseline-label", default=None, help="what the baseline was (default 'baseline')")
     parser.add_argument(
         "--link-gbps",
         type=float,
@@ -1303,14 +1392,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: the settings a before/after comparison should share (the baseline's differences are named)
+BASELINE_SETTINGS = (
+    "dataset",
+    "num_nodes",
+    "clients",
+    "variant",
+    "preset",
+    "wire",
+    "neighbour_cap",
+    "engine",
+)
+
+
+def load_baseline(path: Path) -> dict:
+    """An earlier single-run overhead JSON (what ``--json`` or ``overhead.json`` holds) for ``--baseline``.
+
+    Raises:
+        ValueError: not a file, not JSON, or not one run's results (a sweep's list, another benchmark's
+            JSON); the message names the file.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--baseline {path}: cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--baseline {path} is not JSON ({exc}); give an overhead.json") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), dict) for k in ("encrypted", "ratios")):
+        kind = "a list (a --sweep's results?)" if isinstance(data, list) else "not one overhead run's results"
+        raise ValueError(
+            f"--baseline {path} is {kind}; give the overhead.json of one run (fedgat bench overhead --json)"
+        )
+    return data
+
+
+def baseline_differences(base: dict, r: dict) -> str:
+    """The settings of :data:`BASELINE_SETTINGS` in which ``base`` differs from this run (empty: none)."""
+    return ", ".join(
+        f"{key} {base.get(key)!r} vs {r.get(key)!r}"
+        for key in BASELINE_SETTINGS
+        if key in base and base.get(key) != r.get(key)
+    )
+
+
 def main_args(args: argparse.Namespace) -> int:
     link_gbps = getattr(args, "link_gbps", LINK_GBPS)  # `fedgat bench overhead` does not pass it yet
     if not link_gbps > 0:
         raise SystemExit(f"--link-gbps must be positive, got {link_gbps}")
+    try:  # before the run: a bad file must not cost the run's minutes
+        base = None if args.baseline is None else load_baseline(args.baseline)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if args.sweep:
         rows = []
-        for ds in args.datasets:
-            for c in args.client_counts:
+        for ds in args.datasets or SWEEP_DATASETS:
+            for c in args.client_counts or SWEEP_CLIENTS:
                 r = run_overhead(
                     ds,
                     c,
@@ -1367,15 +1503,21 @@ def main_args(args: argparse.Namespace) -> int:
             args.seed,
             args.beta,
             r["op_bound"]["seconds_per_multiply_add"],
+            nodes=args.nodes,
         )
-    if args.baseline is not None:
-        base = json.loads(args.baseline.read_text())
+    if base is not None:
         r["baseline"] = {
-            "label": args.baseline_label,
+            "label": args.baseline_label or "baseline",
             "source": str(args.baseline.name),
             "date": base.get("date"),
-            **{key: base.get(key) for key in ("encrypted", "ratios", "plaintext")},
+            **{key: base.get(key) for key in ("encrypted", "ratios", "plaintext", "critical_path_s")},
+            "differs_in": baseline_differences(base, r),
         }
+        if r["baseline"]["differs_in"]:
+            print(
+                f"note: the baseline {args.baseline} ran another setting: {r['baseline']['differs_in']}",
+                file=sys.stderr,
+            )
     print(format_table(r))
     for path in write(r, args.out, args.json, matrix):
         print(f"wrote {path}")

@@ -895,13 +895,14 @@ class ServerPretrain(Party):
         out = [self._new(EncodingResults, c, bucket=cb, items=items) for c, cb, items in ready]
         return out
 
-    def replay_compute(self) -> EncoderTiming:
+    def replay_compute(self, on_result: Callable[[], object] | None = None) -> EncoderTiming:
         """Benchmarks: compute every result again with nothing else running (results are discarded).
 
         In the round the clients' downloads and decryptions share this machine's cores with the
         server; here they are idle, as on a server of its own. Needs :attr:`keep_encoder` set before
         the round; the encoders start afresh as in the round (one round pool from a factory with
-        ``prepare``, its start-up timed too), and the spools are closed afterwards.
+        ``prepare``, its start-up timed too), and the spools are closed afterwards. ``on_result`` is
+        called after each of the :attr:`nodes_total` results (a progress bar).
         """
         if self.state is not ServerState.DONE or not self.keep_encoder or self._closed or self.plan is None:
             raise RuntimeError("replay_compute needs a finished round with keep_encoder set")
@@ -909,7 +910,8 @@ class ServerPretrain(Party):
         def replay() -> None:
             try:
                 for _ in self._round_results():
-                    pass
+                    if on_result is not None:
+                        on_result()
             finally:
                 self._close_encoders()  # reaps the workers, so that their CPU is counted
 

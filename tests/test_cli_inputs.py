@@ -246,12 +246,16 @@ def _bad_inputs(folder: Path) -> dict[str, Path]:
         "no_val": write_pt(folder / "noval.pt", **_masks("val_mask")),
         "not_npz": folder / "junk.npz",
         "xlsx": folder / "owners.xlsx",
+        "sweep_json": folder / "sweep.json",
+        "text_json": folder / "notes.json",
     }
     np.save(files["nan"], np.where(np.arange(N) == 5, np.nan, owners_array().astype(float)))
     files["malformed"].write_text("client\n0\nzero\n" + "1\n" * (N - 2))
     np.save(files["pickle"], np.array([{"a": 1}] * N, dtype=object), allow_pickle=True)
     files["not_npz"].write_text("not a zip archive")
     files["xlsx"].write_text("x")
+    files["sweep_json"].write_text('[{"encrypted": {}, "ratios": {}}]')
+    files["text_json"].write_text("not JSON")
     return files
 
 
@@ -334,6 +338,16 @@ BAD = [
     (["bench", "overhead", "--link-gbps", "0"], 2, "--link-gbps must be a number > 0"),
     (["bench", "overhead", "--dataset", "nosuch"], 2, "unknown dataset"),
     (["bench", "overhead", "--out", "{npz}"], 2, "--out"),
+    # the overhead benchmark's options that would be ignored, or cost a whole run before failing
+    (["bench", "overhead", "--baseline", "{text_json}"], 2, "notes.json is not JSON"),
+    (["bench", "overhead", "--baseline", "{sweep_json}"], 2, "is a list (a --sweep's results?)"),
+    (["bench", "overhead", "--baseline", "{dir}"], 2, "a folder; give its overhead.json"),
+    (["bench", "overhead", "--baseline-label", "v1"], 2, "--baseline-label names a --baseline"),
+    (["bench", "overhead", "--out", "{out}", "--json", "{out}/overhead.md"], 2, "where --out writes the .md"),
+    (["bench", "overhead", "--no-train", "--rounds", "5"], 2, "--no-train skips it"),
+    (["bench", "overhead", "--client-counts", "2"], 2, "--client-counts choose what --sweep runs"),
+    (["bench", "overhead", "--sweep", "--nodes", "100"], 2, "leave --nodes out"),
+    (["bench", "overhead", "--sweep", "--matrix-estimate"], 2, "leave --matrix-estimate out"),
     (["bench", "layer", "--out", "{npz}"], 2, "is a file; give a folder"),
     (["bench", "accuracy", "--out", "{npz}"], 2, "is a file; give a folder"),
     # hyper-parameters out of their range, refused before any set-up (not deep inside a run)

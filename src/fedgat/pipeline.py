@@ -431,7 +431,12 @@ def run_encrypted_pretraining(
         server.close()
         reasons = "; ".join(f"party {p.party_id}: {p.abort_reason or p.state}" for p in failed)
         raise RuntimeError(f"pre-training did not complete: {reasons}")
-    replay = server.replay_compute() if measure_server_alone else None
+    replay = None
+    if measure_server_alone:
+        with progress_bar(
+            "server compute replayed, clients idle", total=server.nodes_total, unit="result", enabled=progress
+        ) as again:
+            replay = server.replay_compute(on_result=again.update)
     phases: dict[str, float] = {name: 0.0 for name in PHASES}
     cpu_phases: dict[str, float] = {name: 0.0 for name in PHASES}
     for party in parties.all().values():

@@ -146,17 +146,10 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         "--sweep", action="store_true", help="sweep --datasets x --client-counts (no training)"
     )
     parser.add_argument(
-        "--datasets",
-        nargs="+",
-        default=["cora", "citeseer"],
-        help="--sweep: datasets (default cora citeseer)",
+        "--datasets", nargs="+", default=None, help="--sweep: datasets (default cora citeseer)"
     )
     parser.add_argument(
-        "--client-counts",
-        nargs="+",
-        type=int,
-        default=[2, 5, 10],
-        help="--sweep: client counts (default 2 5 10)",
+        "--client-counts", nargs="+", type=int, default=None, help="--sweep: client counts (default 2 5 10)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     _add_out(parser, "overhead.{json,md,png}")
@@ -175,7 +168,9 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="an earlier overhead JSON to show before/after (e.g. one taken before a protocol change)",
     )
-    parser.add_argument("--baseline-label", default="baseline", help="what the baseline was")
+    parser.add_argument(
+        "--baseline-label", default=None, help="--baseline: what the baseline was (default 'baseline')"
+    )
 
 
 def _configure_layer(parser: argparse.ArgumentParser) -> None:
@@ -270,6 +265,36 @@ def _check_spool(args: argparse.Namespace, graph, clients: int, owner=None) -> N
     fit_spool(est, None, pace=False, escape="benchmark a smaller graph", windowed=False)
 
 
+def _check_json_apart(args: argparse.Namespace) -> None:
+    """``--json`` must not be one of the files ``--out`` receives under another format (a JSON written
+    over ``overhead.md`` would replace the report)."""
+    if args.json is None:
+        return
+    stem = "overhead_sweep" if args.sweep else "overhead"
+    taken = {(args.out / f"{stem}{suffix}").resolve(): suffix for suffix in (".md", ".png")}
+    if args.json.resolve() in taken:
+        raise UsageError(
+            f"--json {args.json} is where --out writes the {taken[args.json.resolve()]} report; give another path"
+        )
+
+
+def _check_baseline(args: argparse.Namespace) -> None:
+    """``--baseline``: one run's overhead JSON, read now (not after the run); ``--baseline-label`` only with it."""
+    if args.baseline is None:
+        if args.baseline_label is not None:
+            raise UsageError("--baseline-label names a --baseline; give the baseline too")
+        return
+    if not args.baseline.is_file():
+        raise UsageError(
+            f"--baseline {args.baseline}: "
+            + ("a folder; give its overhead.json" if args.baseline.is_dir() else "no such file")
+        )
+    try:
+        load_benchmark("overhead").load_baseline(args.baseline)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _run_overhead(args: argparse.Namespace) -> int:
     check_counts(
         {
@@ -286,14 +311,31 @@ def _run_overhead(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.link_gbps) and args.link_gbps > 0):
         raise UsageError(f"--link-gbps must be a number > 0, got {args.link_gbps}")
     check_output_file("--json", args.json)
-    if args.baseline is not None and not args.baseline.is_file():
-        raise UsageError(f"--baseline {args.baseline}: no such file")
+    _check_json_apart(args)
+    _check_baseline(args)
     check_owners_path(args.owners)
+    if args.rounds is not None and not args.train:
+        raise UsageError("--rounds sets the accuracy comparison's rounds; --no-train skips it (give one)")
     if args.sweep:
-        if args.owners is not None or args.clients is not None:
-            raise UsageError(
-                "--sweep takes --client-counts (and --datasets); leave --clients and --owners out"
+        given = [
+            flag
+            for flag, value in (
+                ("--clients", args.clients),
+                ("--owners", args.owners),
+                ("--nodes", args.nodes),
+                ("--baseline", args.baseline),
+                ("--rounds", args.rounds),
+                ("--matrix-estimate", args.matrix_estimate or None),
             )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(
+                f"--sweep runs --datasets x --client-counts at each dataset's own size, untrained; leave "
+                f"{', '.join(given)} out"
+            )
+        args.datasets = args.datasets or list(load_benchmark("overhead").SWEEP_DATASETS)
+        args.client_counts = args.client_counts or list(load_benchmark("overhead").SWEEP_CLIENTS)
         for dataset in args.datasets:
             check_dataset(dataset)
         check_counts({"--client-counts": (min(args.client_counts), 1)})
@@ -302,6 +344,11 @@ def _run_overhead(args: argparse.Namespace) -> int:
             for clients in args.client_counts:
                 _check_spool(args, graph, clients)
     else:
+        unused = [f for f, v in (("--datasets", args.datasets), ("--client-counts", args.client_counts)) if v]
+        if unused:
+            raise UsageError(
+                f"{' and '.join(unused)} choose what --sweep runs; add --sweep or use --dataset/--clients"
+            )
         check_dataset(args.dataset)
         check_nodes(args.dataset, args.nodes)
         graph = load_benchmark("overhead").load_graph(args.dataset, args.nodes, args.seed)
