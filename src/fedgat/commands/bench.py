@@ -354,6 +354,12 @@ def _run_overhead(args: argparse.Namespace) -> int:
         graph = load_benchmark("overhead").load_graph(args.dataset, args.nodes, args.seed)
         print_report(graph)
         args.owner_array = resolve_owners(args, graph)
+        one = args.clients == 1 if args.owner_array is None else int(args.owner_array.max()) == 0
+        if one:
+            raise UsageError(
+                "one client owns every node: nothing crosses to another client, so nothing is encrypted "
+                "to compare; give 2 or more clients"
+            )
         if args.matrix_estimate and args.owners is not None:
             raise UsageError("--matrix-estimate uses the Dirichlet split; leave --owners out")
         _check_spool(args, graph, args.clients, args.owner_array)
