@@ -101,6 +101,10 @@ FEDGRAPH_FEDGCN_HE = {
     "source": "FedGraph (Yao et al., 2024), FedGCN pre-training with HE; different algorithm",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
+NO_REPLAY_HELP = (
+    "skip computing every result again with the clients idle after the round (the 'server alone' "
+    "ratios; ~3 minutes on Cora at 10 clients on 2 cores)"
+)
 #: ``--sweep``'s datasets and client counts when not given
 SWEEP_DATASETS = ("cora", "citeseer")
 SWEEP_CLIENTS = (2, 5, 10)
@@ -395,8 +399,12 @@ def run_overhead(
     engine_workers: int | None = None,
     wire: str = "compact",
     encrypt_workers: int | str = 0,
+    replay: bool = True,
 ) -> dict:
     """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc.
+    ``replay=False`` (``--no-replay``) skips computing every result again with the clients idle (on
+    Cora at 10 clients ~3 minutes on 2 cores): the ``*_alone_*`` ratios are then None, and a server
+    with workers is charged its clock on the critical path.
     ``encrypt_workers``: processes each client may encrypt on (``"auto"``: see
     :func:`fedgat.app.auto_encrypt_workers`; the CLI's default).
     ``wire``: the encrypted round's ciphertext wire (``"compact"`` or ``"tenseal"``, the per-operation
@@ -486,7 +494,7 @@ def run_overhead(
                 transport,
                 progress=progress,
                 workers=workers,
-                measure_server_alone=True,
+                measure_server_alone=replay,
                 wire=wire,
                 encrypt_workers=encrypt_workers,
             )
@@ -531,13 +539,19 @@ def run_overhead(
     server = pre.deployment.server
     parties = party_phase_table(pre.party_timings, transport.traffic, server)
     clock = parties[str(server)]["compute_s"].get("server_compute", 0.0)
-    if pre.server_workers:  # its clock counted the waits for its workers, not their compute
+    if pre.server_workers and replay:  # its clock counted the waits for its workers, not their compute
         parties[str(server)]["compute_s"]["server_compute"] = max(clock, pre.server_compute_alone)
     path = critical_path(parties, link_gbps)
     path["server_compute"] = {
         "clock_s": clock,
-        "replay_alone_s": pre.server_compute_alone,
-        "used": "max(clock, replay alone): server workers" if pre.server_workers else "clock",
+        "replay_alone_s": pre.server_compute_alone if replay else None,
+        "used": (
+            "max(clock, replay alone): server workers"
+            if pre.server_workers and replay
+            else "clock (no replay: a lower bound with server workers)"
+            if pre.server_workers
+            else "clock"
+        ),
     }
     path["parties"] = parties
     encrypted = {
@@ -555,7 +569,7 @@ def run_overhead(
         "encrypt_worker_cpu": pre.encrypt_worker_cpu,
         "server_compute_span": span,
         "server_worker_cpu": worker_cpu,
-        "server_compute_alone": pre.server_compute_alone,
+        "server_compute_alone": pre.server_compute_alone if replay else None,
         "server_compute_alone_cpu": {
             "main": pre.server_compute_alone_cpu[0],
             "workers": pre.server_compute_alone_cpu[1],
@@ -697,12 +711,16 @@ def run_overhead(
         # download and decryption on the same cores) over the op-count bound
         "server_vs_op_bound": ratio(span, bound["server_seconds"]),
         # the same compute replayed after the round with the clients idle (as on a server of its own)
-        "server_alone_vs_op_bound": ratio(pre.server_compute_alone, bound["server_seconds"]),
+        "server_alone_vs_op_bound": ratio(pre.server_compute_alone, bound["server_seconds"])
+        if replay
+        else None,
         # CPU seconds of the server's compute (workers + its share of this process) over the op count
         "server_cpu_vs_op_count": ratio(phases["server_compute"]["cpu"], server_ops_s),
         "server_alone_vs_op_bound_alone_cost": ratio(
             pre.server_compute_alone, bound["server_seconds_alone_cost"]
-        ),
+        )
+        if replay
+        else None,
         "round_vs_op_bound": ratio(phases["round"]["wall"], bound["round_seconds"]),
     }
     # --- bytes against the floor (fedgat.crypto.compact): the ciphertexts moved at their envelope
@@ -1169,7 +1187,7 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
             f"(measured span {e['server_compute_span']:.1f} s, {_r(ratios['server_vs_op_bound'])}, sharing the cores "
             "with the clients' downloads and decryptions; "
             f"the same compute replayed with the clients idle, as on a server of its own: "
-            f"{e.get('server_compute_alone', float('nan')):.1f} s, **{_r(ratios.get('server_alone_vs_op_bound'))}**; server CPU "
+            f"{_seconds(e.get('server_compute_alone'))}, **{_r(ratios.get('server_alone_vs_op_bound'))}**; server CPU "
             f"{e['phases']['server_compute']['cpu']:.1f} s = {_r(ratios['server_cpu_vs_op_count'])} the op count "
             "x the busy cost); "
             f"{b['encryptions']} encryptions x {b['seconds_per_encrypt'] * 1e3:.2f} ms = {b['encrypt_seconds']:.1f} s, "
@@ -1258,6 +1276,10 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
             ),
         ]
     return "\n".join(out) + "\n"
+
+
+def _seconds(x: float | None) -> str:
+    return "not measured (--no-replay)" if x is None else f"{x:.1f} s"
 
 
 def _short(v: float) -> str:
@@ -1429,6 +1451,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--actors", type=int, default=None, help="process engine: worker processes (default: usable cores)"
     )
     parser.add_argument("--no-train", dest="train", action="store_false", help="skip the accuracy comparison")
+    parser.add_argument("--no-replay", dest="replay", action="store_false", help=NO_REPLAY_HELP)
     parser.add_argument("--rounds", type=int, default=None, help="FedAvg rounds for the accuracy comparison")
     parser.add_argument(
         "--matrix-estimate",
@@ -1533,6 +1556,7 @@ def main_args(args: argparse.Namespace) -> int:
                     engine_workers=getattr(args, "actors", None),
                     wire=getattr(args, "wire", "compact"),
                     encrypt_workers=getattr(args, "encrypt_workers", 0),
+                    replay=getattr(args, "replay", True),
                 )
                 print(format_table(r), flush=True)
                 rows.append(r)
@@ -1567,6 +1591,7 @@ def main_args(args: argparse.Namespace) -> int:
         engine_workers=getattr(args, "actors", None),
         wire=getattr(args, "wire", "compact"),
         encrypt_workers=getattr(args, "encrypt_workers", 0),
+        replay=getattr(args, "replay", True),
     )
     matrix = None
     if args.matrix_estimate:

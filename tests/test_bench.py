@@ -201,12 +201,17 @@ _STORED_RUN = {
 
 def test_bench_overhead_baseline_is_compared_setting_by_setting(tmp_path, capsys):
     """``--baseline``: an earlier run's JSON beside this one, the critical path among the quantities, and
-    the settings in which the two runs differ named (in the report and on stderr)."""
+    the settings in which the two runs differ named (in the report and on stderr). The baseline runs
+    with ``--no-replay``."""
     bench = load_benchmark("overhead")
     base = tmp_path / "base.json"
     argv = ["--dataset", "synthetic", "--nodes", "60", "--workers", "0", "--no-train", "--out", str(tmp_path)]
-    assert bench.main([*argv, "--clients", "3", "--json", str(base)]) == 0
+    assert bench.main([*argv, "--clients", "3", "--json", str(base), "--no-replay"]) == 0
     capsys.readouterr()
+    skipped = json.loads(base.read_text())  # --no-replay: no second compute, no 'alone' ratios
+    assert skipped["encrypted"]["server_compute_alone"] is None
+    assert skipped["ratios"]["server_alone_vs_op_bound"] is None
+    assert "not measured (--no-replay)" in (tmp_path / "overhead.md").read_text()
     assert (
         bench.main([*argv, "--clients", "2", "--baseline", str(base), "--baseline-label", "3 clients"]) == 0
     )
