@@ -236,3 +236,50 @@ def test_a_finished_progress_bar_stops_its_clock():
     _advance(bar, 1)
     assert bar.disable and bar.n == 3  # closed at 3 of 3
     _advance(bar, 0)  # a late observer call on a closed bar is harmless
+
+
+def test_interrupt_and_terminate_run_the_commands_clean_up(monkeypatch, capsys, tmp_path):
+    """Ctrl-C (KeyboardInterrupt) and ``kill`` (SIGTERM, raised in the command's process) end a command
+    in one line with status 130 / 143, after its ``finally`` clean-up ran (an audit's temporary folders)."""
+    import os
+    import signal
+    import tempfile
+    import time
+
+    import fedgat.commands.train as command
+
+    made: list[str] = []
+
+    def run(args):
+        with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+            made.append(folder)
+            if args.seeds == 1:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal arrives in this sleep
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(command, "run", run)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["train", "--seeds", "1"]) == 130
+    assert capsys.readouterr().err == "fedgat train: interrupted\n"
+    assert cli.main(["train", "--seeds", "2"]) == 143
+    assert capsys.readouterr().err == "fedgat train: terminated\n"
+    assert len(made) == 2 and not any(os.path.exists(f) for f in made)
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the command's only
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["train", "--seeds", "1", "--debug"])
+
+
+def test_audit_knows_the_server_attacks_without_importing_them():
+    """``fedgat audit --help`` lists the server-side attacks from its own copy of their names."""
+    from fedgat.audit import SERVER_ATTACKS
+    from fedgat.commands import audit
+
+    assert audit.SERVER_ATTACK_NAMES == SERVER_ATTACKS
+    assert set(audit.TRAINING_ATTACKS) <= set(SERVER_ATTACKS)
+    parser = cli.build_parser()
+    for given, wanted in ((["all"], list(SERVER_ATTACKS)), (["none"], []), (["fake_edges"], ["fake_edges"])):
+        args = parser.parse_args(["audit", "--dataset", "synthetic", "--server-attacks", *given])
+        audit.check_arguments(args)
+        assert args.server_attacks == wanted

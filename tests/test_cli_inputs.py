@@ -368,6 +368,32 @@ BAD = [
     (["demo", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
     (["audit", "--dataset", "synthetic", "--seed", "-1"], 2, "--seed must be >= 0"),
     (["audit", "--dataset", "synthetic", "--server-attacks", "bogus"], 2, "--server-attacks: unknown bogus"),
+    (["audit", "--dataset", "synthetic", "--server-attacks", "all", "fake_edges"], 2, "stand alone"),
+    (
+        ["audit", "--dataset", "synthetic", "--no-server-check", "--upload-window", "1"],
+        2,
+        "--no-server-check skips",
+    ),
+    (["audit", "--dataset", "synthetic", "--sweep"], 2, "--sweep needs the epsilons"),
+    (
+        ["audit", "--dataset", "synthetic", "--dp-mechanism", "gaussian"],
+        2,
+        "give --dp-epsilon (or --sweep) too",
+    ),
+    (
+        ["audit", "--dataset", "synthetic", "--dp-epsilon", "1", "--dp-dim", "8"],
+        2,
+        "label_rr does not use it",
+    ),
+    (["audit", "--dataset", "synthetic", "--sweep", "1", "--plot", "{out}/p.txt"], 2, "cannot write .txt"),
+    (["audit", "--dataset", "synthetic", "--json", "{out}/a", "--report", "{out}/a"], 2, "give each its own"),
+    (["audit", "--dataset", "synthetic", "--report", "-"], 2, "--report - : give a file path"),
+    (["audit", "--dataset", "synthetic", "--report", "{dir}"], 2, "/dir/audit.md)"),
+    (
+        ["audit", "--dataset", "synthetic", "--clients", "3", "--attack-clients", "5"],
+        2,
+        "there are 3 clients",
+    ),
     # the benchmarks with their own parser: one line under the command's name, before any work
     (["bench", "presets", "--nodes", "-5"], 2, "--nodes must be >= 40, got -5"),
     (["bench", "presets", "--dataset", "nosuch"], 2, "unknown dataset"),
@@ -608,8 +634,8 @@ def test_the_demo_paces_uploads_when_only_a_window_fits_the_disk():
 @pytest.mark.parametrize(
     ("argv", "escape"),
     [
-        (["audit", "--no-training", "--server-attacks"], "--no-server-check"),
-        (["audit", "--no-training", "--server-attacks", "--upload-window", "2"], "--no-server-check"),
+        (["audit", "--no-training", "--server-attacks", "none"], "--no-server-check"),
+        (["audit", "--no-training", "--server-attacks", "none", "--upload-window", "2"], "--no-server-check"),
         (["bench", "overhead", "--no-train", "--nodes", "300"], "benchmark a smaller graph"),
         (
             ["bench", "overhead", "--sweep", "--datasets", "cora", "--client-counts", "2"],

@@ -16,8 +16,10 @@ noise-free release, and against a null release for chance).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -516,6 +518,20 @@ SERVER_ATTACKS = (
 )
 
 
+class _Steps:
+    """Runs an audit's steps, reporting each one's seconds to ``log`` (None: silently)."""
+
+    def __init__(self, log: Callable[[str], object] | None) -> None:
+        self.log = log
+
+    def run(self, name: str, step: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        out = step()
+        if self.log is not None:
+            self.log(f"  {name}: {time.perf_counter() - start:.0f} s")
+        return out
+
+
 def audit_server(
     graph: Graph,
     partition: Partition,
@@ -530,6 +546,7 @@ def audit_server(
     training_rounds: int = 3,
     strategies: Iterable[dict] | None = None,
     transcript_dir: str | None = None,
+    log: Callable[[str], object] | None = None,
 ) -> dict:
     """Run the server-side attacks against the real protocol and check what the server received.
 
@@ -554,7 +571,9 @@ def audit_server(
 
     ``upload_window``: every encrypted round (the honest one and the hostile ones) runs with this
     upload window (:attr:`fedgat.server_attacks.AttackSetting.upload_window`; None: every upload
-    before compute), so the attacks are measured against the windowed protocol too.
+    before compute), so the attacks are measured against the windowed protocol too. ``log``: called
+    with a line as each step ends, naming it and its seconds (the command's progress lines; most
+    attacks run an encrypted round of their own).
 
     Returns:
         ``{"upload_window": int | None, "server": checks, "shared_secret_key": bool, "server_attacks":
@@ -599,9 +618,10 @@ def audit_server(
     setting = AttackSetting(graph, partition, kind.name, seed, preset, workers, upload_window=upload_window)
     truth = setting.truth
     results: dict = {}
+    steps = _Steps(log)
     with tempfile.TemporaryDirectory(prefix="fedgat-audit-", dir=transcript_dir) as tmp:
         transcript = Transcript(keep_payloads=True, directory=tmp)
-        parties = honest_round(setting, transcript)
+        parties = steps.run("the honest encrypted round, recorded", lambda: honest_round(setting, transcript))
         report: dict = {
             "upload_window": upload_window,
             "server": server_checks(
@@ -616,45 +636,48 @@ def audit_server(
         }
         if "server_plus_one_client" in wanted:
             who = first_recipient(partition) if colluder is None else colluder
-            results["server_plus_one_client"] = collusion_attack(transcript, parties, truth, who or 0)
+            results["server_plus_one_client"] = steps.run(
+                "server_plus_one_client", lambda: collusion_attack(transcript, parties, truth, who or 0)
+            )
         transcript.close()
     encodings = {c: p.encodings for c, p in parties.clients.items() if p.encodings is not None}
-    if wanted & {"substituted_result", "injected_ciphertexts"}:
-        for name, outcome in forged_results_attacks(setting).items():
-            if name in wanted:
-                results[name] = outcome
-    if "fake_edges" in wanted:
-        results["fake_edges"] = fake_edges_attack(setting, colluder)
-    if "third_party_claims" in wanted:
-        results["third_party_claims"] = third_party_claims_attack(setting, colluder)
-    if "chosen_bases" in wanted:
-        results["chosen_bases"] = chosen_bases_attack(setting)
-    if "relabel_forgery" in wanted:
-        results["relabel_forgery"] = relabel_forgery_attack(setting)
-    if "row_swap" in wanted:
-        results["row_swap"] = row_swap_attack(setting)
-    if "withheld_claims" in wanted:
-        results["withheld_claims"] = withheld_claims_attack(setting)
-    if "verdict_oracle" in wanted:
-        results["verdict_oracle"] = verdict_oracle_attack(setting)
-    if "split_roster" in wanted:
-        results["split_roster"] = split_roster_attack(setting)
-    if "dropped_client" in wanted:
-        results["dropped_client"] = dropped_client_attack(setting)
-    if "colluder_forgery" in wanted:
-        results["colluder_forgery"] = colluder_forgery_attack(setting, colluder)
-    training = {
-        "chosen_weights_one_client",
-        "chosen_weights_aggregate",
-        "model_inconsistency",
-        "cohort_differencing",
-    }
-    if wanted & training:
+    forged = [n for n in ("substituted_result", "injected_ciphertexts") if n in wanted]
+    if forged:
+        outcomes = steps.run(" and ".join(forged), lambda: forged_results_attacks(setting))
+        results.update({name: outcomes[name] for name in forged if name in outcomes})
+    hostile_rounds: list[tuple[str, Callable[[], Any]]] = [
+        ("fake_edges", lambda: fake_edges_attack(setting, colluder)),
+        ("third_party_claims", lambda: third_party_claims_attack(setting, colluder)),
+        ("chosen_bases", lambda: chosen_bases_attack(setting)),
+        ("relabel_forgery", lambda: relabel_forgery_attack(setting)),
+        ("row_swap", lambda: row_swap_attack(setting)),
+        ("withheld_claims", lambda: withheld_claims_attack(setting)),
+        ("verdict_oracle", lambda: verdict_oracle_attack(setting)),
+        ("split_roster", lambda: split_roster_attack(setting)),
+        ("dropped_client", lambda: dropped_client_attack(setting)),
+        ("colluder_forgery", lambda: colluder_forgery_attack(setting, colluder)),
+    ]
+    for name, attack in hostile_rounds:
+        if name in wanted:
+            results[name] = steps.run(name, attack)
+    training = [
+        n
+        for n in (
+            "chosen_weights_one_client",
+            "chosen_weights_aggregate",
+            "model_inconsistency",
+            "cohort_differencing",
+        )
+        if n in wanted
+    ]
+    if training:
         tsetting = TrainingSetting(graph, partition, encodings, seed, {"variant": kind.name})
         chosen = list(ATTACK_STRATEGIES if strategies is None else strategies)
-        for name, outcome in training_attacks(tsetting, rounds=training_rounds, strategies=chosen).items():
-            if name in wanted:
-                results[name] = outcome
+        outcomes = steps.run(
+            "the training attacks (" + ", ".join(training) + ")",
+            lambda: training_attacks(tsetting, rounds=training_rounds, strategies=chosen),
+        )
+        results.update({name: outcomes[name] for name in training if name in outcomes})
     report["server_attacks"] = {name: results[name].as_dict() for name in SERVER_ATTACKS if name in results}
     report["server_attacks_not_run"] = [
         name for name in SERVER_ATTACKS if name not in results or not results[name].ran

@@ -17,16 +17,21 @@ on stderr, ``fedgat <command>: error: <message>``, with exit status 2 (argparse'
 fedgat's typed errors raised while a command runs (a malformed graph or owners file, a missing
 dataset, a refused ciphertext: :func:`~fedgat.cli_engine.runtime_errors`) in the same form with exit
 status 1. ``--debug`` shows their tracebacks instead; any other exception is a bug and keeps its
-traceback.
+traceback. Ctrl-C and ``kill`` (SIGTERM) stop a command the same way: its clean-up runs (temporary
+folders, spools and worker pools are removed) and one line says so, with exit status 130 or 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import pkgutil
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 
 from fedgat import __version__, commands
@@ -86,13 +91,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
         args.extra = extra
     try:
-        return int(COMMANDS[args.command].run(args) or 0)
+        with _terminate_as_interrupt():
+            return int(COMMANDS[args.command].run(args) or 0)
+    except KeyboardInterrupt as exc:
+        if getattr(args, "debug", False):
+            raise
+        status, what = (143, "terminated") if isinstance(exc, Terminated) else (130, "interrupted")
+        print(f"{getattr(args, 'prog', 'fedgat')}: {what}", file=sys.stderr)
+        return status
     except UsageError as exc:
         return _report(args, exc, 2)
     except Exception as exc:
         if not isinstance(exc, runtime_errors()):
             raise
         return _report(args, exc, 1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the command's process so that its clean-up runs as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Terminated` in this process (a forked worker that
+    inherits the handler dies of the signal as before). Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    me = os.getpid()
+
+    def terminate(signum: int, frame: object) -> None:
+        if os.getpid() != me:  # a forked child: the default action
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _report(args: argparse.Namespace, exc: Exception, status: int) -> int:

@@ -275,10 +275,11 @@ def parse_cap(value: str) -> int | None:
 # ------------------------------------------------------------------------------------ outputs
 
 
-def check_output_file(flag: str, path: Path | None) -> None:
+def check_output_file(flag: str, path: Path | None, *, example: str = "results.json") -> None:
     """Refuse an output file that cannot be written: an existing directory, or a place under a file
     or an unwritable folder. Nothing is left behind: a probe file is created and removed at once in
     the nearest existing folder, and missing folders are made only when the result is written.
+    ``example``: a file name the error suggests inside a directory given instead of a file.
 
     Raises:
         UsageError: naming ``flag`` and the problem.
@@ -286,7 +287,7 @@ def check_output_file(flag: str, path: Path | None) -> None:
     if path is None:
         return
     if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory; give a file path (e.g. {path / 'results.json'})")
+        raise UsageError(f"{flag} {path} is a directory; give a file path (e.g. {path / example})")
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{flag} {path} is not writable")
     _check_creatable(flag, path.parent, path)

@@ -85,12 +85,12 @@ __all__ = [
 
 StateDict = dict[str, torch.Tensor]
 
-#: hyper-parameter overrides the aggregate attack runs under: the default configuration (the
-#: headline), FedAdam (clients take plain SGD steps), and FedAdam with both dropouts off (the last one
-#: is also the setting of the one-client reference without secure aggregation)
+#: hyper-parameter overrides the aggregate attack runs under: the default configuration, FedAdam (the
+#: headline; clients take plain SGD steps), then FedAvg, and FedAdam with both dropouts off (the last
+#: one is also the setting of the one-client reference without secure aggregation)
 ATTACK_STRATEGIES: tuple[dict[str, Any], ...] = (
-    {"strategy": "fedavg"},
     {"strategy": "fedadam"},
+    {"strategy": "fedavg"},
     {"strategy": "fedadam", "feature_dropout": 0.0, "dropout": 0.0},
 )
 

@@ -2,6 +2,8 @@
 small graph: each outcome is measured, and the checks are not blind (the same read-outs recover
 what they should where the protocol allows it)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -384,7 +386,16 @@ def test_unmix_splits_binary_mixtures():
 
 def test_audit_server_report(graph):
     part = make_partition(graph, 3, beta=1.0, seed=0)
-    report = audit_server(graph, part, "vector", seed=1, workers=0, attacks=("server_plus_one_client",))
+    lines: list[str] = []
+    report = audit_server(
+        graph, part, "vector", seed=1, workers=0, attacks=("server_plus_one_client",), log=lines.append
+    )
+    # a progress line as each step ends: the honest round, then the one attack asked for
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "the honest encrypted round, recorded",
+        "server_plus_one_client",
+    ]
+    assert all(re.fullmatch(r"  .+: \d+ s", line) for line in lines), lines
     assert report["shared_secret_key"] is False and report["server"]["passed"]
     assert list(report["server_attacks"]) == ["server_plus_one_client"]
     assert set(report["server_attacks_not_run"]) == set(SERVER_ATTACKS) - {"server_plus_one_client"}

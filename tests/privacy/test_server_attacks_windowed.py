@@ -220,6 +220,30 @@ def test_audit_markdown_names_the_upload_window():
             {**base, "upload_window": window}
         )
     assert "none (every upload before compute)" in render_markdown(base)  # a report from before the flag
+    assert "Upload window" not in render_markdown({**base, "server_side": False})  # --no-server-check
+
+
+def test_audit_markdown_says_what_each_attack_tries_and_which_breaks_stay_open():
+    """Each server attack that ran is tabled with its status (SECURITY.md's open breaks named) and listed
+    with a sentence on what it tries and its short facts, not a raw JSON blob; attacks left out by
+    ``--server-attacks`` are not called 'nothing to target'."""
+    row = {"targets": 8, "recovered": 0, "recovered_fraction": 0.0, "detected": True, "ran": True}
+    report = {
+        "server_attacks": {
+            "verdict_oracle": {**row, "note": "every probe refused", "probes": 8, "per_probe": [[1, 2]] * 50},
+            "fake_edges": {**row, "note": ""},
+        },
+        "server_attacks_not_run": ["row_swap", "split_roster"],
+        "server_attacks_chosen": ["verdict_oracle", "fake_edges", "split_roster"],
+    }
+    text = "\n".join(server_attacks_markdown(report))
+    assert "| verdict_oracle | 8 | 0 | 0.0000 | True | open, bounded by DP (break 22) |" in text
+    assert "| fake_edges | 8 | 0 | 0.0000 | True | closed |" in text
+    assert "- **verdict_oracle**: the server tampers with one slot" in text and "every probe refused" in text
+    assert "(probes 8; the rest in the JSON)" in text and "per_probe" not in text
+    assert "- **fake_edges**: the server (with a colluding client) claims edges" in text
+    assert "Not run (nothing to target in this setting): split_roster" in text
+    assert "Not asked for (`--server-attacks`): row_swap" in text
 
 
 def test_audit_markdown_tables_only_the_training_attacks_that_ran():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,74 @@ from fedgat.cli_engine import (
     synthetic_sizes,
     write_text,
 )
+
+#: :data:`fedgat.audit.SERVER_ATTACKS`, repeated here so that ``fedgat audit --help`` stays quick (a test
+#: keeps the two equal)
+SERVER_ATTACK_NAMES = (
+    "substituted_result",
+    "injected_ciphertexts",
+    "chosen_bases",
+    "fake_edges",
+    "third_party_claims",
+    "relabel_forgery",
+    "row_swap",
+    "withheld_claims",
+    "verdict_oracle",
+    "split_roster",
+    "dropped_client",
+    "server_plus_one_client",
+    "colluder_forgery",
+    "chosen_weights_one_client",
+    "chosen_weights_aggregate",
+    "model_inconsistency",
+    "cohort_differencing",
+)
+#: the training attacks (each trains with secure aggregation: 3 clients at least)
+TRAINING_ATTACKS = (
+    "chosen_weights_one_client",
+    "chosen_weights_aggregate",
+    "model_inconsistency",
+    "cohort_differencing",
+)
+#: what each server-side attack tries, in one sentence (the report's list; SECURITY.md has the details)
+SERVER_ATTACK_WHAT = {
+    "substituted_result": "the server sends a recipient a result computed from other rows than the plan's",
+    "injected_ciphertexts": "the server sends ciphertexts of its own making as a recipient's results",
+    "chosen_bases": "the server draws bases of its choosing to single out one neighbour's row",
+    "fake_edges": "the server (with a colluding client) claims edges the owners never confirmed, to be sent rows",
+    "third_party_claims": "a colluder claims edges over a third client's nodes to be released their owner's rows",
+    "relabel_forgery": "the server relabels another owner's row as the colluder's in a victim's neighbourhood",
+    "row_swap": "the server swaps an owner's released row for another of its rows in a victim's encoding",
+    "withheld_claims": "the server withholds a bordering owner's claim so a victim trains on a partial view",
+    "verdict_oracle": "the server tampers with one slot and reads the victim's accept/refuse verdict (break 22)",
+    "split_roster": "the server shows clients different rosters (split views of one session)",
+    "dropped_client": "the server leaves out a client whose nodes a victim attends over",
+    "server_plus_one_client": "the server and one client pool what they hold: every upload and result they see",
+    "colluder_forgery": "a colluding owner forges a partial of an honest owner for a victim",
+    "chosen_weights_one_client": "trap weights sent to one client to read its inputs out of its update",
+    "chosen_weights_aggregate": "trap weights in every client's model, read out of the aggregate",
+    "model_inconsistency": "different models to different clients, to single one out of the aggregate",
+    "cohort_differencing": "rounds that each leave one client out, differenced to isolate it (break 2)",
+}
+#: attacks that measure a break SECURITY.md keeps open (everything else is refused or recovers nothing)
+OPEN_BREAKS = {
+    "verdict_oracle": "open, bounded by DP (break 22)",
+    "cohort_differencing": "open without DP-FedAvg (break 2)",
+}
+#: what each client-side attack does with a client's own view (fedgat.attacks)
+CLIENT_ATTACK_WHAT = {
+    "prior_knowledge": "guesses each foreign neighbour from the client's own nodes only (a baseline)",
+    "neighbour_sum": "reads a neighbour's row off the sums in its encodings",
+    "basis": "solves the vector variant's V_i = Q_i H_i with the bases it holds",
+    "spectral": "recovers the rows from the spectrum of the matrix variant's encodings",
+    "m1_trace": "reads rows off the traces of the matrix variant's M1 blocks",
+}
+#: the fewest clients secure aggregation (and so the training attacks) runs with
+MIN_TRAINING_CLIENTS = 3
+DP_MECHANISM = "label_rr"
+DP_DIM = 64
+#: file types matplotlib writes (``--plot``)
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
 
 NAME = "audit"
 HELP = "privacy audit: server-side checks and client-side attacks, with mitigations and their accuracy"
@@ -86,12 +155,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp-delta", type=float, default=1e-5, help="the DP release's delta (default 1e-5)")
     parser.add_argument(
         "--dp-mechanism",
-        default="label_rr",
+        default=None,
         choices=DP_MECHANISMS,
         help="the DP release's mechanism (default label_rr; see fedgat.dp)",
     )
     parser.add_argument(
-        "--dp-dim", type=int, default=64, help="gaussian: projection dimension before the noise"
+        "--dp-dim",
+        type=int,
+        default=None,
+        help=f"gaussian: projection dimension before the noise (default {DP_DIM})",
     )
     parser.add_argument(
         "--sweep",
@@ -117,10 +189,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--server-attacks",
-        nargs="*",
+        nargs="+",
         default=None,
         metavar="NAME",
-        help="server-side attacks to run (default all; none: only the encrypted round's checks)",
+        help="server-side attacks to run: 'all' (the default), 'none' (only the encrypted round's checks), "
+        f"or names from: {', '.join(SERVER_ATTACK_NAMES)}",
     )
     parser.add_argument(
         "--attack-rounds", type=int, default=3, help="training rounds of the trap-weight attacks (default 3)"
@@ -171,18 +244,56 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_dataset(args.dataset)
     check_nodes(args.dataset, args.nodes)
     check_owners_path(args.owners)
-    for flag, path in (("--json", args.json), ("--report", args.report), ("--plot", args.plot)):
-        check_output_file(flag, path)
+    outputs = (("--json", args.json, "results.json"), ("--report", args.report, "audit.md"))
+    for flag, path, example in (*outputs, ("--plot", args.plot, "sweep.png")):
+        check_output_file(flag, path, example=example)
+        if path is not None and str(path) == "-":
+            raise UsageError(f"{flag} - : give a file path (the report is printed on stdout anyway)")
+    if args.json is not None and args.report is not None and args.json.resolve() == args.report.resolve():
+        raise UsageError(f"--json and --report both name {args.json}; give each its own file")
     if args.plot is not None and not args.sweep:
         raise UsageError("--plot draws the epsilon sweep; give --sweep EPS ... too")
-    if args.server_attacks:
-        from fedgat.audit import SERVER_ATTACKS
-
-        unknown = sorted(set(args.server_attacks) - set(SERVER_ATTACKS))
+    if args.plot is not None and args.plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(
+            f"--plot {args.plot}: matplotlib cannot write {args.plot.suffix or 'a file without a suffix'}; "
+            f"end it in {', '.join(PLOT_SUFFIXES[:4])}, ..."
+        )
+    if args.sweep is not None and not args.sweep:
+        raise UsageError("--sweep needs the epsilons to sweep, e.g. --sweep 0.5 1 2 4 8")
+    if args.dp_epsilon is None and not args.sweep:
+        given = [
+            f for f, v in (("--dp-mechanism", args.dp_mechanism), ("--dp-dim", args.dp_dim)) if v is not None
+        ]
+        if given:
+            raise UsageError(f"{' and '.join(given)} shape a DP release; give --dp-epsilon (or --sweep) too")
+    if args.dp_dim is not None and (args.dp_mechanism or DP_MECHANISM) != "gaussian":
+        raise UsageError(
+            f"--dp-dim is the gaussian mechanism's projection; {args.dp_mechanism or DP_MECHANISM} does not "
+            "use it (add --dp-mechanism gaussian)"
+        )
+    args.dp_mechanism = args.dp_mechanism or DP_MECHANISM
+    args.dp_dim = DP_DIM if args.dp_dim is None else args.dp_dim
+    if args.no_server_check:
+        given = [
+            f
+            for f, v in (("--upload-window", args.upload_window), ("--server-attacks", args.server_attacks))
+            if v is not None
+        ]
+        if given:
+            raise UsageError(f"{' and '.join(given)} shape the server side, which --no-server-check skips")
+    if args.server_attacks is not None:
+        names = args.server_attacks
+        if ("all" in names or "none" in names) and len(names) > 1:
+            raise UsageError("--server-attacks: 'all' and 'none' stand alone; give one of them, or names")
+        unknown = sorted(set(names) - set(SERVER_ATTACK_NAMES) - {"all", "none"})
         if unknown:
             raise UsageError(
-                f"--server-attacks: unknown {', '.join(unknown)}; choose from {', '.join(SERVER_ATTACKS)}"
+                f"--server-attacks: unknown {', '.join(unknown)}; choose from all, none, "
+                f"{', '.join(SERVER_ATTACK_NAMES)}"
             )
+        args.server_attacks = (
+            list(SERVER_ATTACK_NAMES) if names == ["all"] else [] if names == ["none"] else names
+        )
 
 
 def _accuracy(graph, args, **hp) -> float:
@@ -209,18 +320,30 @@ def _log(args: argparse.Namespace, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)  # before the imports below: a usage error in a blink, not in 4 s
+
     from fedgat.audit import Mitigation, audit_clients, audit_predictor, chance_reidentification
     from fedgat.dp import FeatureDP
     from fedgat.methods import run_method
     from fedgat.partition import make_partition
     from fedgat.variants import as_variant
 
-    check_arguments(args)
     graph = load_graph(args.dataset, quiet=args.quiet, **synthetic_sizes(args.nodes))
     owners = resolve_owners(args, graph)
     if args.colluder is not None and args.colluder >= args.clients:
         raise UsageError(
             f"--colluder {args.colluder}: there are {args.clients} clients (0..{args.clients - 1})"
+        )
+    if args.attack_clients is not None and args.attack_clients > args.clients:
+        raise UsageError(f"--attack-clients {args.attack_clients}: there are {args.clients} clients")
+    attacks = list(SERVER_ATTACK_NAMES) if args.server_attacks is None else list(args.server_attacks)
+    few = [a for a in attacks if a in TRAINING_ATTACKS] if args.clients < MIN_TRAINING_CLIENTS else []
+    if few and not args.no_server_check:
+        attacks = [a for a in attacks if a not in few]
+        _log(
+            args,
+            f"note: {args.clients} client(s): the training attacks ({', '.join(few)}) train under secure "
+            f"aggregation, which needs {MIN_TRAINING_CLIENTS} clients or more; they are not run",
         )
     cap = args.neighbour_cap
     if cap is None:
@@ -258,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
         "owners": None if args.owners is None else str(args.owners),
         "seed": args.seed,
         "upload_window": args.upload_window,
+        "server_side": not args.no_server_check,
         "mitigation": mitigation.describe(),
         "attacked_clients": len(clients),
         "chance_reidentification": chance_reidentification(graph, part),
@@ -265,9 +389,14 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
 
     if not args.no_server_check:
-        from fedgat.audit import SERVER_ATTACKS, audit_server
+        from fedgat.audit import audit_server
 
-        _log(args, "server side: encrypted round, checks and server-side attacks ...")
+        _log(
+            args,
+            f"server side: the encrypted round, its checks and {len(attacks)} server-side attack(s), most "
+            "with an encrypted round of their own (Cora: ~2 hours on 2 cores; --server-attacks NAME ... "
+            "or --no-server-check for less) ...",
+        )
         report.update(
             audit_server(
                 graph,
@@ -277,8 +406,9 @@ def run(args: argparse.Namespace) -> int:
                 workers=args.workers,
                 upload_window=args.upload_window,
                 colluder=args.colluder,
-                attacks=SERVER_ATTACKS if args.server_attacks is None else args.server_attacks,
+                attacks=attacks,
                 training_rounds=args.attack_rounds,
+                log=lambda line: _log(args, line),
             )
         )
     _log(args, "client side: attacks on every client's view ...")
@@ -286,6 +416,8 @@ def run(args: argparse.Namespace) -> int:
     if (dp is not None and dp.needs_predictor) or (args.sweep and args.dp_mechanism == "label_rr"):
         _log(args, "training label_rr's release predictor ...")
         predictor = audit_predictor(graph, part, args.seed)
+    if not args.no_server_check:
+        report["server_attacks_chosen"] = attacks
     report["client_attacks"] = audit_clients(
         graph,
         args.variant,
@@ -299,6 +431,7 @@ def run(args: argparse.Namespace) -> int:
     ).as_dict()
     # [epsilon, delta] of the audited release (None: no DP)
     report["dp_spent"] = mitigation.dp_spent(graph.num_features, graph.num_classes)
+    report["dp_delta"] = args.dp_delta
     if dp is not None and dp.mechanism == "label_rr" and not args.no_server_check:
         from fedgat.dp_attacks import chosen_predictor_attack
 
@@ -388,6 +521,7 @@ def run(args: argparse.Namespace) -> int:
             sweep.append(point)
         report["epsilon_sweep"] = sweep
     report["seconds"] = time.perf_counter() - start
+    report["command"] = shlex.join(["fedgat", "audit", *sys.argv[2:]]) if sys.argv[1:2] == ["audit"] else None
 
     markdown = render_markdown(report)
     print(markdown)
@@ -419,13 +553,24 @@ def render_markdown(report: dict) -> str:
         "",
         f"Mitigation: `{json.dumps(report['mitigation'], default=str)}`",
         "",
-        "Upload window of the encrypted rounds: "
-        + (
-            "none (every upload before compute)"
-            if report.get("upload_window") is None
-            else f"{report['upload_window']} recipient(s) at a time (`--upload-window`)"
+        *(
+            [
+                "Upload window of the encrypted rounds: "
+                + (
+                    "none (every upload before compute)"
+                    if report.get("upload_window") is None
+                    else f"{report['upload_window']} recipient(s) at a time (`--upload-window`)"
+                ),
+                "",
+            ]
+            if report.get("server_side", True)  # False: --no-server-check, no encrypted round
+            else []
         ),
-        "",
+        *(
+            [f"Audited by `{report['command']}` in {report['seconds']:.0f} s.", ""]
+            if report.get("command")
+            else []
+        ),
     ]
     server = report.get("server")
     if server:
@@ -445,11 +590,16 @@ def render_markdown(report: dict) -> str:
             "server_context_cannot_decrypt",
             "passed",
         ):
-            lines.append(f"| {key.replace('_', ' ')} | {server.get(key)} |")
+            value = server.get(key)
+            if key == "shortest_zero_byte_run_in_a_float32_feature_row" and value is None:
+                value = "n/a (dense features: no zero run to look for)"
+            lines.append(f"| {key.replace('_', ' ')} | {value} |")
         lines += (
             [
                 "",
-                f"Shared secret key: **{report.get('shared_secret_key')}**.",
+                "Clients share one CKKS secret key: "
+                + ("**yes**" if report.get("shared_secret_key") else "no (each holds its own)")
+                + ".",
                 "",
                 "Messages received: " + ", ".join(f"{k} x{v}" for k, v in server["message_types"].items()),
                 "",
@@ -465,7 +615,8 @@ def render_markdown(report: dict) -> str:
         "## Clients (honest but curious)",
         "",
         (
-            f"Attacks on the views of {report['attacked_clients']} clients; victims are foreign nodes. "
+            f"Attacks on the views of {report['attacked_clients']} clients; a victim is a (target node, foreign "
+            "neighbour) pair whose feature row the attack tries to recover. "
             f"Chance re-identification: {report['chance_reidentification']:.2e}."
         ),
         "",
@@ -477,6 +628,16 @@ def render_markdown(report: dict) -> str:
             f"| {name} | {s['victims']} | {s['recovered_fraction']:.3f} | {s['mean_cosine']:.3f} | "
             f"{s['reidentification_rate']:.3f} |"
         )
+    lines += [""] + [
+        f"- **{name}**: {CLIENT_ATTACK_WHAT[name]}"
+        for name in report["client_attacks"]
+        if name in CLIENT_ATTACK_WHAT
+    ]
+    lines.append(
+        "- recovered: the fraction of victims whose row the attack got at cosine >= 0.99; re-identified: the "
+        "fraction whose best guess is nearest the true row among every foreign node's row (SECURITY.md, "
+        "'What clients learn')."
+    )
     traps = [report["chosen_predictor"]] if report.get("chosen_predictor") else []
     traps += [p["chosen_predictor"] for p in report.get("epsilon_sweep") or () if p.get("chosen_predictor")]
     if traps:
@@ -555,22 +716,36 @@ def server_attacks_markdown(report: dict) -> list[str]:
             "party refused with a typed error before training on the attack's output."
         ),
         "",
-        "| attack | targets | recovered | recovered fraction | detected | ran |",
+        (
+            "Targets: what the attack aims at, in its own unit (forged results, claims, probes or foreign "
+            "rows: see the list below); recovered: how many of them it got; status: whether SECURITY.md "
+            "keeps the break open (every other attack is refused or recovers nothing)."
+        ),
+        "",
+        "| attack | targets | recovered | recovered fraction | detected | status |",
         "|---|---|---|---|---|---|",
     ]
-    for name, a in report["server_attacks"].items():
+    ran = {name: a for name, a in report["server_attacks"].items() if a.get("ran", True)}
+    for name, a in ran.items():
         lines.append(
             f"| {name} | {a['targets']} | {a['recovered']} | {a['recovered_fraction']:.4f} | {a['detected']} | "
-            f"{a['ran']} |"
+            f"{OPEN_BREAKS.get(name, 'closed')} |"
         )
     lines.append("")
     tabled = {"chosen_weights_one_client", "chosen_weights_aggregate", "cohort_differencing"}
-    for name, a in report["server_attacks"].items():
-        lines.append(f"- **{name}**: {a.get('note', '')}")
+    for name, a in ran.items():
+        what = SERVER_ATTACK_WHAT.get(name, "")
+        note = a.get("note") or ""
+        lines.append(f"- **{name}**: {what}" + (f". {note}" if note else "."))
         if name not in tabled:
             keep = ("recovered_fraction", "detected", "ran", "targets", "recovered", "note")
-            extra = {k: v for k, v in a.items() if k not in keep}
-            lines.append(f"  `{json.dumps(extra, default=str)[:1500]}`")
+            facts = [
+                f"{k.replace('_', ' ')} {v:.3g}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                for k, v in a.items()
+                if k not in keep and _plain(v)
+            ]
+            if facts:
+                lines.append(f"  ({'; '.join(facts)}; the rest in the JSON)")
     # an attack with nothing to target in this setting is listed under "Not run" only, not tabled
     one = _ran(report, "chosen_weights_one_client")
     if one:
@@ -614,12 +789,20 @@ def server_attacks_markdown(report: dict) -> list[str]:
                 f"| {label} | {r['cohort_sizes']} | {r['recovered_foreign']} | {r['recovered_fraction']:.4f} | "
                 f"{r['recovered_any_node']} | {r['layer1_inputs_recovered']} | {r['best_foreign_cosine']:.3f} |"
             )
-    if report.get("server_attacks_not_run"):
-        lines += [
-            "",
-            "Not run (nothing to target in this setting): " + ", ".join(report["server_attacks_not_run"]),
-        ]
+    not_run = report.get("server_attacks_not_run") or []
+    chosen = report.get("server_attacks_chosen")
+    skipped = [n for n in not_run if chosen is not None and n not in chosen]
+    idle = [n for n in not_run if n not in skipped]
+    if idle:
+        lines += ["", "Not run (nothing to target in this setting): " + ", ".join(idle)]
+    if skipped:
+        lines += ["", "Not asked for (`--server-attacks`): " + ", ".join(skipped)]
     return [*lines, ""]
+
+
+def _plain(value: object) -> bool:
+    """A value short enough for the report's one line (numbers, booleans, short text)."""
+    return isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 60)
 
 
 def plot_sweep(report: dict, path: Path) -> None:
@@ -655,7 +838,7 @@ def plot_sweep(report: dict, path: Path) -> None:
     if "distgat_test_accuracy" in report:
         ax.axhline(report["distgat_test_accuracy"], color="C3", ls="--", label="DistGAT (no sharing)")
     ax.set_xscale("log")
-    ax.set_xlabel("epsilon (per node feature vector, delta 1e-5)")
+    ax.set_xlabel(f"epsilon (per node feature vector, delta {report.get('dp_delta', 1e-5):g})")
     ax.set_ylabel("rate")
     ax.set_title(f"Privacy vs accuracy: {report['dataset']}, {report['variant']}")
     ax.legend(fontsize=8)
