@@ -279,7 +279,8 @@ def test_audit_knows_the_server_attacks_without_importing_them():
     assert audit.SERVER_ATTACK_NAMES == SERVER_ATTACKS
     assert set(audit.TRAINING_ATTACKS) <= set(SERVER_ATTACKS)
     parser = cli.build_parser()
-    for given, wanted in ((["all"], list(SERVER_ATTACKS)), (["none"], []), (["fake_edges"], ["fake_edges"])):
+    every = [*SERVER_ATTACKS, audit.PREDICTOR_ATTACK]
+    for given, wanted in ((["all"], every), (["none"], []), (["fake_edges"], ["fake_edges"])):
         args = parser.parse_args(["audit", "--dataset", "synthetic", "--server-attacks", *given])
         audit.check_arguments(args)
         assert args.server_attacks == wanted

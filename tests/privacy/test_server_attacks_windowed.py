@@ -286,3 +286,31 @@ def test_audit_command_records_the_window(tmp_path, capsys):
     assert entry["upload_window"] == 1 and entry["upload_grants"] > 0
     assert entry["ran"] and entry["recovered_fraction"] == 0.0
     assert "Upload window of the encrypted rounds: 1 recipient(s) at a time" in capsys.readouterr().out
+
+
+def test_audit_markdown_reads_a_dp_release_against_its_null_release():
+    """With ``--dp-epsilon`` the clients' table sets each attack's re-identification beside the same
+    attack on a null release (the chance level of the scoring, not the blind guess), and the accuracy
+    names its test-set size."""
+    score = {"victims": 10, "recovered_fraction": 0.0, "mean_cosine": 0.1, "reidentification_rate": 0.2}
+    report = {
+        "dataset": "synthetic",
+        "variant": "vector",
+        "clients": 3,
+        "beta": 1.0,
+        "mitigation": {},
+        "attacked_clients": 3,
+        "chance_reidentification": 0.01,
+        "client_attacks": {"basis": score, "prior_knowledge": score},
+        "null_release_attacks": {"basis": {**score, "reidentification_rate": 0.15}},
+        "test_accuracy": 0.8,
+        "distgat_test_accuracy": 0.5,
+        "test_nodes": 24,
+    }
+    text = render_markdown(report)
+    assert "| re-identified | re-identified, null release |" in text
+    assert "| basis | 10 | 0.000 | 0.100 | 0.200 | 0.150 |" in text
+    assert "| prior_knowledge | 10 | 0.000 | 0.100 | 0.200 | - |" in text
+    assert "(DistGAT, no sharing: 0.500); 24 test nodes." in text
+    del report["null_release_attacks"]
+    assert "null release" not in render_markdown(report)

@@ -74,6 +74,8 @@ SERVER_ATTACK_NAMES = (
     "model_inconsistency",
     "cohort_differencing",
 )
+#: a server-side attack on label_rr's release (fedgat.dp_attacks), run with ``--dp-epsilon`` or ``--sweep``
+PREDICTOR_ATTACK = "chosen_predictor"
 #: the training attacks (each trains with secure aggregation: 3 clients at least)
 TRAINING_ATTACKS = (
     "chosen_weights_one_client",
@@ -193,7 +195,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="server-side attacks to run: 'all' (the default), 'none' (only the encrypted round's checks), "
-        f"or names from: {', '.join(SERVER_ATTACK_NAMES)}",
+        f"or names from: {', '.join(SERVER_ATTACK_NAMES)}, {PREDICTOR_ATTACK} (label_rr's DP release only)",
     )
     parser.add_argument(
         "--attack-rounds", type=int, default=3, help="training rounds of the trap-weight attacks (default 3)"
@@ -285,15 +287,13 @@ def check_arguments(args: argparse.Namespace) -> None:
         names = args.server_attacks
         if ("all" in names or "none" in names) and len(names) > 1:
             raise UsageError("--server-attacks: 'all' and 'none' stand alone; give one of them, or names")
-        unknown = sorted(set(names) - set(SERVER_ATTACK_NAMES) - {"all", "none"})
+        known = (*SERVER_ATTACK_NAMES, PREDICTOR_ATTACK)
+        unknown = sorted(set(names) - set(known) - {"all", "none"})
         if unknown:
             raise UsageError(
-                f"--server-attacks: unknown {', '.join(unknown)}; choose from all, none, "
-                f"{', '.join(SERVER_ATTACK_NAMES)}"
+                f"--server-attacks: unknown {', '.join(unknown)}; choose from all, none, {', '.join(known)}"
             )
-        args.server_attacks = (
-            list(SERVER_ATTACK_NAMES) if names == ["all"] else [] if names == ["none"] else names
-        )
+        args.server_attacks = list(known) if names == ["all"] else [] if names == ["none"] else names
 
 
 def _accuracy(graph, args, **hp) -> float:
@@ -336,8 +336,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.attack_clients is not None and args.attack_clients > args.clients:
         raise UsageError(f"--attack-clients {args.attack_clients}: there are {args.clients} clients")
-    chosen = list(SERVER_ATTACK_NAMES) if args.server_attacks is None else list(args.server_attacks)
-    attacks = list(chosen)
+    chosen = (
+        [*SERVER_ATTACK_NAMES, PREDICTOR_ATTACK] if args.server_attacks is None else list(args.server_attacks)
+    )
+    attacks = [a for a in chosen if a in SERVER_ATTACK_NAMES]  # audit_server's (chosen_predictor is below)
     few = [a for a in attacks if a in TRAINING_ATTACKS] if args.clients < MIN_TRAINING_CLIENTS else []
     if few and not args.no_server_check:
         attacks = [a for a in attacks if a not in few]
@@ -430,10 +432,28 @@ def run(args: argparse.Namespace) -> int:
         partition=part,
         predictor=predictor,
     ).as_dict()
+    if dp is not None:  # the chance level of the scoring under this release (as the sweep's points)
+        report["null_release_attacks"] = audit_clients(
+            graph,
+            args.variant,
+            args.clients,
+            args.beta,
+            args.seed,
+            mitigation,
+            clients=clients,
+            partition=part,
+            null_release=True,
+            predictor=predictor,
+        ).as_dict()
     # [epsilon, delta] of the audited release (None: no DP)
     report["dp_spent"] = mitigation.dp_spent(graph.num_features, graph.num_classes)
     report["dp_delta"] = args.dp_delta
-    if dp is not None and dp.mechanism == "label_rr" and not args.no_server_check:
+    if (
+        dp is not None
+        and dp.mechanism == "label_rr"
+        and not args.no_server_check
+        and PREDICTOR_ATTACK in chosen
+    ):
         from fedgat.dp_attacks import chosen_predictor_attack
 
         _log(args, "server side: a trap published as label_rr's predictor ...")
@@ -456,6 +476,7 @@ def run(args: argparse.Namespace) -> int:
             owner=owners,
             **dp_hp,
         )
+        report["test_nodes"] = int(graph.test_mask.sum())
         report["distgat_test_accuracy"] = run_method(
             "distgat", graph, args.clients, args.beta, args.seed, rounds=args.rounds, owner=owners
         ).test_accuracy
@@ -492,7 +513,7 @@ def run(args: argparse.Namespace) -> int:
                 "client_attacks": scores.as_dict(),
                 "null_release_attacks": null.as_dict(),
             }
-            if point_dp.mechanism == "label_rr" and not args.no_server_check:
+            if point_dp.mechanism == "label_rr" and not args.no_server_check and PREDICTOR_ATTACK in chosen:
                 from fedgat.dp_attacks import chosen_predictor_attack
 
                 point["chosen_predictor"] = chosen_predictor_attack(
@@ -621,19 +642,38 @@ def render_markdown(report: dict) -> str:
             f"Chance re-identification: {report['chance_reidentification']:.2e}."
         ),
         "",
-        "| attack | victims | recovered (cos >= 0.99) | mean cosine | re-identified |",
-        "|---|---|---|---|---|",
+        *(
+            [
+                (
+                    "| attack | victims | recovered (cos >= 0.99) | mean cosine | re-identified | re-identified, "
+                    "null release |"
+                ),
+                "|---|---|---|---|---|---|",
+            ]
+            if report.get("null_release_attacks")
+            else [
+                "| attack | victims | recovered (cos >= 0.99) | mean cosine | re-identified |",
+                "|---|---|---|---|---|",
+            ]
+        ),
     ]
+    null = report.get("null_release_attacks") or {}
     for name, s in report["client_attacks"].items():
         lines.append(
             f"| {name} | {s['victims']} | {s['recovered_fraction']:.3f} | {s['mean_cosine']:.3f} | "
             f"{s['reidentification_rate']:.3f} |"
+            + (f" {null[name]['reidentification_rate']:.3f} |" if name in null else (" - |" if null else ""))
         )
     lines += [""] + [
         f"- **{name}**: {CLIENT_ATTACK_WHAT[name]}"
         for name in report["client_attacks"]
         if name in CLIENT_ATTACK_WHAT
     ]
+    if null:
+        lines.append(
+            "- null release: the same attacks and scoring on a release of shuffled features (same mechanism, "
+            "nothing on who has which features): the chance level to read the re-identification against."
+        )
     lines.append(
         "- recovered: the fraction of victims whose row the attack got at cosine >= 0.99; re-identified: the "
         "fraction whose best guess is nearest the true row among every foreign node's row (SECURITY.md, "
@@ -652,20 +692,24 @@ def render_markdown(report: dict) -> str:
                 "Epsilon-DP bounds any such test's balanced accuracy by e^eps / (1 + e^eps)."
             ),
             "",
-            "| epsilon | word | nodes | trap's own accuracy | balanced accuracy | bound | within bound |",
-            "|---|---|---|---|---|---|---|",
+            (
+                "| epsilon | word | nodes | trap's own accuracy | balanced accuracy | bound | sampling slack "
+                "(few nodes) | within bound + slack |"
+            ),
+            "|---|---|---|---|---|---|---|---|",
         ]
         for t in traps:
             lines.append(
                 f"| {t['epsilon']:g} | {t['feature']} | {t['nodes']} | {t['trap_accuracy']:.3f} | "
-                f"{t['balanced_accuracy']:.3f} | {t['bound']:.3f} | {t['within_bound']} |"
+                f"{t['balanced_accuracy']:.3f} | {t['bound']:.3f} | {t.get('slack', 0.0):.3f} | {t['within_bound']} |"
             )
     if "test_accuracy" in report:
         lines += [
             "",
             (
                 f"FedGAT test accuracy in this setting: **{report['test_accuracy']:.3f}** "
-                f"(DistGAT, no sharing: {report['distgat_test_accuracy']:.3f})."
+                f"(DistGAT, no sharing: {report['distgat_test_accuracy']:.3f})"
+                + (f"; {report['test_nodes']} test nodes." if report.get("test_nodes") else ".")
             ),
         ]
     if report.get("epsilon_sweep"):
