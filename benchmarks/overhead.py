@@ -101,6 +101,10 @@ FEDGRAPH_FEDGCN_HE = {
     "source": "FedGraph (Yao et al., 2024), FedGCN pre-training with HE; different algorithm",
 }
 RESULTS = Path(__file__).resolve().parent / "results"
+FROM_JSON_HELP = (
+    "run nothing: recompute an earlier run's critical paths (encrypted and plaintext) at --link-gbps from "
+    "its JSON and write overhead_<X>gbps.{json,md,png} into --out"
+)
 NO_REPLAY_HELP = (
     "skip computing every result again with the clients idle after the round (the 'server alone' "
     "ratios; ~3 minutes on Cora at 10 clients on 2 cores)"
@@ -374,6 +378,52 @@ def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dic
         "compute_s": sum(r["compute_s"] for r in rows),
         "transfer_s": sum(r["transfer_s"] for r in rows),
         "phases": rows,
+    }
+
+
+def plaintext_path(plaintext: dict, link_gbps: float) -> dict:
+    """The plaintext round deployed like the encrypted one: the clients' float32 rows up and the
+    encodings down over the server's link (every byte crosses it), the server's compute (the round's
+    wall time) between; the clients' own plaintext work is not timed and taken as free."""
+    compute = plaintext["phases"]["round"]["wall"]
+    transfer = (plaintext["bytes_up"] + plaintext["bytes_down"]) * 8 / (link_gbps * 1e9)
+    return {
+        "link_gbps": link_gbps,
+        "compute_s": compute,
+        "transfer_s": transfer,
+        "seconds": compute + transfer,
+    }
+
+
+def relink(r: dict, link_gbps: float) -> dict:
+    """One run's results (:func:`run_overhead`, or its JSON) with both critical paths and the deployed
+    ratio recomputed at ``link_gbps`` from the per-party table it recorded (``fedgat bench overhead
+    --from-json FILE --link-gbps X``: what a deployment on slower or faster links would take, without
+    running it again).
+
+    Raises:
+        ValueError: a result without the per-party table (written before 2026-11-27), or a link speed
+            that is not positive.
+    """
+    cp = r.get("critical_path") or {}
+    if "parties" not in cp:
+        raise ValueError(
+            "these results have no per-party table to recompute the critical path from (older run)"
+        )
+    path = critical_path(cp["parties"], link_gbps)
+    path["server_compute"], path["parties"] = cp.get("server_compute"), cp["parties"]
+    plain = dict(r["plaintext"])
+    plain["critical_path"] = plaintext_path(plain, link_gbps)
+    plain["critical_path_s"] = plain["critical_path"]["seconds"]
+    ratios = {**r["ratios"], "critical_path": path["seconds"] / plain["critical_path_s"]}
+    relinked = {"from_gbps": cp.get("link_gbps"), "to_gbps": link_gbps}
+    return {
+        **r,
+        "critical_path": path,
+        "critical_path_s": path["seconds"],
+        "plaintext": plain,
+        "ratios": ratios,
+        "relinked": relinked,
     }
 
 
@@ -680,17 +730,8 @@ def run_overhead(
     def ratio(a: float, b: float) -> float | None:
         return a / b if b else None
 
-    # the plaintext round deployed the same way: the clients' float32 rows up and the encodings down
-    # over the server's link (every byte crosses it), the server's compute between; the clients'
-    # own work (reading rows, unpacking encodings) is not timed and taken as free
-    plain_transfer = (pbytes["bytes_up"] + pbytes["bytes_down"]) * 8 / (link_gbps * 1e9)
-    plaintext["critical_path_s"] = plain_wall + plain_transfer
-    plaintext["critical_path"] = {
-        "link_gbps": link_gbps,
-        "compute_s": plain_wall,
-        "transfer_s": plain_transfer,
-        "seconds": plain_wall + plain_transfer,
-    }
+    plaintext["critical_path"] = plaintext_path(plaintext, link_gbps)
+    plaintext["critical_path_s"] = plaintext["critical_path"]["seconds"]
     ratios = {
         # deployment against deployment: the two critical paths at the same link speed
         "critical_path": ratio(path["seconds"], plaintext["critical_path_s"]),
@@ -867,7 +908,8 @@ def _fmt_s(x: float) -> str:
 
 
 def _mb(x: float) -> str:
-    return f"{x / 1e6:.1f} MB"
+    """Bytes in MB (kB below one MB, where 0.0 MB would hide them)."""
+    return f"{x / 1e6:.1f} MB" if x >= 1e6 or x == 0 else f"{x / 1e3:.1f} kB"
 
 
 def _r(x: float | None, digits: int = 2) -> str:
@@ -1477,6 +1519,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an earlier overhead JSON to show before/after (e.g. one taken before a protocol change)",
     )
     parser.add_argument("--baseline-label", default=None, help="what the baseline was (default 'baseline')")
+    parser.add_argument("--from-json", type=Path, default=None, help=FROM_JSON_HELP)
     parser.add_argument(
         "--link-gbps",
         type=float,
@@ -1498,8 +1541,9 @@ BASELINE_SETTINGS = (
 )
 
 
-def load_baseline(path: Path) -> dict:
-    """An earlier single-run overhead JSON (what ``--json`` or ``overhead.json`` holds) for ``--baseline``.
+def load_baseline(path: Path, flag: str = "--baseline") -> dict:
+    """An earlier single-run overhead JSON (what ``--json`` or ``overhead.json`` holds) for ``--baseline``
+    (or ``--from-json``: ``flag`` names the option in errors).
 
     Raises:
         ValueError: not a file, not JSON, or not one run's results (a sweep's list, another benchmark's
@@ -1508,13 +1552,13 @@ def load_baseline(path: Path) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--baseline {path}: cannot be read ({exc})") from None
+        raise ValueError(f"{flag} {path}: cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--baseline {path} is not JSON ({exc}); give an overhead.json") from None
+        raise ValueError(f"{flag} {path} is not JSON ({exc}); give an overhead.json") from None
     if not isinstance(data, dict) or not all(isinstance(data.get(k), dict) for k in ("encrypted", "ratios")):
         kind = "a list (a --sweep's results?)" if isinstance(data, list) else "not one overhead run's results"
         raise ValueError(
-            f"--baseline {path} is {kind}; give the overhead.json of one run (fedgat bench overhead --json)"
+            f"{flag} {path} is {kind}; give the overhead.json of one run (fedgat bench overhead --json)"
         )
     return data
 
@@ -1536,6 +1580,16 @@ def main_args(args: argparse.Namespace) -> int:
         base = None if args.baseline is None else load_baseline(args.baseline)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if getattr(args, "from_json", None) is not None:
+        try:
+            r = relink(load_baseline(args.from_json, "--from-json"), link_gbps)
+        except ValueError as exc:
+            raise SystemExit(f"--from-json {args.from_json}: {exc}") from None
+        print(format_table(r))
+        stem = f"overhead_{link_gbps:g}gbps"
+        for path in write(r, args.out, args.json, r.get("matrix_estimate"), stem=stem):
+            print(f"wrote {path}")
+        return 0
     if args.sweep:
         rows = []
         for ds in args.datasets or SWEEP_DATASETS:

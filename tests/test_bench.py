@@ -229,6 +229,43 @@ def test_bench_overhead_baseline_is_compared_setting_by_setting(tmp_path, capsys
         bench.load_baseline(tmp_path / "list.json")
 
 
+def test_bench_overhead_from_json_recomputes_the_deployment_at_another_link(tmp_path, capsys):
+    """``--from-json FILE --link-gbps X`` runs nothing: both critical paths and the deployed ratio of the
+    earlier run at X (the compute as measured, the transfers scaled), written beside the original."""
+    bench = load_benchmark("overhead")
+    first = tmp_path / "run.json"
+    argv = ["--dataset", "synthetic", "--nodes", "60", "--clients", "2", "--workers", "0", "--no-train"]
+    assert bench.main([*argv, "--no-replay", "--out", str(tmp_path), "--json", str(first)]) == 0
+    capsys.readouterr()
+    r = json.loads(first.read_text())
+    out = tmp_path / "relinked"
+    assert (
+        cli.main(["bench", "overhead", "--from-json", str(first), "--link-gbps", "0.01", "--out", str(out)])
+        == 0
+    )
+    slow = json.loads((out / "overhead_0.01gbps.json").read_text())
+    assert slow["relinked"] == {"from_gbps": 1.0, "to_gbps": 0.01}
+    assert math.isclose(
+        slow["critical_path_s"], bench.critical_path(r["critical_path"]["parties"], 0.01)["seconds"]
+    )
+    p = r["plaintext"]
+    wire = (p["bytes_up"] + p["bytes_down"]) * 8 / 0.01e9
+    assert math.isclose(slow["plaintext"]["critical_path_s"], p["phases"]["round"]["wall"] + wire)
+    assert math.isclose(
+        slow["ratios"]["critical_path"], slow["critical_path_s"] / slow["plaintext"]["critical_path_s"]
+    )
+    assert slow["critical_path_s"] > r["critical_path_s"]
+    assert slow["encrypted"] == r["encrypted"] and slow["wall_s"] == r["wall_s"]  # the measurements unchanged
+    assert "0.01 Gbit/s" in (out / "overhead_0.01gbps.md").read_text()
+    # a run's options have no place here; an older result without the per-party table is refused
+    assert cli.main(["bench", "overhead", "--from-json", str(first), "--clients", "3"]) == 2
+    assert "--from-json runs nothing; leave --clients out" in capsys.readouterr().err
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**r, "critical_path": {}}))
+    assert cli.main(["bench", "overhead", "--from-json", str(old), "--out", str(out)]) == 2
+    assert "no per-party table" in capsys.readouterr().err
+
+
 def test_accuracy_bench_cached_only_runs_nothing_and_labels_partial_cells():
     bench = _accuracy_bench()
     done = _STORED_RUN

@@ -178,6 +178,14 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baseline-label", default=None, help="--baseline: what the baseline was (default 'baseline')"
     )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run nothing: recompute an earlier run's critical paths (encrypted and plaintext) at "
+        "--link-gbps from its JSON and write overhead_<X>gbps.{json,md,png} into --out",
+    )
 
 
 def _configure_layer(parser: argparse.ArgumentParser) -> None:
@@ -285,6 +293,40 @@ def _check_json_apart(args: argparse.Namespace) -> None:
         )
 
 
+def _relink_overhead(args: argparse.Namespace) -> int:
+    """``--from-json``: no run, only the earlier one's critical paths at ``--link-gbps``; the options of a
+    run are refused (they would be silently ignored)."""
+    run_options = ("--sweep", "--baseline", "--owners", "--matrix-estimate", "--nodes", "--clients")
+    given = [
+        flag
+        for flag, value in zip(
+            run_options,
+            (
+                args.sweep or None,
+                args.baseline,
+                args.owners,
+                args.matrix_estimate or None,
+                args.nodes,
+                args.clients,
+            ),
+            strict=True,
+        )
+        if value is not None
+    ]
+    if given:
+        raise UsageError(
+            f"--from-json runs nothing; leave {', '.join(given)} out (only --link-gbps and outputs apply)"
+        )
+    if not args.from_json.is_file():
+        raise UsageError(f"--from-json {args.from_json}: no such file")
+    overhead = load_benchmark("overhead")
+    try:
+        overhead.relink(overhead.load_baseline(args.from_json, "--from-json"), args.link_gbps)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"--from-json {args.from_json}: {exc}") from None
+    return int(overhead.main_args(args) or 0)
+
+
 def _check_baseline(args: argparse.Namespace) -> None:
     """``--baseline``: one run's overhead JSON, read now (not after the run); ``--baseline-label`` only with it."""
     if args.baseline is None:
@@ -319,6 +361,8 @@ def _run_overhead(args: argparse.Namespace) -> int:
         raise UsageError(f"--link-gbps must be a number > 0, got {args.link_gbps}")
     check_output_file("--json", args.json)
     _check_json_apart(args)
+    if args.from_json is not None:
+        return _relink_overhead(args)
     _check_baseline(args)
     check_owners_path(args.owners)
     if args.rounds is not None and not args.train:
