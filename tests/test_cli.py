@@ -272,7 +272,15 @@ def test_interrupt_and_terminate_run_the_commands_clean_up(monkeypatch, capsys, 
 
 
 def test_audit_knows_the_server_attacks_without_importing_them():
-    """``fedgat audit --help`` lists the server-side attacks from its own copy of their names."""
+    """``fedgat audit --help`` lists the server-side attacks (:mod:`fedgat.attack_names`) without loading
+    torch; ``--server-attacks all|none|NAME`` resolve to the names ``fedgat.audit`` runs."""
+    probe = (
+        "import sys, fedgat.commands.audit as a; print(len(a.SERVER_ATTACK_NAMES), 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["17", "False"]
     from fedgat.audit import SERVER_ATTACKS
     from fedgat.commands import audit
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedgat.attack_names import SERVER_ATTACKS, TRAINING_ATTACKS
 from fedgat.attacks import (
     Recovery,
     RecoveryScore,
@@ -496,26 +497,6 @@ def _min_feature_zero_run(x: np.ndarray) -> int | None:
 
 
 # ---------------------------------------------------------------------- attacks by the server
-#: the server-side attacks :func:`audit_server` runs (pre-training, then training)
-SERVER_ATTACKS = (
-    "substituted_result",
-    "injected_ciphertexts",
-    "chosen_bases",
-    "fake_edges",
-    "third_party_claims",
-    "relabel_forgery",
-    "row_swap",
-    "withheld_claims",
-    "verdict_oracle",
-    "split_roster",
-    "dropped_client",
-    "server_plus_one_client",
-    "colluder_forgery",
-    "chosen_weights_one_client",
-    "chosen_weights_aggregate",
-    "model_inconsistency",
-    "cohort_differencing",
-)
 
 
 class _Steps:
@@ -660,16 +641,7 @@ def audit_server(
     for name, attack in hostile_rounds:
         if name in wanted:
             results[name] = steps.run(name, attack)
-    training = [
-        n
-        for n in (
-            "chosen_weights_one_client",
-            "chosen_weights_aggregate",
-            "model_inconsistency",
-            "cohort_differencing",
-        )
-        if n in wanted
-    ]
+    training = [n for n in TRAINING_ATTACKS if n in wanted]
     if training:
         tsetting = TrainingSetting(graph, partition, encodings, seed, {"variant": kind.name})
         chosen = list(ATTACK_STRATEGIES if strategies is None else strategies)

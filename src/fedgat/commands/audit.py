@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedgat.attack_names import SERVER_ATTACKS as SERVER_ATTACK_NAMES
+from fedgat.attack_names import TRAINING_ATTACKS
 from fedgat.cli_engine import (
     DP_MECHANISMS,
     UsageError,
@@ -53,36 +55,8 @@ from fedgat.cli_engine import (
     write_text,
 )
 
-#: :data:`fedgat.audit.SERVER_ATTACKS`, repeated here so that ``fedgat audit --help`` stays quick (a test
-#: keeps the two equal)
-SERVER_ATTACK_NAMES = (
-    "substituted_result",
-    "injected_ciphertexts",
-    "chosen_bases",
-    "fake_edges",
-    "third_party_claims",
-    "relabel_forgery",
-    "row_swap",
-    "withheld_claims",
-    "verdict_oracle",
-    "split_roster",
-    "dropped_client",
-    "server_plus_one_client",
-    "colluder_forgery",
-    "chosen_weights_one_client",
-    "chosen_weights_aggregate",
-    "model_inconsistency",
-    "cohort_differencing",
-)
 #: a server-side attack on label_rr's release (fedgat.dp_attacks), run with ``--dp-epsilon`` or ``--sweep``
 PREDICTOR_ATTACK = "chosen_predictor"
-#: the training attacks (each trains with secure aggregation: 3 clients at least)
-TRAINING_ATTACKS = (
-    "chosen_weights_one_client",
-    "chosen_weights_aggregate",
-    "model_inconsistency",
-    "cohort_differencing",
-)
 #: what each server-side attack tries, in one sentence (the report's list; SECURITY.md has the details)
 SERVER_ATTACK_WHAT = {
     "substituted_result": "the server sends a recipient a result computed from other rows than the plan's",
@@ -421,30 +395,24 @@ def run(args: argparse.Namespace) -> int:
         predictor = audit_predictor(graph, part, args.seed)
     if not args.no_server_check:
         report["server_attacks_chosen"] = chosen  # the user's; those skipped for want of clients: "not run"
-    report["client_attacks"] = audit_clients(
-        graph,
-        args.variant,
-        args.clients,
-        args.beta,
-        args.seed,
-        mitigation,
-        clients=clients,
-        partition=part,
-        predictor=predictor,
-    ).as_dict()
-    if dp is not None:  # the chance level of the scoring under this release (as the sweep's points)
-        report["null_release_attacks"] = audit_clients(
+
+    def client_attacks(m: Mitigation, null_release: bool = False):
+        return audit_clients(
             graph,
             args.variant,
             args.clients,
             args.beta,
             args.seed,
-            mitigation,
+            m,
             clients=clients,
             partition=part,
-            null_release=True,
+            null_release=null_release,
             predictor=predictor,
-        ).as_dict()
+        )
+
+    report["client_attacks"] = client_attacks(mitigation).as_dict()
+    if dp is not None:  # the chance level of the scoring under this release (as the sweep's points)
+        report["null_release_attacks"] = client_attacks(mitigation, null_release=True).as_dict()
     # [epsilon, delta] of the audited release (None: no DP)
     report["dp_spent"] = mitigation.dp_spent(graph.num_features, graph.num_classes)
     report["dp_delta"] = args.dp_delta
@@ -484,29 +452,8 @@ def run(args: argparse.Namespace) -> int:
         sweep = []
         for eps in args.sweep:
             point_dp = FeatureDP(eps, args.dp_delta, args.dp_mechanism, args.dp_dim, seed=args.seed)
-            scores = audit_clients(
-                graph,
-                args.variant,
-                args.clients,
-                args.beta,
-                args.seed,
-                Mitigation(args.min_cross, cap, point_dp),
-                clients=clients,
-                partition=part,
-                predictor=predictor,
-            )
-            null = audit_clients(
-                graph,
-                args.variant,
-                args.clients,
-                args.beta,
-                args.seed,
-                Mitigation(args.min_cross, cap, point_dp),
-                clients=clients,
-                partition=part,
-                null_release=True,
-                predictor=predictor,
-            )
+            scores = client_attacks(Mitigation(args.min_cross, cap, point_dp))
+            null = client_attacks(Mitigation(args.min_cross, cap, point_dp), null_release=True)
             point = {
                 "epsilon": eps,
                 "mechanism": point_dp.describe(),
