@@ -244,7 +244,8 @@ def test_bench_overhead_from_json_recomputes_the_deployment_at_another_link(tmp_
         == 0
     )
     slow = json.loads((out / "overhead_0.01gbps.json").read_text())
-    assert slow["relinked"] == {"from_gbps": 1.0, "to_gbps": 0.01}
+    relinked = slow["relinked"]
+    assert (relinked["from_gbps"], relinked["to_gbps"], relinked["source"]) == (1.0, 0.01, str(first))
     assert math.isclose(
         slow["critical_path_s"], bench.critical_path(r["critical_path"]["parties"], 0.01)["seconds"]
     )
@@ -256,7 +257,16 @@ def test_bench_overhead_from_json_recomputes_the_deployment_at_another_link(tmp_
     )
     assert slow["critical_path_s"] > r["critical_path_s"]
     assert slow["encrypted"] == r["encrypted"] and slow["wall_s"] == r["wall_s"]  # the measurements unchanged
-    assert "0.01 Gbit/s" in (out / "overhead_0.01gbps.md").read_text()
+    md = (out / "overhead_0.01gbps.md").read_text()
+    assert (
+        "0.01 Gbit/s" in md and "**Recomputed** at 0.01 Gbit/s from" in md and "nothing was run again" in md
+    )
+    # a baseline measured at another link speed is named as such
+    assert bench.baseline_differences(r, slow) == "link_gbps 1.0 vs 0.01"
+    # the machine's own load after the run is no caution; other work before it is
+    quiet = {**r, "machine": {"load_average_before_after": [0.1, 2 * r["cores"]]}}
+    busy = {**r, "machine": {"load_average_before_after": [r["cores"], r["cores"]]}}
+    assert bench._load_caution(quiet) == [] and "other work was running" in bench._load_caution(busy)[1]
     # a run's options have no place here; an older result without the per-party table is refused
     assert cli.main(["bench", "overhead", "--from-json", str(first), "--clients", "3"]) == 2
     assert "--from-json runs nothing; leave --clients out" in capsys.readouterr().err

@@ -291,4 +291,5 @@ def test_audit_knows_the_server_attacks_without_importing_them():
     for given, wanted in ((["all"], every), (["none"], []), (["fake_edges"], ["fake_edges"])):
         args = parser.parse_args(["audit", "--dataset", "synthetic", "--server-attacks", *given])
         audit.check_arguments(args)
+        audit.check_arguments(args)  # idempotent: what it settles passes its own checks again
         assert args.server_attacks == wanted

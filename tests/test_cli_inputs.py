@@ -347,6 +347,7 @@ BAD = [
     (["bench", "overhead", "--no-train", "--rounds", "5"], 2, "--no-train skips it"),
     (["bench", "overhead", "--client-counts", "2"], 2, "--client-counts choose what --sweep runs"),
     (["bench", "overhead", "--sweep", "--nodes", "100"], 2, "leave --nodes out"),
+    (["bench", "overhead", "--sweep", "--client-counts", "1", "2"], 2, "--client-counts 1: one client owns"),
     (["bench", "overhead", "--sweep", "--matrix-estimate"], 2, "leave --matrix-estimate out"),
     (["bench", "layer", "--out", "{npz}"], 2, "is a file; give a folder"),
     (["bench", "accuracy", "--out", "{npz}"], 2, "is a file; give a folder"),

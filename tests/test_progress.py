@@ -70,7 +70,7 @@ def test_demo_train_and_audit_build_one_synthetic_graph(monkeypatch):
     asked = {}
 
     def load_dataset(name, **kwargs):
-        asked[command] = {"seed": 0, **kwargs}  # the generator's seed is 0, as the demo's --seed
+        asked[command] = kwargs
         raise Loaded
 
     monkeypatch.setattr(fedgat.data, "load_dataset", load_dataset)
@@ -80,6 +80,11 @@ def test_demo_train_and_audit_build_one_synthetic_graph(monkeypatch):
     assert (
         asked["demo"] == asked["train"] == asked["audit"] == {"seed": 0, **synthetic_sizes(SYNTHETIC_NODES)}
     )
+    # the seed seeds the graph too: demo's and audit's --seed, train's --first-seed
+    for command, flag in (("demo", "--seed"), ("train", "--first-seed"), ("audit", "--seed")):
+        with pytest.raises(Loaded):
+            cli.main([command, "--dataset", "synthetic", flag, "3", "--debug"])
+        assert asked[command] == {"seed": 3, **synthetic_sizes(SYNTHETIC_NODES)}
     parser = cli.build_parser()
     for command in ("demo", "train", "audit"):
         assert parser.parse_args([command, "--no-progress"]).quiet

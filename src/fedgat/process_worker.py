@@ -29,6 +29,7 @@ import json
 import numbers
 import os
 import resource
+import signal
 import struct
 import sys
 import time
@@ -376,6 +377,9 @@ def serve(conn: Connection, settings: str) -> None:
     """A worker's main loop: answer requests from ``conn`` until ``stop`` or until the coordinator's
     end closes (EOF). ``settings``: JSON ``{"threads": int | null, "forbid_pickle": bool}``."""
     started = time.perf_counter()
+    # Ctrl-C reaches the whole process group: the coordinator handles it and closes this worker's
+    # pipe as it cleans up (EOF below), so the worker neither stops mid-answer nor prints a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     options = json.loads(settings)
     if options.get("forbid_pickle"):
         _forbid_pickle()

@@ -232,9 +232,24 @@ def test_audit_markdown_says_what_each_attack_tries_and_which_breaks_stay_open()
         "server_attacks": {
             "verdict_oracle": {**row, "note": "every probe refused", "probes": 8, "per_probe": [[1, 2]] * 50},
             "fake_edges": {**row, "note": ""},
+            "chosen_weights_aggregate": {
+                **row,
+                "recovered": 1,
+                "detected": False,
+                "note": "",
+                "rounds": 3,
+                "by_strategy": {},
+            },
+            "row_swap": {**row, "recovered": 2, "note": ""},
         },
-        "server_attacks_not_run": ["row_swap", "split_roster"],
-        "server_attacks_chosen": ["verdict_oracle", "fake_edges", "split_roster"],
+        "server_attacks_not_run": ["substituted_result", "split_roster"],
+        "server_attacks_chosen": [
+            "verdict_oracle",
+            "fake_edges",
+            "split_roster",
+            "row_swap",
+            "chosen_weights_aggregate",
+        ],
     }
     text = "\n".join(server_attacks_markdown(report))
     assert "| verdict_oracle | 8 | 0 | 0.0000 | True | open, bounded by DP (break 22) |" in text
@@ -242,8 +257,18 @@ def test_audit_markdown_says_what_each_attack_tries_and_which_breaks_stay_open()
     assert "- **verdict_oracle**: the server tampers with one slot" in text and "every probe refused" in text
     assert "(probes 8; the rest in the JSON)" in text and "per_probe" not in text
     assert "- **fake_edges**: the server (with a colluding client) claims edges" in text
+    assert (
+        "| chosen_weights_aggregate | 8 | 1 | 0.0000 | False | allowed by secure aggregation, measured"
+        in text
+    )
+    assert "| row_swap | 8 | 2 | 0.0000 | True | **recovered 2**: see SECURITY.md |" in text  # never "closed"
     assert "Not run (nothing to target in this setting): split_roster" in text
-    assert "Not asked for (`--server-attacks`): row_swap" in text
+    assert "Not asked for (`--server-attacks`): substituted_result" in text
+    # nothing ran (e.g. 2 clients and only training attacks asked for): the reasons are still printed
+    idle = {"server_attacks": {}, "server_attacks_not_run": ["cohort_differencing"]}
+    text = "\n".join(server_attacks_markdown(idle))
+    assert "No server-side attack ran" in text and "| attack |" not in text
+    assert "Not run (nothing to target in this setting): cohort_differencing" in text
 
 
 def test_audit_markdown_tables_only_the_training_attacks_that_ran():

@@ -285,7 +285,10 @@ def _check_json_apart(args: argparse.Namespace) -> None:
     over ``overhead.md`` would replace the report)."""
     if args.json is None:
         return
-    stem = "overhead_sweep" if args.sweep else "overhead"
+    if args.from_json is not None:
+        stem = load_benchmark("overhead").relinked_stem(args.link_gbps)
+    else:
+        stem = "overhead_sweep" if args.sweep else "overhead"
     taken = {(args.out / f"{stem}{suffix}").resolve(): suffix for suffix in (".md", ".png")}
     if args.json.resolve() in taken:
         raise UsageError(
@@ -389,7 +392,11 @@ def _run_overhead(args: argparse.Namespace) -> int:
         args.client_counts = args.client_counts or list(load_benchmark("overhead").SWEEP_CLIENTS)
         for dataset in args.datasets:
             check_dataset(dataset)
-        check_counts({"--client-counts": (min(args.client_counts), 1)})
+        if min(args.client_counts) < 2:
+            raise UsageError(
+                f"--client-counts {min(args.client_counts)}: one client owns every node and nothing is "
+                "encrypted to compare; give counts of 2 or more"
+            )
         for dataset in args.datasets:  # one round at a time: each must fit
             graph = load_benchmark("overhead").load_graph(dataset, None, args.seed)
             for clients in args.client_counts:

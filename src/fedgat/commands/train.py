@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     overrides, hparams = check_arguments(args)
     device = check_device(args.device)
     torch.set_num_threads(args.threads)
-    graph = load_graph(args.dataset, **synthetic_sizes(args.nodes))
+    graph = load_graph(args.dataset, **synthetic_sizes(args.nodes), seed=args.first_seed)
     owners = resolve_owners(args, graph)
     if args.method in CENTRALISED and owners is not None:
         print(
