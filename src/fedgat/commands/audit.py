@@ -114,7 +114,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_owners_arguments(parser)
     parser.add_argument("--beta", type=float, default=1.0, help="Dirichlet label split (default 1: non-iid)")
     parser.add_argument(
-        "--seed", type=int, default=0, help="seeds the split, the bases and the training (default 0)"
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the split, the bases, the training and --dataset synthetic's graph (default 0)",
     )
     parser.add_argument(
         "--min-cross",

@@ -154,7 +154,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="Dirichlet label-split concentration: 1 non-iid, 10000 ~iid (default 1)",
     )
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (default 1)")
-    parser.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="first seed (default 0); it also seeds --dataset synthetic's graph, as demo's --seed does",
+    )
     group = parser.add_argument_group("hyper-parameters (default: the method's own)")
     for dest, (kind, text) in _HPARAM_FLAGS.items():
         group.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, default=None, help=text)
