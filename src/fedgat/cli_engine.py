@@ -275,6 +275,12 @@ def parse_cap(value: str) -> int | None:
 # ------------------------------------------------------------------------------------ outputs
 
 
+def given_flags(*pairs: tuple[str, object]) -> list[str]:
+    """The flags of ``(flag, value)`` pairs that were given (value not None), for refusing options that a
+    mode would ignore: ``given_flags(("--nodes", args.nodes), ("--sweep", args.sweep or None))``."""
+    return [flag for flag, value in pairs if value is not None]
+
+
 def check_output_file(flag: str, path: Path | None, *, example: str = "results.json") -> None:
     """Refuse an output file that cannot be written: an existing directory, or a place under a file
     or an unwritable folder. Nothing is left behind: a probe file is created and removed at once in

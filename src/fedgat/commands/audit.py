@@ -49,6 +49,7 @@ from fedgat.cli_engine import (
     check_output_file,
     check_owners_path,
     fit_spool,
+    given_flags,
     load_graph,
     resolve_owners,
     synthetic_sizes,
@@ -241,9 +242,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.sweep is not None and not args.sweep:
         raise UsageError("--sweep needs the epsilons to sweep, e.g. --sweep 0.5 1 2 4 8")
     if args.dp_epsilon is None and not args.sweep:
-        given = [
-            f for f, v in (("--dp-mechanism", args.dp_mechanism), ("--dp-dim", args.dp_dim)) if v is not None
-        ]
+        given = given_flags(("--dp-mechanism", args.dp_mechanism), ("--dp-dim", args.dp_dim))
         if given:
             raise UsageError(f"{' and '.join(given)} shape a DP release; give --dp-epsilon (or --sweep) too")
     if args.dp_dim is not None and (args.dp_mechanism or DP_MECHANISM) != "gaussian":
@@ -252,11 +251,9 @@ def check_arguments(args: argparse.Namespace) -> None:
             "use it (add --dp-mechanism gaussian)"
         )
     if args.no_server_check:
-        given = [
-            f
-            for f, v in (("--upload-window", args.upload_window), ("--server-attacks", args.server_attacks))
-            if v is not None
-        ]
+        given = given_flags(
+            ("--upload-window", args.upload_window), ("--server-attacks", args.server_attacks)
+        )
         if given:
             raise UsageError(f"{' and '.join(given)} shape the server side, which --no-server-check skips")
     if args.server_attacks is not None:

@@ -47,6 +47,7 @@ from fedgat.cli_engine import (
     check_output_file,
     check_owners_path,
     fit_spool,
+    given_flags,
     print_report,
     resolve_owners,
 )
@@ -299,23 +300,14 @@ def _check_json_apart(args: argparse.Namespace) -> None:
 def _relink_overhead(args: argparse.Namespace) -> int:
     """``--from-json``: no run, only the earlier one's critical paths at ``--link-gbps``; the options of a
     run are refused (they would be silently ignored)."""
-    run_options = ("--sweep", "--baseline", "--owners", "--matrix-estimate", "--nodes", "--clients")
-    given = [
-        flag
-        for flag, value in zip(
-            run_options,
-            (
-                args.sweep or None,
-                args.baseline,
-                args.owners,
-                args.matrix_estimate or None,
-                args.nodes,
-                args.clients,
-            ),
-            strict=True,
-        )
-        if value is not None
-    ]
+    given = given_flags(
+        ("--sweep", args.sweep or None),
+        ("--baseline", args.baseline),
+        ("--owners", args.owners),
+        ("--matrix-estimate", args.matrix_estimate or None),
+        ("--nodes", args.nodes),
+        ("--clients", args.clients),
+    )
     if given:
         raise UsageError(
             f"--from-json runs nothing; leave {', '.join(given)} out (only --link-gbps and outputs apply)"
@@ -371,18 +363,14 @@ def _run_overhead(args: argparse.Namespace) -> int:
     if args.rounds is not None and not args.train:
         raise UsageError("--rounds sets the accuracy comparison's rounds; --no-train skips it (give one)")
     if args.sweep:
-        given = [
-            flag
-            for flag, value in (
-                ("--clients", args.clients),
-                ("--owners", args.owners),
-                ("--nodes", args.nodes),
-                ("--baseline", args.baseline),
-                ("--rounds", args.rounds),
-                ("--matrix-estimate", args.matrix_estimate or None),
-            )
-            if value is not None
-        ]
+        given = given_flags(
+            ("--clients", args.clients),
+            ("--owners", args.owners),
+            ("--nodes", args.nodes),
+            ("--baseline", args.baseline),
+            ("--rounds", args.rounds),
+            ("--matrix-estimate", args.matrix_estimate or None),
+        )
         if given:
             raise UsageError(
                 f"--sweep runs --datasets x --client-counts at each dataset's own size, untrained; leave "
@@ -402,7 +390,7 @@ def _run_overhead(args: argparse.Namespace) -> int:
             for clients in args.client_counts:
                 _check_spool(args, graph, clients)
     else:
-        unused = [f for f, v in (("--datasets", args.datasets), ("--client-counts", args.client_counts)) if v]
+        unused = given_flags(("--datasets", args.datasets), ("--client-counts", args.client_counts))
         if unused:
             raise UsageError(
                 f"{' and '.join(unused)} choose what --sweep runs; add --sweep or use --dataset/--clients"
