@@ -29,6 +29,15 @@ pre-training has no wire, so its bytes are the float32 size of the same traffic 
 once, the clients' encodings down). The growth exponent of a phase between two consecutive sizes is
 ``log(y2 / y1) / log(E2 / E1)`` with ``E`` the stored (directed) edge count: 1 is linear in edges.
 
+New pages: each phase also reports the memory its process touched for the first time (``new_pages``:
+minor page faults x the page size; a freshly allocated large tensor is faulted in page by page; worker
+processes' pages are not counted). On a VM a first touch
+can cost far more than the write itself, and more the more memory the process already holds, which bends
+a phase's time upward while its work grows linearly. So after the sizes, a probe (in its own
+subprocess, skipped with ``--no-probe``) touches fresh memory one GiB at a time up to the largest peak RSS
+measured and reports GB/s against the resident size, beside the speed of rewriting memory already
+touched (:func:`first_touch_probe`).
+
 Writes ``graph_scale.json``, ``graph_scale.md`` and ``graph_scale.png`` (``graph_scale_quick.*`` with
 ``--quick``) into ``--out`` (default ``benchmarks/results``).
 """
@@ -42,6 +51,8 @@ import json
 import math
 import os
 import platform
+import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -64,6 +75,41 @@ MODES = ("plain", "encrypted")
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process so far (each a page touched for the first time)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def first_touch_probe(max_gib: float, step_gib: float = 1.0) -> list[dict]:
+    """GB/s of writing ``step_gib`` of freshly allocated memory (first touch: page faults and zeroing
+    included) as the memory this process holds grows to ``max_gib``, each step kept; and, per step,
+    GB/s of writing the same memory again (no faults: the write alone)."""
+    import numpy as np
+
+    keep, rows = [], []
+    words = int(step_gib * 2**30) // 8
+    for i in range(max(1, int(max_gib / step_gib))):
+        t = time.perf_counter()
+        block = np.empty(words)
+        block.fill(1.0)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        block.fill(2.0)
+        again = time.perf_counter() - t
+        keep.append(block)
+        rows.append(
+            {
+                "resident_gib": round((i + 1) * step_gib, 2),
+                "first_touch_gb_s": round(words * 8 / first / 1e9, 2),
+                "rewrite_gb_s": round(words * 8 / again / 1e9, 2),
+            }
+        )
+    return rows
 
 
 class PeakSampler:
@@ -124,34 +170,44 @@ def one(
     out: dict = {"mode": mode, "nodes": nodes, "clients": clients, "threads": torch.get_num_threads()}
     phases: dict[str, dict] = {}
 
-    def phase(name: str, start: float, **extra) -> None:
-        phases[name] = {"seconds": round(time.perf_counter() - start, 3), "peak_rss": sampler.read(), **extra}
+    faults = [0]  # minor faults when the phase began
 
-    sampler.reset()
-    start = time.perf_counter()
+    def phase(name: str, start: float, **extra) -> None:
+        now = _minor_faults()
+        phases[name] = {
+            "seconds": round(time.perf_counter() - start, 3),
+            "peak_rss": sampler.read(),
+            "new_pages": (now - faults[0]) * PAGE,
+            **extra,
+        }
+        faults[0] = now
+
+    def begin() -> float:
+        sampler.reset()
+        faults[0] = _minor_faults()
+        return time.perf_counter()
+
+    start = begin()
     graph = arxiv_like(nodes, seed)
     phase("build", start)
     out["edges"] = int(graph.edge_index.shape[1])
     out["features"] = int(graph.x.shape[1])
     out["classes"] = int(graph.num_classes)
 
-    sampler.reset()
-    start = time.perf_counter()
+    start = begin()
     partition = make_partition(graph, clients, beta=1e4, seed=seed, num_layers=2)
     phase("partition", start)
     out["cross_client_edges"] = sum(c.cross_edges for c in partition.clients)
 
     if mode == "plain":
-        sampler.reset()
-        start = time.perf_counter()
+        start = begin()
         # computed in float64 like the encrypted round's twin, stored in float32: training reads
         # float32 (the same values), and the clients' copies are 7-8 encodings per node at 10 clients
         encodings = run_plaintext_pretraining(graph, partition, "vector", seed, out_dtype=torch.float32)
         down = sum(e.nbytes(4) for e in encodings.values())
         up = int(graph.x.numel()) * 4
         phase("plaintext_pretrain", start, bytes_up=up, bytes_down=down, float32_equivalent=True)
-        sampler.reset()
-        start = time.perf_counter()
+        start = begin()
         handed = [encodings]  # handed over: freed once the clients have built their tasks
         del encodings
         run = train_fedgat(
@@ -160,8 +216,7 @@ def one(
         phase("train", start, bytes_up=run.bytes_up, bytes_down=run.bytes_down, rounds=run.fit.rounds)
         out["test_accuracy"] = run.fit.test_accuracy
     else:
-        sampler.reset()
-        start = time.perf_counter()
+        start = begin()
         pre = run_encrypted_pretraining(
             graph, partition, "vector", "n4096", seed=seed, progress=False, upload_window=upload_window
         )
@@ -198,6 +253,33 @@ def _child(args: argparse.Namespace, mode: str, nodes: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def median_run(tries: list[dict]) -> dict:
+    """One size and mode measured in several subprocesses as one run: each phase's seconds, peak RSS
+    and new pages the median over the tries (every try's seconds kept in ``seconds_tries``); the
+    first failed try if any failed."""
+    failed = [t for t in tries if "error" in t]
+    if failed or len(tries) == 1:
+        return (failed or tries)[0]
+    out = dict(tries[0])
+    out["phases"] = {}
+    for name, first in tries[0]["phases"].items():
+        phase = dict(first)
+        for key in ("seconds", "peak_rss", "new_pages"):
+            values = [t["phases"][name][key] for t in tries if key in t["phases"].get(name, {})]
+            if values:
+                phase[key] = statistics.median(values)
+        phase["seconds_tries"] = [t["phases"][name]["seconds"] for t in tries]
+        out["phases"][name] = phase
+    out["peak_rss"] = max(p["peak_rss"] for p in out["phases"].values())
+    out["tries"] = len(tries)
+    return out
+
+
+#: new pages below this (per size) give no slope: a phase that allocates next to nothing (the partition)
+#: faults a few pages of allocator noise, whose ratio means nothing
+MIN_SLOPE_PAGES = 16 * 2**20
+
+
 def slope(x1: float, y1: float, x2: float, y2: float) -> float | None:
     """Log-log slope ``log(y2/y1) / log(x2/x1)`` (None where undefined)."""
     if min(x1, y1, x2, y2) <= 0 or x1 == x2:
@@ -206,7 +288,9 @@ def slope(x1: float, y1: float, x2: float, y2: float) -> float | None:
 
 
 def growth(runs: list[dict]) -> list[dict]:
-    """Growth exponents of every phase's seconds and peak RSS vs edges, between consecutive sizes."""
+    """Growth exponents of every phase's seconds, peak RSS and new pages vs edges, between consecutive
+    sizes (new pages: None where either size touched less than :data:`MIN_SLOPE_PAGES`, or has none
+    recorded, as in results written before new pages were counted)."""
     rows = []
     for name in PHASES:
         pts = sorted(
@@ -220,6 +304,8 @@ def growth(runs: list[dict]) -> list[dict]:
         for (e1, p1), (e2, p2) in itertools.pairwise(pts):
             t = slope(e1, p1["seconds"], e2, p2["seconds"])
             m = slope(e1, p1["peak_rss"], e2, p2["peak_rss"])
+            f1, f2 = p1.get("new_pages", 0), p2.get("new_pages", 0)
+            f = slope(e1, f1, e2, f2) if min(f1, f2) >= MIN_SLOPE_PAGES else None
             rows.append(
                 {
                     "phase": name,
@@ -227,6 +313,7 @@ def growth(runs: list[dict]) -> list[dict]:
                     "edges_to": e2,
                     "time_slope": None if t is None else round(t, 3),
                     "rss_slope": None if m is None else round(m, 3),
+                    "new_pages_slope": None if f is None else round(f, 3),
                 }
             )
     return rows
@@ -256,6 +343,12 @@ def write_markdown(result: dict, path: Path) -> None:
             ("**Timings were taken on a shared machine, under load from other jobs.** " if shared else "")
             + f"Load average {before} before, {after} after; the growth exponents compare sizes within this run."
         )
+    tries = max((r.get("tries", 1) for r in runs), default=1)
+    repeat = (
+        f" Each size's phases: the median of {tries} subprocesses (`seconds_tries` in the JSON)."
+        if tries > 1
+        else ""
+    )
     lines = [
         "# Graph scale: time, memory and bytes vs graph size",
         "",
@@ -266,10 +359,10 @@ def write_markdown(result: dict, path: Path) -> None:
             f"{result['platform']}; {result['date']}. Command: `{result['command']}`."
         ),
         "",
-        load,
+        load + repeat,
         "",
-        "| nodes | edges | phase | seconds | peak RSS GiB | bytes up MiB | bytes down MiB |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        "| nodes | edges | phase | seconds | peak RSS GiB | new pages GiB | bytes up MiB | bytes down MiB |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(runs, key=lambda r: (r["nodes"], r["mode"] != "plain")):
         for name in PHASES:
@@ -279,19 +372,39 @@ def write_markdown(result: dict, path: Path) -> None:
             note = " (float32)" if p.get("float32_equivalent") else ""
             lines.append(
                 f"| {r['nodes']} | {r['edges']} | {name} | {p['seconds']:.2f} | {_gib(p['peak_rss'])} | "
-                f"{_mib(p.get('bytes_up'))}{note} | {_mib(p.get('bytes_down'))}{note} |"
+                f"{_gib(p.get('new_pages'))} | {_mib(p.get('bytes_up'))}{note} | {_mib(p.get('bytes_down'))}{note} |"
             )
     lines += [
         "",
         "Growth exponents (log-log slope vs edges between consecutive sizes; 1 = linear):",
         "",
-        "| phase | edges from | edges to | time slope | RSS slope |",
-        "|---|---:|---:|---:|---:|",
+        "| phase | edges from | edges to | time slope | RSS slope | new pages slope |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for g in result["growth"]:
         lines.append(
-            f"| {g['phase']} | {g['edges_from']} | {g['edges_to']} | {g['time_slope']} | {g['rss_slope']} |"
+            f"| {g['phase']} | {g['edges_from']} | {g['edges_to']} | {g['time_slope']} | {g['rss_slope']} "
+            f"| {g.get('new_pages_slope', '-')} |"
         )
+    probe = result.get("first_touch")
+    if probe:
+        slow = min(probe, key=lambda r: r["first_touch_gb_s"])
+        lines += [
+            "",
+            (
+                "This machine's memory (`first_touch_probe`, its own subprocess after the sizes): GB/s of writing "
+                "a freshly allocated GiB (page faults included) as the memory the process holds grows, and of "
+                "writing the same GiB again. A phase whose new pages grow linearly in edges but whose time "
+                f"grows faster is paying this: here a first touch runs at {slow['first_touch_gb_s']} GB/s at "
+                f"{slow['resident_gib']} GiB held, against {probe[0]['first_touch_gb_s']} GB/s at "
+                f"{probe[0]['resident_gib']} GiB (a rewrite: {min(r['rewrite_gb_s'] for r in probe)}-"
+                f"{max(r['rewrite_gb_s'] for r in probe)} GB/s)."
+            ),
+            "",
+            "| resident GiB | first touch GB/s | rewrite GB/s |",
+            "|---:|---:|---:|",
+            *(f"| {r['resident_gib']} | {r['first_touch_gb_s']} | {r['rewrite_gb_s']} |" for r in probe),
+        ]
     errors = [r for r in result["runs"] if "error" in r]
     if errors:
         lines += ["", "Failed runs:"] + [f"- {r['mode']} / {r['nodes']} nodes: {r['error']}" for r in errors]
@@ -314,6 +427,8 @@ def write_markdown(result: dict, path: Path) -> None:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Log-log panels of each phase's seconds, peak RSS and new pages against edges and, when the
+    probe ran, the machine's first-touch and rewrite speed against the memory held."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,24 +436,55 @@ def plot(result: dict, path: Path) -> None:
     from matplotlib.ticker import NullFormatter
 
     runs = [r for r in result["runs"] if "error" not in r]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, style in zip(PHASES, ("o-", "s-", "^-", "v-", "D--")):
-        pts = {}
+    probe = result.get("first_touch") or []
+    panels: list[tuple[str, float, str]] = [
+        ("seconds", 1.0, "wall seconds"),
+        ("peak_rss", 2**30, "peak RSS (GiB)"),
+    ]
+    if any("new_pages" in p for r in runs for p in r["phases"].values()):  # not in older results
+        panels.append(("new_pages", 2**30, "new pages (GiB): memory touched first"))
+    count = len(panels) + bool(probe)
+    rows = 2 if count == 4 else 1
+    fig, grid = plt.subplots(rows, count // rows, figsize=(5.5 * count // rows, 4 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for i, (name, style) in enumerate(zip(PHASES, ("o-", "s-", "^-", "v-", "D--"))):
+        pts: dict[int, dict] = {}
         for r in runs:
             if name in r["phases"]:
                 pts.setdefault(r["edges"], r["phases"][name])
         if not pts:
             continue
         e = sorted(pts)
-        axes[0].plot(e, [pts[k]["seconds"] for k in e], style, label=name)
-        axes[1].plot(e, [pts[k]["peak_rss"] / 2**30 for k in e], style, label=name)
-    for ax, title in zip(axes, ("wall seconds", "peak RSS (GiB)")):
+        for ax, (key, unit, _) in zip(axes, panels):
+            least = MIN_SLOPE_PAGES if key == "new_pages" else 0  # the partition's few pages left out
+            if all(pts[k].get(key, 0) > least for k in e):
+                ax.plot(e, [pts[k][key] / unit for k in e], style, color=f"C{i}", label=name)
+    for ax, (_, _, title) in zip(axes, panels):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(title)
         ax.set_xlabel("edges (directed)")
         ax.grid(alpha=0.3, which="both")
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(
+                0.5,
+                0.5,
+                f"no phase touched {MIN_SLOPE_PAGES // 2**20} MiB",
+                ha="center",
+                transform=ax.transAxes,
+            )
+    if probe:
+        ax = axes[-1]
+        held = [r["resident_gib"] for r in probe]
+        ax.plot(held, [r["first_touch_gb_s"] for r in probe], "o-", label="first touch (page faults)")
+        ax.plot(held, [r["rewrite_gb_s"] for r in probe], "s--", label="rewrite")
+        ax.set_ylim(bottom=0)
+        ax.set_title("this machine: GB/s writing 1 more GiB")
+        ax.set_xlabel("GiB the process already holds")
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"FedGAT vs graph size, {result['clients']} clients, {result['cpus']} shared CPUs")
     fig.tight_layout()
@@ -374,14 +520,33 @@ def main(argv: list[str] | None = None) -> int:
         "default: every upload before compute)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="subprocesses per size and mode; each phase reports the median (default 1; a VM's first "
+        "touch of memory varies by several times from run to run, see the probe)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 and 400 nodes")
     parser.add_argument("--notes", default="", help="a paragraph for the Markdown (what ran where)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the first-touch probe of the machine's memory after the sizes",
+    )
     parser.add_argument("--one", nargs=2, metavar=("MODE", "NODES"), help=argparse.SUPPRESS)
+    parser.add_argument("--probe", type=float, metavar="GIB", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     if args.encrypted_max_nodes is None:
         args.encrypted_max_nodes = QUICK_NODES[0] if args.quick else 20_000
+    if args.probe is not None:
+        step = 1.0 if args.probe >= 4 else 0.25
+        print(json.dumps(first_touch_probe(step * math.ceil(args.probe / step), step)))
+        return 0
     if args.one:
         print(
             json.dumps(
@@ -400,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             if mode == "encrypted" and n > args.encrypted_max_nodes:
                 continue
-            run = _child(args, mode, n)
+            run = median_run([_child(args, mode, n) for _ in range(args.repeat)])
             runs.append(run)
             print(json.dumps(run), flush=True)
             # written after every size, so that a run cut off by a time limit keeps what it measured
@@ -409,8 +574,23 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print("graph_scale: nothing to run")
         return 0
+    if not args.no_probe:
+        result["first_touch"] = _probe(runs)
+        _write(result, args.out, stem)
     print(f"wrote {args.out / stem}.json/.md/.png in {result['total_seconds']} s")
     return 0
+
+
+def _probe(runs: list[dict]) -> list[dict] | None:
+    """:func:`first_touch_probe` in a fresh subprocess, up to the largest peak RSS measured (at most
+    60% of the machine's memory); None if it fails."""
+    peak = max((r["peak_rss"] for r in runs if "error" not in r), default=0) / 2**30
+    limit = 0.6 * (_memory_gib() or peak)
+    cmd = [sys.executable, __file__, "--probe", f"{max(0.25, min(peak, limit)):.2f}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _result(args, argv, runs: list[dict], skipped: list[int], load_before, start: float) -> dict:
@@ -427,6 +607,7 @@ def _result(args, argv, runs: list[dict], skipped: list[int], load_before, start
         "rounds": args.rounds,
         "encrypted_max_nodes": args.encrypted_max_nodes,
         "upload_window": args.upload_window,
+        "repeat": args.repeat,
         "encrypted_skipped": skipped,
         "notes": args.notes,
         "load_before": [round(x, 2) for x in load_before],

@@ -102,6 +102,7 @@ def test_failed_download_raises_and_leaves_no_partial_file(tmp_path, monkeypatch
     msg = str(err.value)
     assert "FEDGAT_DATA is not set" in msg and "network unreachable" not in msg  # no raw exception text
     assert all(f in msg for f in planetoid_raw_files("cora"))  # every missing file named, not one
+    assert "holds Cora/raw/ind.cora.*" in msg and "<" not in msg  # the path to make, no placeholders
     assert len(calls) == 1 and calls[0].startswith("https://")
     # nothing left behind: the partial file and the folders the download created are gone, the root stays
     assert tmp_path.is_dir() and list(tmp_path.iterdir()) == []

@@ -38,6 +38,44 @@ def test_growth_uses_consecutive_sizes():
     assert [(r["edges_from"], r["edges_to"]) for r in rows] == [(100, 200), (200, 400)]
     assert rows[0]["time_slope"] == round(math.log(1.5) / math.log(2), 3)
     assert rows[1]["time_slope"] == 1.0 and rows[0]["rss_slope"] == 1.0
+    assert rows[0]["new_pages_slope"] is None  # none recorded (results from before they were counted)
+
+
+def test_growth_of_new_pages_skips_allocator_noise():
+    mib = 2**20
+
+    def run(edges, pages):
+        phase = {"seconds": 1.0, "peak_rss": 1, "new_pages": pages}
+        return {"mode": "plain", "edges": edges, "phases": {"train": phase}}
+
+    rows = gs.growth([run(100, 64 * mib), run(200, 128 * mib), run(400, 4096), run(800, 8192)])
+    assert [r["new_pages_slope"] for r in rows] == [1.0, None, None]
+
+
+def test_median_run_takes_each_phases_median():
+    def run(seconds, rss, pages):
+        phases = {"train": {"seconds": seconds, "peak_rss": rss, "new_pages": pages, "rounds": 1}}
+        return {"mode": "plain", "nodes": 10, "edges": 40, "phases": phases, "peak_rss": rss}
+
+    got = gs.median_run([run(3.0, 10, 4096), run(1.0, 30, 8192), run(2.0, 20, 0)])
+    assert got["phases"]["train"] == {
+        "seconds": 2.0,
+        "peak_rss": 20,
+        "new_pages": 4096,
+        "rounds": 1,
+        "seconds_tries": [3.0, 1.0, 2.0],
+    }
+    assert got["tries"] == 3 and got["peak_rss"] == 20
+    failed = {"mode": "plain", "nodes": 10, "error": ["boom"]}
+    assert gs.median_run([run(1.0, 1, 1), failed]) is failed
+    one = run(1.0, 1, 1)
+    assert gs.median_run([one]) is one
+
+
+def test_first_touch_probe_holds_what_it_touched():
+    rows = gs.first_touch_probe(0.5, 0.25)
+    assert [r["resident_gib"] for r in rows] == [0.25, 0.5]
+    assert all(r["first_touch_gb_s"] > 0 and r["rewrite_gb_s"] > 0 for r in rows)
 
 
 def test_quick_run_writes_results(tmp_path):
@@ -101,5 +139,20 @@ def test_quick_run_writes_results(tmp_path):
     assert row["time_slope"] == pytest.approx(want, abs=1e-3)
     want_rss = math.log(p2["peak_rss"] / p1["peak_rss"]) / math.log(e2 / e1)
     assert row["rss_slope"] == pytest.approx(want_rss, abs=1e-3)
-    assert (out / "graph_scale_quick.md").read_text().startswith("# Graph scale")
+    # every phase counts the pages it touched first (plaintext pre-training writes its encodings afresh)
+    for r in plain:
+        pre = r["phases"]["plaintext_pretrain"]
+        assert pre["new_pages"] % gs.PAGE == 0 and pre["new_pages"] > 0
+    row = next(g for g in data["growth"] if g["phase"] == "plaintext_pretrain")
+    f1, f2 = (r["phases"]["plaintext_pretrain"]["new_pages"] for r in sorted(plain, key=lambda r: r["edges"]))
+    if min(f1, f2) >= gs.MIN_SLOPE_PAGES:
+        assert row["new_pages_slope"] == pytest.approx(math.log(f2 / f1) / math.log(e2 / e1), abs=1e-3)
+    else:  # too few pages at these sizes for a ratio to mean anything
+        assert row["new_pages_slope"] is None
+    probe = data["first_touch"]
+    assert probe and [r["resident_gib"] for r in probe] == sorted(r["resident_gib"] for r in probe)
+    assert all(r["first_touch_gb_s"] > 0 and r["rewrite_gb_s"] > 0 for r in probe)
+    md = (out / "graph_scale_quick.md").read_text()
+    assert "| resident GiB | first touch GB/s | rewrite GB/s |" in md and "new pages slope" in md
+    assert md.startswith("# Graph scale")
     assert (out / "graph_scale_quick.png").stat().st_size > 0

@@ -124,6 +124,49 @@ def test_plain_encoder_reads_the_dp_keys(setting, variant):
     assert k == len(results)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_plain_encoder_rounds_once_and_its_reused_buffers_leave_results_alone(setting, variant):
+    """``out_dtype=float32``: every result is the float64 result cast (computed in float64, rounded
+    once), also when many slices reuse the encoder's buffers (results kept from earlier slices are
+    not overwritten by later ones)."""
+    csr, x, _, _ = setting
+    nodes = np.arange(csr.num_nodes)
+    bases = draw_bases(variant, csr, nodes, rng=3)
+    rows = PlainRows.uploads(x, nodes)
+    want = list(PlainEncoder(rows).map(bases))
+    with PlainEncoder(rows, max_elems=50, out_dtype=torch.float32) as encoder:
+        got = list(encoder.map(bases))
+    assert len(got) == len(want) > len(bases)
+    for g, w in zip(got, want, strict=True):
+        assert g.node == w.node and g.rows.dtype == torch.float32
+        assert torch.equal(g.rows, w.rows.to(torch.float32))
+
+
+def test_stacked_is_stack_and_shares_the_encoders_blocks():
+    """:func:`plain_encoder.stacked` equals ``torch.stack``; rows unbound from one block come back as
+    a view of it (no copy), rows from several blocks or elsewhere as a copy."""
+    a, b = torch.randn(4, 3, 5), torch.randn(2, 3, 5)
+    one = plain_encoder.stacked(list(a.unbind()))
+    assert torch.equal(one, a) and one.data_ptr() == a.data_ptr()
+    tail = plain_encoder.stacked(list(a[1:].unbind()))  # a block starting inside the storage
+    assert torch.equal(tail, a[1:]) and tail.data_ptr() == a[1].data_ptr()
+    cases = [
+        [*a.unbind(), *b.unbind()],  # two blocks
+        [a[0], a[2], a[1]],  # one storage, out of order
+        [a[0], a[0]],  # the same row twice
+        [r.t() for r in a.unbind()],  # not contiguous
+        [torch.randn(3, 5) for _ in range(3)],  # separate tensors
+        [a[0]],
+    ]
+    for rows in cases:
+        got = plain_encoder.stacked(rows)
+        assert torch.equal(got, torch.stack(rows))
+        assert not any(got.data_ptr() == t.data_ptr() for t in (a, b)) or len(rows) == 1
+    got = plain_encoder.stacked([*a.unbind(), *b.unbind()])
+    got += 1  # a copy: the blocks are untouched
+    assert torch.equal(got, torch.cat([a, b]) + 1) and not torch.equal(a, got[:4])
+
+
 def test_plain_rows_keys():
     x = torch.arange(12.0, dtype=torch.float64).reshape(4, 3)
     rows = PlainRows.uploads(x, np.array([3, 1]), release=-x)

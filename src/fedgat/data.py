@@ -319,13 +319,11 @@ def _not_found_message(
 ) -> str:
     env = os.environ.get(ENV_VAR)
     setting = f"{ENV_VAR}={env!r}" if env else f"{ENV_VAR} is not set"
-    layout = (
-        "<Name>/raw/ind.<name>.* files"
-        if what.startswith("Planetoid")
-        else f"{raw_dir.parent.name}/raw/{missing[0]}"
-    )
+    named = ", ".join(missing) if len(missing) == 1 else f"({len(missing)}: {', '.join(missing)})"
+    # Planetoid's files share one prefix: ind.cora.x, ind.cora.tx, ... -> ind.cora.*
+    wanted = f"{missing[0].rsplit('.', 1)[0]}.*" if what.startswith("Planetoid") else missing[0]
     return (
-        f"{what} {missing} not found in {raw_dir} ({setting}; {reason}). "
-        f"Point {ENV_VAR} (or root=) at a folder holding {layout}, "
-        f"or run once online."
+        f"{what} {named} not found in {raw_dir} ({setting}; {reason}). "
+        f"Point {ENV_VAR} (in Python: root=) at the folder that holds "
+        f"{raw_dir.parent.name}/raw/{wanted}, or run once online."
     )

@@ -21,7 +21,7 @@ and a client's own nodes get its own plaintext row as :math:`h_i` (as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
 from typing import TYPE_CHECKING, NamedTuple, Self
@@ -127,21 +127,53 @@ class PlainEncoder:
     Args:
         rows: the uploads, keyed like the spool (the compute buckets' ``neighbours`` are keys).
         max_elems: reals of gathered source rows per batched matmul (a bucket is sliced above it).
+        out_dtype: the dtype of the results (default: the compute dtype, ``rows.dtype``); the
+            products are computed in the compute dtype and rounded once.
+
+    A node's result is a view into its slice's ``(b, 1 + m, d)`` block, and consecutive nodes' results
+    are consecutive in it, so :func:`assemble_encodings` takes a slice's results as the block itself
+    (:func:`stacked`) instead of copying them. The gathered sources (and, when ``out_dtype`` differs
+    from the compute dtype, the products before rounding) are written into one buffer reused from
+    slice to slice: large tensors allocated afresh cost a page fault per 4 KiB page, which on a VM
+    costs more than the copy (``benchmarks/graph_scale.py``).
     """
 
     workers = 0
 
-    def __init__(self, rows: PlainRows, max_elems: int = 1 << 24) -> None:
+    def __init__(
+        self, rows: PlainRows, max_elems: int = 1 << 24, *, out_dtype: torch.dtype | None = None
+    ) -> None:
         self._rows = rows
         self.max_elems = max(1, max_elems)
+        self.out_dtype = rows.dtype if out_dtype is None else out_dtype
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A ``shape`` tensor of the compute dtype over the reused buffer ``name`` (grown as needed)."""
+        n = int(np.prod(shape))
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self._buffers[name] = torch.empty(n, dtype=self._rows.dtype)
+        return buf[:n].view(shape)
 
     def map_bucket(self, bucket: BucketBases) -> Iterator[torch.Tensor]:
-        """``(b, 1 + m, d)`` rows of consecutive slices of ``bucket``'s nodes, in slot order."""
-        coefficients = torch.from_numpy(bucket.coefficients()).to(self._rows.dtype)
-        per = max(1, self.max_elems // max(1, bucket.n * self._rows.d))
+        """``(b, 1 + m, d)`` rows of consecutive slices of ``bucket``'s nodes, in slot order (each a
+        new tensor of :attr:`out_dtype`)."""
+        rows, d = self._rows, self._rows.d
+        coefficients = torch.from_numpy(bucket.coefficients()).to(rows.dtype)
+        per = max(1, self.max_elems // max(1, bucket.n * d))
         for start in range(0, len(bucket), per):
-            sources = self._rows.get(bucket.neighbours[start : start + per])  # (b, n, d)
-            yield torch.bmm(coefficients[start : start + per], sources)
+            keys = bucket.neighbours[start : start + per]  # (b, n)
+            index = torch.from_numpy(rows.index(keys).reshape(-1))
+            sources = self._buffer("sources", (len(keys), bucket.n, d))
+            torch.index_select(rows.rows, 0, index, out=sources.view(-1, d))
+            a = coefficients[start : start + per]
+            if self.out_dtype == rows.dtype:
+                yield torch.bmm(a, sources)
+                continue
+            products = self._buffer("products", (len(keys), a.shape[1], d))
+            torch.bmm(a, sources, out=products)
+            yield products.to(self.out_dtype)
 
     def map(self, buckets: Iterable[BucketBases]) -> Iterator[PlainResult]:
         """Plaintext encodings of every node of every bucket, in bucket order."""
@@ -152,13 +184,51 @@ class PlainEncoder:
                 at += len(block)
 
     def close(self) -> None:
-        pass
+        self._buffers.clear()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def stacked(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(rows)`` without copying the runs of rows that already lie one after another in
+    one storage (the slices of :meth:`PlainEncoder.map_bucket`, unbound): a view of the block when
+    all of them do, else one copy."""
+    runs: list[list[torch.Tensor]] = []
+    for r in rows:
+        if runs and _follows(runs[-1][-1], r):
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    blocks = [_block(run) for run in runs]
+    if len(blocks) == 1:
+        return blocks[0]
+    return torch.cat(blocks)
+
+
+def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``b`` is ``a``'s contiguous twin right after it in the same storage."""
+    return (
+        a.is_contiguous()
+        and b.is_contiguous()
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and b.storage_offset() == a.storage_offset() + a.numel()
+    )
+
+
+def _block(run: list[torch.Tensor]) -> torch.Tensor:
+    """The rows of one run as one ``(len(run), ...)`` tensor, a view of their storage (a copy only
+    for a run of one row that is not contiguous)."""
+    first = run[0]
+    if not first.is_contiguous():
+        return first.unsqueeze(0).contiguous()
+    shape, stride = (len(run), *first.shape), (first.numel(), *first.stride())
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), shape, stride)
 
 
 def _positions(nodes: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -205,7 +275,8 @@ def assemble_encodings(
             continue
         if got[0].rows.shape[0] != b.num_feature_rows():
             raise ValueError(f"results of {got[0].rows.shape[0]} rows; the bases have {b.num_feature_rows()}")
-        rows = torch.stack([r.rows for r in got]).to(dtype)  # (B, 1 + m, d), once per compute bucket
+        # (B, 1 + m, d): views of the encoder's blocks where a bucket is one slice, else one copy
+        rows = stacked([r.rows for r in got]).to(dtype)
         h_self, k2 = rows[:, 0], rows[:, 1:]
         del got
         recipients = plan.recipients[start : start + len(b)]
@@ -305,7 +376,9 @@ class PlaintextRound:
         """Every client's encodings, computed by ``encoder`` (default :class:`PlainEncoder` over
         :attr:`rows`), which is closed afterwards, and stored in ``dtype`` (default: the compute
         dtype; :func:`assemble_encodings`)."""
-        enc: BucketEncoder[PlainResult] = PlainEncoder(self.rows) if encoder is None else encoder
+        enc: BucketEncoder[PlainResult] = (
+            PlainEncoder(self.rows, out_dtype=dtype) if encoder is None else encoder
+        )
         try:
             return assemble_encodings(
                 self.plan,
