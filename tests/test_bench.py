@@ -109,9 +109,23 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     assert math.isclose(ratios["bytes_per_useful_slot_vs_float32"], enc["bytes_per_useful_slot"] / 4)
     printed = capsys.readouterr().out
     assert "op bound" in printed and "their floor" in printed
+    # said before the run: the round and its replay on this machine's cores; no training asked for
+    first = printed.splitlines()[0]
+    assert first.startswith("expect ~") and "the encrypted round and its replay" in first
+    assert f"on {os.cpu_count() or 1} cores" in first and "trainings" not in first
     assert (out / "overhead.md").read_text().count("FedGraph") == 1
     assert (out / "overhead.png").stat().st_size > 0
     assert "vs their floor" in (out / "overhead.md").read_text()
+
+
+def test_bench_overhead_expects_the_round_from_its_estimated_work():
+    from fedgat.commands import bench as command
+
+    est = {"server_seconds": 266.0, "client_seconds": 284.0}
+    # Cora, 10 clients, 2 cores: the round and its replay took 386 + ~186 s
+    assert command.expected_seconds(est, 2, replay=True) == pytest.approx(1.4 * (266 + 284 + 266) / 2)
+    assert command.expected_seconds(est, 2, replay=False) == pytest.approx(1.4 * 550 / 2)
+    assert command.expected_seconds(est, 16, replay=False) == pytest.approx(1.4 * 550 / 16)
 
 
 def test_bench_overhead_critical_path_of_a_deployment(tmp_path, capsys):

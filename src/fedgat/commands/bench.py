@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -269,9 +270,10 @@ def run(args: argparse.Namespace) -> int:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
 
 
-def _check_spool(args: argparse.Namespace, graph, clients: int, owner=None) -> None:
+def _check_spool(args: argparse.Namespace, graph, clients: int, owner=None) -> float:
     """The benchmark's round spools every upload at once under the temporary directory: refuse,
-    before any work, one whose estimated spool does not fit (:func:`fedgat.cli_engine.fit_spool`)."""
+    before any work, one whose estimated spool does not fit (:func:`fedgat.cli_engine.fit_spool`).
+    Returns the seconds the run should take here (:func:`expected_seconds`)."""
     from fedgat.estimate import estimate_pretraining
 
     partition, _ = load_benchmark("overhead").partition_for(
@@ -279,6 +281,41 @@ def _check_spool(args: argparse.Namespace, graph, clients: int, owner=None) -> N
     )
     est = estimate_pretraining(partition, args.variant, graph.num_features, args.preset, wire=args.wire)
     fit_spool(est, None, pace=False, escape="benchmark a smaller graph", windowed=False)
+    return expected_seconds(est, os.cpu_count() or 1, replay=args.replay)
+
+
+#: wall seconds of the benchmark's encrypted round per CPU-second of estimated CKKS work per core:
+#: Cora, 10 clients, 2 cores (``overhead_cora_inprocess_2core.json``): the round took 386 s for
+#: 266 + 284 s of estimated server and client work, the replay ~186 s for the server's 266 s
+ROUND_WALL_PER_WORK = 1.4
+
+
+def expected_seconds(est: dict, cores: int, *, replay: bool) -> float:
+    """Rough wall seconds of one ``fedgat bench overhead`` run from its round's estimate
+    (:func:`fedgat.estimate.estimate_pretraining`): the round's CKKS work spread over the cores, and
+    the server's again for the replay, scaled by :data:`ROUND_WALL_PER_WORK`; training and the
+    plaintext round are left out (seconds on Cora)."""
+    work = est["server_seconds"] + est["client_seconds"] + (est["server_seconds"] if replay else 0.0)
+    return ROUND_WALL_PER_WORK * work / max(1, cores)
+
+
+def _say_expected(args: argparse.Namespace, seconds: float) -> None:
+    """One line before the run: how long its encrypted rounds should take here, and what else it runs."""
+    took = f"~{seconds / 60:.0f} min" if seconds >= 90 else f"~{seconds:.0f} s"
+    what = "the encrypted round" + (" and its replay" if args.replay else "")
+    line = (
+        f"expect {took} on {os.cpu_count() or 1} cores for {what} (the estimated CKKS work, plus keys and set-up; "
+        "more on a busy machine)"
+    )
+    if args.train:
+        from fedgat.methods import resolve_hparams
+
+        rounds = args.rounds or resolve_hparams("fedgat", {})["rounds"]
+        line += (
+            f"; then two trainings of up to {rounds} rounds for the accuracy row, longer than that on small "
+            "graphs (--rounds N caps them, --no-train skips them)"
+        )
+    print(line, flush=True)
 
 
 def _check_json_apart(args: argparse.Namespace) -> None:
@@ -385,10 +422,12 @@ def _run_overhead(args: argparse.Namespace) -> int:
                 f"--client-counts {min(args.client_counts)}: one client owns every node and nothing is "
                 "encrypted to compare; give counts of 2 or more"
             )
+        expected = 0.0
         for dataset in args.datasets:  # one round at a time: each must fit
             graph = load_benchmark("overhead").load_graph(dataset, None, args.seed)
             for clients in args.client_counts:
-                _check_spool(args, graph, clients)
+                expected += _check_spool(args, graph, clients)
+        _say_expected(args, expected)
     else:
         unused = given_flags(("--datasets", args.datasets), ("--client-counts", args.client_counts))
         if unused:
@@ -408,5 +447,5 @@ def _run_overhead(args: argparse.Namespace) -> int:
             )
         if args.matrix_estimate and args.owners is not None:
             raise UsageError("--matrix-estimate uses the Dirichlet split; leave --owners out")
-        _check_spool(args, graph, args.clients, args.owner_array)
+        _say_expected(args, _check_spool(args, graph, args.clients, args.owner_array))
     return int(load_benchmark("overhead").main_args(args) or 0)
