@@ -145,9 +145,11 @@ def test_too_small_num_classes_is_refused(base):
             r"y has shape \(59,\); pass int64 labels of shape \(60,\)",
         ),
         ({"y": torch.zeros(60, 1, dtype=torch.int64)}, r"y has shape \(60, 1\)"),
-        ({"y": torch.zeros(60)}, r"y has dtype torch.float32; pass int64 labels"),
+        ({"y": torch.full((60,), 0.5)}, r"y holds 0.5 \(node 0\); labels are whole numbers 0..K-1"),
+        ({"y": torch.full((60,), float("nan"))}, r"y holds nan \(node 0\); labels are whole numbers"),
+        ({"y": np.array(["a", "b"] * 30)}, r"y holds text \(class names\?\); number the classes"),
         ({"y": torch.zeros(60, dtype=torch.bool)}, r"y has dtype torch.bool; pass int64 labels"),
-        ({"y": torch.full((60,), -1)}, r"y holds label -1; labels must lie in \[0, num_classes\)"),
+        ({"y": torch.full((60,), -1)}, r"y holds label -1; .*\(an unlabelled node: give it any class"),
         ({"num_classes": 0}, r"num_classes is 0; pass an int >= 1"),
         ({"num_classes": 4.0}, r"num_classes is 4.0; pass an int >= 1"),
         ({"num_classes": True}, r"num_classes is True"),
@@ -156,6 +158,12 @@ def test_too_small_num_classes_is_refused(base):
 )
 def test_bad_labels_are_refused(base, changes, match):
     refused(base, match, **changes)
+
+
+def test_whole_number_float_labels_are_their_integers(base):
+    """As pandas reads a label column with gaps (float64): the same graph as int64 labels."""
+    got = Graph(**fields(base, y=base.y.to(torch.float64)))
+    assert got.y.dtype == torch.int64 and torch.equal(got.y, base.y)
 
 
 # ------------------------------------------------------------------------------------ masks

@@ -82,7 +82,12 @@ def test_a_folder_reads_as_the_graph_of_its_arrays(tmp_path, sep):
     same(graph, direct(a, "g"))
     assert graph.report.source == str(tmp_path / "g")
     assert graph.node_names.tolist() == [str(i) for i in a["ids"]]  # kept for owners files keyed by id
-    assert any("line 1 (source, target) read as a header" in note for note in graph.report.notes)
+    assert not any("read as a header" in note for note in graph.report.notes)  # the usual header: no note
+    (tmp_path / "g" / "edges.tsv" if sep == "\t" else tmp_path / "g" / "edges.csv").write_text(
+        f"SRC{sep}Dst\n"
+    )
+    quiet = load_csv_folder(tmp_path / "g", **SPLIT)
+    assert quiet.edge_index.shape[1] == 0 and not any("read as a header" in n for n in quiet.report.notes)
 
 
 def test_quotes_comments_and_a_headerless_edge_list_read_the_same(tmp_path):
@@ -136,6 +141,13 @@ def test_load_dataset_and_the_command_line_take_the_folder(tmp_path, monkeypatch
     check_dataset(str(folder))
     (tmp_path / "synthetic").mkdir()  # a dataset's name is the dataset, not the folder
     assert load_dataset("synthetic").name == "synthetic"
+    check_dataset("synthetic")  # an empty folder of that name is no graph: nothing to confuse
+    # a graph folder named like a built-in dataset: the command line refuses the ambiguity
+    write_folder(tmp_path / "cora", a)
+    with pytest.raises(UsageError, match=r"--dataset cora names the built-in dataset, .*write ./cora"):
+        check_dataset("cora")
+    check_dataset("./cora")
+    assert load_dataset("./cora", **SPLIT) == direct(a, "cora")
 
 
 @pytest.mark.parametrize(
@@ -212,6 +224,52 @@ NODES = "id,label,f0,f1\na,0,1,0\nb,1,0,1\nc,0,1,1\n"
         (NODES, "a,b\nb\n", r"edges.csv: line 2 has 1 column\(s\)"),
         (NODES, "a\n", r"edges.csv: line 1: one column; an edge is two ids"),
         (NODES, "x,y\nb,z\n", r"line 2, column 2: node 'z' is not in nodes.csv"),
+        # a spreadsheet's semicolons, or tabs, in a .csv: named, not "no id column"
+        (
+            "id;label;f0\na;0;1\n",
+            EDGES,
+            (
+                r"nodes.csv: line 1 \('id;label;f0'\) is one column: the file looks separated by semicolons, "
+                r"but a .csv file is read as separated by commas; save it with commas$"
+            ),
+        ),
+        (
+            "id\tlabel\tf0\na\t0\t1\n",
+            EDGES,
+            r"looks separated by tabs, .*save it with commas or name it .tsv",
+        ),
+        (NODES, "source;target\na;b\n", r"edges.csv: line 1 .* looks separated by semicolons"),
+        # '#' right after a cell's text would cut the cell: refused (a comment after a space is fine)
+        (
+            "id,label,f0\na,0,1 # ok\nacct#1,0,1\n",
+            EDGES,
+            r"nodes.csv: line 3: 'acct#1' holds '#', .* would cut it to 'acct'",
+        ),
+        # what to do about a feature cell that is not a number
+        (
+            "id,label,title,f0\na,0,Some paper,1\n",
+            EDGES,
+            (
+                r"column 3 \(title\): could not convert string 'Some paper'.*; every column besides id and "
+                r"label is read as a feature \(a number\): remove other text columns"
+            ),
+        ),
+        (
+            NODES + "d,1,,1\n",
+            EDGES,
+            r"line 5, column 3 \(f0\): .*string ''.*; the cell is empty: features cannot",
+        ),
+        (
+            NODES + "d,1,NA,1\n",
+            EDGES,
+            r"string 'NA'.*; the cell is a missing value: features cannot be missing",
+        ),
+        ("id,label,f0,\na,0,1,\n", EDGES, r"column 4 \(\): .*; the header gives this column no name"),
+        (
+            "id,label,split,f0\na,0,,1\nb,1,test,1\n",
+            EDGES,
+            r"no node has split train; .*or remove the split column for a seeded per-class split",
+        ),
     ],
 )
 def test_malformed_tables_are_refused_naming_the_line(tmp_path, nodes, edges, message):
@@ -279,6 +337,31 @@ def test_the_command_line_prints_what_the_report_notes(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("graph: noted, 90 nodes")
     assert "  note: 3 class names numbered in sorted order: ant=0, moth=1, zebra=2" in err
-    assert "  note: edges.csv: line 1 (papr-1, papr-2) read as a header" in err
+    assert (
+        "  note: edges.csv: line 1 (papr-1, papr-2) read as a header, since neither is a node of nodes.csv "
+        "(if it is an edge, its nodes are missing there)"
+    ) in err
     load_graph(str(folder), quiet=True)
     assert capsys.readouterr().err == ""
+
+
+def test_a_saved_pyg_copy_keeps_the_folders_node_ids(tmp_path):
+    """``torch.save(graph.to_pyg(), f)`` then ``--dataset f.pt``: the ids of ``nodes.csv`` come back, so
+    an owners file keyed by them still reads (they used to be lost, and the file refused)."""
+    from fedgat.graph import GraphError
+    from fedgat.owners import load_owners
+
+    a = arrays(2)
+    graph = load_csv_folder(write_folder(tmp_path / "g", a), **SPLIT)
+    torch.save(graph.to_pyg(), tmp_path / "g.pt")
+    back = load_dataset(tmp_path / "g.pt")
+    assert back == graph and back.node_names.tolist() == graph.node_names.tolist()
+    owners = np.arange(graph.num_nodes) % 3
+    rows = "\n".join(f"{name},{c}" for name, c in zip(graph.node_names[::-1], owners[::-1], strict=True))
+    (tmp_path / "owners.csv").write_text("node,client\n" + rows + "\n")
+    got = load_owners(tmp_path / "owners.csv", back.num_nodes, node_names=back.node_names)
+    assert got.tolist() == owners.tolist()
+    # labels given as names from Python: refused with what to do, not torch's conversion error
+    fields = {"x": graph.x, "edge_index": graph.edge_index, "y": np.array(["a", "b"])[graph.y.numpy() % 2]}
+    with pytest.raises(GraphError, match=r"y holds text \(class names\?\); number the classes"):
+        Graph.from_pyg(fields)

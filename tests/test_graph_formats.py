@@ -298,7 +298,7 @@ def _changed(d: Data, **changes) -> Data:
             {"y": torch.arange(120) * 10**7},
             r"y holds label 1190000000; with 120 nodes class ids must lie below 1024 \(are these ids\?",
         ),
-        ({"y": torch.zeros(120)}, r"y has dtype torch.float32"),
+        ({"y": torch.full((120,), 1.5)}, r"y holds 1.5 \(node 0\); labels are whole numbers"),
         ({"y": torch.zeros(119, dtype=torch.long)}, r"y has shape \(119,\).*y has 119 labels, x 120 rows"),
         (
             {"edge_index": torch.tensor([[0], [120]])},

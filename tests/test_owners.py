@@ -37,6 +37,7 @@ def write(path, text: str):
         ("semicolons.csv", "client_id;node\n" + "\n".join(f"{o};{i}" for i, o in enumerate(OWNERS))),
         ("id.csv", "id,client\n" + "\n".join(f"{i},{o}" for i, o in reversed(list(enumerate(OWNERS))))),
         ("bom.csv", "\ufeffparty\n" + "\n".join(map(str, OWNERS))),
+        ("tabs.tsv", "node\tclient\n" + "\n".join(f"{i}\t{o}" for i, o in enumerate(OWNERS))),
     ],
 )
 def test_text_owner_files(tmp_path, name, text):
@@ -114,8 +115,16 @@ def test_npy_owner_files(tmp_path, array):
 
 def test_check_owners_on_arrays():
     assert check_owners(OWNERS.tolist(), N).tolist() == OWNERS.tolist()
-    with pytest.raises(OwnersError, match=r"owners: clients 3, 4 own no nodes"):
+    # a count above the owners' is the count's fault, and the message says so
+    with pytest.raises(
+        OwnersError, match=r"owners names clients 0..2 but 5 clients were asked for \(clients 3, 4 would"
+    ):
         check_owners(OWNERS, N, num_clients=5)
+    with pytest.raises(OwnersError, match=r"client 0 owns no nodes; .*; client ids start at 0: subtract 1"):
+        check_owners(OWNERS + 1, N)  # numbered from 1
+    with pytest.raises(OwnersError, match=r"client 1 owns no nodes; every client in 0..3 must own") as err:
+        check_owners(np.where(OWNERS == 1, 3, OWNERS), N)  # a gap: no hint about numbering from 1
+    assert "subtract" not in str(err.value)
 
 
 # ------------------------------------------------------------------------------ bad owner files
@@ -129,7 +138,7 @@ BAD_TEXT = [
     (_lines([*OWNERS[:-1], 5]), {"num_clients": 3}, r"holds client id 5 \(node 11\) but there are 3 clients"),
     (_lines([*OWNERS[:-1], -1]), {}, r"holds client id -1 \(node 11\); ids must be >= 0"),
     (_lines([*OWNERS[:-1], 4]), {}, r"client 3 owns no nodes; every client in 0..4 must own at least one"),
-    (_lines([*OWNERS[:-1], "x"]), {}, r"line 12 holds 'x', not a client id"),
+    (_lines([*OWNERS[:-1], "x"]), {}, r"line 12 holds 'x', not a client id; clients are numbered 0..K-1"),
     (_lines([*OWNERS[:-1], "1.5"]), {}, r"line 12 holds '1.5'; a client id must be a finite whole number"),
     (_lines([*OWNERS[:-1], "nan"]), {}, r"line 12 holds 'nan'; a client id must be a finite whole number"),
     (_lines([*OWNERS[:-1], "inf"]), {}, r"line 12 holds 'inf'"),
@@ -198,7 +207,7 @@ def test_unreadable_owner_files(tmp_path):
         load_owners(tmp_path / "junk.npy", N)
     with pytest.raises(OwnersError, match=r"owners file .*absent.csv not found"):
         load_owners(tmp_path / "absent.csv", N)
-    with pytest.raises(OwnersError, match=r"unsupported type '.json'; use .csv, .txt, .npy"):
+    with pytest.raises(OwnersError, match=r"unsupported type '.json'; use .csv, .tsv, .txt, .npy"):
         load_owners(write(tmp_path / "owners.json", "[0, 1]"), N)
     (tmp_path / "latin.csv").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(OwnersError, match=r"latin.csv is unreadable|not a client id"):

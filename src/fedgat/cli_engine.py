@@ -449,6 +449,16 @@ def add_dataset_argument(parser: argparse.ArgumentParser, default: str = "cora")
     )
 
 
+def _holds_tables(path: Path) -> bool:
+    from fedgat.graph_csv import table_files
+
+    try:
+        table_files(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def check_dataset(spec: str) -> None:
     """The form of ``--dataset`` alone (its content is checked when loading): a known name,
     ``<family>:<name>`` of a known family, an existing file with a graph suffix, or a graph folder
@@ -470,6 +480,11 @@ def check_dataset(spec: str) -> None:
             raise UsageError(f"--dataset {spec}: no such file")
         return
     if lower in DATASET_NAMES:
+        if path.is_dir() and _holds_tables(path):  # the name wins in load_dataset: say so, not load Cora
+            raise UsageError(
+                f"--dataset {spec} names the built-in dataset, and ./{spec} here is a graph folder too; "
+                f"write ./{spec} for the folder (or rename it)"
+            )
         return
     if path.is_dir():
         try:

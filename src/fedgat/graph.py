@@ -333,6 +333,20 @@ def _tensor(value: object, name: str) -> torch.Tensor:
         raise GraphError(f"{name} of type {type(value).__name__} is not a tensor ({exc})") from None
 
 
+def _label_tensor(value: object) -> torch.Tensor:
+    """``value`` (labels) as a tensor; text (class names) refused with what to do."""
+    if not isinstance(value, torch.Tensor) and _holds_text(np.asarray(value)):
+        raise GraphError(
+            "y holds text (class names?); number the classes, e.g. np.unique(y, return_inverse=True)[1], "
+            "or give them as names in a graph folder's label column"
+        )
+    return _tensor(value, "y")
+
+
+def _holds_text(a: np.ndarray) -> bool:
+    return a.dtype.kind in "US" or (a.dtype.kind == "O" and any(isinstance(v, str) for v in a.ravel()[:100]))
+
+
 def _is_int(t: torch.Tensor) -> bool:
     return not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool
 
@@ -429,19 +443,28 @@ MAX_CLASS_FLOOR = 1024
 
 
 def _checked_labels(value: object, n: int) -> torch.Tensor:
-    """``value`` as ``(n,)`` int64 labels, all ``>= 0``."""
-    y = _tensor(value, "y")
+    """``value`` as ``(n,)`` int64 labels, all ``>= 0`` (whole-number floats, as pandas reads a label
+    column with gaps, are taken as their integers)."""
+    y = _label_tensor(value)
     if y.ndim != 1 or y.shape[0] != n:
         rows = f" (y has {y.shape[0]} labels, x {n} rows: one of the two is off)" if y.ndim == 1 else ""
         raise GraphError(
             f"y has shape {tuple(y.shape)}; pass int64 labels of shape ({n},), one per node{rows}"
         )
-    if not _is_int(y):
+    if y.dtype.is_floating_point:
+        whole = torch.isfinite(y) & (y == torch.round(y))
+        if not bool(whole.all()):
+            bad = int((~whole).nonzero()[0, 0])
+            raise GraphError(f"y holds {float(y[bad])} (node {bad}); labels are whole numbers 0..K-1")
+    elif not _is_int(y):
         raise GraphError(f"y has dtype {y.dtype}; pass int64 labels of shape ({n},)")
     y = y.to(torch.int64)
     lo = int(y.min())
     if lo < 0:
-        raise GraphError(f"y holds label {lo}; labels must lie in [0, num_classes)")
+        raise GraphError(
+            f"y holds label {lo}; labels must lie in [0, num_classes) (an unlabelled node: give it any class "
+            "and leave it out of the train, val and test masks)"
+        )
     hi, limit = int(y.max()), max(MAX_CLASS_FLOOR, 2 * n)
     if hi >= limit:  # e.g. an id column read as labels: a class per id up to it, a model that wide
         raise GraphError(

@@ -27,13 +27,17 @@ The layout most graphs start in, readable without Python::
 
 ``edges.csv`` (or ``edges.tsv``): one edge per row, ``source`` and ``target`` as two columns holding
 ids of ``nodes.csv`` (further columns, e.g. weights, are ignored); a first line neither of whose two
-cells is a node id is read as a header (and the report says so). The edges are made undirected, and self-loops and duplicates dropped, as for
+cells is a node id is read as a header (quietly when it names the columns, e.g. ``source,target`` or
+``src,dst``: :data:`EDGE_HEADER_WORDS`; otherwise the report says so). The edges are made undirected, and self-loops and duplicates dropped, as for
 every graph (:meth:`Graph.from_pyg <fedgat.graph.Graph.from_pyg>`, reported in ``graph.report``).
 An empty edge list is a graph of isolated nodes.
 
 In both files, cells may be quoted (``"a, b"``), spaces around a cell are ignored, blank lines are
-skipped, and a ``#`` starts a comment to the end of its line (so ``#`` cannot appear in an id).
-Files are UTF-8 (a leading byte-order mark, as spreadsheets write, is skipped). Every row of
+skipped, and a ``#`` starts a comment to the end of its line (so ``#`` cannot appear in an id: one right
+after a cell's text in ``nodes.csv``, as in ``acct#12``, is refused rather than cut).
+Files are UTF-8 (a leading byte-order mark, as spreadsheets write, is skipped); a ``.csv`` whose first
+line is one cell holding semicolons or tabs (a spreadsheet's export where the decimal mark is a comma)
+is refused saying so. Every row of
 ``nodes.csv`` has as many cells as its header names. Every problem raises
 :class:`~fedgat.graph_files.DatasetFormatError` naming the file, the line and the column; a missing
 table :class:`~fedgat.graph_files.DatasetNotFoundError`.
@@ -75,6 +79,11 @@ SPLIT_VALUES: dict[str, str | None] = {
     "-": None,
     "none": None,
 }
+#: an edge list's first line of two of these (any case) is its header, read without a note
+EDGE_HEADER_WORDS = frozenset(
+    {"source", "target", "src", "dst", "from", "to", "u", "v", "head", "tail", "citing", "cited"}
+    | {"source_id", "target_id", "src_id", "dst_id", "node1", "node2", "node_1", "node_2"}
+)
 _DELIMITERS = {".csv": ",", ".tsv": "\t"}
 _TABLES = ("nodes", "edges")
 _CLASS_NAMES_SHOWN = 8
@@ -222,7 +231,10 @@ def _read_nodes(path: Path) -> tuple[dict, list[str]]:
         raise DatasetFormatError(f"{path} lists no nodes (only its header)")
     ids, labels = text[:, 0], text[:, 1]
     _check_unique(table, ids)
-    x = table.load(features, np.float64)
+    try:
+        x = table.load(features, np.float64)
+    except DatasetFormatError as exc:
+        raise DatasetFormatError(f"{exc}{_feature_hint(str(exc), [header[i] for i in text_cols])}") from None
     finite = np.isfinite(x)
     if not finite.all():
         row, col = (int(v[0]) for v in np.nonzero(~finite))
@@ -240,6 +252,22 @@ def _read_nodes(path: Path) -> tuple[dict, list[str]]:
     return fields, notes
 
 
+def _feature_hint(message: str, text_columns: list[str]) -> str:
+    """What to do about a feature cell numpy could not read (its message, located)."""
+    if "column" in message and " (): " in message:
+        return "; the header gives this column no name: a separator at the end of the header line?"
+    missing = re.search(r"could not convert string '(|na|n/a|null|none|\?|-)' ", message, re.IGNORECASE)
+    if missing is not None:
+        what = "empty" if not missing.group(1) else "a missing value"
+        return f"; the cell is {what}: features cannot be missing (fill it in, e.g. with 0)"
+    if "could not convert string" in message:
+        return (
+            f"; every column besides {', '.join(text_columns[:-1])} and {text_columns[-1]} is read as a feature "
+            "(a number): remove other text columns"
+        )
+    return ""
+
+
 def _headed(path: Path) -> tuple[_Table, list[str]]:
     """The table after its header line, and the header's column names (stripped)."""
     delimiter = _DELIMITERS[path.suffix.lower()]
@@ -249,7 +277,23 @@ def _headed(path: Path) -> tuple[_Table, list[str]]:
             f"{path} is empty; its first line names the columns: id,label[,split],features..."
         )
     number, names = first
+    _check_separator(path, number, names, delimiter)
     return _Table(path, delimiter, number, tuple(names)), names
+
+
+_SEPARATORS = {",": "commas", "\t": "tabs", ";": "semicolons"}
+
+
+def _check_separator(path: Path, number: int, cells: list[str], delimiter: str) -> None:
+    """A first line read as one cell that holds another separator: a semicolon-separated export (as
+    spreadsheets write where the decimal mark is a comma) or a tab-separated ``.csv``."""
+    seen = next((d for d in (";", "\t") if len(cells) == 1 and d in cells[0] and d != delimiter), None)
+    if seen is not None:
+        raise DatasetFormatError(
+            f"{path}: line {number} ({cells[0][:60]!r}) is one column: the file looks separated by "
+            f"{_SEPARATORS[seen]}, but a {path.suffix} file is read as separated by {_SEPARATORS[delimiter]}; "
+            f"save it with {_SEPARATORS[delimiter]}" + (" or name it .tsv" if seen == "\t" else "")
+        )
 
 
 def _roles(path: Path, header: list[str]) -> dict[str, int]:
@@ -285,7 +329,10 @@ def _check_widths(table: _Table, width: int) -> None:
     """Every data row has ``width`` cells: numpy reads only the columns asked for, so a row's extra
     cells, or a header one name short of its rows, would pass unseen."""
     with table.path.open(encoding="utf-8-sig", newline="") as lines:
-        bodies = (line.split("#", 1)[0] for line in itertools.islice(lines, table.skip, None))
+        bodies = (
+            _uncommented(table, number, line)
+            for number, line in enumerate(itertools.islice(lines, table.skip, None), start=table.skip + 1)
+        )
         reader = csv.reader(bodies, delimiter=table.delimiter, quotechar='"')
         for row in reader:
             if len(row) != width and any(cell.strip() for cell in row):
@@ -293,6 +340,20 @@ def _check_widths(table: _Table, width: int) -> None:
                     f"{table.path}: line {table.skip + reader.line_num} has {len(row)} cells; its header "
                     f"names {width} columns"
                 )
+
+
+def _uncommented(table: _Table, number: int, line: str) -> str:
+    """Line ``number`` without its comment; a ``#`` right after a cell's text (``acct#12``) is refused:
+    the comment would cut the cell silently."""
+    body, hash_, _ = line.partition("#")
+    if hash_ and body.strip() and not (body[-1].isspace() or body[-1] == table.delimiter):
+        cell = next(c for c in line.split(table.delimiter) if "#" in c).strip()
+        raise DatasetFormatError(
+            f"{table.path}: line {number}: {cell!r} holds '#', which starts a comment in these tables and "
+            f"would cut it to {cell.split('#', 1)[0]!r}; replace the '#' (a comment needs a space or a "
+            "separator before it)"
+        )
+    return body
 
 
 def _check_unique(table: _Table, ids: np.ndarray) -> None:
@@ -354,10 +415,16 @@ def _masks(table: _Table, cells: np.ndarray, column: str) -> dict[str, np.ndarra
             f"{table.path}: line {table.line_of(row)}: {column} {str(cells[row])!r} is none of train, val, test "
             "(or empty: in no split)"
         )
-    return {
+    masks = {
         mask: np.isin(lower, [value for value, m in SPLIT_VALUES.items() if m == mask])
         for mask in ("train_mask", "val_mask", "test_mask")
     }
+    if not masks["train_mask"].any():
+        raise DatasetFormatError(
+            f"{table.path}: no node has {column} train; mark the training nodes train (and others val or "
+            f"test), or remove the {column} column for a seeded per-class split"
+        )
+    return masks
 
 
 # -------------------------------------------------------------------------------------- edge list
@@ -372,13 +439,18 @@ def _read_edges(path: Path, ids: np.ndarray, nodes_name: str) -> tuple[np.ndarra
     first = _first_data_line(path, table.delimiter)
     if first is not None:
         number, cells = first
+        _check_separator(path, number, cells, table.delimiter)
         if len(cells) < 2:
             raise DatasetFormatError(
                 f"{path}: line {number}: one column; an edge is two ids, source and target"
             )
         if not np.isin(cells[:2], sorted_ids).any():  # neither is a node: a header line
             table = _Table(path, table.delimiter, number, tuple(cells))
-            note = f"{path.name}: line {number} ({', '.join(cells[:2])}) read as a header"
+            if not {c.lower() for c in cells[:2]} <= EDGE_HEADER_WORDS:  # a header of its own making
+                note = (
+                    f"{path.name}: line {number} ({', '.join(cells[:2])}) read as a header, since neither is a "
+                    f"node of {nodes_name} (if it is an edge, its nodes are missing there)"
+                )
     pairs = table.load((0, 1), str)
     if pairs.shape[0] == 0:
         return np.zeros((2, 0), dtype=np.int64), note

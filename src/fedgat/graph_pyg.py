@@ -43,6 +43,7 @@ from fedgat.graph import (
     _checked_edge_index,
     _checked_features,
     _checked_labels,
+    _label_tensor,
     _tensor,
     unit_rows,
 )
@@ -155,6 +156,8 @@ def from_pyg(
     data, own_notes = _as_data(data)
     notes = [*reader_notes, *own_notes]
     keys = set(data.keys())
+    if node_names is None and "node_names" in keys and data.node_names is not None:  # Graph.to_pyg's
+        node_names = np.asarray(data.node_names, dtype=str)
 
     def present(key: str) -> bool:
         return key in keys and data[key] is not None
@@ -172,7 +175,7 @@ def from_pyg(
 
     if not present("y"):
         raise GraphError(f"data has no labels (y); pass ({n},) int64 class labels as data.y")
-    y = _tensor(data.y, "y")
+    y = _label_tensor(data.y)
     if y.ndim == 2 and tuple(y.shape) == (n, 1):
         y = y.reshape(-1)
         notes.append("labels of shape (N, 1) flattened")
@@ -285,6 +288,8 @@ def to_pyg(graph: Graph) -> Any:
         num_nodes=graph.num_nodes,
         num_classes=graph.num_classes,
         name=graph.name,
+        # a graph folder's ids, so that an owners file keyed by them still reads after torch.save
+        **({} if graph.node_names is None else {"node_names": [str(v) for v in graph.node_names]}),
     )
 
 

@@ -4,7 +4,7 @@ An owners file gives one client id per node, in node order:
 
 * ``.npy``: a 1-D integer array of length ``N`` (an ``(N, 1)`` column is accepted; float arrays are
   accepted when every value is a whole number). Opened with ``allow_pickle=False``.
-* ``.csv`` or ``.txt``: one id per line (a single column), optionally under a header line. With more
+* ``.csv``, ``.tsv`` or ``.txt``: one id per line (a single column), optionally under a header line. With more
   than one column a header is required: the ids are taken from the column named ``client``
   (or ``client_id``, ``owner``, ``party``), and a column named ``node`` (or ``node_id``, ``id``) may
   give each row's node, in any order (it must then list every node exactly once; further columns are
@@ -33,7 +33,7 @@ import numpy as np
 
 CLIENT_COLUMNS = ("client", "client_id", "owner", "party")
 NODE_COLUMNS = ("node", "node_id", "id")  # a graph folder's id column may keep its name
-SUFFIXES = (".csv", ".txt", ".npy")
+SUFFIXES = (".csv", ".tsv", ".txt", ".npy")
 
 
 class OwnersError(ValueError):
@@ -46,7 +46,7 @@ def load_owners(
     """Read and check an owners file (format in the module docstring).
 
     Args:
-        path: a ``.csv``, ``.txt`` or ``.npy`` file.
+        path: a ``.csv``, ``.tsv``, ``.txt`` or ``.npy`` file.
         num_nodes: the graph's node count ``N``.
         num_clients: ``K``; default ``max(id) + 1``.
         node_names: ``(N,)`` the nodes' ids (:attr:`Graph.node_names <fedgat.graph.Graph.node_names>`),
@@ -155,9 +155,21 @@ def check_owners(
     empty = np.flatnonzero(np.bincount(owners64, minlength=k) == 0)
     if len(empty):
         shown = ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else "")
+        named = int(a.max()) + 1
+        if num_clients is not None and empty.min() >= named:  # the count asked for, not the owners, is off
+            raise OwnersError(
+                f"{source} names clients 0..{named - 1} but {k} clients were asked for "
+                f"(client{'s' if len(empty) > 1 else ''} {shown} would own no nodes); leave the client count "
+                "out (--clients, num_clients): it follows the owners"
+            )
+        hint = (
+            "; client ids start at 0: subtract 1 from every id"
+            if empty[0] == 0 and a.min() == 1 and len(empty) == 1
+            else ""
+        )
         raise OwnersError(
             f"{source}: client{'s' if len(empty) > 1 else ''} {shown} own{'' if len(empty) > 1 else 's'} "
-            f"no nodes; every client in 0..{k - 1} must own at least one node"
+            f"no nodes; every client in 0..{k - 1} must own at least one node{hint}"
         )
     return owners64
 
@@ -226,8 +238,9 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
             node = np.array([_id(path, lineno, cols[node_col], "node id") for lineno, cols in body])
         except OwnersError as exc:
             raise OwnersError(
-                f"{exc}; node numbers 0..{num_nodes - 1} are expected here: for a graph whose nodes have "
-                "their own ids (a nodes.csv id column), pass node_names=graph.node_names"
+                f"{exc}; node numbers 0..{num_nodes - 1} are expected here, as this graph has no node ids "
+                "of its own (a graph folder's id column gives them, also through Graph.to_pyg and .pt; "
+                "from Python, pass node_names=graph.node_names)"
             ) from None
         outside = np.flatnonzero((node < 0) | (node >= num_nodes))
         if len(outside):
@@ -289,7 +302,12 @@ def _id(path: Path, lineno: int, cell: str, what: str) -> float:
         pass
     value = _number(cell)
     if value is None:
-        raise OwnersError(f"owners file {path}, line {lineno} holds {cell!r}, not a {what}")
+        hint = (
+            "; clients are numbered 0..K-1 (number your organisations, e.g. in sorted order)"
+            if what == "client id"
+            else ""
+        )
+        raise OwnersError(f"owners file {path}, line {lineno} holds {cell!r}, not a {what}{hint}")
     if not math.isfinite(value) or value != round(value):
         raise OwnersError(
             f"owners file {path}, line {lineno} holds {cell!r}; a {what} must be a finite whole number"
