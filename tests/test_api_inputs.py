@@ -10,10 +10,11 @@ import pytest
 
 from fedgat.audit import Mitigation, audit_clients, audit_server
 from fedgat.graph import Graph
-from fedgat.methods import run_method
+from fedgat.methods import fedgat_model_fn, run_method
 from fedgat.owners import OwnersError
 from fedgat.partition import PartitionMismatchError, check_partition, make_partition
 from fedgat.pipeline import (
+    max_abs_error,
     run_encrypted_fedgat,
     run_encrypted_pretraining,
     run_plaintext_pretraining,
@@ -160,3 +161,71 @@ def test_the_one_call_api_paces_uploads_as_the_demo_can(graph):
     paced = run_encrypted_fedgat(graph, 3, upload_window=1, workers=0, rounds=1, progress=False)
     assert paced.pretrain is not None and paced.pretrain.upload_window == 1
     assert paced.summary()["upload_window"] == 1 and paced.summary()["pretraining"] == "encrypted"
+
+
+def test_a_newcomers_mistakes_are_named_where_they_are_made(graph, partition):
+    """From a walkthrough of the Python API: each of these ended in an AttributeError or IndexError
+    deep inside (some from PyG), a bare KeyError, or a ValueError that did not say why."""
+    plain = run_plaintext_pretraining(graph, partition, seed=0)
+    for call in (
+        lambda: make_partition(graph.to_pyg(), 3),
+        lambda: make_partition(graph.x.numpy(), 3),
+        lambda: run_encrypted_fedgat(graph.to_pyg(), 3, progress=False),
+        lambda: train_fedgat(graph.to_pyg(), partition, plain, progress=False),
+        lambda: run_method("gcn", graph.x, rounds=1),
+    ):
+        with pytest.raises(
+            TypeError, match=r"graph must be a fedgat Graph, got \w+: load_dataset .*from_pyg"
+        ):
+            call()
+    # seeds of another type: a float or bool seeded other bases than the integer, silently
+    for bad in (1.5, True):
+        with pytest.raises(TypeError, match=r"seed must be an integer or None, got"):
+            run_encrypted_pretraining(graph, partition, seed=bad, progress=False)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"seed must be an integer, a string, got"):
+            run_plaintext_pretraining(graph, partition, seed=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"seed must be an integer, got '0'"):
+        train_fedgat(graph, partition, plain, seed="0", progress=False)  # type: ignore[arg-type]
+    # a result object where its encodings are meant
+    pre = run_encrypted_pretraining(graph, partition, seed=0, progress=False, workers=0)
+    with pytest.raises(
+        TypeError, match=r"encodings must map client id -> Encodings \(pass the run's .encodings\)"
+    ):
+        train_fedgat(graph, partition, pre, progress=False)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got must map client id -> Encodings \(a run's .encodings\)"):
+        max_abs_error(pre, plain)  # type: ignore[arg-type]
+    # rounds with other bases: the message asks about the seed
+    other = run_plaintext_pretraining(graph, partition, seed=1)
+    with pytest.raises(ValueError, match=r"other nodes or bases; were both rounds run with the same seed="):
+        max_abs_error(pre.encodings, other)
+    assert max_abs_error(pre.encodings, plain) < 1e-5
+    # another run's deployment (a bare KeyError once)
+    four = make_partition(graph, 4, seed=0)
+    pre4 = run_encrypted_pretraining(graph, four, seed=0, progress=False, workers=0)
+    with pytest.raises(
+        ValueError, match=r"the deployment's clients are \[0, 1, 2, 3\] but the partition has 3"
+    ):
+        train_fedgat(graph, partition, plain, deployment=pre4.deployment, progress=False)
+    # a client without nodes (an IndexError once, in training only)
+    owner = np.array([1, 2, 3] * 40)
+    empty = make_partition(graph, 4, seed=0, owner=owner)
+    with pytest.raises(ValueError, match=r"client 0 owns no node; use fewer clients"):
+        train_fedgat(graph, empty, run_plaintext_pretraining(graph, empty, seed=0), progress=False)
+    # a misspelt keyword lands among the hyper-parameters: the message suggests the argument
+    with pytest.raises(
+        ValueError, match=r"'ecnrypted': did you mean 'encrypted'\?; 'owners': did you mean 'owner'\?"
+    ):
+        run_encrypted_fedgat(graph, 3, owners=owner, ecnrypted=False, progress=False)
+
+
+def test_results_print_short_and_hand_back_the_trained_model(graph, partition):
+    """A notebook shows the last value of a cell: results used to print hundreds of kilobytes."""
+    run = run_encrypted_fedgat(graph, 3, seed=0, encrypted=False, rounds=2, progress=False)
+    plain = run_plaintext_pretraining(graph, partition, seed=0)
+    for shown in (run, plain, partition, plain[0], plain[0].buckets[0].bases, partition.clients[0]):
+        assert len(repr(shown)) < 2_000, type(shown).__name__
+    assert repr(plain[0]).startswith("Encodings('vector', ") and " nodes in " in repr(plain[0])
+    fit = run.training.fit
+    assert fit.model_state is not None and fit.best_round >= 1
+    model = fedgat_model_fn(graph.num_features, graph.num_classes, run.training.hparams)()
+    model.load_state_dict(fit.model_state)  # the weights of the best validation round load as they are

@@ -592,6 +592,20 @@ def build_training_parties(
     if cuda_graphs:
         cuda_graphs_device(resolve_device(device))
     check_partition(graph, partition)
+    if not isinstance(encodings, Mapping):
+        hint = " (pass the run's .encodings)" if hasattr(encodings, "encodings") else ""
+        raise TypeError(f"encodings must map client id -> Encodings{hint}, got {type(encodings).__name__}")
+    empty = [c for c, cp in enumerate(partition.clients) if len(cp.owned) == 0]
+    if empty:
+        raise ValueError(
+            f"client {empty[0]} owns no node; use fewer clients (or owners that give each a node)"
+        )
+    if deployment is not None and sorted(deployment.roster.clients) != list(range(partition.num_clients)):
+        raise ValueError(
+            f"the deployment's clients are {sorted(deployment.roster.clients)} but the partition has "
+            f"{partition.num_clients} (0..{partition.num_clients - 1}): pass the deployment of the "
+            "pre-training run these encodings come from"
+        )
     missing = sorted(set(range(partition.num_clients)) - set(encodings))
     if missing:
         raise ValueError(f"no encodings for clients {missing}: give every client's (client id -> Encodings)")

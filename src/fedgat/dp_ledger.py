@@ -294,6 +294,10 @@ class DPLedger:
             raise LedgerFileError(f"ledger {self.path} holds budget {stored}, not the given {budget}")
         self.budget: Budget = budget if budget is not None else stored  # type: ignore[assignment]
 
+    def __repr__(self) -> str:
+        where = "in memory" if self.path is None else str(self.path)
+        return f"DPLedger({where}, budget {self.budget}, {len(self.releases)} releases)"
+
     @classmethod
     def for_owner(cls, owner: int | str, budget: Budget | None = None) -> DPLedger:
         """The persistent ledger of ``owner`` at :func:`default_ledger_path`."""

@@ -104,6 +104,9 @@ class BucketBases:
     def m(self) -> int:
         return int(self.p.shape[1])
 
+    def __repr__(self) -> str:
+        return f"BucketBases({self.variant!r}, {len(self)} nodes, n={self.n}, m={self.m})"
+
     def __len__(self) -> int:
         return int(self.rows.shape[0])
 
@@ -257,6 +260,13 @@ class EncodingBucket:
     M2: torch.Tensor | None = None
     cols: torch.Tensor | None = None
     factors: RowFactors | None = None
+
+    def __repr__(self) -> str:
+        held = "h_self, K2" + (", M2" if self.M2 is not None else "") + (", factors" if self.factors else "")
+        return (
+            f"EncodingBucket({len(self.bases)} nodes, n={self.bases.n}, m={self.bases.m}, d={self.h_self.shape[-1]}: "
+            f"{held}, {self.h_self.dtype})"
+        )
 
     @property
     def row_factors(self) -> RowFactors:
@@ -423,6 +433,10 @@ class EncodingBucket:
         return int(feature) + plain
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
 @dataclass
 class Encodings:
     """All encodings one party holds: ``buckets`` cover ``nodes`` (global ids) exactly once.
@@ -447,6 +461,12 @@ class Encodings:
 
     def num_reals(self) -> int:
         return sum(b.num_reals() for b in self.buckets)
+
+    def __repr__(self) -> str:
+        return (
+            f"Encodings({self.variant!r}, {self.num_nodes} nodes in {len(self.buckets)} buckets, "
+            f"{_size(self.nbytes())} as float32)"
+        )
 
     def nbytes(self, bytes_per_real: int = 4) -> int:
         return self.num_reals() * bytes_per_real

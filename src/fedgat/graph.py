@@ -79,8 +79,8 @@ class Graph:
             encrypted path alike: a non-zero row whose norm differs from 1 by more than
             :data:`UNIT_NORM_TOLERANCE` is scaled to unit norm (computed in float64), all-zero rows stay
             zero, and rows already of unit norm are kept bit for bit.
-        y: ``(N,)`` int64 labels in ``[0, num_classes)``; other integer dtypes are converted, float
-            and bool labels refused.
+        y: ``(N,)`` int64 labels in ``[0, num_classes)``; other integer dtypes and whole-number
+            floats (as pandas reads a label column) are converted; other floats, bools and text refused.
         edge_index: ``(2, E)`` int64 directed edges ``j -> i`` between node ids in ``[0, N)``, without
             self-loops (fedgat adds them itself); other integer dtypes are converted.
         train_mask, val_mask, test_mask: ``(N,)`` bool split masks, pairwise disjoint. Integer masks

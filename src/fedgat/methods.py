@@ -26,6 +26,7 @@ every ``needed`` node, as the protocol ships them all.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import time
@@ -51,7 +52,7 @@ from fedgat.gcn import GCN, PrecomputedGCN, normalised_aggregate
 from fedgat.graph import CSR, Graph, check_trainable
 from fedgat.models import GAT, FedGAT
 from fedgat.owners import owner_clients
-from fedgat.partition import Partition, drop_cross_client, make_partition
+from fedgat.partition import Partition, check_graph, drop_cross_client, make_partition
 from fedgat.randomness import RandomSource
 from fedgat.rounds import pool_counts
 from fedgat.tasks import owned_targets, support_tasks
@@ -61,6 +62,33 @@ CENTRALISED: tuple[str, ...] = ("gat", "gcn")
 BYTES_PER_REAL = 4  # float32
 #: neighbour cap the matrix variant gets unless one is given (its encodings grow like sum n^2)
 MATRIX_DEFAULT_CAP = 16
+
+#: keyword arguments of the entry points that take hyper-parameters as ``**hparams`` beside their own
+#: (:func:`run_method`, :func:`fedgat.pipeline.run_encrypted_fedgat`, :func:`fedgat.pipeline.train_fedgat`):
+#: a misspelt one lands among the hyper-parameters, so the message suggests these too
+CALL_ARGUMENTS = (
+    "num_clients",
+    "beta",
+    "seed",
+    "owner",
+    "encrypted",
+    "variant",
+    "preset",
+    "wire",
+    "transport",
+    "progress",
+    "workers",
+    "chunks",
+    "dp_ledgers",
+    "device",
+    "upload_window",
+    "encrypt_workers",
+    "deployment",
+    "fingerprint",
+    "cuda_graphs",
+    "dp_releases",
+    "compact_tol",
+)
 
 _TRAINING = {
     "rounds": 500,
@@ -221,7 +249,13 @@ def resolve_hparams(method: str, overrides: dict) -> dict:
     hp = default_hparams(method)
     unknown = sorted(set(overrides) - set(hp))
     if unknown:
-        raise ValueError(f"unknown hyper-parameter(s) {unknown} for method {method!r}; known: {sorted(hp)}")
+        close = {u: difflib.get_close_matches(u, [*hp, *CALL_ARGUMENTS], n=1) for u in unknown}
+        meant = "; ".join(f"{u!r}: did you mean {m[0]!r}?" for u, m in close.items() if m)
+        raise ValueError(
+            f"unknown hyper-parameter(s) {unknown} for method {method!r}"
+            + (f" ({meant})" if meant else "")
+            + f"; known: {sorted(hp)}"
+        )
     hp.update(overrides)
     check_ranges(hp)
     strategy_from_hparams(hp)  # an unknown strategy, or mu with FedAdam, fails here, before any set-up
@@ -349,6 +383,7 @@ def run_method(
         ValueError: unknown method or hyper-parameter, or invalid settings.
         fedgat.device.DeviceError: an unknown ``device``, or CUDA asked for without one (a ValueError).
     """
+    check_graph(graph)
     hp = resolve_hparams(method, hparams)
     check_trainable(graph)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:

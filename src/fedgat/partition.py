@@ -113,6 +113,13 @@ class ClientPartition:
     val_nodes: np.ndarray
     test_nodes: np.ndarray
 
+    def __repr__(self) -> str:
+        return (
+            f"ClientPartition(client {self.client_id}: {len(self.owned)} owned, {len(self.needed)} needed, "
+            f"{self.cross_edges} cross-client edges; train/val/test {len(self.train_nodes)}/"
+            f"{len(self.val_nodes)}/{len(self.test_nodes)})"
+        )
+
 
 @dataclass(frozen=True)
 class Partition:
@@ -148,6 +155,15 @@ class Partition:
     @property
     def num_nodes(self) -> int:
         return len(self.owner)
+
+    def __repr__(self) -> str:
+        sizes = [len(c.owned) for c in self.clients]
+        shown = ", ".join(map(str, sizes[:10])) + (", ..." if len(sizes) > 10 else "")
+        return (
+            f"Partition({self.num_clients} clients of {self.num_nodes} nodes: owning [{shown}]; "
+            f"{sum(c.cross_edges for c in self.clients)} cross-client edges kept; min_cross "
+            f"{self.min_cross}, neighbour_cap {self.neighbour_cap})"
+        )
 
     def summary(self) -> dict:
         """Plain-number statistics: sizes per client and what the two filtering rules removed."""
@@ -226,6 +242,7 @@ def make_partition(
         ValueError: ``num_clients``, ``num_layers`` or ``neighbour_cap`` below 1, ``min_cross`` below
             0, ``beta`` not finite and positive, or ``owner`` of the wrong shape, dtype or range.
     """
+    check_graph(graph)
     _check_clients_beta(num_clients, beta)
     _check_int("seed", seed, 0)
     _check_int("num_layers", num_layers, 1)
@@ -298,6 +315,15 @@ class PartitionMismatchError(ValueError):
     """A partition used with another graph than the one it was made from."""
 
 
+def check_graph(graph: object) -> None:
+    """TypeError unless ``graph`` is a fedgat :class:`~fedgat.graph.Graph`, saying how to get one."""
+    if not isinstance(graph, Graph):
+        raise TypeError(
+            f"graph must be a fedgat Graph, got {type(graph).__name__}: load_dataset gives one, and "
+            "Graph.from_pyg(data) makes one of a PyG Data (or a dict of its fields)"
+        )
+
+
 def check_partition(graph: Graph, partition: Partition) -> None:
     """Refuse ``partition`` unless it was made from ``graph`` (its node count, edges and split masks:
     :meth:`Graph.structure_digest`); a partition of another graph would give neighbourhoods, and so
@@ -307,8 +333,7 @@ def check_partition(graph: Graph, partition: Partition) -> None:
         TypeError: ``graph`` or ``partition`` of another type (e.g. a dataset name: load it first).
         PartitionMismatchError: naming what differs.
     """
-    if not isinstance(graph, Graph):
-        raise TypeError(f"graph must be a fedgat Graph, got {type(graph).__name__} (load_dataset gives one)")
+    check_graph(graph)
     if not isinstance(partition, Partition):
         raise TypeError(f"partition must be a Partition (make_partition), got {type(partition).__name__}")
     if partition.num_nodes != graph.num_nodes:

@@ -69,13 +69,14 @@ from fedgat.methods import (
     wants_update_ledgers,
 )
 from fedgat.owners import owner_clients
-from fedgat.partition import Partition, check_partition
+from fedgat.partition import Partition, check_graph, check_partition
 from fedgat.plain_encoder import PlaintextRound
 from fedgat.progress import progress_bar
 from fedgat.protocols import Clock, Delivery, InProcessTransport, Party, Transport, run_parties
 from fedgat.protocols.driver import Observer
 from fedgat.protocols.messages import EncodingResults, peek_type
 from fedgat.protocols.pretrain import ServerState
+from fedgat.randomness import check_seed
 from fedgat.tasks import COMPACT_TOLERANCE, select_nodes
 from fedgat.verdict_dp import verdict_epsilon
 
@@ -378,6 +379,7 @@ def run_encrypted_pretraining(
             (:meth:`ServerPretrain.replay_compute`) and report its wall time as
             ``server_compute_alone``: the server's compute as on a machine of its own (benchmarks).
     """
+    check_seed(seed, none=True)
     check_workers(workers)
     check_encrypt_workers(encrypt_workers)
     transport = transport if transport is not None else InProcessTransport()
@@ -531,6 +533,7 @@ def plaintext_round(
     check_partition(graph, partition)
     if seed is None:
         raise ValueError("the plaintext twin needs the seed of the encrypted run's bases")
+    check_seed(seed, text=True)
     x, release = graph.x.to(dtype), None
     if dp is not None:
         drawn = (
@@ -591,14 +594,19 @@ def run_plaintext_pretraining(
 
 def max_abs_error(got: Mapping[int, Encodings], want: Mapping[int, Encodings]) -> float:
     """Largest absolute difference between two sets of per-client encodings over the same bases."""
+    for name, value in (("got", got), ("want", want)):
+        if not isinstance(value, Mapping):
+            hint = " (a run's .encodings)" if hasattr(value, "encodings") else ""
+            raise TypeError(f"{name} must map client id -> Encodings{hint}, got {type(value).__name__}")
+    same_seed = "; were both rounds run with the same seed= (run_encrypted_pretraining's default is None: random bases)?"
     worst = 0.0
     for c, enc in got.items():
         ref = want[c]
         if not np.array_equal(enc.nodes, ref.nodes) or len(enc.buckets) != len(ref.buckets):
-            raise ValueError(f"client {c}: the encodings cover other nodes or buckets")
+            raise ValueError(f"client {c}: the encodings cover other nodes or buckets (another partition?)")
         for a, b in zip(enc.buckets, ref.buckets):
             if not np.array_equal(a.bases.nodes, b.bases.nodes) or not np.allclose(a.bases.p, b.bases.p):
-                raise ValueError(f"client {c}: buckets over other nodes or bases")
+                raise ValueError(f"client {c}: buckets over other nodes or bases{same_seed}")
             for x, y in ((a.h_self, b.h_self), (a.K2, b.K2), (a.M2, b.M2)):  # M2: when stored
                 if x is not None and y is not None and x.numel():
                     worst = max(worst, float((x.double() - y.double()).abs().max()))
@@ -611,8 +619,9 @@ class TrainingResult:
     """Outcome of :func:`train_fedgat`.
 
     Attributes:
-        fit: the federated training's :class:`~fedgat.federated.FitResult` (accuracies at the best
-            validation round, per-round history, the final global model).
+        fit: the federated training's :class:`~fedgat.rounds.FitResult` (accuracies at the best
+            validation round, per-round history, the global model's weights at that round:
+            ``fit.model_state``).
         seconds: wall time of the rounds.
         bytes_up, bytes_down: frame bytes clients -> server and server -> clients over the rounds
             (signatures, headers and secure aggregation's messages included).
@@ -663,13 +672,26 @@ def train_fedgat(
     ``device``: where the clients train (:class:`fedgat.federated.Client`; default the CPU);
     ``cuda_graphs``: on a CUDA device, each client's local step as a captured CUDA graph.
 
-    ``encodings`` are only read while the parties are built (each client copies the rows of its
-    tasks): a caller that hands them over without keeping a reference frees them before the rounds.
+    ``encodings`` (client id -> :class:`~fedgat.encodings.Encodings`: a pre-training run's
+    ``.encodings``, or :func:`run_plaintext_pretraining`'s result) are only read while the parties are
+    built (each client copies the rows of its tasks): a caller that hands them over without keeping a
+    reference frees them before the rounds. ``deployment`` and ``fingerprint``: the parties' keys and
+    the key-set fingerprint of the encrypted round that produced them (``pre.deployment``,
+    ``pre.fingerprint``), so that training runs among the same parties (default: fresh keys).
+    ``transport``: the engine the rounds run over (default in-process). The trained model's weights
+    at the best validation round are ``result.fit.model_state``
+    (:func:`fedgat.methods.fedgat_model_fn` builds the model they load into).
 
     Raises:
+        TypeError: ``graph`` is no :class:`~fedgat.graph.Graph`, ``encodings`` no mapping, ``seed`` no
+            integer.
+        ValueError: a partition of another graph, a client without nodes or encodings, or another
+            run's ``deployment``.
         GraphError: the graph has no training or no validation node (:func:`fedgat.graph.check_trainable`).
     """
+    check_graph(graph)
     check_trainable(graph)
+    check_seed(seed)
     parties = build_training_parties(
         graph,
         partition,
@@ -775,7 +797,11 @@ def train_release_predictor(
 
 @dataclass
 class FedGATRun:
-    """Outcome of :func:`run_encrypted_fedgat`."""
+    """Outcome of :func:`run_encrypted_fedgat`: ``pretrain``, the encrypted pre-training round's
+    :class:`PretrainResult` (None with ``encrypted=False``, which pre-trains with the plaintext twin);
+    ``training``, the :class:`TrainingResult` (accuracies, history, ``training.fit.model_state``);
+    the partition, the seed and, with DP, what each owner's ledger has spent. ``summary()`` gives plain
+    values for JSON (the results themselves hold the parties' keys and are not meant to be pickled)."""
 
     pretrain: PretrainResult | None
     training: TrainingResult
@@ -846,6 +872,7 @@ def run_encrypted_fedgat(
     that many recipients' uploads), ``encrypt_workers``: the pre-training's, as
     :func:`run_encrypted_pretraining` takes them."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
+    check_graph(graph)
     check_trainable(graph)
     check_workers(workers)
     check_encrypt_workers(encrypt_workers)

@@ -20,6 +20,22 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 _TWO_PI = 2.0 * np.pi
 
 
+def check_seed(seed: object, *, text: bool = False, none: bool = False) -> None:
+    """Refuse a seed that is not an integer >= 0 (nor a string with ``text``, nor None with ``none``):
+    a float or bool would seed another stream than the integer it looks like, silently.
+
+    Raises:
+        TypeError: another type; ValueError: a negative integer.
+    """
+    if seed is None and none or isinstance(seed, str) and text:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        allowed = "an integer" + (", a string" if text else "") + (" or None" if none else "")
+        raise TypeError(f"seed must be {allowed}, got {seed!r}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+
+
 class RandomSource:
     """A ChaCha20-keystream random source with numpy-shaped draws.
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -73,13 +73,16 @@ class ClientUpdate(NamedTuple):
 
 @dataclass
 class FitResult:
-    """Outcome of a run: test accuracy at the round of best validation accuracy."""
+    """Outcome of a run: test accuracy at the round of best validation accuracy, and the global
+    model's weights at that round (``model_state``, a state dict for ``load_state_dict``; None where
+    a caller built the result without them)."""
 
     best_val_accuracy: float
     test_accuracy: float
     best_round: int
     rounds: int
-    history: list[dict]
+    history: list[dict] = field(repr=False)
+    model_state: StateDict | None = field(default=None, repr=False, compare=False)
 
 
 def pool_counts(reports: Sequence[Mapping[str, Counts]], splits: Sequence[str]) -> dict[str, float]:
@@ -326,7 +329,12 @@ class RoundLoop:
             stop = True
         if stop:
             self.result = FitResult(
-                self.best[0], self.best_test, self.best_round, len(self.history), self.history
+                self.best[0],
+                self.best_test,
+                self.best_round,
+                len(self.history),
+                self.history,
+                self.best_state,
             )
 
     # --- checkpoints --------------------------------------------------------------------------------
