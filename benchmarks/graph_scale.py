@@ -31,7 +31,8 @@ once, the clients' encodings down). The growth exponent of a phase between two c
 
 New pages: each phase also reports the memory its process touched for the first time (``new_pages``:
 minor page faults x the page size; a freshly allocated large tensor is faulted in page by page; worker
-processes' pages are not counted). On a VM a first touch
+processes' pages are not counted, nor fully those of large numpy arrays, which numpy maps with
+transparent huge pages where the kernel allows it: one fault per 2 MiB). On a VM a first touch
 can cost far more than the write itself, and more the more memory the process already holds, which bends
 a phase's time upward while its work grows linearly. So after the sizes, a probe (in its own
 subprocess, skipped with ``--no-probe``) touches fresh memory one GiB at a time up to the largest peak RSS
@@ -88,18 +89,20 @@ def _minor_faults() -> int:
 def first_touch_probe(max_gib: float, step_gib: float = 1.0) -> list[dict]:
     """GB/s of writing ``step_gib`` of freshly allocated memory (first touch: page faults and zeroing
     included) as the memory this process holds grows to ``max_gib``, each step kept; and, per step,
-    GB/s of writing the same memory again (no faults: the write alone)."""
-    import numpy as np
+    GB/s of writing the same memory again (no faults: the write alone). The blocks are torch tensors,
+    faulted in 4 KiB pages as the phases' tensors are (numpy asks for transparent huge pages on large
+    arrays, a path with other costs, and its pages count 512 times less in ``new_pages``)."""
+    import torch
 
     keep, rows = [], []
     words = int(step_gib * 2**30) // 8
     for i in range(max(1, int(max_gib / step_gib))):
         t = time.perf_counter()
-        block = np.empty(words)
-        block.fill(1.0)
+        block = torch.empty(words, dtype=torch.float64)
+        block.fill_(1.0)
         first = time.perf_counter() - t
         t = time.perf_counter()
-        block.fill(2.0)
+        block.fill_(2.0)
         again = time.perf_counter() - t
         keep.append(block)
         rows.append(

@@ -118,8 +118,17 @@ def test_bench_overhead_json_has_required_keys(tmp_path, capsys):
     assert "vs their floor" in (out / "overhead.md").read_text()
 
 
-def test_bench_overhead_expects_the_round_from_its_estimated_work():
+def test_bench_overhead_expects_the_round_from_its_estimated_work(capsys):
+    import argparse
+
     from fedgat.commands import bench as command
+
+    for sweep, trains in ((False, True), (True, False)):  # a sweep runs no training
+        command._say_expected(argparse.Namespace(replay=True, train=True, sweep=sweep, rounds=None), 600.0)
+        said = capsys.readouterr().out
+        assert (
+            said.startswith("expect ~10 min on ") and ("two trainings of up to 500 rounds" in said) == trains
+        )
 
     est = {"server_seconds": 266.0, "client_seconds": 284.0}
     # Cora, 10 clients, 2 cores: the round and its replay took 386 + ~186 s

@@ -125,6 +125,7 @@ def inputs(tmp_path):
         "folder": write_folder(folder / "g"),
         "csv": write_owners(folder / "owners.csv", owners_array()),
         "npy": write_owners(folder / "owners.npy", owners_array()),
+        "tsv": write_owners(folder / "owners.tsv", owners_array()),
         "out": tmp_path / "out",
     }
 
@@ -160,7 +161,7 @@ def test_graph_file_runs_through_the_command(inputs, kind, command, capsys):
     assert f"wrote the results as JSON to {out}" in err
 
 
-@pytest.mark.parametrize("owners", ["csv", "npy"])
+@pytest.mark.parametrize("owners", ["csv", "npy", "tsv"])
 @pytest.mark.parametrize("command", ["demo", "audit"])
 def test_owners_file_sets_the_split_and_the_client_count(inputs, owners, command):
     out = inputs["out"] / "r.json"

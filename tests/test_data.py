@@ -183,3 +183,11 @@ def test_graph_checks_leave_loaded_graphs_bit_identical(name):
         assert got.dtype == value.dtype and torch.equal(got, value), key
     again = Graph(**{f: getattr(g, f) for f in _FIELDS})
     assert all(getattr(again, f) is getattr(g, f) for f in _FIELDS)
+
+
+def test_the_not_found_message_names_the_files_to_put_where():
+    from fedgat.data import _not_found_message
+
+    msg = _not_found_message(Path("/d/Cora/raw"), ["ind.cora.test.index"], "download=False")
+    assert "raw files ind.cora.test.index not found in /d/Cora/raw" in msg
+    assert "holds Cora/raw/ind.cora.*," in msg  # the dataset's prefix, not ind.cora.test.*

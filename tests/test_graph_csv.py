@@ -130,7 +130,7 @@ def test_a_split_column_gives_the_masks(tmp_path):
     assert graph.report.split == "given masks (13 train, 26 val, 13 test)"
 
 
-def test_load_dataset_and_the_command_line_take_the_folder(tmp_path, monkeypatch):
+def test_load_dataset_and_the_command_line_take_the_folder(tmp_path, monkeypatch, capsys):
     a = arrays(5)
     folder = write_folder(tmp_path / "mine", a)
     assert load_dataset(folder, **SPLIT) == direct(a, "mine")
@@ -142,11 +142,15 @@ def test_load_dataset_and_the_command_line_take_the_folder(tmp_path, monkeypatch
     (tmp_path / "synthetic").mkdir()  # a dataset's name is the dataset, not the folder
     assert load_dataset("synthetic").name == "synthetic"
     check_dataset("synthetic")  # an empty folder of that name is no graph: nothing to confuse
-    # a graph folder named like a built-in dataset: the command line refuses the ambiguity
+    # a graph folder named like a built-in dataset (--dataset's default): the command line says which
+    # one it reads and how to name the other
     write_folder(tmp_path / "cora", a)
-    with pytest.raises(UsageError, match=r"--dataset cora names the built-in dataset, .*write ./cora"):
-        check_dataset("cora")
+    check_dataset("cora")
+    assert "note: --dataset cora is the built-in dataset; ./cora here is a graph folder too: write " in (
+        capsys.readouterr().err
+    )
     check_dataset("./cora")
+    assert not capsys.readouterr().err
     assert load_dataset("./cora", **SPLIT) == direct(a, "cora")
 
 
@@ -239,11 +243,12 @@ NODES = "id,label,f0,f1\na,0,1,0\nb,1,0,1\nc,0,1,1\n"
             r"looks separated by tabs, .*save it with commas or name it .tsv",
         ),
         (NODES, "source;target\na;b\n", r"edges.csv: line 1 .* looks separated by semicolons"),
-        # '#' right after a cell's text would cut the cell: refused (a comment after a space is fine)
+        # '#' right after an id's, label's or split's text would cut it: refused (a comment after a
+        # space, or right after a number, is fine)
         (
-            "id,label,f0\na,0,1 # ok\nacct#1,0,1\n",
+            "id,label,f0\na,0,1 # ok\nb,1,0.5#ok too\nacct#1,0,1\n",
             EDGES,
-            r"nodes.csv: line 3: 'acct#1' holds '#', .* would cut it to 'acct'",
+            r"nodes.csv: line 4: 'acct#1' holds '#', .* would cut it to 'acct'",
         ),
         # what to do about a feature cell that is not a number
         (
@@ -265,6 +270,8 @@ NODES = "id,label,f0,f1\na,0,1,0\nb,1,0,1\nc,0,1,1\n"
             r"string 'NA'.*; the cell is a missing value: features cannot be missing",
         ),
         ("id,label,f0,\na,0,1,\n", EDGES, r"column 4 \(\): .*; the header gives this column no name"),
+        (NODES + 'd,1,"0,5",1\n', EDGES, r"string '0,5'.*; a decimal comma\? write numbers with a point"),
+        ("id,label,f0\na,C#,1\n", EDGES, r"line 2: 'C#' holds '#'"),
         (
             "id,label,split,f0\na,0,,1\nb,1,test,1\n",
             EDGES,
@@ -356,6 +363,7 @@ def test_a_saved_pyg_copy_keeps_the_folders_node_ids(tmp_path):
     torch.save(graph.to_pyg(), tmp_path / "g.pt")
     back = load_dataset(tmp_path / "g.pt")
     assert back == graph and back.node_names.tolist() == graph.node_names.tolist()
+    assert not any("ignored" in note for note in back.report.notes)  # read, so not "ignored"
     owners = np.arange(graph.num_nodes) % 3
     rows = "\n".join(f"{name},{c}" for name, c in zip(graph.node_names[::-1], owners[::-1], strict=True))
     (tmp_path / "owners.csv").write_text("node,client\n" + rows + "\n")

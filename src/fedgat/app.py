@@ -595,11 +595,6 @@ def build_training_parties(
     if not isinstance(encodings, Mapping):
         hint = " (pass the run's .encodings)" if hasattr(encodings, "encodings") else ""
         raise TypeError(f"encodings must map client id -> Encodings{hint}, got {type(encodings).__name__}")
-    empty = [c for c, cp in enumerate(partition.clients) if len(cp.owned) == 0]
-    if empty:
-        raise ValueError(
-            f"client {empty[0]} owns no node; use fewer clients (or owners that give each a node)"
-        )
     if deployment is not None and sorted(deployment.roster.clients) != list(range(partition.num_clients)):
         raise ValueError(
             f"the deployment's clients are {sorted(deployment.roster.clients)} but the partition has "
@@ -620,7 +615,11 @@ def build_training_parties(
     roster = deployment.roster
     session = secrets.randbits(63) if session is None else session
     secagg = graph_secagg(secagg, len(roster.clients), graph, partition, hp)
-    in_dim = int(encodings[roster.clients[0]].buckets[0].h_self.shape[1])  # d + w with DP (block layout)
+    # d + w with DP (block layout), read off a client that has encodings (one without nodes has none)
+    held = [encodings[c].buckets[0] for c in roster.clients if encodings[c].buckets]
+    if not held:
+        raise ValueError("no client owns a node: nothing to train")
+    in_dim = int(held[0].h_self.shape[1])
     shape = {"num_features": in_dim, "num_classes": graph.num_classes}
     server = build_rounds_server(
         roster,

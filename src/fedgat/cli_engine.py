@@ -45,7 +45,7 @@ DATASET_NAMES = ("cora", "citeseer", "pubmed", "synthetic")
 #: default client count when neither ``--clients`` nor ``--owners`` gives one
 DEFAULT_CLIENTS = 10
 _GRAPH_SUFFIXES = (".npz", ".pt", ".pth")
-_OWNERS_SUFFIXES = (".csv", ".txt", ".npy")
+_OWNERS_SUFFIXES = (".csv", ".tsv", ".txt", ".npy")
 
 
 class UsageError(Exception):
@@ -480,10 +480,12 @@ def check_dataset(spec: str) -> None:
             raise UsageError(f"--dataset {spec}: no such file")
         return
     if lower in DATASET_NAMES:
-        if path.is_dir() and _holds_tables(path):  # the name wins in load_dataset: say so, not load Cora
-            raise UsageError(
-                f"--dataset {spec} names the built-in dataset, and ./{spec} here is a graph folder too; "
-                f"write ./{spec} for the folder (or rename it)"
+        if path.is_dir() and _holds_tables(path):  # the name wins in load_dataset: say which was meant
+            print(
+                f"note: --dataset {spec} is the built-in dataset; ./{spec} here is a graph folder too: "
+                f"write --dataset ./{spec} for the folder",
+                file=sys.stderr,
+                flush=True,
             )
         return
     if path.is_dir():

@@ -321,7 +321,7 @@ def _not_found_message(
     setting = f"{ENV_VAR}={env!r}" if env else f"{ENV_VAR} is not set"
     named = ", ".join(missing) if len(missing) == 1 else f"({len(missing)}: {', '.join(missing)})"
     # Planetoid's files share one prefix: ind.cora.x, ind.cora.tx, ... -> ind.cora.*
-    wanted = f"{missing[0].rsplit('.', 1)[0]}.*" if what.startswith("Planetoid") else missing[0]
+    wanted = ".".join(missing[0].split(".")[:2]) + ".*" if what.startswith("Planetoid") else missing[0]
     return (
         f"{what} {named} not found in {raw_dir} ({setting}; {reason}). "
         f"Point {ENV_VAR} (in Python: root=) at the folder that holds "

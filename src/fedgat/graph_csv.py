@@ -53,7 +53,7 @@ import csv
 import itertools
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,7 +225,7 @@ def _read_nodes(path: Path) -> tuple[dict, list[str]]:
             f"{path}: no feature columns; besides {', '.join(header[i] for i in text_cols)} every column "
             "is a feature (a number per node)"
         )
-    _check_widths(table, len(header))
+    _check_widths(table, len(header), text_cols)
     text = table.load(text_cols, str)
     if text.shape[0] == 0:
         raise DatasetFormatError(f"{path} lists no nodes (only its header)")
@@ -260,6 +260,8 @@ def _feature_hint(message: str, text_columns: list[str]) -> str:
     if missing is not None:
         what = "empty" if not missing.group(1) else "a missing value"
         return f"; the cell is {what}: features cannot be missing (fill it in, e.g. with 0)"
+    if re.search(r"could not convert string '-?\d+,\d+' ", message):
+        return "; a decimal comma? write numbers with a point (0.5)"
     if "could not convert string" in message:
         return (
             f"; every column besides {', '.join(text_columns[:-1])} and {text_columns[-1]} is read as a feature "
@@ -325,12 +327,12 @@ def _roles(path: Path, header: list[str]) -> dict[str, int]:
     return roles
 
 
-def _check_widths(table: _Table, width: int) -> None:
+def _check_widths(table: _Table, width: int, text_columns: Collection[int] = ()) -> None:
     """Every data row has ``width`` cells: numpy reads only the columns asked for, so a row's extra
     cells, or a header one name short of its rows, would pass unseen."""
     with table.path.open(encoding="utf-8-sig", newline="") as lines:
         bodies = (
-            _uncommented(table, number, line)
+            _uncommented(table, number, line, text_columns)
             for number, line in enumerate(itertools.islice(lines, table.skip, None), start=table.skip + 1)
         )
         reader = csv.reader(bodies, delimiter=table.delimiter, quotechar='"')
@@ -342,11 +344,13 @@ def _check_widths(table: _Table, width: int) -> None:
                 )
 
 
-def _uncommented(table: _Table, number: int, line: str) -> str:
-    """Line ``number`` without its comment; a ``#`` right after a cell's text (``acct#12``) is refused:
-    the comment would cut the cell silently."""
+def _uncommented(table: _Table, number: int, line: str, text_columns: Collection[int]) -> str:
+    """Line ``number`` without its comment; a ``#`` right after the text of an id, label or split
+    cell (``acct#12``; ``text_columns``) is refused: the comment would cut the cell silently (a number
+    cut by a comment, ``0.5#note``, reads as the number)."""
     body, hash_, _ = line.partition("#")
-    if hash_ and body.strip() and not (body[-1].isspace() or body[-1] == table.delimiter):
+    touching = hash_ and body.strip() and not (body[-1].isspace() or body[-1] == table.delimiter)
+    if touching and body.count(table.delimiter) in text_columns:
         cell = next(c for c in line.split(table.delimiter) if "#" in c).strip()
         raise DatasetFormatError(
             f"{table.path}: line {number}: {cell!r} holds '#', which starts a comment in these tables and "

@@ -62,7 +62,7 @@ EMPTY_SPLIT_NOTES = (
 )
 
 #: ``Data`` attributes :meth:`Graph.from_pyg` reads; any other attribute is reported as ignored
-KNOWN_KEYS = frozenset({"x", "y", "edge_index", *_MASKS, "num_nodes", "num_classes", "name"})
+KNOWN_KEYS = frozenset({"x", "y", "edge_index", *_MASKS, "num_nodes", "num_classes", "name", "node_names"})
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,9 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
     for lineno, line in rows:
         if not line.strip():
             raise OwnersError(f"owners file {path}, line {lineno} is empty; give one client id per line")
-    cells = [(lineno, [c.strip() for c in cols]) for lineno, cols in _split(rows)]
+    cells = [
+        (lineno, [c.strip() for c in cols]) for lineno, cols in _split(rows, path.suffix.lower() == ".tsv")
+    ]
     width = len(cells[0][1])
     header = [c.lower() for c in cells[0][1]] if any(_number(c) is None for c in cells[0][1]) else None
     body = cells[1:] if header else cells
@@ -280,10 +282,11 @@ def _read_text(path: Path, num_nodes: int, node_names: np.ndarray | None) -> np.
     return owners
 
 
-def _split(rows: list[tuple[int, str]]) -> list[tuple[int, list[str]]]:
-    """CSV cells of each line (comma-, semicolon- or tab-separated; a single column has none)."""
+def _split(rows: list[tuple[int, str]], tabs: bool = False) -> list[tuple[int, list[str]]]:
+    """CSV cells of each line: tab-separated with ``tabs`` (a ``.tsv``), else comma-, semicolon- or
+    tab-separated, whichever the first lines show first (a single column has none)."""
     sample = "\n".join(line for _, line in rows[:50])
-    delimiter = next((d for d in (",", ";", "\t") if d in sample), ",")
+    delimiter = "\t" if tabs else next((d for d in (",", ";", "\t") if d in sample), ",")
     parsed = csv.reader([line for _, line in rows], delimiter=delimiter)
     return [(lineno, cols) for (lineno, _), cols in zip(rows, parsed, strict=True)]
 

@@ -685,8 +685,8 @@ def train_fedgat(
     Raises:
         TypeError: ``graph`` is no :class:`~fedgat.graph.Graph`, ``encodings`` no mapping, ``seed`` no
             integer.
-        ValueError: a partition of another graph, a client without nodes or encodings, or another
-            run's ``deployment``.
+        ValueError: a partition of another graph, a client without encodings, no client with nodes,
+            or another run's ``deployment``.
         GraphError: the graph has no training or no validation node (:func:`fedgat.graph.check_trainable`).
     """
     check_graph(graph)

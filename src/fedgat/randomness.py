@@ -30,7 +30,7 @@ def check_seed(seed: object, *, text: bool = False, none: bool = False) -> None:
     if seed is None and none or isinstance(seed, str) and text:
         return
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        allowed = "an integer" + (", a string" if text else "") + (" or None" if none else "")
+        allowed = " or ".join(["an integer", *(["a string"] if text else []), *(["None"] if none else [])])
         raise TypeError(f"seed must be {allowed}, got {seed!r}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")

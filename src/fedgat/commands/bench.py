@@ -307,7 +307,7 @@ def _say_expected(args: argparse.Namespace, seconds: float) -> None:
         f"expect {took} on {os.cpu_count() or 1} cores for {what} (the estimated CKKS work, plus keys and set-up; "
         "more on a busy machine)"
     )
-    if args.train:
+    if args.train and not args.sweep:  # the sweep compares rounds only
         from fedgat.methods import resolve_hparams
 
         rounds = args.rounds or resolve_hparams("fedgat", {})["rounds"]
