@@ -246,7 +246,7 @@ NODES = "id,label,f0,f1\na,0,1,0\nb,1,0,1\nc,0,1,1\n"
         # '#' right after an id's, label's or split's text would cut it: refused (a comment after a
         # space, or right after a number, is fine)
         (
-            "id,label,f0\na,0,1 # ok\nb,1,0.5#ok too\nacct#1,0,1\n",
+            'id,label,f0\na,0,1 # ok\n"b, 2",1,0.5#ok too\nacct#1,0,1\n',
             EDGES,
             r"nodes.csv: line 4: 'acct#1' holds '#', .* would cut it to 'acct'",
         ),
@@ -272,6 +272,7 @@ NODES = "id,label,f0,f1\na,0,1,0\nb,1,0,1\nc,0,1,1\n"
         ("id,label,f0,\na,0,1,\n", EDGES, r"column 4 \(\): .*; the header gives this column no name"),
         (NODES + 'd,1,"0,5",1\n', EDGES, r"string '0,5'.*; a decimal comma\? write numbers with a point"),
         ("id,label,f0\na,C#,1\n", EDGES, r"line 2: 'C#' holds '#'"),
+        ('id,label,f0\n"x, y",C#1,1\n', EDGES, r"line 2: 'C#1' holds '#'"),  # its column, quotes respected
         (
             "id,label,split,f0\na,0,,1\nb,1,test,1\n",
             EDGES,

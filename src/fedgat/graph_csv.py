@@ -34,7 +34,8 @@ An empty edge list is a graph of isolated nodes.
 
 In both files, cells may be quoted (``"a, b"``), spaces around a cell are ignored, blank lines are
 skipped, and a ``#`` starts a comment to the end of its line (so ``#`` cannot appear in an id: one right
-after a cell's text in ``nodes.csv``, as in ``acct#12``, is refused rather than cut).
+after the text of an id, label or split cell of ``nodes.csv``, as in ``acct#12``, is refused rather than
+cut).
 Files are UTF-8 (a leading byte-order mark, as spreadsheets write, is skipped); a ``.csv`` whose first
 line is one cell holding semicolons or tabs (a spreadsheet's export where the decimal mark is a comma)
 is refused saying so. Every row of
@@ -350,8 +351,9 @@ def _uncommented(table: _Table, number: int, line: str, text_columns: Collection
     cut by a comment, ``0.5#note``, reads as the number)."""
     body, hash_, _ = line.partition("#")
     touching = hash_ and body.strip() and not (body[-1].isspace() or body[-1] == table.delimiter)
-    if touching and body.count(table.delimiter) in text_columns:
-        cell = next(c for c in line.split(table.delimiter) if "#" in c).strip()
+    cells = next(csv.reader([body], delimiter=table.delimiter, quotechar='"')) if touching else []
+    if touching and len(cells) - 1 in text_columns:  # the cell the '#' ends (quotes respected)
+        cell = cells[-1].strip() + "#" + line[len(body) + 1 :].split(table.delimiter, 1)[0].strip()
         raise DatasetFormatError(
             f"{table.path}: line {number}: {cell!r} holds '#', which starts a comment in these tables and "
             f"would cut it to {cell.split('#', 1)[0]!r}; replace the '#' (a comment needs a space or a "
