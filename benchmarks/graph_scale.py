@@ -73,12 +73,12 @@ PHASES = ("build", "partition", "plaintext_pretrain", "train", "encrypted_pretra
 MODES = ("plain", "encrypted")
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
+        return int(f.read().split()[1]) * PAGE
 
 
 def _minor_faults() -> int:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from fedgat.graph import CSR, Graph
+from fedgat.randomness import check_seed
 
 
 def dirichlet_split(labels: np.ndarray, num_clients: int, beta: float, seed: int) -> np.ndarray:
@@ -244,7 +245,7 @@ def make_partition(
     """
     check_graph(graph)
     _check_clients_beta(num_clients, beta)
-    _check_int("seed", seed, 0)
+    check_seed(seed)
     _check_int("num_layers", num_layers, 1)
     check_rule(min_cross, neighbour_cap)
 
