@@ -257,10 +257,35 @@ class _VectorPlan:
         self.edge_sum = _segment_sum(node_all, cat(ns) if ns else zero[:0], N, f64)
 
 
-def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.dtype) -> _PairOp:
+class _GatherBackwardSum(torch.autograd.Function):
+    """``A @ x`` for a constant ``(N, total)`` CSR ``A`` of ones with one entry per column (column ``c``
+    in row ``owner[c]``): its backward ``A^T g`` is the gather ``g[owner]``, which writes each row once
+    where a sparse product zero-fills and accumulates."""
+
+    @staticmethod
+    def forward(ctx, A: torch.Tensor, owner: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.owner = owner
+        return A @ x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return None, None, grad.index_select(0, ctx.owner)
+
+
+class _SegmentSum:
+    """Sums of consecutive segments of rows, one segment per output row (:func:`_segment_sum`)."""
+
+    def __init__(self, A: torch.Tensor, owner: torch.Tensor) -> None:
+        self.A, self.owner = A, owner
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _GatherBackwardSum.apply(self.A, self.owner, x.contiguous())
+
+
+def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.dtype) -> _SegmentSum:
     """``(N, total)`` ones summing consecutive segments of ``length`` entries (segment ``k`` belongs
-    to output row ``node[k]``, a permutation of ``range(N)``), and its transpose, both written
-    directly in CSR order."""
+    to output row ``node[k]``, a permutation of ``range(N)``), written directly in CSR order, with
+    each entry's output row for the backward."""
     dev = node.device
     total = int(length.sum())
     index = sparse_index_dtype(max(total, N) + 1)
@@ -273,8 +298,7 @@ def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.
     col = start[order].repeat_interleave(len_sorted) + within
     ones = torch.ones(total, dtype=dtype, device=dev)
     A = _csr(crow, col, ones, (N, total), index)
-    At = _csr(torch.arange(total + 1, device=dev), node.repeat_interleave(length), ones, (total, N), index)
-    return _PairOp(A, At)
+    return _SegmentSum(A, node.repeat_interleave(length))
 
 
 class _MatrixScores(torch.autograd.Function):
@@ -364,8 +388,8 @@ class _MatrixPlan:
             ur.append((row.view(B, 1, 1, r) * H + head[..., None]).expand(B, H, m, r).reshape(-1))
             uc.append(vec[..., None].expand(B, H, m, r).reshape(-1))
             uv.append(f.K2.to(dtype)[:, None].expand(B, H, m, r).reshape(-1))
-            sr.append(node.repeat_interleave(r))
-            sc.append(row.reshape(-1))
+            sr.append(node)
+            sc.append(torch.full((B,), r, dtype=torch.int64, device=dev))
             ks.append(bucket.plain["K1"].to(dtype)[:, None, :].expand(B, H, m).reshape(-1))
             row_off, vec_off, ext_off = row_off + B * r, vec_off + B * H * m, ext_off + B * (r + 1)
         N, cat = encodings.num_nodes, torch.cat
@@ -379,8 +403,7 @@ class _MatrixPlan:
         self.extend = _SparseOp(cat(er), cat(ec), cat(ev), (ext_off, 2 * row_off), index)
         self.den = _SparseOp(cat(dr), cat(dc), cat(dv), (N * H, vec_off), index)
         self.mix = _SparseOp(cat(ur), cat(uc), cat(uv), (row_off * H, vec_off), index)
-        ones = torch.ones(row_off, dtype=dtype, device=dev)
-        self.row_sum = _SparseOp(cat(sr), cat(sc), ones, (N, row_off), index)
+        self.row_sum = _segment_sum(cat(sr), cat(sc), N, dtype)
 
 
 #: (id of the encodings, dtype, device) -> (weak reference to them, plan); entries leave with the

@@ -93,11 +93,11 @@ def chebyshev_left(D: torch.Tensor, k: torch.Tensor, cheb: np.ndarray, domain: f
     return _ChebyshevLeft.apply(D, k.to(D.dtype), tuple(float(c) for c in cheb), float(domain))
 
 
-#: Values per sparse matrix in :class:`BlockDiagonal` (``2^19``, 2 MiB of float32): the recurrence runs
-#: chunk by chunk so a chunk's matrix can stay in cache across its ``p`` products. On Cora (2-core EPYC,
-#: 8 MiB L3) the products alone ran ~15% faster in ~1-2 MiB chunks than as one 10 MB matrix; in the
-#: whole layer the difference was within run-to-run noise.
-CHUNK_VALUES = 1 << 19
+#: Values per sparse matrix in :class:`BlockDiagonal` (``2^22``, 16 MiB of float32): the recurrence runs
+#: chunk by chunk, ``p`` products per chunk, and each product call has a fixed cost (~0.1 ms on a 2-core
+#: Xeon VM). There the whole factorised layer on Cora (2.57 M values: one chunk) ran 12 % / 5 % faster at
+#: 1 / 2 threads than in the earlier 2 MiB chunks, which on a 2-core EPYC (8 MiB L3) had been within noise.
+CHUNK_VALUES = 1 << 22
 
 
 def sparse_index_dtype(nnz: int) -> torch.dtype:
