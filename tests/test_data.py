@@ -101,6 +101,8 @@ def test_failed_download_raises_and_leaves_no_partial_file(tmp_path, monkeypatch
         load_planetoid("cora", root=tmp_path)
     msg = str(err.value)
     assert "FEDGAT_DATA is not set" in msg and "network unreachable" not in msg  # no raw exception text
+    # nor the network library's traceback chained under it (an offline user reads one error, not 100 lines)
+    assert err.value.__cause__ is None and err.value.__suppress_context__
     assert all(f in msg for f in planetoid_raw_files("cora"))  # every missing file named, not one
     assert "holds Cora/raw/ind.cora.*" in msg and "<" not in msg  # the path to make, no placeholders
     assert len(calls) == 1 and calls[0].startswith("https://")

@@ -304,14 +304,15 @@ def _download(
         try:
             raw_dir.mkdir(parents=True, exist_ok=True)
             fs.cp(f"{url}/{f}", str(raw_dir))
-        except Exception as exc:  # network, SSL, permission and fsspec errors all mean "not available"
+        except Exception as exc:  # noqa: BLE001 - network, SSL, permission, fsspec: all "not available"
             (raw_dir / f).unlink(missing_ok=True)
             for d in created:
                 with contextlib.suppress(OSError):  # not empty, or not ours to remove: keep it
                     d.rmdir()
             missing = [g for g in files if not (raw_dir / g).is_file()]
             reason = f"downloading them from {url} failed ({type(exc).__name__}: offline?)"
-            raise DatasetNotFoundError(_not_found_message(raw_dir, missing, reason, what)) from exc
+            # without the network library's chained traceback: an offline user reads one error
+            raise DatasetNotFoundError(_not_found_message(raw_dir, missing, reason, what)) from None
 
 
 def _not_found_message(
