@@ -3,6 +3,7 @@
     python benchmarks/graph_scale.py                        # 10k, 20k, 40k, 80k, 169,343 nodes
     python benchmarks/graph_scale.py --quick                # 200 and 400 nodes (a smoke run)
     python benchmarks/graph_scale.py --nodes 10000 20000 --encrypted-max-nodes 20000
+    python benchmarks/graph_scale.py --nodes 10000 20000 40000 --modes plain --engines inprocess ray --actors 2
 
 Every size is a synthetic graph (:func:`fedgat.synthetic.synthetic_graph`, no download) with
 ogbn-arxiv's shape: 128 features, 40 classes, mean degree 13.77 (ogbn-arxiv's 1,166,243 edges over
@@ -18,6 +19,17 @@ subprocess per size and mode (so that one run's memory does not leak into the ne
   vector variant, n4096, the server's work on a pool of every core), for sizes up to
   ``--encrypted-max-nodes``.
 
+With ``--engines ray`` (default ``inprocess``) the protocol's phases, training and the encrypted round,
+run on Ray instead (:class:`fedgat.protocols.ray_engine.RayEngine`): the clients in ``--actors`` actors
+(default ``min(cores, clients)``) and, in the encrypted round, the server's homomorphic work as Ray
+tasks. The plaintext pre-training has no parties to place (it is the round computed in the clear in
+one process) and runs as in process. A Ray run also reports the engine's start (``ray.init`` and the
+actors, ``ray_start_seconds``, not in any phase), each actor's peak RSS over the whole run
+(``actor_peak_rss``; Ray reads no per-phase peak) and the driver's peak plus those
+(``peak_rss_with_actors``: an upper bound, the peaks need not coincide), and the seconds the engine
+spent placing the clients in the actors and taking their reports back (``placement_seconds``,
+``export_seconds``, inside the phase).
+
 Each phase (``build``: graph; ``partition``; ``plaintext_pretrain``; ``train``; ``encrypted_pretrain``)
 reports wall seconds and its peak RSS, sampled every 20 ms by a thread in the subprocess (the process's
 RSS, so what earlier phases left allocated counts; the graph and partition stay alive throughout).
@@ -27,7 +39,8 @@ tasks (each client keeps the rows its tasks need).
 Bytes: encrypted round and training, the frames on the wire (up: clients -> server); plaintext
 pre-training has no wire, so its bytes are the float32 size of the same traffic (every feature row up
 once, the clients' encodings down). The growth exponent of a phase between two consecutive sizes is
-``log(y2 / y1) / log(E2 / E1)`` with ``E`` the stored (directed) edge count: 1 is linear in edges.
+``log(y2 / y1) / log(E2 / E1)`` with ``E`` the stored (directed) edge count: 1 is linear in edges;
+each engine's sizes form their own series.
 
 New pages: each phase also reports the memory its process touched for the first time (``new_pages``:
 minor page faults x the page size; a freshly allocated large tensor is faulted in page by page; worker
@@ -71,6 +84,9 @@ NODES = (10_000, 20_000, 40_000, 80_000, ARXIV_NODES)
 QUICK_NODES = (200, 400)
 PHASES = ("build", "partition", "plaintext_pretrain", "train", "encrypted_pretrain")
 MODES = ("plain", "encrypted")
+ENGINES = ("inprocess", "ray")
+#: the phases whose parties run on the engine; the others are the same code whichever engine is chosen
+ENGINE_PHASES = ("train", "encrypted_pretrain")
 
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -160,17 +176,54 @@ def arxiv_like(nodes: int, seed: int = 0):
 
 
 def one(
-    mode: str, nodes: int, clients: int, rounds: int, seed: int, upload_window: int | None = None
+    mode: str,
+    nodes: int,
+    clients: int,
+    rounds: int,
+    seed: int,
+    upload_window: int | None = None,
+    engine: str = "inprocess",
+    actors: int | None = None,
 ) -> dict:
     """One size and mode, in this process; returns its measurements (``upload_window``: the
-    encrypted round's, :attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`)."""
+    encrypted round's, :attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`; ``engine``
+    ``"ray"``: training and the encrypted round on a :class:`~fedgat.protocols.ray_engine.RayEngine`
+    of ``actors`` actors)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    eng = None
+    out: dict = {"mode": mode, "nodes": nodes, "clients": clients, "engine": engine}
+    if engine == "ray":
+        from fedgat.protocols.ray_engine import RayEngine
+
+        start = time.perf_counter()
+        eng = RayEngine(actors, log_to_driver=False)
+        eng.ensure_actors(clients)
+        out["ray_start_seconds"] = round(time.perf_counter() - start, 3)
+        out["actors"] = len(eng.actors)
+    try:
+        _phases(out, mode, nodes, clients, rounds, seed, upload_window, eng)
+        if eng is not None:
+            out["actor_peak_rss"] = [m["peak_rss"] for m in eng.memory()]
+            out["peak_rss_with_actors"] = out["peak_rss"] + sum(out["actor_peak_rss"])
+    finally:
+        if eng is not None:
+            eng.shutdown()
+    return out
+
+
+def _phases(
+    out: dict, mode: str, nodes: int, clients: int, rounds: int, seed: int, upload_window: int | None, eng
+) -> None:
+    """:func:`one`'s phases, written into ``out`` (``eng``: a Ray engine, or None in process)."""
     import torch
 
     from fedgat.partition import make_partition
     from fedgat.pipeline import run_encrypted_pretraining, run_plaintext_pretraining, train_fedgat
 
+    transport = None if eng is None else eng.transport()
     sampler = PeakSampler()
-    out: dict = {"mode": mode, "nodes": nodes, "clients": clients, "threads": torch.get_num_threads()}
+    out["threads"] = torch.get_num_threads()
     phases: dict[str, dict] = {}
 
     faults = [0]  # minor faults when the phase began
@@ -214,14 +267,35 @@ def one(
         handed = [encodings]  # handed over: freed once the clients have built their tasks
         del encodings
         run = train_fedgat(
-            graph, partition, handed.pop(), seed=seed, progress=False, rounds=rounds, patience=None
+            graph,
+            partition,
+            handed.pop(),
+            seed=seed,
+            progress=False,
+            rounds=rounds,
+            patience=None,
+            transport=transport,
         )
-        phase("train", start, bytes_up=run.bytes_up, bytes_down=run.bytes_down, rounds=run.fit.rounds)
+        phase(
+            "train",
+            start,
+            bytes_up=run.bytes_up,
+            bytes_down=run.bytes_down,
+            rounds=run.fit.rounds,
+            **_hosting(transport),
+        )
         out["test_accuracy"] = run.fit.test_accuracy
     else:
         start = begin()
         pre = run_encrypted_pretraining(
-            graph, partition, "vector", "n4096", seed=seed, progress=False, upload_window=upload_window
+            graph,
+            partition,
+            "vector",
+            "n4096",
+            seed=seed,
+            progress=False,
+            upload_window=upload_window,
+            transport=transport,
         )
         phase(
             "encrypted_pretrain",
@@ -236,23 +310,37 @@ def one(
             upload_window=upload_window,
             peak_spooled_bytes=pre.peak_spooled_bytes,
             phases={k: round(v, 3) for k, v in pre.phases.items()},
+            **_hosting(transport),
         )
     sampler.stop()
     out["phases"] = phases
     out["peak_rss"] = max(p["peak_rss"] for p in phases.values())
-    return out
 
 
-def _child(args: argparse.Namespace, mode: str, nodes: int) -> dict:
+def _hosting(transport) -> dict:
+    """A hosting engine's seconds of the last run spent placing the parties in its hosts (their specs)
+    and taking back their reports (``placement_seconds``, ``export_seconds``); nothing in process."""
+    if transport is None:
+        return {}
+    return {
+        "placement_seconds": round(transport.placement_seconds, 3),
+        "export_seconds": round(transport.export_seconds, 3),
+    }
+
+
+def _child(args: argparse.Namespace, mode: str, nodes: int, engine: str = "inprocess") -> dict:
     cmd = [sys.executable, __file__, "--one", mode, str(nodes)]
     cmd += ["--clients", str(args.clients), "--rounds", str(args.rounds), "--seed", str(args.seed)]
+    cmd += ["--engines", engine]
+    if args.actors is not None:
+        cmd += ["--actors", str(args.actors)]
     if args.upload_window is not None:
         cmd += ["--upload-window", str(args.upload_window)]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MPLBACKEND": "Agg"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-5:]
-        return {"mode": mode, "nodes": nodes, "error": tail}
+        return {"mode": mode, "nodes": nodes, "engine": engine, "error": tail}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -290,35 +378,47 @@ def slope(x1: float, y1: float, x2: float, y2: float) -> float | None:
     return math.log(y2 / y1) / math.log(x2 / x1)
 
 
+def _engine(run: dict) -> str:
+    return run.get("engine", "inprocess")  # results written before engines were a dimension
+
+
+def series(runs: list[dict], name: str) -> dict[str | None, dict[int, dict]]:
+    """``{engine: {edges: phase}}`` of phase ``name`` over the runs that did not fail: one series per
+    engine for the phases that run on it (:data:`ENGINE_PHASES`), else one series (key None) taking
+    the first run of each size (build and partition run in every mode and engine)."""
+    out: dict[str | None, dict[int, dict]] = {}
+    for r in runs:
+        if "error" in r or name not in r["phases"]:
+            continue
+        key = _engine(r) if name in ENGINE_PHASES else None
+        out.setdefault(key, {}).setdefault(r["edges"], r["phases"][name])
+    order = {e: i for i, e in enumerate((None, *ENGINES))}
+    return dict(sorted(out.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+
 def growth(runs: list[dict]) -> list[dict]:
     """Growth exponents of every phase's seconds, peak RSS and new pages vs edges, between consecutive
-    sizes (new pages: None where either size touched less than :data:`MIN_SLOPE_PAGES`, or has none
-    recorded, as in results written before new pages were counted)."""
+    sizes of each :func:`series` (new pages: None where either size touched less than
+    :data:`MIN_SLOPE_PAGES`, or has none recorded, as in results written before new pages were counted)."""
     rows = []
     for name in PHASES:
-        pts = sorted(
-            ((r["edges"], r["phases"][name]) for r in runs if "error" not in r and name in r["phases"]),
-            key=lambda p: p[0],
-        )
-        seen: dict[int, dict] = {}
-        for e, p in pts:  # build and partition run in both modes: keep the first of each size
-            seen.setdefault(e, p)
-        pts = sorted(seen.items())
-        for (e1, p1), (e2, p2) in itertools.pairwise(pts):
-            t = slope(e1, p1["seconds"], e2, p2["seconds"])
-            m = slope(e1, p1["peak_rss"], e2, p2["peak_rss"])
-            f1, f2 = p1.get("new_pages", 0), p2.get("new_pages", 0)
-            f = slope(e1, f1, e2, f2) if min(f1, f2) >= MIN_SLOPE_PAGES else None
-            rows.append(
-                {
-                    "phase": name,
-                    "edges_from": e1,
-                    "edges_to": e2,
-                    "time_slope": None if t is None else round(t, 3),
-                    "rss_slope": None if m is None else round(m, 3),
-                    "new_pages_slope": None if f is None else round(f, 3),
-                }
-            )
+        for engine, points in series(runs, name).items():
+            for (e1, p1), (e2, p2) in itertools.pairwise(sorted(points.items())):
+                t = slope(e1, p1["seconds"], e2, p2["seconds"])
+                m = slope(e1, p1["peak_rss"], e2, p2["peak_rss"])
+                f1, f2 = p1.get("new_pages", 0), p2.get("new_pages", 0)
+                f = slope(e1, f1, e2, f2) if min(f1, f2) >= MIN_SLOPE_PAGES else None
+                rows.append(
+                    {
+                        "phase": name,
+                        "engine": engine,
+                        "edges_from": e1,
+                        "edges_to": e2,
+                        "time_slope": None if t is None else round(t, 3),
+                        "rss_slope": None if m is None else round(m, 3),
+                        "new_pages_slope": None if f is None else round(f, 3),
+                    }
+                )
     return rows
 
 
@@ -364,30 +464,57 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         load + repeat,
         "",
-        "| nodes | edges | phase | seconds | peak RSS GiB | new pages GiB | bytes up MiB | bytes down MiB |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| nodes | edges | engine | phase | seconds | peak RSS GiB | new pages GiB | bytes up MiB | bytes down MiB |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
-    for r in sorted(runs, key=lambda r: (r["nodes"], r["mode"] != "plain")):
+    shown: set[tuple[int, str]] = set()  # engine-independent phases: once per size
+    for r in sorted(runs, key=lambda r: (r["nodes"], r["mode"] != "plain", ENGINES.index(_engine(r)))):
         for name in PHASES:
             p = r["phases"].get(name)
-            if p is None or (r["mode"] == "encrypted" and name in ("build", "partition")):
+            if p is None or (name not in ENGINE_PHASES and (r["nodes"], name) in shown):
                 continue
+            shown.add((r["nodes"], name))
+            engine = _engine(r) if name in ENGINE_PHASES else "-"
             note = " (float32)" if p.get("float32_equivalent") else ""
             lines.append(
-                f"| {r['nodes']} | {r['edges']} | {name} | {p['seconds']:.2f} | {_gib(p['peak_rss'])} | "
+                f"| {r['nodes']} | {r['edges']} | {engine} | {name} | {p['seconds']:.2f} | {_gib(p['peak_rss'])} | "
                 f"{_gib(p.get('new_pages'))} | {_mib(p.get('bytes_up'))}{note} | {_mib(p.get('bytes_down'))}{note} |"
+            )
+    on_ray = [r for r in runs if _engine(r) == "ray"]
+    if on_ray:
+        lines += [
+            "",
+            (
+                "On Ray (`--engines ray`): the phases above are the driver's; the engine's start is not in "
+                "them, and each actor's peak RSS is over the whole run (Ray reads no per-phase peak). "
+                "Driver + actors is an upper bound (the peaks need not coincide)."
+            ),
+            "",
+            (
+                "| nodes | mode | actors | Ray start s | placing parties s | taking reports s | driver peak RSS GiB "
+                "| actors' peak RSS GiB | driver + actors GiB |"
+            ),
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in sorted(on_ray, key=lambda r: (r["nodes"], r["mode"] != "plain")):
+            actors = " + ".join(_gib(x) for x in r.get("actor_peak_rss", []))
+            hosted = next((r["phases"][n] for n in ENGINE_PHASES if n in r["phases"]), {})
+            lines.append(
+                f"| {r['nodes']} | {r['mode']} | {r.get('actors', '-')} | {r.get('ray_start_seconds', '-')} | "
+                f"{hosted.get('placement_seconds', '-')} | {hosted.get('export_seconds', '-')} | "
+                f"{_gib(r['peak_rss'])} | {actors or '-'} | {_gib(r.get('peak_rss_with_actors'))} |"
             )
     lines += [
         "",
         "Growth exponents (log-log slope vs edges between consecutive sizes; 1 = linear):",
         "",
-        "| phase | edges from | edges to | time slope | RSS slope | new pages slope |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| phase | engine | edges from | edges to | time slope | RSS slope | new pages slope |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for g in result["growth"]:
         lines.append(
-            f"| {g['phase']} | {g['edges_from']} | {g['edges_to']} | {g['time_slope']} | {g['rss_slope']} "
-            f"| {g.get('new_pages_slope', '-')} |"
+            f"| {g['phase']} | {g.get('engine') or '-'} | {g['edges_from']} | {g['edges_to']} | {g['time_slope']} "
+            f"| {g['rss_slope']} | {g.get('new_pages_slope', '-')} |"
         )
     probe = result.get("first_touch")
     if probe:
@@ -410,7 +537,9 @@ def write_markdown(result: dict, path: Path) -> None:
         ]
     errors = [r for r in result["runs"] if "error" in r]
     if errors:
-        lines += ["", "Failed runs:"] + [f"- {r['mode']} / {r['nodes']} nodes: {r['error']}" for r in errors]
+        lines += ["", "Failed runs:"] + [
+            f"- {r['mode']} / {_engine(r)} / {r['nodes']} nodes: {r['error']}" for r in errors
+        ]
     skipped = result.get("encrypted_skipped", [])
     if skipped:
         lines += ["", f"Encrypted round not run (above `--encrypted-max-nodes`): {skipped} nodes."]
@@ -450,21 +579,21 @@ def plot(result: dict, path: Path) -> None:
     rows = 2 if count == 4 else 1
     fig, grid = plt.subplots(rows, count // rows, figsize=(5.5 * count // rows, 4 * rows), squeeze=False)
     axes = list(grid.flat)
-    for i, (name, style) in enumerate(zip(PHASES, ("o-", "s-", "^-", "v-", "D--"))):
-        pts: dict[int, dict] = {}
-        for r in runs:
-            if name in r["phases"]:
-                pts.setdefault(r["edges"], r["phases"][name])
-        if not pts:
-            continue
-        e = sorted(pts)
-        for ax, (key, unit, _) in zip(axes, panels):
-            least = MIN_SLOPE_PAGES if key == "new_pages" else 0  # the partition's few pages left out
-            if all(pts[k].get(key, 0) > least for k in e):
-                ax.plot(e, [pts[k][key] / unit for k in e], style, color=f"C{i}", label=name)
+    for i, (name, marker) in enumerate(zip(PHASES, "os^vD")):
+        for engine, pts in series(runs, name).items():
+            e = sorted(pts)
+            style = marker + ("--" if engine == "ray" else "-")
+            label = name if engine in (None, "inprocess") else f"{name} ({engine})"
+            for ax, (key, unit, _) in zip(axes, panels):
+                least = MIN_SLOPE_PAGES if key == "new_pages" else 0  # the partition's few pages left out
+                if all(pts[k].get(key, 0) > least for k in e):
+                    ax.plot(e, [pts[k][key] / unit for k in e], style, color=f"C{i}", label=label)
+    sizes = sorted({r["edges"] for r in runs})
     for ax, (_, _, title) in zip(axes, panels):
         ax.set_xscale("log")
         ax.set_yscale("log")
+        # the measured sizes as the ticks: a range within one decade has no labelled log tick
+        ax.set_xticks(sizes, [f"{e / 1e6:.2f}M" if e >= 1e6 else f"{e / 1e3:.0f}k" for e in sizes])
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(title)
         ax.set_xlabel("edges (directed)")
@@ -522,6 +651,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the encrypted round's upload window (recipients whose uploads the server holds at once; "
         "default: every upload before compute)",
     )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=ENGINES,
+        default=["inprocess"],
+        help="where training and the encrypted round run: in process and/or on Ray (default inprocess)",
+    )
+    parser.add_argument("--actors", type=int, default=None, help="Ray actors (default: min(cores, clients))")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--repeat",
@@ -544,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     args.rounds = args.rounds or (1 if args.quick else 3)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.actors is not None and args.actors < 1:
+        parser.error(f"--actors must be at least 1, got {args.actors}")
     if args.encrypted_max_nodes is None:
         args.encrypted_max_nodes = QUICK_NODES[0] if args.quick else 20_000
     if args.probe is not None:
@@ -553,7 +692,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(
             json.dumps(
-                one(args.one[0], int(args.one[1]), args.clients, args.rounds, args.seed, args.upload_window)
+                one(
+                    args.one[0],
+                    int(args.one[1]),
+                    args.clients,
+                    args.rounds,
+                    args.seed,
+                    args.upload_window,
+                    engine=args.engines[0],
+                    actors=args.actors,
+                )
             )
         )
         return 0
@@ -564,16 +712,15 @@ def main(argv: list[str] | None = None) -> int:
     skipped = [n for n in sizes if "encrypted" in args.modes and n > args.encrypted_max_nodes]
     stem = "graph_scale_quick" if args.quick else "graph_scale"
     result: dict = {}
-    for n in sizes:
-        for mode in args.modes:
-            if mode == "encrypted" and n > args.encrypted_max_nodes:
-                continue
-            run = median_run([_child(args, mode, n) for _ in range(args.repeat)])
-            runs.append(run)
-            print(json.dumps(run), flush=True)
-            # written after every size, so that a run cut off by a time limit keeps what it measured
-            result = _result(args, argv, runs, skipped, load_before, start)
-            _write(result, args.out, stem)
+    for n, mode, engine in itertools.product(sizes, args.modes, args.engines):
+        if mode == "encrypted" and n > args.encrypted_max_nodes:
+            continue
+        run = median_run([_child(args, mode, n, engine) for _ in range(args.repeat)])
+        runs.append(run)
+        print(json.dumps(run), flush=True)
+        # written after every size, so that a run cut off by a time limit keeps what it measured
+        result = _result(args, argv, runs, skipped, load_before, start)
+        _write(result, args.out, stem)
     if not runs:
         print("graph_scale: nothing to run")
         return 0
@@ -610,6 +757,8 @@ def _result(args, argv, runs: list[dict], skipped: list[int], load_before, start
         "rounds": args.rounds,
         "encrypted_max_nodes": args.encrypted_max_nodes,
         "upload_window": args.upload_window,
+        "engines": args.engines,
+        "actors": args.actors,
         "repeat": args.repeat,
         "encrypted_skipped": skipped,
         "notes": args.notes,

@@ -388,11 +388,12 @@ class HostedTransport(TrafficLog, Transport):
         """The answers of ``calls``, in order."""
         return [self._result(call) for call in calls]
 
-    def _place(self, blocks: list[list[int]], specs: dict[int, bytes]) -> None:
-        """Build every hosted party on its host from ``specs`` (party id -> spec bytes; ``blocks[h]``:
-        host h's parties). Default: one ``place`` call per host with all its specs, all at once."""
+    def _place(self, blocks: list[list[int]], spec: Callable[[int], bytes]) -> None:
+        """Build every hosted party on its host from its spec bytes (``spec(pid)``, serialised when
+        called, so a caller holds only the specs in flight; ``blocks[h]``: host h's parties).
+        Default: one ``place`` call per host with all its specs, all at once."""
         calls = [
-            self._call(h, "place", {pid: specs.pop(pid) for pid in block})
+            self._call(h, "place", {pid: spec(pid) for pid in block})
             for h, block in enumerate(blocks)
             if block
         ]
@@ -447,10 +448,11 @@ class HostedTransport(TrafficLog, Transport):
             self._outbox[host].append((sender, to, data))
 
     # --- hosting ----------------------------------------------------------------------------------
-    def _spec_bytes(self, party: Party) -> bytes:
-        """What a hosted party is placed as: its :class:`~fedgat.protocols.party_values.PartySpec`."""
+    def _spec(self, party: Party) -> PartySpec:
+        """What a hosted party is placed as: its :class:`~fedgat.protocols.party_values.PartySpec`
+        (values the party holds, not copies; :meth:`_place` serialises each when it sends it)."""
         try:
-            return party.spec().to_bytes()
+            return party.spec()
         except TypeError as exc:
             raise TypeError(
                 f"{type(self).__name__} places a party as a value (PartySpec) and cannot host party "
@@ -496,7 +498,9 @@ class HostedTransport(TrafficLog, Transport):
         t0 = time.perf_counter()
         time_of: Clock = clock if clock is not None else self.clock
         realtime = bool(getattr(time_of, "realtime", False))
-        specs = {pid: self._spec_bytes(parties[pid]) for pid in hosted}
+        # every party described before any host is touched (a party that cannot be hosted raises
+        # here); each serialised only when it is placed: a training client's spec carries its encodings
+        specs = {pid: self._spec(parties[pid]) for pid in hosted}
         n = self._open_hosts(len(hosted)) if hosted else 0
         blocks = [hosted[h * len(hosted) // n : (h + 1) * len(hosted) // n] for h in range(n)]
         self._reset({pid: h for h, block in enumerate(blocks) for pid in block}, n)
@@ -506,7 +510,7 @@ class HostedTransport(TrafficLog, Transport):
         inflight: dict[Any, tuple[int, list[Frame]]] = {}
         due: list[float | None] = [None] * n  # per host: when it wants a tick (PartyHost.due)
         try:
-            self._place(blocks, specs)
+            self._place(blocks, lambda pid: specs.pop(pid).to_bytes())
             self.placement_seconds = time.perf_counter() - t0
             work = [bool(block) for block in blocks]  # may have work: ask once
 

@@ -510,10 +510,10 @@ class ProcessTransport(HostedTransport):
                     inflight.add(self._call(h, op, args(queues[h].popleft())))
                 yield answer
 
-    def _place(self, blocks: list[list[int]], specs: dict[int, bytes]) -> None:
-        """One party's spec per call (a training client's spec carries its encodings), each spec
-        dropped here once sent."""
-        for _ in self._each_party("place", blocks, lambda pid: {pid: specs.pop(pid)}):
+    def _place(self, blocks: list[list[int]], spec: Callable[[int], bytes]) -> None:
+        """One party's spec per call (a training client's spec carries its encodings), serialised
+        as it is sent and dropped here once sent."""
+        for _ in self._each_party("place", blocks, lambda pid: {pid: spec(pid)}):
             pass
 
     def _reports(self, blocks: list[list[int]]) -> Iterator[tuple[int, bytes]]:

@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Self
 
@@ -263,6 +264,34 @@ class RayTransport(HostedTransport):
 
     def _results(self, calls: list[Any]) -> list[dict]:
         return self.engine._get(calls)
+
+    def _place(self, blocks: list[list[int]], spec: Callable[[int], bytes]) -> None:
+        """Each actor's parties in calls of at most :attr:`batch_bytes` of specs (at least one
+        party), one call in flight per actor: the coordinator holds only the specs in flight (a
+        training client's spec carries its encodings: all of them at once were 1.48 GB at 40k nodes)
+        and an actor builds its parties a batch at a time."""
+        queues = [deque(block) for block in blocks]
+        inflight: dict[Any, int] = {}
+
+        def send(h: int) -> None:
+            batch: dict[int, bytes] = {}
+            size = 0
+            while queues[h] and (not batch or size < self.batch_bytes):
+                pid = queues[h].popleft()
+                batch[pid] = spec(pid)
+                size += len(batch[pid])
+            inflight[self._call(h, "place", batch)] = h
+
+        for h, queue in enumerate(queues):
+            if queue:
+                send(h)
+        while inflight:
+            done, _ = self.engine.ray.wait(list(inflight), num_returns=1)
+            for call in done:
+                h = inflight.pop(call)
+                self._check([self._result(call)])
+                if queues[h]:
+                    send(h)
 
     def _abandon(self, calls: list[Any], error: BaseException) -> None:
         for actor in self.engine.actors:

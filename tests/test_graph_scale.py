@@ -41,6 +41,62 @@ def test_growth_uses_consecutive_sizes():
     assert rows[0]["new_pages_slope"] is None  # none recorded (results from before they were counted)
 
 
+def test_growth_keeps_each_engines_series_apart():
+    def run(engine, edges, train_seconds):
+        phases = {
+            "build": {"seconds": edges / 100, "peak_rss": edges},
+            "train": {"seconds": train_seconds, "peak_rss": edges},
+        }
+        return {"mode": "plain", "engine": engine, "edges": edges, "phases": phases}
+
+    runs = [
+        run("inprocess", 100, 1.0),
+        run("ray", 100, 5.0),
+        run("inprocess", 200, 2.0),
+        run("ray", 200, 20.0),
+    ]
+    rows = gs.growth(runs)
+    train = {r["engine"]: r["time_slope"] for r in rows if r["phase"] == "train"}
+    assert train == {"inprocess": 1.0, "ray": 2.0}  # 1 -> 2 s and 5 -> 20 s, never mixed
+    build = [r for r in rows if r["phase"] == "build"]
+    assert len(build) == 1 and build[0]["engine"] is None  # the same code on every engine: once
+    # results written before engines were a dimension read as in-process runs
+    old = [{k: v for k, v in r.items() if k != "engine"} for r in runs if r["engine"] == "inprocess"]
+    assert [r["engine"] for r in gs.growth(old) if r["phase"] == "train"] == ["inprocess"]
+
+
+@pytest.mark.ray
+def test_a_ray_run_reports_its_engine_and_actors(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    out = tmp_path / "res"
+    argv = [
+        "--quick",
+        "--nodes",
+        "120",
+        "--clients",
+        "3",
+        "--modes",
+        "plain",
+        "--engines",
+        "inprocess",
+        "ray",
+    ]
+    assert gs.main([*argv, "--actors", "2", "--no-probe", "--out", str(out)]) == 0
+    data = json.loads((out / "graph_scale_quick.json").read_text())
+    assert data["engines"] == ["inprocess", "ray"] and data["actors"] == 2
+    runs = {r["engine"]: r for r in data["runs"]}
+    assert not [r for r in runs.values() if "error" in r], runs
+    ray_run, local = runs["ray"], runs["inprocess"]
+    assert ray_run["actors"] == 2 and ray_run["ray_start_seconds"] > 0
+    assert len(ray_run["actor_peak_rss"]) == 2 and min(ray_run["actor_peak_rss"]) > 0
+    assert ray_run["peak_rss_with_actors"] == ray_run["peak_rss"] + sum(ray_run["actor_peak_rss"])
+    # the same protocol on either engine: the same messages, so the same bytes each way
+    for key in ("bytes_up", "bytes_down"):
+        assert ray_run["phases"]["train"][key] == local["phases"]["train"][key]
+    md = (out / "graph_scale_quick.md").read_text()
+    assert "| 120 | plain | 2 |" in md and "| ray | train |" in md
+
+
 def test_growth_of_new_pages_skips_allocator_noise():
     mib = 2**20
 
