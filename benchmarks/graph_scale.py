@@ -355,13 +355,17 @@ def median_run(tries: list[dict]) -> dict:
     out["phases"] = {}
     for name, first in tries[0]["phases"].items():
         phase = dict(first)
-        for key in ("seconds", "peak_rss", "new_pages"):
+        for key in ("seconds", "peak_rss", "new_pages", "placement_seconds", "export_seconds"):
             values = [t["phases"][name][key] for t in tries if key in t["phases"].get(name, {})]
             if values:
                 phase[key] = statistics.median(values)
         phase["seconds_tries"] = [t["phases"][name]["seconds"] for t in tries]
         out["phases"][name] = phase
     out["peak_rss"] = max(p["peak_rss"] for p in out["phases"].values())
+    if "actor_peak_rss" in out:  # a Ray run: each actor's median, and the sum recomputed from them
+        out["ray_start_seconds"] = statistics.median(t["ray_start_seconds"] for t in tries)
+        out["actor_peak_rss"] = [statistics.median(v) for v in zip(*(t["actor_peak_rss"] for t in tries))]
+        out["peak_rss_with_actors"] = out["peak_rss"] + sum(out["actor_peak_rss"])
     out["tries"] = len(tries)
     return out
 
@@ -549,9 +553,10 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         (
             "Peak RSS is the subprocess's RSS sampled every 20 ms during the phase (graph and partition stay "
-            "allocated). Each size and mode runs in its own subprocess; build and partition are shown once per "
-            "size (from the plaintext run). Plaintext pre-training bytes are the float32 size of the same traffic "
-            "(feature rows up once, encodings down), not frames."
+            "allocated). Each size, mode and engine runs in its own subprocess; the phases that are the same "
+            "code on every engine (build, partition, plaintext pre-training) are shown once per size, from its "
+            "first run. Plaintext pre-training bytes are the float32 size of the same traffic (feature rows up "
+            "once, encodings down), not frames."
         ),
         "",
     ]

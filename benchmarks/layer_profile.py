@@ -48,12 +48,17 @@ def _step_fn(dataset: str, variant: str, cap: int | None, heads: int, hidden: in
     return step
 
 
+#: the layer's autograd functions around its constant sparse products (and their backward nodes)
+SPARSE_FUNCTIONS = ("_SparseMatmul", "_GatherBackwardSum")
+
+
 def _under_sparse(event) -> bool:
-    """Whether ``event`` runs inside the layer's sparse products (``_SparseMatmul`` and its backward):
-    their kernels are dispatched as ``aten::mm`` too, and are not the GEMM floor's work."""
+    """Whether ``event`` runs inside the layer's sparse products (:data:`SPARSE_FUNCTIONS` and their
+    backward): their kernels are dispatched as ``aten::mm``/``aten::addmm`` too, and are not the GEMM
+    floor's work."""
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name.startswith("_SparseMatmul"):
+        if parent.name.startswith(SPARSE_FUNCTIONS):
             return True
         parent = parent.cpu_parent
     return False

@@ -448,16 +448,27 @@ class HostedTransport(TrafficLog, Transport):
             self._outbox[host].append((sender, to, data))
 
     # --- hosting ----------------------------------------------------------------------------------
-    def _spec(self, party: Party) -> PartySpec:
-        """What a hosted party is placed as: its :class:`~fedgat.protocols.party_values.PartySpec`
-        (values the party holds, not copies; :meth:`_place` serialises each when it sends it)."""
+    def _cannot_host(self, party: Party, exc: TypeError) -> TypeError:
+        return TypeError(
+            f"{type(self).__name__} places a party as a value (PartySpec) and cannot host party "
+            f"{party.party_id} ({type(party).__name__}): {exc}; keep it local (keep_local=...)"
+        )
+
+    def _check_hostable(self, party: Party) -> None:
+        """Refuse a party that cannot be described as a value, copying nothing
+        (:meth:`~fedgat.protocols.party.Party.check_spec`)."""
         try:
-            return party.spec()
+            party.check_spec()
         except TypeError as exc:
-            raise TypeError(
-                f"{type(self).__name__} places a party as a value (PartySpec) and cannot host party "
-                f"{party.party_id} ({type(party).__name__}): {exc}; keep it local (keep_local=...)"
-            ) from exc
+            raise self._cannot_host(party, exc) from exc
+
+    def _spec_bytes(self, party: Party) -> bytes:
+        """What a hosted party is placed as: its :class:`~fedgat.protocols.party_values.PartySpec`'s
+        bytes (copies of its values: :meth:`_place` asks for each as it sends it)."""
+        try:
+            return party.spec().to_bytes()
+        except TypeError as exc:  # a value that is not plain
+            raise self._cannot_host(party, exc) from exc
 
     def _check(self, replies: list[dict]) -> list[dict]:
         """``replies`` of the hosts, once none carries an error (the first one is raised)."""
@@ -498,9 +509,10 @@ class HostedTransport(TrafficLog, Transport):
         t0 = time.perf_counter()
         time_of: Clock = clock if clock is not None else self.clock
         realtime = bool(getattr(time_of, "realtime", False))
-        # every party described before any host is touched (a party that cannot be hosted raises
-        # here); each serialised only when it is placed: a training client's spec carries its encodings
-        specs = {pid: self._spec(parties[pid]) for pid in hosted}
+        # a party that cannot be described is refused before any host is touched; each spec is built
+        # and serialised only as it is placed (a training client's copies its task encodings)
+        for pid in hosted:
+            self._check_hostable(parties[pid])
         n = self._open_hosts(len(hosted)) if hosted else 0
         blocks = [hosted[h * len(hosted) // n : (h + 1) * len(hosted) // n] for h in range(n)]
         self._reset({pid: h for h, block in enumerate(blocks) for pid in block}, n)
@@ -510,7 +522,7 @@ class HostedTransport(TrafficLog, Transport):
         inflight: dict[Any, tuple[int, list[Frame]]] = {}
         due: list[float | None] = [None] * n  # per host: when it wants a tick (PartyHost.due)
         try:
-            self._place(blocks, lambda pid: specs.pop(pid).to_bytes())
+            self._place(blocks, lambda pid: self._spec_bytes(parties[pid]))
             self.placement_seconds = time.perf_counter() - t0
             work = [bool(block) for block in blocks]  # may have work: ask once
 

@@ -322,9 +322,8 @@ class Party:
             )
         return kind
 
-    def spec(self) -> PartySpec:
-        """This party, before its first message, as plain values (its kind's ``from_spec`` rebuilds an
-        equal party).
+    def check_spec(self) -> str:
+        """What :meth:`spec` checks before it copies anything: its kind, if this party can be described.
 
         Raises:
             TypeError: a class that cannot be described (no ``PARTY_KIND`` of its own).
@@ -336,6 +335,17 @@ class Party:
                 f"party {self.party_id} has already run (state {self.state}); a spec describes a party "
                 "before its first message (a party mid-run travels as its state_value())"
             )
+        return kind
+
+    def spec(self) -> PartySpec:
+        """This party, before its first message, as plain values (its kind's ``from_spec`` rebuilds an
+        equal party). The values are copies (a training client's hold its task encodings).
+
+        Raises:
+            TypeError: a class that cannot be described (no ``PARTY_KIND`` of its own).
+            StateError: the party has already sent or received a message.
+        """
+        kind = self.check_spec()
         return PartySpec(kind, self.party_id, {**self._spec_base(), **self._spec_fields()})
 
     def state_value(self) -> PartyState:

@@ -128,6 +128,25 @@ def test_median_run_takes_each_phases_median():
     assert gs.median_run([one]) is one
 
 
+def test_median_run_of_ray_tries_recomputes_driver_plus_actors():
+    def run(seconds, rss, actors, placement):
+        phases = {"train": {"seconds": seconds, "peak_rss": rss, "placement_seconds": placement}}
+        return {
+            "mode": "plain",
+            "engine": "ray",
+            "edges": 40,
+            "phases": phases,
+            "peak_rss": rss,
+            "ray_start_seconds": seconds,
+            "actor_peak_rss": actors,
+            "peak_rss_with_actors": rss + sum(actors),
+        }
+
+    got = gs.median_run([run(3.0, 10, [5, 7], 0.3), run(1.0, 30, [1, 9], 0.1), run(2.0, 20, [3, 8], 0.2)])
+    assert got["phases"]["train"]["placement_seconds"] == 0.2 and got["ray_start_seconds"] == 2.0
+    assert got["actor_peak_rss"] == [3, 8] and got["peak_rss_with_actors"] == 20 + 3 + 8
+
+
 def test_first_touch_probe_holds_what_it_touched():
     rows = gs.first_touch_probe(0.5, 0.25)
     assert [r["resident_gib"] for r in rows] == [0.25, 0.5]

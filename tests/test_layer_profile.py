@@ -9,6 +9,9 @@ def test_profile_separates_sparse_products_and_sums_to_its_total(tmp_path):
     per = layer_profile.profile_threads(step, [1], steps=2)
     ops = per[1]
     assert any(k.endswith("(sparse)") for k in ops)  # the plan's CSR products, inside _SparseMatmul
+    # the segment sums' CSR products (inside _GatherBackwardSum) are no GEMM either: a dense addmm is
+    # not in this layer, only sparse ones
+    assert "aten::addmm" not in ops and "aten::addmm (sparse)" in ops
     assert "aten::mm" in ops  # the dense K2 @ W^T and its gradient
     total = ops.pop("total")
     assert abs(total - sum(ops.values())) < 1e-9 and total > 0

@@ -298,7 +298,7 @@ def _segment_sum(node: torch.Tensor, length: torch.Tensor, N: int, dtype: torch.
     col = start[order].repeat_interleave(len_sorted) + within
     ones = torch.ones(total, dtype=dtype, device=dev)
     A = _csr(crow, col, ones, (N, total), index)
-    return _SegmentSum(A, node.repeat_interleave(length))
+    return _SegmentSum(A, node.repeat_interleave(length).to(index))  # index_select takes int32
 
 
 class _MatrixScores(torch.autograd.Function):

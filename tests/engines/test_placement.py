@@ -1,7 +1,7 @@
-"""How a hosting engine places its parties: each spec serialised only when it is sent, so the
-coordinator never holds every party's bytes at once (a training client's spec carries its
-encodings), and, on Ray, byte-bounded batches with one call in flight per actor. No Ray needed: the
-Ray transport runs against a stand-in engine."""
+"""How a hosting engine places its parties and takes their reports back: each spec serialised only
+when it is sent, so the coordinator never holds every party's bytes at once (a training client's spec
+carries its encodings), and, on Ray, byte-bounded batches of specs and one report per call, with one
+call in flight per actor. No Ray needed: the Ray transport runs against a stand-in engine."""
 
 from __future__ import annotations
 
@@ -11,20 +11,26 @@ from fedgat.protocols.ray_engine import RayTransport
 
 
 class _Call:
-    def __init__(self, actor: _Actor, batch: dict[int, bytes]) -> None:
-        self.actor, self.batch = actor, batch
+    def __init__(self, actor: _Actor, name: str, arg: Any) -> None:
+        self.actor, self.name, self.arg = actor, name, arg
+
+
+class _Method:
+    def __init__(self, actor: _Actor, name: str) -> None:
+        self.actor, self.name = actor, name
+
+    def remote(self, arg: Any) -> _Call:
+        actor = self.actor
+        actor.in_flight += 1
+        actor.most_in_flight = max(actor.most_in_flight, actor.in_flight)
+        actor.log.append((self.name, actor.h, sorted(arg)))
+        return _Call(actor, self.name, arg)
 
 
 class _Actor:
     def __init__(self, h: int, log: list) -> None:
         self.h, self.log, self.in_flight, self.most_in_flight = h, log, 0, 0
-        self.place = self  # ``actor.place.remote(batch)``
-
-    def remote(self, batch: dict[int, bytes]) -> _Call:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        self.log.append(("call", self.h, sorted(batch)))
-        return _Call(self, batch)
+        self.place, self.report = _Method(self, "place"), _Method(self, "report")
 
 
 class _Ray:
@@ -39,13 +45,15 @@ class _Engine:
 
     def _get(self, call: _Call) -> dict:
         call.actor.in_flight -= 1
-        return {"parties": sorted(call.batch), "error": None}
+        if call.name == "report":
+            return {"reports": {pid: b"report %d" % pid for pid in call.arg}, "error": None}
+        return {"parties": sorted(call.arg), "error": None}
 
 
 def test_ray_places_byte_bounded_batches_serialising_each_spec_when_sent():
     log: list = []
-    transport = RayTransport(_Engine(2, log), batch_bytes=20)  # type: ignore[arg-type]
-    blocks = [[1, 2, 3, 4, 5], [6, 7]]
+    transport = RayTransport(_Engine(3, log), batch_bytes=20)  # type: ignore[arg-type]
+    blocks = [[1, 2, 3, 4, 5], [6, 7], []]  # an actor without parties gets no call
     sizes = {1: 8, 2: 8, 3: 8, 4: 30, 5: 8, 6: 8, 7: 8}
 
     def spec(pid: int) -> bytes:
@@ -53,16 +61,26 @@ def test_ray_places_byte_bounded_batches_serialising_each_spec_when_sent():
         return bytes(sizes[pid])
 
     transport._place(blocks, spec)
-    calls = [(h, pids) for kind, *rest in log if kind == "call" for h, pids in [rest]]
+    calls = [(h, pids) for kind, *rest in log if kind == "place" for h, pids in [rest]]
     # batches close once they reach 20 bytes (8 + 8 + 8), a spec larger than that goes alone
     assert [pids for h, pids in calls if h == 0] == [[1, 2, 3], [4], [5]]
     assert [pids for h, pids in calls if h == 1] == [[6, 7]]
     assert sorted(p for _, pids in calls for p in pids) == [1, 2, 3, 4, 5, 6, 7]  # each once
+    assert sorted(p for kind, p in (e for e in log if e[0] == "spec")) == [1, 2, 3, 4, 5, 6, 7]
     # a spec is serialised just before the call that carries it, not all of them up front
-    first_call = next(i for i, event in enumerate(log) if event[0] == "call")
+    first_call = next(i for i, event in enumerate(log) if event[0] == "place")
     assert [event for event in log[:first_call] if event[0] == "spec"] == [
         ("spec", 1),
         ("spec", 2),
         ("spec", 3),
     ]
+    assert [actor.most_in_flight for actor in transport.engine.actors] == [1, 1, 0]
+
+
+def test_ray_takes_one_report_per_call():
+    log: list = []
+    transport = RayTransport(_Engine(2, log), batch_bytes=20)  # type: ignore[arg-type]
+    reports = dict(transport._reports([[1, 2, 3], [4]]))
+    assert reports == {pid: b"report %d" % pid for pid in (1, 2, 3, 4)}
+    assert [pids for kind, h, pids in log] == [[1], [4], [2], [3]]  # one party per call, actors side by side
     assert all(actor.most_in_flight == 1 for actor in transport.engine.actors)

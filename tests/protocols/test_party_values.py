@@ -209,6 +209,34 @@ def test_engine_refuses_a_party_it_cannot_describe(tiny_graph, tiny_partition):
         transport.run_parties(parties.all())
 
 
+def test_engine_builds_each_spec_only_as_it_places_it(tiny_graph, tiny_partition, monkeypatch):
+    """A spec copies the party's values (a training client's, its encodings): the coordinator builds
+    each only as it places it, not every party's before the first placement; a party that cannot be
+    described is still refused before any (the test above)."""
+    from fedgat.protocols.party import Party
+
+    parties = build_pretrain_parties(tiny_graph, tiny_partition, seed=1, workers=0)
+    log: list = []
+    real_spec, real_place = Party.spec, PartyHost.place
+
+    def spec(self):
+        log.append(("spec", self.party_id))
+        return real_spec(self)
+
+    def place(self, specs):
+        log.append(("place", sorted(specs)))
+        return real_place(self, specs)
+
+    monkeypatch.setattr(Party, "spec", spec)
+    monkeypatch.setattr(PartyHost, "place", place)
+    transport = RayTransport(FakeEngine(), server_tasks=False, batch_bytes=1)  # one party per batch
+    transport.run_parties(parties.all())
+    pairs = list(zip(log[::2], log[1::2]))
+    assert len(log) == 2 * len(pairs) and all(s == ("spec", p[1][0]) and p[0] == "place" for s, p in pairs)
+    assert sorted(s[1] for s, _ in pairs) == sorted(parties.clients)  # each built once, then placed
+    assert all(c.state.value == "done" for c in parties.clients.values())
+
+
 # ----------------------------------------------------------------------------------------- errors
 def test_errors_travel_as_values():
     def through(exc: BaseException) -> Exception:
