@@ -170,27 +170,36 @@ def encode_checkpoint(
     where the file belongs, e.g. ``{"party": 3, "label": 7}``; it must be given again to decode."""
     if binding is not None and hmac_key is None:
         raise ValueError("a checkpoint binding needs an HMAC key (a SHA-256 digest binds nothing)")
-    entries, blobs, offset = [], [], 0
+    entries: list[dict] = []
+    views: list[memoryview] = []
+    offset = 0
     for name, arr in ckpt.arrays.items():
         if not _NAME.match(name):
             raise ValueError(f"array name {name!r} is not allowed")
         a = _plain_array(name, arr)
-        raw = a.tobytes()
+        view = a.data.cast("B") if a.size else memoryview(b"")  # C order: the bytes of tobytes()
         entries.append(
             {
                 "name": name,
                 "dtype": a.dtype.name,
                 "shape": list(a.shape),
                 "offset": offset,
-                "nbytes": len(raw),
+                "nbytes": view.nbytes,
             }
         )
-        blobs.append(raw)
-        offset += len(raw)
+        views.append(view)
+        offset += view.nbytes
     manifest = {"kind": ckpt.kind, "mac": _mac_name(hmac_key, binding), "meta": ckpt.meta, "arrays": entries}
     text = json.dumps(manifest, allow_nan=True, separators=(",", ":")).encode()
-    body = b"".join([_HEAD.pack(MAGIC, FORMAT_VERSION, len(text)), text, *blobs])
-    return body + _mac(body, None if hmac_key is None else bound_key(hmac_key, binding))
+    head = _HEAD.pack(MAGIC, FORMAT_VERSION, len(text))
+    # the digest over the parts and one join of them: the arrays are copied once (a training client's
+    # spec, hundreds of MB, was copied three times: 0.45 against 0.77 GB/s)
+    key = None if hmac_key is None else bound_key(hmac_key, binding)
+    mac = hashlib.sha256() if key is None else hmac.new(key, digestmod=hashlib.sha256)
+    parts: list[bytes | memoryview] = [head, text, *views]
+    for part in parts:
+        mac.update(part)
+    return b"".join([*parts, mac.digest()])
 
 
 def decode_checkpoint(
