@@ -56,8 +56,7 @@ import queue
 import signal
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import connection as mpc
 from multiprocessing.connection import Connection
@@ -432,6 +431,8 @@ class ProcessTransport(HostedTransport):
 
     engine_error = ProcessEngineError
     host_noun = "a process worker"
+    #: one party per ``place`` call: each call gets the start-up deadline (placing imports modules)
+    place_batch_bytes = 0
 
     def __init__(
         self,
@@ -493,33 +494,6 @@ class ProcessTransport(HostedTransport):
         except ProcessEngineError as exc:
             self._note_parties(exc, call)
             raise
-
-    def _each_party(self, op: str, blocks: list[list[int]], args: Callable[[int], Any]) -> Iterator[dict]:
-        """``op(args(pid))`` for one party per call, every worker at once (one call in flight each);
-        the answers as they come, once checked."""
-        queues = [deque(block) for block in blocks]
-        inflight: set[int] = set()
-        for h, pending in enumerate(queues):
-            if pending:
-                inflight.add(self._call(h, op, args(pending.popleft())))
-        while inflight:
-            for h in self.engine.ready(sorted(inflight), timeout=None):
-                inflight.discard(h)
-                answer = self._check([self._result(h)])[0]
-                if queues[h]:
-                    inflight.add(self._call(h, op, args(queues[h].popleft())))
-                yield answer
-
-    def _place(self, blocks: list[list[int]], spec: Callable[[int], bytes]) -> None:
-        """One party's spec per call (a training client's spec carries its encodings), serialised
-        as it is sent and dropped here once sent."""
-        for _ in self._each_party("place", blocks, lambda pid: {pid: spec(pid)}):
-            pass
-
-    def _reports(self, blocks: list[list[int]]) -> Iterator[tuple[int, bytes]]:
-        """One party's report per call (a client's decrypted encodings can be large)."""
-        for answer in self._each_party("report", blocks, lambda pid: [pid]):
-            yield from answer["reports"].items()
 
     def _abandon(self, calls: list[Any], error: BaseException) -> None:
         if isinstance(error, Exception):

@@ -65,8 +65,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Self
 
 from fedgat.crypto.encoders import EncoderFactory, local_encoder
@@ -264,45 +263,6 @@ class RayTransport(HostedTransport):
 
     def _results(self, calls: list[Any]) -> list[dict]:
         return self.engine._get(calls)
-
-    def _one_in_flight(self, queues: list[deque[int]], send: Callable[[int], Any]) -> Iterator[dict]:
-        """The answers of the calls ``send(h)`` makes (each takes parties from ``queues[h]``), one call
-        in flight per actor until every queue is empty, checked, as they come."""
-        inflight = {send(h): h for h, queue in enumerate(queues) if queue}
-        while inflight:
-            done, _ = self.engine.ray.wait(list(inflight), num_returns=1)
-            for call in done:
-                h = inflight.pop(call)
-                answer = self._check([self._result(call)])[0]
-                if queues[h]:
-                    inflight[send(h)] = h
-                yield answer
-
-    def _place(self, blocks: list[list[int]], spec: Callable[[int], bytes]) -> None:
-        """Each actor's parties in batches of specs that close once they reach :attr:`batch_bytes`
-        (one spec may exceed it alone), one call in flight per actor: the coordinator holds only the
-        specs in flight (a training client's carries its encodings: 1.48 GB for all ten at 40k nodes)
-        and an actor builds its parties a batch at a time."""
-        queues = [deque(block) for block in blocks]
-
-        def send(h: int) -> Any:
-            batch: dict[int, bytes] = {}
-            size = 0
-            while queues[h] and (not batch or size < self.batch_bytes):
-                pid = queues[h].popleft()
-                batch[pid] = spec(pid)
-                size += len(batch[pid])
-            return self._call(h, "place", batch)
-
-        for _ in self._one_in_flight(queues, send):
-            pass
-
-    def _reports(self, blocks: list[list[int]]) -> Iterator[tuple[int, bytes]]:
-        """One party's report per call, one call in flight per actor (a pre-training client's report
-        carries its decrypted encodings)."""
-        queues = [deque(block) for block in blocks]
-        for answer in self._one_in_flight(queues, lambda h: self._call(h, "report", [queues[h].popleft()])):
-            yield from answer["reports"].items()
 
     def _abandon(self, calls: list[Any], error: BaseException) -> None:
         for actor in self.engine.actors:

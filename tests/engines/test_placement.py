@@ -1,7 +1,8 @@
-"""How a hosting engine places its parties and takes their reports back: each spec serialised only
-when it is sent, so the coordinator never holds every party's bytes at once (a training client's spec
-carries its encodings), and, on Ray, byte-bounded batches of specs and one report per call, with one
-call in flight per actor. No Ray needed: the Ray transport runs against a stand-in engine."""
+"""How a hosting engine (:class:`~fedgat.protocols.hosting.HostedTransport`) places its parties and
+takes their reports back: each spec serialised only when it is sent, so the coordinator never holds
+every party's bytes at once (a training client's spec carries its encodings), byte-bounded batches of
+specs (one party a call on the process engine) and one report per call, with one call in flight per
+host. No Ray needed: the Ray transport runs against a stand-in engine."""
 
 from __future__ import annotations
 
@@ -83,4 +84,18 @@ def test_ray_takes_one_report_per_call():
     reports = dict(transport._reports([[1, 2, 3], [4]]))
     assert reports == {pid: b"report %d" % pid for pid in (1, 2, 3, 4)}
     assert [pids for kind, h, pids in log] == [[1], [4], [2], [3]]  # one party per call, actors side by side
+    assert all(actor.most_in_flight == 1 for actor in transport.engine.actors)
+
+
+def test_one_party_a_call_where_the_engine_says_so():
+    """The process engine's setting (``place_batch_bytes = 0``): each call carries one spec, whatever
+    its size."""
+
+    class OnePerCall(RayTransport):
+        place_batch_bytes = 0
+
+    log: list = []
+    transport = OnePerCall(_Engine(2, log), batch_bytes=1 << 20)  # type: ignore[arg-type]
+    transport._place([[1, 2, 3], [4]], lambda pid: bytes(8))
+    assert sorted(pids for kind, h, pids in log) == [[1], [2], [3], [4]]
     assert all(actor.most_in_flight == 1 for actor in transport.engine.actors)
