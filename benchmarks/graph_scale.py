@@ -471,13 +471,13 @@ def write_markdown(result: dict, path: Path) -> None:
         "| nodes | edges | engine | phase | seconds | peak RSS GiB | new pages GiB | bytes up MiB | bytes down MiB |",
         "|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
-    shown: set[tuple[int, str]] = set()  # engine-independent phases: once per size
+    # the engine-independent phases once per size: the run :func:`series` (and so the growth) takes
+    first = {name: series(runs, name).get(None, {}) for name in PHASES if name not in ENGINE_PHASES}
     for r in sorted(runs, key=lambda r: (r["nodes"], r["mode"] != "plain", ENGINES.index(_engine(r)))):
         for name in PHASES:
             p = r["phases"].get(name)
-            if p is None or (name not in ENGINE_PHASES and (r["nodes"], name) in shown):
+            if p is None or (name in first and first[name].get(r["edges"]) is not p):
                 continue
-            shown.add((r["nodes"], name))
             engine = _engine(r) if name in ENGINE_PHASES else "-"
             note = " (float32)" if p.get("float32_equivalent") else ""
             lines.append(
