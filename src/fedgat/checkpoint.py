@@ -27,7 +27,8 @@ offsets inside the payload, no gaps or overlaps); a truncated, corrupted or tamp
 
 Torch tensors travel through numpy (:func:`tensors_to_arrays`, :func:`arrays_to_tensors`);
 optimiser state through :func:`optimizer_to_checkpoint` / :func:`optimizer_from_checkpoint`;
-decrypted FedGAT encodings through :func:`encodings_to_checkpoint` / :func:`encodings_from_checkpoint`.
+decrypted FedGAT encodings through :func:`encodings_to_checkpoint` / :func:`encodings_from_checkpoint`,
+and a whole run's (client id -> encodings, one file) through :func:`save_encodings` / :func:`load_encodings`.
 :class:`CheckpointStore` keeps the last few labelled checkpoints of each party in a directory.
 
 Confidentiality is **not** provided: a client's checkpoint holds its decrypted encodings (which
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "ENCODINGS_KIND",
     "FORMAT_VERSION",
     "MAGIC",
     "Checkpoint",
@@ -67,9 +69,11 @@ __all__ = [
     "encodings_from_checkpoint",
     "encodings_to_checkpoint",
     "load_checkpoint",
+    "load_encodings",
     "optimizer_from_checkpoint",
     "optimizer_to_checkpoint",
     "save_checkpoint",
+    "save_encodings",
     "tensors_to_arrays",
 ]
 
@@ -479,6 +483,82 @@ def encodings_from_checkpoint(meta: dict, arrays: Mapping[str, np.ndarray], pref
             )
         )
     return Encodings(meta["variant"], np.array(arrays[f"{prefix}nodes"]), buckets)
+
+
+#: the kind of a file of :func:`save_encodings`
+ENCODINGS_KIND = "fedgat.client_encodings"
+
+
+def save_encodings(path: str | Path, encodings: Mapping[int, Any], *, hmac_key: bytes | None = None) -> Path:
+    """Write a run's decrypted encodings, client id -> :class:`~fedgat.encodings.Encodings`, to one
+    checkpoint file (atomic, digest-checked, no pickle), so that training can start from them later
+    without another encrypted round: ``load_encodings(path)`` gives them back exactly, for
+    :func:`fedgat.pipeline.train_fedgat` with the same graph and partition (it refuses another's).
+
+    ``encodings`` is e.g. ``pre.encodings`` of :func:`fedgat.pipeline.run_encrypted_pretraining` or
+    :func:`~fedgat.pipeline.run_plaintext_pretraining`'s result. Their dtype is kept; a bucket's
+    :class:`~fedgat.encodings.RowFactors` (a training cache, :meth:`~fedgat.encodings.Encodings.factorise`)
+    are not written. ``hmac_key``: authenticate the file with HMAC-SHA256 instead of SHA-256, so that
+    only a holder of the key can write a file that loads.
+
+    The file holds what the clients decrypted, which reveals their neighbours' features
+    (``SECURITY.md``): keep it where the clients' raw data may be kept.
+
+    Raises:
+        TypeError: not a mapping of non-negative int client ids to :class:`~fedgat.encodings.Encodings`.
+    """
+    from fedgat.encodings import Encodings
+
+    if not isinstance(encodings, Mapping):
+        hint = " (a run's .encodings)" if hasattr(encodings, "encodings") else ""
+        raise TypeError(f"encodings must map client id -> Encodings{hint}, got {type(encodings).__name__}")
+    layouts, arrays = {}, {}
+    for c, enc in sorted(encodings.items()):
+        if isinstance(c, bool) or not isinstance(c, int | np.integer) or c < 0:
+            raise TypeError(f"client ids must be ints >= 0, got {c!r}")
+        if not isinstance(enc, Encodings):
+            raise TypeError(f"client {c}: expected Encodings, got {type(enc).__name__}")
+        layouts[str(int(c))], part = encodings_to_checkpoint(enc.to("cpu"), prefix=f"c{int(c)}/")
+        arrays.update(part)
+    meta = {"clients": [int(c) for c in sorted(encodings)], "layouts": layouts}
+    return save_checkpoint(path, Checkpoint(ENCODINGS_KIND, meta, arrays), hmac_key=hmac_key)
+
+
+def load_encodings(
+    path: str | Path, *, hmac_key: bytes | None = None, max_bytes: int = 1 << 36
+) -> dict[int, Any]:
+    """The client id -> :class:`~fedgat.encodings.Encodings` mapping :func:`save_encodings` wrote,
+    on the CPU, each checked (:meth:`~fedgat.encodings.Encodings.check_layout`) before it is returned.
+
+    Raises:
+        CheckpointFormatError: no such file, not a checkpoint, truncated, or encodings whose layout
+            does not hold (the message says what).
+        CheckpointIntegrityError: the digest (or, with ``hmac_key``, the HMAC) does not match.
+        CheckpointMismatchError: a checkpoint of another kind.
+    """
+    ckpt = load_checkpoint(path, hmac_key=hmac_key, kind=ENCODINGS_KIND, max_bytes=max_bytes)
+    out = {}
+    try:
+        clients, layouts = ckpt.meta["clients"], ckpt.meta["layouts"]
+        if (
+            not isinstance(clients, list)
+            or not isinstance(layouts, dict)
+            or len(set(map(str, clients))) != len(clients)
+        ):
+            raise ValueError("its client list or layouts are malformed")
+        for c in clients:
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise ValueError(f"client id {c!r} is not an int >= 0")
+            enc = encodings_from_checkpoint(layouts[str(c)], ckpt.arrays, prefix=f"c{c}/")
+            enc.check_layout()
+            out[c] = enc
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise CheckpointFormatError(
+            f"{path} holds no usable encodings: {type(exc).__name__}: {exc}"
+        ) from None
+    return out
 
 
 # ------------------------------------------------------------------------------------ store

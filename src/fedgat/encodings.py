@@ -498,6 +498,88 @@ class Encodings:
         """Every tensor the buckets store, by ``"<bucket>.<name>"`` (:meth:`EncodingBucket.tensors`)."""
         return {f"{i}.{k}": t for i, b in enumerate(self.buckets) for k, t in b.tensors().items()}
 
+    def check_layout(self) -> None:
+        """Raise ``ValueError`` unless the buckets hold what the layer reads, consistently.
+
+        Every node of :attr:`nodes` (distinct integer ids) is in exactly one bucket at the positions
+        ``bases.rows`` name, with its id in ``bases.nodes`` and first in its ``neighbours``; per bucket
+        of ``B`` nodes, ``n`` neighbours and dimension ``m``: ``p`` (and ``q`` for the matrix variant)
+        ``(B, m, n)``, ``h_self (B, d)``, ``K2 (B, m, d)``, ``M2 (B, m*m, k)`` when stored, ``cols (B, k)``
+        integer with it, one floating dtype and one ``d`` throughout. For encodings read from a file
+        (:func:`fedgat.checkpoint.load_encodings`), before anything trains on them.
+        """
+        nodes = np.asarray(self.nodes)
+        if nodes.ndim != 1 or nodes.dtype.kind not in "iu":
+            raise ValueError(f"nodes must be a 1-D integer array, got {nodes.dtype} of shape {nodes.shape}")
+        if np.unique(nodes).size != nodes.size:
+            raise ValueError("nodes repeat an id")
+        seen = np.zeros(nodes.size, dtype=np.int64)
+        floating: set[torch.dtype] = set()
+        widths: set[int] = set()
+        for i, b in enumerate(self.buckets):
+            bb, where = b.bases, f"bucket {i}"
+            if bb.variant != self.variant:
+                raise ValueError(f"{where} holds {bb.variant} bases in {self.variant} encodings")
+            arrays = {"rows": bb.rows, "nodes": bb.nodes, "neighbours": bb.neighbours}
+            for name, a in arrays.items():
+                if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu":
+                    raise ValueError(f"{where}: {name} must be an integer array")
+            B = bb.rows.shape[0] if bb.rows.ndim == 1 else -1
+            if B < 1 or bb.nodes.shape != (B,) or bb.neighbours.ndim != 2 or bb.neighbours.shape[0] != B:
+                raise ValueError(f"{where}: rows, nodes and neighbours must have one entry (row) per node")
+            n = bb.neighbours.shape[1]
+            if n < 1 or bb.rows.min() < 0 or bb.rows.max() >= nodes.size:
+                raise ValueError(f"{where}: an empty neighbourhood or a row outside the encoded nodes")
+            np.add.at(seen, bb.rows, 1)  # a row named twice counts twice
+            if not np.array_equal(nodes[bb.rows], bb.nodes) or not np.array_equal(
+                bb.neighbours[:, 0], bb.nodes
+            ):
+                raise ValueError(
+                    f"{where}: its nodes are not those its rows name, or not first in their neighbours"
+                )
+            for name, basis in (("p", bb.p), ("q", bb.q)):
+                want = name == "p" or self.kind.has_q
+                if (basis is not None) != want:
+                    raise ValueError(
+                        f"{where}: {name} {'missing' if want else 'given'} for the {self.variant} variant"
+                    )
+                if basis is not None and (
+                    basis.dtype.kind != "f" or basis.ndim != 3 or basis.shape[0] != B or basis.shape[2] != n
+                ):
+                    raise ValueError(f"{where}: {name} must be a ({B}, m, {n}) float array")
+            m = bb.p.shape[1]
+            if m < 1 or (bb.q is not None and bb.q.shape != bb.p.shape):
+                raise ValueError(f"{where}: p and q must have the same shape (B, m, n), m >= 1")
+            tensors = {"h_self": b.h_self, "K2": b.K2, "M2": b.M2}
+            for name, t in tensors.items():
+                if t is not None and (not isinstance(t, torch.Tensor) or not t.is_floating_point()):
+                    raise ValueError(f"{where}: {name} must be a floating tensor")
+            d = b.h_self.shape[-1]
+            if b.h_self.shape != (B, d) or b.K2.shape != (B, m, d):
+                raise ValueError(f"{where}: h_self must be ({B}, d) and K2 ({B}, {m}, d)")
+            floating.update(t.dtype for t in tensors.values() if t is not None)
+            widths.add(int(d))
+            if b.M2 is not None:
+                if not self.kind.has_m2:
+                    raise ValueError(f"{where}: M2 given for the {self.variant} variant")
+                k = d if b.cols is None else (b.cols.shape[1] if b.cols.dim() == 2 else -1)
+                if b.M2.shape != (B, m * m, k):
+                    raise ValueError(f"{where}: M2 must be ({B}, {m * m}, {k})")
+            if b.cols is not None and (b.M2 is None or b.cols.dtype != torch.int64 or b.cols.shape[0] != B):
+                raise ValueError(f"{where}: cols must be ({B}, k) int64, beside a stored M2")
+            if (
+                b.cols is not None
+                and b.cols.numel()
+                and not (0 <= int(b.cols.min()) <= int(b.cols.max()) < d)
+            ):
+                raise ValueError(f"{where}: cols name feature columns outside 0..{d - 1}")
+        if not (seen == 1).all():
+            raise ValueError("the buckets do not cover every node exactly once")
+        if len(floating) > 1 or len(widths) > 1:
+            raise ValueError(
+                f"the buckets mix dtypes {sorted(map(str, floating))} or widths {sorted(widths)}"
+            )
+
     def compact(self, tol: float = 0.0) -> Encodings:
         """Column-compacted copy for faster training (see :meth:`EncodingBucket.compact`)."""
         return Encodings(self.variant, self.nodes, [b.compact(tol) for b in self.buckets])

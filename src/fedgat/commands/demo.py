@@ -3,6 +3,7 @@
     fedgat demo                                  # Cora, 10 clients, vector encodings, n4096
     fedgat demo --variant matrix --json out.json # matrix encodings (neighbour cap 16; slow: see the estimate)
     fedgat demo --dataset my_graph.pt --owners owners.npy  # a saved PyG Data, one client id per node
+    fedgat demo --save-encodings enc.ckpt        # keep the decrypted encodings (fedgat.checkpoint.load_encodings)
 
 Each client generates its own CKKS key; owners encrypt the rows a client needs under that client's
 key (only for edges both owners confirmed), the server computes each client's encodings on
@@ -161,6 +162,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_engine_arguments(parser, default="auto")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--save-encodings",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the clients' decrypted encodings to FILE once the pre-training round has ended (one "
+        "integrity-checked file, no pickle; fedgat.checkpoint.load_encodings reads it back for "
+        "fedgat.pipeline.train_fedgat, so later training needs no new encrypted round). They reveal the "
+        "clients' neighbours' features: keep the file where the raw data may be kept",
+    )
     add_quiet_argument(parser)
     parser.add_argument(
         "--force",
@@ -192,6 +203,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_owners_path(args.owners)
     check_engine_arguments(args)
     check_output_file("--json", args.json)
+    check_output_file("--save-encodings", args.save_encodings, example="encodings.ckpt")
     check_device(args.device, args.cuda_graphs)
     check_dp_budget(args.dp_budget)
     check_ledger_dir("--dp-ledger-dir", args.dp_ledger_dir)
@@ -323,6 +335,8 @@ def run(args: argparse.Namespace) -> int:
             del plain
         # the pre-training report now, not after the training rounds
         print(format_pretraining({**run_summary(pre), "max_abs_error_vs_plaintext": error}), flush=True)
+        if args.save_encodings is not None:  # before training: a failed round keeps them
+            _save_encodings(args.save_encodings, pre.encodings)
         # off the CPU the clients train in this process (None: the in-process transport)
         rounds_transport = transport if device.type == "cpu" else None
         encrypted = train_fedgat(
@@ -369,6 +383,7 @@ def run(args: argparse.Namespace) -> int:
         "dp_spent": None,  # client -> its ledger's (epsilon, delta) with --dp-budget/--dp-ledger-dir
         **run_summary(pre, encrypted),  # variant, preset, pre-training costs, training outcome
         "max_abs_error_vs_plaintext": error,
+        "saved_encodings": None if args.save_encodings is None else str(args.save_encodings),
         "plaintext_test_accuracy": None if plaintext is None else plaintext.fit.test_accuracy,
         "plaintext_best_round": None if plaintext is None else plaintext.fit.best_round,
         "total_seconds": round(time.perf_counter() - start, 3),
@@ -382,6 +397,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_text(args.json, json.dumps(result, indent=2) + "\n", "the results as JSON")
     return 0
+
+
+def _save_encodings(path: Path, encodings) -> None:
+    """``--save-encodings``: the clients' decrypted encodings to ``path`` (:func:`fedgat.checkpoint.save_encodings`),
+    and where they went (stderr), as :func:`~fedgat.cli_engine.write_text` says of the JSON."""
+    from fedgat.checkpoint import save_encodings
+
+    made = not path.parent.exists()
+    save_encodings(path, encodings)
+    print(
+        f"wrote {len(encodings)} clients' decrypted encodings ({gigabytes(path.stat().st_size)}) to {path}"
+        + (f" (made the folder {path.parent})" if made else "")
+        + "; they reveal the clients' neighbours' features: keep the file where the raw data may be kept",
+        file=sys.stderr,
+    )
 
 
 def format_report(r: dict) -> str:

@@ -1,0 +1,161 @@
+"""fedgat.checkpoint.save_encodings / load_encodings: a run's decrypted encodings kept in one file,
+back exactly (training from them matches training from the originals), and every damaged, foreign or
+malformed file refused with a typed error before anything is returned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedgat.checkpoint import (
+    ENCODINGS_KIND,
+    Checkpoint,
+    CheckpointFormatError,
+    CheckpointIntegrityError,
+    CheckpointMismatchError,
+    encodings_to_checkpoint,
+    load_encodings,
+    save_checkpoint,
+    save_encodings,
+)
+from fedgat.encodings import Encodings
+from fedgat.partition import make_partition
+from fedgat.pipeline import run_plaintext_pretraining, train_fedgat
+
+
+@pytest.fixture(scope="module")
+def run(small_graph):
+    partition = make_partition(small_graph, 3, 1.0, 0, num_layers=2)
+    return partition, run_plaintext_pretraining(small_graph, partition, "vector", 0, out_dtype=torch.float32)
+
+
+def _same(a: Encodings, b: Encodings) -> bool:
+    ta, tb = a.tensors(), b.tensors()
+    bases = all(
+        np.array_equal(getattr(x.bases, k), getattr(y.bases, k))
+        for x, y in zip(a.buckets, b.buckets, strict=True)
+        for k in ("rows", "nodes", "neighbours", "p", "q")
+        if getattr(x.bases, k) is not None or getattr(y.bases, k) is not None
+    )
+    return (
+        a.variant == b.variant
+        and np.array_equal(a.nodes, b.nodes)
+        and ta.keys() == tb.keys()
+        and all(torch.equal(ta[k], tb[k]) and ta[k].dtype == tb[k].dtype for k in ta)
+        and bases
+    )
+
+
+def test_a_runs_encodings_come_back_exactly_and_train_the_same(small_graph, run, tmp_path):
+    partition, encodings = run
+    path = save_encodings(tmp_path / "enc.ckpt", encodings)
+    loaded = load_encodings(path)
+    assert sorted(loaded) == sorted(encodings) == [0, 1, 2]
+    assert all(_same(loaded[c], encodings[c]) for c in encodings)
+    kwargs = {"seed": 0, "rounds": 3, "progress": False}
+    want = train_fedgat(small_graph, partition, encodings, **kwargs)
+    got = train_fedgat(small_graph, partition, loaded, **kwargs)
+    assert got.fit.test_accuracy == want.fit.test_accuracy
+    assert all(torch.equal(got.fit.model_state[k], v) for k, v in want.fit.model_state.items())
+    # another partition's training refuses them (they cover other nodes)
+    other = make_partition(small_graph, 3, 1.0, 1, num_layers=2)
+    with pytest.raises(ValueError, match="encodings"):
+        train_fedgat(small_graph, other, loaded, **kwargs)
+
+
+@pytest.mark.parametrize("form", ["matrix", "matrix compacted", "float64", "empty client"])
+def test_every_layout_round_trips(small_graph, tmp_path, form):
+    from fedgat.encodings import encode
+
+    nbh = make_partition(small_graph, 2, 1.0, 0, num_layers=2).neighbourhoods
+    x = small_graph.x.double() if form == "float64" else small_graph.x
+    enc = encode("vector" if form == "float64" else "matrix", x, nbh, np.arange(40), rng=3)
+    if form == "matrix compacted":
+        enc = enc.with_dense_M2().compact(1e-9)
+        assert enc.compacted
+    run = {3: enc}
+    if form == "empty client":  # a client that owns no node holds empty encodings
+        run[0] = Encodings("matrix", np.zeros(0, np.int64), [])
+    loaded = load_encodings(save_encodings(tmp_path / "enc.ckpt", run))
+    assert sorted(loaded) == sorted(run) and all(_same(loaded[c], run[c]) for c in run)
+
+
+def test_with_a_key_only_the_keys_holder_writes_a_file_that_loads(run, tmp_path):
+    _, encodings = run
+    path = save_encodings(tmp_path / "enc.ckpt", encodings, hmac_key=b"k" * 32)
+    assert sorted(load_encodings(path, hmac_key=b"k" * 32)) == [0, 1, 2]
+    for key in (None, b"x" * 32):
+        with pytest.raises(CheckpointIntegrityError):
+            load_encodings(path, hmac_key=key)
+
+
+def test_a_damaged_or_foreign_file_is_refused(run, tmp_path):
+    _, encodings = run
+    path = save_encodings(tmp_path / "enc.ckpt", encodings)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    (tmp_path / "flipped.ckpt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointIntegrityError):
+        load_encodings(tmp_path / "flipped.ckpt")
+    (tmp_path / "short.ckpt").write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(CheckpointIntegrityError):  # the digest is then read from inside the arrays
+        load_encodings(tmp_path / "short.ckpt")
+    save_checkpoint(tmp_path / "other.ckpt", Checkpoint("fedgat.party", {}, {}))
+    with pytest.raises(CheckpointMismatchError, match=ENCODINGS_KIND):
+        load_encodings(tmp_path / "other.ckpt")
+    torch.save(encodings, tmp_path / "pickled.pt")  # what the function replaces: refused, never unpickled
+    with pytest.raises(CheckpointFormatError):
+        load_encodings(tmp_path / "pickled.pt")
+    with pytest.raises(CheckpointFormatError, match="cannot read"):
+        load_encodings(tmp_path / "missing.ckpt")
+
+
+def _resealed(tmp_path, encodings: Encodings, edit, meta_edit=None):
+    """A file of the right kind and a valid digest whose content ``edit`` (arrays) or ``meta_edit``
+    has broken: what a writer of its own files could produce."""
+    meta, arrays = encodings_to_checkpoint(encodings, prefix="c0/")
+    edit(arrays)
+    full = {"clients": [0], "layouts": {"0": meta}}
+    if meta_edit is not None:
+        meta_edit(full)
+    return save_checkpoint(tmp_path / "bad.ckpt", Checkpoint(ENCODINGS_KIND, full, arrays))
+
+
+def _set(name, value):
+    return lambda arrays: arrays.__setitem__(name, value(arrays[name]))
+
+
+@pytest.mark.parametrize(
+    ("edit", "meta_edit", "says"),
+    [
+        (_set("c0/0/K2", lambda a: a[:, :-1]), None, "K2"),
+        (_set("c0/0/h_self", lambda a: a.astype(np.float64)), None, "mix dtypes"),
+        (_set("c0/0/rows", lambda a: np.zeros_like(a)), None, "nodes"),
+        (_set("c0/1/neighbours", lambda a: a[:, ::-1].copy()), None, "first in their neighbours"),
+        (_set("c0/0/p", lambda a: a.astype(np.int64)), None, "float array"),
+        (_set("c0/nodes", lambda a: a.astype(np.float64)), None, "integer"),
+        (lambda arrays: arrays.pop("c0/0/K2"), None, "lacks c0/0/K2"),
+        (lambda arrays: None, lambda m: m.update(clients=["0"]), "client id"),
+        (lambda arrays: None, lambda m: m.update(clients=[0, 0]), "malformed"),
+        (lambda arrays: None, lambda m: m["layouts"]["0"].update(variant="neither"), "neither"),
+    ],
+)
+def test_a_resealed_file_with_a_broken_layout_is_refused(run, tmp_path, edit, meta_edit, says):
+    _, encodings = run
+    path = _resealed(tmp_path, encodings[1], edit, meta_edit)
+    with pytest.raises(CheckpointFormatError, match=says):
+        load_encodings(path)
+
+
+def test_save_refuses_what_is_not_a_mapping_of_encodings(run, tmp_path):
+    _, encodings = run
+    for bad, says in (
+        (encodings[0], "must map client id"),
+        ({"0": encodings[0]}, "client ids"),
+        ({-1: encodings[0]}, "client ids"),
+        ({0: "encodings"}, "expected Encodings"),
+    ):
+        with pytest.raises(TypeError, match=says):
+            save_encodings(tmp_path / "enc.ckpt", bad)
+    assert not (tmp_path / "enc.ckpt").exists()
