@@ -216,30 +216,116 @@ def test_demo_charges_each_sessions_verdicts_to_the_owners_ledgers(tmp_path, cap
     assert ledger.budget.epsilon == 0.9
 
 
-def test_demo_saves_the_decrypted_encodings_for_later_training(tmp_path, capsys):
+_DEMO = ["demo", "--dataset", "synthetic", "--clients", "3", "--rounds", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def saved_demo(tmp_path_factory):
+    """One encrypted demo that kept its decrypted encodings: ``(json result, file, stderr)``."""
+    import contextlib
+    import io
+
+    folder = tmp_path_factory.mktemp("demo")
+    out, saved = folder / "demo.json", folder / "kept" / "enc.ckpt"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main([*_DEMO, "--json", str(out), "--save-encodings", str(saved)]) == 0
+    return json.loads(out.read_text()), saved, err.getvalue()
+
+
+def test_demo_saves_the_decrypted_encodings_for_later_training(saved_demo, tmp_path, capsys):
     """``--save-encodings`` writes what the clients decrypted (said on stderr, with the warning the file
     needs), and the file reads back as those encodings exactly: its largest error against the plaintext
-    twin is the one the demo reported."""
-    from fedgat.checkpoint import load_encodings
+    twin is the one the demo reported; it records the split they belong to."""
+    from fedgat.checkpoint import read_encodings
     from fedgat.cli_engine import load_graph
     from fedgat.methods import fedgat_partition, resolve_hparams
     from fedgat.pipeline import max_abs_error, run_plaintext_pretraining
 
-    out, saved = tmp_path / "demo.json", tmp_path / "kept" / "enc.ckpt"
-    argv = ["demo", "--dataset", "synthetic", "--clients", "3", "--rounds", "1", "--quiet"]
-    assert cli.main([*argv, "--save-encodings", str(tmp_path)]) == 2  # a folder: refused before any work
+    assert cli.main([*_DEMO, "--save-encodings", str(tmp_path)]) == 2  # a folder: refused before any work
     assert "--save-encodings" in capsys.readouterr().err and not list(tmp_path.iterdir())
-    assert cli.main([*argv, "--json", str(out), "--save-encodings", str(saved)]) == 0
-    err = capsys.readouterr().err
+    result, saved, err = saved_demo
     assert "wrote 3 clients' decrypted encodings" in err and f"to {saved} (made the folder" in err
     assert "neighbours' features" in err
-    result = json.loads(out.read_text())
     assert result["saved_encodings"] == str(saved)
-    loaded = load_encodings(saved)
+    read = read_encodings(saved)
+    assert read.info == {
+        "written_by": "fedgat demo",
+        "dataset": "synthetic",
+        "num_nodes": 500,
+        "clients": 3,
+        "beta": 1.0,
+        "seed": 0,
+        "owners": None,
+        "variant": "vector",
+        "neighbour_cap": None,
+        "min_cross": 0,
+    }
     graph = load_graph("synthetic", quiet=True, seed=0)
     partition = fedgat_partition(graph, 3, 1.0, 0, resolve_hparams("fedgat", {"variant": "vector"}), None)
     plain = run_plaintext_pretraining(graph, partition, "vector", 0)
-    assert 0 < max_abs_error(loaded, plain) == result["max_abs_error_vs_plaintext"] < 1e-4
+    assert 0 < max_abs_error(read.encodings, plain) == result["max_abs_error_vs_plaintext"] < 1e-4
+
+
+def test_train_from_saved_encodings_runs_no_pre_training_and_matches_the_api(saved_demo, tmp_path):
+    """``fedgat train --encodings`` trains on the file's encodings (no pre-training bytes), as
+    ``run_encrypted_fedgat(encodings=load_encodings(file))`` does with the same seed."""
+    from fedgat.checkpoint import load_encodings
+    from fedgat.cli_engine import load_graph, synthetic_sizes
+    from fedgat.pipeline import run_encrypted_fedgat
+
+    _, saved, _ = saved_demo
+    out = tmp_path / "train.json"
+    argv = ["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "3", "--quiet"]
+    assert cli.main([*argv, "--encodings", str(saved), "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["per_seed"][0]
+    assert row["pretrain_bytes"] == 0 and row["rounds"] == 3
+    graph = load_graph("synthetic", **synthetic_sizes(None), seed=0)  # the commands' synthetic graph
+    run = run_encrypted_fedgat(graph, 3, 1.0, 0, encodings=load_encodings(saved), progress=False, rounds=3)
+    assert run.pretrain is None and run.summary()["pretraining"] == "saved encodings"
+    assert row["test_accuracy"] == run.training.fit.test_accuracy
+    assert row["best_round"] == run.training.fit.best_round
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--clients", "4"], "another split (--clients 4 here); pass --clients 3"),
+        (["--first-seed", "1"], "pass --first-seed 0"),
+        (["--beta", "0.5"], "pass --beta 1.0"),
+        (["--variant", "matrix"], "pass --variant vector --neighbour-cap none"),
+        (["--min-cross", "2"], "pass --min-cross 0"),
+        (["--nodes", "600"], "holds encodings of synthetic (500 nodes)"),
+        (["--method", "gcn"], "--method gcn does not train on them"),
+        (["--seeds", "2"], "leave --seeds out"),
+        (["--dp-epsilon", "1"], "--dp-epsilon draws a DP release"),
+    ],
+)
+def test_train_refuses_saved_encodings_of_another_split(saved_demo, capsys, flags, says):
+    _, saved, _ = saved_demo
+    argv = ["train", "--dataset", "synthetic", "--rounds", "1", "--quiet", "--encodings", str(saved)]
+    if "--clients" not in flags:
+        argv += ["--clients", "3"]
+    assert cli.main([*argv, *flags]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_train_refuses_a_missing_or_damaged_encodings_file(saved_demo, tmp_path, capsys):
+    from fedgat.checkpoint import load_encodings, save_encodings
+
+    _, saved, _ = saved_demo
+    argv = ["train", "--dataset", "synthetic", "--clients", "3", "--rounds", "1", "--quiet", "--encodings"]
+    assert cli.main([*argv, str(tmp_path / "none.ckpt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    data = bytearray(saved.read_bytes())
+    data[100] ^= 1
+    (tmp_path / "bad.ckpt").write_bytes(bytes(data))
+    assert cli.main([*argv, str(tmp_path / "bad.ckpt")]) == 1
+    assert "digest does not match" in capsys.readouterr().err
+    # a file without a record of its split (saved from Python): checked by its clients' nodes
+    bare = save_encodings(tmp_path / "bare.ckpt", load_encodings(saved))
+    assert cli.main([*argv[:-1], "--beta", "0.3", "--encodings", str(bare)]) == 2
+    assert "its clients' nodes are not this split's" in capsys.readouterr().err
 
 
 def test_demo_refuses_a_bad_dp_budget(capsys):

@@ -138,6 +138,7 @@ def _set(name, value):
         (lambda arrays: arrays.pop("c0/0/K2"), None, "lacks c0/0/K2"),
         (lambda arrays: None, lambda m: m.update(clients=["0"]), "client id"),
         (lambda arrays: None, lambda m: m.update(clients=[0, 0]), "malformed"),
+        (lambda arrays: None, lambda m: m.update(info=[1]), "malformed"),
         (lambda arrays: None, lambda m: m["layouts"]["0"].update(variant="neither"), "neither"),
     ],
 )
@@ -159,3 +160,18 @@ def test_save_refuses_what_is_not_a_mapping_of_encodings(run, tmp_path):
         with pytest.raises(TypeError, match=says):
             save_encodings(tmp_path / "enc.ckpt", bad)
     assert not (tmp_path / "enc.ckpt").exists()
+
+
+def test_a_run_from_saved_encodings_refuses_what_they_cannot_be(small_graph, run):
+    from fedgat.pipeline import run_encrypted_fedgat
+
+    _, encodings = run
+    kwargs = {"progress": False, "rounds": 1}
+    with pytest.raises(ValueError, match="DP release"):
+        run_encrypted_fedgat(small_graph, 3, 1.0, 0, encodings=encodings, dp_epsilon=1.0, **kwargs)
+    with pytest.raises(ValueError, match="vector encodings; this run trains variant='matrix'"):
+        run_encrypted_fedgat(small_graph, 3, 1.0, 0, encodings=encodings, variant="matrix", **kwargs)
+    with pytest.raises(TypeError, match="must map client id"):
+        run_encrypted_fedgat(small_graph, 3, 1.0, 0, encodings=encodings[0], **kwargs)
+    with pytest.raises(ValueError, match="encodings"):  # another seed's split
+        run_encrypted_fedgat(small_graph, 3, 1.0, 1, encodings=encodings, **kwargs)

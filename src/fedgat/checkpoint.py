@@ -64,6 +64,7 @@ __all__ = [
     "CheckpointIntegrityError",
     "CheckpointMismatchError",
     "CheckpointStore",
+    "SavedEncodings",
     "arrays_to_tensors",
     "bound_key",
     "encodings_from_checkpoint",
@@ -72,6 +73,7 @@ __all__ = [
     "load_encodings",
     "optimizer_from_checkpoint",
     "optimizer_to_checkpoint",
+    "read_encodings",
     "save_checkpoint",
     "save_encodings",
     "tensors_to_arrays",
@@ -489,7 +491,23 @@ def encodings_from_checkpoint(meta: dict, arrays: Mapping[str, np.ndarray], pref
 ENCODINGS_KIND = "fedgat.client_encodings"
 
 
-def save_encodings(path: str | Path, encodings: Mapping[int, Any], *, hmac_key: bytes | None = None) -> Path:
+@dataclass(frozen=True)
+class SavedEncodings:
+    """What :func:`read_encodings` gives back: ``encodings`` (client id ->
+    :class:`~fedgat.encodings.Encodings`) and ``info``, the JSON values the writer stored beside them
+    (``fedgat demo --save-encodings``: the settings its partition was made with)."""
+
+    encodings: dict[int, Any]
+    info: dict[str, Any]
+
+
+def save_encodings(
+    path: str | Path,
+    encodings: Mapping[int, Any],
+    *,
+    info: Mapping[str, Any] | None = None,
+    hmac_key: bytes | None = None,
+) -> Path:
     """Write a run's decrypted encodings, client id -> :class:`~fedgat.encodings.Encodings`, to one
     checkpoint file (atomic, digest-checked, no pickle), so that training can start from them later
     without another encrypted round: ``load_encodings(path)`` gives them back exactly, for
@@ -498,16 +516,22 @@ def save_encodings(path: str | Path, encodings: Mapping[int, Any], *, hmac_key: 
     ``encodings`` is e.g. ``pre.encodings`` of :func:`fedgat.pipeline.run_encrypted_pretraining` or
     :func:`~fedgat.pipeline.run_plaintext_pretraining`'s result. Their dtype is kept; a bucket's
     :class:`~fedgat.encodings.RowFactors` (a training cache, :meth:`~fedgat.encodings.Encodings.factorise`)
-    are not written. ``hmac_key``: authenticate the file with HMAC-SHA256 instead of SHA-256, so that
-    only a holder of the key can write a file that loads.
+    are not written. ``info``: JSON values kept beside them (:func:`read_encodings` returns them), e.g.
+    how the partition was made. ``hmac_key``: authenticate the file with HMAC-SHA256 instead of
+    SHA-256, so that only a holder of the key can write a file that loads.
 
     The file holds what the clients decrypted, which reveals their neighbours' features
     (``SECURITY.md``): keep it where the clients' raw data may be kept.
 
     Raises:
-        TypeError: not a mapping of non-negative int client ids to :class:`~fedgat.encodings.Encodings`.
+        TypeError: not a mapping of non-negative int client ids to :class:`~fedgat.encodings.Encodings`,
+            or ``info`` not a mapping.
+        ValueError: ``info`` holds values JSON cannot write.
     """
     from fedgat.encodings import Encodings
+
+    if info is not None and not isinstance(info, Mapping):
+        raise TypeError(f"info must be a mapping of JSON values, got {type(info).__name__}")
 
     if not isinstance(encodings, Mapping):
         hint = " (a run's .encodings)" if hasattr(encodings, "encodings") else ""
@@ -520,15 +544,23 @@ def save_encodings(path: str | Path, encodings: Mapping[int, Any], *, hmac_key: 
             raise TypeError(f"client {c}: expected Encodings, got {type(enc).__name__}")
         layouts[str(int(c))], part = encodings_to_checkpoint(enc.to("cpu"), prefix=f"c{int(c)}/")
         arrays.update(part)
-    meta = {"clients": [int(c) for c in sorted(encodings)], "layouts": layouts}
+    meta = {"clients": [int(c) for c in sorted(encodings)], "layouts": layouts, "info": dict(info or {})}
     return save_checkpoint(path, Checkpoint(ENCODINGS_KIND, meta, arrays), hmac_key=hmac_key)
 
 
 def load_encodings(
     path: str | Path, *, hmac_key: bytes | None = None, max_bytes: int = 1 << 36
 ) -> dict[int, Any]:
-    """The client id -> :class:`~fedgat.encodings.Encodings` mapping :func:`save_encodings` wrote,
-    on the CPU, each checked (:meth:`~fedgat.encodings.Encodings.check_layout`) before it is returned.
+    """The client id -> :class:`~fedgat.encodings.Encodings` mapping :func:`save_encodings` wrote
+    (:func:`read_encodings`' ``encodings``; it raises the same errors)."""
+    return read_encodings(path, hmac_key=hmac_key, max_bytes=max_bytes).encodings
+
+
+def read_encodings(
+    path: str | Path, *, hmac_key: bytes | None = None, max_bytes: int = 1 << 36
+) -> SavedEncodings:
+    """The encodings :func:`save_encodings` wrote, on the CPU, each checked
+    (:meth:`~fedgat.encodings.Encodings.check_layout`) before any is returned, with their ``info``.
 
     Raises:
         CheckpointFormatError: no such file, not a checkpoint, truncated, or encodings whose layout
@@ -539,13 +571,14 @@ def load_encodings(
     ckpt = load_checkpoint(path, hmac_key=hmac_key, kind=ENCODINGS_KIND, max_bytes=max_bytes)
     out = {}
     try:
-        clients, layouts = ckpt.meta["clients"], ckpt.meta["layouts"]
+        clients, layouts, info = ckpt.meta["clients"], ckpt.meta["layouts"], ckpt.meta.get("info", {})
         if (
             not isinstance(clients, list)
             or not isinstance(layouts, dict)
+            or not isinstance(info, dict)
             or len(set(map(str, clients))) != len(clients)
         ):
-            raise ValueError("its client list or layouts are malformed")
+            raise ValueError("its client list, layouts or info are malformed")
         for c in clients:
             if isinstance(c, bool) or not isinstance(c, int) or c < 0:
                 raise ValueError(f"client id {c!r} is not an int >= 0")
@@ -558,7 +591,7 @@ def load_encodings(
         raise CheckpointFormatError(
             f"{path} holds no usable encodings: {type(exc).__name__}: {exc}"
         ) from None
-    return out
+    return SavedEncodings(out, info)
 
 
 # ------------------------------------------------------------------------------------ store

@@ -691,6 +691,22 @@ def resolve_owners(args: argparse.Namespace, graph) -> Any:
     return owners
 
 
+def split_info(graph: Any, clients: int, beta: float, seed: int, owners: str | None, hparams: dict) -> dict:
+    """What a run's split depends on besides the graph (and how ``fedgat demo --save-encodings``
+    describes the encodings it saves): the keys of :data:`SPLIT_FLAGS`, and the graph's name and size."""
+    return {
+        "dataset": graph.name,
+        "num_nodes": int(graph.num_nodes),
+        "clients": int(clients),
+        "beta": float(beta),
+        "seed": int(seed),
+        "owners": owners,
+        "variant": hparams["variant"],
+        "neighbour_cap": hparams["neighbour_cap"],
+        "min_cross": hparams["min_cross"],
+    }
+
+
 def describe_split(args: argparse.Namespace) -> str:
     """How the nodes were split, for headers: ``beta 1`` or ``owners from FILE``."""
     return f"owners from {args.owners}" if args.owners is not None else f"beta {args.beta:g}"

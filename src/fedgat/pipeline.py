@@ -813,6 +813,8 @@ class FedGATRun:
     #: with DP-FedAvg ledgers (``update_dp_budget`` / ``update_dp_ledger_dir``): client id ->
     #: ``(epsilon, delta)`` its ledger has spent on its updates after this run
     update_ledger_spent: dict[int, tuple[float, float]] | None = None
+    #: ``"saved"`` when training started from encodings given to the run (no pre-training round)
+    encodings_from: str | None = None
 
     @property
     def test_accuracy(self) -> float:
@@ -824,7 +826,13 @@ class FedGATRun:
         ``"plaintext twin"``, ``encrypted=False``)."""
         out = run_summary(self.pretrain, self.training)
         out["num_clients"] = self.partition.num_clients
-        out["pretraining"] = "encrypted" if self.pretrain is not None else "plaintext twin"
+        out["pretraining"] = (
+            "encrypted"
+            if self.pretrain is not None
+            else "saved encodings"
+            if self.encodings_from == "saved"
+            else "plaintext twin"
+        )
         out["seed"] = self.seed
         if self.dp_spent is not None:
             out["dp_spent"] = {str(c): list(v) for c, v in self.dp_spent.items()}
@@ -852,6 +860,8 @@ def run_encrypted_fedgat(
     device: str | torch.device | None = None,
     upload_window: int | None = None,
     encrypt_workers: int | str = 0,
+    encodings: Mapping[int, Encodings] | None = None,
+    cuda_graphs: bool = False,
     **hparams,
 ) -> FedGATRun:
     """Encrypted pre-training (or, with ``encrypted=False``, its plaintext twin) and FedGAT training
@@ -867,10 +877,17 @@ def run_encrypted_fedgat(
     :func:`train_release_predictor`), charged to ``dp_ledgers`` (client id -> ledger; default the
     persistent ones of :func:`fedgat.dp_ledger.owner_ledgers` for ``dp_budget`` and
     ``dp_ledger_dir``); ``dp_spent`` reports what each client has spent. ``device``: where the
-    clients train the FedAvg rounds (default the CPU; the pre-training round always runs on the CPU).
+    clients train the FedAvg rounds (default the CPU; the pre-training round always runs on the CPU);
+    ``cuda_graphs``: there, each client's local step as a captured CUDA graph (:func:`train_fedgat`).
     ``wire``, ``upload_window`` (uploads paced recipient by recipient, so the server's spool holds
     that many recipients' uploads), ``encrypt_workers``: the pre-training's, as
-    :func:`run_encrypted_pretraining` takes them."""
+    :func:`run_encrypted_pretraining` takes them.
+
+    ``encodings``: client id -> the encodings an earlier round gave the clients (e.g.
+    :func:`fedgat.checkpoint.load_encodings` of a ``fedgat demo --save-encodings`` file): training
+    starts from them and no pre-training round runs (``pretrain`` is None, ``encodings_from``
+    ``"saved"``). They must be the encodings of this split (:func:`train_fedgat` refuses others), and
+    a DP release of the rows cannot be drawn for them (``dp_epsilon`` is refused)."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
     check_graph(graph)
     check_trainable(graph)
@@ -879,6 +896,23 @@ def run_encrypted_fedgat(
     if hp["share"] != "rows":
         raise ValueError(f"share={hp['share']!r} is simulated by fedgat.methods.run_method only")
     dp = feature_dp_from_hparams(hp, seed)
+    if encodings is not None and not isinstance(encodings, Mapping):
+        hint = " (a run's .encodings)" if hasattr(encodings, "encodings") else ""
+        raise TypeError(f"encodings must map client id -> Encodings{hint}, got {type(encodings).__name__}")
+    saved = encodings is not None
+    if encodings is not None:
+        other = sorted(
+            {e.variant for e in encodings.values() if getattr(e, "variant", hp["variant"]) != hp["variant"]}
+        )
+        if other:
+            raise ValueError(
+                f"the encodings are {other[0]} encodings; this run trains variant={hp['variant']!r}"
+            )
+    if encodings is not None and dp is not None:
+        raise ValueError(
+            "dp_epsilon draws a DP release of the rows in the pre-training round; saved encodings were "
+            "computed without one (run the round with dp_epsilon instead)"
+        )
     if owner is not None:
         owner, num_clients = owner_clients(owner, num_clients, graph.num_nodes)
     elif num_clients is None:
@@ -903,7 +937,9 @@ def run_encrypted_fedgat(
             graph, partition, seed=seed, deployment=deployment, transport=transport, progress=progress, **hp
         )
     pre = None
-    if encrypted:
+    if encodings is not None:
+        fingerprint = None
+    elif encrypted:
         pre = run_encrypted_pretraining(
             graph,
             partition,
@@ -950,9 +986,12 @@ def run_encrypted_fedgat(
         progress=progress,
         dp_releases=dp_releases,
         device=device,
+        cuda_graphs=cuda_graphs,
         **hp,
     )
     dp_spent = None
     if dp is not None and dp_ledgers is not None:
         dp_spent = spent_by_owner(graph, partition, dp_ledgers)
-    return FedGATRun(pre, training, partition, dp_spent, seed, update_ledger_spent)
+    return FedGATRun(
+        pre, training, partition, dp_spent, seed, update_ledger_spent, "saved" if saved else None
+    )

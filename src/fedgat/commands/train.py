@@ -3,6 +3,7 @@
     fedgat train --dataset cora --method fedgat --variant vector --clients 10 --beta 1 \\
         --seeds 10 --rounds 300 --json out.json
     fedgat train --dataset my_graph.npz --owners owners.csv   # your graph and who owns which node
+    fedgat train --encodings enc.ckpt --rounds 300            # from fedgat demo --save-encodings enc.ckpt
 
 Seeds are ``first_seed .. first_seed + seeds - 1``; each seeds the split, the encodings' bases, the
 model and dropout. Hyper-parameter flags left out take the method's defaults
@@ -13,6 +14,11 @@ state machines with the clients hosted in Ray actors or in worker processes on t
 (:func:`fedgat.pipeline.run_encrypted_fedgat` with the plaintext twin of the pre-training round, same
 seed; ``fedgat demo --engine ray|process`` runs the encrypted round too). The
 other methods train in process only (they have no protocol path).
+
+``--encodings FILE`` trains FedGAT from the encodings a ``fedgat demo --save-encodings FILE`` run
+decrypted, through the protocol (:func:`fedgat.pipeline.run_encrypted_fedgat` with ``encodings=``), in
+this process or on ``--engine``: no pre-training round, one seed, and only with the split the file
+records (:func:`fedgat.cli_engine.split_info`; a mismatch is a usage error naming the flags to give).
 
 ``--device cuda`` (or ``cuda:N``, ``auto``) trains the clients on a GPU: models, optimisers, encodings
 and labels live there, the server's weights and their aggregation on the CPU
@@ -57,6 +63,7 @@ from fedgat.cli_engine import (
     open_engine,
     parse_cap,
     resolve_owners,
+    split_info,
     synthetic_sizes,
     write_text,
 )
@@ -176,6 +183,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "is charged its releases before it trains and composed with the runs before it, and a run past "
         "the budget is refused (needed for ledgers that do not exist yet; default: no ledger)",
     )
+    parser.add_argument(
+        "--encodings",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="FedGAT from the decrypted encodings FILE holds (fedgat demo --save-encodings) instead of a "
+        "pre-training round: no new round, so training can be tuned without re-encrypting. The split "
+        "must be the one they were computed for (--dataset, --clients, --beta, --first-seed as demo's "
+        "--seed, --owners, --variant, --neighbour-cap, --min-cross as that run had them; a mismatch is "
+        "refused naming the file's); one seed, no --dp-epsilon",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--history", action="store_true", help="include per-round metrics in the JSON")
     parser.add_argument(
@@ -252,6 +270,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     _check_update_dp(overrides, args.method)
     for flag in ("dp_ledger_dir", "update_dp_ledger_dir"):
         check_ledger_dir("--" + flag.replace("_", "-"), overrides.get(flag))
+    if args.encodings is not None:
+        _check_encodings_flags(args, overrides)
     if "neighbour_cap" in overrides:
         overrides["neighbour_cap"] = parse_cap(overrides["neighbour_cap"])
     try:
@@ -259,6 +279,59 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict, dict]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return overrides, hparams
+
+
+def _check_encodings_flags(args: argparse.Namespace, overrides: dict) -> None:
+    """``--encodings``: FedGAT, one seed, no DP release of the rows, a file to read."""
+    flag = f"--encodings {args.encodings}"
+    if args.method != "fedgat":
+        raise UsageError(f"{flag}: FedGAT's encodings; --method {args.method} does not train on them")
+    if args.seeds != 1:
+        raise UsageError(f"{flag}: the encodings of one split and one seed's bases; leave --seeds out")
+    if "dp_epsilon" in overrides:
+        raise UsageError(
+            f"{flag}: --dp-epsilon draws a DP release of the rows in the pre-training round, which a saved "
+            "file was computed without (run fedgat train --dp-epsilon without --encodings)"
+        )
+    if not args.encodings.is_file():
+        raise UsageError(f"{flag}: no such file")
+
+
+#: what ``fedgat demo --save-encodings`` records of its split, and the flag that sets each here
+SPLIT_FLAGS = {
+    "clients": "--clients",
+    "beta": "--beta",
+    "seed": "--first-seed",
+    "owners": "--owners",
+    "variant": "--variant",
+    "neighbour_cap": "--neighbour-cap",
+    "min_cross": "--min-cross",
+}
+
+
+def _check_saved_split(args: argparse.Namespace, saved: dict, run: dict) -> None:
+    """Refuse ``--encodings`` whose recorded split (``saved``, the file's info) differs from this run's
+    (``run``), naming the flags to give; a file without a record is checked by its nodes alone."""
+    if (
+        saved.get("dataset", run["dataset"]) != run["dataset"]
+        or saved.get("num_nodes", run["num_nodes"]) != run["num_nodes"]
+    ):
+        raise UsageError(
+            f"--encodings {args.encodings} holds encodings of {saved['dataset']} ({saved.get('num_nodes')} nodes); "
+            f"--dataset is {run['dataset']} ({run['num_nodes']} nodes)"
+        )
+    differ = [
+        k
+        for k in SPLIT_FLAGS
+        if k in saved and saved[k] != run[k] and not (k == "owners" and saved[k] and run[k])
+    ]
+    if differ:
+        want = " ".join(f"{SPLIT_FLAGS[k]} {'none' if saved[k] is None else saved[k]}" for k in differ)
+        have = ", ".join(f"{SPLIT_FLAGS[k]} {'none' if run[k] is None else run[k]}" for k in differ)
+        raise UsageError(
+            f"--encodings {args.encodings} holds the encodings of another split ({have} here); "
+            f"pass {want} as the run that saved them had"
+        )
 
 
 def _check_dp(overrides: dict) -> None:
@@ -326,12 +399,16 @@ def run(args: argparse.Namespace) -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     # a sweep the ledgers (DP-FedAvg's, the rows') cannot pay for: refused before seed 1
     check_sweep(args.method, graph, args.clients, args.beta, seeds, hparams, owners)
+    saved = None
+    if args.encodings is not None:
+        saved = _read_saved(args, graph, owners, hparams, overrides)
     engine = open_engine(args, "train")
-    if engine is not None:
+    if engine is not None or saved is not None:
         try:
-            results = [_run_on_engine(engine, graph, args, seed, overrides, owners) for seed in seeds]
+            results = [_run_on_engine(engine, graph, args, seed, overrides, owners, saved) for seed in seeds]
         finally:
-            engine.shutdown()
+            if engine is not None:
+                engine.shutdown()
         return _report(args, graph.name, hparams, results)
     rounds = hparams["rounds"]
     results = []
@@ -361,9 +438,42 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, graph.name, hparams, results)
 
 
-def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides: dict, owners=None):
-    """One FedGAT seed through the protocol over ``engine``'s transport, as a ``RunResult`` (``owners``:
-    the user's split, None for the Dirichlet one)."""
+def _read_saved(args: argparse.Namespace, graph, owners, hparams: dict, overrides: dict) -> dict:
+    """``--encodings``: the file's encodings, once its recorded split is this run's and they cover
+    this split's clients' nodes.
+
+    Raises:
+        UsageError: another split (the message names the flags to give).
+        fedgat.checkpoint.CheckpointError: an unreadable, damaged or foreign file.
+    """
+    import numpy as np
+
+    from fedgat.checkpoint import read_encodings
+    from fedgat.methods import fedgat_partition
+
+    saved = read_encodings(args.encodings)
+    owners_name = None if args.owners is None else str(args.owners)  # args.clients: resolve_owners' count
+    run = split_info(graph, args.clients, args.beta, args.first_seed, owners_name, hparams)
+    _check_saved_split(args, saved.info, run)
+    partition = fedgat_partition(graph, args.clients, args.beta, args.first_seed, hparams, owners)
+    needed = {c: client.needed for c, client in enumerate(partition.clients)}
+    if sorted(saved.encodings) != sorted(needed) or any(
+        not np.array_equal(saved.encodings[c].nodes, needed[c]) for c in needed
+    ):
+        raise UsageError(
+            f"--encodings {args.encodings}: its clients' nodes are not this split's (another graph, owners "
+            "file or split settings than the run that saved them)"
+        )
+    return saved.encodings
+
+
+def _run_on_engine(
+    engine, graph, args: argparse.Namespace, seed: int, overrides: dict, owners=None, encodings=None
+):
+    """One FedGAT seed through the protocol over ``engine``'s transport (None: in this process), as a
+    ``RunResult`` (``owners``: the user's split, None for the Dirichlet one), from the plaintext twin of
+    the pre-training round or, given, from ``encodings`` (``--encodings``: no pre-training, none of its
+    bytes)."""
     import time
 
     from fedgat.methods import RunResult, pretrain_bytes
@@ -376,9 +486,12 @@ def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides
         args.beta,
         seed,
         encrypted=False,
-        transport=engine.transport(),
+        transport=None if engine is None else engine.transport(),
         progress=not args.quiet,
         owner=owners,
+        encodings=encodings,
+        device=check_device(args.device),
+        cuda_graphs=args.cuda_graphs,
         **overrides,
     )
     t = run.training
@@ -392,9 +505,9 @@ def _run_on_engine(engine, graph, args: argparse.Namespace, seed: int, overrides
         best_val_accuracy=t.fit.best_val_accuracy,
         best_round=t.fit.best_round,
         rounds=t.fit.rounds,
-        pretrain_bytes=pretrain_bytes(
-            "fedgat", graph, args.clients, args.beta, seed, owner=owners, **overrides
-        ),
+        pretrain_bytes=0
+        if encodings is not None
+        else pretrain_bytes("fedgat", graph, args.clients, args.beta, seed, owner=owners, **overrides),
         pretrain_seconds=time.perf_counter() - start - t.seconds,
         train_seconds=t.seconds,
         hparams=t.hparams,
