@@ -272,7 +272,8 @@ def test_train_from_saved_encodings_runs_no_pre_training_and_matches_the_api(sav
     ``run_encrypted_fedgat(encodings=load_encodings(file))`` does with the same seed."""
     from fedgat.checkpoint import load_encodings
     from fedgat.cli_engine import load_graph, synthetic_sizes
-    from fedgat.pipeline import run_encrypted_fedgat
+    from fedgat.methods import fedgat_partition, resolve_hparams
+    from fedgat.pipeline import run_encrypted_fedgat, train_fedgat
 
     _, saved, _ = saved_demo
     out = tmp_path / "train.json"
@@ -280,22 +281,27 @@ def test_train_from_saved_encodings_runs_no_pre_training_and_matches_the_api(sav
     assert cli.main([*argv, "--encodings", str(saved), "--json", str(out)]) == 0
     row = json.loads(out.read_text())["per_seed"][0]
     assert row["pretrain_bytes"] == 0 and row["rounds"] == 3
+    assert json.loads(out.read_text())["encodings"] == str(saved)
     graph = load_graph("synthetic", **synthetic_sizes(None), seed=0)  # the commands' synthetic graph
     run = run_encrypted_fedgat(graph, 3, 1.0, 0, encodings=load_encodings(saved), progress=False, rounds=3)
     assert run.pretrain is None and run.summary()["pretraining"] == "saved encodings"
-    assert row["test_accuracy"] == run.training.fit.test_accuracy
-    assert row["best_round"] == run.training.fit.best_round
+    # the same training as train_fedgat's on the split the demo made, from the file's encodings
+    settings = resolve_hparams("fedgat", {"variant": "vector"})
+    partition = fedgat_partition(graph, 3, 1.0, 0, settings, None)
+    direct = train_fedgat(graph, partition, load_encodings(saved), seed=0, rounds=3, progress=False)
+    assert row["test_accuracy"] == run.training.fit.test_accuracy == direct.fit.test_accuracy
+    assert row["best_round"] == direct.fit.best_round
 
 
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--clients", "4"], "another split (--clients 4 here); pass --clients 3"),
-        (["--first-seed", "1"], "pass --first-seed 0"),
-        (["--beta", "0.5"], "pass --beta 1.0"),
-        (["--variant", "matrix"], "pass --variant vector --neighbour-cap none"),
-        (["--min-cross", "2"], "pass --min-cross 0"),
-        (["--nodes", "600"], "holds encodings of synthetic (500 nodes)"),
+        (["--clients", "4"], "another split (--clients 4 here); give --clients 3, as the run"),
+        (["--first-seed", "1"], "give --first-seed 0,"),
+        (["--beta", "0.5"], "give --beta 1.0,"),
+        (["--variant", "matrix"], "give --variant vector, --neighbour-cap none,"),
+        (["--min-cross", "2"], "give --min-cross 0,"),
+        (["--nodes", "600"], "holds encodings of 'synthetic' (500 nodes); --dataset synthetic has 600"),
         (["--method", "gcn"], "--method gcn does not train on them"),
         (["--seeds", "2"], "leave --seeds out"),
         (["--dp-epsilon", "1"], "--dp-epsilon draws a DP release"),
@@ -325,7 +331,23 @@ def test_train_refuses_a_missing_or_damaged_encodings_file(saved_demo, tmp_path,
     # a file without a record of its split (saved from Python): checked by its clients' nodes
     bare = save_encodings(tmp_path / "bare.ckpt", load_encodings(saved))
     assert cli.main([*argv[:-1], "--beta", "0.3", "--encodings", str(bare)]) == 2
-    assert "its clients' nodes are not this split's" in capsys.readouterr().err
+    assert "client 0's encodings cover other nodes than its needed nodes" in capsys.readouterr().err
+    # a record without the dataset's name still names what it has
+    odd = save_encodings(tmp_path / "odd.ckpt", load_encodings(saved), info={"num_nodes": 7})
+    assert cli.main([*argv, str(odd)]) == 2
+    assert "holds encodings of 'synthetic' (7 nodes)" in capsys.readouterr().err
+
+
+def test_train_names_the_owners_the_saved_split_had(saved_demo, tmp_path, capsys):
+    import numpy as np
+
+    _, saved, _ = saved_demo
+    owners = tmp_path / "owners.npy"
+    np.save(owners, np.arange(500) % 3)
+    argv = ["train", "--dataset", "synthetic", "--rounds", "1", "--quiet", "--encodings", str(saved)]
+    assert cli.main([*argv, "--owners", str(owners)]) == 2
+    err = capsys.readouterr().err
+    assert f"(--owners {owners} here); give no --owners," in err
 
 
 def test_demo_refuses_a_bad_dp_budget(capsys):

@@ -131,9 +131,9 @@ def _set(name, value):
     [
         (_set("c0/0/K2", lambda a: a[:, :-1]), None, "K2"),
         (_set("c0/0/h_self", lambda a: a.astype(np.float64)), None, "mix dtypes"),
-        (_set("c0/0/rows", lambda a: np.zeros_like(a)), None, "nodes"),
+        (_set("c0/0/rows", lambda a: np.zeros_like(a)), None, "not those its rows name"),
         (_set("c0/1/neighbours", lambda a: a[:, ::-1].copy()), None, "first in their neighbours"),
-        (_set("c0/0/p", lambda a: a.astype(np.int64)), None, "float array"),
+        (_set("c0/0/p", lambda a: a.astype(np.int64)), None, "float32 or float64 array"),
         (_set("c0/nodes", lambda a: a.astype(np.float64)), None, "integer"),
         (lambda arrays: arrays.pop("c0/0/K2"), None, "lacks c0/0/K2"),
         (lambda arrays: None, lambda m: m.update(clients=["0"]), "client id"),
@@ -149,6 +149,108 @@ def test_a_resealed_file_with_a_broken_layout_is_refused(run, tmp_path, edit, me
         load_encodings(path)
 
 
+def _matrix_run(small_graph):
+    from fedgat.encodings import encode
+
+    nbh = make_partition(small_graph, 2, 1.0, 0, num_layers=2).neighbourhoods
+    return encode("matrix", small_graph.x, nbh, np.arange(40), rng=3)
+
+
+def _widened_m(arrays):
+    """A matrix bucket whose m is far above 2n: what would make training allocate O(m^3)."""
+    p = arrays["c0/1/p"]
+    B, _, n = p.shape
+    for key in ("p", "q"):
+        arrays[f"c0/1/{key}"] = np.zeros((B, 40 * n, n))
+    arrays["c0/1/K2"] = np.zeros((B, 40 * n, arrays["c0/1/K2"].shape[2]), np.float32)
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (_widened_m, "the matrix variant's m is 2n"),
+        (_set("c0/1/p", lambda a: a.astype(np.float16)), "float32 or float64 array"),
+        (_set("c0/1/K2", lambda a: np.where(a == a.max(), np.nan, a)), "K2 holds a value that is not finite"),
+        (_set("c0/1/q", lambda a: np.full_like(a, np.inf)), "q holds a value that is not finite"),
+        (_set("c0/1/h_self", lambda a: a[:, :0]), "d >= 1"),
+    ],
+)
+def test_a_resealed_file_that_would_fail_or_balloon_in_training_is_refused(small_graph, tmp_path, edit, says):
+    path = _resealed(tmp_path, _matrix_run(small_graph), edit)
+    with pytest.raises(CheckpointFormatError, match=says):
+        load_encodings(path)
+
+
+def test_clients_of_different_feature_widths_are_refused(run, tmp_path):
+    _, encodings = run
+    meta0, arrays = encodings_to_checkpoint(encodings[0], prefix="c0/")
+    meta1, more = encodings_to_checkpoint(encodings[1], prefix="c1/")
+    for name in [k for k in more if k.endswith(("/h_self", "/K2"))]:
+        more[name] = np.concatenate([more[name], more[name][..., :3]], axis=-1)
+    meta = {"clients": [0, 1], "layouts": {"0": meta0, "1": meta1}, "info": {}}
+    path = save_checkpoint(tmp_path / "w.ckpt", Checkpoint(ENCODINGS_KIND, meta, {**arrays, **more}))
+    with pytest.raises(CheckpointFormatError, match="different feature widths"):
+        load_encodings(path)
+
+
+def _raw_checkpoint(manifest: str, payload: bytes = b"") -> bytes:
+    """Checkpoint bytes around a hand-written manifest, with a valid SHA-256 (a forger's file)."""
+    import hashlib
+    import struct
+
+    from fedgat.checkpoint import FORMAT_VERSION, MAGIC
+
+    body = MAGIC + struct.pack(">I", FORMAT_VERSION) + struct.pack(">Q", len(manifest)) + manifest.encode()
+    body += payload
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize(
+    ("manifest", "payload", "says"),
+    [
+        ("[" * 100_000 + "]" * 100_000, b"", "RecursionError"),
+        (
+            '{"kind": "k", "mac": "sha256", "meta": {"x": ' + "9" * 5000 + '}, "arrays": []}',
+            b"",
+            "unreadable",
+        ),
+        (
+            (
+                '{"kind": "fedgat.client_encodings", "mac": "sha256", "meta": {}, "arrays": [{"name": "a", '
+                '"dtype": "uint8", "shape": [4], "offset": 0.0, "nbytes": 4.0}]}'
+            ),
+            b"abcd",
+            "must be integers",
+        ),
+        (
+            (
+                '{"kind": "fedgat.client_encodings", "mac": "sha256", "meta": {}, "arrays": [{"name": "a", '
+                '"dtype": "uint8", "shape": [0, 1000000000000000000000000000000], "offset": 0, "nbytes": 0}]}'
+            ),
+            b"",
+            "bad shape",
+        ),
+    ],
+)
+def test_forged_manifests_raise_a_checkpoint_error(tmp_path, manifest, payload, says):
+    path = tmp_path / "forged.ckpt"
+    path.write_bytes(_raw_checkpoint(manifest, payload))
+    with pytest.raises(CheckpointFormatError, match=says):
+        load_encodings(path)
+
+
+def test_a_mismatched_run_charges_no_ledger(small_graph, run, tmp_path):
+    """Encodings of another split are refused before DP-FedAvg's ledgers are charged for the run."""
+    from fedgat.pipeline import run_encrypted_fedgat
+
+    _, encodings = run
+    ledgers = tmp_path / "ledgers"
+    dp = {"update_dp_epsilon": 8.0, "update_dp_budget": (100.0, 1e-5), "update_dp_ledger_dir": str(ledgers)}
+    with pytest.raises(ValueError, match="client 0's encodings cover other nodes"):
+        run_encrypted_fedgat(small_graph, 3, 1.0, 1, encodings=encodings, progress=False, rounds=1, **dp)
+    assert not ledgers.exists() or not list(ledgers.iterdir())
+
+
 def test_save_refuses_what_is_not_a_mapping_of_encodings(run, tmp_path):
     _, encodings = run
     for bad, says in (
@@ -159,6 +261,8 @@ def test_save_refuses_what_is_not_a_mapping_of_encodings(run, tmp_path):
     ):
         with pytest.raises(TypeError, match=says):
             save_encodings(tmp_path / "enc.ckpt", bad)
+    with pytest.raises(ValueError, match="JSON values only"):
+        save_encodings(tmp_path / "enc.ckpt", encodings, info={"path": tmp_path})
     assert not (tmp_path / "enc.ckpt").exists()
 
 

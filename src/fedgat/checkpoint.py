@@ -238,8 +238,8 @@ def decode_checkpoint(
         )
     try:
         manifest = json.loads(bytes(view[_HEAD.size : _HEAD.size + mlen]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointFormatError(f"unreadable manifest: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, nesting or an integer too long
+        raise CheckpointFormatError(f"unreadable manifest: {type(exc).__name__}: {exc}") from None
     payload = body[_HEAD.size + mlen :]
     expected_mac = _mac_name(hmac_key, binding)
     return Checkpoint(*_parse_manifest(manifest, expected_mac), arrays=_arrays(manifest["arrays"], payload))
@@ -274,8 +274,10 @@ def _arrays(entries: list, payload: memoryview) -> dict[str, np.ndarray]:
             raise CheckpointFormatError(f"bad or duplicate array name {name!r:.80}")
         if dtype not in ALLOWED_DTYPES:
             raise CheckpointFormatError(f"array {name!r}: dtype {dtype!r} is not allowed")
-        if not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) > 32:
-            raise CheckpointFormatError(f"array {name!r}: bad shape {shape}")
+        if len(shape) > 32 or not all(type(d) is int and 0 <= d <= 1 << 40 for d in shape):
+            raise CheckpointFormatError(f"array {name!r}: bad shape {shape!r:.80}")
+        if type(start) is not int or type(nbytes) is not int:
+            raise CheckpointFormatError(f"array {name!r}: offset and size must be integers")
         dt = np.dtype(dtype).newbyteorder("<")
         if start != offset or nbytes != math.prod(shape) * dt.itemsize or start + nbytes > len(payload):
             raise CheckpointFormatError(f"array {name!r}: offset/size do not match the payload")
@@ -460,8 +462,11 @@ def encodings_to_checkpoint(enc: Any, prefix: str = "enc/") -> tuple[dict, dict[
     return {"variant": enc.variant, "buckets": buckets}, arrays
 
 
-def encodings_from_checkpoint(meta: dict, arrays: Mapping[str, np.ndarray], prefix: str = "enc/") -> Any:
-    """Inverse of :func:`encodings_to_checkpoint`."""
+def encodings_from_checkpoint(
+    meta: dict, arrays: Mapping[str, np.ndarray], prefix: str = "enc/", *, copy: bool = True
+) -> Any:
+    """Inverse of :func:`encodings_to_checkpoint`; ``copy=False`` takes ``arrays`` as they are (the
+    caller's to give away, e.g. :func:`decode_checkpoint`'s own copies)."""
     from fedgat.encodings import BucketBases, EncodingBucket, Encodings
 
     def get(i: int, key: str, tensor: bool = False) -> Any:
@@ -469,7 +474,7 @@ def encodings_from_checkpoint(meta: dict, arrays: Mapping[str, np.ndarray], pref
         if key not in meta["buckets"][i]:
             return None
         try:
-            value = np.array(arrays[name])
+            value = np.array(arrays[name]) if copy else arrays[name]
         except KeyError as exc:
             raise CheckpointFormatError(f"encodings checkpoint lacks {name}") from exc
         return torch.from_numpy(value) if tensor else value
@@ -532,6 +537,10 @@ def save_encodings(
 
     if info is not None and not isinstance(info, Mapping):
         raise TypeError(f"info must be a mapping of JSON values, got {type(info).__name__}")
+    try:
+        json.dumps(dict(info or {}), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"info must hold JSON values only: {exc}") from None
 
     if not isinstance(encodings, Mapping):
         hint = " (a run's .encodings)" if hasattr(encodings, "encodings") else ""
@@ -549,7 +558,7 @@ def save_encodings(
 
 
 def load_encodings(
-    path: str | Path, *, hmac_key: bytes | None = None, max_bytes: int = 1 << 36
+    path: str | Path, *, hmac_key: bytes | None = None, max_bytes: int = 1 << 35
 ) -> dict[int, Any]:
     """The client id -> :class:`~fedgat.encodings.Encodings` mapping :func:`save_encodings` wrote
     (:func:`read_encodings`' ``encodings``; it raises the same errors)."""
@@ -557,10 +566,13 @@ def load_encodings(
 
 
 def read_encodings(
-    path: str | Path, *, hmac_key: bytes | None = None, max_bytes: int = 1 << 36
+    path: str | Path, *, hmac_key: bytes | None = None, max_bytes: int = 1 << 35
 ) -> SavedEncodings:
     """The encodings :func:`save_encodings` wrote, on the CPU, each checked
-    (:meth:`~fedgat.encodings.Encodings.check_layout`) before any is returned, with their ``info``.
+    (:meth:`~fedgat.encodings.Encodings.check_layout`, and one feature width across clients) before any
+    is returned, with their ``info``. ``max_bytes``: refuse a larger file before reading it (default
+    32 GiB; ogbn-arxiv-sized runs keep ~11 GiB). Reading takes about twice the file's size at its peak
+    (its bytes, then the arrays).
 
     Raises:
         CheckpointFormatError: no such file, not a checkpoint, truncated, or encodings whose layout
@@ -582,9 +594,12 @@ def read_encodings(
         for c in clients:
             if isinstance(c, bool) or not isinstance(c, int) or c < 0:
                 raise ValueError(f"client id {c!r} is not an int >= 0")
-            enc = encodings_from_checkpoint(layouts[str(c)], ckpt.arrays, prefix=f"c{c}/")
+            enc = encodings_from_checkpoint(layouts[str(c)], ckpt.arrays, prefix=f"c{c}/", copy=False)
             enc.check_layout()
             out[c] = enc
+        widths = {b.h_self.shape[-1] for e in out.values() for b in e.buckets}
+        if len(widths) > 1:
+            raise ValueError(f"its clients' encodings have different feature widths {sorted(widths)}")
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:

@@ -504,9 +504,12 @@ class Encodings:
         Every node of :attr:`nodes` (distinct integer ids) is in exactly one bucket at the positions
         ``bases.rows`` name, with its id in ``bases.nodes`` and first in its ``neighbours``; per bucket
         of ``B`` nodes, ``n`` neighbours and dimension ``m``: ``p`` (and ``q`` for the matrix variant)
-        ``(B, m, n)``, ``h_self (B, d)``, ``K2 (B, m, d)``, ``M2 (B, m*m, k)`` when stored, ``cols (B, k)``
-        integer with it, one floating dtype and one ``d`` throughout. For encodings read from a file
-        (:func:`fedgat.checkpoint.load_encodings`), before anything trains on them.
+        ``(B, m, n)`` with the variant's ``m`` (matrix ``2n``, vector a multiple of ``n``), ``h_self (B, d)``,
+        ``K2 (B, m, d)``, ``M2 (B, m*m, k)`` when stored, ``cols (B, k)`` integer with it; float32 or
+        float64 values, all finite, one dtype and one ``d >= 1`` throughout. For encodings read from a
+        file (:func:`fedgat.checkpoint.load_encodings`), before anything trains on them: a file that
+        passes holds nothing the layer would fail on, and no shape that makes training allocate more
+        than the file's size (the matrix variant's ``M2`` is ``m^2`` rows per node).
         """
         nodes = np.asarray(self.nodes)
         if nodes.ndim != 1 or nodes.dtype.kind not in "iu":
@@ -544,19 +547,31 @@ class Encodings:
                         f"{where}: {name} {'missing' if want else 'given'} for the {self.variant} variant"
                     )
                 if basis is not None and (
-                    basis.dtype.kind != "f" or basis.ndim != 3 or basis.shape[0] != B or basis.shape[2] != n
+                    basis.dtype not in (np.float32, np.float64)
+                    or basis.ndim != 3
+                    or basis.shape[0] != B
+                    or basis.shape[2] != n
                 ):
-                    raise ValueError(f"{where}: {name} must be a ({B}, m, {n}) float array")
+                    raise ValueError(f"{where}: {name} must be a ({B}, m, {n}) float32 or float64 array")
+                if basis is not None and not np.isfinite(basis).all():
+                    raise ValueError(f"{where}: {name} holds a value that is not finite")
             m = bb.p.shape[1]
-            if m < 1 or (bb.q is not None and bb.q.shape != bb.p.shape):
-                raise ValueError(f"{where}: p and q must have the same shape (B, m, n), m >= 1")
+            if bb.q is not None and bb.q.shape != bb.p.shape:
+                raise ValueError(f"{where}: p and q must have the same shape (B, m, n)")
+            if (m != 2 * n) if self.kind.has_m2 else (m < n or m % n):
+                what = "2n" if self.kind.has_m2 else "a multiple of n"
+                raise ValueError(f"{where}: m = {m} for n = {n}; the {self.variant} variant's m is {what}")
             tensors = {"h_self": b.h_self, "K2": b.K2, "M2": b.M2}
             for name, t in tensors.items():
-                if t is not None and (not isinstance(t, torch.Tensor) or not t.is_floating_point()):
-                    raise ValueError(f"{where}: {name} must be a floating tensor")
-            d = b.h_self.shape[-1]
-            if b.h_self.shape != (B, d) or b.K2.shape != (B, m, d):
-                raise ValueError(f"{where}: h_self must be ({B}, d) and K2 ({B}, {m}, d)")
+                if t is None:
+                    continue
+                if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float32, torch.float64):
+                    raise ValueError(f"{where}: {name} must be a float32 or float64 tensor")
+                if not torch.isfinite(t).all():
+                    raise ValueError(f"{where}: {name} holds a value that is not finite")
+            d = b.h_self.shape[-1] if b.h_self.dim() == 2 else -1
+            if d < 1 or b.h_self.shape != (B, d) or b.K2.shape != (B, m, d):
+                raise ValueError(f"{where}: h_self must be ({B}, d) and K2 ({B}, {m}, d), d >= 1")
             floating.update(t.dtype for t in tensors.values() if t is not None)
             widths.add(int(d))
             if b.M2 is not None:

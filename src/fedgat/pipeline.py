@@ -592,6 +592,24 @@ def run_plaintext_pretraining(
     return {c: got.get(c, empty) for c in range(partition.num_clients)}
 
 
+def check_encodings_split(partition: Partition, encodings: Mapping[int, Encodings]) -> None:
+    """Raise ``ValueError`` unless ``encodings`` hold one entry per client of ``partition``, each over
+    that client's needed nodes in their order: what :func:`train_fedgat`'s clients build their tasks
+    from, checked before anything (a ledger's charge included) depends on it."""
+    ids = sorted(encodings)
+    if ids != list(range(partition.num_clients)):
+        shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+        raise ValueError(
+            f"the encodings are of clients {shown}; the split has clients 0..{partition.num_clients - 1}"
+        )
+    for c, client in enumerate(partition.clients):
+        if not np.array_equal(np.asarray(encodings[c].nodes), client.needed):
+            raise ValueError(
+                f"client {c}'s encodings cover other nodes than its needed nodes: another split (clients, "
+                "beta, seed, owners, neighbour cap or minimum-cross rule) or another graph"
+            )
+
+
 def max_abs_error(got: Mapping[int, Encodings], want: Mapping[int, Encodings]) -> float:
     """Largest absolute difference between two sets of per-client encodings over the same bases."""
     for name, value in (("got", got), ("want", want)):
@@ -918,6 +936,8 @@ def run_encrypted_fedgat(
     elif num_clients is None:
         num_clients = DEFAULT_CLIENTS
     partition = fedgat_partition(graph, num_clients, beta, seed, hp, owner)
+    if encodings is not None:  # before any ledger is charged for a run that could not train
+        check_encodings_split(partition, encodings)
     if dp is not None and dp_ledgers is None:
         dp_ledgers = owner_ledgers(num_clients, hp["dp_budget"], hp["dp_ledger_dir"])
     if dp is not None:

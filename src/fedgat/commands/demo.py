@@ -169,9 +169,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="write the clients' decrypted encodings to FILE once the pre-training round has ended (one "
-        "integrity-checked file, no pickle; fedgat.checkpoint.load_encodings reads it back for "
-        "fedgat.pipeline.train_fedgat, so later training needs no new encrypted round). They reveal the "
-        "clients' neighbours' features: keep the file where the raw data may be kept",
+        "integrity-checked file, no pickle), with the split they belong to: fedgat train --encodings FILE "
+        "(or fedgat.checkpoint.load_encodings) trains from them later with no new encrypted round. They "
+        "reveal the clients' neighbours' features: keep the file where the raw data may be kept",
     )
     add_quiet_argument(parser)
     parser.add_argument(

@@ -190,9 +190,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="FedGAT from the decrypted encodings FILE holds (fedgat demo --save-encodings) instead of a "
         "pre-training round: no new round, so training can be tuned without re-encrypting. The split "
-        "must be the one they were computed for (--dataset, --clients, --beta, --first-seed as demo's "
-        "--seed, --owners, --variant, --neighbour-cap, --min-cross as that run had them; a mismatch is "
-        "refused naming the file's); one seed, no --dp-epsilon",
+        "must be the one they were computed for (--dataset and --nodes, --clients, --beta, --first-seed "
+        "as demo's --seed, --owners, --variant, --neighbour-cap, --min-cross as that run had them; a "
+        "mismatch is refused naming the file's); one seed, no --dp-epsilon. The file is checked against "
+        "corruption (SHA-256), not forgery: keep it where only you can write",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--history", action="store_true", help="include per-round metrics in the JSON")
@@ -311,26 +312,34 @@ SPLIT_FLAGS = {
 
 def _check_saved_split(args: argparse.Namespace, saved: dict, run: dict) -> None:
     """Refuse ``--encodings`` whose recorded split (``saved``, the file's info) differs from this run's
-    (``run``), naming the flags to give; a file without a record is checked by its nodes alone."""
-    if (
-        saved.get("dataset", run["dataset"]) != run["dataset"]
-        or saved.get("num_nodes", run["num_nodes"]) != run["num_nodes"]
-    ):
+    (``run``), naming the flags to give; a file without a record is checked by its nodes alone
+    (:func:`fedgat.pipeline.check_encodings_split`). Owners files are compared by their nodes too, and
+    with one, ``--beta`` is unused."""
+    dataset, nodes = saved.get("dataset", run["dataset"]), saved.get("num_nodes", run["num_nodes"])
+    if dataset != run["dataset"] or nodes != run["num_nodes"]:
         raise UsageError(
-            f"--encodings {args.encodings} holds encodings of {saved['dataset']} ({saved.get('num_nodes')} nodes); "
-            f"--dataset is {run['dataset']} ({run['num_nodes']} nodes)"
+            f"--encodings {args.encodings} holds encodings of {dataset!r} ({nodes!r} nodes); --dataset "
+            f"{run['dataset']} has {run['num_nodes']} nodes (give the --dataset, and --nodes for synthetic, "
+            "of the run that saved them)"
         )
+    both_owned = bool(saved.get("owners")) and bool(run["owners"])
     differ = [
         k
         for k in SPLIT_FLAGS
-        if k in saved and saved[k] != run[k] and not (k == "owners" and saved[k] and run[k])
+        if k in saved and saved[k] != run[k] and not (both_owned and k in ("owners", "beta"))
     ]
     if differ:
-        want = " ".join(f"{SPLIT_FLAGS[k]} {'none' if saved[k] is None else saved[k]}" for k in differ)
-        have = ", ".join(f"{SPLIT_FLAGS[k]} {'none' if run[k] is None else run[k]}" for k in differ)
+
+        def flag(k: str, value: Any) -> str:
+            if k == "owners" and value is None:
+                return "no --owners"
+            return f"{SPLIT_FLAGS[k]} {'none' if value is None else value}"
+
+        want = ", ".join(flag(k, saved[k]) for k in differ)
+        have = ", ".join(flag(k, run[k]) for k in differ)
         raise UsageError(
             f"--encodings {args.encodings} holds the encodings of another split ({have} here); "
-            f"pass {want} as the run that saved them had"
+            f"give {want}, as the run that saved them had"
         )
 
 
@@ -446,24 +455,19 @@ def _read_saved(args: argparse.Namespace, graph, owners, hparams: dict, override
         UsageError: another split (the message names the flags to give).
         fedgat.checkpoint.CheckpointError: an unreadable, damaged or foreign file.
     """
-    import numpy as np
-
     from fedgat.checkpoint import read_encodings
     from fedgat.methods import fedgat_partition
+    from fedgat.pipeline import check_encodings_split
 
     saved = read_encodings(args.encodings)
     owners_name = None if args.owners is None else str(args.owners)  # args.clients: resolve_owners' count
     run = split_info(graph, args.clients, args.beta, args.first_seed, owners_name, hparams)
     _check_saved_split(args, saved.info, run)
     partition = fedgat_partition(graph, args.clients, args.beta, args.first_seed, hparams, owners)
-    needed = {c: client.needed for c, client in enumerate(partition.clients)}
-    if sorted(saved.encodings) != sorted(needed) or any(
-        not np.array_equal(saved.encodings[c].nodes, needed[c]) for c in needed
-    ):
-        raise UsageError(
-            f"--encodings {args.encodings}: its clients' nodes are not this split's (another graph, owners "
-            "file or split settings than the run that saved them)"
-        )
+    try:
+        check_encodings_split(partition, saved.encodings)
+    except ValueError as exc:
+        raise UsageError(f"--encodings {args.encodings}: {exc}") from None
     return saved.encodings
 
 
@@ -551,6 +555,8 @@ def summarise(args: argparse.Namespace, dataset: str, hparams: dict, results: li
         "clients": results[0].num_clients,
         "beta": args.beta,
         "owners": None if args.owners is None or centralised else str(args.owners),
+        # --encodings: the saved encodings it trained from (no pre-training round)
+        "encodings": None if getattr(args, "encodings", None) is None else str(args.encodings),
         "seeds": [r.seed for r in results],
         "test_accuracy_mean": statistics.fmean(acc),
         "test_accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
