@@ -23,7 +23,8 @@ Design
   :class:`~fedgat.protocols.hosting.HostedTransport`, shared with the process engine
   (:mod:`fedgat.protocols.process_engine`); this module adds only how an actor is called. A party is placed once, before it starts, as
   a value: the bytes of its :class:`~fedgat.protocols.party_values.PartySpec` (plain values, private
-  keys as their raw bytes; no pickle), from which the actor builds it; from then on its state
+  keys as their raw bytes; no pickle), from which the actor builds it (sent, and its report returned,
+  as a ``uint8`` array over those bytes, which Ray ships out of band: :func:`~fedgat.protocols.ray_host.out_of_band`); from then on its state
   machine runs in the actor and only the protocol's own signed frames move, as ``bytes``: the
   actor calls :meth:`~fedgat.protocols.party.Party.receive` on them and returns the frames its
   parties produce, the coordinator routes every frame (counting it in :attr:`RayTransport.traffic`
@@ -74,7 +75,7 @@ from fedgat.crypto.ray_encoder import INSTALL_HINT, RayEncoder, RayUnavailableEr
 from .driver import Clock
 from .hosting import MAX_FRAME_BYTES, HostedTransport, PartyHost
 from .party import Party
-from .ray_host import RayEngineError
+from .ray_host import RayEngineError, RayPartyHost, out_of_band
 from .transport import Transcript
 
 __all__ = ["INSTALL_HINT", "PartyHost", "RayEngine", "RayEngineError", "RayTransport", "RayUnavailableError"]
@@ -150,7 +151,7 @@ class RayEngine:
             raise RayEngineError("the engine has been shut down")
         if not self.actors:
             n = self.requested_actors or max(1, min(self.cpus, parties))
-            cls = self.ray.remote(PartyHost).options(**self.actor_options)
+            cls = self.ray.remote(RayPartyHost).options(**self.actor_options)
             self.actors = [cls.remote(self.threads, self.preload) for _ in range(n)]
             self._get([a.ping.remote() for a in self.actors])
         return self.actors
@@ -250,6 +251,9 @@ class RayTransport(HostedTransport):
         return len(self.engine.ensure_actors(parties))
 
     def _call(self, host: int, method: str, *args: Any) -> Any:
+        if method == "place":  # specs out of band (RayPartyHost's reports come back the same way)
+            (specs,) = args
+            args = ({pid: out_of_band(blob) for pid, blob in specs.items()},)
         return getattr(self.engine.actors[host], method).remote(*args)
 
     def _ready(self, calls: list[Any]) -> list[Any]:

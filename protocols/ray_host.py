@@ -13,10 +13,41 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+import numpy as np
+
 from .hosting import EngineError, Frame, PartyHost, failure, rss_bytes
 from .hosting import raise_failure as _raise_failure
 
-__all__ = ["Frame", "PartyHost", "RayEngineError", "failure", "raise_failure", "rss_bytes"]
+__all__ = [
+    "Frame",
+    "PartyHost",
+    "RayEngineError",
+    "RayPartyHost",
+    "failure",
+    "out_of_band",
+    "raise_failure",
+    "rss_bytes",
+]
+
+
+def out_of_band(blob: bytes) -> np.ndarray:
+    """``blob`` as a read-only ``uint8`` array over the same memory, for a Ray call's argument or answer.
+
+    Ray's serialiser ships a numpy array's buffer out of band (one copy into the object store, a
+    zero-copy view out of it) and ``bytes`` in band (pickled into its message: a copy more on each
+    side). Specs and reports are large (a training client's carries its task encodings, ~70 MB at 10k
+    nodes); their readers take any buffer (:func:`fedgat.checkpoint.decode_checkpoint`)."""
+    return np.frombuffer(blob, dtype=np.uint8)
+
+
+class RayPartyHost(PartyHost):
+    """:class:`PartyHost` as a Ray actor: its reports leave as :func:`out_of_band` arrays (the
+    coordinator sends specs the same way, :meth:`fedgat.protocols.ray_engine.RayTransport._call`)."""
+
+    def report(self, pids: list[int], drop: bool = True) -> dict:
+        answer = super().report(pids, drop)
+        answer["reports"] = {pid: out_of_band(blob) for pid, blob in answer["reports"].items()}
+        return answer
 
 
 class RayEngineError(EngineError):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from fedgat.protocols.ray_engine import RayTransport
 
 
@@ -99,3 +101,14 @@ def test_one_party_a_call_where_the_engine_says_so():
     transport._place([[1, 2, 3], [4]], lambda pid: bytes(8))
     assert sorted(pids for kind, h, pids in log) == [[1], [2], [3], [4]]
     assert all(actor.most_in_flight == 1 for actor in transport.engine.actors)
+
+
+def test_ray_ships_each_spec_as_an_array_over_its_bytes():
+    """Spec bytes go to an actor as uint8 arrays over the same memory (Ray ships a numpy buffer out of
+    band: one copy into its object store; ``bytes`` would be pickled in band, a copy more each side)."""
+    transport = RayTransport(_Engine(1, []))  # type: ignore[arg-type]
+    blob = bytes(range(256)) * 64
+    call = transport._call(0, "place", {7: blob})
+    (sent,) = call.arg.values()
+    assert isinstance(sent, np.ndarray) and sent.dtype == np.uint8 and not sent.flags.writeable
+    assert sent.tobytes() == blob and np.shares_memory(sent, np.frombuffer(blob, np.uint8))

@@ -50,6 +50,7 @@ from fedgat.protocols.party_values import (
 )
 from fedgat.protocols.pretrain import PretrainTimeouts
 from fedgat.protocols.ray_engine import PartyHost, RayEngineError, RayTransport
+from fedgat.protocols.ray_host import RayPartyHost
 
 TRAIN = {"rounds": 2, "patience": None, "dropout": 0.0, "feature_dropout": 0.0}
 
@@ -330,8 +331,9 @@ class _Ray:
 
 
 class FakeEngine:
-    """What :class:`RayTransport` uses of a :class:`RayEngine`, over plain :class:`PartyHost` objects:
-    every call runs at once, in this process."""
+    """What :class:`RayTransport` uses of a :class:`RayEngine`, over plain :class:`RayPartyHost` objects
+    (the actors' class: specs arrive and reports leave as uint8 arrays): every call runs at once, in
+    this process."""
 
     def __init__(self, actors: int = 2):
         self.ray = _Ray()
@@ -340,7 +342,7 @@ class FakeEngine:
 
     def ensure_actors(self, parties: int):
         if not self.actors:
-            self.actors = [_Actor(PartyHost(threads=None)) for _ in range(self.n)]
+            self.actors = [_Actor(RayPartyHost(threads=None)) for _ in range(self.n)]
         return self.actors
 
     def _get(self, refs):
