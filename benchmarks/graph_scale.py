@@ -175,6 +175,18 @@ def arxiv_like(nodes: int, seed: int = 0):
     )
 
 
+def start_ray(actors: int | None, parties: int):
+    """A :class:`~fedgat.protocols.ray_engine.RayEngine` with its actors started (``actors``; None:
+    the engine's default for ``parties``), and ``{"ray_start_seconds", "actors"}``: the seconds
+    ``ray.init`` and the actors took (not in any phase) and how many there are."""
+    from fedgat.protocols.ray_engine import RayEngine
+
+    start = time.perf_counter()
+    eng = RayEngine(actors, log_to_driver=False)
+    eng.ensure_actors(parties)
+    return eng, {"ray_start_seconds": round(time.perf_counter() - start, 3), "actors": len(eng.actors)}
+
+
 def one(
     mode: str,
     nodes: int,
@@ -194,13 +206,8 @@ def one(
     eng = None
     out: dict = {"mode": mode, "nodes": nodes, "clients": clients, "engine": engine}
     if engine == "ray":
-        from fedgat.protocols.ray_engine import RayEngine
-
-        start = time.perf_counter()
-        eng = RayEngine(actors, log_to_driver=False)
-        eng.ensure_actors(clients)
-        out["ray_start_seconds"] = round(time.perf_counter() - start, 3)
-        out["actors"] = len(eng.actors)
+        eng, started = start_ray(actors, clients)
+        out.update(started)
     try:
         _phases(out, mode, nodes, clients, rounds, seed, upload_window, eng)
         if eng is not None:

@@ -77,13 +77,10 @@ def one(engine: str, clients: int, nodes: int, rounds: int, actors: int | None, 
     eng = None
     transport = None
     if engine == "ray":
-        from fedgat.protocols.ray_engine import RayEngine
+        from fedgat.benchmarks.graph_scale import start_ray
 
-        start = time.perf_counter()
-        eng = RayEngine(actors, log_to_driver=False)
-        eng.ensure_actors(clients)
-        out["ray_start_seconds"] = round(time.perf_counter() - start, 3)
-        out["actors"] = len(eng.actors)
+        eng, started = start_ray(actors, clients)
+        out.update(started)
         out["actor_idle_rss"] = [m["rss"] for m in eng.memory()]
         transport = eng.transport()
     try:
