@@ -59,7 +59,8 @@ its own. For each protocol phase in order (:data:`PATH_PHASES`), the slowest par
 the one whose own clock (:attr:`fedgat.protocols.party.Party.timings`) charged it the most -- takes
 its compute time plus the bytes it sends and receives in that phase (frames counted by the
 transport, each charged to its message type's phase, :data:`fedgat.protocols.party.PHASES`) at
-``--link-gbps`` (default 1 Gbit/s); ``critical_path_s`` sums the phases. A model: phases as
+``--link-gbps`` (default 1 Gbit/s; the server's at ``--server-link-gbps``, default the same);
+``critical_path_s`` sums the phases. A model: phases as
 barriers (no overlap of one phase with the next, which the round does have), no latency, and the
 per-party table (``critical_path.parties``) recomputes it at another speed (:func:`critical_path`).
 With server workers the server's clock only counts the time it waited for them, so its
@@ -102,8 +103,12 @@ FEDGRAPH_FEDGCN_HE = {
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 FROM_JSON_HELP = (
-    "run nothing: recompute an earlier run's critical paths (encrypted and plaintext) at --link-gbps from "
-    "its JSON and write overhead_<X>gbps.{json,md,png} into --out"
+    "run nothing: recompute an earlier run's critical paths (encrypted and plaintext) at --link-gbps (and "
+    "--server-link-gbps) from its JSON and write overhead_<X>gbps[_server<Y>gbps].{json,md,png} into --out"
+)
+SERVER_LINK_HELP = (
+    "the server's link speed in Gbit/s for the critical path, where it differs from the clients' "
+    "(--link-gbps; e.g. 10 for a server in a data centre); default the same"
 )
 NO_REPLAY_HELP = (
     "skip computing every result again with the clients idle after the round (the 'server alone' "
@@ -316,17 +321,49 @@ def party_phase_table(
     return table
 
 
-def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dict:
+def link_speeds(link_gbps: float, server_link_gbps: float | None = None) -> tuple[float, float]:
+    """``(client, server)`` link speeds in Gbit/s (the server's defaults to the clients').
+
+    Raises:
+        ValueError: a speed that is not a positive number.
+    """
+    server = link_gbps if server_link_gbps is None else server_link_gbps
+    for name, value in (("link", link_gbps), ("server link", server)):
+        if not (isinstance(value, int | float) and np.isfinite(value) and value > 0):
+            raise ValueError(f"{name} speed must be a positive number of Gbit/s, got {value!r}")
+    return float(link_gbps), float(server)
+
+
+def describe_links(path: dict) -> str:
+    """A critical path's link speeds for people: ``1 Gbit/s links`` or ``1 Gbit/s client links, 10 Gbit/s
+    server link``."""
+    link, server = path["link_gbps"], path.get("server_link_gbps", path["link_gbps"])
+    if server == link:
+        return f"{link:g} Gbit/s links"
+    return f"{link:g} Gbit/s client links, {server:g} Gbit/s server link"
+
+
+def critical_path(
+    parties: dict[str, dict], link_gbps: float = LINK_GBPS, server_link_gbps: float | None = None
+) -> dict:
     """The critical path of a deployment with every party on its own machine, from
     :func:`party_phase_table`: for each phase (in :data:`PATH_PHASES` order, then any other, by name),
     the party that takes longest over it -- its own clock's compute plus the bytes it sent and received
-    in the phase at ``link_gbps`` Gbit/s over its own link -- with that compute, those bytes and their
-    transfer time. The server's link carries every upload and every result, so in those phases it is
-    often the server's bytes, not the slowest client's, that hold the path. ``seconds`` sums the phases;
-    ``busiest_link`` names the party with the most bytes in the phase (None: no frames)."""
-    if not link_gbps > 0:
-        raise ValueError(f"link speed must be positive, got {link_gbps} Gbit/s")
-    bits_per_second = link_gbps * 1e9
+    in the phase over its own link, a client's at ``link_gbps`` Gbit/s, the server's at
+    ``server_link_gbps`` (default ``link_gbps``; a server in a data centre often has 10) -- with that
+    compute, those bytes and their transfer time. The server's link carries every upload and every
+    result, so in those phases it is often the server's bytes, not the slowest client's, that hold the
+    path. ``seconds`` sums the phases; ``busiest_link`` names the party with the most bytes in the phase
+    (None: no frames).
+
+    Raises:
+        ValueError: a link speed that is not a positive number.
+    """
+    link_gbps, server_link_gbps = link_speeds(link_gbps, server_link_gbps)
+
+    def bits_per_second(pid: str) -> float:
+        return (server_link_gbps if parties[pid]["role"] == "server" else link_gbps) * 1e9
+
     seen = {
         ph for p in parties.values() for key in ("compute_s", "bytes_sent", "bytes_received") for ph in p[key]
     }
@@ -337,7 +374,7 @@ def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dic
         return p["bytes_sent"].get(phase, 0) + p["bytes_received"].get(phase, 0)
 
     def took(pid: str, phase: str) -> float:
-        return parties[pid]["compute_s"].get(phase, 0.0) + moved(pid, phase) * 8 / bits_per_second
+        return parties[pid]["compute_s"].get(phase, 0.0) + moved(pid, phase) * 8 / bits_per_second(pid)
 
     rows = []
     for phase in order:
@@ -349,7 +386,7 @@ def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dic
             p["bytes_sent"].get(phase, 0),
             p["bytes_received"].get(phase, 0),
         )
-        transfer = (sent + received) * 8 / bits_per_second
+        transfer = (sent + received) * 8 / bits_per_second(slowest)
         rows.append(
             {
                 "phase": phase,
@@ -365,7 +402,7 @@ def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dic
                     {
                         "party": int(busiest),
                         "bytes": moved(busiest, phase),
-                        "transfer_s": moved(busiest, phase) * 8 / bits_per_second,
+                        "transfer_s": moved(busiest, phase) * 8 / bits_per_second(busiest),
                     }
                     if moved(busiest, phase)
                     else None
@@ -374,6 +411,7 @@ def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dic
         )
     return {
         "link_gbps": link_gbps,
+        "server_link_gbps": server_link_gbps,
         "seconds": sum(r["seconds"] for r in rows),
         "compute_s": sum(r["compute_s"] for r in rows),
         "transfer_s": sum(r["transfer_s"] for r in rows),
@@ -381,25 +419,35 @@ def critical_path(parties: dict[str, dict], link_gbps: float = LINK_GBPS) -> dic
     }
 
 
-def plaintext_path(plaintext: dict, link_gbps: float) -> dict:
+def plaintext_path(
+    plaintext: dict, link_gbps: float, server_link_gbps: float | None = None, clients: int | None = None
+) -> dict:
     """The plaintext round deployed like the encrypted one: the clients' float32 rows up and the
     encodings down over the server's link (every byte crosses it), the server's compute (the round's
-    wall time) between; the clients' own plaintext work is not timed and taken as free."""
+    wall time) between; the clients' own plaintext work is not timed and taken as free. With a server
+    link faster than the ``clients``' together, their links hold the transfer instead (the bytes taken
+    as evenly split among them)."""
+    link_gbps, server_link_gbps = link_speeds(link_gbps, server_link_gbps)
+    bits = (plaintext["bytes_up"] + plaintext["bytes_down"]) * 8
     compute = plaintext["phases"]["round"]["wall"]
-    transfer = (plaintext["bytes_up"] + plaintext["bytes_down"]) * 8 / (link_gbps * 1e9)
+    transfer = bits / (server_link_gbps * 1e9)
+    if clients:
+        transfer = max(transfer, bits / (clients * link_gbps * 1e9))
     return {
         "link_gbps": link_gbps,
+        "server_link_gbps": server_link_gbps,
         "compute_s": compute,
         "transfer_s": transfer,
         "seconds": compute + transfer,
     }
 
 
-def relink(r: dict, link_gbps: float) -> dict:
+def relink(r: dict, link_gbps: float, server_link_gbps: float | None = None) -> dict:
     """One run's results (:func:`run_overhead`, or its JSON) with both critical paths and the deployed
-    ratio recomputed at ``link_gbps`` from the per-party table it recorded (``fedgat bench overhead
-    --from-json FILE --link-gbps X``: what a deployment on slower or faster links would take, without
-    running it again).
+    ratio recomputed at ``link_gbps`` (the server's at ``server_link_gbps``, default the same) from the
+    per-party table it recorded (``fedgat bench overhead --from-json FILE --link-gbps X
+    [--server-link-gbps Y]``: what a deployment on slower or faster links would take, without running
+    it again).
 
     Raises:
         ValueError: a result without the per-party table (written before 2026-11-27), or a link speed
@@ -410,16 +458,21 @@ def relink(r: dict, link_gbps: float) -> dict:
         raise ValueError(
             "these results have no per-party table to recompute the critical path from (older run)"
         )
-    path = critical_path(cp["parties"], link_gbps)
+    path = critical_path(cp["parties"], link_gbps, server_link_gbps)
     path["server_compute"], path["parties"] = cp.get("server_compute"), cp["parties"]
     plain = dict(r["plaintext"])
-    plain["critical_path"] = plaintext_path(plain, link_gbps)
+    plain["critical_path"] = plaintext_path(plain, link_gbps, server_link_gbps, r.get("clients"))
     plain["critical_path_s"] = plain["critical_path"]["seconds"]
     ratios = {
         **r["ratios"],
         "critical_path": path["seconds"] / plain["critical_path_s"] if plain["critical_path_s"] else None,
     }
-    relinked = {"from_gbps": cp.get("link_gbps"), "to_gbps": link_gbps}
+    relinked = {
+        "from_gbps": cp.get("link_gbps"),
+        "to_gbps": path["link_gbps"],
+        "from_server_gbps": cp.get("server_link_gbps", cp.get("link_gbps")),
+        "to_server_gbps": path["server_link_gbps"],
+    }
     return {
         **r,
         "critical_path": path,
@@ -453,6 +506,7 @@ def run_overhead(
     wire: str = "compact",
     encrypt_workers: int | str = 0,
     replay: bool = True,
+    server_link_gbps: float | None = None,
 ) -> dict:
     """Plaintext and encrypted pre-training rounds on the same partition and bases; see the module doc.
     ``replay=False`` (``--no-replay``) skips computing every result again with the clients idle (on
@@ -463,13 +517,13 @@ def run_overhead(
     ``wire``: the encrypted round's ciphertext wire (``"compact"`` or ``"tenseal"``, the per-operation
     sizes and serialisation costs are measured in the same wire).
     ``owner``: the user's split (one client id per node, ``fedgat bench overhead --owners``) instead of
-    the Dirichlet one. ``link_gbps``: every party's link speed for the critical path. ``engine``: where
+    the Dirichlet one. ``link_gbps``: the clients' link speed for the critical path, ``server_link_gbps``
+    the server's (default the same). ``engine``: where
     the encrypted round's clients run (:data:`ENGINES`; ``engine_workers``: the process engine's
     workers, default one per usable core); the accuracy comparison trains in process either way."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if not link_gbps > 0:
-        raise ValueError(f"link speed must be positive, got {link_gbps} Gbit/s")
+    link_gbps, server_link_gbps = link_speeds(link_gbps, server_link_gbps)
     import torch
 
     from fedgat.crypto.evaluator import OpCounts
@@ -594,7 +648,7 @@ def run_overhead(
     clock = parties[str(server)]["compute_s"].get("server_compute", 0.0)
     if pre.server_workers and replay:  # its clock counted the waits for its workers, not their compute
         parties[str(server)]["compute_s"]["server_compute"] = max(clock, pre.server_compute_alone)
-    path = critical_path(parties, link_gbps)
+    path = critical_path(parties, link_gbps, server_link_gbps)
     path["server_compute"] = {
         "clock_s": clock,
         "replay_alone_s": pre.server_compute_alone if replay else None,
@@ -733,7 +787,7 @@ def run_overhead(
     def ratio(a: float, b: float) -> float | None:
         return a / b if b else None
 
-    plaintext["critical_path"] = plaintext_path(plaintext, link_gbps)
+    plaintext["critical_path"] = plaintext_path(plaintext, link_gbps, server_link_gbps, partition.num_clients)
     plaintext["critical_path_s"] = plaintext["critical_path"]["seconds"]
     ratios = {
         # deployment against deployment: the two critical paths at the same link speed
@@ -988,7 +1042,7 @@ def format_table(r: dict) -> str:
     cp = r.get("critical_path")
     if cp:
         lines.append(
-            f"deployment    critical path {r['critical_path_s']:.2f} s at {cp['link_gbps']:g} Gbit/s "
+            f"deployment    critical path {r['critical_path_s']:.2f} s over {describe_links(cp)} "
             f"(compute {cp['compute_s']:.2f} s + transfer {cp['transfer_s']:.2f} s); simulation wall "
             f"{r['wall_s']:.2f} s"
             + (
@@ -1009,7 +1063,7 @@ def render_critical_path(r: dict) -> list[str]:
         return []
     out = [
         "",
-        f"## Critical path of a deployment: every party on its own machine, {cp['link_gbps']:g} Gbit/s links",
+        f"## Critical path of a deployment: every party on its own machine, {describe_links(cp)}",
         "",
         (
             "Per phase in protocol order: the party that takes longest over it -- the time its own clock "
@@ -1043,7 +1097,8 @@ def render_critical_path(r: dict) -> list[str]:
             "",
             (
                 f"The plaintext round deployed the same way: {plain['compute_s']:.2f} s of server compute + "
-                f"{plain['transfer_s']:.2f} s for its float32 rows and encodings over the server's link = "
+                f"{plain['transfer_s']:.2f} s for its float32 rows and encodings (every byte crosses the "
+                "server's link, each client's share its own) = "
                 f"**{plain['seconds']:.2f} s** (the clients' own plaintext work not counted); encrypted / "
                 f"plaintext deployed: **{_r(r['ratios'].get('critical_path'))}**."
             ),
@@ -1142,8 +1197,8 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
             + (f": `{r['command']}`" if r.get("command") else "")
             + "."
             + (
-                f" **Recomputed** at {r['relinked']['to_gbps']:g} Gbit/s from `{r['relinked'].get('source', '?')}` "
-                f"(measured at {r['relinked']['from_gbps']:g} Gbit/s; nothing was run again"
+                f" **Recomputed** for {_relinked(r['relinked'], 'to')} from `{r['relinked'].get('source', '?')}` "
+                f"(measured for {_relinked(r['relinked'], 'from')}; nothing was run again"
                 + (f": `{r['relinked']['command']}`" if r["relinked"].get("command") else "")
                 + ")."
                 if r.get("relinked")
@@ -1209,7 +1264,7 @@ def render_markdown(r: dict, matrix: dict | None = None) -> str:
         *(
             [
                 (
-                    f"| round, deployment (critical path, {r['critical_path']['link_gbps']:g} Gbit/s links) | "
+                    f"| round, deployment (critical path, {describe_links(r['critical_path'])}) | "
                     f"{p['critical_path_s']:.2f} s | {r['critical_path_s']:.2f} s | {_r(ratios['critical_path'])} |"
                 )
             ]
@@ -1347,7 +1402,7 @@ def render_plot(r: dict, path: Path) -> None:
     enc = [r["encrypted"]["phases"][n]["wall"] for n in names]
     names[-1] = "round\n(wall)"
     if r.get("critical_path_s") is not None and r["plaintext"].get("critical_path_s") is not None:
-        names.append(f"deployed\n({r['critical_path']['link_gbps']:g} Gbit/s)")
+        names.append(f"deployed\n({describe_links(r['critical_path']).replace(' links', '')})")
         plain.append(r["plaintext"]["critical_path_s"])
         enc.append(r["critical_path_s"])
     x = np.arange(len(names))
@@ -1416,14 +1471,13 @@ def render_sweep(rows: list[dict], out: Path) -> None:
             f"{_r(r['ratios'].get('server_alone_vs_op_bound'))} | "
             f"{r['slot_utilisation']['nominal']:.1%} |"
         )
-    links = sorted({r["critical_path"]["link_gbps"] for r in rows if r.get("critical_path")})
+    links = sorted({describe_links(r["critical_path"]) for r in rows if r.get("critical_path")})
     if links:
         md += [
             "",
             (
-                "Critical path: a deployment with every party on its own machine, links of "
-                f"{', '.join(f'{g:g}' for g in links)} Gbit/s (the model: the module doc of "
-                "`benchmarks/overhead.py`)."
+                "Critical path: a deployment with every party on its own machine, "
+                f"{'; '.join(links)} (the model: the module doc of `benchmarks/overhead.py`)."
             ),
         ]
     md += [
@@ -1530,6 +1584,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=LINK_GBPS,
         help=f"every party's link speed in Gbit/s for the deployment's critical path (default {LINK_GBPS:g})",
     )
+    parser.add_argument("--server-link-gbps", type=float, default=None, help=SERVER_LINK_HELP)
 
 
 #: the settings a before/after comparison should share (the baseline's differences are named)
@@ -1547,9 +1602,16 @@ BASELINE_SETTINGS = (
 )
 
 
-def relinked_stem(link_gbps: float) -> str:
-    """The file stem ``--from-json`` writes at ``link_gbps``."""
-    return f"overhead_{link_gbps:g}gbps"
+def relinked_stem(link_gbps: float, server_link_gbps: float | None = None) -> str:
+    """The file stem ``--from-json`` writes at ``link_gbps`` (and ``server_link_gbps`` when it differs)."""
+    server = "" if server_link_gbps in (None, link_gbps) else f"_server{server_link_gbps:g}gbps"
+    return f"overhead_{link_gbps:g}gbps{server}"
+
+
+def _relinked(relinked: dict, when: str) -> str:
+    """``relinked``'s link speeds before (``when="from"``) or after (``"to"``) for people."""
+    link = relinked[f"{when}_gbps"]
+    return describe_links({"link_gbps": link, "server_link_gbps": relinked.get(f"{when}_server_gbps", link)})
 
 
 def load_baseline(path: Path, flag: str = "--baseline") -> dict:
@@ -1578,30 +1640,34 @@ def baseline_differences(base: dict, r: dict) -> str:
     """The settings of :data:`BASELINE_SETTINGS` (and the critical path's link speed) in which ``base``
     differs from this run (empty: none)."""
     pairs = [(key, base.get(key), r.get(key)) for key in BASELINE_SETTINGS if key in base]
-    links = [(d.get("critical_path") or {}).get("link_gbps") for d in (base, r)]
-    if links[0] is not None:
-        pairs.append(("link_gbps", links[0], links[1]))
+    for key in ("link_gbps", "server_link_gbps"):
+        links = [(d.get("critical_path") or {}).get(key) for d in (base, r)]
+        if links[0] is not None:
+            pairs.append((key, links[0], links[1]))
     return ", ".join(f"{key} {a!r} vs {b!r}" for key, a, b in pairs if a != b)
 
 
 def main_args(args: argparse.Namespace) -> int:
-    link_gbps = getattr(args, "link_gbps", LINK_GBPS)  # `fedgat bench overhead` does not pass it yet
-    if not link_gbps > 0:
-        raise SystemExit(f"--link-gbps must be positive, got {link_gbps}")
+    try:
+        link_gbps, server_link_gbps = link_speeds(
+            getattr(args, "link_gbps", LINK_GBPS), getattr(args, "server_link_gbps", None)
+        )
+    except ValueError as exc:
+        raise SystemExit(f"--link-gbps / --server-link-gbps: {exc}") from None
     try:  # before the run: a bad file must not cost the run's minutes
         base = None if args.baseline is None else load_baseline(args.baseline)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     if getattr(args, "from_json", None) is not None:
         try:
-            r = relink(load_baseline(args.from_json, "--from-json"), link_gbps)
+            r = relink(load_baseline(args.from_json, "--from-json"), link_gbps, server_link_gbps)
         except ValueError as exc:
             raise SystemExit(f"--from-json {args.from_json}: {exc}") from None
         r["relinked"].update(
             source=str(args.from_json), command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
         )
         print(format_table(r))
-        stem = relinked_stem(link_gbps)
+        stem = relinked_stem(link_gbps, server_link_gbps)
         for path in write(r, args.out, args.json, r.get("matrix_estimate"), stem=stem):
             print(f"wrote {path}")
         return 0
@@ -1621,6 +1687,7 @@ def main_args(args: argparse.Namespace) -> int:
                     train=False,
                     progress=args.progress,
                     link_gbps=link_gbps,
+                    server_link_gbps=server_link_gbps,
                     engine=getattr(args, "engine", "inprocess"),
                     engine_workers=getattr(args, "actors", None),
                     wire=getattr(args, "wire", "compact"),
@@ -1656,6 +1723,7 @@ def main_args(args: argparse.Namespace) -> int:
         progress=args.progress,
         owner=getattr(args, "owner_array", None),
         link_gbps=link_gbps,
+        server_link_gbps=server_link_gbps,
         engine=getattr(args, "engine", "inprocess"),
         engine_workers=getattr(args, "actors", None),
         wire=getattr(args, "wire", "compact"),

@@ -282,10 +282,34 @@ def test_bench_overhead_from_json_recomputes_the_deployment_at_another_link(tmp_
     assert slow["encrypted"] == r["encrypted"] and slow["wall_s"] == r["wall_s"]  # the measurements unchanged
     md = (out / "overhead_0.01gbps.md").read_text()
     assert (
-        "0.01 Gbit/s" in md and "**Recomputed** at 0.01 Gbit/s from" in md and "nothing was run again" in md
+        "0.01 Gbit/s" in md
+        and "**Recomputed** for 0.01 Gbit/s links from" in md
+        and "nothing was run again" in md
     )
     # a baseline measured at another link speed is named as such
-    assert bench.baseline_differences(r, slow) == "link_gbps 1.0 vs 0.01"
+    assert bench.baseline_differences(r, slow) == "link_gbps 1.0 vs 0.01, server_link_gbps 1.0 vs 0.01"
+    # the server on a link of its own (a data centre's): its rows at its speed, the clients' at theirs
+    argv = ["bench", "overhead", "--from-json", str(first), "--link-gbps", "0.01", "--out", str(out)]
+    assert cli.main([*argv, "--server-link-gbps", "1"]) == 0
+    split = json.loads((out / "overhead_0.01gbps_server1gbps.json").read_text())
+    cp = split["critical_path"]
+    assert (cp["link_gbps"], cp["server_link_gbps"]) == (0.01, 1.0)
+    for row in cp["phases"]:
+        speed = 1e9 if row["role"] == "server" else 0.01e9
+        assert math.isclose(row["transfer_s"], row["bytes"] * 8 / speed)
+    assert r["critical_path_s"] <= split["critical_path_s"] <= slow["critical_path_s"]
+    assert math.isclose(
+        split["critical_path_s"], bench.critical_path(r["critical_path"]["parties"], 0.01, 1.0)["seconds"]
+    )
+    # the plaintext round: its bytes over the server's link or, faster than the clients' together, theirs
+    bits = (p["bytes_up"] + p["bytes_down"]) * 8
+    want = p["phases"]["round"]["wall"] + max(bits / 1e9, bits / (2 * 0.01e9))
+    assert math.isclose(split["plaintext"]["critical_path_s"], want)
+    md = (out / "overhead_0.01gbps_server1gbps.md").read_text()
+    assert "0.01 Gbit/s client links, 1 Gbit/s server link" in md
+    assert "**Recomputed** for 0.01 Gbit/s client links, 1 Gbit/s server link from" in md
+    assert cli.main([*argv, "--server-link-gbps", "0"]) == 2
+    assert "--server-link-gbps must be a number > 0, got 0.0" in capsys.readouterr().err
     # the machine's own load after the run is no caution; other work before it is
     quiet = {**r, "machine": {"load_average_before_after": [0.1, 2 * r["cores"]]}}
     busy = {**r, "machine": {"load_average_before_after": [r["cores"], r["cores"]]}}

@@ -147,6 +147,13 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         help="every party's link speed in Gbit/s for the deployment's critical path (default 1)",
     )
     parser.add_argument(
+        "--server-link-gbps",
+        type=float,
+        default=None,
+        help="the server's link speed in Gbit/s for the critical path, where it differs from the clients' "
+        "(--link-gbps; e.g. 10 for a server in a data centre); default the same",
+    )
+    parser.add_argument(
         "--matrix-estimate",
         action="store_true",
         help="add the matrix variant's estimate (neighbour cap 16) for the same setting",
@@ -186,7 +193,8 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="run nothing: recompute an earlier run's critical paths (encrypted and plaintext) at "
-        "--link-gbps from its JSON and write overhead_<X>gbps.{json,md,png} into --out",
+        "--link-gbps (and --server-link-gbps) from its JSON and write "
+        "overhead_<X>gbps[_server<Y>gbps].{json,md,png} into --out",
     )
 
 
@@ -324,7 +332,7 @@ def _check_json_apart(args: argparse.Namespace) -> None:
     if args.json is None:
         return
     if args.from_json is not None:
-        stem = load_benchmark("overhead").relinked_stem(args.link_gbps)
+        stem = load_benchmark("overhead").relinked_stem(args.link_gbps, args.server_link_gbps)
     else:
         stem = "overhead_sweep" if args.sweep else "overhead"
     taken = {(args.out / f"{stem}{suffix}").resolve(): suffix for suffix in (".md", ".png")}
@@ -347,13 +355,16 @@ def _relink_overhead(args: argparse.Namespace) -> int:
     )
     if given:
         raise UsageError(
-            f"--from-json runs nothing; leave {', '.join(given)} out (only --link-gbps and outputs apply)"
+            f"--from-json runs nothing; leave {', '.join(given)} out (only --link-gbps, --server-link-gbps "
+            "and outputs apply)"
         )
     if not args.from_json.is_file():
         raise UsageError(f"--from-json {args.from_json}: no such file")
     overhead = load_benchmark("overhead")
     try:
-        overhead.relink(overhead.load_baseline(args.from_json, "--from-json"), args.link_gbps)
+        overhead.relink(
+            overhead.load_baseline(args.from_json, "--from-json"), args.link_gbps, args.server_link_gbps
+        )
     except (ValueError, KeyError) as exc:
         raise UsageError(f"--from-json {args.from_json}: {exc}") from None
     return int(overhead.main_args(args) or 0)
@@ -389,8 +400,9 @@ def _run_overhead(args: argparse.Namespace) -> int:
     if args.actors is not None and args.engine != "process":
         raise UsageError("--actors needs --engine process")
     check_beta(args.beta)
-    if not (math.isfinite(args.link_gbps) and args.link_gbps > 0):
-        raise UsageError(f"--link-gbps must be a number > 0, got {args.link_gbps}")
+    for flag, value in (("--link-gbps", args.link_gbps), ("--server-link-gbps", args.server_link_gbps)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{flag} must be a number > 0, got {value}")
     check_output_file("--json", args.json)
     _check_json_apart(args)
     if args.from_json is not None:
