@@ -15,6 +15,9 @@ Design
 * :class:`ProcessEngine` owns a pool of worker processes (default one per usable core,
   ``len(os.sched_getaffinity(0))``, and no more than the parties of the first run), started with
   multiprocessing's ``"spawn"`` method (or ``"forkserver"``; never ``"fork"``: torch and threads).
+  A worker starts by importing the program's ``__main__`` module again, so a script must start an
+  engine under ``if __name__ == "__main__":`` (a worker that dies before its first answer says so:
+  :data:`MAIN_GUARD_HINT`).
   Each worker serves a :class:`~fedgat.protocols.hosting.PartyHost` (:mod:`fedgat.process_worker`)
   over a pipe. Messages cross as bytes only (``send_bytes``/``recv_bytes`` with the worker module's
   framing: a JSON header and raw blobs; no pickle); parties as their
@@ -54,6 +57,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -85,6 +89,19 @@ __all__ = [
 MiB = 1 << 20
 #: multiprocessing start methods a worker may use ("fork" is refused: torch and threads)
 START_METHODS = ("spawn", "forkserver")
+#: added to a worker's death before its first answer when the program is a script: every worker starts
+#: by importing the script again (as ``__mp_main__``), and one without the guard starts an engine there
+MAIN_GUARD_HINT = (
+    "a worker exited before its first answer (its own error is printed above). If your program is a "
+    "script: each worker process imports it again when it starts (multiprocessing's spawn/forkserver), "
+    'so it must start engines only under `if __name__ == "__main__":`'
+)
+
+
+def _main_is_a_script() -> bool:
+    """Whether ``__main__`` is a file a worker re-imports (not an interactive session or ``-c``)."""
+    main = sys.modules.get("__main__")
+    return bool(getattr(main, "__file__", None))
 
 
 class ProcessEngineError(EngineError):
@@ -253,6 +270,11 @@ class ProcessEngine:
                 self.call(w.index, "ping", timeout=self.start_timeout)
             for w in self.workers:
                 self.result(w.index)
+        except WorkerDiedError as exc:
+            self.discard()
+            if self.start_method in START_METHODS and _main_is_a_script():
+                exc.add_note(MAIN_GUARD_HINT)
+            raise
         except BaseException:
             self.discard()
             raise

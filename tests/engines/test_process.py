@@ -428,3 +428,35 @@ def test_demo_and_train_cli_on_processes(tmp_path, capsys):
     assert main([*argv, "--json", str(out), "--quiet"]) == 0
     summary = json.loads(out.read_text())
     assert summary["rows"][0]["rounds"] == 2 and 0.0 <= summary["test_accuracy_mean"] <= 1.0
+
+
+def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path):
+    """A script that starts a process engine at its top level: each worker re-imports it while starting
+    and dies in multiprocessing's bootstrapping check; the coordinator's error says what to do."""
+    import subprocess
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from fedgat.protocols.process_engine import ProcessEngine\n"
+        "engine = ProcessEngine(workers=1, threads=None)\n"
+        "engine.ensure_workers(1)\n"
+        "engine.shutdown()\n"
+    )
+    run = subprocess.run(
+        [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode != 0
+    assert "WorkerDiedError" in run.stderr and "while answering 'ping'" in run.stderr
+    assert 'so it must start engines only under `if __name__ == "__main__":`' in run.stderr
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(
+        "from fedgat.protocols.process_engine import ProcessEngine\n"
+        'if __name__ == "__main__":\n'
+        "    engine = ProcessEngine(workers=1, threads=None)\n"
+        "    print(len(engine.ensure_workers(1)))\n"
+        "    engine.shutdown()\n"
+    )
+    ok = subprocess.run(
+        [sys.executable, str(guarded)], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert ok.returncode == 0 and ok.stdout.strip() == "1", ok.stderr
