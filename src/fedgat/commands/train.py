@@ -414,7 +414,7 @@ def run(args: argparse.Namespace) -> int:
     engine = open_engine(args, "train")
     if engine is not None or saved is not None:
         try:
-            results = [_run_on_engine(engine, graph, args, seed, overrides, owners, saved) for seed in seeds]
+            results = [_run_protocol(engine, graph, args, seed, overrides, owners, saved) for seed in seeds]
         finally:
             if engine is not None:
                 engine.shutdown()
@@ -471,7 +471,7 @@ def _read_saved(args: argparse.Namespace, graph, owners, hparams: dict, override
     return saved.encodings
 
 
-def _run_on_engine(
+def _run_protocol(
     engine, graph, args: argparse.Namespace, seed: int, overrides: dict, owners=None, encodings=None
 ):
     """One FedGAT seed through the protocol over ``engine``'s transport (None: in this process), as a
