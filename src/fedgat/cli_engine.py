@@ -692,8 +692,9 @@ def resolve_owners(args: argparse.Namespace, graph) -> Any:
 
 
 def split_info(graph: Any, clients: int, beta: float, seed: int, owners: str | None, hparams: dict) -> dict:
-    """What a run's split depends on besides the graph (and how ``fedgat demo --save-encodings``
-    describes the encodings it saves): the keys of :data:`SPLIT_FLAGS`, and the graph's name and size."""
+    """What a run's split depends on besides the graph, and the graph's name and size: how ``fedgat demo
+    --save-encodings`` describes the encodings it saves and what ``fedgat train --encodings`` compares
+    (its ``SPLIT_FLAGS`` name the flag of each)."""
     return {
         "dataset": graph.name,
         "num_nodes": int(graph.num_nodes),
