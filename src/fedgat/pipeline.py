@@ -140,7 +140,8 @@ class PretrainResult:
     """Outcome of :func:`run_encrypted_pretraining`.
 
     Attributes:
-        encodings: client id -> decrypted :class:`~fedgat.encodings.Encodings` of its ``needed`` nodes.
+        encodings: client id -> decrypted :class:`~fedgat.encodings.Encodings` of its ``needed`` nodes
+            (:func:`fedgat.checkpoint.save_encodings` keeps them in a file, pickle-free).
         phases: seconds per phase (see the module docstring), summed over parties.
         wall_seconds: wall time of the round.
         bytes_up, bytes_down: frame bytes clients -> server and server -> clients (signatures and
@@ -819,7 +820,9 @@ class FedGATRun:
     :class:`PretrainResult` (None with ``encrypted=False``, which pre-trains with the plaintext twin);
     ``training``, the :class:`TrainingResult` (accuracies, history, ``training.fit.model_state``);
     the partition, the seed and, with DP, what each owner's ledger has spent. ``summary()`` gives plain
-    values for JSON (the results themselves hold the parties' keys and are not meant to be pickled)."""
+    values for JSON (the results themselves hold the parties' keys and are not meant to be pickled; keep
+    the decrypted encodings with :func:`fedgat.checkpoint.save_encodings` and train from them again with
+    ``encodings=``)."""
 
     pretrain: PretrainResult | None
     training: TrainingResult
