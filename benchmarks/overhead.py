@@ -282,13 +282,14 @@ def load_graph(dataset: str, nodes: int | None = None, seed: int = 0):
 
 def plaintext_bytes(partition, encodings: dict, d: int) -> dict:
     """float32 payload of the plaintext round: every owned feature row up once, every needed node's
-    encoding rows (all rows, h_i included) down to every client that needs it."""
-    up = partition.num_nodes * d * 4
-    down = 0
-    for enc in encodings.values():
-        for b in enc.buckets:
-            down += int(np.prod(b.features.shape)) * 4
-    return {"bytes_up": up, "bytes_down": down}
+    encoding rows (all rows, h_i included) down to every client that needs it; ``client_bytes``: each
+    client's up and down (client id as a string -> bytes), for the critical path."""
+    clients = {}
+    for c, client in enumerate(partition.clients):
+        down = sum(int(np.prod(b.features.shape)) * 4 for b in encodings[c].buckets) if c in encodings else 0
+        clients[str(c)] = len(client.owned) * d * 4 + down
+    down = sum(int(np.prod(b.features.shape)) * 4 for enc in encodings.values() for b in enc.buckets)
+    return {"bytes_up": partition.num_nodes * d * 4, "bytes_down": down, "client_bytes": clients}
 
 
 # ----------------------------------------------------------------------------- critical path
@@ -423,15 +424,19 @@ def plaintext_path(
     plaintext: dict, link_gbps: float, server_link_gbps: float | None = None, clients: int | None = None
 ) -> dict:
     """The plaintext round deployed like the encrypted one: the clients' float32 rows up and the
-    encodings down over the server's link (every byte crosses it), the server's compute (the round's
-    wall time) between; the clients' own plaintext work is not timed and taken as free. With a server
-    link faster than the ``clients``' together, their links hold the transfer instead (the bytes taken
-    as evenly split among them)."""
+    encodings down, the server's compute (the round's wall time) between; the clients' own plaintext
+    work is not timed and taken as free. The transfer is the longer of the server's link carrying
+    every byte and the busiest client's link carrying its own (``plaintext["client_bytes"]``; a result
+    written before they were recorded takes the bytes as evenly split among ``clients``, which can only
+    make that client's share smaller)."""
     link_gbps, server_link_gbps = link_speeds(link_gbps, server_link_gbps)
     bits = (plaintext["bytes_up"] + plaintext["bytes_down"]) * 8
     compute = plaintext["phases"]["round"]["wall"]
     transfer = bits / (server_link_gbps * 1e9)
-    if clients:
+    busiest = max((plaintext.get("client_bytes") or {}).values(), default=None)
+    if busiest is not None:
+        transfer = max(transfer, busiest * 8 / (link_gbps * 1e9))
+    elif clients:
         transfer = max(transfer, bits / (clients * link_gbps * 1e9))
     return {
         "link_gbps": link_gbps,
@@ -562,6 +567,7 @@ def run_overhead(
         "phases": {p: {"wall": 0.0, "cpu": 0.0} for p in PHASES},
         "bytes_up": pbytes["bytes_up"],
         "bytes_down": pbytes["bytes_down"],
+        "client_bytes": pbytes["client_bytes"],
         "ciphertexts_up": 0,
         "ciphertexts_down": 0,
         "main_process_peak_rss": plain_mem.peak,
@@ -790,7 +796,7 @@ def run_overhead(
     plaintext["critical_path"] = plaintext_path(plaintext, link_gbps, server_link_gbps, partition.num_clients)
     plaintext["critical_path_s"] = plaintext["critical_path"]["seconds"]
     ratios = {
-        # deployment against deployment: the two critical paths at the same link speed
+        # deployment against deployment: the two critical paths over the same links
         "critical_path": ratio(path["seconds"], plaintext["critical_path_s"]),
         # the simulation's wall time (every party in this process) against the plaintext compute
         "time": ratio(phases["round"]["wall"], plain_wall),
@@ -1402,7 +1408,7 @@ def render_plot(r: dict, path: Path) -> None:
     enc = [r["encrypted"]["phases"][n]["wall"] for n in names]
     names[-1] = "round\n(wall)"
     if r.get("critical_path_s") is not None and r["plaintext"].get("critical_path_s") is not None:
-        names.append(f"deployed\n({describe_links(r['critical_path']).replace(' links', '')})")
+        names.append(f"deployed\n({describe_links(r['critical_path'])})")
         plain.append(r["plaintext"]["critical_path_s"])
         enc.append(r["critical_path_s"])
     x = np.arange(len(names))
@@ -1582,7 +1588,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--link-gbps",
         type=float,
         default=LINK_GBPS,
-        help=f"every party's link speed in Gbit/s for the deployment's critical path (default {LINK_GBPS:g})",
+        help=f"the clients' link speed in Gbit/s for the deployment's critical path, and the server's unless "
+        f"--server-link-gbps (default {LINK_GBPS:g})",
     )
     parser.add_argument("--server-link-gbps", type=float, default=None, help=SERVER_LINK_HELP)
 
@@ -1641,7 +1648,11 @@ def baseline_differences(base: dict, r: dict) -> str:
     differs from this run (empty: none)."""
     pairs = [(key, base.get(key), r.get(key)) for key in BASELINE_SETTINGS if key in base]
     for key in ("link_gbps", "server_link_gbps"):
-        links = [(d.get("critical_path") or {}).get(key) for d in (base, r)]
+        # a result from before the server's own link had one speed for every party
+        links = [
+            (d.get("critical_path") or {}).get(key, (d.get("critical_path") or {}).get("link_gbps"))
+            for d in (base, r)
+        ]
         if links[0] is not None:
             pairs.append((key, links[0], links[1]))
     return ", ".join(f"{key} {a!r} vs {b!r}" for key, a, b in pairs if a != b)

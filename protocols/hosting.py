@@ -120,7 +120,8 @@ def raise_failure(
 class PartyHost:
     """Host body: hosts many parties and runs their state machines on the frames it is given.
 
-    Made a Ray actor by :class:`~fedgat.protocols.ray_engine.RayEngine` (``ray.remote(PartyHost)``),
+    Made a Ray actor by :class:`~fedgat.protocols.ray_engine.RayEngine` (as its subclass
+    :class:`~fedgat.protocols.ray_host.RayPartyHost`, whose reports leave as arrays),
     served by a process worker (:mod:`fedgat.process_worker`); a plain object otherwise, which is how
     its logic is tested without either.
 
@@ -143,7 +144,8 @@ class PartyHost:
         return os.getpid()
 
     def place(self, specs: Mapping[int, bytes]) -> dict:
-        """Host the parties whose :meth:`PartySpec.to_bytes` are given (party id -> bytes). Returns
+        """Host the parties whose :meth:`PartySpec.to_bytes` are given (party id -> bytes, or any buffer
+        over them: Ray's out-of-band ``uint8`` arrays). Returns
         ``{"parties": every hosted party id, "error": None or a failure}`` (see :meth:`deliver`)."""
         pid = None
         try:

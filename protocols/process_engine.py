@@ -98,10 +98,12 @@ MAIN_GUARD_HINT = (
 )
 
 
-def _main_is_a_script() -> bool:
-    """Whether ``__main__`` is a file a worker re-imports (not an interactive session or ``-c``)."""
+def _main_is_reimported() -> bool:
+    """Whether a spawned worker imports ``__main__`` again: a script or ``python -m pkg.mod`` (not an
+    interactive session, ``-c`` or a package's ``__main__``, which multiprocessing leaves alone)."""
     main = sys.modules.get("__main__")
-    return bool(getattr(main, "__file__", None))
+    spec = getattr(main, "__spec__", None)
+    return bool(getattr(main, "__file__", None)) and not (spec is not None and spec.name.endswith("__main__"))
 
 
 class ProcessEngineError(EngineError):
@@ -272,7 +274,7 @@ class ProcessEngine:
                 self.result(w.index)
         except WorkerDiedError as exc:
             self.discard()
-            if self.start_method in START_METHODS and _main_is_a_script():
+            if self.pool_starts == 0 and _main_is_reimported():  # a later start: the guard is there
                 exc.add_note(MAIN_GUARD_HINT)
             raise
         except BaseException:

@@ -3,10 +3,11 @@ every hosting engine shares (:mod:`fedgat.protocols.hosting`), and the Ray engin
 
 Kept as the Ray engine's own module name: :class:`fedgat.protocols.ray_engine.RayEngine` makes
 :class:`PartyHost` an actor; the process engine (:mod:`fedgat.protocols.process_engine`) serves the
-same class in its worker processes. Parties arrive as the bytes of their
-:class:`~fedgat.protocols.party_values.PartySpec`, leave as the bytes of their
-:class:`~fedgat.protocols.party_values.PartyReport`, and errors cross as values: nothing here pickles
-a party, a result or an exception."""
+same class in its worker processes (a Ray actor is :class:`RayPartyHost`). Parties arrive as the bytes
+of their :class:`~fedgat.protocols.party_values.PartySpec`, leave as the bytes of their
+:class:`~fedgat.protocols.party_values.PartyReport` (on Ray both as ``uint8`` arrays over those bytes,
+:func:`out_of_band`), and errors cross as values: nothing here pickles a party, a result or an
+exception."""
 
 from __future__ import annotations
 

@@ -301,10 +301,18 @@ def test_bench_overhead_from_json_recomputes_the_deployment_at_another_link(tmp_
     assert math.isclose(
         split["critical_path_s"], bench.critical_path(r["critical_path"]["parties"], 0.01, 1.0)["seconds"]
     )
-    # the plaintext round: its bytes over the server's link or, faster than the clients' together, theirs
+    # the plaintext round: every byte over the server's link, or the busiest client's over its own
     bits = (p["bytes_up"] + p["bytes_down"]) * 8
-    want = p["phases"]["round"]["wall"] + max(bits / 1e9, bits / (2 * 0.01e9))
+    assert sum(p["client_bytes"].values()) * 8 == bits and len(p["client_bytes"]) == 2
+    want = p["phases"]["round"]["wall"] + max(bits / 1e9, max(p["client_bytes"].values()) * 8 / 0.01e9)
     assert math.isclose(split["plaintext"]["critical_path_s"], want)
+    # a result from before the server had a link of its own: one speed for every party
+    old_cp = {k: v for k, v in r["critical_path"].items() if k != "server_link_gbps"}
+    fast_server = bench.relink(r, 1.0, 10.0)
+    assert (
+        bench.baseline_differences({**r, "critical_path": old_cp}, fast_server)
+        == "server_link_gbps 1.0 vs 10.0"
+    )
     md = (out / "overhead_0.01gbps_server1gbps.md").read_text()
     assert "0.01 Gbit/s client links, 1 Gbit/s server link" in md
     assert "**Recomputed** for 0.01 Gbit/s client links, 1 Gbit/s server link from" in md

@@ -438,7 +438,7 @@ def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(
         "from fedgat.protocols.process_engine import ProcessEngine\n"
-        "engine = ProcessEngine(workers=1, threads=None)\n"
+        "engine = ProcessEngine(workers=1, threads=None, start_timeout=60)\n"
         "engine.ensure_workers(1)\n"
         "engine.shutdown()\n"
     )
@@ -446,7 +446,7 @@ def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path):
         [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120
     )
     assert run.returncode != 0
-    assert "WorkerDiedError" in run.stderr and "while answering 'ping'" in run.stderr
+    assert "WorkerDiedError" in run.stderr  # while answering 'ping', or before it got it
     assert 'so it must start engines only under `if __name__ == "__main__":`' in run.stderr
     guarded = tmp_path / "guarded.py"
     guarded.write_text(

@@ -144,7 +144,8 @@ def _configure_overhead(parser: argparse.ArgumentParser) -> None:
         "--link-gbps",
         type=float,
         default=1.0,
-        help="every party's link speed in Gbit/s for the deployment's critical path (default 1)",
+        help="the clients' link speed in Gbit/s for the deployment's critical path, and the server's "
+        "unless --server-link-gbps (default 1)",
     )
     parser.add_argument(
         "--server-link-gbps",
