@@ -203,8 +203,11 @@ def one(
     of ``actors`` actors)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    from fedgat.allocator import keep_freed_memory
+
     eng = None
     out: dict = {"mode": mode, "nodes": nodes, "clients": clients, "engine": engine}
+    out["freed_memory_kept"] = keep_freed_memory()  # as the command line (fedgat.allocator)
     if engine == "ray":
         eng, started = start_ray(actors, clients)
         out.update(started)
@@ -463,6 +466,13 @@ def write_markdown(result: dict, path: Path) -> None:
         if tries > 1
         else ""
     )
+    kept = {r.get("freed_memory_kept") for r in runs}
+    if kept == {True}:
+        repeat += " glibc kept freed memory for reuse (`fedgat.allocator`, as the command line does)."
+    elif kept == {False}:
+        repeat += (
+            " glibc's allocator as it is (`FEDGAT_KEEP_FREED_MEMORY=0`, or a run before `fedgat.allocator`)."
+        )
     lines = [
         "# Graph scale: time, memory and bytes vs graph size",
         "",

@@ -45,6 +45,12 @@ class RayPartyHost(PartyHost):
     """:class:`PartyHost` as a Ray actor: its reports leave as :func:`out_of_band` arrays (the
     coordinator sends specs the same way, :meth:`fedgat.protocols.ray_engine.RayTransport._call`)."""
 
+    def __init__(self, threads: int | None = 1, preload: tuple[str, ...] = ()) -> None:
+        from fedgat.allocator import keep_freed_memory
+
+        keep_freed_memory()  # an actor trains its clients: as the command line's process (fedgat.allocator)
+        super().__init__(threads, preload)
+
     def report(self, pids: list[int], drop: bool = True) -> dict:
         answer = super().report(pids, drop)
         answer["reports"] = {pid: out_of_band(blob) for pid, blob in answer["reports"].items()}

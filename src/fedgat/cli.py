@@ -90,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             prog = getattr(args, "prog", parser.prog)
             parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
         args.extra = extra
+    from fedgat.allocator import keep_freed_memory
+
+    keep_freed_memory()  # training's large tensors reuse freed memory (FEDGAT_KEEP_FREED_MEMORY=0: off)
     try:
         with _terminate_as_interrupt():
             return int(COMMANDS[args.command].run(args) or 0)

@@ -383,6 +383,9 @@ def serve(conn: Connection, settings: str) -> None:
     options = json.loads(settings)
     if options.get("forbid_pickle"):
         _forbid_pickle()
+    from fedgat.allocator import keep_freed_memory
+
+    keep_freed_memory()  # a worker trains its clients: as the command line's process (fedgat.allocator)
     loop = WorkerLoop(options.get("threads"), started)
     while not loop.stopped:
         try:
