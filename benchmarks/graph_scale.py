@@ -35,7 +35,9 @@ reports wall seconds and its peak RSS, sampled every 20 ms by a thread in the su
 RSS, so what earlier phases left allocated counts; the graph and partition stay alive throughout).
 The plaintext pre-training computes in float64 and stores the clients' encodings in float32 (the
 values training reads); training is handed them and frees them once its clients have built their
-tasks (each client keeps the rows its tasks need).
+tasks (each client keeps the rows its tasks need), unless ``--hold-encodings`` keeps them referenced
+throughout, as ``fedgat demo`` does. Each subprocess lets glibc keep freed memory for reuse, as the
+command line does (:mod:`fedgat.allocator`; ``FEDGAT_KEEP_FREED_MEMORY=0`` measures without).
 Bytes: encrypted round and training, the frames on the wire (up: clients -> server); plaintext
 pre-training has no wire, so its bytes are the float32 size of the same traffic (every feature row up
 once, the clients' encodings down). The growth exponent of a phase between two consecutive sizes is
@@ -196,11 +198,13 @@ def one(
     upload_window: int | None = None,
     engine: str = "inprocess",
     actors: int | None = None,
+    hold_encodings: bool = False,
 ) -> dict:
     """One size and mode, in this process; returns its measurements (``upload_window``: the
     encrypted round's, :attr:`fedgat.protocols.pretrain.PretrainConfig.upload_window`; ``engine``
     ``"ray"``: training and the encrypted round on a :class:`~fedgat.protocols.ray_engine.RayEngine`
-    of ``actors`` actors)."""
+    of ``actors`` actors; ``hold_encodings``: the plaintext pre-training's encodings stay referenced
+    while training runs, as ``fedgat demo`` and a script holding ``pre.encodings`` keep them)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     from fedgat.allocator import keep_freed_memory
@@ -212,7 +216,7 @@ def one(
         eng, started = start_ray(actors, clients)
         out.update(started)
     try:
-        _phases(out, mode, nodes, clients, rounds, seed, upload_window, eng)
+        _phases(out, mode, nodes, clients, rounds, seed, upload_window, eng, hold_encodings)
         if eng is not None:
             out["actor_peak_rss"] = [m["peak_rss"] for m in eng.memory()]
             out["peak_rss_with_actors"] = out["peak_rss"] + sum(out["actor_peak_rss"])
@@ -223,7 +227,15 @@ def one(
 
 
 def _phases(
-    out: dict, mode: str, nodes: int, clients: int, rounds: int, seed: int, upload_window: int | None, eng
+    out: dict,
+    mode: str,
+    nodes: int,
+    clients: int,
+    rounds: int,
+    seed: int,
+    upload_window: int | None,
+    eng,
+    hold_encodings: bool = False,
 ) -> None:
     """:func:`one`'s phases, written into ``out`` (``eng``: a Ray engine, or None in process)."""
     import torch
@@ -275,6 +287,8 @@ def _phases(
         phase("plaintext_pretrain", start, bytes_up=up, bytes_down=down, float32_equivalent=True)
         start = begin()
         handed = [encodings]  # handed over: freed once the clients have built their tasks
+        held = encodings if hold_encodings else None  # --hold-encodings: as fedgat demo holds them
+        out["hold_encodings"] = held is not None
         del encodings
         run = train_fedgat(
             graph,
@@ -295,6 +309,7 @@ def _phases(
             **_hosting(transport),
         )
         out["test_accuracy"] = run.fit.test_accuracy
+        del held
     else:
         start = begin()
         pre = run_encrypted_pretraining(
@@ -346,6 +361,8 @@ def _child(args: argparse.Namespace, mode: str, nodes: int, engine: str = "inpro
         cmd += ["--actors", str(args.actors)]
     if args.upload_window is not None:
         cmd += ["--upload-window", str(args.upload_window)]
+    if args.hold_encodings:
+        cmd += ["--hold-encodings"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MPLBACKEND": "Agg"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
@@ -466,6 +483,8 @@ def write_markdown(result: dict, path: Path) -> None:
         if tries > 1
         else ""
     )
+    if result.get("hold_encodings"):
+        repeat += " The pre-training's encodings stay referenced while training runs (`--hold-encodings`)."
     kept = {r.get("freed_memory_kept") for r in runs}
     if kept == {True}:
         repeat += " glibc kept freed memory for reuse (`fedgat.allocator`, as the command line does)."
@@ -697,6 +716,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the first-touch probe of the machine's memory after the sizes",
     )
+    parser.add_argument(
+        "--hold-encodings",
+        action="store_true",
+        help="plain mode: keep the pre-training's encodings referenced while training runs, as fedgat demo "
+        "(and a script holding pre.encodings) does; by default they are freed once the clients have "
+        "built their tasks",
+    )
     parser.add_argument("--one", nargs=2, metavar=("MODE", "NODES"), help=argparse.SUPPRESS)
     parser.add_argument("--probe", type=float, metavar="GIB", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -723,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.upload_window,
                     engine=args.engines[0],
                     actors=args.actors,
+                    hold_encodings=args.hold_encodings,
                 )
             )
         )
@@ -779,6 +806,7 @@ def _result(args, argv, runs: list[dict], skipped: list[int], load_before, start
         "rounds": args.rounds,
         "encrypted_max_nodes": args.encrypted_max_nodes,
         "upload_window": args.upload_window,
+        "hold_encodings": args.hold_encodings,
         "engines": args.engines,
         "actors": args.actors,
         "repeat": args.repeat,

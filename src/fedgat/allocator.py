@@ -5,9 +5,11 @@ returns it to the kernel on ``free``, and trims the heap's free top back to the 
 step allocates and frees the same tensors of hundreds of MB again and again (at 40k nodes a layer's
 ``V W^T`` alone is ~300 MB), so every step touches that memory for the first time again: a page fault
 per 4 KiB page, and the kernel zeroes it. On the development VM, where a first touch costs far more
-than a rewrite (``benchmarks/graph_scale.py``'s probe), 5 FedAvg rounds at 40k nodes took 18.3-19.2 s
-with 13-14.5 GiB of page faults, and 10.1-10.4 s with 3.7 GiB once the freed memory stayed (same peak
-RSS, the same model); 20k nodes ran 8 % faster and 10k as before (``benchmarks/PERFORMANCE.md``).
+than a rewrite once the process holds ~7.5 GiB (``benchmarks/graph_scale.py``'s probe), 3 FedAvg rounds
+at 80k nodes took 19.1 s with 9.6 GiB of new pages while the pre-training's encodings were still held
+(as ``fedgat demo`` holds them) and 13.6 s with 4.5 GiB once freed memory stayed; with them freed
+first, 14.0 and 12.5 s; at 10k-40k nodes within the VM's noise (same peak RSS and model throughout:
+``benchmarks/results/graph_scale_vm_allocator*.md``, ``benchmarks/PERFORMANCE.md``).
 
 :func:`keep_freed_memory` raises the mmap threshold (to 1 GiB) and the trim threshold (to 2 GiB):
 allocations come from the heap and freed ones stay there for the next step. Both settings are needed
