@@ -435,28 +435,21 @@ def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path):
     and dies in multiprocessing's bootstrapping check; the coordinator's error says what to do."""
     import subprocess
 
-    script = tmp_path / "unguarded.py"
-    script.write_text(
-        "from fedgat.protocols.process_engine import ProcessEngine\n"
-        "engine = ProcessEngine(workers=1, threads=None, start_timeout=60)\n"
-        "engine.ensure_workers(1)\n"
-        "engine.shutdown()\n"
-    )
-    run = subprocess.run(
-        [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode != 0
-    assert "WorkerDiedError" in run.stderr  # while answering 'ping', or before it got it
-    assert 'so it must start engines only under `if __name__ == "__main__":`' in run.stderr
-    guarded = tmp_path / "guarded.py"
-    guarded.write_text(
-        "from fedgat.protocols.process_engine import ProcessEngine\n"
-        'if __name__ == "__main__":\n'
-        "    engine = ProcessEngine(workers=1, threads=None)\n"
-        "    print(len(engine.ensure_workers(1)))\n"
-        "    engine.shutdown()\n"
-    )
-    ok = subprocess.run(
-        [sys.executable, str(guarded)], check=False, capture_output=True, text=True, timeout=120
-    )
+    start = "engine = ProcessEngine(workers=1, threads=None, start_timeout=60)\nprint(len(engine.ensure_workers(1)))\n"
+    scripts = {
+        "unguarded": start + "engine.shutdown()\n",
+        "guarded": 'if __name__ == "__main__":\n'
+        + "".join(f"    {line}\n" for line in [*start.splitlines(), "engine.shutdown()"]),
+    }
+    runs = {}
+    for name, body in scripts.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text("from fedgat.protocols.process_engine import ProcessEngine\n" + body)
+        runs[name] = subprocess.run(
+            [sys.executable, str(path)], check=False, capture_output=True, text=True, timeout=120
+        )
+    bad, ok = runs["unguarded"], runs["guarded"]
+    assert bad.returncode != 0
+    assert "WorkerDiedError" in bad.stderr  # while answering 'ping', or before it got it
+    assert 'so it must start engines only under `if __name__ == "__main__":`' in bad.stderr
     assert ok.returncode == 0 and ok.stdout.strip() == "1", ok.stderr
