@@ -844,7 +844,7 @@ class FedGATRun:
     def summary(self) -> dict:
         """Plain values for JSON (:func:`fedgat.app.run_summary`), with the client count, the seed and
         whether the pre-training round was encrypted (``"pretraining"``: ``"encrypted"`` or
-        ``"plaintext twin"``, ``encrypted=False``)."""
+        ``"plaintext twin"``, ``encrypted=False``; ``"saved encodings"``, ``encodings=``)."""
         out = run_summary(self.pretrain, self.training)
         out["num_clients"] = self.partition.num_clients
         out["pretraining"] = (
@@ -907,8 +907,9 @@ def run_encrypted_fedgat(
     ``encodings``: client id -> the encodings an earlier round gave the clients (e.g.
     :func:`fedgat.checkpoint.load_encodings` of a ``fedgat demo --save-encodings`` file): training
     starts from them and no pre-training round runs (``pretrain`` is None, ``encodings_from``
-    ``"saved"``). They must be the encodings of this split (:func:`train_fedgat` refuses others), and
-    a DP release of the rows cannot be drawn for them (``dp_epsilon`` is refused)."""
+    ``"saved"``). They must be the encodings of this split (:func:`check_encodings_split` refuses
+    others before any ledger is charged), and a DP release of the rows cannot be drawn for them
+    (``dp_epsilon`` is refused)."""
     hp = resolve_hparams("fedgat", {"variant": variant, **hparams})
     check_graph(graph)
     check_trainable(graph)
