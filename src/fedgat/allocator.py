@@ -3,26 +3,28 @@
 glibc serves a request above its mmap threshold (at most 32 MiB unless set) with a fresh ``mmap`` and
 returns it to the kernel on ``free``, and trims the heap's free top back to the kernel too. A training
 step allocates and frees the same tensors of hundreds of MB again and again (at 40k nodes a layer's
-``V W^T`` alone is ~300 MB), so every step touches that memory for the first time again: a page fault
-per 4 KiB page, and the kernel zeroes it. On the development VM, where a first touch costs far more
+``V W^T`` alone is ~300 MB), so each step touched much of that memory for the first time again: a page
+fault per 4 KiB page, and the kernel zeroes it (kept, a freed block is reused where the next request
+fits it; torch's aligned requests do not always, so about half of those faults remained). On the development VM, where a first touch costs far more
 than a rewrite once the process holds ~7.5 GiB (``benchmarks/graph_scale.py``'s probe), 3 FedAvg rounds
 at 80k nodes took 19.1 s with 9.6 GiB of new pages while the pre-training's encodings were still held
 (as ``fedgat demo`` holds them) and 13.6 s with 4.5 GiB once freed memory stayed; with them freed
-first, 14.0 and 12.5 s; at 10k-40k nodes within the VM's noise (same peak RSS and model throughout:
+first, 14.0 and 12.5 s (the runs overlap); at 10k-40k nodes within the VM's noise (same peak RSS and
+model throughout:
 ``benchmarks/results/graph_scale_vm_allocator*.md``, ``benchmarks/PERFORMANCE.md``).
 
 :func:`keep_freed_memory` raises the mmap threshold (to 1 GiB) and the trim threshold (to 2 GiB):
 allocations come from the heap and freed ones stay there for the next step. Both settings are needed
 (either alone changed nothing here). The cost: a process's resident memory does not shrink back after
 its peak. It is process-wide, so the library never calls it on import; ``fedgat``'s command line, its
-process workers and Ray actors do, and a script may (``FEDGAT_KEEP_FREED_MEMORY=0`` turns it off
-everywhere). Elsewhere than glibc (macOS, musl) it does nothing.
+process workers and Ray actors do, and a script may (``FEDGAT_KEEP_FREED_MEMORY=0`` turns it off; for
+the actors of a Ray cluster joined with ``--address``, set it in their ``runtime_env``). Elsewhere than
+glibc (macOS, musl) it does nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -30,7 +32,8 @@ __all__ = ["ENV", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_freed_memory"]
 
 #: set to ``0`` to leave the allocator as it is
 ENV = "FEDGAT_KEEP_FREED_MEMORY"
-#: requests up to this size come from the heap (glibc 2.36 accepts up to 1 GiB here)
+#: requests up to this size come from the heap (the main thread's; another thread's pool stays capped
+#: at 64 MiB and maps larger requests still)
 MMAP_THRESHOLD = 1 << 30
 #: free memory at the heap's top is returned to the kernel only beyond this (the largest ``int``)
 TRIM_THRESHOLD = (1 << 31) - 1
@@ -51,8 +54,7 @@ def keep_freed_memory() -> bool:
 
 def _mallopt() -> bool:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
