@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedgat.cli_engine import UsageError, check_dataset
 from fedgat.data import DatasetFormatError, DatasetNotFoundError, load_dataset
@@ -374,3 +376,41 @@ def test_a_saved_pyg_copy_keeps_the_folders_node_ids(tmp_path):
     fields = {"x": graph.x, "edge_index": graph.edge_index, "y": np.array(["a", "b"])[graph.y.numpy() % 2]}
     with pytest.raises(GraphError, match=r"y holds text \(class names\?\); number the classes"):
         Graph.from_pyg(fields)
+
+
+_LINE = st.sampled_from(["a,1,2.5", "b,0,1", "c,1,2,3", "d,1", "   ", "", 'x,"1",2', "y,1,2 # note"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lines=st.lists(_LINE, max_size=12),
+    ending=st.sampled_from(["\n", "\r\n", "\r"]),
+    last=st.booleans(),
+    block=st.integers(1, 40),
+)
+def test_the_numpy_width_count_agrees_with_the_csv_reader(tmp_path_factory, lines, ending, last, block):
+    """The fast width check (:func:`fedgat.graph_csv._widths_hold`, separators counted per line in numpy
+    blocks) says a file holds only where Python's csv reader finds no row of another width; it defers
+    (False) on quotes, comments and lone ``\\r`` line ends; blocks of any size give the same answer."""
+    from fedgat import graph_csv
+
+    path = tmp_path_factory.mktemp("w") / "nodes.csv"
+    body = ending.join(["id,label,f0", *lines]) + (ending if last else "")
+    path.write_bytes(body.encode())
+    table = graph_csv._Table(path, ",", 1, ("id", "label", "f0"))
+    original = graph_csv._WIDTH_BLOCK
+    graph_csv._WIDTH_BLOCK = block
+    try:
+        fast_held = graph_csv._widths_hold(table, 3)
+    finally:
+        graph_csv._WIDTH_BLOCK = original
+    try:
+        graph_csv._check_widths(table, 3, (0, 1))
+        csv_held = True
+    except DatasetFormatError:
+        csv_held = False
+    if fast_held:
+        assert csv_held
+    plain = not any(c in body for c in '"#') and "\r" not in body.replace("\r\n", "")
+    if plain:
+        assert fast_held == csv_held
