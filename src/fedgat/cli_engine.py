@@ -342,12 +342,20 @@ def _check_creatable(flag: str, parent: Path, path: Path) -> None:
 
 
 def write_text(path: Path, text: str, what: str) -> None:
-    """Write ``text`` to ``path`` (making its folder) and say where it went (stderr), and that the
-    folder is new when it was made (a mistyped folder name shows up here, not later)."""
+    """Write ``text`` to ``path`` (making its folder) and say where it went (:func:`say_written`)."""
     made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    print(f"wrote {what} to {path}" + (f" (made the folder {path.parent})" if made else ""), file=sys.stderr)
+    say_written(path, what, made)
+
+
+def say_written(path: Path, what: str, made: bool, then: str = "") -> None:
+    """Say on stderr that ``what`` went to ``path``, and that its folder is new when ``made`` (a mistyped
+    folder name shows up here, not later); ``then``: more of the sentence."""
+    print(
+        f"wrote {what} to {path}" + (f" (made the folder {path.parent})" if made else "") + then,
+        file=sys.stderr,
+    )
 
 
 # ------------------------------------------------------------------------------- the server's disk
@@ -691,7 +699,9 @@ def resolve_owners(args: argparse.Namespace, graph) -> Any:
     return owners
 
 
-def split_info(graph: Any, clients: int, beta: float, seed: int, owners: str | None, hparams: dict) -> dict:
+def split_info(
+    graph: Any, clients: int, beta: float, seed: int, owners: str | Path | None, hparams: dict
+) -> dict:
     """What a run's split depends on besides the graph, and the graph's name and size: how ``fedgat demo
     --save-encodings`` describes the encodings it saves and what ``fedgat train --encodings`` compares
     (its ``SPLIT_FLAGS`` name the flag of each)."""
@@ -701,7 +711,7 @@ def split_info(graph: Any, clients: int, beta: float, seed: int, owners: str | N
         "clients": int(clients),
         "beta": float(beta),
         "seed": int(seed),
-        "owners": owners,
+        "owners": None if owners is None else str(owners),  # the --owners file as given
         "variant": hparams["variant"],
         "neighbour_cap": hparams["neighbour_cap"],
         "min_cross": hparams["min_cross"],

@@ -611,12 +611,18 @@ def check_encodings_split(partition: Partition, encodings: Mapping[int, Encoding
             )
 
 
+def _check_client_mapping(name: str, value: object) -> None:
+    """``TypeError`` naming ``name`` unless ``value`` is a mapping (client id -> Encodings), with a hint
+    when it is a run's result instead of its ``.encodings``."""
+    if not isinstance(value, Mapping):
+        hint = " (a run's .encodings)" if hasattr(value, "encodings") else ""
+        raise TypeError(f"{name} must map client id -> Encodings{hint}, got {type(value).__name__}")
+
+
 def max_abs_error(got: Mapping[int, Encodings], want: Mapping[int, Encodings]) -> float:
     """Largest absolute difference between two sets of per-client encodings over the same bases."""
     for name, value in (("got", got), ("want", want)):
-        if not isinstance(value, Mapping):
-            hint = " (a run's .encodings)" if hasattr(value, "encodings") else ""
-            raise TypeError(f"{name} must map client id -> Encodings{hint}, got {type(value).__name__}")
+        _check_client_mapping(name, value)
     same_seed = "; were both rounds run with the same seed= (run_encrypted_pretraining's default is None: random bases)?"
     worst = 0.0
     for c, enc in got.items():
@@ -918,11 +924,9 @@ def run_encrypted_fedgat(
     if hp["share"] != "rows":
         raise ValueError(f"share={hp['share']!r} is simulated by fedgat.methods.run_method only")
     dp = feature_dp_from_hparams(hp, seed)
-    if encodings is not None and not isinstance(encodings, Mapping):
-        hint = " (a run's .encodings)" if hasattr(encodings, "encodings") else ""
-        raise TypeError(f"encodings must map client id -> Encodings{hint}, got {type(encodings).__name__}")
     saved = encodings is not None
     if encodings is not None:
+        _check_client_mapping("encodings", encodings)
         other = sorted(
             {e.variant for e in encodings.values() if getattr(e, "variant", hp["variant"]) != hp["variant"]}
         )
@@ -930,11 +934,11 @@ def run_encrypted_fedgat(
             raise ValueError(
                 f"the encodings are {other[0]} encodings; this run trains variant={hp['variant']!r}"
             )
-    if encodings is not None and dp is not None:
-        raise ValueError(
-            "dp_epsilon draws a DP release of the rows in the pre-training round; saved encodings were "
-            "computed without one (run the round with dp_epsilon instead)"
-        )
+        if dp is not None:
+            raise ValueError(
+                "dp_epsilon draws a DP release of the rows in the pre-training round; saved encodings were "
+                "computed without one (run the round with dp_epsilon instead)"
+            )
     if owner is not None:
         owner, num_clients = owner_clients(owner, num_clients, graph.num_nodes)
     elif num_clients is None:

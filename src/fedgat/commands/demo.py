@@ -66,6 +66,7 @@ from fedgat.cli_engine import (
     parse_cap,
     resolve_engine,
     resolve_owners,
+    say_written,
     split_info,
     synthetic_sizes,
     write_text,
@@ -337,8 +338,7 @@ def run(args: argparse.Namespace) -> int:
         # the pre-training report now, not after the training rounds
         print(format_pretraining({**run_summary(pre), "max_abs_error_vs_plaintext": error}), flush=True)
         if args.save_encodings is not None:  # before training: a failed round keeps them
-            owners_name = None if args.owners is None else str(args.owners)
-            info = split_info(graph, args.clients, args.beta, args.seed, owners_name, settings)
+            info = split_info(graph, args.clients, args.beta, args.seed, args.owners, settings)
             _save_encodings(args.save_encodings, pre.encodings, {"written_by": "fedgat demo", **info})
         # off the CPU the clients train in this process (None: the in-process transport)
         rounds_transport = transport if device.type == "cpu" else None
@@ -404,16 +404,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _save_encodings(path: Path, encodings, info: dict) -> None:
     """``--save-encodings``: the clients' decrypted encodings to ``path`` (:func:`fedgat.checkpoint.save_encodings`),
-    and where they went (stderr), as :func:`~fedgat.cli_engine.write_text` says of the JSON."""
+    and where they went (:func:`~fedgat.cli_engine.say_written`)."""
     from fedgat.checkpoint import save_encodings
 
     made = not path.parent.exists()
     save_encodings(path, encodings, info=info)
-    print(
-        f"wrote {len(encodings)} clients' decrypted encodings ({gigabytes(path.stat().st_size)}) to {path}"
-        + (f" (made the folder {path.parent})" if made else "")
-        + "; they reveal the clients' neighbours' features: keep the file where the raw data may be kept",
-        file=sys.stderr,
+    what = f"{len(encodings)} clients' decrypted encodings ({gigabytes(path.stat().st_size)})"
+    say_written(
+        path,
+        what,
+        made,
+        "; they reveal the clients' neighbours' features: keep the file where the raw data may be kept",
     )
 
 

@@ -460,8 +460,8 @@ def _read_saved(args: argparse.Namespace, graph, owners, hparams: dict, override
     from fedgat.pipeline import check_encodings_split
 
     saved = read_encodings(args.encodings)
-    owners_name = None if args.owners is None else str(args.owners)  # args.clients: resolve_owners' count
-    run = split_info(graph, args.clients, args.beta, args.first_seed, owners_name, hparams)
+    # args.clients: resolve_owners' count
+    run = split_info(graph, args.clients, args.beta, args.first_seed, args.owners, hparams)
     _check_saved_split(args, saved.info, run)
     partition = fedgat_partition(graph, args.clients, args.beta, args.first_seed, hparams, owners)
     try:
